@@ -1,0 +1,3 @@
+from streamstudio.app.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,60 @@
+"""The `streamstudio` command. Each subcommand lives in `streamstudio/app/commands/<name>.py`
+and exposes `add_parser(subparsers)` (returning its parser) and `run(args) -> int`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from streamstudio.errors import StreamStudioError
+
+# subcommand name -> module under streamstudio.app.commands
+COMMANDS = {
+    "serve": "serve",
+    "generate": "generate",
+    "render": "render",
+    "splat": "splat",
+    "train-video": "train_video",
+    "build-engines": "build_engines",
+    "bench": "bench",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="streamstudio", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module_name in COMMANDS.items():
+        try:
+            module = importlib.import_module(f"streamstudio.app.commands.{module_name}")
+        except ModuleNotFoundError as exc:  # a command whose module is not written yet
+            if exc.name == f"streamstudio.app.commands.{module_name}":
+                continue
+            raise
+        sub_parser = module.add_parser(sub)
+        sub_parser.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(levelname)s %(name)s: %(message)s")
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except StreamStudioError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
