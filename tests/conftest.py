@@ -1,0 +1,32 @@
+"""Shared test set-up: offline hub, small thread count, `gpu` tests skipped without CUDA."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import pytest
+import torch
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def tiny_components_factory():
+    """Fresh tiny-model components (identical weights each call)."""
+    from streamstudio.models.loading import load_components
+
+    def make(**kwargs):
+        return load_components("tiny", device="cpu", dtype=torch.float32, **kwargs)
+
+    return make
