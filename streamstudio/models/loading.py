@@ -51,7 +51,9 @@ class SDComponents:
 
     def to(self, device: torch.device, dtype: torch.dtype) -> "SDComponents":
         for module in (self.unet, self.vae, self.text_encoder):
-            module.to(device=device, dtype=dtype)
+            if next(module.parameters()).dtype != dtype:
+                module.to(dtype=dtype)
+            module.to(device=device)
         return self
 
 
@@ -286,7 +288,7 @@ def resolve_demo_default(model: str, **kwargs) -> SDComponents:
     except ModelNotFoundError:
         comps = load_components(tiny.TINY_NAME, **{k: v for k, v in kwargs.items() if k in ("device", "dtype")})
         comps.notes.append(DEMO_NOTICE)
-        log.warning(DEMO_NOTICE)
+        log.debug(DEMO_NOTICE)
         return comps
 
 

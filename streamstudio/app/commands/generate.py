@@ -1,0 +1,133 @@
+"""`streamstudio generate`: txt2img images, or img2img over a folder of images as a stream."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from streamstudio.errors import StreamStudioError
+
+log = logging.getLogger(__name__)
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
+
+
+def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
+    """The image pipeline's settings, shared by generate, render and serve."""
+    from streamstudio.pipelines.stream_diffusion import CFG_TYPES, StreamDiffusionConfig
+
+    d = StreamDiffusionConfig()
+    g = parser.add_argument_group("image pipeline")
+    g.add_argument("--model", default="auto",
+                   help="tiny, a hub id, a diffusers folder or a .safetensors file; auto = stabilityai/sd-turbo "
+                        "when cached, else the built-in demo model (default: auto)")
+    g.add_argument("--prompt", default="", help="the prompt")
+    g.add_argument("--negative-prompt", default="", help="the negative prompt (used by full and initialize CFG)")
+    g.add_argument("--steps", type=int, default=None, help="denoising steps N (default 1 for turbo models, 2 otherwise)")
+    g.add_argument("--t-index", type=int, nargs="+", default=None, metavar="I",
+                   help="explicit indices into the 50-step LCM schedule (overrides --steps/--strength)")
+    g.add_argument("--strength", type=float, default=d.strength, help=f"img2img strength (default {d.strength})")
+    g.add_argument("--guidance", type=float, default=None, help="guidance scale (default 1.0 for turbo models, 1.2 otherwise)")
+    g.add_argument("--delta", type=float, default=d.delta, help=f"residual CFG delta (default {d.delta})")
+    g.add_argument("--cfg", choices=CFG_TYPES, default=d.cfg_type, help=f"CFG type (default {d.cfg_type})")
+    g.add_argument("--seed", type=int, default=d.seed, help=f"noise seed (default {d.seed})")
+    g.add_argument("--width", type=int, default=None, help="output width, a multiple of 8 (default 512, 64 for tiny)")
+    g.add_argument("--height", type=int, default=None, help="output height, a multiple of 8 (default 512, 64 for tiny)")
+    g.add_argument("--filter-threshold", type=float, default=None,
+                   help="turn the stochastic similarity filter on with this threshold (e.g. 0.98)")
+    g.add_argument("--max-skip-frame", type=int, default=d.max_skip_frame, help="frames skipped in a row at most")
+    g.add_argument("--sequential", action="store_true", help="denoise step by step instead of Stream Batch")
+    g.add_argument("--taesd", action="store_true", help="use the TAESD fast VAE (madebyollin/taesd)")
+    g.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto)")
+    g.add_argument("--dtype", default="auto", help="auto (float16 on CUDA, float32 on CPU), float16, float32")
+
+
+def build_pipeline(args, mode: str):
+    """Load the model named by args and build a stream with args' settings."""
+    from streamstudio.device import pick_device, pick_dtype
+    from streamstudio.models.loading import resolve_demo_default
+    from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+
+    device = pick_device(args.device)
+    dtype = pick_dtype(device, args.dtype)
+    comps = resolve_demo_default(args.model, device=device, dtype=dtype, taesd=args.taesd or None)
+    for note in comps.notes:
+        print(f"note: {note}")
+    turbo = comps.step_type == "turbo"
+    default_size = 64 if comps.is_demo else 512
+    config = StreamDiffusionConfig(
+        width=args.width or default_size, height=args.height or default_size, mode=mode,
+        steps=args.steps or (1 if turbo else 2), strength=args.strength, t_index_list=args.t_index,
+        use_denoising_batch=not args.sequential, cfg_type=args.cfg,
+        guidance_scale=args.guidance if args.guidance is not None else (1.0 if turbo else 1.2),
+        delta=args.delta, seed=args.seed, similarity_filter=args.filter_threshold is not None,
+        similarity_threshold=args.filter_threshold if args.filter_threshold is not None else 0.98,
+        max_skip_frame=args.max_skip_frame,
+    )
+    return StreamDiffusion(comps, config, prompt=args.prompt, negative_prompt=args.negative_prompt)
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("generate", help="txt2img images, or img2img over a folder of images",
+                              description=__doc__)
+    p.add_argument("--input", default=None, help="an image or a folder of images (img2img, in name order)")
+    p.add_argument("--output", required=True, help="folder for the PNGs")
+    p.add_argument("--num-images", type=int, default=1, help="txt2img: how many images (default 1)")
+    add_pipeline_arguments(p)
+    return p
+
+
+def list_images(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        files = sorted(f for f in path.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES)
+        if not files:
+            raise StreamStudioError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in folder {path}")
+        return files
+    raise StreamStudioError(f"input {path} does not exist")
+
+
+def load_image(path: Path):
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as im:
+            return im.convert("RGBA" if "A" in im.getbands() else "RGB")
+    except (UnidentifiedImageError, OSError) as exc:
+        raise StreamStudioError(f"{path} is not a readable image: {exc}") from exc
+
+
+def run(args) -> int:
+    from PIL import Image
+    from tqdm import tqdm
+
+    inputs = list_images(Path(args.input)) if args.input else None
+    if args.num_images < 1:
+        raise StreamStudioError("--num-images must be at least 1")
+    out_dir = Path(args.output)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pipe = build_pipeline(args, "img2img" if inputs else "txt2img")
+    print(f"model: {pipe.comps.name} ({pipe.step_type} step), t_index_list {pipe._t_index}, "
+          f"frame latency {pipe.latency_frames}")
+    names: list[str] = []
+    written = 0
+
+    def save(images):
+        nonlocal written
+        for image in images:
+            Image.fromarray(image).save(out_dir / names[written])
+            written += 1
+
+    if inputs is None:
+        names = [f"image_{i:05d}.png" for i in range(args.num_images)]
+        for _ in tqdm(range(args.num_images), desc="generate", unit="img"):
+            save(pipe.push(None))
+    else:
+        names = [f.stem + ".png" for f in inputs]
+        for f in tqdm(inputs, desc="img2img", unit="img"):
+            save(pipe.push(load_image(f)))
+    save(pipe.flush())
+    print(f"wrote {written} image(s) to {out_dir}")
+    return 0
