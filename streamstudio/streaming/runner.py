@@ -1,0 +1,384 @@
+"""source -> queue -> processor -> queue -> sink, each stage in its own thread, with metrics.
+
+Live mode (webcam, screen, paced pattern): the queues hold the latest frames only; when a
+stage falls behind the oldest frame is dropped and counted, so latency stays bounded, and the
+processor is called as `processor(frame)` (latest output at once).
+
+Offline mode (files, folders): every frame goes through, the queues apply back-pressure, and
+the processor is driven with `push()` / `flush()`, so output frame i is the processed input
+frame i with input frame i's timestamp, whatever the processor's internal delay.
+
+A stage that fails stops the run; `Runner.wait()` re-raises its error in the caller's thread.
+`stop()` (e.g. on Ctrl-C) ends the stages and the sink is always closed, so a partial file is
+complete and playable.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from streamstudio.errors import StreamStudioError
+from streamstudio.streaming.sinks import Sink
+from streamstudio.streaming.sources import Source, VideoFrame
+
+log = logging.getLogger(__name__)
+
+SinkFactory = Callable[[int, int], Sink]  # (width, height) of the first output -> an open sink
+
+
+class Closed(Exception):
+    """The queue was closed and is empty."""
+
+
+class FrameQueue:
+    """A small queue between two stages. live: put never blocks, the oldest item is dropped
+    (and counted); offline: put blocks while full. `close()` ends it: get raises Closed once
+    drained; `abort()` ends it at once, discarding what is inside."""
+
+    def __init__(self, maxsize: int, live: bool):
+        self.maxsize, self.live = max(1, maxsize), live
+        self.dropped = 0
+        self._items: deque = deque()
+        self._cond = threading.Condition()
+        self._closed = self._aborted = False
+
+    def put(self, item) -> bool:
+        with self._cond:
+            while not self.live and len(self._items) >= self.maxsize and not self._aborted:
+                self._cond.wait(0.1)
+            if self._aborted or self._closed:
+                return False
+            if len(self._items) >= self.maxsize:
+                self._items.popleft()
+                self.dropped += 1
+            self._items.append(item)
+            self._cond.notify_all()
+            return True
+
+    def get(self, timeout: float = 0.1):
+        with self._cond:
+            while not self._items:
+                if self._closed or self._aborted:
+                    raise Closed
+                self._cond.wait(timeout)
+            item = self._items.popleft()
+            self._cond.notify_all()
+            return item
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def abort(self) -> None:
+        with self._cond:
+            self._aborted = True
+            self._items.clear()
+            self._cond.notify_all()
+
+
+@dataclass
+class RunnerConfig:
+    live: bool | None = None  # None: follow source.info.live
+    queue_size: int = 2  # live queues; offline queues hold up to 8 frames
+    max_frames: int | None = None  # stop after this many input frames
+    join_timeout: float = 5.0  # seconds to wait for a stage to end after a stop
+
+
+@dataclass
+class _Item:
+    image: np.ndarray
+    pts: float
+    index: int
+    t_capture: float  # time.perf_counter() when the frame entered the run
+
+
+def percentiles(values, qs=(50, 90, 99)) -> dict[str, float]:
+    if not len(values):
+        return {f"p{q}": 0.0 for q in qs}
+    arr = np.asarray(values, dtype=np.float64) * 1000.0
+    return {f"p{q}": round(float(np.percentile(arr, q)), 3) for q in qs}
+
+
+@dataclass
+class RunMetrics:
+    live: bool
+    frames_in: int = 0
+    frames_processed: int = 0
+    frames_out: int = 0
+    dropped_input: int = 0  # live: frames dropped before the processor
+    dropped_output: int = 0  # live: outputs dropped before the sink
+    filter_skipped: int = 0  # frames the processor's similarity filter skipped
+    sink_lost: int = 0  # frames the sink could not deliver (RTMP drops)
+    elapsed: float = 0.0
+    input_fps: float = 0.0
+    output_fps: float = 0.0
+    latency_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # stage -> p50/p90/p99
+    warnings: list[str] = field(default_factory=list)
+    interrupted: bool = False
+
+    @property
+    def dropped(self) -> int:
+        return self.dropped_input + self.dropped_output
+
+    def summary(self) -> str:
+        lat = self.latency_ms.get("end_to_end", {})
+        return (f"{self.frames_in} in, {self.frames_out} out in {self.elapsed:.1f}s "
+                f"({self.input_fps:.1f} fps in, {self.output_fps:.1f} fps out); dropped {self.dropped}, "
+                f"filter-skipped {self.filter_skipped}, lost {self.sink_lost}; "
+                f"latency p50 {lat.get('p50', 0):.1f} ms, p90 {lat.get('p90', 0):.1f} ms")
+
+
+class Runner:
+    """Run `source` through `processor` into `sink` (a Sink, or a factory called with the first
+    output's size). `on_input(pts)` runs in the processing thread before each frame (prompt
+    schedules); `on_output(frame, pts)` after each frame is written (previews)."""
+
+    def __init__(self, source: Source, processor: Any, sink: Sink | SinkFactory,
+                 config: RunnerConfig | None = None, on_input: Callable[[float], None] | None = None,
+                 on_output: Callable[[np.ndarray, float], None] | None = None):
+        self.source, self.processor = source, processor
+        self.config = config or RunnerConfig()
+        self.live = source.info.live if self.config.live is None else self.config.live
+        self._sink_or_factory = sink
+        self.sink: Sink | None = sink if isinstance(sink, Sink) else None
+        self.on_input, self.on_output = on_input, on_output
+        size = self.config.queue_size if self.live else max(8, self.config.queue_size)
+        self._q_in, self._q_out = FrameQueue(size, self.live), FrameQueue(size, self.live)
+        self._stop = threading.Event()
+        self._errors: list[BaseException] = []
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._counts = {"in": 0, "processed": 0, "out": 0}
+        self._lat: dict[str, deque] = {k: deque(maxlen=20000) for k in ("capture", "process", "output", "end_to_end")}
+        self._t_start = self._t_end = None
+        self._t_first_out = None
+        self._interrupted = False
+        self._finished = threading.Event()
+
+    # ------------------------------------------------------------------ control
+    def start(self) -> "Runner":
+        self._t_start = time.perf_counter()
+        for name, target in (("capture", self._capture), ("process", self._process), ("output", self._output)):
+            thread = threading.Thread(target=self._guard, args=(name, target), name=f"streamstudio-{name}", daemon=True)
+            self._threads.append(thread)
+            thread.start()
+        return self
+
+    def stop(self, interrupted: bool = True) -> None:
+        """End the run early (Ctrl-C, a UI button); frames in flight are discarded."""
+        self._interrupted = self._interrupted or interrupted
+        self._stop.set()
+        self._q_in.abort()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once every stage has ended (the sink is then closed); re-raises a stage's error."""
+        deadline = None if timeout is None else time.perf_counter() + timeout
+        for thread in self._threads:
+            remaining = None if deadline is None else max(0.0, deadline - time.perf_counter())
+            thread.join(remaining)
+            if thread.is_alive():
+                if self._errors or self._stop.is_set():
+                    return self._finish_stopped()
+                return False
+        self._finalize()
+        return True
+
+    def run(self) -> RunMetrics:
+        """start(), wait until done (Ctrl-C stops cleanly, then re-raises), return the metrics."""
+        self.start()
+        try:
+            while not self.wait(0.2):
+                pass
+        except KeyboardInterrupt:
+            self.stop()
+            self.wait(self.config.join_timeout * 3)
+            raise
+        return self.metrics()
+
+    # ------------------------------------------------------------------ stages
+    def _guard(self, name: str, target: Callable[[], None]) -> None:
+        try:
+            target()
+        except BaseException as exc:  # any stage failure ends the whole run
+            if not isinstance(exc, (StreamStudioError, Closed)):
+                log.debug("stage %s failed", name, exc_info=True)
+            self._errors.append(exc if isinstance(exc, StreamStudioError) else
+                                StreamStudioError(f"{name} stage failed: {type(exc).__name__}: {exc}"))
+            self._stop.set()
+            self._q_in.abort()
+            self._q_out.abort()
+
+    def _capture(self) -> None:
+        limit = self.config.max_frames
+        try:
+            t_prev = time.perf_counter()
+            for frame in self.source.frames():
+                now = time.perf_counter()
+                self._lat["capture"].append(now - t_prev)
+                if self._stop.is_set():
+                    break
+                if not self._q_in.put(_Item(frame.image, frame.pts, frame.index, now)):
+                    break
+                with self._lock:
+                    self._counts["in"] += 1
+                if limit is not None and self._counts["in"] >= limit:
+                    break
+                t_prev = time.perf_counter()
+        finally:
+            self._q_in.close()
+
+    def _process(self) -> None:
+        try:
+            if self.live:
+                self._process_live()
+            else:
+                self._process_offline()
+        finally:
+            self._q_out.close()
+
+    def _process_live(self) -> None:
+        while not self._stop.is_set():
+            try:
+                item = self._q_in.get()
+            except Closed:
+                return
+            t0 = time.perf_counter()
+            if self.on_input:
+                self.on_input(item.pts)
+            out = self.processor(item.image)
+            self._lat["process"].append(time.perf_counter() - t0)
+            self._count("processed")
+            self._q_out.put(_Item(_as_frame(out), item.pts, item.index, item.t_capture))
+
+    def _process_offline(self) -> None:
+        pending: deque[_Item] = deque()  # inputs whose outputs have not come out yet
+        while not self._stop.is_set():
+            try:
+                item = self._q_in.get()
+            except Closed:
+                break
+            t0 = time.perf_counter()
+            if self.on_input:
+                self.on_input(item.pts)
+            pending.append(item)
+            outs = self.processor.push(item.image)
+            self._lat["process"].append(time.perf_counter() - t0)
+            self._emit(outs, pending)
+        if not self._stop.is_set():
+            self._emit(self.processor.flush(), pending)
+            if pending:
+                raise StreamStudioError(f"the processor returned {len(pending)} output(s) fewer than its inputs")
+
+    def _emit(self, outs, pending: deque) -> None:
+        for out in outs:
+            if not pending:
+                raise StreamStudioError("the processor returned more outputs than it was given inputs")
+            item = pending.popleft()
+            self._count("processed")
+            self._q_out.put(_Item(_as_frame(out), item.pts, item.index, item.t_capture))
+
+    def _output(self) -> None:
+        while True:
+            try:
+                item = self._q_out.get()
+            except Closed:
+                return
+            if self._stop.is_set() and self.live:
+                return
+            t0 = time.perf_counter()
+            sink = self._open_sink(item.image)
+            sink.write(item.image, item.pts)
+            if self.on_output:
+                self.on_output(item.image, item.pts)
+            now = time.perf_counter()
+            self._lat["output"].append(now - t0)
+            self._lat["end_to_end"].append(now - item.t_capture)
+            self._t_first_out = self._t_first_out or now
+            self._count("out")
+
+    def _open_sink(self, frame: np.ndarray) -> Sink:
+        if self.sink is None:
+            h, w = frame.shape[:2]
+            self.sink = self._sink_or_factory(w, h)
+        return self.sink
+
+    def _count(self, key: str) -> None:
+        with self._lock:
+            self._counts[key] += 1
+
+    # ------------------------------------------------------------------ ending
+    def _finish_stopped(self) -> bool:
+        """A stage is stuck after a stop/failure: give it join_timeout, then close anyway."""
+        for thread in self._threads:
+            thread.join(self.config.join_timeout)
+        stuck = [t.name for t in self._threads if t.is_alive()]
+        if stuck:
+            self._errors.append(StreamStudioError(f"stage(s) {', '.join(stuck)} did not stop in time"))
+        self._finalize()
+        return True
+
+    def _finalize(self) -> None:
+        if self._finished.is_set():
+            self._raise()
+            return
+        self._finished.set()
+        self._t_end = time.perf_counter()
+        try:
+            if self.sink is not None:
+                self.sink.close()
+        except Exception as exc:  # report, but a stage's error comes first
+            self._errors.append(exc if isinstance(exc, StreamStudioError) else
+                                StreamStudioError(f"closing the output failed: {exc}"))
+        finally:
+            self.source.close()
+        self._raise()
+
+    def _raise(self) -> None:
+        if self._errors:
+            raise self._errors[0]
+
+    def metrics(self) -> RunMetrics:
+        """A snapshot; safe to call from any thread while the run goes on."""
+        now = self._t_end or time.perf_counter()
+        elapsed = now - (self._t_start or now)
+        with self._lock:
+            counts = dict(self._counts)
+        stats = getattr(self.processor, "stats", None)
+        status = self.sink.status if self.sink is not None else None
+        out_span = now - self._t_first_out if self._t_first_out else 0.0
+        return RunMetrics(
+            live=self.live, frames_in=counts["in"], frames_processed=counts["processed"], frames_out=counts["out"],
+            dropped_input=self._q_in.dropped, dropped_output=self._q_out.dropped,
+            filter_skipped=int(getattr(stats, "skipped", 0) or 0), sink_lost=status.frames_lost if status else 0,
+            elapsed=elapsed, input_fps=counts["in"] / elapsed if elapsed > 0 else 0.0,
+            output_fps=(counts["out"] - 1) / out_span if out_span > 0 and counts["out"] > 1 else 0.0,
+            latency_ms={k: percentiles(list(v)) for k, v in self._lat.items()},
+            warnings=list(self.source.warnings), interrupted=self._interrupted,
+        )
+
+
+def _as_frame(out) -> np.ndarray:
+    """A processor's output (an array, or a list of one for frame_buffer_size 1)."""
+    if isinstance(out, (list, tuple)):
+        if len(out) != 1:
+            raise StreamStudioError(f"the processor returned {len(out)} frames for one input")
+        out = out[0]
+    if not isinstance(out, np.ndarray) or out.ndim != 3 or out.shape[2] != 3 or out.dtype != np.uint8:
+        raise StreamStudioError("the processor must return RGB uint8 (H, W, 3) frames")
+    return out
+
+
+def run_stream(source: Source, processor: Any, sink: Sink | SinkFactory, **config) -> RunMetrics:
+    """One call: build a Runner with RunnerConfig(**config) and run it to the end."""
+    return Runner(source, processor, sink, RunnerConfig(**config)).run()
+
+
+__all__ = ["FrameQueue", "Runner", "RunnerConfig", "RunMetrics", "VideoFrame", "run_stream", "percentiles"]

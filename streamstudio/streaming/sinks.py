@@ -1,0 +1,511 @@
+"""Frame sinks: video files (mp4/mkv/webm/mov, source audio remuxed), image sequences, RTMP
+push, HLS, a virtual camera (optional extra) and a null sink.
+
+`open_sink(spec, width, height, fps, audio_from=None)` picks one from a string:
+
+    out.mp4 | out.mkv | out.webm | frames/ | "frames/%05d.png" | rtmp://host/app/key |
+    hls:DIR | DIR/index.m3u8 | virtualcam | null
+
+Every sink takes RGB uint8 (H, W, 3) frames through `write(frame, pts_seconds)`, keeps a
+`status` (frames written, lost, reconnects, last error) and is closed by `close()`, after
+which a file output is complete and playable. Frames are padded to even sizes for yuv420p,
+and resized when they differ from the size the sink was opened with.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from urllib.parse import urlparse
+
+import numpy as np
+
+from streamstudio.errors import StreamStudioError
+from streamstudio.streaming.sources import IMAGE_SUFFIXES, AudioTrack, as_fraction
+
+log = logging.getLogger(__name__)
+
+VIDEO_CODECS = {".mp4": "libx264", ".mov": "libx264", ".mkv": "libx264", ".webm": "libvpx-vp9", ".flv": "libx264"}
+# audio codecs each container takes as they are (others are re-encoded to the first one listed)
+AUDIO_OK = {
+    ".mp4": ("aac", "mp3", "alac", "ac3", "eac3", "opus", "flac"),
+    ".mov": ("aac", "mp3", "alac", "ac3", "pcm_s16le"),
+    ".mkv": ("aac", "opus", "vorbis", "mp3", "flac", "ac3", "eac3", "pcm_s16le", "alac"),
+    ".webm": ("opus", "vorbis"),
+    ".flv": ("aac", "mp3"),
+}
+TIME_BASE = Fraction(1, 90000)
+
+
+@dataclass
+class SinkStatus:
+    frames_written: int = 0
+    frames_lost: int = 0  # frames that could not be delivered (RTMP reconnects); never silent
+    reconnects: int = 0
+    error: str | None = None
+    closed: bool = False
+
+
+def even_size(width: int, height: int) -> tuple[int, int]:
+    return width + width % 2, height + height % 2
+
+
+def fit_frame(frame: np.ndarray, width: int, height: int) -> np.ndarray:
+    """(H, W, 3) uint8 -> (height, width, 3): resized when the size differs by more than the
+    odd-size padding, else padded (edge pixels repeated) or cropped to exactly that size."""
+    frame = np.asarray(frame)
+    if frame.ndim != 3 or frame.shape[2] != 3 or frame.dtype != np.uint8:
+        raise StreamStudioError(f"a sink takes RGB uint8 (H, W, 3) frames, got {frame.dtype} {frame.shape}")
+    h, w = frame.shape[:2]
+    if abs(h - height) > 1 or abs(w - width) > 1:
+        import cv2
+
+        return cv2.resize(frame, (width, height), interpolation=cv2.INTER_AREA if w > width else cv2.INTER_LINEAR)
+    if h > height or w > width:
+        frame = frame[:height, :width]
+    if h < height or w < width:
+        frame = np.pad(frame, ((0, height - frame.shape[0]), (0, width - frame.shape[1]), (0, 0)), mode="edge")
+    return np.ascontiguousarray(frame)
+
+
+class Sink:
+    """Base class: `write(frame, pts)`, `close()`, `status`; a context manager."""
+
+    def __init__(self, spec: str, width: int, height: int, fps: float):
+        if width < 1 or height < 1 or fps <= 0:
+            raise StreamStudioError(f"bad output size/rate {width}x{height}@{fps}")
+        self.spec, self.width, self.height, self.fps = spec, width, height, float(fps)
+        self.status = SinkStatus()
+
+    def write(self, frame: np.ndarray, pts: float | None = None) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.status.closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class NullSink(Sink):
+    """Discards frames (benchmarks, dry runs); keeps the last one."""
+
+    last: np.ndarray | None = None
+
+    def write(self, frame: np.ndarray, pts: float | None = None) -> None:
+        self.last = frame
+        self.status.frames_written += 1
+
+
+# ---------------------------------------------------------------------------- PyAV encoding
+class _Encoder:
+    """One video stream (libx264 / libvpx-vp9, yuv420p) in an open PyAV output container."""
+
+    def __init__(self, container, codec: str, width: int, height: int, fps: float, options: dict[str, str],
+                 time_base: Fraction = TIME_BASE):
+        self.container = container
+        self.width, self.height = even_size(width, height)
+        self.stream = container.add_stream(codec, rate=as_fraction(fps), options=options)
+        self.stream.width, self.stream.height, self.stream.pix_fmt = self.width, self.height, "yuv420p"
+        self.stream.codec_context.time_base = time_base
+        self.stream.time_base = time_base
+        self.time_base = time_base
+        self.frame_ticks = max(1, round(1 / (fps * time_base)))
+        self.last_pts: int | None = None
+
+    def encode(self, frame: np.ndarray, pts: float) -> list:
+        import av
+
+        ticks = round(pts / self.time_base)
+        if self.last_pts is not None and ticks <= self.last_pts:
+            ticks = self.last_pts + 1  # keep timestamps strictly increasing
+        vf = av.VideoFrame.from_ndarray(fit_frame(frame, self.width, self.height), format="rgb24")
+        vf.pts, vf.time_base = ticks, self.time_base
+        vf.duration = self.frame_ticks
+        self.last_pts = ticks
+        return self.stream.encode(vf)
+
+    def end_time(self) -> float:
+        return 0.0 if self.last_pts is None else float((self.last_pts + self.frame_ticks) * self.time_base)
+
+
+def _x264_options(fps: float, live: bool) -> dict[str, str]:
+    gop = str(max(1, round(fps)))
+    opts = {"g": gop, "keyint_min": gop, "sc_threshold": "0", "bf": "0"}
+    opts.update({"preset": "veryfast", "tune": "zerolatency"} if live else {"preset": "veryfast", "crf": "20"})
+    return opts
+
+
+def _vp9_options(fps: float) -> dict[str, str]:
+    return {"deadline": "realtime", "cpu-used": "8", "row-mt": "1", "crf": "32", "b": "0",
+            "g": str(max(1, round(fps)))}
+
+
+class _AudioPassthrough:
+    """Copies the source's audio packets into the output, shifted to the first video frame,
+    interleaved with the video; re-encodes only when the container cannot hold the codec."""
+
+    def __init__(self, track: AudioTrack, container, suffix: str):
+        import av
+
+        self.track = track
+        self._in = av.open(track.path)
+        self._in_stream = self._in.streams.audio[track.stream_index]
+        self.copy = track.codec in AUDIO_OK.get(suffix, ())
+        if self.copy:
+            self.stream = container.add_stream_from_template(self._in_stream)
+        else:
+            target = AUDIO_OK.get(suffix, ("aac",))[0]
+            rate = 48000 if target == "opus" else (track.sample_rate or 48000)
+            self.stream = container.add_stream(target, rate=rate)
+            self.stream.layout = "stereo" if track.channels != 1 else "mono"
+            self._resampler = av.AudioResampler(format=self.stream.format.name if self.stream.format else "fltp",
+                                                layout=self.stream.layout.name, rate=rate)
+            log.info("audio %s cannot go into %s as is; re-encoding to %s", track.codec, suffix, target)
+        self._packets = self._in.demux(self._in_stream)
+        self._pending = None
+        self._done = self._flushed = False
+
+    def mux_until(self, container, t_end: float | None) -> None:
+        """Mux source audio starting before t_end seconds (all of it when None)."""
+        while not self._done:
+            packet = self._pending or next(self._packets, None)
+            self._pending = None
+            if packet is None:
+                self._done = True
+                break
+            if packet.dts is None and packet.pts is None:
+                continue
+            start = float((packet.pts if packet.pts is not None else packet.dts) * packet.time_base) - self.track.origin
+            if t_end is not None and start >= t_end:
+                self._pending = packet
+                return
+            self._mux(container, packet, start)
+        if self._done:
+            self._flush(container)
+
+    def _mux(self, container, packet, start: float) -> None:
+        if not self.copy:
+            for frame in packet.decode():
+                frame.pts = None
+                for rf in self._resampler.resample(frame):
+                    self._encode_frames(container, rf)
+            return
+        shift = round(self.track.origin / packet.time_base)
+        if packet.pts is not None:
+            packet.pts -= shift
+        if packet.dts is not None:
+            packet.dts -= shift
+        packet.stream = self.stream
+        container.mux(packet)
+
+    def _encode_frames(self, container, frame) -> None:
+        for packet in self.stream.encode(frame):
+            container.mux(packet)
+
+    def _flush(self, container) -> None:
+        if not self.copy and not self._flushed:
+            self._flushed = True
+            self._encode_frames(container, None)
+
+    def stop(self, container, t_end: float) -> None:
+        """Mux what starts before the video's end, then the encoder's tail when re-encoding."""
+        self.mux_until(container, t_end)
+        self._flush(container)
+
+    def close(self) -> None:
+        self._in.close()
+
+
+class FileSink(Sink):
+    """mp4 / mov / mkv (H.264) or webm (VP9) through PyAV, with the source's audio kept."""
+
+    def __init__(self, path: str | Path, width: int, height: int, fps: float, audio_from: AudioTrack | None = None):
+        super().__init__(str(path), width, height, fps)
+        import av
+
+        self.path = Path(path)
+        suffix = self.path.suffix.lower()
+        if suffix not in VIDEO_CODECS:
+            raise StreamStudioError(f"cannot write {self.path.suffix or 'files without a suffix'}; "
+                                    f"use one of {', '.join(VIDEO_CODECS)}")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._container = av.open(str(self.path), "w")
+        except (av.error.FFmpegError, OSError) as exc:
+            raise StreamStudioError(f"cannot write {self.path}: {exc}") from exc
+        codec = VIDEO_CODECS[suffix]
+        opts = _vp9_options(fps) if codec == "libvpx-vp9" else _x264_options(fps, live=False)
+        self._enc = _Encoder(self._container, codec, width, height, fps, opts)
+        self._audio = None
+        if audio_from is not None:
+            try:
+                self._audio = _AudioPassthrough(audio_from, self._container, suffix)
+            except (av.error.FFmpegError, OSError, ValueError) as exc:
+                log.warning("audio of %s not kept: %s", audio_from.path, exc)
+        self._lock = threading.Lock()
+
+    def write(self, frame: np.ndarray, pts: float | None = None) -> None:
+        with self._lock:
+            if self.status.closed:
+                raise StreamStudioError(f"{self.path} is already closed")
+            pts = self.status.frames_written / self.fps if pts is None else pts
+            for packet in self._enc.encode(frame, pts):
+                self._container.mux(packet)
+            if self._audio is not None:
+                self._audio.mux_until(self._container, pts + 0.5)
+            self.status.frames_written += 1
+
+    def close(self) -> None:
+        with self._lock:
+            if self.status.closed:
+                return
+            self.status.closed = True
+            try:
+                for packet in self._enc.stream.encode(None):
+                    self._container.mux(packet)
+                if self._audio is not None:
+                    self._audio.stop(self._container, self._enc.end_time())
+            finally:
+                if self._audio is not None:
+                    self._audio.close()
+                self._container.close()
+
+
+class ImageSequenceSink(Sink):
+    """One PNG (or JPEG, ...) per frame: DIR/frame_000000.png or a printf pattern."""
+
+    def __init__(self, spec: str, width: int, height: int, fps: float):
+        super().__init__(spec, width, height, fps)
+        if "%" in spec:
+            self.pattern = spec
+            Path(spec).parent.mkdir(parents=True, exist_ok=True)
+        else:
+            Path(spec).mkdir(parents=True, exist_ok=True)
+            self.pattern = str(Path(spec) / "frame_%06d.png")
+        try:
+            self.pattern % 0
+        except (TypeError, ValueError) as exc:
+            raise StreamStudioError(f"bad image-sequence pattern {spec!r}; use e.g. frames/%05d.png") from exc
+
+    def write(self, frame: np.ndarray, pts: float | None = None) -> None:
+        from PIL import Image
+
+        Image.fromarray(fit_frame(frame, self.width, self.height)).save(self.pattern % self.status.frames_written)
+        self.status.frames_written += 1
+
+
+class HlsSink(Sink):
+    """HLS: DIR/index.m3u8 and DIR/segment_00000.ts (H.264, a keyframe each second)."""
+
+    def __init__(self, directory: str | Path, width: int, height: int, fps: float, segment_seconds: float = 2.0,
+                 window: int = 0):
+        super().__init__(str(directory), width, height, fps)
+        import av
+
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.playlist = self.directory / "index.m3u8"
+        options = {"hls_time": f"{segment_seconds:g}", "hls_list_size": str(window),
+                   "hls_segment_filename": str(self.directory / "segment_%05d.ts")}
+        options["hls_flags"] = "delete_segments+independent_segments" if window else "independent_segments"
+        if not window:
+            options["hls_playlist_type"] = "event"
+        try:
+            self._container = av.open(str(self.playlist), "w", format="hls", options=options)
+        except (av.error.FFmpegError, OSError) as exc:
+            raise StreamStudioError(f"cannot write HLS into {self.directory}: {exc}") from exc
+        self._enc = _Encoder(self._container, "libx264", width, height, fps, _x264_options(fps, live=True))
+
+    def write(self, frame: np.ndarray, pts: float | None = None) -> None:
+        pts = self.status.frames_written / self.fps if pts is None else pts
+        for packet in self._enc.encode(frame, pts):
+            self._container.mux(packet)
+        self.status.frames_written += 1
+
+    def close(self) -> None:
+        if self.status.closed:
+            return
+        self.status.closed = True
+        try:
+            for packet in self._enc.stream.encode(None):
+                self._container.mux(packet)
+        finally:
+            self._container.close()
+
+
+# ---------------------------------------------------------------------------- RTMP
+@dataclass
+class RtmpConfig:
+    connect_timeout: float = 5.0  # seconds to reach the server before giving up
+    io_timeout: float = 5.0  # seconds a write may block
+    max_reconnects: int = 3  # attempts after a drop, then the sink fails
+    backoff: float = 0.5  # first wait between attempts, doubled each time
+
+
+class RtmpSink(Sink):
+    """Push to an RTMP server: flv, libx264 tuned for zero latency, a keyframe every second.
+    An unreachable server fails at open within `connect_timeout`; a dropped connection is
+    retried `max_reconnects` times with backoff, frames meanwhile counted as lost."""
+
+    def __init__(self, url: str, width: int, height: int, fps: float, config: RtmpConfig | None = None):
+        super().__init__(url, width, height, fps)
+        self.url, self.config = url, config or RtmpConfig()
+        parsed = urlparse(url)
+        if not parsed.hostname or not parsed.path.strip("/"):
+            raise StreamStudioError(f"bad RTMP url {url!r}; expected rtmp://host[:port]/app/stream_key")
+        self._host, self._port = parsed.hostname, parsed.port or 1935
+        self._container = None
+        self._enc: _Encoder | None = None
+        self._t0 = 0.0  # pts offset of the current connection
+        self._connect()
+
+    def _reachable(self) -> None:
+        try:
+            with socket.create_connection((self._host, self._port), timeout=self.config.connect_timeout):
+                pass
+        except OSError as exc:
+            raise StreamStudioError(f"RTMP server {self._host}:{self._port} is unreachable ({exc}); "
+                                    "check that it is running and the url is right") from exc
+
+    def _connect(self) -> None:
+        import av
+
+        self._reachable()
+        result: dict = {}
+
+        def opener():
+            try:
+                result["c"] = av.open(self.url, "w", format="flv", timeout=self.config.io_timeout,
+                                      options={"rw_timeout": str(int(self.config.io_timeout * 1e6))})
+            except Exception as exc:  # reported below, in the caller's thread
+                result["e"] = exc
+
+        thread = threading.Thread(target=opener, daemon=True, name="rtmp-open")
+        thread.start()
+        thread.join(self.config.connect_timeout + self.config.io_timeout)
+        if "c" not in result:
+            why = result.get("e", "no answer in time")
+            raise StreamStudioError(f"cannot open RTMP stream {self.url}: {why}")
+        self._container = result["c"]
+        self._enc = _Encoder(self._container, "libx264", self.width, self.height, self.fps,
+                             _x264_options(self.fps, live=True), time_base=Fraction(1, 1000))
+        self._t0 = None
+
+    def write(self, frame: np.ndarray, pts: float | None = None) -> None:
+        if self.status.closed:
+            raise StreamStudioError(f"RTMP stream {self.url} is closed")
+        pts = self.status.frames_written / self.fps if pts is None else pts
+        if self._enc is None:
+            self._reconnect()
+        if self._t0 is None:
+            self._t0 = pts
+        try:
+            for packet in self._enc.encode(frame, pts - self._t0):
+                self._container.mux(packet)
+        except Exception as exc:  # av errors, BrokenPipe: the server dropped us
+            self.status.frames_lost += 1
+            self.status.error = f"RTMP connection lost: {exc}"
+            log.warning("%s; reconnecting", self.status.error)
+            self._drop_connection()
+            self._reconnect()
+            return
+        self.status.frames_written += 1
+
+    def _drop_connection(self) -> None:
+        container, self._container, self._enc = self._container, None, None
+        if container is not None:
+            try:
+                container.close()
+            except Exception:  # the connection is already gone
+                pass
+
+    def _reconnect(self) -> None:
+        wait = self.config.backoff
+        for attempt in range(1, self.config.max_reconnects + 1):
+            time.sleep(wait)
+            try:
+                self._connect()
+                self.status.reconnects += 1
+                log.info("RTMP reconnected to %s (attempt %d)", self.url, attempt)
+                return
+            except StreamStudioError as exc:
+                self.status.error = str(exc)
+            wait *= 2
+        raise StreamStudioError(f"RTMP server {self.url} dropped the stream and {self.config.max_reconnects} "
+                                f"reconnect attempts failed; {self.status.frames_lost} frame(s) lost")
+
+    def close(self) -> None:
+        if self.status.closed:
+            return
+        self.status.closed = True
+        if self._enc is not None:
+            try:
+                for packet in self._enc.stream.encode(None):
+                    self._container.mux(packet)
+            except Exception as exc:  # closing a dead connection must not hide the run's result
+                self.status.error = f"RTMP close: {exc}"
+        self._drop_connection()
+
+
+# ---------------------------------------------------------------------------- virtual camera (optional)
+class VirtualCameraSink(Sink):
+    """A virtual webcam through pyvirtualcam (optional extra: pip install 'streamstudio[virtualcam]')."""
+
+    def __init__(self, width: int, height: int, fps: float, device: str | None = None):
+        super().__init__("virtualcam", width, height, fps)
+        try:
+            import pyvirtualcam
+        except ImportError as exc:
+            raise StreamStudioError("the virtual camera needs pyvirtualcam: pip install 'streamstudio[virtualcam]'") from exc
+        try:
+            self._cam = pyvirtualcam.Camera(width=width, height=height, fps=fps, device=device,
+                                            fmt=pyvirtualcam.PixelFormat.RGB)
+        except Exception as exc:  # pyvirtualcam raises RuntimeError when no backend is installed
+            raise StreamStudioError(f"no virtual camera available ({exc}); install v4l2loopback (Linux), "
+                                    "OBS (Windows/macOS)") from exc
+
+    def write(self, frame: np.ndarray, pts: float | None = None) -> None:
+        self._cam.send(fit_frame(frame, self.width, self.height))
+        self.status.frames_written += 1
+
+    def close(self) -> None:
+        if not self.status.closed:
+            self.status.closed = True
+            self._cam.close()
+
+
+# ---------------------------------------------------------------------------- spec parsing
+def open_sink(spec: str, width: int, height: int, fps: float, audio_from: AudioTrack | None = None) -> Sink:
+    """A sink from its spec (see the module docstring); raises StreamStudioError when it cannot."""
+    spec = str(spec).strip()
+    low = spec.lower()
+    if not spec:
+        raise StreamStudioError("no output given; use a video file, a folder, rtmp://... or hls:DIR")
+    if low.startswith(("rtmp://", "rtmps://")):
+        return RtmpSink(spec, width, height, fps)
+    if low.startswith("hls:"):
+        return HlsSink(spec[4:], width, height, fps)
+    if low.endswith(".m3u8"):
+        return HlsSink(Path(spec).parent, width, height, fps)
+    if low in ("virtualcam", "vcam") or low.startswith("virtualcam:"):
+        return VirtualCameraSink(width, height, fps, device=spec.split(":", 1)[1] if ":" in spec else None)
+    if low == "null":
+        return NullSink(spec, width, height, fps)
+    suffix = Path(spec).suffix.lower()
+    if suffix in VIDEO_CODECS:
+        return FileSink(spec, width, height, fps, audio_from=audio_from)
+    if "%" in spec and suffix in IMAGE_SUFFIXES:
+        return ImageSequenceSink(spec, width, height, fps)
+    if suffix and suffix not in IMAGE_SUFFIXES:
+        raise StreamStudioError(f"unknown output {spec!r}; use .mp4, .mkv, .webm, .mov, a folder, "
+                                "frames/%05d.png, rtmp://..., hls:DIR or null")
+    return ImageSequenceSink(spec, width, height, fps)

@@ -1,0 +1,467 @@
+"""Frame sources: video files (PyAV), webcams (OpenCV), image folders or globs, a synthetic
+moving-shapes pattern, in-memory arrays and (optional extra) screen capture.
+
+Every source yields `VideoFrame`s: an RGB uint8 (H, W, 3) image and its timestamp in seconds
+from the first frame. `open_source(spec)` picks one from a string:
+
+    clip.mp4 | frames/ | "frames/*.png" | webcam:0 | pattern | pattern:640x360@30 | screen | screen:1
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import logging
+import math
+import re
+import time
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from streamstudio.errors import StreamStudioError
+
+log = logging.getLogger(__name__)
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
+MAX_SIDE = 2048  # frames with a longer side are downscaled on input
+DEFAULT_FPS = 30.0
+
+
+@dataclass
+class VideoFrame:
+    image: np.ndarray  # (H, W, 3) uint8 RGB
+    pts: float  # seconds from the first frame
+    index: int
+
+
+@dataclass
+class AudioTrack:
+    """Where a source's audio lives, so a sink can remux it (not decoded here)."""
+
+    path: str
+    stream_index: int  # index among the container's audio streams
+    codec: str
+    sample_rate: int
+    channels: int
+    origin: float  # container time (s) of the first video frame; audio pts are shifted by it
+    duration: float | None = None
+
+
+@dataclass
+class SourceInfo:
+    width: int
+    height: int
+    fps: float
+    live: bool  # frames arrive in real time (webcam, screen, paced pattern)
+    frame_count: int | None = None  # when known in advance
+    duration: float | None = None
+    audio: AudioTrack | None = None
+    rotation: int = 0  # degrees clockwise applied to the decoded frames
+    description: str = ""
+
+
+class Source:
+    """Base: `info`, `frames()` (an iterator of VideoFrame, once), `close()`; a context manager.
+    `warnings` collects problems that did not stop the source (e.g. a truncated file)."""
+
+    info: SourceInfo
+
+    def __init__(self) -> None:
+        self.warnings: list[str] = []
+
+    def frames(self) -> Iterator[VideoFrame]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# ---------------------------------------------------------------------------- frame helpers
+def to_rgb_frame(image: np.ndarray, max_side: int = MAX_SIDE) -> np.ndarray:
+    """Any (H, W), (H, W, 1|3|4) uint8/uint16/float array -> contiguous (H, W, 3) uint8 RGB,
+    downscaled (aspect kept) so that its longer side is at most `max_side`."""
+    image = np.asarray(image)
+    if image.ndim == 2:
+        image = image[:, :, None]
+    if image.ndim != 3 or image.shape[2] not in (1, 3, 4) or 0 in image.shape[:2]:
+        raise StreamStudioError(f"expected an image of shape (H, W), (H, W, 1|3|4), got {image.shape}")
+    if image.dtype != np.uint8:
+        if image.dtype == np.uint16:
+            image = (image >> 8).astype(np.uint8)
+        elif np.issubdtype(image.dtype, np.floating):
+            image = (np.clip(image, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+        else:
+            image = np.clip(image, 0, 255).astype(np.uint8)
+    if image.shape[2] == 1:
+        image = np.repeat(image, 3, axis=2)
+    elif image.shape[2] == 4:
+        image = image[:, :, :3]
+    return downscale(np.ascontiguousarray(image), max_side)
+
+
+def downscale(image: np.ndarray, max_side: int = MAX_SIDE) -> np.ndarray:
+    h, w = image.shape[:2]
+    if max(h, w) <= max_side:
+        return image
+    import cv2
+
+    scale = max_side / max(h, w)
+    size = (max(1, round(w * scale)), max(1, round(h * scale)))
+    return cv2.resize(image, size, interpolation=cv2.INTER_AREA)
+
+
+def rotate(image: np.ndarray, degrees_cw: int) -> np.ndarray:
+    """Rotate clockwise by a multiple of 90 degrees."""
+    k = (-(degrees_cw // 90)) % 4  # np.rot90 turns counter-clockwise
+    return np.ascontiguousarray(np.rot90(image, k)) if k else image
+
+
+def display_rotation(frame_rotation: float) -> int:
+    """PyAV's `frame.rotation` is the display matrix angle (counter-clockwise, as
+    av_display_rotation_get); players show the frame turned clockwise by that angle."""
+    return int(round(frame_rotation / 90.0)) * 90 % 360
+
+
+def scaled_size(width: int, height: int, max_side: int) -> tuple[int, int]:
+    if max(width, height) <= max_side:
+        return width, height
+    scale = max_side / max(width, height)
+    return max(1, round(width * scale)), max(1, round(height * scale))
+
+
+# ---------------------------------------------------------------------------- video files
+class VideoFileSource(Source):
+    """Any container/codec PyAV's ffmpeg reads. Timestamps are kept as decoded (variable frame
+    rate stays variable); rotation metadata is applied; the audio stream is described for sinks."""
+
+    def __init__(self, path: str | Path, max_side: int = MAX_SIDE):
+        super().__init__()
+        import av
+
+        self.path = Path(path)
+        self.max_side = max_side
+        try:
+            self._container = av.open(str(self.path))
+        except (av.error.FFmpegError, OSError, UnicodeDecodeError) as exc:
+            raise StreamStudioError(f"{self.path} is not a readable video ({exc}); "
+                                    "give a video file (mp4, mkv, webm, mov, ...), a folder of images or webcam:N") from exc
+        if not self._container.streams.video:
+            self._container.close()
+            raise StreamStudioError(f"{self.path} has no video stream")
+        self._stream = self._container.streams.video[0]
+        self._stream.thread_type = "AUTO"
+        self.info = self._probe()
+
+    def _probe(self) -> SourceInfo:
+        s = self._stream
+        rate = s.average_rate or s.guessed_rate or s.base_rate
+        fps = float(rate) if rate else DEFAULT_FPS
+        duration = float(s.duration * s.time_base) if s.duration and s.time_base else None
+        if duration is None and self._container.duration:
+            duration = self._container.duration / 1_000_000
+        width, height = s.codec_context.width, s.codec_context.height
+        rotation = self._rotation_hint()
+        if rotation in (90, 270):
+            width, height = height, width
+        width, height = scaled_size(width, height, self.max_side)
+        return SourceInfo(width=width, height=height, fps=fps, live=False, frame_count=s.frames or None,
+                          duration=duration, audio=self._audio_track(), rotation=rotation,
+                          description=f"{self.path.name} ({s.codec_context.name}, {fps:.3g} fps)")
+
+    def _rotation_hint(self) -> int:
+        for key in ("rotate", "rotation"):
+            value = self._stream.metadata.get(key)
+            if value:
+                try:
+                    return int(float(value)) % 360
+                except ValueError:
+                    pass
+        return 0
+
+    def _start_time(self) -> float:
+        s = self._stream
+        return float(s.start_time * s.time_base) if s.start_time is not None and s.time_base else 0.0
+
+    def _audio_track(self) -> AudioTrack | None:
+        if not self._container.streams.audio:
+            return None
+        a = self._container.streams.audio[0]
+        duration = float(a.duration * a.time_base) if a.duration and a.time_base else None
+        return AudioTrack(path=str(self.path), stream_index=0, codec=a.codec_context.name,
+                          sample_rate=a.codec_context.sample_rate or 0, channels=a.codec_context.channels or 0,
+                          origin=self._start_time(), duration=duration)
+
+    def frames(self) -> Iterator[VideoFrame]:
+        import av
+
+        origin, index = None, 0
+        decoded = self._decode()
+        while True:
+            try:
+                frame = next(decoded)
+            except StopIteration:
+                break
+            except (av.error.FFmpegError, OSError) as exc:
+                if index == 0:
+                    raise StreamStudioError(f"{self.path}: cannot decode any frame ({exc}); the file is damaged") from exc
+                msg = f"{self.path}: decoding stopped after {index} frame(s) ({exc}); the file looks truncated"
+                log.warning(msg)
+                self.warnings.append(msg)
+                break
+            t = frame.time if frame.time is not None else index / self.info.fps
+            origin = t if origin is None else origin
+            yield VideoFrame(self._convert(frame), max(0.0, t - origin), index)
+            index += 1
+        if index == 0:
+            raise StreamStudioError(f"{self.path} has a video stream but no frames")
+
+    def _decode(self):
+        for packet in self._container.demux(self._stream):
+            if packet.is_corrupt:
+                self.warnings.append(f"{self.path}: corrupt packet at {packet.pts}")
+            yield from packet.decode()
+
+    def _convert(self, frame) -> np.ndarray:
+        image = frame.to_ndarray(format="rgb24")  # (H, W, 3); grayscale and any pix_fmt convert here
+        degrees = display_rotation(frame.rotation) if frame.rotation else self.info.rotation
+        return downscale(rotate(image, degrees), self.max_side)
+
+    def close(self) -> None:
+        self._container.close()
+
+
+# ---------------------------------------------------------------------------- webcam
+class WebcamSource(Source):
+    """An OpenCV capture device. OpenCV hands over BGR; frames leave here as RGB."""
+
+    def __init__(self, index: int = 0, max_side: int = MAX_SIDE, width: int | None = None,
+                 height: int | None = None, fps: float | None = None):
+        super().__init__()
+        import cv2
+
+        self.index, self.max_side = index, max_side
+        self._cap = cv2.VideoCapture(index)
+        if not self._cap.isOpened():
+            self._cap.release()
+            raise StreamStudioError(f"no webcam at index {index} (webcam:{index}); check that a camera is "
+                                    "connected and not used by another program, or use --input pattern")
+        for prop, value in ((cv2.CAP_PROP_FRAME_WIDTH, width), (cv2.CAP_PROP_FRAME_HEIGHT, height),
+                            (cv2.CAP_PROP_FPS, fps)):
+            if value:
+                self._cap.set(prop, value)
+        cam_fps = self._cap.get(cv2.CAP_PROP_FPS) or DEFAULT_FPS
+        w, h = int(self._cap.get(cv2.CAP_PROP_FRAME_WIDTH)), int(self._cap.get(cv2.CAP_PROP_FRAME_HEIGHT))
+        w, h = scaled_size(w or 640, h or 480, max_side)
+        self.info = SourceInfo(width=w, height=h, fps=float(cam_fps), live=True, description=f"webcam:{index}")
+
+    def frames(self) -> Iterator[VideoFrame]:
+        import cv2
+
+        start, index = None, 0
+        while True:
+            ok, bgr = self._cap.read()
+            if not ok:
+                if index == 0:
+                    raise StreamStudioError(f"webcam:{self.index} opened but gave no frame")
+                self.warnings.append(f"webcam:{self.index} stopped giving frames after {index}")
+                return
+            now = time.monotonic()
+            start = now if start is None else start
+            yield VideoFrame(to_rgb_frame(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), self.max_side), now - start, index)
+            index += 1
+
+    def close(self) -> None:
+        self._cap.release()
+
+
+# ---------------------------------------------------------------------------- image folder / glob
+class ImageSequenceSource(Source):
+    """Images in name order, one frame each at `fps`."""
+
+    def __init__(self, files: Sequence[Path], fps: float = DEFAULT_FPS, max_side: int = MAX_SIDE,
+                 description: str = ""):
+        super().__init__()
+        if not files:
+            raise StreamStudioError(f"no images ({', '.join(IMAGE_SUFFIXES)}) found in {description or 'the input'}")
+        self.files, self.fps, self.max_side = list(files), float(fps), max_side
+        first = self._load(self.files[0])
+        h, w = first.shape[:2]
+        self.info = SourceInfo(width=w, height=h, fps=self.fps, live=False, frame_count=len(self.files),
+                               duration=len(self.files) / self.fps,
+                               description=description or f"{len(self.files)} images")
+
+    def _load(self, path: Path) -> np.ndarray:
+        from PIL import Image, UnidentifiedImageError
+
+        try:
+            with Image.open(path) as im:
+                im.draft("RGB", (self.max_side, self.max_side))  # JPEG: decode big images smaller
+                return to_rgb_frame(np.asarray(im.convert("RGB")), self.max_side)
+        except (UnidentifiedImageError, OSError) as exc:
+            raise StreamStudioError(f"{path} is not a readable image ({exc})") from exc
+
+    def frames(self) -> Iterator[VideoFrame]:
+        for i, path in enumerate(self.files):
+            yield VideoFrame(self._load(path), i / self.fps, i)
+
+
+def image_files(spec: str) -> list[Path]:
+    path = Path(spec)
+    if path.is_dir():
+        return sorted(f for f in path.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES)
+    return sorted(Path(f) for f in globlib.glob(spec) if Path(f).suffix.lower() in IMAGE_SUFFIXES)
+
+
+# ---------------------------------------------------------------------------- synthetic pattern
+class PatternSource(Source):
+    """Moving shapes over a gradient (demos, tests, benchmarks). `realtime` paces frames at fps."""
+
+    def __init__(self, width: int = 512, height: int = 512, fps: float = DEFAULT_FPS,
+                 count: int | None = None, realtime: bool = True):
+        super().__init__()
+        if width < 1 or height < 1 or fps <= 0:
+            raise StreamStudioError(f"pattern size and fps must be positive, got {width}x{height}@{fps}")
+        self.width, self.height, self.fps, self.count, self.realtime = width, height, float(fps), count, realtime
+        yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
+        self._yy, self._xx = yy, xx
+        self._bg = np.stack([xx / max(width - 1, 1) * 200, yy / max(height - 1, 1) * 200,
+                             np.full_like(xx, 90)], -1).astype(np.uint8)  # (H, W, 3)
+        self.info = SourceInfo(width=width, height=height, fps=self.fps, live=realtime, frame_count=count,
+                               duration=count / self.fps if count else None,
+                               description=f"pattern {width}x{height}@{self.fps:g}")
+
+    def render(self, t: float) -> np.ndarray:
+        w, h = self.width, self.height
+        img = self._bg.copy()
+        r = max(2.0, min(w, h) / 6)
+        cx, cy = w * (0.5 + 0.35 * math.cos(t * 1.3)), h * (0.5 + 0.35 * math.sin(t * 1.7))
+        img[(self._xx - cx) ** 2 + (self._yy - cy) ** 2 < r * r] = (240, 60, 40)
+        sx, sy = (t * w * 0.25) % w, h * 0.5 + 0.3 * h * math.sin(t * 0.9)
+        box = (np.abs(self._xx - sx) < r * 0.8) & (np.abs(self._yy - sy) < r * 0.8)
+        img[box] = (40, 200, 240)
+        return img
+
+    def frames(self) -> Iterator[VideoFrame]:
+        start = time.monotonic()
+        i = 0
+        while self.count is None or i < self.count:
+            t = i / self.fps
+            if self.realtime:
+                delay = start + t - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+            yield VideoFrame(self.render(t), t, i)
+            i += 1
+
+
+# ---------------------------------------------------------------------------- in-memory
+class ArraySource(Source):
+    """Frames already in memory (benchmarks, the web app, tests)."""
+
+    def __init__(self, frames: Sequence[np.ndarray], fps: float = DEFAULT_FPS, live: bool = False,
+                 timestamps: Sequence[float] | None = None):
+        super().__init__()
+        if not len(frames):
+            raise StreamStudioError("no frames given")
+        self._frames = [to_rgb_frame(f) for f in frames]
+        self._pts = list(timestamps) if timestamps is not None else [i / fps for i in range(len(frames))]
+        h, w = self._frames[0].shape[:2]
+        self.live = live
+        self.info = SourceInfo(width=w, height=h, fps=float(fps), live=live, frame_count=len(frames),
+                               duration=len(frames) / fps, description=f"{len(frames)} frames in memory")
+
+    def frames(self) -> Iterator[VideoFrame]:
+        for i, (image, pts) in enumerate(zip(self._frames, self._pts)):
+            yield VideoFrame(image, float(pts), i)
+
+
+# ---------------------------------------------------------------------------- screen (optional)
+class ScreenSource(Source):
+    """A monitor through mss (optional extra: pip install 'streamstudio[screen]')."""
+
+    def __init__(self, monitor: int = 1, fps: float = DEFAULT_FPS, max_side: int = MAX_SIDE):
+        super().__init__()
+        try:
+            import mss
+        except ImportError as exc:
+            raise StreamStudioError("screen capture needs mss: pip install 'streamstudio[screen]'") from exc
+        try:
+            self._sct = mss.mss()
+            monitors = self._sct.monitors
+        except Exception as exc:  # mss raises its own ScreenShotError without a display
+            raise StreamStudioError(f"screen capture is not available here ({exc})") from exc
+        if not 0 <= monitor < len(monitors):
+            raise StreamStudioError(f"no monitor {monitor}; there are {len(monitors) - 1}")
+        self._monitor, self.fps, self.max_side = monitors[monitor], float(fps), max_side
+        w, h = scaled_size(self._monitor["width"], self._monitor["height"], max_side)
+        self.info = SourceInfo(width=w, height=h, fps=self.fps, live=True, description=f"screen:{monitor}")
+
+    def frames(self) -> Iterator[VideoFrame]:
+        start, i = time.monotonic(), 0
+        while True:
+            delay = start + i / self.fps - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            shot = np.asarray(self._sct.grab(self._monitor))  # (H, W, 4) BGRA
+            yield VideoFrame(to_rgb_frame(shot[:, :, 2::-1], self.max_side), time.monotonic() - start, i)
+            i += 1
+
+    def close(self) -> None:
+        self._sct.close()
+
+
+# ---------------------------------------------------------------------------- spec parsing
+_PATTERN = re.compile(r"^pattern(?::(\d+)x(\d+))?(?:@(\d+(?:\.\d+)?))?$")
+
+
+def open_source(spec: str, fps: float | None = None, max_side: int = MAX_SIDE, realtime: bool = True) -> Source:
+    """A source from its spec: a video file, a folder or glob of images, webcam:N, pattern[:WxH][@fps],
+    screen[:N]. Raises StreamStudioError with what to do when it cannot."""
+    spec = str(spec).strip()
+    if not spec:
+        raise StreamStudioError("no input given; use a video file, a folder of images, webcam:N or pattern")
+    low = spec.lower()
+    if low.startswith("webcam"):
+        index = _index_after(spec, "webcam")
+        return WebcamSource(index, max_side=max_side, fps=fps)
+    if low.startswith("screen"):
+        return ScreenSource(_index_after(spec, "screen", default=1), fps=fps or DEFAULT_FPS, max_side=max_side)
+    m = _PATTERN.match(low)
+    if m:
+        w, h = (int(m.group(1)), int(m.group(2))) if m.group(1) else (512, 512)
+        rate = float(m.group(3)) if m.group(3) else (fps or DEFAULT_FPS)
+        return PatternSource(w, h, rate, realtime=realtime)
+    path = Path(spec).expanduser()
+    if path.is_dir() or any(c in spec for c in "*?["):
+        return ImageSequenceSource(image_files(str(path)), fps=fps or DEFAULT_FPS, max_side=max_side,
+                                   description=spec)
+    if not path.exists():
+        raise StreamStudioError(f"input {spec} does not exist; give a video file, a folder or glob of images, "
+                                "webcam:N or pattern")
+    if path.suffix.lower() in IMAGE_SUFFIXES:
+        return ImageSequenceSource([path], fps=fps or DEFAULT_FPS, max_side=max_side, description=spec)
+    return VideoFileSource(path, max_side=max_side)
+
+
+def _index_after(spec: str, prefix: str, default: int = 0) -> int:
+    rest = spec[len(prefix):].lstrip(":")
+    if not rest:
+        return default
+    try:
+        return int(rest)
+    except ValueError as exc:
+        raise StreamStudioError(f"bad input {spec!r}: expected {prefix}:N with N a number") from exc
+
+
+def as_fraction(fps: float) -> Fraction:
+    """A frame rate as a small fraction (29.97 -> 30000/1001)."""
+    return Fraction(fps).limit_denominator(1001)
