@@ -1,0 +1,442 @@
+"""StreamDiT buffer sampler (arXiv 2507.03745): streaming text-to-video and video-to-video.
+
+The buffer holds K clean reference frames and N chunks of c latent frames (B = K + N*c).
+Chunk j (0 = oldest) sits at levels (N-1-j)*s ... (N-j)*s - 1 of T = s*N noise levels
+t_0 < t_1 < ... < t_T = 1 (flow matching: t = 0 noise, t = 1 data). Every call runs the
+backbone once over the whole buffer with one timestep per frame and moves every frame one
+level up with an Euler step of its own size t_{k+1} - t_k. After every s calls the oldest chunk
+is at t = 1: its c frames leave (and become the reference frames), and c new frames enter at
+level 0. Each frame keeps the noise sample it entered with (drawn per frame id).
+
+- Text-to-video starts as in the paper: one uniform-noise generation of N*c frames, whose
+  states at levels (N-1-j)*s fill chunk j.
+- Video-to-video (SDEdit): levels span [t_start, 1] with t_start = 1 - strength, and an input
+  frame enters as (1 - t_start) * noise + t_start * encode(frame); the first N*c input frames
+  start the buffer through the same uniform generation.
+- `set_prompt` changes the text of every later call (the change flows through the buffer).
+- Chunks are decoded as they leave, with an overlap of decoded frames cross-faded between
+  consecutive chunks so a temporal decoder shows no seam.
+
+No I/O and no threads here; `VideoStream` is the frame-in / frame-out API (RGB uint8 HxWx3).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Protocol
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from streamstudio.errors import StreamStudioError
+
+
+class VideoBackbone(Protocol):
+    """Anything that gives a velocity from (latents, per-frame timesteps, text)."""
+
+    def encode_text(self, prompt: str) -> Any: ...
+
+    def __call__(self, x: torch.Tensor, t: torch.Tensor, text: Any) -> torch.Tensor:
+        """x: (1, F, C, H, W), t: (1, F) in [0, 1] -> velocity dx/dt (1, F, C, H, W)."""
+        ...
+
+
+class VideoCodec(Protocol):
+    """Frames <-> latents. `decode` may look at several frames (temporal decoders)."""
+
+    def encode(self, frames: np.ndarray) -> torch.Tensor:
+        """uint8 (F, H, W, 3) -> latents (F, C, h, w)."""
+        ...
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """latents (F, C, h, w) -> float frames (F, 3, H, W) in [-1, 1]."""
+        ...
+
+
+@dataclass
+class StreamBufferConfig:
+    num_chunks: int = 4  # N
+    chunk_size: int = 2  # c
+    micro_steps: int = 2  # s
+    ref_frames: int = 0  # K
+    strength: float = 1.0  # 1 = text-to-video from pure noise; < 1 = SDEdit video-to-video
+    shift: float = 1.0  # timestep shift (> 1 spends more levels near noise)
+    seed: int = 0
+
+    @property
+    def levels(self) -> int:  # T
+        return self.num_chunks * self.micro_steps
+
+    @property
+    def frames(self) -> int:  # N * c
+        return self.num_chunks * self.chunk_size
+
+    def validate(self) -> None:
+        for name in ("num_chunks", "chunk_size", "micro_steps"):
+            if getattr(self, name) < 1:
+                raise StreamStudioError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.ref_frames < 0:
+            raise StreamStudioError(f"ref_frames must be >= 0, got {self.ref_frames}")
+        if not 0.0 < self.strength <= 1.0:
+            raise StreamStudioError(f"strength must be in (0, 1], got {self.strength}")
+
+
+def level_times(cfg: StreamBufferConfig) -> torch.Tensor:
+    """(T + 1,) float64 times t_0 < ... < t_T = 1, from t_0 = 1 - strength."""
+    u = torch.linspace(0.0, 1.0, cfg.levels + 1, dtype=torch.float64)
+    sigma = 1 - u
+    sigma = cfg.shift * sigma / (1 + (cfg.shift - 1) * sigma)  # the usual flow-matching shift
+    t_start = 1.0 - cfg.strength
+    return t_start + (1 - t_start) * (1 - sigma)
+
+
+def frame_noise(seed: int, frame_id: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """The noise sample of one frame: a function of (seed, frame id) only."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + frame_id)
+    return torch.randn(shape, generator=gen)
+
+
+class StreamSampler:
+    """The moving buffer, on latents. Call `start`, then `step` repeatedly.
+
+    `ids[i]` and `levels[i]` name the frame in buffer row i (references first) and its level.
+    """
+
+    def __init__(self, backbone: VideoBackbone, cfg: StreamBufferConfig, latent_shape: tuple[int, int, int],
+                 prompt: str = "", noise_fn: Callable[[int], torch.Tensor] | None = None,
+                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
+        cfg.validate()
+        self.backbone, self.cfg, self.shape = backbone, cfg, tuple(latent_shape)  # shape (C, h, w)
+        self.device, self.dtype = torch.device(device), dtype
+        self.noise_fn = noise_fn or (lambda i: frame_noise(cfg.seed, i, self.shape))
+        self.times = level_times(cfg)  # (T + 1,)
+        self.set_prompt(prompt)
+        self.x = torch.empty(0, *self.shape, device=self.device, dtype=dtype)  # (n, C, h, w)
+        self.levels = torch.empty(0, dtype=torch.long)  # (n,)
+        self.ids: list[int] = []
+        self.noise: dict[int, torch.Tensor] = {}  # each buffered frame's own noise sample
+        self.refs = torch.empty(0, *self.shape, device=self.device, dtype=dtype)  # (k <= K, C, h, w)
+        self.next_id = 0
+        self.calls = 0  # buffer calls since start (startup calls not counted)
+        self.started = False
+
+    # ------------------------------------------------------------------ text
+    def set_prompt(self, prompt: str) -> None:
+        self.prompt = prompt
+        with torch.no_grad():
+            self.text = self.backbone.encode_text(prompt)
+
+    # ------------------------------------------------------------------ entering frames
+    def _enter(self, clean: torch.Tensor | None, count: int) -> tuple[torch.Tensor, list[int]]:
+        """`count` new frames at level 0: their noise, mixed with `clean` (count, C, h, w) for SDEdit."""
+        ids = list(range(self.next_id, self.next_id + count))
+        self.next_id += count
+        noise = torch.stack([self.noise_fn(i) for i in ids]).to(self.device, self.dtype)  # (count, C, h, w)
+        for i, n in zip(ids, noise):
+            self.noise[i] = n
+        t0 = float(self.times[0])
+        if clean is None:
+            if t0 > 0:
+                raise StreamStudioError("strength < 1 needs input frames (video-to-video); "
+                                        "use strength 1 for text-to-video")
+            return noise, ids
+        return (1 - t0) * noise + t0 * clean.to(self.device, self.dtype), ids
+
+    # ------------------------------------------------------------------ network call
+    def _velocity(self, x: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
+        """x: (n, C, h, w) at `levels` (n,), reference frames prepended -> velocity (n, C, h, w)."""
+        k = self.refs.shape[0]
+        full = torch.cat([self.refs, x], dim=0)[None]  # (1, k + n, C, h, w)
+        t = torch.cat([torch.ones(k, dtype=torch.float64), self.times[levels]])[None]  # (1, k + n)
+        with torch.no_grad():
+            v = self.backbone(full, t.to(self.device, self.dtype), self.text)  # (1, k + n, C, h, w)
+        return v[0, k:]
+
+    def _euler(self, x: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
+        """One Euler step of every frame from its level to the next (per-frame step size)."""
+        dt = (self.times[levels + 1] - self.times[levels]).to(self.device, self.dtype)  # (n,)
+        return x + dt[:, None, None, None] * self._velocity(x, levels)
+
+    # ------------------------------------------------------------------ start and step
+    def start(self, clean: torch.Tensor | None = None) -> None:
+        """Fill the buffer by one uniform generation of N*c frames (clean: (N*c, C, h, w) for SDEdit)."""
+        cfg = self.cfg
+        n, c, s = cfg.num_chunks, cfg.chunk_size, cfg.micro_steps
+        u, self.ids = self._enter(clean, cfg.frames)  # (N*c, C, h, w)
+        self.x = torch.empty_like(u)
+        self.levels = torch.empty(cfg.frames, dtype=torch.long)
+        for k in range((n - 1) * s + 1):
+            for j in range(n):
+                if (n - 1 - j) * s == k:  # chunk j takes the uniform state at its level
+                    self.x[j * c : (j + 1) * c] = u[j * c : (j + 1) * c]
+                    self.levels[j * c : (j + 1) * c] = k
+            if k < (n - 1) * s:
+                u = self._euler(u, torch.full((cfg.frames,), k, dtype=torch.long))
+        self.started = True
+
+    def step(self, clean_next: torch.Tensor | None = None) -> torch.Tensor | None:
+        """One call. Every s calls returns the finished chunk (c, C, h, w) and admits c new
+        frames (clean_next: their clean latents (c, C, h, w) for video-to-video)."""
+        if not self.started:
+            raise StreamStudioError("the stream sampler was not started; call start() first")
+        self.x = self._euler(self.x, self.levels)
+        self.levels = self.levels + 1
+        self.calls += 1
+        if self.calls % self.cfg.micro_steps:
+            return None
+        return self._rotate(clean_next)
+
+    def _rotate(self, clean_next: torch.Tensor | None) -> torch.Tensor:
+        c = self.cfg.chunk_size
+        assert bool((self.levels[:c] == self.cfg.levels).all()), "oldest chunk is not finished"
+        done = self.x[:c]  # (c, C, h, w) at t = 1
+        for i in self.ids[:c]:
+            self.noise.pop(i, None)
+        new, new_ids = self._enter(clean_next, c)
+        self.x = torch.cat([self.x[c:], new])
+        self.levels = torch.cat([self.levels[c:], torch.zeros(c, dtype=torch.long)])
+        self.ids = self.ids[c:] + new_ids
+        k = self.cfg.ref_frames
+        self.refs = torch.cat([self.refs, done])[-k:] if k else self.refs
+        return done
+
+
+# ---------------------------------------------------------------------------- decoding
+
+
+class PixelCodec:
+    """Pixels as latents (the tiny model): resize to (height, width), [-1, 1] floats."""
+
+    def __init__(self, height: int, width: int):
+        self.height, self.width = height, width
+
+    def encode(self, frames: np.ndarray) -> torch.Tensor:
+        x = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).float()  # (F, 3, H, W)
+        if x.shape[-2:] != (self.height, self.width):
+            shrink = x.shape[-2] > self.height or x.shape[-1] > self.width
+            x = F.interpolate(x, size=(self.height, self.width), mode="bilinear", align_corners=False,
+                              antialias=shrink)
+        return x / 127.5 - 1  # (F, 3, h, w)
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        return latents.float()
+
+
+def to_uint8(frames: torch.Tensor, size: tuple[int, int] | None = None) -> list[np.ndarray]:
+    """(F, 3, H, W) in [-1, 1] -> list of RGB uint8 (H', W', 3), resized to `size` = (H', W')."""
+    x = frames.float()
+    if size and tuple(x.shape[-2:]) != tuple(size):
+        mode = "nearest" if size[0] >= x.shape[-2] and size[0] % x.shape[-2] == 0 else "bilinear"
+        x = F.interpolate(x, size=size, mode=mode, **({} if mode == "nearest" else {"align_corners": False}))
+    x = ((x.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+    return list(x)
+
+
+class ChunkDecoder:
+    """Decodes chunks as they leave; `overlap` frames of context from the previous chunk are
+    decoded again with the new chunk and their two decodings cross-faded, so the output has no
+    seam at chunk boundaries (the last `overlap` frames wait for the next chunk or `flush`)."""
+
+    def __init__(self, codec: VideoCodec, overlap: int = 1):
+        self.codec, self.overlap = codec, overlap
+        self.tail_latents: torch.Tensor | None = None  # (o, C, h, w) latents of the held frames
+        self.tail_frames: torch.Tensor | None = None  # (o, 3, H, W) their first decoding
+
+    def push(self, latents: torch.Tensor) -> torch.Tensor:
+        """latents (c, C, h, w) -> the decoded frames ready to show (F', 3, H, W)."""
+        o = self.overlap
+        if self.tail_latents is None or o == 0:
+            decoded = self.codec.decode(latents)
+            ready = decoded
+        else:
+            decoded = self.codec.decode(torch.cat([self.tail_latents, latents]))  # (o + c, 3, H, W)
+            w = torch.arange(1, o + 1, dtype=decoded.dtype, device=decoded.device) / (o + 1)  # old -> new
+            blended = (1 - w)[:, None, None, None] * self.tail_frames + w[:, None, None, None] * decoded[:o]
+            ready = torch.cat([blended, decoded[o:]])
+        if o == 0:
+            return ready
+        keep = min(o, latents.shape[0])
+        self.tail_latents = latents[-keep:]
+        self.tail_frames = ready[-keep:]
+        return ready[:-keep]
+
+    def flush(self) -> torch.Tensor | None:
+        out, self.tail_latents, self.tail_frames = self.tail_frames, None, None
+        return out
+
+
+# ---------------------------------------------------------------------------- frame API
+
+
+@dataclass
+class StreamVideoConfig:
+    buffer: StreamBufferConfig
+    height: int = 32  # latent frame size the backbone works at (pixels for the tiny model)
+    width: int = 32
+    out_height: int | None = None  # size of the frames handed out (None: latent size)
+    out_width: int | None = None
+    decode_overlap: int = 1
+
+
+class VideoStream:
+    """Frame-in / frame-out streaming. Text-to-video: `push(None)` or `frames(n)`;
+    video-to-video: `push(frame)` per input frame, then `flush()`. Frames are RGB uint8 HxWx3."""
+
+    def __init__(self, backbone: VideoBackbone, cfg: StreamVideoConfig, prompt: str,
+                 codec: VideoCodec | None = None, device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32, latent_channels: int = 3):
+        self.cfg = cfg
+        self.codec = codec or PixelCodec(cfg.height, cfg.width)
+        shape = (latent_channels, cfg.height, cfg.width)
+        self.sampler = StreamSampler(backbone, cfg.buffer, shape, prompt, device=device, dtype=dtype)
+        self.decoder = ChunkDecoder(self.codec, cfg.decode_overlap)
+        self.pending: deque[torch.Tensor] = deque()  # encoded input frames not yet in the buffer
+        self.pushed = 0  # input frames (video-to-video)
+        self.sampled = 0  # frames that left the sampler
+        self.emitted = 0  # frames handed out
+        self._last_clean: torch.Tensor | None = None
+        self.mode: str | None = None
+
+    @property
+    def out_size(self) -> tuple[int, int] | None:
+        if self.cfg.out_height and self.cfg.out_width:
+            return (self.cfg.out_height, self.cfg.out_width)
+        return None
+
+    def set_prompt(self, prompt: str) -> None:
+        self.sampler.set_prompt(prompt)
+
+    def _set_mode(self, mode: str) -> None:
+        if self.mode not in (None, mode):
+            raise StreamStudioError(f"this stream is {self.mode}; start a new stream for {mode}")
+        self.mode = mode
+
+    def _emit(self, latents: torch.Tensor) -> list[np.ndarray]:
+        self.sampled += latents.shape[0]
+        frames = self.decoder.push(latents)
+        out = to_uint8(frames, self.out_size) if frames.shape[0] else []
+        self.emitted += len(out)
+        return out
+
+    def _chunk(self, clean_next: torch.Tensor | None) -> torch.Tensor:
+        """Run s calls; the last one returns the finished chunk."""
+        done = None
+        while done is None:
+            done = self.sampler.step(clean_next)
+        return done
+
+    def push(self, frame: np.ndarray | None = None) -> list[np.ndarray]:
+        """None: text-to-video, one more chunk. A frame: video-to-video input; returns what finished."""
+        if frame is None:
+            self._set_mode("text-to-video")
+            if not self.sampler.started:
+                self.sampler.start()
+            return self._emit(self._chunk(None))
+        self._set_mode("video-to-video")
+        if frame.ndim != 3 or frame.shape[2] != 3 or frame.dtype != np.uint8:
+            raise StreamStudioError(f"frames must be RGB uint8 HxWx3, got {frame.dtype} {frame.shape}")
+        self._last_clean = self.codec.encode(frame[None])[0]  # (C, h, w)
+        self.pending.append(self._last_clean)
+        self.pushed += 1
+        return self._advance()
+
+    def _advance(self) -> list[np.ndarray]:
+        out: list[np.ndarray] = []
+        b = self.cfg.buffer
+        if not self.sampler.started:
+            if len(self.pending) < b.frames:
+                return out
+            self.sampler.start(torch.stack([self.pending.popleft() for _ in range(b.frames)]))
+        while len(self.pending) >= b.chunk_size:
+            clean = torch.stack([self.pending.popleft() for _ in range(b.chunk_size)])
+            out += self._emit(self._chunk(clean))
+        return out
+
+    def flush(self) -> list[np.ndarray]:
+        """Video-to-video: finish every pushed frame (the input is padded with its last frame);
+        both modes: hand out the frames the decoder held back. Returns no frame past the input."""
+        out: list[np.ndarray] = []
+        if self.mode == "video-to-video":
+            while self.sampled < self.pushed:
+                self.pending.append(self._last_clean)
+                out += self._advance()
+        tail = self.decoder.flush()
+        if tail is not None:
+            out += to_uint8(tail, self.out_size)
+            self.emitted += tail.shape[0]
+        if self.mode == "video-to-video":
+            extra = self.emitted - self.pushed
+            out = out[: len(out) - extra] if extra > 0 else out
+            self.emitted = min(self.emitted, self.pushed)
+        return out
+
+    def frames(self, n: int) -> Iterator[np.ndarray]:
+        """Text-to-video: yield n frames as they are made."""
+        given = 0
+        while given < n:
+            for frame in self.push(None)[: n - given]:
+                yield frame
+                given += 1
+
+
+# ---------------------------------------------------------------------------- backbones
+
+
+class WanBackbone:
+    """diffusers' `WanTransformer3DModel` as a backbone, with one timestep per token (Wan 2.2 style).
+
+    Wan's convention is sigma = 1 - t (noise at 1000) and an output of noise - data, so the
+    timestep is (1 - t) * 1000 per frame, repeated over the frame's tokens, and the velocity
+    dx/dt is the negated output. `text_encoder(prompt)` gives (1, L, text_dim) embeddings
+    (UMT5 for real Wan weights). Latents use the transformer's channels (its VAE's latents).
+    """
+
+    def __init__(self, transformer: torch.nn.Module, text_encoder: Callable[[str], torch.Tensor]):
+        pt, ph, pw = transformer.config.patch_size
+        if pt != 1:
+            raise StreamStudioError(f"the Wan backbone needs a temporal patch of 1 for per-frame timesteps, "
+                                    f"got {pt}")
+        self.transformer, self.text_encoder, self.patch = transformer, text_encoder, (ph, pw)
+
+    def encode_text(self, prompt: str) -> torch.Tensor:
+        return self.text_encoder(prompt)  # (1, L, text_dim)
+
+    def __call__(self, x: torch.Tensor, t: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+        """x: (B, F, C, H, W), t: (B, F) -> velocity (B, F, C, H, W)."""
+        b, f, c, h, w = x.shape
+        tokens = (h // self.patch[0]) * (w // self.patch[1])
+        timestep = ((1 - t) * 1000).repeat_interleave(tokens, dim=1)  # (B, F * tokens)
+        hidden = x.permute(0, 2, 1, 3, 4)  # (B, C, F, H, W)
+        out = self.transformer(hidden, timestep=timestep, encoder_hidden_states=text.expand(b, -1, -1),
+                               return_dict=False)[0]  # (B, C, F, H, W)
+        return -out.permute(0, 2, 1, 3, 4)
+
+
+class HashTextEmbedder:
+    """A deterministic stand-in text encoder: one fixed random vector per word (tests, demos)."""
+
+    def __init__(self, dim: int, length: int = 8):
+        self.dim, self.length = dim, length
+
+    def __call__(self, prompt: str) -> torch.Tensor:
+        import zlib
+
+        words = (prompt.lower().split() or [""])[: self.length]
+        rows = [torch.randn(self.dim, generator=torch.Generator().manual_seed(zlib.crc32(w.encode())))
+                for w in words]
+        return torch.stack(rows)[None]  # (1, L, dim)
+
+
+class StreamDiTBackbone:
+    """The project's StreamDiT model behind the backbone protocol (batch of one prompt)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+
+    def encode_text(self, prompt: str) -> Any:
+        return self.model.encode_text([prompt])
+
+    def __call__(self, x: torch.Tensor, t: torch.Tensor, text: Any) -> torch.Tensor:
+        return self.model(x, t, text)

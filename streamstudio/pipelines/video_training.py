@@ -1,0 +1,237 @@
+"""Training of the StreamDiT model: buffered flow matching and multistep distillation.
+
+Built on accelerate, so the same loop runs on CPU and, through `accelerate launch`, on several
+GPUs (each process draws its own data; gradients are averaged by accelerate).
+
+Buffered flow matching with mixed partitioning (StreamDiT, arXiv 2507.03745): a training clip
+is a buffer of K clean reference frames followed by B = N * c frames. For each sample a chunk
+size c is drawn from 1, 2, 4, ... up to B; chunk j (0 = oldest) gets one level t drawn from its
+segment [(N-1-j)/N, (N-j)/N), so the buffer looks like the sampler's at some moment (c = B is
+plain uniform generation). x_t = (1 - t) * noise + t * data, the target velocity is
+data - noise (t = 0 noise, t = 1 data).
+
+Distillation (mode "distill"): a teacher sampling with s micro-steps per chunk teaches a student
+with s = 1: for every chunk, the student's one Euler step over its segment must match the
+teacher's s steps over the same segment (both with the whole buffer in context).
+
+Every batch and noise sample is seeded by (seed, step, process), so a resumed run continues
+exactly where the stopped one would have been.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from streamstudio.errors import StreamStudioError
+from streamstudio.models.stream_dit import (StreamDiT, StreamDiTConfig, load_checkpoint, named_config,
+                                            save_checkpoint)
+from streamstudio.models.video_data import VideoFolder, synthetic_batch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class VideoTrainConfig:
+    output: str = "runs/stream_dit"
+    model: str = "tiny"  # a named StreamDiT config
+    data: str = "synthetic"  # "synthetic" or a folder of videos
+    mode: str = "flow"  # "flow" (buffered flow matching) or "distill"
+    teacher: str | None = None  # checkpoint folder of the teacher (distill mode)
+    teacher_steps: int = 4  # the teacher's micro-steps per chunk (distill mode)
+    steps: int = 1000
+    batch_size: int = 8
+    buffer_frames: int = 8  # B = N * c frames that are denoised
+    ref_frames: int = 0  # K clean reference frames before the buffer
+    size: int = 32  # frame side in pixels (latent side for the tiny pixel-space model)
+    lr: float = 5e-4
+    warmup: int = 100
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    seed: int = 0
+    save_every: int = 250
+    resume: bool = False  # continue from the checkpoint in `output`
+    cpu: bool = False
+    max_minutes: float = 0.0  # stop (and save) after this much wall time; 0 = no limit
+    progress: bool = True
+    sampling: dict = field(default_factory=lambda: {"num_chunks": 4, "chunk_size": 2, "micro_steps": 2})
+
+
+def partition_levels(gen: torch.Generator, batch: int, frames: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mixed partitioning: ((B, frames) levels in [0, 1), (B,) chunk sizes), oldest frame first."""
+    sizes = [2**i for i in range(int(math.log2(frames)) + 1) if frames % 2**i == 0]
+    pick = torch.randint(len(sizes), (batch,), generator=gen)
+    chunk = torch.tensor([sizes[i] for i in pick.tolist()])  # (B,)
+    u = torch.rand(batch, frames, generator=gen)  # (B, frames) one draw per frame, shared per chunk
+    t = torch.empty(batch, frames)
+    for b in range(batch):
+        c = int(chunk[b])
+        n = frames // c
+        j = torch.arange(frames) // c  # chunk index per frame
+        uc = u[b].view(n, c)[:, 0].repeat_interleave(c)  # one draw per chunk
+        t[b] = (n - 1 - j + uc) / n
+    return t, chunk
+
+
+def lr_at(cfg: VideoTrainConfig, step: int) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+class VideoTrainer:
+    """`VideoTrainer(cfg).train()` -> list of losses (one per step run)."""
+
+    def __init__(self, cfg: VideoTrainConfig):
+        from accelerate import Accelerator
+
+        if cfg.mode not in ("flow", "distill"):
+            raise StreamStudioError(f"unknown training mode {cfg.mode!r}; use flow or distill")
+        if cfg.buffer_frames < 1 or cfg.buffer_frames & (cfg.buffer_frames - 1):
+            raise StreamStudioError(f"--buffer-frames must be a power of two, got {cfg.buffer_frames}")
+        self.cfg = cfg
+        self.acc = Accelerator(cpu=cfg.cpu)
+        self.out = Path(cfg.output)
+        self.step = 0
+        self.teacher = self._load_teacher() if cfg.mode == "distill" else None
+        model = self._initial_model()
+        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        if cfg.resume:
+            self._resume(model, opt)
+        self.model, self.opt = self.acc.prepare(model, opt)
+        self.data = None if cfg.data == "synthetic" else VideoFolder(cfg.data, cfg.size)
+
+    # ------------------------------------------------------------------ setup
+    def _load_teacher(self) -> StreamDiT:
+        if not self.cfg.teacher:
+            raise StreamStudioError("distill mode needs --teacher DIR (a checkpoint trained with mode flow)")
+        teacher, _ = load_checkpoint(self.cfg.teacher, device=self.acc.device)
+        return teacher.requires_grad_(False)
+
+    def _initial_model(self) -> StreamDiT:
+        if self.teacher is not None:  # the student starts as the teacher
+            model = StreamDiT(self.teacher.cfg)
+            model.load_state_dict(self.teacher.state_dict())
+            return model
+        torch.manual_seed(self.cfg.seed)
+        return StreamDiT(named_config(self.cfg.model))
+
+    def _resume(self, model: StreamDiT, opt: torch.optim.Optimizer) -> None:
+        from safetensors.torch import load_file
+
+        state_file = self.out / "trainer_state.json"
+        if not state_file.is_file():
+            raise StreamStudioError(f"nothing to resume in {self.out}: no trainer_state.json; "
+                                    "run without --resume to start a new run")
+        model.load_state_dict(load_file(str(self.out / "model.safetensors")))
+        opt.load_state_dict(torch.load(self.out / "optimizer.pt", weights_only=True))
+        self.step = json.loads(state_file.read_text())["step"]
+
+    # ------------------------------------------------------------------ data and losses
+    def _batch(self, step: int) -> tuple[torch.Tensor, list[str], torch.Generator]:
+        cfg = self.cfg
+        seed = (cfg.seed * 1_000_003 + step) * 64 + self.acc.process_index
+        frames = cfg.ref_frames + cfg.buffer_frames
+        if self.data is None:
+            clips, caps = synthetic_batch(seed, cfg.batch_size, frames, cfg.size)
+        else:
+            clips, caps = self.data.batch(seed, cfg.batch_size, frames)
+        gen = torch.Generator().manual_seed(seed)
+        return clips.to(self.acc.device), caps, gen
+
+    def _levels(self, gen: torch.Generator) -> torch.Tensor:
+        """(B, K + buffer) levels: reference frames at 1 (clean), then the partitioned buffer."""
+        t, _ = partition_levels(gen, self.cfg.batch_size, self.cfg.buffer_frames)
+        ref = torch.ones(self.cfg.batch_size, self.cfg.ref_frames)
+        return torch.cat([ref, t], dim=1).to(self.acc.device)
+
+    def flow_loss(self, x1: torch.Tensor, caps: list[str], gen: torch.Generator) -> torch.Tensor:
+        """x1: (B, F, C, H, W) clean clips -> buffered flow-matching loss (reference frames excluded)."""
+        t = self._levels(gen)  # (B, F)
+        noise = torch.randn(x1.shape, generator=gen).to(x1.device)
+        tt = t[:, :, None, None, None]
+        xt = (1 - tt) * noise + tt * x1
+        model = self.acc.unwrap_model(self.model)
+        v = self.model(xt, t, model.encode_text(caps))  # (B, F, C, H, W)
+        k = self.cfg.ref_frames
+        return (v[:, k:] - (x1 - noise)[:, k:]).pow(2).mean()
+
+    def distill_loss(self, x1: torch.Tensor, caps: list[str], gen: torch.Generator) -> torch.Tensor:
+        """Student's one step per segment vs the teacher's `teacher_steps` micro-steps."""
+        cfg = self.cfg
+        t_seg, chunk = partition_levels(gen, cfg.batch_size, cfg.buffer_frames)
+        n = (cfg.buffer_frames // chunk).float()[:, None]  # (B, 1) chunks per sample
+        t_a = torch.floor(t_seg * n) / n  # (B, buffer) segment starts
+        ref = torch.ones(cfg.batch_size, cfg.ref_frames)
+        t_a = torch.cat([ref, t_a], 1).to(x1.device)  # (B, F)
+        dt = torch.cat([torch.zeros_like(ref), (1 / n).expand_as(t_seg)], 1).to(x1.device)  # (B, F)
+        noise = torch.randn(x1.shape, generator=gen).to(x1.device)
+        x_a = (1 - t_a)[..., None, None, None] * noise + t_a[..., None, None, None] * x1
+        with torch.no_grad():
+            text_t = self.teacher.encode_text(caps)
+            x, t = x_a.clone(), t_a.clone()
+            for _ in range(cfg.teacher_steps):
+                h = dt / cfg.teacher_steps
+                x = x + h[..., None, None, None] * self.teacher(x, t, text_t)
+                t = t + h
+        target = (x - x_a) / dt.clamp_min(1e-8)[..., None, None, None]
+        model = self.acc.unwrap_model(self.model)
+        v = self.model(x_a, t_a, model.encode_text(caps))
+        k = cfg.ref_frames
+        return (v[:, k:] - target[:, k:]).pow(2).mean()
+
+    # ------------------------------------------------------------------ loop
+    def train(self) -> list[float]:
+        from tqdm.auto import tqdm
+
+        cfg = self.cfg
+        losses: list[float] = []
+        bar = tqdm(total=cfg.steps, initial=self.step, disable=not (cfg.progress and self.acc.is_main_process),
+                   desc=f"train-video ({cfg.mode})")
+        loss_fn = self.flow_loss if cfg.mode == "flow" else self.distill_loss
+        self.model.train()
+        start = time.time()
+        while self.step < cfg.steps:
+            if cfg.max_minutes and time.time() - start > 60 * cfg.max_minutes:
+                log.info("stopping at step %d: --max-minutes %.1f reached", self.step, cfg.max_minutes)
+                self.save(time.time() - start)
+                break
+            for group in self.opt.param_groups:
+                group["lr"] = lr_at(cfg, self.step)
+            x1, caps, gen = self._batch(self.step)
+            loss = loss_fn(x1, caps, gen)
+            self.acc.backward(loss)
+            if cfg.grad_clip:
+                self.acc.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+            self.step += 1
+            losses.append(float(loss.detach()))
+            bar.update(1)
+            bar.set_postfix(loss=f"{losses[-1]:.4f}")
+            if self.step % cfg.save_every == 0 or self.step == cfg.steps:
+                self.save(time.time() - start)
+        bar.close()
+        return losses
+
+    def save(self, seconds: float = 0.0) -> None:
+        self.acc.wait_for_everyone()
+        if not self.acc.is_main_process:
+            return
+        model = self.acc.unwrap_model(self.model)
+        train = {k: v for k, v in asdict(self.cfg).items() if k not in ("sampling",)}
+        extra = {"sampling": {**self.cfg.sampling, "height": self.cfg.size, "width": self.cfg.size,
+                              "ref_frames": self.cfg.ref_frames},
+                 "train": train}
+        save_checkpoint(model, self.out, extra)
+        torch.save(self.opt.state_dict(), self.out / "optimizer.pt")
+        (self.out / "trainer_state.json").write_text(json.dumps({"step": self.step, "seconds": round(seconds, 1)}))
+        log.info("saved step %d to %s", self.step, self.out)

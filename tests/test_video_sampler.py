@@ -1,0 +1,283 @@
+"""The StreamDiT buffer sampler: exactness, level bookkeeping, streaming vs a whole-video reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from streamstudio.errors import StreamStudioError
+from streamstudio.models.stream_dit import StreamDiT, StreamDiTConfig, TextEncoderConfig
+from streamstudio.pipelines.stream_video import (ChunkDecoder, PixelCodec, StreamBufferConfig, StreamDiTBackbone,
+                                                 StreamSampler, StreamVideoConfig, VideoStream, frame_noise,
+                                                 level_times)
+
+SHAPE = (2, 3, 3)  # (C, h, w) latents of the oracle tests
+CONFIGS = [(8, 1, 1), (4, 2, 2), (2, 4, 4), (1, 8, 8)]  # (N, c, s)
+
+
+def target(i: int) -> torch.Tensor:
+    return torch.randn(SHAPE, generator=torch.Generator().manual_seed(10_000 + i), dtype=torch.float64)
+
+
+class Oracle:
+    """The exact velocity toward known per-frame targets: v = (x1 - x) / (1 - t)."""
+
+    def __init__(self):
+        self.sampler: StreamSampler | None = None
+        self.calls: list[tuple[list[int], list[float]]] = []  # (frame ids, their t) per call
+        self.texts: list[str] = []
+
+    def encode_text(self, prompt: str) -> str:
+        return prompt
+
+    def __call__(self, x, t, text):
+        ids = self.sampler.ids  # rows after the reference frames
+        k = x.shape[1] - len(ids)
+        x1 = torch.stack([target(i) for i in ids])
+        tt = t[0, k:, None, None, None]
+        v = torch.zeros_like(x)
+        v[0, k:] = (x1 - x[0, k:]) / (1 - tt)
+        self.calls.append((list(ids), t[0, k:].tolist()))
+        self.texts.append(text)
+        return v
+
+
+def oracle_sampler(n, c, s, k=0, strength=1.0):
+    oracle = Oracle()
+    cfg = StreamBufferConfig(num_chunks=n, chunk_size=c, micro_steps=s, ref_frames=k, strength=strength)
+    sampler = StreamSampler(oracle, cfg, SHAPE, "p", dtype=torch.float64)
+    oracle.sampler = sampler
+    return sampler, oracle
+
+
+def assert_on_straight_path(sampler: StreamSampler):
+    t = sampler.times[sampler.levels]
+    for row, i in enumerate(sampler.ids):
+        expect = (1 - t[row]) * sampler.noise[i] + t[row] * target(i)
+        torch.testing.assert_close(sampler.x[row], expect, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("n,c,s", CONFIGS)
+def test_exact_velocity_reproduces_targets_on_straight_paths(n, c, s):
+    sampler, _ = oracle_sampler(n, c, s)
+    sampler.start()
+    assert_on_straight_path(sampler)
+    out = []
+    for _ in range(3 * n * s):
+        done = sampler.step()
+        assert_on_straight_path(sampler)
+        if done is not None:
+            out.extend(done)
+    assert len(out) == 3 * n * c
+    for i, frame in enumerate(out):
+        torch.testing.assert_close(frame, target(i), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("n,c,s", CONFIGS)
+def test_every_frame_passes_all_levels_once_in_order(n, c, s):
+    sampler, oracle = oracle_sampler(n, c, s)
+    sampler.start()
+    assert len(oracle.calls) == (n - 1) * s  # the uniform start
+    start_level = {i: int(lv) for i, lv in zip(sampler.ids, sampler.levels)}
+    assert [start_level[j * c] for j in range(n)] == [(n - 1 - j) * s for j in range(n)]
+    oracle.calls.clear()
+    leave_calls = []
+    for call in range(1, 4 * n * s + 1):
+        if sampler.step() is not None:
+            leave_calls.append(call)
+    assert leave_calls == list(range(s, 4 * n * s + 1, s))  # one chunk every s calls
+    seen: dict[int, list[float]] = {}
+    for ids, ts in oracle.calls:
+        for i, t in zip(ids, ts):
+            seen.setdefault(i, []).append(t)
+    times = level_times(sampler.cfg)[:-1].tolist()
+    for i in range(4 * n * c):  # these frames went all the way: levels start..T-1 in the buffer
+        assert seen[i] == pytest.approx(times[start_level.get(i, 0):]), f"frame {i}"
+        assert start_level.get(i, 0) == 0 or i < n * c
+
+
+def test_video_to_video_oracle_keeps_straight_paths_from_t_start():
+    sampler, _ = oracle_sampler(4, 2, 2, strength=0.5)
+    assert float(sampler.times[0]) == pytest.approx(0.5)
+    sampler.start(torch.stack([target(i) for i in range(8)]))
+    assert_on_straight_path(sampler)
+    out = []
+    for _ in range(8):
+        done = sampler.step(torch.stack([target(sampler.next_id + j) for j in range(2)]))
+        assert_on_straight_path(sampler)
+        if done is not None:
+            out.extend(done)
+    for i, frame in enumerate(out):
+        torch.testing.assert_close(frame, target(i), rtol=0, atol=1e-12)
+
+
+def test_prompt_change_reaches_the_next_call():
+    sampler, oracle = oracle_sampler(2, 1, 1)
+    sampler.start()
+    sampler.step()
+    sampler.set_prompt("new")
+    sampler.step()
+    assert oracle.texts[-2:] == ["p", "new"]
+
+
+def test_text_to_video_refuses_partial_strength_without_input():
+    sampler, _ = oracle_sampler(2, 1, 1, strength=0.5)
+    with pytest.raises(StreamStudioError):
+        sampler.start()
+
+
+# ---------------------------------------------------------------------------- random network
+
+
+def small_model(window=(2, 4, 4), temporal_position=True, seed=0) -> StreamDiT:
+    torch.manual_seed(seed)
+    cfg = StreamDiTConfig(in_channels=2, patch_size=2, hidden_size=32, depth=2, num_heads=2, window=window,
+                          temporal_position=temporal_position, text=TextEncoderConfig(dim=16, hash_buckets=8))
+    model = StreamDiT(cfg).double().eval()
+    with torch.no_grad():  # adaLN-Zero starts at zero: give it random weights so every path matters
+        for p in model.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    return model
+
+
+def reference_video(model, cfg: StreamBufferConfig, shape, prompt, total):
+    """Whole video held at once, one level per frame; every call sees the frames of the window."""
+    n, c, s, k = cfg.num_chunks, cfg.chunk_size, cfg.micro_steps, cfg.ref_frames
+    times = level_times(cfg)
+    text = model.encode_text([prompt])
+    frames = total + n * c
+    video = torch.stack([frame_noise(cfg.seed, i, shape) for i in range(frames)]).double()  # (F, C, h, w)
+    level = torch.zeros(frames, dtype=torch.long)
+
+    def velocity(lo, hi):
+        r = max(0, lo - k) if lo > 0 else lo
+        t = torch.cat([torch.ones(lo - r, dtype=torch.float64), times[level[lo:hi]]])
+        with torch.no_grad():
+            return model(video[r:hi][None], t[None], text)[0, lo - r:]
+
+    u = video[: n * c].clone()  # the uniform start
+    for step in range((n - 1) * s + 1):
+        for j in range(n):
+            if (n - 1 - j) * s == step:
+                video[j * c:(j + 1) * c], level[j * c:(j + 1) * c] = u[j * c:(j + 1) * c], step
+        if step < (n - 1) * s:
+            dt = times[step + 1] - times[step]
+            with torch.no_grad():
+                u = u + dt * model(u[None], torch.full((1, n * c), float(times[step])), text)[0]
+    lo = 0
+    while lo < total:
+        hi = lo + n * c
+        dt = (times[level[lo:hi] + 1] - times[level[lo:hi]])[:, None, None, None]
+        video[lo:hi] = video[lo:hi] + dt * velocity(lo, hi)
+        level[lo:hi] += 1
+        while lo < frames and level[lo] == cfg.levels:
+            lo += 1
+    return video[:total]
+
+
+@pytest.mark.parametrize("n,c,s,k", [(4, 2, 2, 0), (2, 4, 4, 0), (4, 2, 1, 2)])
+def test_streaming_equals_whole_video_reference(n, c, s, k):
+    model = small_model()
+    cfg = StreamBufferConfig(num_chunks=n, chunk_size=c, micro_steps=s, ref_frames=k, seed=3)
+    shape = (2, 8, 8)
+    sampler = StreamSampler(StreamDiTBackbone(model), cfg, shape, "a red circle", dtype=torch.float64)
+    sampler.start()
+    out = []
+    while len(out) < 12:
+        done = sampler.step()
+        if done is not None:
+            out.extend(done)
+    ref = reference_video(model, cfg, shape, "a red circle", 12)
+    torch.testing.assert_close(torch.stack(out[:12]), ref, rtol=1e-9, atol=1e-9)
+
+
+def test_temporal_window_one_equals_per_frame_uniform_sampling():
+    model = small_model(window=(1, 4, 4), temporal_position=False)
+    cfg = StreamBufferConfig(num_chunks=4, chunk_size=2, micro_steps=2, seed=5)
+    shape = (2, 8, 8)
+    sampler = StreamSampler(StreamDiTBackbone(model), cfg, shape, "blue", dtype=torch.float64)
+    sampler.start()
+    out = []
+    while len(out) < 10:
+        done = sampler.step()
+        if done is not None:
+            out.extend(done)
+    times = level_times(cfg)
+    text = model.encode_text(["blue"])
+    for i in range(10):
+        x = frame_noise(cfg.seed, i, shape).double()[None, None]  # (1, 1, C, h, w)
+        with torch.no_grad():
+            for lv in range(cfg.levels):
+                x = x + (times[lv + 1] - times[lv]) * model(x, times[lv].reshape(1, 1), text)
+        torch.testing.assert_close(out[i], x[0, 0], rtol=1e-9, atol=1e-9)
+    # and a temporal window of 2 does mix frames (so the check above can fail)
+    model2 = small_model(window=(2, 4, 4), temporal_position=False)
+    s2 = StreamSampler(StreamDiTBackbone(model2), cfg, shape, "blue", dtype=torch.float64)
+    s2.start()
+    x = frame_noise(cfg.seed, 0, shape).double()[None, None]
+    with torch.no_grad():
+        for lv in range(cfg.levels):
+            x = x + (times[lv + 1] - times[lv]) * model2(x, times[lv].reshape(1, 1), text)
+    first = None
+    while first is None:
+        first = s2.step()
+    assert (first[0] - x[0, 0]).abs().max() > 1e-6
+
+
+# ---------------------------------------------------------------------------- decoding and frame API
+
+
+class BoxCodec(PixelCodec):
+    """A temporal decoder: each frame is averaged with its neighbours inside the decoded span."""
+
+    def decode(self, latents):
+        padded = torch.cat([latents[:1], latents, latents[-1:]])
+        return (padded[:-2] + padded[1:-1] + padded[2:]) / 3
+
+
+def test_chunk_decoder_overlap_hides_seams():
+    torch.manual_seed(0)
+    video = torch.linspace(-1, 1, 24).repeat_interleave(1)[:, None, None, None].expand(24, 1, 2, 2).clone()
+    whole = BoxCodec(2, 2).decode(video)
+
+    def chunked(overlap):
+        dec = ChunkDecoder(BoxCodec(2, 2), overlap)
+        parts = [dec.push(video[i:i + 4]) for i in range(0, 24, 4)]
+        tail = dec.flush()
+        return torch.cat(parts + ([tail] if tail is not None else []))
+
+    err_plain = (chunked(0) - whole).abs().max()
+    err_overlap = (chunked(2) - whole).abs().max()
+    assert chunked(2).shape == whole.shape
+    assert err_overlap < 0.5 * err_plain
+
+
+def test_video_stream_frame_api_text_and_video():
+    model = small_model().float()
+    model.cfg.in_channels = 2
+    cfg = StreamVideoConfig(StreamBufferConfig(num_chunks=2, chunk_size=2, micro_steps=1, strength=1.0),
+                            height=8, width=8, out_height=16, out_width=16)
+
+    class TwoChannel(PixelCodec):
+        def encode(self, frames):
+            return super().encode(frames)[:, :2]
+
+        def decode(self, latents):
+            return torch.cat([latents, latents[:, :1]], 1)
+
+    stream = VideoStream(StreamDiTBackbone(model), cfg, "red", codec=TwoChannel(8, 8), latent_channels=2)
+    frames = list(stream.frames(5))
+    assert len(frames) == 5 and frames[0].shape == (16, 16, 3) and frames[0].dtype == np.uint8
+    with pytest.raises(StreamStudioError):
+        stream.push(np.zeros((8, 8, 3), np.uint8))
+
+    cfg.buffer = StreamBufferConfig(num_chunks=2, chunk_size=2, micro_steps=1, strength=0.5)
+    v2v = VideoStream(StreamDiTBackbone(model), cfg, "red", codec=TwoChannel(8, 8), latent_channels=2)
+    out = []
+    for i in range(7):
+        out += v2v.push(np.full((12, 12, 3), 20 * i, np.uint8))
+    out += v2v.flush()
+    assert len(out) == 7
+    with pytest.raises(StreamStudioError):
+        v2v.push(np.zeros((8, 8), np.uint8))
