@@ -1,0 +1,139 @@
+"""`streamstudio serve`: the web app (Gradio UI + WebRTC endpoint) on one server.
+
+Binds to 127.0.0.1:7860 unless --host is given. Settings from the environment:
+STREAMSTUDIO_AUTH (USER:PASS, as --auth), STREAMSTUDIO_TURN_URLS, STREAMSTUDIO_TURN_USERNAME,
+STREAMSTUDIO_TURN_CREDENTIAL and STREAMSTUDIO_STUN_URLS (ICE servers for use across networks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+from streamstudio.errors import StreamStudioError
+
+log = logging.getLogger(__name__)
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    from streamstudio.app.commands.generate import add_pipeline_arguments
+
+    p = subparsers.add_parser("serve", help="the web app: live webcam, text to image, live output",
+                              description=__doc__.splitlines()[0])
+    p.add_argument("--host", default=None, help="address to bind (default 127.0.0.1; anything else "
+                                                "exposes the app to the network: use --auth)")
+    p.add_argument("--port", type=int, default=7860, help="port (default 7860)")
+    p.add_argument("--auth", default=None, metavar="USER:PASS",
+                   help="require this login (default: $STREAMSTUDIO_AUTH when set)")
+    p.add_argument("--max-streams", type=int, default=4, help="concurrent live streams at most (default 4)")
+    p.add_argument("--idle-timeout", type=float, default=20.0,
+                   help="free a stream that sent no frame for this many seconds (default 20)")
+    p.add_argument("--max-upload-size", default="20mb", help="largest upload accepted (default 20mb)")
+    p.add_argument("--output-dir", default="outputs", help="folder for Live output recordings (default outputs)")
+    add_pipeline_arguments(p)
+    return p
+
+
+def parse_auth(value: str | None) -> tuple[str, str] | None:
+    value = value if value is not None else os.environ.get("STREAMSTUDIO_AUTH")
+    if not value:
+        return None
+    user, sep, password = value.partition(":")
+    if not sep or not user or not password:
+        raise StreamStudioError("--auth (or STREAMSTUDIO_AUTH) must be USER:PASS with both parts non-empty")
+    return user, password
+
+
+def bind_host(args) -> str:
+    host = args.host or "127.0.0.1"
+    if args.host and host not in LOOPBACK:
+        print(f"warning: binding to {host}: the app is reachable from the network"
+              + ("" if parse_auth(args.auth) else " WITHOUT a login; add --auth USER:PASS")
+              + ". Put it behind HTTPS for webcam access from other machines.", file=sys.stderr)
+    return host
+
+
+def build_model(args):
+    """Load the model once and keep the defaults new streams start from."""
+    from streamstudio.app.commands.generate import build_pipeline
+    from streamstudio.app.sessions import ServerModel
+
+    pipe = build_pipeline(args, "img2img")
+    return ServerModel(pipe.comps, pipe.config, prompt=args.prompt, negative_prompt=args.negative_prompt)
+
+
+def build_app(args, model=None):
+    """(FastAPI app, SessionManager): the Gradio UI at /, the WebRTC and JSON API beside it."""
+    import gradio as gr
+    from fastapi import FastAPI
+
+    from streamstudio.app import ui, webrtc
+    from streamstudio.app.sessions import SessionManager
+
+    auth = parse_auth(args.auth)
+    rtc = webrtc.rtc_config_from_env()
+    manager = SessionManager(model or build_model(args), max_streams=args.max_streams,
+                             idle_timeout=args.idle_timeout)
+    app = FastAPI(title="StreamStudio")
+    stream = webrtc.build_stream(manager, rtc)
+    webrtc.mount_api(app, manager, stream, auth)
+    blocks = ui.build_ui(manager, rtc_config=rtc, output_dir=args.output_dir)
+    app = gr.mount_gradio_app(app, blocks, path="/", server_name=args.host or "127.0.0.1", server_port=args.port,
+                              show_api=False, auth=auth, max_file_size=args.max_upload_size, ssr_mode=False)
+    app.state.manager = manager
+    return app, manager
+
+
+@dataclass
+class ServerThread:
+    """The server in a background thread (tests, benchmarks): `.url`, `.close()`."""
+
+    server: object
+    thread: threading.Thread
+    manager: object
+    url: str
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(20)
+        self.manager.shutdown()
+
+
+def start_in_thread(args, model=None, timeout: float = 60.0) -> ServerThread:
+    import uvicorn
+
+    app, manager = build_app(args, model)
+    host = bind_host(args)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=args.port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="streamstudio-server", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            manager.shutdown()
+            raise StreamStudioError(f"the server did not start on {host}:{args.port} (is the port in use?)")
+        time.sleep(0.05)
+    return ServerThread(server, thread, manager, f"http://{host}:{args.port}")
+
+
+def run(args) -> int:
+    import uvicorn
+
+    host = bind_host(args)
+    app, manager = build_app(args)
+    print(f"model: {manager.model.name}" + (" (built-in demo model)" if manager.model.is_demo else ""))
+    print(f"StreamStudio on http://{host}:{args.port}  (WebRTC endpoint: POST /webrtc/offer)")
+    try:
+        uvicorn.run(app, host=host, port=args.port, log_level="warning")
+    except OSError as exc:
+        raise StreamStudioError(f"cannot serve on {host}:{args.port}: {exc}; pick another --port") from exc
+    finally:
+        manager.shutdown()
+    return 0

@@ -1,0 +1,391 @@
+"""Many users over one model: a shared `ServerModel`, one `StreamSession` per live stream.
+
+The model's modules are loaded once and shared; every session builds its own StreamDiffusion
+over them (the pipeline object holds per-stream state only: buffer, prompt, seed, filter).
+Calls into the shared networks are serialized by one lock, so sessions never race on the
+model (or its tokenizer), and each session's worker thread waits only for its own turn.
+
+A session takes frames with `submit()` (never blocks: a newer frame replaces one that is
+still waiting) and hands back `latest()` at once; its worker thread does the inference. A
+session that fails stops alone; the manager frees sessions that disconnect or go idle.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+import numpy as np
+
+from streamstudio.errors import StreamStudioError
+
+log = logging.getLogger(__name__)
+
+# Settings a client may change at run time, with their types.
+SETTING_TYPES = {
+    "prompt": (str, list, tuple),
+    "negative_prompt": (str,),
+    "strength": (int, float),
+    "guidance_scale": (int, float),
+    "delta": (int, float),
+    "cfg_type": (str,),
+    "seed": (int,),
+    "similarity_filter": (bool,),
+    "similarity_threshold": (int, float),
+}
+MAX_PROMPTS = 3
+
+
+class BusyError(StreamStudioError):
+    """Every stream slot is taken."""
+
+
+def parse_settings(raw: dict) -> dict:
+    """Check a settings dict from a client; returns the normalized settings or raises
+    StreamStudioError saying which value is wrong and what it may be."""
+    from streamstudio.pipelines.stream_diffusion import CFG_TYPES
+
+    if not isinstance(raw, dict):
+        raise StreamStudioError("settings must be a JSON object")
+    unknown = sorted(set(raw) - set(SETTING_TYPES))
+    if unknown:
+        raise StreamStudioError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(SETTING_TYPES)}")
+    out = {}
+    for key, value in raw.items():
+        types = SETTING_TYPES[key]
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            raise StreamStudioError(f"setting {key} has the wrong type ({type(value).__name__})")
+        out[key] = value
+    if "prompt" in out and not isinstance(out["prompt"], str):
+        out["prompt"] = _parse_blend(out["prompt"])
+    _check_range(out, "strength", 0.0, 1.0, low_open=True)
+    _check_range(out, "guidance_scale", 0.0, 30.0)
+    _check_range(out, "delta", 0.0, 5.0)
+    _check_range(out, "similarity_threshold", 0.0, 0.9999)
+    if "seed" in out and not 0 <= out["seed"] < 2**63:
+        raise StreamStudioError("seed must be a non-negative integer")
+    if "cfg_type" in out and out["cfg_type"] not in CFG_TYPES:
+        raise StreamStudioError(f"cfg_type must be one of {', '.join(CFG_TYPES)}")
+    return out
+
+
+def _parse_blend(items) -> list[tuple[str, float]]:
+    pairs = []
+    for item in items:
+        if not (isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], str)
+                and isinstance(item[1], (int, float)) and not isinstance(item[1], bool)):
+            raise StreamStudioError('a prompt blend is a list of [prompt, weight] pairs, e.g. [["a cat", 0.7], ["a dog", 0.3]]')
+        pairs.append((item[0], float(item[1])))
+    if not 1 <= len(pairs) <= MAX_PROMPTS or any(w < 0 for _, w in pairs) or sum(w for _, w in pairs) <= 0:
+        raise StreamStudioError(f"a prompt blend takes 1 to {MAX_PROMPTS} prompts with non-negative weights, "
+                                "at least one above zero")
+    return pairs
+
+
+def _check_range(settings: dict, key: str, low: float, high: float, low_open: bool = False) -> None:
+    if key not in settings:
+        return
+    value = float(settings[key])
+    if not (low < value if low_open else low <= value) or value > high:
+        raise StreamStudioError(f"{key} must be in {'(' if low_open else '['}{low}, {high}], got {value}")
+    settings[key] = value
+
+
+def fit_frame(frame: np.ndarray, width: int, height: int) -> np.ndarray:
+    """Centre-crop an RGB frame to the aspect ratio width:height (the pipeline resizes)."""
+    h, w = frame.shape[:2]
+    if w * height > h * width:  # too wide
+        new_w = max(1, round(h * width / height))
+        x0 = (w - new_w) // 2
+        return frame[:, x0:x0 + new_w]
+    new_h = max(1, round(w * height / width))
+    y0 = (h - new_h) // 2
+    return frame[y0:y0 + new_h]
+
+
+@dataclass
+class ServerModel:
+    """The one loaded model and the defaults every new stream starts from."""
+
+    comps: object  # SDComponents
+    config: object  # StreamDiffusionConfig: size, steps, guidance, ...
+    prompt: str = ""
+    negative_prompt: str = ""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def name(self) -> str:
+        return self.comps.name
+
+    @property
+    def is_demo(self) -> bool:
+        return bool(self.comps.is_demo)
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return self.config.width, self.config.height
+
+    def build(self, mode: str):
+        """A new stream (per-session state) over the shared modules."""
+        from streamstudio.pipelines.stream_diffusion import StreamDiffusion
+
+        with self.lock:
+            return StreamDiffusion(self.comps, replace(self.config, mode=mode),
+                                   prompt=self.prompt, negative_prompt=self.negative_prompt)
+
+
+class StreamSession:
+    """One user's stream: latest-frame input slot, worker thread, latest output."""
+
+    def __init__(self, sid: str, model: ServerModel, mode: str = "img2img", settings: dict | None = None):
+        self.sid, self.model, self.mode = sid, model, mode
+        self.created = self.last_seen = time.monotonic()
+        self.error: str | None = None  # the stream stopped on this
+        self.notice: str | None = None  # a rejected setting; the stream goes on
+        self._cond = threading.Condition()
+        self._input: tuple[np.ndarray | None, float] | None = None
+        self._pending: dict = dict(settings or {})
+        self._applied: dict = {}
+        self._output: np.ndarray | None = None
+        self._listeners: list[Callable[[np.ndarray], None]] = []
+        self._closed = False
+        self._times: deque[float] = deque(maxlen=60)  # output times
+        self._latency: deque[float] = deque(maxlen=30)  # submit -> output seconds
+        self.frames_in = self.processed = self.dropped = 0
+        self._pipe = None
+        self._thread = threading.Thread(target=self._run, name=f"stream-{sid[:12]}", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ caller side (never blocks)
+    def submit(self, frame: np.ndarray | None) -> None:
+        """Hand in the newest frame (RGB uint8, None for txt2img); replaces a waiting one."""
+        with self._cond:
+            if self._closed:
+                return
+            self.last_seen = time.monotonic()
+            self.frames_in += 1
+            if self._input is not None:
+                self.dropped += 1
+            self._input = (frame, time.perf_counter())
+            self._cond.notify()
+
+    def latest(self) -> np.ndarray | None:
+        return self._output
+
+    def request(self, settings: dict) -> None:
+        """Change settings; they apply before the next frame."""
+        with self._cond:
+            self._pending.update(settings)
+            self._cond.notify()
+
+    def add_listener(self, fn: Callable[[np.ndarray], None]) -> None:
+        self._listeners.append(fn)
+
+    def remove_listener(self, fn: Callable[[np.ndarray], None]) -> None:
+        if fn in self._listeners:
+            self._listeners.remove(fn)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self, wait: float = 5.0) -> None:
+        with self._cond:
+            self._closed = True
+            self._input = None
+            self._cond.notify_all()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(wait)
+        self._listeners.clear()
+
+    def stats(self) -> dict:
+        times = list(self._times)
+        fps = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else 0.0
+        lat = list(self._latency)
+        pipe = self._pipe
+        return {
+            "id": self.sid, "mode": self.mode, "model": self.model.name,
+            "fps": round(fps, 2), "latency_ms": round(1000 * sum(lat) / len(lat), 1) if lat else None,
+            "skip_rate": round(float(pipe.skip_rate), 3) if pipe is not None else 0.0,
+            "frame_latency": pipe.latency_frames if pipe is not None else None,
+            "frames_in": self.frames_in, "processed": self.processed, "dropped": self.dropped,
+            "settings": _jsonable(self._applied), "error": self.error, "notice": self.notice,
+        }
+
+    # ------------------------------------------------------------------ worker
+    def _run(self) -> None:
+        try:
+            self._pipe = self.model.build(self.mode)
+            while True:
+                item, changes = self._next()
+                if item is None:
+                    return
+                self._apply(changes)
+                self._process(*item)
+        except Exception as exc:  # one broken stream never takes the server down
+            self.error = str(exc) if isinstance(exc, StreamStudioError) else f"{type(exc).__name__}: {exc}"
+            log.exception("stream %s stopped", self.sid) if not isinstance(exc, StreamStudioError) else \
+                log.warning("stream %s stopped: %s", self.sid, exc)
+        finally:
+            self._closed = True
+            self._pipe = None  # free the per-stream buffers now
+
+    def _next(self):
+        with self._cond:
+            while self._input is None and not self._closed:
+                self._cond.wait(1.0)
+            if self._closed:
+                return None, {}
+            item, self._input = self._input, None
+            changes, self._pending = self._pending, {}
+            return item, changes
+
+    def _apply(self, changes: dict) -> None:
+        changes = {k: v for k, v in changes.items() if self._applied.get(k, _MISSING) != v}
+        if not changes:
+            return
+        pipe = self._pipe
+        try:
+            with self.model.lock:
+                if "prompt" in changes:
+                    pipe.set_prompt(changes["prompt"])
+                if "negative_prompt" in changes:
+                    pipe.set_negative_prompt(changes["negative_prompt"])
+                rest = {k: v for k, v in changes.items() if k not in ("prompt", "negative_prompt")}
+                if self.mode == "txt2img":
+                    rest.pop("strength", None)
+                if rest:
+                    pipe.update(**rest)
+            self._applied.update(changes)
+            self.notice = None
+        except StreamStudioError as exc:
+            self.notice = f"setting not applied: {exc}"
+
+    def _process(self, frame: np.ndarray | None, t_submit: float) -> None:
+        pipe = self._pipe
+        if frame is not None:
+            frame = fit_frame(frame, pipe.config.width, pipe.config.height)
+        with self.model.lock:
+            out = pipe(frame)
+        if isinstance(out, list):
+            out = out[-1]
+        self._output = out
+        now = time.perf_counter()
+        self._latency.append(now - t_submit)
+        self._times.append(now)
+        self.processed += 1
+        for fn in list(self._listeners):
+            try:
+                fn(out)
+            except Exception:  # a broken listener (a sink) must not stop the stream
+                log.exception("output listener of stream %s failed; removed", self.sid)
+                self.remove_listener(fn)
+
+
+_MISSING = object()
+
+
+def _jsonable(settings: dict) -> dict:
+    return {k: ([list(p) for p in v] if k == "prompt" and not isinstance(v, str) else v) for k, v in settings.items()}
+
+
+class SessionManager:
+    """Open, find and free sessions; at most `max_streams` at once."""
+
+    def __init__(self, model: ServerModel, max_streams: int = 4, idle_timeout: float = 20.0,
+                 preset_ttl: float = 120.0):
+        if max_streams < 1:
+            raise StreamStudioError("--max-streams must be at least 1")
+        self.model, self.max_streams = model, max_streams
+        self.idle_timeout, self.preset_ttl = idle_timeout, preset_ttl
+        self._sessions: dict[str, StreamSession] = {}
+        self._presets: dict[str, tuple[dict, float]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._reaper = threading.Thread(target=self._reap_loop, name="session-reaper", daemon=True)
+        self._reaper.start()
+
+    def busy_message(self) -> str:
+        return (f"StreamStudio is busy: all {self.max_streams} live stream slot(s) are in use. "
+                f"Try again in a minute (the server's admin can raise --max-streams).")
+
+    def has_capacity(self) -> bool:
+        with self._lock:
+            return len(self._sessions) < self.max_streams
+
+    def open(self, sid: str, mode: str = "img2img") -> StreamSession:
+        """The session `sid`, created on first use; BusyError when every slot is taken."""
+        with self._lock:
+            session = self._sessions.get(sid)
+            if session is not None and not session.closed:
+                return session
+            if session is not None:  # it failed: free it, a new one starts
+                self._sessions.pop(sid)
+            if len(self._sessions) >= self.max_streams:
+                raise BusyError(self.busy_message())
+            preset, _ = self._presets.pop(sid, ({}, 0.0))
+            session = StreamSession(sid, self.model, mode, preset)
+            self._sessions[sid] = session
+            return session
+
+    def get(self, sid: str) -> StreamSession | None:
+        return self._sessions.get(sid)
+
+    def settings(self, sid: str, raw: dict) -> dict:
+        """Validated settings for `sid`: applied at its next frame, or kept for when it connects."""
+        settings = parse_settings(raw)
+        with self._lock:
+            session = self._sessions.get(sid)
+            if session is None:
+                old = self._presets.get(sid, ({}, 0.0))[0]
+                self._presets[sid] = ({**old, **settings}, time.monotonic())
+        if session is not None:
+            session.request(settings)
+        return settings
+
+    def close(self, sid: str, wait: float = 5.0) -> bool:
+        """Stop and free `sid`; wait=0 returns at once (from the event loop)."""
+        with self._lock:
+            session = self._sessions.pop(sid, None)
+            self._presets.pop(sid, None)
+        if session is None:
+            return False
+        session.close(wait)
+        log.info("stream %s closed (%d frames processed)", sid, session.processed)
+        return True
+
+    def ids(self) -> list[str]:
+        with self._lock:
+            return list(self._sessions)
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def reap(self) -> int:
+        """Free sessions idle past idle_timeout or stopped by an error (kept briefly so the
+        client can read the error); drop old presets. Returns how many sessions were freed."""
+        now = time.monotonic()
+        with self._lock:
+            stale = [sid for sid, s in self._sessions.items()
+                     if now - s.last_seen > (self.idle_timeout if not s.closed else min(self.idle_timeout, 10.0))]
+            for sid in [k for k, (_, t) in self._presets.items() if now - t > self.preset_ttl]:
+                self._presets.pop(sid)
+        for sid in stale:
+            self.close(sid)
+        return len(stale)
+
+    def _reap_loop(self) -> None:
+        while not self._stop.wait(1.0):
+            try:
+                self.reap()
+            except Exception:  # pragma: no cover - keep reaping
+                log.exception("session reaper")
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        for sid in self.ids():
+            self.close(sid)

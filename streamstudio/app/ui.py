@@ -1,0 +1,377 @@
+"""The Gradio Blocks app: Live (webcam video-to-video over WebRTC), Text to image, Live output,
+and the Video and Splats tabs when their modules are installed.
+
+Every tab shares one loaded model (`SessionManager.model`); each browser stream is its own
+session. Nothing here reads a server path a user names: recordings go to the server's
+output folder under a cleaned file name.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from pathlib import Path
+
+import gradio as gr
+import numpy as np
+
+from streamstudio.app.sessions import BusyError, SessionManager
+from streamstudio.app.webrtc import UI_SETTING_KEYS, LiveHandler, free_on_disconnect
+from streamstudio.errors import StreamStudioError
+
+log = logging.getLogger(__name__)
+
+T2I_TICK_S = 0.2  # text-to-image refresh interval
+HOW_TO_GET_A_MODEL = (
+    "For real images run `huggingface-cli download stabilityai/sd-turbo` once on a machine with network "
+    "access, then restart with `streamstudio serve` (or pass `--model` with a diffusers folder or a "
+    ".safetensors checkpoint).")
+
+
+def model_banner(manager: SessionManager) -> str:
+    model = manager.model
+    w, h = model.size
+    text = f"**Model:** `{model.name}` · {w}x{h} · up to {manager.max_streams} live stream(s)"
+    if model.is_demo:
+        text += ("\n\n> **Demo model.** The built-in tiny model with random weights is running (its images "
+                 f"are noise-like patterns), because no real weights are available. {HOW_TO_GET_A_MODEL}")
+    return text
+
+
+def format_stats(stats: dict | None) -> str:
+    if stats is None:
+        return "Not streaming. Press the camera's start button."
+    lat = "–" if stats["latency_ms"] is None else f"{stats['latency_ms']:.0f} ms"
+    text = (f"**{stats['fps']:.1f} fps** · latency {lat} (+{stats['frame_latency'] or 0} frame(s) in the batch) · "
+            f"skip rate {100 * stats['skip_rate']:.0f}% · frames in {stats['frames_in']}, "
+            f"processed {stats['processed']}, dropped {stats['dropped']}")
+    if stats["notice"]:
+        text += f"\n\n⚠️ {stats['notice']}"
+    if stats["error"]:
+        text += f"\n\n❌ The stream stopped: {stats['error']}"
+    return text
+
+
+def live_id(webrtc_value) -> str | None:
+    """The WebRTC component's value is its webrtc_id once a stream started."""
+    if isinstance(webrtc_value, str) and webrtc_value and webrtc_value != "__webrtc_value__":
+        return webrtc_value
+    return getattr(webrtc_value, "webrtc_id", None)
+
+
+# ---------------------------------------------------------------------- live output
+class LiveOutput:
+    """Pushes one session's output frames to a sink in its own thread (latest frame wins),
+    so a slow network sink never slows the stream."""
+
+    def __init__(self, session, sink, fps: float = 30.0):
+        self.session, self.sink, self.fps = session, sink, fps
+        self.frames, self.error = 0, None
+        self._frame: np.ndarray | None = None
+        self._event, self._stop = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._run, name="live-output", daemon=True)
+        session.add_listener(self._offer)
+        self._thread.start()
+
+    def _offer(self, frame: np.ndarray) -> None:
+        self._frame = frame
+        self._event.set()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                if not self._event.wait(0.5):
+                    continue
+                self._event.clear()
+                frame = self._frame
+                if frame is not None:
+                    self.sink.write(frame)
+                    self.frames += 1
+        except Exception as exc:  # the sink failed (server gone, disk full): report, stop
+            self.error = str(exc)
+            log.warning("live output stopped: %s", exc)
+        finally:
+            self.session.remove_listener(self._offer)
+            _close_quietly(self.sink)
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._event.set()
+        self._thread.join(10)
+
+
+def _close_quietly(sink) -> None:
+    try:
+        sink.close()
+    except Exception as exc:  # pragma: no cover - already stopping
+        log.warning("closing the sink: %s", exc)
+
+
+def clean_name(name: str, default: str) -> str:
+    """A file name without folders or odd characters (the UI names no server paths)."""
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(name or default).name).strip("._") or default
+    return stem[:80]
+
+
+def open_sink(kind: str, target: str, output_dir: Path, size: tuple[int, int], fps: float):
+    """A sink for the Live output tab: kind file | rtmp | hls. Uses streamstudio.streaming.sinks."""
+    sinks = _sinks_module()
+    if kind == "rtmp":
+        if not re.match(r"^rtmps?://[^\s/]+/\S+$", target or ""):
+            raise StreamStudioError("give an RTMP URL like rtmp://host/live/streamkey")
+        location = target
+    elif kind == "hls":
+        folder = output_dir / "hls" / clean_name(target, "live")
+        folder.mkdir(parents=True, exist_ok=True)
+        location = str(folder / "index.m3u8")
+    elif kind == "file":
+        name = clean_name(target, "recording.mp4")
+        location = str(output_dir / (name if Path(name).suffix else name + ".mp4"))
+        output_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        raise StreamStudioError(f"unknown output kind {kind!r}; use file, rtmp or hls")
+    return sinks.open_sink(location, width=size[0], height=size[1], fps=fps), location
+
+
+def _sinks_module():
+    try:
+        from streamstudio.streaming import sinks
+    except ImportError as exc:
+        raise StreamStudioError("live output needs streamstudio.streaming.sinks, which is not installed "
+                                f"in this build ({exc})") from exc
+    return sinks
+
+
+# ---------------------------------------------------------------------- the app
+def build_ui(manager: SessionManager, rtc_config: dict | None = None, output_dir: str | Path = "outputs",
+             get_image_pipeline=None):
+    with gr.Blocks(title="StreamStudio", analytics_enabled=False) as demo:
+        gr.Markdown("# StreamStudio")
+        gr.Markdown(model_banner(manager), elem_id="model-banner")
+        with gr.Tabs():
+            with gr.Tab("Live", id="live"):
+                webrtc = _live_tab(manager, rtc_config)
+            with gr.Tab("Text to image", id="t2i"):
+                _t2i_tab(manager)
+            with gr.Tab("Live output", id="output"):
+                _output_tab(manager, webrtc, Path(output_dir))
+            _optional_tabs(manager)
+    return demo
+
+
+def _live_controls(manager: SessionManager):
+    from streamstudio.pipelines.stream_diffusion import CFG_TYPES
+
+    c = manager.model.config
+    return [
+        gr.Textbox(label="Prompt", value=manager.model.prompt, lines=2, elem_id="live-prompt"),
+        gr.Textbox(label="Negative prompt", value=manager.model.negative_prompt),
+        gr.Slider(0.05, 1.0, value=c.strength, step=0.05, label="Strength (how far from the camera image)"),
+        gr.Slider(0.0, 5.0, value=c.guidance_scale, step=0.1, label="Guidance"),
+        gr.Slider(0.0, 2.0, value=c.delta, step=0.05, label="Residual CFG delta"),
+        gr.Dropdown(list(CFG_TYPES), value=c.cfg_type, label="CFG type"),
+        gr.Number(value=c.seed, precision=0, minimum=0, label="Seed"),
+        gr.Checkbox(value=c.similarity_filter, label="Skip frames that barely change (similarity filter)"),
+        gr.Slider(0.5, 0.999, value=c.similarity_threshold, step=0.001, label="Similarity threshold"),
+    ]
+
+
+def _live_tab(manager: SessionManager, rtc_config: dict | None):
+    from fastrtc import WebRTC
+
+    with gr.Row():
+        with gr.Column(scale=3):
+            webrtc = WebRTC(label="Webcam → StreamStudio", mode="send-receive", modality="video",
+                            rtc_configuration=rtc_config, server_rtc_configuration=rtc_config,
+                            elem_id="live-webrtc")
+            stats = gr.Markdown(format_stats(None), elem_id="live-stats")
+        with gr.Column(scale=2):
+            controls = _live_controls(manager)
+    # The component checks nothing itself beyond a generous cap; the session manager says "busy".
+    webrtc.stream(LiveHandler(manager, UI_SETTING_KEYS), inputs=[webrtc, *controls], outputs=[webrtc],
+                  concurrency_limit=2 * manager.max_streams + 2)
+    free_on_disconnect(webrtc, manager)
+    timer = gr.Timer(1.0)
+    timer.tick(lambda value: format_stats(_stats(manager, live_id(value))), inputs=[webrtc], outputs=[stats],
+               show_progress="hidden", queue=False)
+    _fallback(manager, controls)
+    return webrtc
+
+
+def _stats(manager: SessionManager, sid: str | None) -> dict | None:
+    session = manager.get(sid) if sid else None
+    return session.stats() if session is not None else None
+
+
+def _fallback(manager: SessionManager, controls) -> None:
+    """Gradio's own streaming webcam, for networks where WebRTC cannot connect."""
+    with gr.Accordion("No picture? Use the plain webcam stream (when WebRTC cannot connect)", open=False):
+        gr.Markdown("This path sends webcam snapshots over Gradio's own connection: slower than WebRTC, "
+                    "but it works wherever the page loads. Set STREAMSTUDIO_TURN_URLS on the server to make "
+                    "WebRTC work across networks.")
+        with gr.Row():
+            cam = gr.Image(sources=["webcam"], streaming=True, type="numpy", label="Webcam")
+            out = gr.Image(label="StreamStudio", streaming=True, elem_id="fallback-output")
+        status = gr.Markdown("")
+
+    def step(frame, *values, request: gr.Request):
+        sid = f"fallback-{request.session_hash}"
+        try:
+            session = manager.open(sid)
+        except BusyError as exc:
+            return None, f"⚠️ {exc}"
+        manager.settings(sid, _settings_from_values(values))
+        if frame is not None:
+            session.submit(np.asarray(frame, dtype=np.uint8)[:, :, :3])
+        return session.latest(), format_stats(session.stats())
+
+    cam.stream(step, inputs=[cam, *controls], outputs=[out, status], stream_every=0.1,
+               concurrency_limit=manager.max_streams, show_progress="hidden")
+
+
+def _settings_from_values(values) -> dict:
+    out = {}
+    for key, value in zip(UI_SETTING_KEYS, values):
+        if value is None:
+            continue
+        out[key] = int(value) if key == "seed" else bool(value) if key == "similarity_filter" else value
+    return out
+
+
+def blend_spec(prompts, weights) -> str | list[tuple[str, float]]:
+    """The txt2img prompt: one prompt, or up to three blended by their slider weights."""
+    pairs = [(p.strip(), float(w)) for p, w in zip(prompts, weights) if p and p.strip() and float(w) > 0]
+    if not pairs:
+        return ""
+    return pairs[0][0] if len(pairs) == 1 else pairs
+
+
+def _t2i_tab(manager: SessionManager) -> None:
+    gr.Markdown("The image regenerates continuously while you type (txt2img Stream Batch). "
+                "Blend up to three prompts with the sliders.")
+    with gr.Row():
+        with gr.Column():
+            prompts, weights = [], []
+            for i, default in enumerate([manager.model.prompt or "a watercolor landscape", "", ""]):
+                with gr.Row():
+                    prompts.append(gr.Textbox(label=f"Prompt {i + 1}", value=default, scale=3,
+                                              elem_id=f"t2i-prompt-{i + 1}"))
+                    weights.append(gr.Slider(0.0, 1.0, value=1.0 if i == 0 else 0.5, step=0.05,
+                                             label="weight", scale=1))
+            negative = gr.Textbox(label="Negative prompt", value=manager.model.negative_prompt)
+            seed = gr.Number(value=manager.model.config.seed, precision=0, minimum=0, label="Seed")
+            with gr.Row():
+                start = gr.Button("Start", variant="primary")
+                stop = gr.Button("Stop")
+        with gr.Column():
+            image = gr.Image(label="Text to image", elem_id="t2i-image", interactive=False)
+            status = gr.Markdown("")
+    timer = gr.Timer(T2I_TICK_S, active=False)
+    inputs = [*prompts, *weights, negative, seed]
+
+    def tick(*values, request: gr.Request):
+        sid = f"t2i-{request.session_hash}"
+        try:
+            session = manager.open(sid, mode="txt2img")
+            manager.settings(sid, {"prompt": blend_spec(values[:3], values[3:6]), "negative_prompt": values[6],
+                                   "seed": int(values[7] or 0)})
+        except BusyError as exc:
+            return gr.update(), f"⚠️ {exc}", gr.Timer(active=False)
+        except StreamStudioError as exc:
+            return gr.update(), f"⚠️ {exc}", gr.Timer(active=True)
+        session.submit(None)
+        out = session.latest()
+        return (out if out is not None else gr.update()), format_stats(session.stats()), gr.Timer(active=True)
+
+    def halt(request: gr.Request):
+        manager.close(f"t2i-{request.session_hash}", wait=0.0)
+        return gr.Timer(active=False), "Stopped."
+
+    timer.tick(tick, inputs=inputs, outputs=[image, status, timer], show_progress="hidden",
+               concurrency_limit=None, trigger_mode="always_last")
+    start.click(lambda: gr.Timer(active=True), outputs=[timer])
+    for box in prompts:
+        box.input(lambda: gr.Timer(active=True), outputs=[timer], queue=False)
+    stop.click(halt, outputs=[timer, status])
+
+
+def _output_tab(manager: SessionManager, webrtc, output_dir: Path) -> None:
+    gr.Markdown("Push the Live tab's output to an RTMP server or HLS, or record it to a file on the server "
+                f"(files go to the server's output folder, `{output_dir}`). Start the Live tab first.")
+    with gr.Row():
+        kind = gr.Radio(["file", "rtmp", "hls"], value="file", label="Output")
+        target = gr.Textbox(label="File name, RTMP URL or HLS stream name", value="recording.mp4")
+        fps = gr.Slider(5, 60, value=30, step=1, label="Output fps")
+    with gr.Row():
+        start = gr.Button("Start", variant="primary")
+        stop = gr.Button("Stop")
+    status = gr.Markdown("Not running.", elem_id="output-status")
+    outputs: dict[str, LiveOutput] = {}
+
+    def begin(value, kind_, target_, fps_, request: gr.Request):
+        return _start_output(manager, outputs, request.session_hash, live_id(value), kind_, target_,
+                             float(fps_), output_dir)
+
+    def end(request: gr.Request):
+        out = outputs.pop(request.session_hash, None)
+        if out is None:
+            return "Not running."
+        out.stop()
+        return f"Stopped after {out.frames} frame(s)."
+
+    start.click(begin, inputs=[webrtc, kind, target, fps], outputs=[status])
+    stop.click(end, outputs=[status])
+    def refresh(request: gr.Request):
+        return _output_status(outputs.get(request.session_hash))
+
+    gr.Timer(1.0).tick(refresh, outputs=[status], show_progress="hidden", queue=False)
+
+
+def _start_output(manager, outputs, key, sid, kind, target, fps, output_dir) -> str:
+    session = manager.get(sid) if sid else None
+    if session is None:
+        return "⚠️ No live stream: start the Live tab's camera first."
+    old = outputs.pop(key, None)
+    if old is not None:
+        old.stop()
+    try:
+        sink, location = open_sink(kind, target, output_dir, manager.model.size, fps)
+    except StreamStudioError as exc:
+        return f"⚠️ {exc}"
+    out = LiveOutput(session, sink, fps)
+    out.location = location
+    outputs[key] = out
+    return f"Started: {kind} → `{location}`"
+
+
+def _output_status(out: LiveOutput | None) -> str:
+    if out is None:
+        return "Not running."
+    where = getattr(out, "location", "")
+    if out.error:
+        return f"❌ Stopped: {out.error} ({where})"
+    state = "running" if out.running else "stopped"
+    return f"**{state}** → `{where}` · {out.frames} frame(s) written"
+
+
+def _optional_tabs(manager: SessionManager) -> None:
+    """The Video and Splats tabs, when their modules are present in this build."""
+    try:
+        from streamstudio.app.video_tab import build_video_tab
+    except ImportError:
+        build_video_tab = None
+    if build_video_tab is not None:
+        with gr.Tab("Video", id="video"):
+            build_video_tab()
+    try:
+        from streamstudio.app.splat_tab import build_splat_tab
+    except ImportError:
+        build_splat_tab = None
+    if build_splat_tab is not None:
+        with gr.Tab("Splats", id="splats"):
+            build_splat_tab(get_image_pipeline=lambda: manager.model.build("img2img"))
