@@ -1,0 +1,215 @@
+"""Build machinery for the CUDA sources in `kernels/csrc/`, shared by every fused op.
+
+`load_extension(name, sources)` builds a torch C++/CUDA extension on first use with
+`torch.utils.cpp_extension.load`, caches it for the process (and on disk, in a folder keyed
+by the sources' contents, torch's version and CUDA's version, so an edit rebuilds), and returns
+None with ONE warning per extension when it cannot be had (no GPU, no nvcc, a build error,
+or STREAMSTUDIO_DISABLE_CUDA_KERNELS=1). Callers then use their pure-torch reference.
+
+`nvcc_check(source)` compiles one .cu file for given architectures with `-Xptxas -v` and
+reports compile errors and register spills (the CPU test of every .cu file uses it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Sequence
+
+import torch
+
+log = logging.getLogger(__name__)
+
+CSRC = Path(__file__).resolve().parent / "csrc"
+DISABLE_ENV = "STREAMSTUDIO_DISABLE_CUDA_KERNELS"
+CACHE_ENV = "STREAMSTUDIO_KERNEL_CACHE"
+DEFAULT_CUDA_FLAGS = ("-O3", "-lineinfo", "-std=c++17")
+
+_lock = threading.Lock()
+_loaded: dict[str, ModuleType | None] = {}
+_reasons: dict[str, str] = {}
+
+
+def unavailable_reason() -> str | None:
+    """Why no CUDA extension can be built here, or None when one can be tried."""
+    if os.environ.get(DISABLE_ENV, "") not in ("", "0", "false", "False"):
+        return f"{DISABLE_ENV} is set"
+    if torch.version.cuda is None:
+        return "this torch build has no CUDA support"
+    if not torch.cuda.is_available():
+        return "no CUDA GPU is visible"
+    from torch.utils import cpp_extension
+
+    if cpp_extension.CUDA_HOME is None and shutil.which("nvcc") is None:
+        return "no CUDA toolkit (nvcc) was found; install it or set CUDA_HOME"
+    return None
+
+
+def cache_root() -> Path:
+    """Where built extensions live: $STREAMSTUDIO_KERNEL_CACHE or ~/.cache/streamstudio/kernels."""
+    root = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "streamstudio", "kernels")
+    return Path(root)
+
+
+def source_digest(paths: Sequence[Path]) -> str:
+    """Hash of the sources, the headers beside them, torch's and CUDA's versions."""
+    h = hashlib.sha256()
+    headers = sorted({p for src in paths for p in src.parent.glob("*.h")})
+    for path in [*paths, *headers]:
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    h.update(f"torch={torch.__version__} cuda={torch.version.cuda} py={sys.version_info[:2]}".encode())
+    return h.hexdigest()[:16]
+
+
+def _resolve(sources: Sequence[str | os.PathLike]) -> list[Path]:
+    paths = [Path(s) if Path(s).is_absolute() else CSRC / s for s in sources]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"CUDA sources not found: {', '.join(missing)}")
+    return paths
+
+
+def _build(name: str, paths: list[Path], extra_cuda_cflags: Sequence[str], verbose: bool) -> ModuleType:
+    from torch.utils.cpp_extension import load
+
+    digest = source_digest(paths)
+    build_dir = cache_root() / f"{name}-{digest}"
+    build_dir.mkdir(parents=True, exist_ok=True)
+    return load(
+        name=f"{name}_{digest}",
+        sources=[str(p) for p in paths],
+        extra_cflags=["-O3", "-std=c++17"],
+        extra_cuda_cflags=[*DEFAULT_CUDA_FLAGS, *extra_cuda_cflags],
+        extra_include_paths=[str(p.parent) for p in paths[:1]],
+        build_directory=str(build_dir),
+        verbose=verbose,
+    )
+
+
+def load_extension(name: str, sources: Sequence[str | os.PathLike], *,
+                   extra_cuda_cflags: Sequence[str] = (), verbose: bool = False) -> ModuleType | None:
+    """The built extension `name` from `sources` (paths relative to csrc/ or absolute), or None.
+
+    Built at most once per process; a failure warns once and is remembered (no retry).
+    """
+    with _lock:
+        if name in _loaded:
+            return _loaded[name]
+        module = None
+        reason = unavailable_reason()
+        if reason is None:
+            try:
+                module = _build(name, _resolve(sources), extra_cuda_cflags, verbose)
+            except Exception as exc:  # compiler errors arrive as RuntimeError, OSError, ImportError...
+                reason = "the build failed: " + _first_lines(str(exc))
+        if module is None:
+            _reasons[name] = reason
+            msg = f"streamstudio: fused CUDA kernels '{name}' are not available ({reason}); using the pure-torch reference"
+            warnings.warn(msg, RuntimeWarning, stacklevel=3)
+            log.warning(msg)
+        _loaded[name] = module
+        return module
+
+
+def failure_reason(name: str) -> str | None:
+    """Why `name` did not load (None when it loaded or was never asked for)."""
+    return _reasons.get(name)
+
+
+def forget(name: str | None = None) -> None:
+    """Drop the cached result (one name or all), so the next call tries again (tests)."""
+    with _lock:
+        for key in [name] if name else list(_loaded):
+            _loaded.pop(key, None)
+            _reasons.pop(key, None)
+
+
+def _first_lines(text: str, n: int = 6) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return " | ".join(lines[:n]) if lines else "unknown error"
+
+
+# ---------------------------------------------------------------------------------------------
+# nvcc compile check (no GPU needed)
+# ---------------------------------------------------------------------------------------------
+
+_SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+@dataclass
+class NvccReport:
+    source: Path
+    archs: tuple[str, ...]
+    returncode: int
+    output: str
+    spill_stores: int = 0
+    spill_loads: int = 0
+    spilling: list[str] = field(default_factory=list)  # ptxas lines naming the functions that spill
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and self.spill_stores == 0 and self.spill_loads == 0
+
+
+def find_nvcc() -> str | None:
+    """nvcc on PATH, or under CUDA_HOME / /usr/local/cuda."""
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if root and Path(root, "bin", "nvcc").is_file():
+            return str(Path(root, "bin", "nvcc"))
+    return None
+
+
+def nvcc_include_flags() -> list[str]:
+    """Include paths a .cu file may need: csrc/, torch's headers and Python's."""
+    flags = [f"-I{CSRC}"]
+    try:
+        from torch.utils.cpp_extension import include_paths
+
+        flags += [f"-I{p}" for p in include_paths()]
+    except Exception:  # pragma: no cover - torch without the extension helpers
+        pass
+    flags.append(f"-I{sysconfig.get_paths()['include']}")
+    return flags
+
+
+def nvcc_check(source: str | os.PathLike, archs: Sequence[str] = ("sm_80", "sm_90"),
+               extra_flags: Sequence[str] = (), timeout: float = 600) -> NvccReport:
+    """Compile `source` to an object file for each arch (`-Xptxas -v`) and parse spills."""
+    nvcc = find_nvcc()
+    if nvcc is None:
+        raise FileNotFoundError("nvcc not found")
+    source = Path(source)
+    gencode = []
+    for arch in archs:
+        num = arch.split("_", 1)[1]
+        gencode += ["-gencode", f"arch=compute_{num},code=sm_{num}"]
+    with tempfile.TemporaryDirectory(prefix="streamstudio-nvcc-") as tmp:
+        cmd = [nvcc, "-c", str(source), "-o", os.path.join(tmp, "out.o"), "-std=c++17", "-O3",
+               "-Xptxas", "-v", *gencode, *nvcc_include_flags(), *extra_flags]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    output = proc.stdout + proc.stderr
+    report = NvccReport(source, tuple(archs), proc.returncode, output)
+    lines = output.splitlines()
+    for i, line in enumerate(lines):
+        m = _SPILL.search(line)
+        if m and (int(m.group(1)) or int(m.group(2))):
+            report.spill_stores += int(m.group(1))
+            report.spill_loads += int(m.group(2))
+            report.spilling.append(" / ".join(lines[max(0, i - 2):i + 1]))
+    return report
