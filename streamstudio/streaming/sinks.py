@@ -160,6 +160,7 @@ class _AudioPassthrough:
         self._in = av.open(track.path)
         self._in_stream = self._in.streams.audio[track.stream_index]
         self.copy = track.codec in AUDIO_OK.get(suffix, ())
+        self._negative_ok = suffix in (".mp4", ".mov")
         if self.copy:
             self.stream = container.add_stream_from_template(self._in_stream)
         else:
@@ -188,6 +189,8 @@ class _AudioPassthrough:
             if t_end is not None and start >= t_end:
                 self._pending = packet
                 return
+            if self.copy and not self._negative_ok and start + float((packet.duration or 0) * packet.time_base) <= 0:
+                continue  # encoder priming before the first frame: only mp4/mov edit lists can hold it
             self._mux(container, packet, start)
         if self._done:
             self._flush(container)
@@ -261,7 +264,7 @@ class FileSink(Sink):
             for packet in self._enc.encode(frame, pts):
                 self._container.mux(packet)
             if self._audio is not None:
-                self._audio.mux_until(self._container, pts + 0.5)
+                self._audio.mux_until(self._container, pts)  # audio up to this frame; the rest at close
             self.status.frames_written += 1
 
     def close(self) -> None:

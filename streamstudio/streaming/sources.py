@@ -126,9 +126,10 @@ def rotate(image: np.ndarray, degrees_cw: int) -> np.ndarray:
 
 
 def display_rotation(frame_rotation: float) -> int:
-    """PyAV's `frame.rotation` is the display matrix angle (counter-clockwise, as
-    av_display_rotation_get); players show the frame turned clockwise by that angle."""
-    return int(round(frame_rotation / 90.0)) * 90 % 360
+    """Degrees clockwise to turn a decoded frame for display. PyAV's `frame.rotation` is the
+    display matrix angle (av_display_rotation_get, counter-clockwise), so players (ffmpeg's
+    autorotate) turn the frame clockwise by minus that angle: a phone's portrait clip says -90."""
+    return int(round(-frame_rotation / 90.0)) * 90 % 360
 
 
 def scaled_size(width: int, height: int, max_side: int) -> tuple[int, int]:
@@ -159,6 +160,12 @@ class VideoFileSource(Source):
             raise StreamStudioError(f"{self.path} has no video stream")
         self._stream = self._container.streams.video[0]
         self._stream.thread_type = "AUTO"
+        self._decoded = self._decode()
+        try:
+            self._first = self._first_frame()
+        except StreamStudioError:
+            self._container.close()
+            raise
         self.info = self._probe()
 
     def _probe(self) -> SourceInfo:
@@ -168,8 +175,8 @@ class VideoFileSource(Source):
         duration = float(s.duration * s.time_base) if s.duration and s.time_base else None
         if duration is None and self._container.duration:
             duration = self._container.duration / 1_000_000
-        width, height = s.codec_context.width, s.codec_context.height
-        rotation = self._rotation_hint()
+        width, height = self._first.width, self._first.height
+        rotation = display_rotation(self._first.rotation) if self._first.rotation else self._rotation_hint()
         if rotation in (90, 270):
             width, height = height, width
         width, height = scaled_size(width, height, self.max_side)
@@ -200,34 +207,42 @@ class VideoFileSource(Source):
                           sample_rate=a.codec_context.sample_rate or 0, channels=a.codec_context.channels or 0,
                           origin=self._start_time(), duration=duration)
 
+    def _first_frame(self):
+        import av
+
+        try:
+            return next(self._decoded)
+        except StopIteration:
+            raise StreamStudioError(f"{self.path} has a video stream but no frames") from None
+        except (av.error.FFmpegError, OSError) as exc:
+            raise StreamStudioError(f"{self.path}: cannot decode any frame ({exc}); the file is damaged") from exc
+
     def frames(self) -> Iterator[VideoFrame]:
         import av
 
-        origin, index = None, 0
-        decoded = self._decode()
-        while True:
-            try:
-                frame = next(decoded)
-            except StopIteration:
-                break
-            except (av.error.FFmpegError, OSError) as exc:
-                if index == 0:
-                    raise StreamStudioError(f"{self.path}: cannot decode any frame ({exc}); the file is damaged") from exc
-                msg = f"{self.path}: decoding stopped after {index} frame(s) ({exc}); the file looks truncated"
-                log.warning(msg)
-                self.warnings.append(msg)
-                break
+        origin, index, frame = None, 0, self._first
+        while frame is not None:
             t = frame.time if frame.time is not None else index / self.info.fps
             origin = t if origin is None else origin
             yield VideoFrame(self._convert(frame), max(0.0, t - origin), index)
             index += 1
-        if index == 0:
-            raise StreamStudioError(f"{self.path} has a video stream but no frames")
+            try:
+                frame = next(self._decoded, None)
+            except (av.error.FFmpegError, OSError) as exc:
+                self._warn(f"{self.path}: decoding stopped after {index} frame(s) ({exc}); the file looks damaged")
+                break
+        expected = self.info.frame_count
+        if expected and index < expected:
+            self._warn(f"{self.path}: {index} of {expected} frame(s) decoded; the file looks truncated")
+
+    def _warn(self, msg: str) -> None:
+        log.warning(msg)
+        self.warnings.append(msg)
 
     def _decode(self):
         for packet in self._container.demux(self._stream):
             if packet.is_corrupt:
-                self.warnings.append(f"{self.path}: corrupt packet at {packet.pts}")
+                self._warn(f"{self.path}: corrupt packet at {packet.pts}")
             yield from packet.decode()
 
     def _convert(self, frame) -> np.ndarray:

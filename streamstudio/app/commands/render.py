@@ -1,0 +1,202 @@
+"""`streamstudio render`: run a video, a folder of images, a webcam or a test pattern through a
+pipeline into a file, a folder of images, an RTMP server or an HLS folder.
+
+Files and folders are rendered frame-aligned (output frame i is input frame i, with its
+timestamp, and the source's audio kept); webcams, screens and patterns run live (the latest
+frame is processed, late frames are dropped and counted)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+from streamstudio.errors import StreamStudioError
+
+log = logging.getLogger(__name__)
+
+VIDEO_MODULE = "streamstudio.app.commands.render_video"
+# settings handed to the video pipeline's render (`run_video_render(args)`)
+VIDEO_ARGS = ("prompt", "input", "output", "frames", "seed", "width", "height", "fps", "model", "max_frames")
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    from streamstudio.app.commands.generate import add_pipeline_arguments
+
+    p = subparsers.add_parser("render", help="render a video, images, a webcam or a pattern through a pipeline",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    io = p.add_argument_group("input and output")
+    io.add_argument("--input", default=None,
+                    help="a video file, a folder or glob of images, webcam:N, pattern[:WxH][@FPS] or screen[:N]")
+    io.add_argument("--output", default=None,
+                    help="out.mp4|.mkv|.webm|.mov, a folder (PNG frames), frames/%%05d.png, rtmp://host/app/key, "
+                         "hls:DIR, virtualcam or null")
+    io.add_argument("--config", default=None, help="a YAML file with any of these settings (dashes or underscores)")
+    io.add_argument("--prompt-schedule", default=None,
+                    help="a file of prompts at timestamps, blended over --transition seconds (see docs/streaming.md)")
+    io.add_argument("--transition", type=float, default=None, help="prompt-schedule blend seconds (default 1)")
+    io.add_argument("--fps", type=float, default=None,
+                    help="frame rate of image-folder/pattern inputs and of the output (default: the input's)")
+    io.add_argument("--max-frames", type=int, default=None, help="stop after N input frames")
+    io.add_argument("--mode", choices=("auto", "live", "offline"), default="auto",
+                    help="auto: live for webcam/screen/pattern, offline (every frame) for files and folders")
+    io.add_argument("--no-audio", action="store_true", help="do not copy the input's audio")
+    io.add_argument("--pipeline", choices=("image", "video"), default="image",
+                    help="image: stream-batched diffusion per frame; video: the streaming video model")
+    add_pipeline_arguments(p)
+    _add_video_arguments(p)
+    p.set_defaults(_render_defaults={a.dest: a.default for a in p._actions if a.dest != "help"})
+    return p
+
+
+def _add_video_arguments(parser: argparse.ArgumentParser) -> None:
+    module = _video_module()
+    if module is not None and hasattr(module, "add_video_arguments"):
+        try:
+            module.add_video_arguments(parser)
+        except argparse.ArgumentError as exc:  # an option both pipelines define: keep render's
+            log.debug("video render arguments not added: %s", exc)
+
+
+def _video_module():
+    import importlib
+
+    try:
+        return importlib.import_module(VIDEO_MODULE)
+    except ModuleNotFoundError as exc:
+        if exc.name == VIDEO_MODULE:
+            return None
+        raise
+
+
+# ---------------------------------------------------------------------------- settings
+def apply_config(args, path: str | Path) -> None:
+    """Settings from a YAML file; options given on the command line win."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise StreamStudioError(f"config file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise StreamStudioError(f"config file {path} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise StreamStudioError(f"config file {path} must be a mapping of setting: value")
+    defaults = getattr(args, "_render_defaults", {})
+    known = {k for k in defaults if not k.startswith("_") and k != "config"}
+    unknown = sorted(k for k in data if str(k).replace("-", "_") not in known)
+    if unknown:
+        raise StreamStudioError(f"unknown setting(s) in {path}: {', '.join(map(str, unknown))}; "
+                                f"known: {', '.join(sorted(known))}")
+    for key, value in data.items():
+        dest = str(key).replace("-", "_")
+        if getattr(args, dest, None) == defaults.get(dest):
+            setattr(args, dest, value)
+
+
+def _check_args(args) -> None:
+    if not args.input:
+        raise StreamStudioError("--input is required (a video, a folder of images, webcam:N or pattern)")
+    if not args.output:
+        raise StreamStudioError("--output is required (a video file, a folder, rtmp://... or hls:DIR)")
+    if args.max_frames is not None and args.max_frames < 1:
+        raise StreamStudioError("--max-frames must be at least 1")
+    if args.fps is not None and args.fps <= 0:
+        raise StreamStudioError("--fps must be positive")
+
+
+# ---------------------------------------------------------------------------- run
+def run(args) -> int:
+    if args.config:
+        apply_config(args, args.config)
+    _check_args(args)
+    if args.pipeline == "video":
+        return _run_video(args)
+    return _run_image(args)
+
+
+def _run_video(args) -> int:
+    module = _video_module()
+    if module is None or not hasattr(module, "run_video_render"):
+        raise StreamStudioError("--pipeline video is not available in this installation "
+                                f"({VIDEO_MODULE}.run_video_render is missing); use --pipeline image")
+    for name in VIDEO_ARGS:
+        if not hasattr(args, name):
+            setattr(args, name, None)
+    return int(module.run_video_render(args) or 0)
+
+
+def _run_image(args) -> int:
+    from streamstudio.app.commands.generate import build_pipeline
+    from streamstudio.streaming.runner import Runner, RunnerConfig
+    from streamstudio.streaming.schedule import load_schedule
+    from streamstudio.streaming.sinks import open_sink
+    from streamstudio.streaming.sources import open_source
+
+    schedule = load_schedule(args.prompt_schedule, args.transition) if args.prompt_schedule else None
+    realtime = args.mode != "offline"
+    source = open_source(args.input, fps=args.fps, realtime=realtime)
+    try:
+        live = source.info.live if args.mode == "auto" else args.mode == "live"
+        pipe = build_pipeline(args, "img2img")
+        fps = args.fps or source.info.fps
+        audio = None if (args.no_audio or live) else source.info.audio
+        sink = open_sink(args.output, pipe.config.width, pipe.config.height, fps, audio_from=audio)
+    except BaseException:
+        source.close()
+        raise
+    on_input = (lambda pts: schedule.apply(pipe.set_prompt, pts)) if schedule else None
+    print(f"render: {source.info.description} -> {args.output} ({'live' if live else 'offline'}, "
+          f"{pipe.config.width}x{pipe.config.height} @ {fps:g} fps, model {pipe.comps.name}, "
+          f"frame latency {pipe.latency_frames})", file=sys.stderr)
+    runner = Runner(source, pipe, sink, RunnerConfig(live=live, max_frames=args.max_frames), on_input=on_input)
+    total = _expected_frames(source.info.frame_count, args.max_frames)
+    try:
+        metrics = _watch(runner, live, total)
+    except KeyboardInterrupt:
+        runner.stop()
+        runner.wait(15)
+        m = runner.metrics()
+        print(f"\ninterrupted: {m.frames_out} frame(s) written, {args.output} closed", file=sys.stderr)
+        return 130
+    for warning in metrics.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    print(f"done: {metrics.summary()}", file=sys.stderr)
+    print(f"wrote {args.output}")
+    return 0
+
+
+def _expected_frames(count: int | None, max_frames: int | None) -> int | None:
+    if count and max_frames:
+        return min(count, max_frames)
+    return count or max_frames
+
+
+def _watch(runner, live: bool, total: int | None):
+    """Run with a progress bar (files) or a live stats line (live inputs)."""
+    from tqdm import tqdm
+
+    runner.start()
+    if live:
+        last = 0.0
+        while not runner.wait(0.25):
+            if time.perf_counter() - last >= 1.0:
+                last = time.perf_counter()
+                print(f"\r{_live_line(runner.metrics())}", end="", file=sys.stderr, flush=True)
+        print(file=sys.stderr)
+        return runner.metrics()
+    with tqdm(total=total, unit="frame", desc="render", dynamic_ncols=True) as bar:
+        done = False
+        while not done:
+            done = runner.wait(0.25)
+            bar.update(runner.metrics().frames_out - bar.n)
+    return runner.metrics()
+
+
+def _live_line(m) -> str:
+    lat = m.latency_ms.get("end_to_end", {})
+    return (f"in {m.input_fps:5.1f} fps | out {m.output_fps:5.1f} fps | latency p50 {lat.get('p50', 0):6.1f} ms "
+            f"p90 {lat.get('p90', 0):6.1f} ms | dropped {m.dropped} | skipped {m.filter_skipped} | lost {m.sink_lost}")

@@ -1,0 +1,268 @@
+"""Sources and sinks: file round trips (count, fps, duration, audio), HLS, image sequences,
+and bad or unusual inputs (missing, not video, truncated, no frames, grayscale, odd, huge)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from streamstudio.errors import StreamStudioError
+from streamstudio.streaming.sinks import HlsSink, fit_frame, open_sink
+from streamstudio.streaming.sources import (MAX_SIDE, ArraySource, PatternSource, VideoFileSource, open_source,
+                                            to_rgb_frame)
+from test_streaming_clips import (make_clip, make_no_frames_clip, make_vfr_clip, probe, rotate_mp4)
+
+
+def copy_through(src_spec, out, **sink_kw):
+    """Source -> sink with no processing; returns the source (closed)."""
+    with open_source(src_spec) as src:
+        sink = open_sink(str(out), src.info.width, src.info.height, src.info.fps, **sink_kw)
+        with sink:
+            for f in src.frames():
+                sink.write(f.image, f.pts)
+    return src
+
+
+@pytest.mark.parametrize("suffix", [".mp4", ".mkv", ".webm"])
+def test_file_round_trip_keeps_count_fps_duration_and_audio(tmp_path, suffix):
+    clip = make_clip(tmp_path / "in.mp4", n=30, fps=15, audio=True)
+    src_probe = probe(clip)
+    with open_source(str(clip)) as src:
+        assert src.info.audio is not None and src.info.audio.codec == "aac"
+        sink = open_sink(str(tmp_path / f"out{suffix}"), src.info.width, src.info.height, src.info.fps,
+                         audio_from=src.info.audio)
+        with sink:
+            for f in src.frames():
+                sink.write(f.image, f.pts)
+    out = probe(tmp_path / f"out{suffix}")
+    assert out.frames == 30
+    assert out.fps == pytest.approx(15, rel=0.01)
+    assert out.video_pts == pytest.approx(src_probe.video_pts, abs=1e-3)
+    assert out.duration == pytest.approx(2.0, abs=0.05)
+    assert out.audio_codec == ("opus" if suffix == ".webm" else "aac")  # webm cannot hold AAC: re-encoded
+    assert out.audio_duration == pytest.approx(src_probe.audio_duration, abs=0.05)
+    # the picture survives: the red channel carries the frame index
+    assert abs(int(out.first[..., 0].mean()) - 0) < 12
+
+
+def test_audio_is_cut_at_the_video_end_when_stopped_early(tmp_path):
+    clip = make_clip(tmp_path / "in.mp4", n=45, fps=15, audio=True)
+    with open_source(str(clip)) as src:
+        with open_sink(str(tmp_path / "out.mp4"), 64, 48, 15, audio_from=src.info.audio) as sink:
+            for f in src.frames():
+                if f.index == 15:
+                    break
+                sink.write(f.image, f.pts)
+    out = probe(tmp_path / "out.mp4")
+    assert out.frames == 15
+    assert out.audio_duration == pytest.approx(1.0, abs=0.06)
+
+
+def test_variable_frame_rate_timestamps_are_kept(tmp_path):
+    times_ms = [0, 40, 50, 200, 230, 500]
+    clip = make_vfr_clip(tmp_path / "vfr.mkv", times_ms)
+    with open_source(str(clip)) as src:
+        pts = [f.pts for f in src.frames()]
+    assert pts == pytest.approx([t / 1000 for t in times_ms], abs=1e-3)
+    copy_through(str(clip), tmp_path / "out.mkv")
+    assert probe(tmp_path / "out.mkv").video_pts == pytest.approx([t / 1000 for t in times_ms], abs=2e-3)
+
+
+def test_rotation_metadata_is_applied(tmp_path):
+    clip = make_clip(tmp_path / "wide.mp4", n=3, w=32, h=16)
+    rotated = rotate_mp4(clip, tmp_path / "portrait.mp4")
+    with open_source(str(rotated)) as src:
+        assert (src.info.width, src.info.height, src.info.rotation) == (16, 32, 90)
+        image = next(src.frames()).image
+    assert image.shape == (32, 16, 3)
+    with open_source(str(clip)) as src:
+        plain = next(src.frames()).image
+    # turned clockwise: the plain frame's first row is the rotated frame's last column
+    assert np.abs(image[:, -1].astype(int) - plain[0].astype(int)).mean() < 10
+
+
+def test_grayscale_video_gives_rgb_frames(tmp_path):
+    clip = make_clip(tmp_path / "gray.mkv", n=5, codec="ffv1", pix_fmt="gray", gray=True)
+    with open_source(str(clip)) as src:
+        frames = [f.image for f in src.frames()]
+    assert len(frames) == 5 and frames[0].shape == (48, 64, 3) and frames[0].dtype == np.uint8
+    assert np.array_equal(frames[2][..., 0], frames[2][..., 1])
+
+
+def test_odd_size_video_is_padded_to_even_for_yuv420(tmp_path):
+    clip = make_clip(tmp_path / "odd.mkv", n=6, w=63, h=47, codec="ffv1", pix_fmt="yuv444p")
+    with open_source(str(clip)) as src:
+        assert (src.info.width, src.info.height) == (63, 47)
+    copy_through(str(clip), tmp_path / "out.mp4")
+    out = probe(tmp_path / "out.mp4")
+    assert (out.width, out.height, out.frames) == (64, 48, 6)
+
+
+def test_fit_frame_pads_crops_and_resizes():
+    frame = np.arange(5 * 7 * 3, dtype=np.uint8).reshape(5, 7, 3)
+    padded = fit_frame(frame, 8, 6)
+    assert padded.shape == (6, 8, 3) and np.array_equal(padded[:5, :7], frame)
+    assert np.array_equal(padded[5, :7], frame[4])  # edge repeated, not black
+    assert fit_frame(frame, 6, 4).shape == (4, 6, 3)
+    assert fit_frame(frame, 64, 40).shape == (40, 64, 3)
+    with pytest.raises(StreamStudioError):
+        fit_frame(frame.astype(np.float32), 8, 6)
+
+
+def test_very_large_frames_are_downscaled(tmp_path):
+    big = np.zeros((3000, 5000, 3), np.uint8)
+    big[:, 2500:] = 200
+    Image.fromarray(big).save(tmp_path / "big.png")
+    with open_source(str(tmp_path / "big.png")) as src:
+        image = next(src.frames()).image
+    assert image.shape == (round(3000 * MAX_SIDE / 5000), MAX_SIDE, 3)
+    clip = make_clip(tmp_path / "big.mkv", n=2, w=4096, h=2304, codec="ffv1", pix_fmt="yuv420p")
+    with open_source(str(clip), max_side=1024) as src:
+        assert (src.info.width, src.info.height) == (1024, 576)
+        assert next(src.frames()).image.shape == (576, 1024, 3)
+
+
+def test_to_rgb_frame_handles_gray_alpha_and_float():
+    assert to_rgb_frame(np.zeros((4, 6), np.uint8)).shape == (4, 6, 3)
+    assert to_rgb_frame(np.zeros((4, 6, 4), np.uint8)).shape == (4, 6, 3)
+    assert to_rgb_frame(np.ones((4, 6, 1), np.float32))[0, 0, 0] == 255
+    with pytest.raises(StreamStudioError):
+        to_rgb_frame(np.zeros((4, 6, 2), np.uint8))
+
+
+def test_image_folder_and_glob(tmp_path):
+    for i in range(4):
+        Image.fromarray(np.full((20, 30), i * 50, np.uint8)).save(tmp_path / f"img_{i:02d}.png")  # grayscale
+    (tmp_path / "notes.txt").write_text("not an image")
+    with open_source(str(tmp_path), fps=10) as src:
+        frames = list(src.frames())
+    assert [f.pts for f in frames] == pytest.approx([0, 0.1, 0.2, 0.3])
+    assert frames[3].image.shape == (20, 30, 3) and frames[3].image[0, 0, 0] == 150
+    with open_source(str(tmp_path / "img_0[12].png")) as src:
+        assert src.info.frame_count == 2
+
+
+def test_pattern_spec_and_motion():
+    src = open_source("pattern:48x32@12", realtime=False)
+    assert (src.info.width, src.info.height, src.info.fps, src.info.live) == (48, 32, 12.0, False)
+    it = src.frames()
+    a, b = next(it), next(it)
+    assert a.image.shape == (32, 48, 3) and b.pts == pytest.approx(1 / 12)
+    assert not np.array_equal(a.image, b.image)
+    assert open_source("pattern").info.live  # paced by default
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("missing.mp4", "does not exist"),
+    ("webcam:x", "webcam:N"),
+    ("", "no input"),
+    ("empty_dir", "no images"),
+])
+def test_bad_source_specs_raise_clear_errors(tmp_path, monkeypatch, spec, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty_dir").mkdir()
+    with pytest.raises(StreamStudioError, match=message):
+        open_source(spec)
+
+
+def test_missing_webcam_is_a_clear_error():
+    with pytest.raises(StreamStudioError, match="no webcam at index 97"):
+        open_source("webcam:97")
+
+
+def test_not_a_video_file(tmp_path):
+    bad = tmp_path / "notes.mp4"
+    bad.write_text("this is not a video\n" * 50)
+    with pytest.raises(StreamStudioError, match="not a readable video"):
+        open_source(str(bad))
+
+
+def test_video_with_no_frames(tmp_path):
+    clip = make_no_frames_clip(tmp_path / "empty.mkv")
+    with pytest.raises(StreamStudioError, match="no frames"):
+        open_source(str(clip))
+
+
+def test_truncated_mp4_gives_the_frames_before_the_damage(tmp_path):
+    clip = make_clip(tmp_path / "full.mp4", n=60, fps=15, options={"movflags": "faststart"})
+    data = clip.read_bytes()
+    cut = tmp_path / "cut.mp4"
+    cut.write_bytes(data[: len(data) * 6 // 10])
+    with open_source(str(cut)) as src:
+        frames = list(src.frames())
+    assert 3 <= len(frames) < 60
+    assert any("truncated" in w for w in src.warnings)
+    # and a truncated file whose index (moov) is missing is a clear error
+    late = make_clip(tmp_path / "late.mp4", n=30)
+    late_cut = tmp_path / "late_cut.mp4"
+    late_cut.write_bytes(late.read_bytes()[: late.stat().st_size // 2])
+    with pytest.raises(StreamStudioError):
+        open_source(str(late_cut))
+
+
+def test_image_sequence_sink_and_pattern(tmp_path):
+    src = ArraySource([np.full((9, 11, 3), i, np.uint8) for i in range(3)], fps=5)
+    with open_sink(str(tmp_path / "frames"), 11, 9, 5) as sink:
+        for f in src.frames():
+            sink.write(f.image, f.pts)
+    files = sorted((tmp_path / "frames").iterdir())
+    assert [p.name for p in files] == ["frame_000000.png", "frame_000001.png", "frame_000002.png"]
+    assert np.asarray(Image.open(files[2]))[0, 0, 0] == 2
+    with open_sink(str(tmp_path / "seq" / "%03d.jpg"), 11, 9, 5) as sink:
+        sink.write(np.zeros((9, 11, 3), np.uint8))
+    assert (tmp_path / "seq" / "000.jpg").exists()
+
+
+def test_hls_playlist_is_valid(tmp_path):
+    src = PatternSource(64, 48, fps=10, count=45, realtime=False)
+    with open_sink(f"hls:{tmp_path / 'hls'}", 64, 48, 10) as sink:
+        assert isinstance(sink, HlsSink)
+        for f in src.frames():
+            sink.write(f.image, f.pts)
+    text = (tmp_path / "hls" / "index.m3u8").read_text()
+    lines = text.splitlines()
+    assert lines[0] == "#EXTM3U" and "#EXT-X-ENDLIST" in lines
+    target = int(re.search(r"#EXT-X-TARGETDURATION:(\d+)", text).group(1))
+    durations = [float(m) for m in re.findall(r"#EXTINF:([\d.]+),", text)]
+    segments = [ln for ln in lines if ln and not ln.startswith("#")]
+    assert len(segments) == len(durations) >= 2
+    assert sum(durations) == pytest.approx(4.5, abs=0.15)
+    assert all(d <= target + 0.5 for d in durations)
+    total = 0
+    for name in segments:
+        assert (tmp_path / "hls" / name).stat().st_size > 0
+        total += probe(tmp_path / "hls" / name).frames
+    assert total == 45
+
+
+def test_unknown_output_is_a_clear_error(tmp_path):
+    with pytest.raises(StreamStudioError, match="unknown output"):
+        open_sink(str(tmp_path / "out.xyz"), 64, 64, 30)
+    with pytest.raises(StreamStudioError, match="bad RTMP url"):
+        open_sink("rtmp://127.0.0.1", 64, 64, 30)
+
+
+def test_optional_extras_fail_clearly_when_missing():
+    try:
+        import pyvirtualcam  # noqa: F401
+    except ImportError:
+        with pytest.raises(StreamStudioError, match="pip install"):
+            open_sink("virtualcam", 64, 64, 30)
+    try:
+        import mss  # noqa: F401
+    except ImportError:
+        with pytest.raises(StreamStudioError, match="pip install"):
+            open_source("screen")
+
+
+def test_video_file_source_reports_audio_track(tmp_path):
+    clip = make_clip(tmp_path / "a.mp4", n=15, fps=15, audio=True)
+    src = VideoFileSource(clip)
+    try:
+        assert src.info.audio.sample_rate == 44100 and src.info.audio.channels == 1
+        assert src.info.frame_count == 15 and src.info.duration == pytest.approx(1.0, abs=0.05)
+    finally:
+        src.close()
