@@ -234,7 +234,10 @@ class StreamDiffusion:
     def _blend(self, spec: PromptSpec) -> torch.Tensor:
         if isinstance(spec, str):
             return self._encode_text(spec)
-        pairs = [(p, float(w)) for p, w in spec]
+        try:
+            pairs = [(p, float(w)) for p, w in spec]
+        except (TypeError, ValueError) as exc:
+            raise StreamStudioError("a prompt is a string or a list of (prompt, weight) pairs") from exc
         if not pairs or any(w < 0 for _, w in pairs) or sum(w for _, w in pairs) <= 0:
             raise StreamStudioError("a prompt blend needs at least one prompt and non-negative weights with a positive sum")
         embeds = [self._encode_text(p) for p, _ in pairs]

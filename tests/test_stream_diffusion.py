@@ -1,0 +1,337 @@
+"""The StreamDiffusion pipeline on the tiny model: Stream Batch, RCFG, priming, settings."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from streamstudio import kernels
+from streamstudio.errors import StreamStudioError
+from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig, slerp
+
+SIZE = 32
+
+
+@pytest.fixture(scope="module")
+def comps():
+    from streamstudio.models.loading import load_components
+
+    return load_components("tiny")
+
+
+def frames(n, seed=0, size=SIZE):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, (size, size, 3), dtype=np.uint8) for _ in range(n)]
+
+
+def make(comps, **kw):
+    kw.setdefault("width", SIZE)
+    kw.setdefault("height", SIZE)
+    prompt = kw.pop("prompt", "a red fox")
+    return StreamDiffusion(comps, StreamDiffusionConfig(**kw), prompt=prompt, negative_prompt="blurry")
+
+
+def capture_latents(pipe):
+    """Record the x0 latents the pipeline decodes (output order)."""
+    seen = []
+    decode = pipe._decode
+
+    def spy(latents):
+        seen.extend(latents.clone())
+        return decode(latents)
+
+    pipe._decode = spy
+    return seen
+
+
+def run_aligned(pipe, inputs, fbs=1):
+    outs = []
+    for i in range(0, len(inputs), fbs):
+        group = inputs[i:i + fbs]
+        outs += pipe.push(group if fbs > 1 else group[0])
+    outs += pipe.flush()
+    return outs
+
+
+# ------------------------------------------------------------------ Stream Batch vs sequential
+@pytest.mark.parametrize("steps", [1, 2, 3, 4])
+@pytest.mark.parametrize("fbs", [1, 2])
+@pytest.mark.parametrize("cfg", ["none", "self"])
+def test_stream_batch_equals_sequential(comps, steps, fbs, cfg):
+    inputs = frames(6 if fbs == 2 else 5)
+    kw = dict(steps=steps, strength=0.7, frame_buffer_size=fbs, cfg_type=cfg, guidance_scale=1.5)
+    batch, seq = make(comps, **kw), make(comps, use_denoising_batch=False, **kw)
+    lat_b, lat_s = capture_latents(batch), capture_latents(seq)
+    out_b, out_s = run_aligned(batch, inputs, fbs), run_aligned(seq, inputs, fbs)
+    assert len(out_b) == len(out_s) == len(inputs)
+    assert len(lat_b) == len(lat_s) == len(inputs)
+    for a, b in zip(lat_b, lat_s):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    # different inputs give different outputs: the alignment check above is not vacuous
+    assert not torch.allclose(lat_b[0], lat_b[-1])
+
+
+def test_stream_batch_one_unet_call_per_frame(comps):
+    pipe = make(comps, steps=3, cfg_type="none")
+    calls = []
+    original = pipe._unet
+    pipe._unet = lambda x, t, text: (calls.append(x.shape[0]), original(x, t, text))[1]
+    pipe.push(frames(1)[0])  # primes (2 sequential calls) + 1 batch call
+    calls.clear()
+    for f in frames(4, seed=1):
+        pipe.push(f)
+    assert calls == [3, 3, 3, 3]  # one call per frame denoising all three slots
+
+
+def test_first_outputs_are_primed_not_empty(comps):
+    pipe = make(comps, steps=4, strength=0.8, cfg_type="none")
+    seq = make(comps, steps=4, strength=0.8, cfg_type="none", use_denoising_batch=False)
+    f0 = frames(1)[0]
+    live = [pipe(f0) for _ in range(3)]  # the first N-1 calls would be empty-buffer frames
+    expected = seq(f0)
+    for out in live:
+        assert np.abs(out.astype(int) - expected.astype(int)).max() <= 1
+    assert pipe.latency_frames == 3
+
+
+def test_aligned_output_order_with_latency(comps):
+    pipe = make(comps, steps=3, cfg_type="none")
+    inputs = frames(5)
+    got = []
+    for i, f in enumerate(inputs):
+        out = pipe.push(f)
+        got.append(len(out))
+    assert got == [0, 0, 1, 1, 1]
+    assert len(pipe.flush()) == 2
+
+
+# ------------------------------------------------------------------ RCFG, against formulas written out here
+def lcm_coefs(t_index, step_type="lcm"):
+    from diffusers import LCMScheduler
+
+    from streamstudio.models.tiny import SCHEDULER_CONFIG
+
+    sched = LCMScheduler.from_config(SCHEDULER_CONFIG)
+    sched.set_timesteps(50)
+    out = []
+    for i in t_index:
+        t = int(sched.timesteps[i])
+        abar = float(sched.alphas_cumprod[t])
+        s = 10.0 * t
+        c_skip, c_out = (0.25 / (s * s + 0.25), s / (s * s + 0.25) ** 0.5) if step_type == "lcm" else (0.0, 1.0)
+        out.append(dict(t=t, a=abar ** 0.5, b=(1 - abar) ** 0.5, c_skip=c_skip, c_out=c_out))
+    return out
+
+
+def manual_frame(pipe, frame, cfg, g, d, step_type="lcm"):
+    """The whole trajectory of one frame, written out from the paper's formulas."""
+    unet, text, neg = pipe.unet, pipe._text, pipe._negative
+    co = lcm_coefs(pipe._t_index, step_type)
+    n = len(co)
+    noise = pipe._noise  # (N, 4, h, w), one per slot
+    with torch.no_grad():
+        z = pipe._encode(kernels.preprocess(torch.from_numpy(frame), SIZE, SIZE))
+        x = co[0]["a"] * z + co[0]["b"] * noise[0:1]
+        eps_fn = lambda x, t, e: unet(x, torch.tensor([t]), encoder_hidden_states=e).sample
+        stock = eps_fn(x, co[0]["t"], neg) if cfg == "initialize" else noise[0:1]
+        for j in range(n):
+            c = co[j]
+            eps_c = eps_fn(x, c["t"], text)
+            if cfg == "none":
+                eps = eps_c
+            elif cfg == "full":
+                eps_u = eps_fn(x, c["t"], neg)
+                eps = eps_u + g * (eps_c - eps_u)
+            else:
+                eps = d * stock + g * (eps_c - d * stock)
+            x0 = c["c_out"] * (x - c["b"] * eps) / c["a"] + c["c_skip"] * x
+            if j + 1 < n:
+                nx = co[j + 1]
+                scaled = c["b"] / c["a"] * x
+                dx = c["c_out"] * (scaled - c["b"] * eps) / c["a"] + c["c_skip"] * scaled
+                stock = noise[j + 1:j + 2] + nx["a"] / nx["b"] * dx
+                x = nx["a"] * x0 + nx["b"] * noise[j + 1:j + 2]
+    return x0[0]
+
+
+@pytest.mark.parametrize("cfg", ["none", "self", "initialize", "full"])
+@pytest.mark.parametrize("batch", [True, False])
+def test_rcfg_matches_formulas(comps, cfg, batch):
+    g, d = 2.5, 0.8
+    pipe = make(comps, steps=2, strength=0.8, cfg_type=cfg, guidance_scale=g, delta=d, use_denoising_batch=batch)
+    lat = capture_latents(pipe)
+    inputs = frames(3, seed=3)
+    run_aligned(pipe, inputs)
+    for frame, got in zip(inputs, lat):
+        torch.testing.assert_close(got, manual_frame(pipe, frame, cfg, g, d), atol=1e-4, rtol=1e-4)
+
+
+def test_turbo_step_is_x0_equals_f(comps):
+    pipe = make(comps, steps=2, strength=0.8, cfg_type="none", step_type="turbo")
+    lat = capture_latents(pipe)
+    inputs = frames(2, seed=4)
+    run_aligned(pipe, inputs)
+    for frame, got in zip(inputs, lat):
+        torch.testing.assert_close(got, manual_frame(pipe, frame, "none", 1.0, 1.0, "turbo"), atol=1e-4, rtol=1e-4)
+
+
+def test_none_equals_guidance_one(comps):
+    none = make(comps, steps=2, cfg_type="none", guidance_scale=7.0)
+    full = make(comps, steps=2, cfg_type="full", guidance_scale=1.0)
+    lat_n, lat_f = capture_latents(none), capture_latents(full)
+    inputs = frames(2, seed=5)
+    run_aligned(none, inputs)
+    run_aligned(full, inputs)
+    for a, b in zip(lat_n, lat_f):
+        torch.testing.assert_close(a, b)
+    # and both equal textbook CFG at guidance 1, computed with both UNet passes
+    torch.testing.assert_close(lat_n[0], manual_frame(none, inputs[0], "full", 1.0, 1.0), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("cfg,per_frame", [("none", 1), ("self", 1), ("initialize", None), ("full", 2)])
+@pytest.mark.parametrize("batch", [True, False])
+def test_unet_passes_per_frame(comps, cfg, per_frame, batch):
+    n = 3
+    pipe = make(comps, steps=n, cfg_type=cfg, guidance_scale=2.0, use_denoising_batch=batch)
+    inputs = frames(5)
+    pipe.push(inputs[0])  # priming happens here
+    pipe.stats.unet_samples = 0
+    for f in inputs[1:]:
+        pipe.push(f)
+    expected = n + 1 if cfg == "initialize" else per_frame * n
+    assert pipe.stats.unet_samples == expected * 4
+
+
+# ------------------------------------------------------------------ similarity filter in the pipeline
+def test_filter_skips_static_input_without_network(comps):
+    pipe = make(comps, steps=2, similarity_filter=True, similarity_threshold=0.9, max_skip_frame=4)
+    f = frames(1)[0]
+    outs = [pipe(f) for _ in range(11)]
+    # frame 0 processed; then 4 skips, 1 forced, 4 skips, 1 forced
+    assert pipe.stats.skipped == 8
+    assert pipe.stats.calls == 3
+    assert all(np.array_equal(outs[1], o) for o in outs[1:5])
+
+
+def test_filter_keeps_alignment(comps):
+    pipe = make(comps, steps=3, similarity_filter=True, similarity_threshold=0.5, max_skip_frame=2)
+    f = frames(1)[0]
+    outs = run_aligned(pipe, [f] * 7)
+    assert len(outs) == 7
+    assert pipe.stats.skipped > 0
+
+
+# ------------------------------------------------------------------ run-time changes
+def test_prompt_change_only_reruns_text_encoder(comps):
+    pipe = make(comps, steps=2)
+    unet_id, encodes = id(pipe.unet), pipe.stats.text_encodes
+    before = pipe._text.clone()
+    pipe.set_prompt("a blue whale")
+    assert pipe.stats.text_encodes == encodes + 1
+    assert id(pipe.unet) == unet_id
+    assert not torch.allclose(before, pipe._text)
+    pipe.set_prompt("a red fox")  # seen before: cached, no new encoder run
+    assert pipe.stats.text_encodes == encodes + 1
+    torch.testing.assert_close(pipe._text, before)
+
+
+def test_prompt_blend_linear_and_slerp(comps):
+    pipe = make(comps, steps=1)
+    a, b = pipe._encode_text("a cat"), pipe._encode_text("a dog")
+    pipe.set_prompt([("a cat", 3.0), ("a dog", 1.0)])
+    torch.testing.assert_close(pipe._text, 0.75 * a + 0.25 * b)
+    pipe.set_prompt([("a cat", 1.0), ("a dog", 1.0)], blend="slerp")
+    mid = pipe._text
+    torch.testing.assert_close(mid, slerp(a, b, 0.5))
+    # slerp keeps the angle halfway: cos(mid, a) == cos(mid, b) token by token
+    cos = lambda u, v: torch.nn.functional.cosine_similarity(u, v, dim=-1)
+    torch.testing.assert_close(cos(mid, a), cos(mid, b), atol=1e-5, rtol=1e-4)
+    with pytest.raises(StreamStudioError):
+        pipe.set_prompt([])
+
+
+def test_update_strength_seed_guidance(comps):
+    pipe = make(comps, steps=2, strength=0.5)
+    first = list(pipe._t_index)
+    pipe.update(strength=0.9)
+    assert pipe._t_index != first and pipe._t_index[0] < first[0]
+    noise = pipe._noise.clone()
+    pipe.update(seed=123)
+    assert not torch.allclose(noise, pipe._noise)
+    pipe.update(guidance_scale=3.0, delta=0.5, cfg_type="full")
+    assert pipe.effective_cfg == kernels.CFG_CODES["full"]
+    pipe(frames(1)[0])
+    with pytest.raises(StreamStudioError):
+        pipe.update(width=64)
+    with pytest.raises(StreamStudioError):
+        pipe.update(cfg_type="bogus")
+    with pytest.raises(StreamStudioError):
+        pipe.update(no_such_setting=1)
+
+
+def test_seed_gives_reproducible_output(comps):
+    f = frames(1)[0]
+    a = make(comps, steps=2, seed=7)(f)
+    b = make(comps, steps=2, seed=7)(f)
+    c = make(comps, steps=2, seed=8)(f)
+    assert np.array_equal(a, b)
+    assert not np.array_equal(a, c)
+
+
+def test_txt2img_generate(comps):
+    pipe = make(comps, mode="txt2img", steps=2)
+    images = pipe.generate(3)
+    assert len(images) == 3 and all(im.shape == (SIZE, SIZE, 3) and im.dtype == np.uint8 for im in images)
+    assert not np.array_equal(images[0], images[1])  # fresh noise per image
+    with pytest.raises(StreamStudioError):
+        pipe(frames(1)[0])
+
+
+# ------------------------------------------------------------------ bad input
+def test_input_conversions(comps):
+    pipe = make(comps, steps=1, width=48, height=40)
+    rng = np.random.default_rng(0)
+    gray = rng.integers(0, 256, (37, 53), dtype=np.uint8)
+    rgba = rng.integers(0, 256, (31, 17, 4), dtype=np.uint8)
+    floats = rng.random((20, 20, 3))
+    one = rng.integers(0, 256, (20, 20, 1), dtype=np.uint8)
+    for image in (gray, rgba, floats, one, torch.from_numpy(gray)):
+        out = pipe(image)
+        assert out.shape == (40, 48, 3) and out.dtype == np.uint8
+
+
+@pytest.mark.parametrize("bad,match", [
+    (np.zeros((8, 8, 3), np.int32), "uint8"),
+    (np.full((8, 8, 3), 2.0), r"\[0, 1\]"),
+    (np.zeros((8, 8, 2), np.uint8), "shape"),
+    (np.zeros((0, 8, 3), np.uint8), "empty"),
+    ("not an image", "expected an image"),
+    (None, "img2img"),
+])
+def test_bad_input_clear_error(comps, bad, match):
+    pipe = make(comps, steps=1)
+    with pytest.raises(StreamStudioError, match=match):
+        pipe(bad)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(width=30), "multiple of 8"),
+    (dict(height=0), "multiple of 8"),
+    (dict(cfg_type="half"), "cfg_type"),
+    (dict(t_index_list=[30, 20]), "increasing"),
+    (dict(strength=0.0), "strength"),
+])
+def test_bad_config_clear_error(comps, kw, match):
+    with pytest.raises(StreamStudioError, match=match):
+        make(comps, **kw)
+
+
+def test_empty_and_overlong_prompts(comps):
+    pipe = make(comps, steps=1, prompt="")
+    assert pipe(frames(1)[0]).shape == (SIZE, SIZE, 3)
+    with pytest.warns(UserWarning, match="truncated"):
+        pipe.set_prompt("a very long prompt " * 40)
+    assert pipe._text.shape == (1, 77, 32)
+    with pytest.raises(StreamStudioError):
+        pipe.set_prompt(42)
