@@ -1,0 +1,114 @@
+"""The StreamDiT network: window attention, configs, checkpoints, text encoder, the Wan adapter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from streamstudio.errors import StreamStudioError
+from streamstudio.models.stream_dit import (StreamDiT, StreamDiTConfig, WindowSelfAttention, count_parameters,
+                                            load_checkpoint, named_config, save_checkpoint, tokenize,
+                                            window_attention_mask, window_shift)
+from streamstudio.pipelines.stream_video import HashTextEmbedder, StreamBufferConfig, StreamSampler, WanBackbone
+
+
+@pytest.mark.parametrize("shift", [(0, 0, 0), (1, 2, 2)])
+def test_window_attention_equals_dense_attention_with_mask(shift):
+    torch.manual_seed(0)
+    grid, window, d = (4, 4, 8), (2, 4, 4), 16
+    attn = WindowSelfAttention(d, heads=2).double()
+    x = torch.randn(2, *grid, d, dtype=torch.float64)  # (B, F, H, W, D)
+    out = attn(x, window, shift)
+    flat = x.reshape(2, -1, d)
+    q, k, v = attn.qkv(flat).view(2, flat.shape[1], 3, 2, d // 2).permute(2, 0, 3, 1, 4)
+    mask = window_attention_mask(grid, window, shift)
+    dense = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    dense = attn.proj(dense.transpose(1, 2).reshape(flat.shape)).view_as(out)
+    torch.testing.assert_close(out, dense, rtol=1e-10, atol=1e-10)
+    # the mask is really local: a dense unmasked attention differs
+    full = F.scaled_dot_product_attention(q, k, v)
+    full = attn.proj(full.transpose(1, 2).reshape(flat.shape)).view_as(out)
+    assert (full - out).abs().max() > 1e-4
+
+
+def test_shift_is_half_a_window_on_odd_layers():
+    assert window_shift((4, 8, 8), 0, True) == (0, 0, 0)
+    assert window_shift((4, 8, 8), 1, True) == (2, 4, 4)
+    assert window_shift((4, 8, 8), 1, False) == (0, 0, 0)
+
+
+def test_named_configs_sizes():
+    tiny = StreamDiT(named_config("tiny"))
+    assert 1_000_000 <= count_parameters(tiny) <= 2_000_000
+    with torch.device("meta"):
+        big = StreamDiT(named_config("4b"))
+    assert 3.5e9 <= count_parameters(big) <= 4.5e9
+    with pytest.raises(StreamStudioError):
+        named_config("huge")
+
+
+def test_forward_shapes_per_frame_time_and_text_matter():
+    torch.manual_seed(0)
+    model = StreamDiT(named_config("tiny")).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+        x = torch.randn(1, 8, 3, 32, 32)  # (B, F, C, H, W)
+        t = torch.linspace(0, 0.9, 8)[None]
+        red, blue = model.encode_text("a red circle"), model.encode_text("a blue circle")
+        v = model(x, t, red)
+        assert v.shape == x.shape
+        t2 = t.clone()
+        t2[0, 3] = 0.5
+        assert not torch.allclose(model(x, t2, red), v)
+        assert not torch.allclose(model(x, t, blue), v)
+    with pytest.raises(StreamStudioError):
+        model(torch.randn(1, 6, 3, 32, 32), torch.zeros(1, 6), red)  # 6 frames: not a multiple of window 4
+
+
+def test_tokenizer_known_and_hashed_words():
+    cfg = named_config("tiny").text
+    ids = tokenize("A red Circle, zebra!", cfg)
+    assert len(ids) == 4 and ids[3] >= 50  # unknown word in a hashed bucket
+    assert tokenize("red", cfg) == tokenize("RED", cfg)
+
+
+def test_checkpoint_round_trip(tmp_path):
+    torch.manual_seed(1)
+    model = StreamDiT(StreamDiTConfig(hidden_size=32, depth=2, num_heads=2))
+    save_checkpoint(model, tmp_path / "ck", {"sampling": {"num_chunks": 4}})
+    loaded, meta = load_checkpoint(tmp_path / "ck")
+    assert meta["sampling"]["num_chunks"] == 4 and loaded.cfg == model.cfg
+    for a, b in zip(model.state_dict().values(), loaded.state_dict().values()):
+        assert torch.equal(a, b)
+    with pytest.raises(StreamStudioError, match="train-video"):
+        load_checkpoint(tmp_path / "missing")
+
+
+def tiny_wan():
+    from diffusers import WanTransformer3DModel
+
+    torch.manual_seed(0)
+    return WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=8, in_channels=4,
+                                 out_channels=4, text_dim=16, freq_dim=32, ffn_dim=32, num_layers=2,
+                                 rope_max_seq_len=32).eval()
+
+
+def test_wan_adapter_per_frame_timesteps():
+    wan = tiny_wan()
+    backbone = WanBackbone(wan, HashTextEmbedder(16))
+    text = backbone.encode_text("a red circle")
+    x = torch.randn(1, 4, 4, 8, 8)  # (B, F, C, H, W)
+    with torch.no_grad():
+        same = backbone(x, torch.full((1, 4), 0.25), text)
+        ref = wan(x.permute(0, 2, 1, 3, 4), timestep=torch.tensor([750.0]), encoder_hidden_states=text,
+                  return_dict=False)[0]
+        torch.testing.assert_close(same, -ref.permute(0, 2, 1, 3, 4), rtol=1e-4, atol=1e-5)
+        mixed = backbone(x, torch.tensor([[0.25, 0.25, 0.9, 0.25]]), text)
+    assert not torch.allclose(mixed[:, 2], same[:, 2], atol=1e-6)
+    # and it drives the buffer sampler
+    sampler = StreamSampler(backbone, StreamBufferConfig(num_chunks=2, chunk_size=2, micro_steps=1), (4, 8, 8), "red")
+    sampler.start()
+    out = [sampler.step() for _ in range(2)]
+    assert all(o is not None and o.shape == (2, 4, 8, 8) and torch.isfinite(o).all() for o in out)
