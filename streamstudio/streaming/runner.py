@@ -158,7 +158,7 @@ class Runner:
         self._lock = threading.Lock()
         self._counts = {"in": 0, "processed": 0, "out": 0}
         self._lat: dict[str, deque] = {k: deque(maxlen=20000) for k in ("capture", "process", "output", "end_to_end")}
-        self._t_start = self._t_end = None
+        self._t_start = self._t_end = self._t_stop = None
         self._t_first_out = None
         self._interrupted = False
         self._finished = threading.Event()
@@ -166,35 +166,48 @@ class Runner:
     # ------------------------------------------------------------------ control
     def start(self) -> "Runner":
         self._t_start = time.perf_counter()
-        for name, target in (("capture", self._capture), ("process", self._process), ("output", self._output)):
-            thread = threading.Thread(target=self._guard, args=(name, target), name=f"streamstudio-{name}", daemon=True)
-            self._threads.append(thread)
+        self._threads = [threading.Thread(target=self._guard, args=(name, target), name=f"streamstudio-{name}",
+                                          daemon=True)
+                         for name, target in (("capture", self._capture), ("process", self._process),
+                                              ("output", self._output))]
+        for thread in self._threads:
             thread.start()
         return self
 
     def stop(self, interrupted: bool = True) -> None:
         """End the run early (Ctrl-C, a UI button); frames in flight are discarded."""
         self._interrupted = self._interrupted or interrupted
-        self._stop.set()
+        self._signal_stop()
         self._q_in.abort()
+        if self.live:
+            self._q_out.abort()  # live: what is in flight is stale; offline: processed frames are written
+
+    def _signal_stop(self) -> None:
+        if not self._stop.is_set():
+            self._t_stop = time.perf_counter()
+            self._stop.set()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """True once every stage has ended (the sink is then closed); re-raises a stage's error."""
+        """True once every stage has ended (the sink is then closed); re-raises a stage's error.
+        After a stop or a failure, stages get `join_timeout` seconds to end, then the run is
+        closed anyway (a stuck stage is reported, never waited on forever)."""
         deadline = None if timeout is None else time.perf_counter() + timeout
-        for thread in self._threads:
-            remaining = None if deadline is None else max(0.0, deadline - time.perf_counter())
-            thread.join(remaining)
-            if thread.is_alive():
-                if self._errors or self._stop.is_set():
-                    return self._finish_stopped()
+        while True:
+            alive = [t for t in self._threads if t.is_alive()]
+            if not alive:
+                self._finalize()
+                return True
+            if self._stop.is_set():
+                return self._finish_stopped()
+            remaining = 0.05 if deadline is None else min(0.05, deadline - time.perf_counter())
+            if remaining <= 0:
                 return False
-        self._finalize()
-        return True
+            alive[0].join(remaining)
 
     def run(self) -> RunMetrics:
         """start(), wait until done (Ctrl-C stops cleanly, then re-raises), return the metrics."""
-        self.start()
         try:
+            self.start()
             while not self.wait(0.2):
                 pass
         except KeyboardInterrupt:
@@ -212,7 +225,7 @@ class Runner:
                 log.debug("stage %s failed", name, exc_info=True)
             self._errors.append(exc if isinstance(exc, StreamStudioError) else
                                 StreamStudioError(f"{name} stage failed: {type(exc).__name__}: {exc}"))
-            self._stop.set()
+            self._signal_stop()
             self._q_in.abort()
             self._q_out.abort()
 
@@ -316,12 +329,20 @@ class Runner:
 
     # ------------------------------------------------------------------ ending
     def _finish_stopped(self) -> bool:
-        """A stage is stuck after a stop/failure: give it join_timeout, then close anyway."""
-        for thread in self._threads:
-            thread.join(self.config.join_timeout)
-        stuck = [t.name for t in self._threads if t.is_alive()]
-        if stuck:
-            self._errors.append(StreamStudioError(f"stage(s) {', '.join(stuck)} did not stop in time"))
+        """After a stop/failure: give the stages join_timeout, then close anyway."""
+        deadline = (self._t_stop or time.perf_counter()) + self.config.join_timeout
+        capture, process, output = self._threads
+        for thread in (capture, process):
+            if thread.ident is not None:  # started (a Ctrl-C can come while starting)
+                thread.join(max(0.0, deadline - time.perf_counter()))
+        if process.is_alive() or output.ident is None:
+            self._q_out.abort()  # nothing more will come; do not wait for it
+        if output.ident is not None:
+            output.join(max(0.0, deadline - time.perf_counter()))
+        stuck = [t.name.split("-", 1)[1] for t in self._threads if t.is_alive()]
+        if stuck and not self._finished.is_set():
+            self._errors.append(StreamStudioError(f"stage(s) {', '.join(stuck)} did not stop within "
+                                                  f"{self.config.join_timeout:g}s; the output was closed anyway"))
         self._finalize()
         return True
 

@@ -1,0 +1,225 @@
+"""The threaded runner: frame alignment offline, drops in live mode, failures and Ctrl-C."""
+
+from __future__ import annotations
+
+import _thread
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from streamstudio.errors import StreamStudioError
+from streamstudio.streaming.processor import IdentityProcessor
+from streamstudio.streaming.runner import FrameQueue, Closed, Runner, RunnerConfig, percentiles, run_stream
+from streamstudio.streaming.sinks import Sink, open_sink
+from streamstudio.streaming.sources import ArraySource, PatternSource, open_source
+from test_streaming_clips import make_clip, probe
+
+
+class ListSink(Sink):
+    def __init__(self, width=16, height=16, fps=10):
+        super().__init__("list", width, height, fps)
+        self.frames, self.pts = [], []
+
+    def write(self, frame, pts=None):
+        self.frames.append(frame)
+        self.pts.append(pts)
+        self.status.frames_written += 1
+
+
+class DelayedProcessor:
+    """Frame-aligned with a delay of `delay` frames (as Stream Batch), adds 1 to every pixel."""
+
+    def __init__(self, delay=2):
+        self.delay, self.buf = delay, []
+
+    def push(self, frame):
+        self.buf.append(frame + 1)
+        return [self.buf.pop(0)] if len(self.buf) > self.delay else []
+
+    def flush(self):
+        out, self.buf = self.buf, []
+        return out
+
+    def __call__(self, frame):
+        return frame + 1
+
+
+def indexed_frames(n, h=8, w=8):
+    return [np.full((h, w, 3), i, np.uint8) for i in range(n)]
+
+
+def test_offline_output_frame_i_is_input_frame_i():
+    timestamps = [0.0, 0.1, 0.25, 0.3, 0.5, 0.55, 0.9]  # variable frame rate
+    src = ArraySource(indexed_frames(7), fps=10, timestamps=timestamps)
+    sink = ListSink()
+    metrics = run_stream(src, DelayedProcessor(delay=3), sink)
+    assert [int(f[0, 0, 0]) for f in sink.frames] == [i + 1 for i in range(7)]
+    assert sink.pts == timestamps
+    assert (metrics.frames_in, metrics.frames_processed, metrics.frames_out, metrics.dropped) == (7, 7, 7, 0)
+    assert sink.status.closed
+
+
+def test_offline_file_to_file_keeps_count_timing_and_audio(tmp_path):
+    clip = make_clip(tmp_path / "in.mp4", n=24, fps=12, audio=True)
+    src = open_source(str(clip))
+    metrics = run_stream(src, DelayedProcessor(delay=1),
+                         lambda w, h: open_sink(str(tmp_path / "out.mp4"), w, h, src.info.fps, src.info.audio))
+    assert metrics.frames_out == 24
+    out, ref = probe(tmp_path / "out.mp4"), probe(clip)
+    assert out.frames == 24 and out.video_pts == pytest.approx(ref.video_pts, abs=1e-3)
+    assert out.duration == pytest.approx(ref.duration, abs=0.02)
+    assert out.audio_duration == pytest.approx(ref.audio_duration, abs=0.03)
+
+
+def test_max_frames_stops_early():
+    sink = ListSink()
+    metrics = run_stream(ArraySource(indexed_frames(20)), IdentityProcessor(), sink, max_frames=5)
+    assert metrics.frames_out == 5 and len(sink.frames) == 5
+
+
+def test_live_mode_drops_oldest_frames_under_a_slow_processor():
+    class Slow:
+        def __call__(self, frame):
+            time.sleep(0.04)
+            return frame
+
+    src = PatternSource(32, 32, fps=100, count=60, realtime=True)
+    sink = ListSink(32, 32, 100)
+    metrics = run_stream(src, Slow(), sink)
+    assert metrics.live
+    assert metrics.dropped_input > 10
+    assert metrics.frames_in == 60
+    assert metrics.frames_processed + metrics.dropped_input == metrics.frames_in
+    assert metrics.frames_out + metrics.dropped_output == metrics.frames_processed
+    assert sink.pts == sorted(sink.pts)  # newest frames, in order
+    # latency stays bounded by the small queue: a few processing times, not the whole backlog
+    assert metrics.latency_ms["end_to_end"]["p50"] < 400
+
+
+def test_live_mode_reports_filter_skips():
+    @dataclass
+    class Stats:
+        skipped: int = 0
+
+    class Skipper:
+        stats = Stats()
+
+        def push(self, frame):
+            self.stats.skipped += 1
+            return [frame]
+
+        def flush(self):
+            return []
+
+    metrics = run_stream(ArraySource(indexed_frames(5)), Skipper(), ListSink())
+    assert metrics.filter_skipped == 5
+
+
+def test_a_failing_processor_stops_the_run_with_a_clear_error_and_closes_the_output(tmp_path):
+    class Broken(DelayedProcessor):
+        def push(self, frame):
+            if int(frame[0, 0, 0]) == 10:
+                raise RuntimeError("model exploded")
+            return super().push(frame)
+
+    src = ArraySource([np.full((16, 16, 3), i, np.uint8) for i in range(40)], fps=10)
+    out = tmp_path / "partial.mp4"
+    t0 = time.perf_counter()
+    with pytest.raises(StreamStudioError, match="process stage failed: RuntimeError: model exploded"):
+        run_stream(src, Broken(delay=0), lambda w, h: open_sink(str(out), w, h, 10))
+    assert time.perf_counter() - t0 < 10
+    assert 1 <= probe(out).frames <= 10  # the frames before the failure, in a playable file
+
+
+def test_a_failing_sink_stops_the_run():
+    class BadSink(ListSink):
+        def write(self, frame, pts=None):
+            raise StreamStudioError("disk full")
+
+    with pytest.raises(StreamStudioError, match="disk full"):
+        run_stream(PatternSource(16, 16, fps=30, realtime=False), IdentityProcessor(), BadSink())
+
+
+def test_processor_returning_too_many_frames_is_an_error():
+    class Doubler(DelayedProcessor):
+        def push(self, frame):
+            return [frame, frame]
+
+    with pytest.raises(StreamStudioError, match="more outputs"):
+        run_stream(ArraySource(indexed_frames(3)), Doubler(), ListSink())
+
+
+def test_stop_closes_the_output_and_the_partial_file_plays(tmp_path):
+    src = PatternSource(32, 32, fps=25, realtime=True)  # endless
+    out = tmp_path / "live.mp4"
+    runner = Runner(src, IdentityProcessor(), lambda w, h: open_sink(str(out), w, h, 25)).start()
+    time.sleep(0.6)
+    runner.stop()
+    assert runner.wait(10)
+    metrics = runner.metrics()
+    assert metrics.interrupted and metrics.frames_out > 3
+    assert probe(out).frames == metrics.frames_out
+
+
+def test_ctrl_c_during_run_closes_the_output(tmp_path):
+    class InterruptAt:
+        def __init__(self):
+            self.n = 0
+
+        def push(self, frame):
+            self.n += 1
+            time.sleep(0.01)
+            if self.n == 20:
+                _thread.interrupt_main()  # what Ctrl-C does
+                time.sleep(0.2)
+            return [frame]
+
+        def flush(self):
+            return []
+
+    out = tmp_path / "cut.mp4"
+    src = ArraySource([np.full((16, 16, 3), i % 256, np.uint8) for i in range(400)], fps=25)
+    runner = Runner(src, InterruptAt(), lambda w, h: open_sink(str(out), w, h, 25))
+    with pytest.raises(KeyboardInterrupt):
+        runner.run()
+    written = runner.metrics().frames_out
+    assert 1 <= written < 400
+    assert probe(out).frames == written
+
+
+def test_a_stuck_processor_does_not_hang_the_stop():
+    class Stuck:
+        def __call__(self, frame):
+            time.sleep(3)
+            return frame
+
+    runner = Runner(PatternSource(16, 16, fps=30), Stuck(), ListSink(), RunnerConfig(join_timeout=0.3)).start()
+    time.sleep(0.2)
+    runner.stop()
+    t0 = time.perf_counter()
+    with pytest.raises(StreamStudioError, match="process did not stop within 0.3s"):
+        runner.wait(5)
+    assert time.perf_counter() - t0 < 3
+
+
+def test_frame_queue_live_drops_oldest_offline_blocks():
+    q = FrameQueue(2, live=True)
+    for i in range(5):
+        q.put(i)
+    assert q.dropped == 3 and q.get() == 3 and q.get() == 4
+    q.close()
+    with pytest.raises(Closed):
+        q.get()
+    off = FrameQueue(1, live=False)
+    off.put(1)
+    t0 = time.perf_counter()
+    off.abort()  # a blocked put would return at once after an abort
+    assert off.put(2) is False and time.perf_counter() - t0 < 1
+
+
+def test_percentiles():
+    p = percentiles([0.001] * 90 + [0.1] * 10)
+    assert p["p50"] == pytest.approx(1.0) and p["p99"] == pytest.approx(100.0)
+    assert percentiles([]) == {"p50": 0.0, "p90": 0.0, "p99": 0.0}
