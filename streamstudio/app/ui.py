@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 from pathlib import Path
 
 import gradio as gr
@@ -79,6 +80,7 @@ class LiveOutput:
         self._event.set()
 
     def _run(self) -> None:
+        t0 = time.monotonic()
         try:
             while not self._stop.is_set():
                 if not self._event.wait(0.5):
@@ -86,7 +88,7 @@ class LiveOutput:
                 self._event.clear()
                 frame = self._frame
                 if frame is not None:
-                    self.sink.write(frame)
+                    self.sink.write(frame, time.monotonic() - t0)  # wall-clock timing
                     self.frames += 1
         except Exception as exc:  # the sink failed (server gone, disk full): report, stop
             self.error = str(exc)
@@ -119,8 +121,10 @@ def clean_name(name: str, default: str) -> str:
 
 
 def open_sink(kind: str, target: str, output_dir: Path, size: tuple[int, int], fps: float):
-    """A sink for the Live output tab: kind file | rtmp | hls. Uses streamstudio.streaming.sinks."""
-    sinks = _sinks_module()
+    """A sink for the Live output tab: kind file | rtmp | hls (streamstudio.streaming.sinks).
+    Returns (sink, where it goes)."""
+    from streamstudio.streaming.sinks import open_sink as open_spec
+
     if kind == "rtmp":
         if not re.match(r"^rtmps?://[^\s/]+/\S+$", target or ""):
             raise StreamStudioError("give an RTMP URL like rtmp://host/live/streamkey")
@@ -131,20 +135,12 @@ def open_sink(kind: str, target: str, output_dir: Path, size: tuple[int, int], f
         location = str(folder / "index.m3u8")
     elif kind == "file":
         name = clean_name(target, "recording.mp4")
-        location = str(output_dir / (name if Path(name).suffix else name + ".mp4"))
+        suffix_ok = Path(name).suffix.lower() in (".mp4", ".mkv", ".webm", ".mov")
+        location = str(output_dir / (name if suffix_ok else name + ".mp4"))
         output_dir.mkdir(parents=True, exist_ok=True)
     else:
         raise StreamStudioError(f"unknown output kind {kind!r}; use file, rtmp or hls")
-    return sinks.open_sink(location, width=size[0], height=size[1], fps=fps), location
-
-
-def _sinks_module():
-    try:
-        from streamstudio.streaming import sinks
-    except ImportError as exc:
-        raise StreamStudioError("live output needs streamstudio.streaming.sinks, which is not installed "
-                                f"in this build ({exc})") from exc
-    return sinks
+    return open_spec(location, size[0], size[1], fps), location
 
 
 # ---------------------------------------------------------------------- the app
@@ -341,8 +337,8 @@ def _start_output(manager, outputs, key, sid, kind, target, fps, output_dir) -> 
         old.stop()
     try:
         sink, location = open_sink(kind, target, output_dir, manager.model.size, fps)
-    except StreamStudioError as exc:
-        return f"⚠️ {exc}"
+    except Exception as exc:  # StreamStudioError, or the encoder library's own error
+        return f"⚠️ Could not start the output: {exc}"
     out = LiveOutput(session, sink, fps)
     out.location = location
     outputs[key] = out
@@ -356,7 +352,13 @@ def _output_status(out: LiveOutput | None) -> str:
     if out.error:
         return f"❌ Stopped: {out.error} ({where})"
     state = "running" if out.running else "stopped"
-    return f"**{state}** → `{where}` · {out.frames} frame(s) written"
+    st = getattr(out.sink, "status", None)
+    text = f"**{state}** → `{where}` · {out.frames} frame(s) written"
+    if st is not None:
+        text += f" · lost {st.frames_lost} · reconnects {st.reconnects}"
+        if st.error:
+            text += f" · last error: {st.error}"
+    return text
 
 
 def _optional_tabs(manager: SessionManager) -> None:

@@ -68,20 +68,21 @@ class LiveHandler:
 
     def __init__(self, manager: SessionManager, arg_keys: tuple[str, ...] = (),
                  webrtc_id: Callable[[], str] = current_webrtc_id):
+        from fastrtc import CloseStream
+
+        self._close = CloseStream
         self.manager, self.arg_keys, self._webrtc_id = manager, arg_keys, webrtc_id
         w, h = manager.model.size
         self._waiting = np.zeros((h, w, 3), np.uint8)  # shown until the first output
 
     def __call__(self, frame: np.ndarray, *args):
-        from fastrtc import CloseStream
-
         sid = self._webrtc_id()
         try:
             session = self.manager.open(sid)
         except BusyError as exc:
-            return CloseStream(str(exc))
+            return self._close(str(exc))
         if session.error:
-            return CloseStream(f"the stream stopped: {session.error}")
+            return self._close(f"the stream stopped: {session.error}")
         if args:
             self._settings_from_ui(session, args)
         session.submit(np.ascontiguousarray(frame[:, :, ::-1]))  # fastrtc's BGR -> RGB

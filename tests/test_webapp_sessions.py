@@ -1,0 +1,255 @@
+"""Web app units: settings checks, sessions over one shared tiny model, the fastrtc handler
+(BGR at the edge, never blocking), busy limit, error isolation, freeing, serve options."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from streamstudio.app.sessions import BusyError, ServerModel, SessionManager, fit_frame, parse_settings
+from streamstudio.errors import StreamStudioError
+from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+
+
+@pytest.fixture(scope="module")
+def model():
+    from streamstudio.models.loading import load_components
+
+    torch.set_num_threads(1)
+    comps = load_components("tiny", device="cpu", dtype=torch.float32)
+    return ServerModel(comps, StreamDiffusionConfig(width=64, height=64, steps=2, strength=0.6), prompt="a cat")
+
+
+@pytest.fixture
+def manager(model):
+    m = SessionManager(model, max_streams=2, idle_timeout=30.0)
+    yield m
+    m.shutdown()
+
+
+def frame(value: int = 0, h: int = 48, w: int = 80) -> np.ndarray:
+    img = np.zeros((h, w, 3), np.uint8)
+    img[:, : w // 2] = (value, 255 - value, 60)
+    img[h // 2:, :, 2] = 200
+    return img
+
+
+def wait_output(session, count: int = 1, timeout: float = 30.0) -> np.ndarray:
+    deadline = time.monotonic() + timeout
+    while session.processed < count:
+        assert session.error is None, session.error
+        assert time.monotonic() < deadline, "no output in time"
+        time.sleep(0.01)
+    return session.latest()
+
+
+# ---------------------------------------------------------------------- settings
+def test_parse_settings_accepts_and_normalizes():
+    out = parse_settings({"prompt": [["a cat", 2], ["a dog", 1]], "strength": 1, "seed": 5, "cfg_type": "full",
+                          "similarity_filter": True, "similarity_threshold": 0.9})
+    assert out["prompt"] == [("a cat", 2.0), ("a dog", 1.0)]
+    assert out["strength"] == 1.0 and isinstance(out["strength"], float)
+
+
+@pytest.mark.parametrize("bad, words", [
+    ({"strength": 0}, "strength"), ({"strength": 1.5}, "strength"), ({"cfg_type": "x"}, "cfg_type"),
+    ({"seed": -1}, "seed"), ({"seed": 1.5}, "seed"), ({"prompt": [["a", 1]] * 4}, "1 to 3"),
+    ({"prompt": [["a", 0]]}, "weights"), ({"color": 1}, "unknown"), ({"similarity_filter": 1}, "type"),
+    ({"guidance_scale": "high"}, "type"),
+])
+def test_parse_settings_rejects_with_a_message(bad, words):
+    with pytest.raises(StreamStudioError, match=words):
+        parse_settings(bad)
+
+
+def test_fit_frame_crops_to_the_aspect():
+    img = np.arange(48 * 80 * 3, dtype=np.uint8).reshape(48, 80, 3)
+    out = fit_frame(img, 64, 64)
+    assert out.shape == (48, 48, 3) and np.array_equal(out, img[:, 16:64])
+    assert fit_frame(img, 128, 32).shape == (20, 80, 3)
+
+
+# ---------------------------------------------------------------------- sessions
+def test_session_processes_frames_at_the_model_size(manager):
+    session = manager.open("a")
+    session.submit(frame())
+    out = wait_output(session)
+    assert out.shape == (64, 64, 3) and out.dtype == np.uint8
+    stats = session.stats()
+    assert stats["processed"] == 1 and stats["model"] == "tiny" and stats["latency_ms"] > 0
+
+
+def test_settings_take_effect_on_the_next_frame(manager):
+    session = manager.open("a")
+    session.submit(frame())
+    first = wait_output(session).copy()
+    session.submit(frame())
+    same = wait_output(session, 2).copy()
+    manager.settings("a", {"seed": 123, "prompt": "a dog"})
+    session.submit(frame())
+    changed = wait_output(session, 3)
+    assert np.array_equal(first, same)  # constant input, constant settings: the same output
+    assert not np.array_equal(same, changed)
+    assert session.stats()["settings"] == {"prompt": "a dog", "seed": 123}
+
+
+def test_a_rejected_setting_keeps_the_stream_running(manager):
+    session = manager.open("a")
+    session.request({"steps": 0})  # past the API check: the pipeline refuses it
+    session.submit(frame())
+    assert wait_output(session) is not None
+    assert "not applied" in session.notice and session.error is None
+
+
+def test_busy_beyond_max_streams_and_free_again(manager):
+    manager.open("a")
+    manager.open("b")
+    with pytest.raises(BusyError, match="busy.*--max-streams"):
+        manager.open("c")
+    assert manager.close("a")
+    assert manager.open("c") is not None
+
+
+def test_an_error_in_one_session_leaves_the_others_alone(manager, monkeypatch):
+    good, bad = manager.open("good"), manager.open("bad")
+
+    def boom(frame, t):
+        raise RuntimeError("kaput")
+
+    monkeypatch.setattr(bad, "_process", boom)
+    bad.submit(frame())
+    good.submit(frame())
+    wait_output(good)
+    deadline = time.monotonic() + 10
+    while bad.error is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert "kaput" in bad.error and bad.closed
+    good.submit(frame(90))
+    wait_output(good, 2)
+    assert good.error is None
+    assert manager.open("bad") is not bad  # a failed stream is replaced by a fresh one
+
+
+def test_close_and_idle_free_the_session(model):
+    manager = SessionManager(model, max_streams=3, idle_timeout=0.3)
+    try:
+        session = manager.open("x")
+        session.submit(frame())
+        wait_output(session)
+        time.sleep(0.5)
+        assert manager.reap() == 1 and manager.get("x") is None
+        assert not session._thread.is_alive() and session._pipe is None
+    finally:
+        manager.shutdown()
+
+
+def test_presets_apply_when_the_stream_connects(manager):
+    manager.settings("later", {"prompt": "a red house"})
+    session = manager.open("later")
+    session.submit(frame())
+    wait_output(session)
+    assert session.stats()["settings"]["prompt"] == "a red house"
+
+
+def test_txt2img_session(manager):
+    session = manager.open("t", mode="txt2img")
+    manager.settings("t", {"prompt": [("a cat", 0.5), ("a dog", 0.5)], "strength": 0.3})
+    session.submit(None)
+    first = wait_output(session).copy()
+    for i in (2, 3):  # Stream Batch (N=2): the first N outputs show the first image
+        session.submit(None)
+        third = wait_output(session, i)
+    assert first.shape == (64, 64, 3) and not np.array_equal(first, third)  # then a new image each call
+
+
+# ---------------------------------------------------------------------- the fastrtc handler
+def test_handler_converts_bgr_and_returns_at_once(manager):
+    from streamstudio.app.webrtc import UI_SETTING_KEYS, LiveHandler
+
+    handler = LiveHandler(manager, UI_SETTING_KEYS, webrtc_id=lambda: "h")
+    bgr = frame(30)
+    values = ("a cat", "", 0.6, 1.2, 1.0, "self", 7, False, 0.98)
+    t0 = time.perf_counter()
+    first = handler(bgr, *values)
+    assert time.perf_counter() - t0 < 0.2  # never waits for inference
+    assert first.shape == (64, 64, 3) and not first.any()  # the waiting frame
+    session = manager.get("h")
+    out = wait_output(session)
+    assert np.array_equal(handler(bgr, *values), out[:, :, ::-1])  # RGB -> BGR on the way out
+    assert session.stats()["settings"]["seed"] == 7
+
+
+def test_handler_hands_the_session_rgb(manager, monkeypatch):
+    from streamstudio.app.webrtc import LiveHandler
+
+    handler = LiveHandler(manager, webrtc_id=lambda: "rgb")
+    session = manager.open("rgb")
+    got = []
+    monkeypatch.setattr(session, "submit", got.append)
+    bgr = frame(10)
+    handler(bgr)
+    assert np.array_equal(got[0], bgr[:, :, ::-1]) and got[0].flags["C_CONTIGUOUS"]
+
+
+def test_handler_says_busy_and_closes_the_stream(manager):
+    from fastrtc import CloseStream
+
+    from streamstudio.app.webrtc import LiveHandler
+
+    manager.open("a")
+    manager.open("b")
+    out = LiveHandler(manager, webrtc_id=lambda: "c")(frame())
+    assert isinstance(out, CloseStream) and "busy" in out.msg
+
+
+# ---------------------------------------------------------------------- UI helpers, serve options
+def test_ui_helpers():
+    from streamstudio.app.ui import blend_spec, clean_name, format_stats, model_banner
+
+    assert blend_spec(["a cat", "", "a dog"], [1.0, 0.5, 0.0]) == "a cat"
+    assert blend_spec(["a cat", "a dog", ""], [1.0, 0.5, 1.0]) == [("a cat", 1.0), ("a dog", 0.5)]
+    assert clean_name("../../etc/passwd", "x.mp4") == "passwd"
+    assert clean_name("my clip!.mp4", "x") == "my_clip_.mp4"
+    assert "Not streaming" in format_stats(None)
+
+
+def test_model_banner_shows_the_demo_notice(manager):
+    from streamstudio.app.ui import model_banner
+
+    text = model_banner(manager)
+    assert "`tiny`" in text and "Demo model" in text and "huggingface-cli download" in text
+
+
+def test_rtc_config_from_env():
+    from streamstudio.app.webrtc import rtc_config_from_env
+
+    assert rtc_config_from_env({}) == {"iceServers": []}
+    env = {"STREAMSTUDIO_TURN_URLS": "turn:t.example:3478, turns:t.example:5349",
+           "STREAMSTUDIO_TURN_USERNAME": "u", "STREAMSTUDIO_TURN_CREDENTIAL": "p",
+           "STREAMSTUDIO_STUN_URLS": "stun:s.example:3478"}
+    assert rtc_config_from_env(env) == {"iceServers": [
+        {"urls": ["stun:s.example:3478"]},
+        {"urls": ["turn:t.example:3478", "turns:t.example:5349"], "username": "u", "credential": "p"}]}
+    with pytest.raises(StreamStudioError, match="USERNAME"):
+        rtc_config_from_env({"STREAMSTUDIO_TURN_URLS": "turn:x"})
+
+
+def test_serve_options(monkeypatch, capsys):
+    from streamstudio.app.cli import build_parser
+    from streamstudio.app.commands.serve import bind_host, parse_auth
+
+    args = build_parser().parse_args(["serve", "--model", "tiny"])
+    assert (args.port, args.max_streams, args.host) == (7860, 4, None)
+    assert bind_host(args) == "127.0.0.1" and capsys.readouterr().err == ""
+    args = build_parser().parse_args(["serve", "--host", "0.0.0.0"])
+    monkeypatch.delenv("STREAMSTUDIO_AUTH", raising=False)
+    assert bind_host(args) == "0.0.0.0"
+    assert "WITHOUT a login" in capsys.readouterr().err
+    monkeypatch.setenv("STREAMSTUDIO_AUTH", "ann:secret")
+    assert parse_auth(None) == ("ann", "secret")
+    assert parse_auth("bob:pw:x") == ("bob", "pw:x")
+    with pytest.raises(StreamStudioError, match="USER:PASS"):
+        parse_auth("nopassword")
