@@ -168,12 +168,11 @@ def save_single_file(comps: SDComponents, path: str | os.PathLike) -> Path:
             tensors[f"{prefix}.{key}"] = value.detach().to("cpu").contiguous()
     with tempfile.TemporaryDirectory() as tmp:
         comps.tokenizer.save_pretrained(tmp)
-        vocab = Path(tmp, "vocab.json").read_text(encoding="utf-8")
-        merges = Path(tmp, "merges.txt").read_text(encoding="utf-8")
+        tokenizer_files = {f.name: f.read_text(encoding="utf-8") for f in Path(tmp).iterdir() if f.is_file()}
     meta = dict(
         unet=dict(comps.unet.config), vae=dict(comps.vae.config), vae_class=type(comps.vae).__name__,
         text_encoder=comps.text_encoder.config.to_dict(), scheduler=comps.scheduler_config,
-        vocab=vocab, merges=merges, name=comps.name,
+        tokenizer=tokenizer_files, name=comps.name,
     )
     path = Path(path)
     save_file(tensors, str(path), metadata={SINGLE_FILE_KEY: json.dumps(meta, default=list)})
@@ -208,12 +207,10 @@ def _load_own_single_file(path: Path, meta: dict) -> SDComponents:
             raise StreamStudioError(f"{path}: the {prefix} weights do not match their config "
                                     f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
         module.eval().requires_grad_(False)
-    tok_dir = tempfile.mkdtemp(prefix="streamstudio-tok-")
-    Path(tok_dir, "vocab.json").write_text(meta["vocab"], encoding="utf-8")
-    Path(tok_dir, "merges.txt").write_text(meta["merges"], encoding="utf-8")
-    tokenizer = CLIPTokenizer(os.path.join(tok_dir, "vocab.json"), os.path.join(tok_dir, "merges.txt"),
-                              model_max_length=text_encoder.config.max_position_embeddings,
-                              pad_token="<|endoftext|>")
+    with tempfile.TemporaryDirectory() as tok_dir:
+        for name, text in meta["tokenizer"].items():
+            Path(tok_dir, Path(name).name).write_text(text, encoding="utf-8")
+        tokenizer = CLIPTokenizer.from_pretrained(tok_dir)
     name = str(path)
     return SDComponents(unet, vae, text_encoder, tokenizer, dict(meta["scheduler"]), name,
                         step_type=model_step_type(meta.get("name", name)),

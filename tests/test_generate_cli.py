@@ -1,0 +1,50 @@
+"""`streamstudio generate` end to end with the tiny model."""
+
+from __future__ import annotations
+
+import numpy as np
+from PIL import Image
+
+from streamstudio.app.cli import main
+
+
+def test_txt2img(tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = main(["generate", "--model", "tiny", "--prompt", "a cat", "--output", str(out),
+               "--num-images", "3", "--steps", "2", "--width", "48", "--height", "32"])
+    assert rc == 0
+    files = sorted(out.glob("*.png"))
+    assert len(files) == 3
+    images = [np.asarray(Image.open(f)) for f in files]
+    assert all(im.shape == (32, 48, 3) for im in images)
+    assert not np.array_equal(images[0], images[1])
+    assert "frame latency 1" in capsys.readouterr().out
+
+
+def test_img2img_folder_in_name_order(tmp_path):
+    src = tmp_path / "in"
+    src.mkdir()
+    rng = np.random.default_rng(0)
+    for name in ("b.png", "a.jpg", "c.png"):
+        Image.fromarray(rng.integers(0, 256, (40, 30, 3), dtype=np.uint8)).save(src / name)
+    Image.fromarray(rng.integers(0, 256, (20, 20), dtype=np.uint8)).save(src / "d.png")  # grayscale
+    (src / "notes.txt").write_text("not an image")
+    out = tmp_path / "out"
+    rc = main(["generate", "--model", "tiny", "--prompt", "oil painting", "--input", str(src),
+               "--output", str(out), "--steps", "3", "--width", "32", "--height", "32"])
+    assert rc == 0
+    assert sorted(p.name for p in out.glob("*.png")) == ["a.png", "b.png", "c.png", "d.png"]
+
+
+def test_clear_errors(tmp_path, capsys):
+    assert main(["generate", "--model", "tiny", "--input", str(tmp_path / "missing"), "--output", str(tmp_path)]) == 1
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["generate", "--model", "tiny", "--output", str(tmp_path), "--width", "30"]) == 1
+    assert "multiple of 8" in capsys.readouterr().err
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "x.png").write_text("not a png")
+    assert main(["generate", "--model", "tiny", "--input", str(bad), "--output", str(tmp_path / "o")]) == 1
+    assert "not a readable image" in capsys.readouterr().err
+    assert main(["generate", "--model", str(tmp_path / "nowhere.safetensors"), "--output", str(tmp_path)]) == 1
+    assert "huggingface-cli download" in capsys.readouterr().err

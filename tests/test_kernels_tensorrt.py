@@ -1,0 +1,203 @@
+"""TensorRT path without TensorRT: ONNX exports of the tiny networks checked against
+onnxruntime, engine cache keys, profiles, and the acceleration modes' CPU behaviour."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+
+from streamstudio.kernels import tensorrt as trt_kernels
+from streamstudio.kernels.tensorrt.build import ShapeRange, engine_key, profile_for
+from streamstudio.kernels.tensorrt.cache import EngineCache, EngineKey, model_identity
+from streamstudio.kernels.tensorrt.export import check_onnx, export_onnx, unet_spec, vae_decoder_spec, vae_encoder_spec
+from streamstudio.models import acceleration
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnx")
+
+# export at batch 2, 64x64 pixels; check at another batch and size (the dynamic axes)
+EXPORT = dict(batch=2, height=64, width=64)
+CHECK = dict(batch=1, height=96, width=128)
+
+
+@pytest.fixture(scope="module")
+def comps():
+    from streamstudio.models.loading import load_components
+
+    return load_components("tiny", device="cpu", dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def taesd():
+    from streamstudio.models import tiny
+
+    return tiny.tiny_components(taesd=True)["taesd"]
+
+
+def _export_and_check(spec, tmp_path):
+    path = export_onnx(spec, tmp_path / spec.name / "model.onnx", **EXPORT)
+    import onnx
+
+    model = onnx.load(str(path))
+    assert max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) >= 18
+    result = check_onnx(spec, path, **CHECK)
+    assert result.rel_error < 1e-3, f"{spec.name}: onnxruntime differs from torch by {result.rel_error:.2e}"
+    return result
+
+
+def test_unet_onnx_matches_onnxruntime(comps, tmp_path):
+    result = _export_and_check(unet_spec(comps.unet), tmp_path)
+    assert result.shapes["sample"] == (1, 4, 12, 16)
+
+
+@pytest.mark.parametrize("part", ["vae_encoder", "vae_decoder"])
+def test_vae_onnx_matches_onnxruntime(comps, part, tmp_path):
+    make = vae_encoder_spec if part == "vae_encoder" else vae_decoder_spec
+    _export_and_check(make(comps.vae), tmp_path)
+
+
+@pytest.mark.parametrize("part", ["vae_encoder", "vae_decoder"])
+def test_taesd_onnx_matches_onnxruntime(taesd, part, tmp_path):
+    make = vae_encoder_spec if part == "vae_encoder" else vae_decoder_spec
+    _export_and_check(make(taesd), tmp_path)
+
+
+def test_export_refuses_old_opset(comps, tmp_path):
+    with pytest.raises(ValueError, match="opset"):
+        export_onnx(vae_decoder_spec(comps.vae), tmp_path / "x.onnx", opset=17)
+
+
+@pytest.mark.slow
+def test_video_model_onnx_matches_onnxruntime(tmp_path):
+    from streamstudio.models.stream_dit import StreamDiT, named_config
+
+    torch.manual_seed(0)
+    model = StreamDiT(named_config("tiny")).eval()
+    for p in model.parameters():  # the zero-initialized output layers would make the check trivial
+        p.data.add_(torch.randn_like(p) * 0.02)
+    spec, (h, w) = acceleration.video_export_spec(model, frames=4, height=32, width=32)
+    path = export_onnx(spec, tmp_path / "video.onnx", batch=1, height=h, width=w)
+    result = check_onnx(spec, path, batch=2, height=h, width=w)
+    assert result.rel_error < 1e-3
+
+
+# ------------------------------------------------------------------------------ engine cache
+def _key(**changes) -> EngineKey:
+    base = dict(name="unet", model_id="abc", profile={"sample": ((1, 4, 32, 32), (1, 4, 64, 64), (4, 4, 128, 128))},
+                precision="fp16", trt_version="10.3.0", gpu="NVIDIA H100 80GB HBM3 sm_90")
+    base.update(changes)
+    return EngineKey.make(**base)
+
+
+def test_engine_key_changes_with_every_component():
+    base = _key()
+    assert _key().filename() == base.filename()  # deterministic
+    variants = [_key(name="vae_decoder"), _key(model_id="abd"), _key(precision="fp32"), _key(trt_version="10.4.0"),
+                _key(gpu="NVIDIA GeForce RTX 4090 sm_89"),
+                _key(profile={"sample": ((1, 4, 32, 32), (1, 4, 64, 64), (8, 4, 128, 128))}),
+                _key(profile={"sample": ((1, 4, 32, 32), (2, 4, 64, 64), (4, 4, 128, 128))})]
+    names = {v.filename() for v in variants}
+    assert base.filename() not in names and len(names) == len(variants)
+
+
+def test_model_identity_follows_weights_and_config(comps):
+    vae = comps.vae
+    first = model_identity(vae)
+    assert model_identity(vae) == first
+    param = next(vae.parameters())
+    old = param.data.flatten()[0].item()
+    try:
+        param.data.flatten()[0] += 1e-3
+        assert model_identity(vae) != first
+    finally:
+        param.data.flatten()[0] = old
+    assert model_identity(vae) == first
+    from diffusers import AutoencoderKL
+
+    other = AutoencoderKL.from_config({**vae.config, "scaling_factor": 0.5})
+    other.load_state_dict(vae.state_dict())
+    assert model_identity(other) != first  # same weights, other config
+
+
+def test_cache_lookup_needs_the_exact_key(tmp_path):
+    cache = EngineCache(tmp_path)
+    key = _key()
+    assert cache.lookup(key) is None
+    path = cache.store(key, b"engine bytes")
+    assert cache.lookup(key) == path and path.read_bytes() == b"engine bytes"
+    assert cache.lookup(_key(trt_version="10.4.0")) is None
+    meta = path.with_suffix(".json")
+    stored = json.loads(meta.read_text())
+    meta.write_text(json.dumps({**stored, "gpu": "something else"}))  # a copied / tampered engine
+    assert cache.lookup(key) is None
+    assert cache.entries()[0]["file"] == path.name
+
+
+def test_profiles_cover_batch_and_resolution(comps):
+    spec = unet_spec(comps.unet)
+    prof = profile_for(spec, ShapeRange(batch=(1, 2, 4), height=(256, 512, 1024), width=(256, 512, 1024)))
+    assert prof["sample"] == ((1, 4, 32, 32), (2, 4, 64, 64), (4, 4, 128, 128))
+    assert prof["timestep"] == ((1,), (2,), (4,))
+    assert prof["encoder_hidden_states"][2] == (4, 77, 32)
+    dec = profile_for(vae_decoder_spec(comps.vae), ShapeRange())
+    assert dec["latents"][0] == (1, 4, 32, 32) and dec["latents"][2] == (4, 4, 128, 128)
+    with pytest.raises(ValueError):
+        ShapeRange(batch=(2, 1, 4))
+
+
+def test_engine_key_of_a_spec_tracks_the_model(comps):
+    spec = vae_decoder_spec(comps.vae)
+    key = engine_key(spec, ShapeRange())
+    assert key.model_id == model_identity(comps.vae)
+    assert key.trt_version == trt_kernels.tensorrt_version()
+    assert engine_key(spec, ShapeRange(), precision="fp32").filename() != key.filename()
+    assert engine_key(spec, ShapeRange(batch=(1, 1, 8))).filename() != key.filename()
+
+
+# ------------------------------------------------------------------------------ acceleration modes
+@pytest.mark.skipif(trt_kernels.tensorrt_available(), reason="TensorRT is installed")
+def test_tensorrt_mode_without_tensorrt_falls_back_once(comps):
+    acceleration._said.clear()
+    with pytest.warns(RuntimeWarning, match="TensorRT is not installed"):
+        out = acceleration.apply_acceleration(comps, "tensorrt")
+    assert out.unet is comps.unet and out.vae is comps.vae
+    assert any("tensorrt unavailable" in n for n in out.notes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        acceleration.apply_acceleration(comps, "tensorrt")  # said once only
+    with pytest.raises(trt_kernels.TensorRTUnavailable, match="pip install streamstudio\\[tensorrt\\]"):
+        acceleration.build_engines(acceleration.image_specs(comps, ("vae_decoder",)))
+
+
+def test_none_mode_and_bad_mode(comps):
+    assert acceleration.apply_acceleration(comps, "none") is comps
+    from streamstudio.errors import StreamStudioError
+
+    with pytest.raises(StreamStudioError, match="none, compile, tensorrt"):
+        acceleration.apply_acceleration(comps, "fast")
+
+
+def test_compile_mode_matches_eager_on_cpu(tiny_components_factory):
+    comps = tiny_components_factory(taesd=True)
+    fast = acceleration.apply_acceleration(comps, "compile")
+    assert fast.unet is not comps.unet and fast.unet.config.in_channels == comps.unet.config.in_channels
+    gen = torch.Generator().manual_seed(0)
+    x, text = torch.randn(2, 4, 8, 8, generator=gen), torch.randn(2, 77, 32, generator=gen)
+    t = torch.tensor([999, 500])
+    with torch.no_grad():
+        want = comps.unet(x, t, encoder_hidden_states=text).sample
+        got = fast.unet(x, t, encoder_hidden_states=text).sample
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        z = torch.randn(1, 4, 8, 8, generator=gen)
+        torch.testing.assert_close(fast.vae.decode(z).sample, comps.vae.decode(z).sample, rtol=1e-4, atol=1e-4)
+    assert fast.vae.config.scaling_factor == comps.vae.config.scaling_factor
+    assert comps.unet.__class__.__name__ == "UNet2DConditionModel"  # the input is untouched
+
+
+def test_export_onnx_models_writes_and_checks(comps, tmp_path):
+    specs = acceleration.image_specs(comps, ("vae_decoder",))
+    results = acceleration.export_onnx_models(specs, tmp_path, batch=1, height=64, width=64)
+    assert results[0].path.is_file() and results[0].check.ok()

@@ -1,0 +1,123 @@
+"""Model loading: tiny, a save_pretrained folder, one .safetensors file, clear errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from streamstudio.errors import ModelNotFoundError, StreamStudioError
+from streamstudio.models.loading import (DEMO_NOTICE, load_components, resolve_demo_default,
+                                         save_single_file)
+from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+
+
+def image(seed=0):
+    return np.random.default_rng(seed).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+
+
+def run(comps):
+    pipe = StreamDiffusion(comps, StreamDiffusionConfig(width=32, height=32, steps=2), prompt="a house")
+    return pipe(image())
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_components("tiny")
+
+
+def assert_same_weights(a, b):
+    for name in ("unet", "vae", "text_encoder"):
+        sa, sb = getattr(a, name).state_dict(), getattr(b, name).state_dict()
+        assert sa.keys() == sb.keys()
+        for key in sa:
+            torch.testing.assert_close(sa[key], sb[key], rtol=0, atol=0, msg=f"{name}.{key}")
+
+
+def test_tiny_is_deterministic(tiny):
+    other = load_components("tiny")
+    assert_same_weights(tiny, other)
+    assert tiny.is_demo and tiny.name == "tiny"
+
+
+def test_save_pretrained_folder_roundtrip(tiny, tmp_path):
+    for name in ("unet", "vae", "text_encoder", "tokenizer"):
+        getattr(tiny, name).save_pretrained(tmp_path / name)
+    (tmp_path / "scheduler").mkdir()
+    (tmp_path / "scheduler" / "scheduler_config.json").write_text(
+        json.dumps({"_class_name": "LCMScheduler", **tiny.scheduler_config}))
+    loaded = load_components(str(tmp_path), lcm_lora=None)
+    assert_same_weights(tiny, loaded)
+    assert loaded.scheduler_config["beta_schedule"] == "scaled_linear"
+    assert np.array_equal(run(tiny), run(loaded))
+
+
+def test_single_safetensors_roundtrip(tiny, tmp_path):
+    path = save_single_file(tiny, tmp_path / "tiny.safetensors")
+    loaded = load_components(str(path))
+    assert_same_weights(tiny, loaded)
+    assert loaded.tokenizer("a house").input_ids == tiny.tokenizer("a house").input_ids
+    assert np.array_equal(run(tiny), run(loaded))
+
+
+def test_missing_local_model_clear_error(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="no such file") as info:
+        load_components(str(tmp_path / "nope.safetensors"))
+    assert "--model" in str(info.value)
+
+
+def test_uncached_hub_model_clear_error():
+    with pytest.raises(ModelNotFoundError) as info:
+        load_components("streamstudio-test/not-a-model", local_files_only=True)
+    message = str(info.value)
+    assert "streamstudio-test/not-a-model" in message and "huggingface-cli download" in message
+
+
+def test_not_safetensors_file_rejected(tmp_path):
+    bad = tmp_path / "model.ckpt"
+    bad.write_bytes(b"\x80\x02pickle")
+    with pytest.raises(StreamStudioError, match="not a .safetensors"):
+        load_components(str(bad))
+
+
+def test_demo_default_says_so(monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", "/nonexistent-cache")
+    comps = resolve_demo_default("auto")
+    assert comps.is_demo and DEMO_NOTICE in comps.notes
+    assert "huggingface-cli download" in DEMO_NOTICE
+
+
+def test_tiny_taesd(tiny):
+    comps = load_components("tiny", taesd=True)
+    assert type(comps.vae).__name__ == "AutoencoderTiny"
+    out = run(comps)
+    assert out.shape == (32, 32, 3)
+
+
+def test_lcm_lora_fuse(tiny, tmp_path):
+    """Fusing a LoRA through diffusers' loader changes the UNet by exactly W + scale * B @ A."""
+    peft = pytest.importorskip("peft")
+    from diffusers import StableDiffusionPipeline
+    from peft.utils import get_peft_model_state_dict
+
+    from streamstudio.models.loading import fuse_lora
+
+    donor = load_components("tiny")
+    torch.manual_seed(0)
+    donor.unet.add_adapter(peft.LoraConfig(r=4, lora_alpha=4, target_modules=["to_q", "to_k", "to_v", "to_out.0"],
+                                           init_lora_weights="gaussian"))
+    layers = get_peft_model_state_dict(donor.unet)
+    for value in layers.values():  # make B non-zero so the LoRA does something
+        value.normal_(0, 0.1)
+    StableDiffusionPipeline.save_lora_weights(tmp_path, unet_lora_layers=layers, safe_serialization=True)
+    comps = load_components("tiny")
+    key = next(k for k in layers if "to_q" in k and "lora_A" in k)
+    module_path = key.replace(".lora_A.weight", "")
+    before = comps.unet.get_submodule(module_path).weight.clone()
+    fuse_lora(comps, str(tmp_path))
+    after = comps.unet.get_submodule(module_path).weight
+    a = layers[key]
+    b = layers[key.replace("lora_A", "lora_B")]
+    torch.testing.assert_close(after, before + b @ a, atol=1e-5, rtol=1e-5)

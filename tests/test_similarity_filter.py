@@ -1,0 +1,60 @@
+"""The stochastic similarity filter against its formula."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from streamstudio.pipelines.similarity_filter import SimilarityFilter, SimilarityFilterConfig, skip_probability
+
+
+def pair_with_similarity(s: float, dim: int = 4096, seed: int = 0):
+    """Two vectors whose cosine similarity is exactly s."""
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(dim, generator=g)
+    a /= a.norm()
+    r = torch.randn(dim, generator=g)
+    r -= (r @ a) * a
+    r /= r.norm()
+    return a, s * a + math.sqrt(1 - s * s) * r
+
+
+def test_formula():
+    assert skip_probability(1.0, 0.98) == 1.0
+    assert skip_probability(0.98, 0.98) == 0.0
+    assert skip_probability(0.5, 0.98) == 0.0
+    assert skip_probability(0.99, 0.98) == pytest.approx(0.5)
+    assert skip_probability(0.995, 0.9) == pytest.approx(1 - 0.005 / 0.1)
+
+
+@pytest.mark.parametrize("s,threshold", [(0.99, 0.98), (0.97, 0.9), (0.999, 0.99)])
+def test_skip_rate_matches_formula(s, threshold):
+    a, b = pair_with_similarity(s)
+    p = skip_probability(s, threshold)
+    flt = SimilarityFilter(SimilarityFilterConfig(threshold=threshold, max_skip_frame=10**9, seed=1))
+    trials, skips = 3000, 0
+    for _ in range(trials):
+        flt.reset()
+        assert not flt.should_skip(a)  # the first frame is always processed
+        skips += flt.should_skip(b)
+    bound = 4 * math.sqrt(p * (1 - p) / trials) + 1e-9
+    assert abs(skips / trials - p) <= bound, (skips / trials, p)
+    assert flt.last_similarity == pytest.approx(s, abs=1e-5)
+
+
+def test_very_different_frames_never_skipped():
+    a, b = pair_with_similarity(0.5)
+    flt = SimilarityFilter(SimilarityFilterConfig(threshold=0.9, max_skip_frame=10**9))
+    results = [flt.should_skip(x) for _ in range(200) for x in (a, b)]
+    assert not any(results)
+
+
+def test_max_skip_frame_forces_processing():
+    x = torch.ones(64)
+    flt = SimilarityFilter(SimilarityFilterConfig(threshold=0.9, max_skip_frame=3))
+    pattern = [flt.should_skip(x) for _ in range(9)]
+    # identical frames have p = 1: three skips, then one forced through
+    assert pattern == [False, True, True, True, False, True, True, True, False]
+    assert flt.skip_rate == pytest.approx(6 / 9)

@@ -1,0 +1,193 @@
+"""RTMP push against a real nginx with the RTMP module, started on 127.0.0.1 at a free port
+with its own prefix and config, and stopped after. Skipped when nginx or the module is missing."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import av
+import pytest
+
+from streamstudio.errors import StreamStudioError
+from streamstudio.streaming.sinks import RtmpConfig, RtmpSink, open_sink
+from streamstudio.streaming.sources import PatternSource
+
+MODULE_PATHS = ("/usr/lib/nginx/modules/ngx_rtmp_module.so", "/usr/lib64/nginx/modules/ngx_rtmp_module.so")
+
+CONFIG = """
+load_module {module};
+daemon off;
+master_process off;
+pid {prefix}/nginx.pid;
+error_log {prefix}/error.log info;
+events {{ worker_connections 64; }}
+rtmp {{
+    server {{
+        listen 127.0.0.1:{port};
+        chunk_size 4096;
+        application live {{
+            live on;
+            record all;
+            record_path {prefix}/rec;
+            record_unique off;
+        }}
+    }}
+}}
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return True
+        except OSError:
+            time.sleep(0.05)
+    return False
+
+
+class Nginx:
+    def __init__(self, prefix: Path, module: str):
+        self.prefix, self.module, self.port = prefix, module, free_port()
+        (prefix / "rec").mkdir(parents=True, exist_ok=True)
+        (prefix / "logs").mkdir(exist_ok=True)
+        self.conf = prefix / "nginx.conf"
+        self.conf.write_text(CONFIG.format(module=module, prefix=prefix, port=self.port))
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen([shutil.which("nginx"), "-p", str(self.prefix), "-c", str(self.conf),
+                                      "-e", str(self.prefix / "error.log")],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        if not wait_port(self.port):
+            self.stop()
+            log = (self.prefix / "error.log").read_text() if (self.prefix / "error.log").exists() else ""
+            pytest.skip(f"nginx with the RTMP module did not start: {log[-500:]}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()  # an abrupt drop, as a crashed server
+            self.proc.wait(10)
+        self.proc = None
+
+    def url(self, key: str = "test") -> str:
+        return f"rtmp://127.0.0.1:{self.port}/live/{key}"
+
+
+@pytest.fixture
+def nginx(tmp_path):
+    if shutil.which("nginx") is None:
+        pytest.skip("nginx is not installed (apt-get install nginx libnginx-mod-rtmp)")
+    module = next((m for m in MODULE_PATHS if Path(m).exists()), None)
+    if module is None:
+        pytest.skip("the nginx RTMP module is not installed (apt-get install libnginx-mod-rtmp)")
+    server = Nginx(tmp_path / "nginx", module)
+    server.start()
+    yield server
+    server.stop()
+
+
+def read_stream(url: str, result: dict, timeout: float = 3.0) -> None:
+    """Play the stream and count frames until it ends (or no data for `timeout` s)."""
+    try:
+        with av.open(url, timeout=(10.0, timeout)) as c:
+            for frame in c.decode(video=0):
+                result.setdefault("size", (frame.width, frame.height))
+                result["count"] = result.get("count", 0) + 1
+    except av.error.FFmpegError as exc:
+        result["end"] = str(exc)
+
+
+def push(sink, frames: int, fps: float, w: int = 96, h: int = 64, realtime: bool = True) -> None:
+    src = PatternSource(w, h, fps=fps, count=frames, realtime=realtime)
+    for f in src.frames():
+        sink.write(f.image, f.pts)
+
+
+def test_push_and_read_back(nginx):
+    fps, n = 15, 45
+    sink = open_sink(nginx.url(), 96, 64, fps)
+    assert isinstance(sink, RtmpSink)
+    played: dict = {}
+    reader = None
+    try:
+        push(sink, 8, fps)
+        reader = threading.Thread(target=read_stream, args=(nginx.url(), played), daemon=True)
+        reader.start()  # a live viewer joining while the stream runs
+        push(sink, n - 8, fps)
+    finally:
+        sink.close()
+    assert sink.status.frames_written == n and sink.status.frames_lost == 0
+    reader.join(15)
+    assert played.get("size") == (96, 64)
+    assert played.get("count", 0) >= 15  # it joins late, from a keyframe
+    time.sleep(0.3)  # nginx finishes the recording when the publisher leaves
+    recorded = nginx.prefix / "rec" / "test.flv"
+    with av.open(str(recorded)) as c:
+        frames = list(c.decode(video=0))
+        keyframes = [f for f in frames if f.key_frame]
+    assert len(frames) == n and (frames[0].width, frames[0].height) == (96, 64)
+    assert len(keyframes) == pytest.approx(n / fps, abs=1)  # a keyframe every second
+
+
+def test_odd_size_is_padded_for_yuv420(nginx):
+    with open_sink(nginx.url("odd"), 63, 47, 10) as sink:
+        push(sink, 10, 10, w=63, h=47, realtime=False)
+    time.sleep(0.3)
+    with av.open(str(nginx.prefix / "rec" / "odd.flv")) as c:
+        frame = next(c.decode(video=0))
+    assert (frame.width, frame.height) == (64, 48)
+
+
+def test_unreachable_server_fails_fast():
+    port = free_port()  # nothing listens there
+    t0 = time.monotonic()
+    with pytest.raises(StreamStudioError, match="unreachable"):
+        open_sink(f"rtmp://127.0.0.1:{port}/live/x", 64, 64, 30)
+    assert time.monotonic() - t0 < 10
+
+
+@pytest.mark.slow
+def test_unroutable_server_fails_within_10_seconds():
+    t0 = time.monotonic()
+    with pytest.raises(StreamStudioError):
+        open_sink("rtmp://10.255.255.1:1935/live/x", 64, 64, 30)
+    assert time.monotonic() - t0 < 10
+
+
+def test_dropped_server_is_retried_then_fails_with_lost_frames_counted(nginx):
+    sink = RtmpSink(nginx.url(), 64, 48, 15, RtmpConfig(max_reconnects=2, backoff=0.2))
+    push(sink, 10, 15, w=64, h=48, realtime=False)
+    nginx.stop()
+    t0 = time.monotonic()
+    with pytest.raises(StreamStudioError, match="reconnect attempts failed; [1-9]\\d* frame\\(s\\) lost"):
+        push(sink, 600, 15, w=64, h=48, realtime=False)
+    assert time.monotonic() - t0 < 10
+    assert sink.status.frames_lost >= 1
+    sink.close()
+
+
+def test_reconnects_when_the_server_comes_back(nginx):
+    sink = RtmpSink(nginx.url("back"), 64, 48, 15, RtmpConfig(max_reconnects=3, backoff=0.3))
+    try:
+        push(sink, 10, 15, w=64, h=48, realtime=False)
+        nginx.stop()
+        nginx.start()
+        push(sink, 60, 30, w=64, h=48)  # 2 s
+    finally:
+        sink.close()
+    assert sink.status.reconnects >= 1
+    assert sink.status.frames_lost >= 1
+    assert sink.status.frames_written + sink.status.frames_lost == 70

@@ -1,0 +1,171 @@
+"""The running server on 127.0.0.1 with headless aiortc clients: processed frames come back at
+the model's size and differ from the input, two clients keep their own prompts, leaving frees
+the stream, the busy limit speaks clearly, bad settings are refused, --auth guards the API."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from streamstudio.app.sessions import BusyError
+
+SIZE = 64
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(*extra: str):
+    from streamstudio.app.cli import build_parser
+    from streamstudio.app.commands.serve import start_in_thread
+
+    torch.set_num_threads(1)
+    args = build_parser().parse_args(["serve", "--model", "tiny", "--width", str(SIZE), "--height", str(SIZE),
+                                      "--port", str(free_port()), "--idle-timeout", "30", *extra])
+    return start_in_thread(args)
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = start("--max-streams", "2")
+    yield srv
+    srv.close()
+
+
+def pattern(i: int) -> np.ndarray:
+    """A 96x128 test card with a moving bar (RGB)."""
+    img = np.zeros((96, 128, 3), np.uint8)
+    img[:, :64] = (200, 40, 40)
+    img[48:, :, 2] = 220
+    x = (4 * i) % 128
+    img[:, x:x + 8] = 255
+    return img
+
+
+class Collector:
+    def __init__(self):
+        self.frames: list[np.ndarray] = []
+
+    def __call__(self, frame, t):
+        self.frames.append(frame)
+        del self.frames[:-50]
+
+    def processed(self) -> list[np.ndarray]:
+        return [f for f in self.frames if f.mean() > 5]  # past the black waiting frames
+
+
+async def connected(url: str, prompt: str, make=pattern, fps: float = 15.0):
+    from streamstudio.app.webrtc import StudioClient
+
+    got = Collector()
+    client = StudioClient(url, make, got, fps=fps)
+    await client.connect(settings={"prompt": prompt, "seed": 3})
+    return client, got
+
+
+async def wait_for(predicate, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.1)
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 120))
+
+
+def test_client_gets_processed_frames(server):
+    async def main():
+        client, got = await connected(server.url, "a cat")
+        await wait_for(lambda: len(got.processed()) >= 5)
+        stats = await client.stats()
+        await client.close()
+        return got.processed()[-1], stats
+
+    out, stats = run(main())
+    assert out.shape == (SIZE, SIZE, 3)
+    idx = np.arange(SIZE) * 96 // SIZE
+    small_input = pattern(0)[:, 16:112][idx][:, idx]  # the centre crop at the output size
+    assert np.abs(out.astype(int) - small_input.astype(int)).mean() > 20
+    assert stats["processed"] >= 5 and stats["model"] == "tiny"
+    assert stats["settings"]["prompt"] == "a cat"
+
+
+def test_two_clients_keep_their_own_prompts(server):
+    still = lambda i: pattern(0)  # noqa: E731 - the same input for both
+
+    async def main():
+        (a, got_a), (b, got_b) = await asyncio.gather(connected(server.url, "a cat", still),
+                                                      connected(server.url, "a dog", still))
+        await wait_for(lambda: len(got_a.processed()) >= 5 and len(got_b.processed()) >= 5)
+        sessions = [server.manager.get(a.webrtc_id), server.manager.get(b.webrtc_id)]
+        prompts = [s.stats()["settings"]["prompt"] for s in sessions]
+        outs = [s.latest().copy() for s in sessions]
+        received = [got_a.processed()[-1], got_b.processed()[-1]]
+        await asyncio.gather(a.close(), b.close())
+        return prompts, outs, received
+
+    prompts, outs, received = run(main())
+    assert prompts == ["a cat", "a dog"]
+    assert not np.array_equal(outs[0], outs[1])
+    # what each client receives is its own stream (codec noise is far smaller than this)
+    diff = np.abs(received[0].astype(int) - received[1].astype(int)).mean()
+    assert diff > 2.0, diff
+
+
+def test_disconnect_frees_the_session(server):
+    async def main():
+        client, got = await connected(server.url, "a house")
+        await wait_for(lambda: len(got.processed()) >= 2)
+        assert server.manager.get(client.webrtc_id) is not None
+        await client.close()
+        await wait_for(lambda: server.manager.get(client.webrtc_id) is None, timeout=15)
+        await wait_for(lambda: len(server.manager) == 0, timeout=15)
+
+    run(main())
+
+
+def test_busy_beyond_max_streams(server):
+    async def main():
+        clients = [await connected(server.url, f"p{i}") for i in range(2)]
+        await wait_for(lambda: all(len(g.processed()) >= 1 for _, g in clients))
+        try:
+            with pytest.raises(BusyError, match="busy"):
+                await connected(server.url, "one too many")
+        finally:
+            await asyncio.gather(*(c.close() for c, _ in clients))
+
+    run(main())
+
+
+def test_settings_endpoint(server):
+    r = httpx.post(f"{server.url}/studio/settings/someid", json={"strength": 3})
+    assert r.status_code == 400 and "strength must be in" in r.json()["error"]
+    r = httpx.post(f"{server.url}/studio/settings/someid", json={"prompt": "a tree", "cfg_type": "none"})
+    assert r.status_code == 200 and r.json()["settings"] == {"prompt": "a tree", "cfg_type": "none"}
+    assert httpx.get(f"{server.url}/studio/sessions/nobody").status_code == 404
+    status = httpx.get(f"{server.url}/studio/status").json()
+    assert status["model"] == "tiny" and status["demo"] is True and status["size"] == [SIZE, SIZE]
+    assert "StreamStudio" in httpx.get(server.url + "/").text
+
+
+def test_auth_guards_the_ui_and_the_api():
+    srv = start("--auth", "ann:secret")
+    try:
+        assert httpx.get(f"{srv.url}/studio/status").status_code == 401
+        assert httpx.get(f"{srv.url}/studio/status", auth=("ann", "wrong")).status_code == 401
+        assert httpx.get(f"{srv.url}/studio/status", auth=("ann", "secret")).status_code == 200
+        offer = {"sdp": "x", "type": "offer", "webrtc_id": "abc"}
+        assert httpx.post(f"{srv.url}/webrtc/offer", json=offer).status_code == 401
+        assert httpx.get(f"{srv.url}/config").status_code in (401, 403)  # the Gradio app wants a login
+    finally:
+        srv.close()
