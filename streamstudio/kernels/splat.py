@@ -1,0 +1,102 @@
+"""The one public entry of the Gaussian-splatting renderer: `rasterize_gaussians`.
+
+`impl="auto"` takes the CUDA kernel when it is built and the tensors are on a GPU, the fast
+CPU path for CPU tensors, and the pure-torch reference on any other device. `impl=` may force
+"reference", "fast" or "cuda". See `splat_reference` for the conventions (camera, pixel
+centres, blending rule).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from streamstudio.kernels import splat_fast, splat_reference
+from streamstudio.kernels.splat_reference import project_gaussians, quat_scale_to_covar, sh_colors
+
+IMPLS = ("auto", "reference", "fast", "cuda")
+
+
+@dataclass
+class SplatRender:
+    """What one rasterisation gives back (float32 tensors on the input device)."""
+
+    rgb: torch.Tensor  # (H, W, 3) in [0, 1] (not clamped; SH colours may exceed 1)
+    depth: torch.Tensor  # (H, W) sum of blend weight x camera depth (divide by alpha for the mean)
+    alpha: torch.Tensor  # (H, W) 1 - final transmittance
+    n_visible: int  # Gaussians that survived culling
+    impl: str  # which implementation ran
+
+
+def pick_impl(impl: str, device: torch.device) -> str:
+    if impl not in IMPLS:
+        raise ValueError(f"unknown splat implementation {impl!r}; use one of {IMPLS}")
+    if impl != "auto":
+        return impl
+    if device.type == "cuda":
+        from streamstudio.kernels import splat_cuda
+        return "cuda" if splat_cuda.load() is not None else "reference"
+    return "fast" if device.type == "cpu" else "reference"
+
+
+def _check(means, opacities, sh_or_colors, viewmat, width, height) -> None:
+    n = means.shape[0]
+    if means.dim() != 2 or means.shape[1] != 3:
+        raise ValueError(f"means must be (N, 3), got {tuple(means.shape)}")
+    if opacities.shape != (n,):
+        raise ValueError(f"opacities must be (N,), got {tuple(opacities.shape)}")
+    if sh_or_colors.shape[0] != n or sh_or_colors.shape[-1] != 3:
+        raise ValueError(f"colours must be (N, 3) or SH (N, K, 3), got {tuple(sh_or_colors.shape)}")
+    if viewmat.shape != (4, 4):
+        raise ValueError(f"viewmat must be (4, 4), got {tuple(viewmat.shape)}")
+    if width < 1 or height < 1 or width * height > 8192 * 8192:
+        raise ValueError(f"bad image size {width}x{height}")
+
+
+def rasterize_gaussians(means: torch.Tensor, quats: torch.Tensor | None, scales: torch.Tensor | None,
+                        opacities: torch.Tensor, colors: torch.Tensor, viewmat: torch.Tensor,
+                        intrinsics: tuple[float, float, float, float], width: int, height: int,
+                        sh_degree: int | None = None, background: torch.Tensor | None = None,
+                        covars: torch.Tensor | None = None, near: float = 0.01, far: float = 1e10,
+                        impl: str = "auto") -> SplatRender:
+    """Render Gaussians to an image.
+
+    means (N, 3); quats (N, 4) w first and linear scales (N, 3), or covars (N, 3, 3);
+    opacities (N,) in [0, 1]; colors (N, 3) RGB, or SH (N, K, 3) evaluated up to `sh_degree`
+    (default: all of K); viewmat (4, 4) world -> camera (OpenCV axes); intrinsics
+    (fx, fy, cx, cy) in pixels; background (3,) RGB added with the final transmittance.
+    """
+    _check(means, opacities, colors, viewmat, width, height)
+    device = means.device
+    chosen = pick_impl(impl, device)
+    dtype = torch.float64 if means.dtype == torch.float64 else torch.float32
+    means, opacities, viewmat = means.to(dtype), opacities.to(dtype), viewmat.to(device, dtype)
+    if covars is None:
+        if quats is None or scales is None:
+            raise ValueError("give quats and scales, or covars")
+        covars = quat_scale_to_covar(quats.to(dtype), scales.to(dtype))  # (N, 3, 3)
+    if colors.dim() == 3:
+        degree = colors.shape[1] if sh_degree is None else sh_degree
+        colors = sh_colors(colors.to(dtype), means, viewmat, min(degree, 3))  # (N, 3)
+    fx, fy, cx, cy = (float(v) for v in intrinsics)
+    means2d, conics, depths, radii, _ = project_gaussians(means, covars.to(dtype), opacities, viewmat,
+                                                          fx, fy, cx, cy, width, height, near, far)
+    bg = None if background is None else torch.as_tensor(background, dtype=dtype, device=device)
+    args = (means2d, conics, opacities, colors.to(dtype), depths, radii, width, height, bg)
+    if chosen == "cuda":
+        from streamstudio.kernels import splat_cuda
+        rgb, depth, alpha = splat_cuda.rasterize_projected(*args)
+    elif chosen == "fast":
+        if device.type != "cpu":
+            raise ValueError("the fast splat path runs on CPU tensors; use impl='auto' or 'reference'")
+        rgb, depth, alpha = splat_fast.rasterize_projected(*args)
+    else:
+        rgb, depth, alpha = splat_reference.rasterize_projected(*args)
+    return SplatRender(rgb=rgb.float(), depth=depth.float(), alpha=alpha.float(),
+                       n_visible=int((radii[:, 0] > 0).sum()), impl=chosen)
+
+
+render = rasterize_gaussians
+
+__all__ = ["rasterize_gaussians", "render", "SplatRender", "pick_impl", "IMPLS"]

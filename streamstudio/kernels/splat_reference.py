@@ -1,0 +1,203 @@
+"""Pure-torch reference of the 3D Gaussian-splatting renderer (any device, float32/float64).
+
+Conventions (shared by the fast CPU path and the CUDA kernel):
+* camera: `viewmat` (4, 4) world -> camera, OpenCV axes (x right, y down, z forward);
+  intrinsics fx, fy, cx, cy in pixels; pixel (u, v) has its centre at (u + 0.5, v + 0.5).
+* projection (EWA, Zwicker et al. / 3DGS): cov2d = J W S W^T J^T + 0.3 I, with J the
+  Jacobian of the perspective map at the mean, x/z and y/z clamped to 1.3 x the half-FOV
+  tangent; conic = cov2d^-1; Gaussians with z < near or z > far are culled.
+* extent: a Gaussian of opacity o reaches alpha >= 1/255 only inside the ellipse
+  d^T cov2d^-1 d <= 2 ln(255 o), whose bounding box has half-widths sqrt(2 ln(255 o) cov_xx)
+  and sqrt(2 ln(255 o) cov_yy); it is binned into the 16x16 tiles that box touches (exact:
+  no Gaussian that could reach 1/255 at a pixel is left out).
+* blending per pixel, front to back in depth order: power = -0.5 (a dx^2 + c dy^2) - b dx dy,
+  alpha = min(0.99, o exp(power)), skipped when power > 0 or alpha < 1/255; a Gaussian that
+  would take the transmittance T below 1e-4 is not blended and ends the pixel.
+  rgb = sum w_i c_i + T bg, depth = sum w_i z_i (not normalised), alpha = 1 - T, w_i = alpha_i T_i.
+* colour: SH of degree 0..3 evaluated in the direction camera -> mean, + 0.5, clamped at 0.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+TILE = 16
+ALPHA_MIN = 1.0 / 255.0
+ALPHA_MAX = 0.99
+T_MIN = 1e-4
+LOW_PASS = 0.3
+
+SH_C0 = 0.28209479177387814
+SH_C1 = 0.4886025119029199
+SH_C2 = (1.0925484305920792, -1.0925484305920792, 0.31539156525252005, -1.0925484305920792,
+         0.5462742152960396)
+SH_C3 = (-0.5900435899266435, 2.890611442640554, -0.4570457994644658, 0.3731763325901154,
+         -0.4570457994644658, 1.445305721320277, -0.5900435899266435)
+
+
+def quat_scale_to_covar(quats: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """(N, 4) quaternions (w first) and (N, 3) linear scales -> (N, 3, 3) covariance R S S R^T."""
+    w, x, y, z = torch.nn.functional.normalize(quats, dim=-1).unbind(-1)
+    rot = torch.stack([
+        1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
+        2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
+        2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)], -1).reshape(-1, 3, 3)
+    m = rot * scales[:, None, :]  # (N, 3, 3) = R S
+    return m @ m.transpose(1, 2)
+
+
+def eval_sh(sh: torch.Tensor, dirs: torch.Tensor, degree: int) -> torch.Tensor:
+    """(N, K, 3) coefficients, (N, 3) unit directions -> (N, 3) colour (SH + 0.5, clamped at 0)."""
+    degree = min(degree, int(round(math.sqrt(sh.shape[1]))) - 1)
+    out = SH_C0 * sh[:, 0]
+    if degree >= 1:
+        x, y, z = dirs[:, 0:1], dirs[:, 1:2], dirs[:, 2:3]  # (N, 1) each
+        out = out - SH_C1 * y * sh[:, 1] + SH_C1 * z * sh[:, 2] - SH_C1 * x * sh[:, 3]
+        if degree >= 2:
+            xx, yy, zz, xy, yz, xz = x * x, y * y, z * z, x * y, y * z, x * z
+            out = (out + SH_C2[0] * xy * sh[:, 4] + SH_C2[1] * yz * sh[:, 5]
+                   + SH_C2[2] * (2 * zz - xx - yy) * sh[:, 6] + SH_C2[3] * xz * sh[:, 7]
+                   + SH_C2[4] * (xx - yy) * sh[:, 8])
+            if degree >= 3:
+                out = (out + SH_C3[0] * y * (3 * xx - yy) * sh[:, 9] + SH_C3[1] * xy * z * sh[:, 10]
+                       + SH_C3[2] * y * (4 * zz - xx - yy) * sh[:, 11]
+                       + SH_C3[3] * z * (2 * zz - 3 * xx - 3 * yy) * sh[:, 12]
+                       + SH_C3[4] * x * (4 * zz - xx - yy) * sh[:, 13]
+                       + SH_C3[5] * z * (xx - yy) * sh[:, 14] + SH_C3[6] * x * (xx - 3 * yy) * sh[:, 15])
+    return (out + 0.5).clamp_min(0.0)
+
+
+def sh_colors(sh: torch.Tensor, means: torch.Tensor, viewmat: torch.Tensor, degree: int) -> torch.Tensor:
+    """(N, K, 3) SH -> (N, 3) colours seen from the camera of `viewmat`."""
+    rot, trans = viewmat[:3, :3], viewmat[:3, 3]
+    campos = -rot.T @ trans  # (3,)
+    dirs = torch.nn.functional.normalize(means - campos, dim=-1)  # (N, 3)
+    return eval_sh(sh, dirs, degree)
+
+
+def project_gaussians(means: torch.Tensor, covars: torch.Tensor, opacities: torch.Tensor,
+                      viewmat: torch.Tensor, fx: float, fy: float, cx: float, cy: float,
+                      width: int, height: int, near: float = 0.01, far: float = 1e10):
+    """EWA projection. Returns means2d (N, 2), conics (N, 3) = (a, b, c) of the inverse 2D
+    covariance, depths (N,), radii (N, 2) float half-widths in x and y
+    of the box where alpha can reach 1/255 (0 where culled) and cov2d (N, 3) = (xx, xy, yy)."""
+    rot, trans = viewmat[:3, :3].to(means), viewmat[:3, 3].to(means)
+    p = means @ rot.T + trans  # (N, 3) camera coordinates
+    x, y, z = p.unbind(-1)
+    in_depth = (z > near) & (z < far)
+    zs = torch.where(in_depth, z, torch.ones_like(z))
+    lim_x, lim_y = 1.3 * 0.5 * width / fx, 1.3 * 0.5 * height / fy
+    tx = (x / zs).clamp(-lim_x, lim_x) * zs
+    ty = (y / zs).clamp(-lim_y, lim_y) * zs
+    zero = torch.zeros_like(zs)
+    jac = torch.stack([fx / zs, zero, -fx * tx / (zs * zs),
+                       zero, fy / zs, -fy * ty / (zs * zs)], -1).reshape(-1, 2, 3)  # (N, 2, 3)
+    t = jac @ rot  # (N, 2, 3)
+    cov = t @ covars @ t.transpose(1, 2)  # (N, 2, 2)
+    c_xx, c_xy, c_yy = cov[:, 0, 0] + LOW_PASS, cov[:, 0, 1], cov[:, 1, 1] + LOW_PASS
+    det = c_xx * c_yy - c_xy * c_xy
+    ok = in_depth & (det > 0)
+    dets = torch.where(ok, det, torch.ones_like(det))
+    conics = torch.stack([c_yy / dets, -c_xy / dets, c_xx / dets], -1)  # (N, 3)
+    reach = 2.0 * torch.log((255.0 * opacities).clamp_min(1.0))  # 0 where o <= 1/255: never visible
+    # half-widths of the box around the ellipse d^T cov2d^-1 d <= reach (alpha >= 1/255 inside)
+    radii = torch.sqrt(reach[:, None] * torch.stack([c_xx, c_yy], -1).clamp_min(0))  # (N, 2)
+    means2d = torch.stack([fx * x / zs + cx, fy * y / zs + cy], -1)  # (N, 2)
+    on_screen = ((means2d + radii > 0) & (means2d - radii < torch.tensor([width, height]).to(means2d))).all(1)
+    keep = ok & on_screen & (reach > 0)
+    radii = torch.where(keep[:, None], radii, torch.zeros_like(radii))
+    return means2d, conics, z, radii, torch.stack([c_xx, c_xy, c_yy], -1)
+
+
+def tile_ranges(means2d: torch.Tensor, radii: torch.Tensor, width: int, height: int, tile: int = TILE):
+    """Per Gaussian the inclusive tile rectangle (x0, x1, y0, y1) its box touches, as int64."""
+    tiles_x, tiles_y = (width + tile - 1) // tile, (height + tile - 1) // tile
+    mx, my, rx, ry = means2d[:, 0], means2d[:, 1], radii[:, 0], radii[:, 1]
+    # pixel u is touched when |u + 0.5 - mx| <= rx
+    x0 = torch.floor((mx - rx - 0.5) / tile).clamp(0, tiles_x - 1).long()
+    x1 = torch.floor((mx + rx - 0.5) / tile).clamp(0, tiles_x - 1).long()
+    y0 = torch.floor((my - ry - 0.5) / tile).clamp(0, tiles_y - 1).long()
+    y1 = torch.floor((my + ry - 0.5) / tile).clamp(0, tiles_y - 1).long()
+    return x0, x1, y0, y1
+
+
+def bin_gaussians(means2d: torch.Tensor, depths: torch.Tensor, radii: torch.Tensor, width: int, height: int,
+                  tile: int = TILE):
+    """Tile binning + (tile, depth) sort. Returns gauss_ids (P,) sorted by tile then depth,
+    tile_ids (P,) and offsets (n_tiles + 1,) so tile k owns gauss_ids[offsets[k]:offsets[k+1]]."""
+    tiles_x, tiles_y = (width + tile - 1) // tile, (height + tile - 1) // tile
+    n_tiles = tiles_x * tiles_y
+    visible = radii[:, 0] > 0
+    order = torch.argsort(depths, stable=True)
+    ids = order[visible[order]]  # (M,) visible Gaussians, front to back
+    x0, x1, y0, y1 = (r[ids] for r in tile_ranges(means2d, radii, width, height, tile))
+    nx, ny = x1 - x0 + 1, y1 - y0 + 1
+    counts = nx * ny  # (M,)
+    gauss_ids = torch.repeat_interleave(ids, counts)  # (P,)
+    starts = torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+    local = torch.arange(gauss_ids.shape[0], device=ids.device) - starts
+    nx_p = torch.repeat_interleave(nx, counts)
+    tile_ids = (torch.repeat_interleave(y0, counts) + local // nx_p) * tiles_x + \
+        torch.repeat_interleave(x0, counts) + local % nx_p
+    tile_ids, perm = torch.sort(tile_ids, stable=True)  # stable keeps depth order inside a tile
+    gauss_ids = gauss_ids[perm]
+    per_tile = torch.bincount(tile_ids, minlength=n_tiles)
+    offsets = torch.zeros(n_tiles + 1, dtype=torch.long, device=ids.device)
+    offsets[1:] = torch.cumsum(per_tile, 0)
+    return gauss_ids, tile_ids, offsets
+
+
+def rasterize_projected(means2d, conics, opacities, features, depths, radii, width: int, height: int,
+                        background: torch.Tensor | None = None):
+    """Blend projected Gaussians, one tile at a time, one Gaussian at a time (the reference).
+
+    features (N, C) are blended like colours. Returns (H, W, C) features, (H, W) depth and
+    (H, W) alpha; `background` (C,) is added with the final transmittance."""
+    tiles_x, tiles_y = (width + TILE - 1) // TILE, (height + TILE - 1) // TILE
+    gauss_ids, _, offsets = bin_gaussians(means2d, depths, radii, width, height)
+    n_feat = features.shape[1]
+    dtype, device = means2d.dtype, means2d.device
+    out = torch.zeros(tiles_y * TILE, tiles_x * TILE, n_feat + 1, dtype=dtype, device=device)
+    trans = torch.ones(tiles_y * TILE, tiles_x * TILE, dtype=dtype, device=device)
+    feats = torch.cat([features.to(dtype), depths[:, None].to(dtype)], 1)  # (N, C + 1)
+    lin = torch.arange(TILE, dtype=dtype, device=device) + 0.5
+    offsets = offsets.tolist()
+    for tile in range(tiles_x * tiles_y):
+        if offsets[tile] == offsets[tile + 1]:
+            continue
+        ty, tx = divmod(tile, tiles_x)
+        px = (tx * TILE + lin)[None, :].expand(TILE, TILE)  # (16, 16)
+        py = (ty * TILE + lin)[:, None].expand(TILE, TILE)
+        acc, t_tile = _blend_tile(gauss_ids[offsets[tile]:offsets[tile + 1]], px, py, means2d, conics,
+                                  opacities, feats)
+        out[ty * TILE:(ty + 1) * TILE, tx * TILE:(tx + 1) * TILE] = acc
+        trans[ty * TILE:(ty + 1) * TILE, tx * TILE:(tx + 1) * TILE] = t_tile
+    out, trans = out[:height, :width], trans[:height, :width]
+    rgb = out[..., :n_feat]
+    if background is not None:
+        rgb = rgb + trans[..., None] * background.to(dtype)
+    return rgb, out[..., n_feat], 1.0 - trans
+
+
+def _blend_tile(ids, px, py, means2d, conics, opacities, feats):
+    """Front-to-back blending of Gaussians `ids` (depth order) over one tile's pixels."""
+    acc = torch.zeros(*px.shape, feats.shape[1], dtype=px.dtype, device=px.device)  # (16, 16, C + 1)
+    trans = torch.ones_like(px)  # (16, 16)
+    done = torch.zeros_like(px, dtype=torch.bool)
+    for g in ids.tolist():
+        dx, dy = px - means2d[g, 0], py - means2d[g, 1]
+        a, b, c = conics[g]
+        power = -0.5 * (a * dx * dx + c * dy * dy) - b * dx * dy
+        alpha = torch.clamp_max(opacities[g] * torch.exp(power), ALPHA_MAX)
+        use = (power <= 0) & (alpha >= ALPHA_MIN) & ~done
+        test_t = trans * (1 - alpha)
+        stop = use & (test_t < T_MIN)
+        done = done | stop
+        use = use & ~stop
+        acc = acc + torch.where(use, alpha * trans, 0)[..., None] * feats[g]
+        trans = torch.where(use, test_t, trans)
+        if bool(done.all()):
+            break
+    return acc, trans
