@@ -99,10 +99,11 @@ def nginx(tmp_path):
     server.stop()
 
 
-def read_stream(url: str, result: dict, timeout: float = 3.0) -> None:
+def read_stream(url: str, result: dict, timeout: float = 1.5) -> None:
     """Play the stream and count frames until it ends (or no data for `timeout` s)."""
+    options = {"analyzeduration": "300000", "probesize": "65536", "fflags": "nobuffer"}
     try:
-        with av.open(url, timeout=(10.0, timeout)) as c:
+        with av.open(url, timeout=(10.0, timeout), options=options) as c:
             for frame in c.decode(video=0):
                 result.setdefault("size", (frame.width, frame.height))
                 result["count"] = result.get("count", 0) + 1
