@@ -52,7 +52,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _add_video_arguments(parser: argparse.ArgumentParser) -> None:
-    module = _video_module()
+    module, _ = _video_module()
     if module is not None and hasattr(module, "add_video_arguments"):
         try:
             module.add_video_arguments(parser)
@@ -61,14 +61,14 @@ def _add_video_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _video_module():
+    """(the video render module, None) or (None, why it cannot be had)."""
     import importlib
 
     try:
-        return importlib.import_module(VIDEO_MODULE)
-    except ModuleNotFoundError as exc:
-        if exc.name == VIDEO_MODULE:
-            return None
-        raise
+        return importlib.import_module(VIDEO_MODULE), None
+    except ImportError as exc:  # not written yet, or one of its dependencies is missing
+        log.debug("%s not available: %s", VIDEO_MODULE, exc)
+        return None, str(exc)
 
 
 # ---------------------------------------------------------------------------- settings
@@ -98,7 +98,7 @@ def apply_config(args, path: str | Path) -> None:
 
 
 def _check_args(args) -> None:
-    if not args.input:
+    if not args.input and args.pipeline == "image":
         raise StreamStudioError("--input is required (a video, a folder of images, webcam:N or pattern)")
     if not args.output:
         raise StreamStudioError("--output is required (a video file, a folder, rtmp://... or hls:DIR)")
@@ -119,10 +119,10 @@ def run(args) -> int:
 
 
 def _run_video(args) -> int:
-    module = _video_module()
+    module, why = _video_module()
     if module is None or not hasattr(module, "run_video_render"):
         raise StreamStudioError("--pipeline video is not available in this installation "
-                                f"({VIDEO_MODULE}.run_video_render is missing); use --pipeline image")
+                                f"({why or VIDEO_MODULE + '.run_video_render is missing'}); use --pipeline image")
     for name in VIDEO_ARGS:
         if not hasattr(args, name):
             setattr(args, name, None)

@@ -1,0 +1,131 @@
+"""`streamstudio render` end to end with the tiny model: frame-aligned files with audio, live
+pattern input, --config, --prompt-schedule, --pipeline video dispatch, and user errors printed
+without a traceback."""
+
+from __future__ import annotations
+
+import sys
+import time
+import types
+
+import pytest
+
+from streamstudio.app import cli
+from test_streaming_clips import make_clip, probe
+
+TINY = ["--model", "tiny", "--device", "cpu"]
+
+
+def render(*argv: str) -> int:
+    return cli.main(["render", *argv])
+
+
+def test_file_render_is_frame_aligned_with_audio(tmp_path, capsys):
+    clip = make_clip(tmp_path / "in.mp4", n=12, fps=12, audio=True)
+    out = tmp_path / "out.mp4"
+    rc = render("--input", str(clip), "--output", str(out), "--prompt", "a cat", "--steps", "2", *TINY)
+    assert rc == 0
+    err = capsys.readouterr().err
+    assert "frame latency 1" in err and "12 in, 12 out" in err
+    got, ref = probe(out), probe(clip)
+    assert (got.frames, got.width, got.height) == (12, 64, 64)
+    assert got.video_pts == pytest.approx(ref.video_pts, abs=1e-3)
+    assert got.duration == pytest.approx(1.0, abs=0.03)
+    assert got.audio_codec == "aac" and got.audio_duration == pytest.approx(ref.audio_duration, abs=0.03)
+
+
+def test_live_pattern_with_config_and_prompt_schedule(tmp_path, capsys, monkeypatch):
+    from streamstudio.pipelines.stream_diffusion import StreamDiffusion
+
+    prompts = []
+    original = StreamDiffusion.set_prompt
+    monkeypatch.setattr(StreamDiffusion, "set_prompt",
+                        lambda self, spec, blend=None: (prompts.append(spec), original(self, spec, blend))[1])
+    config = tmp_path / "render.yaml"
+    config.write_text("model: tiny\ndevice: cpu\nmax-frames: 12\nfps: 20\nstrength: 0.6\n")
+    schedule = tmp_path / "prompts.txt"
+    schedule.write_text("0 a red circle\n0.2 a blue square\ntransition 0.2\n")
+    out = tmp_path / "live.mkv"
+    rc = render("--input", "pattern:64x48", "--output", str(out), "--config", str(config),
+                "--prompt-schedule", str(schedule), "--max-frames", "10")  # the command line wins over the file
+    assert rc == 0
+    err = capsys.readouterr().err
+    assert "(live," in err and "@ 20 fps" in err and "latency p50" in err
+    m = probe(out)
+    assert 1 <= m.frames <= 10 and (m.width, m.height) == (64, 64)
+    assert prompts[0] == "a red circle"
+    assert any(isinstance(p, list) for p in prompts) or prompts[-1] == "a blue square"
+
+
+def test_offline_folder_to_image_sequence(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    (tmp_path / "in").mkdir()
+    for i in range(3):
+        Image.fromarray(np.full((40, 56, 3), 60 * i, np.uint8)).save(tmp_path / "in" / f"{i}.png")
+    rc = render("--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), *TINY)
+    assert rc == 0
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [f"frame_{i:06d}.png" for i in range(3)]
+
+
+def test_truncated_input_renders_what_it_can(tmp_path, capsys):
+    clip = make_clip(tmp_path / "full.mp4", n=40, fps=10, w=96, h=64, options={"movflags": "faststart"})
+    data = clip.read_bytes()
+    (tmp_path / "cut.mp4").write_bytes(data[: len(data) * 7 // 10])
+    rc = render("--input", str(tmp_path / "cut.mp4"), "--output", str(tmp_path / "out.mp4"), *TINY)
+    assert rc == 0
+    err = capsys.readouterr().err
+    assert "warning:" in err and "truncated" in err
+    assert 3 <= probe(tmp_path / "out.mp4").frames < 40
+
+
+@pytest.mark.parametrize("make_input, output, message", [
+    (lambda d: str(d / "missing.mp4"), "out.mp4", "does not exist"),
+    (lambda d: (d / "notes.mp4").write_text("hello") and str(d / "notes.mp4"), "out.mp4", "not a readable video"),
+    (lambda d: str(make_clip(d / "ok.mp4", n=2)), "out.xyz", "unknown output"),
+    (lambda d: "webcam:97", "out.mp4", "no webcam at index 97"),
+])
+def test_user_errors_are_clear_without_traceback(tmp_path, capsys, make_input, output, message):
+    rc = render("--input", make_input(tmp_path), "--output", str(tmp_path / output), *TINY)
+    err = capsys.readouterr().err
+    assert rc == 1 and "error:" in err and message in err
+    assert "Traceback" not in err
+
+
+def test_unreachable_rtmp_output_fails_fast(tmp_path, capsys):
+    from test_streaming_rtmp import free_port
+
+    t0 = time.monotonic()
+    rc = render("--input", "pattern:32x32", "--output", f"rtmp://127.0.0.1:{free_port()}/live/x", *TINY)
+    assert rc == 1 and time.monotonic() - t0 < 10 + 8  # + the model build
+    err = capsys.readouterr().err
+    assert "unreachable" in err and "Traceback" not in err
+
+
+def test_bad_config_key_and_missing_options(tmp_path, capsys):
+    config = tmp_path / "c.yaml"
+    config.write_text("modle: tiny\n")
+    assert render("--input", "pattern", "--output", "x.mp4", "--config", str(config)) == 1
+    assert "unknown setting(s)" in capsys.readouterr().err
+    assert render("--output", "x.mp4") == 1
+    assert "--input is required" in capsys.readouterr().err
+
+
+def test_video_pipeline_gets_the_render_arguments(tmp_path, monkeypatch):
+    seen = {}
+    fake = types.ModuleType("streamstudio.app.commands.render_video")
+    fake.run_video_render = lambda args: seen.update(vars(args)) or 0
+    monkeypatch.setitem(sys.modules, "streamstudio.app.commands.render_video", fake)
+    rc = render("--pipeline", "video", "--prompt", "waves", "--output", str(tmp_path / "v.mp4"),
+                "--max-frames", "5", "--fps", "8", "--seed", "3")
+    assert rc == 0
+    for key in ("prompt", "input", "output", "frames", "seed", "width", "height", "fps", "model", "max_frames"):
+        assert key in seen
+    assert (seen["prompt"], seen["max_frames"], seen["fps"], seen["seed"]) == ("waves", 5, 8.0, 3)
+
+
+def test_video_pipeline_missing_is_a_clear_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "streamstudio.app.commands.render_video", None)  # import fails
+    rc = render("--pipeline", "video", "--prompt", "x", "--output", str(tmp_path / "v.mp4"))
+    assert rc == 1 and "--pipeline video is not available" in capsys.readouterr().err
