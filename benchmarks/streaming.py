@@ -1,0 +1,148 @@
+"""Streaming: runner overhead, encode throughput per sink, live end-to-end latency.
+
+    python benchmarks/streaming.py            # full
+    python benchmarks/streaming.py --quick    # fewer frames (< 30 s on 2 CPU cores)
+
+1. Runner overhead: 512x512 frames from memory through the three-thread runner with an
+   identity processor into a null sink (offline mode, every frame), against the same work in
+   one plain loop; overhead per frame = (runner - loop) / frames. Target: < 2 ms per frame.
+2. Encode throughput: frames per second each sink takes at 512x512 (mp4/H.264, mkv, webm/VP9,
+   HLS, PNG sequence).
+3. Live latency: a 64x64 pattern paced at 20 fps through the tiny image model in live mode:
+   capture-to-output latency percentiles, output fps, drops.
+
+Results go to benchmarks/results/streaming.json with the machine and date. The absolute
+figures are this machine's (CPU); the overhead is a difference measured in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from streamstudio.streaming.processor import IdentityProcessor  # noqa: E402
+from streamstudio.streaming.runner import Runner, RunnerConfig  # noqa: E402
+from streamstudio.streaming.sinks import NullSink, open_sink  # noqa: E402
+from streamstudio.streaming.sources import ArraySource, PatternSource  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results" / "streaming.json"
+OVERHEAD_TARGET_MS = 2.0
+
+
+def frames_512(n: int) -> list[np.ndarray]:
+    src = PatternSource(512, 512, fps=30, count=n, realtime=False)
+    return [f.image for f in src.frames()]
+
+
+def runner_overhead(n: int, repeats: int) -> dict:
+    frames = frames_512(n)
+    proc = IdentityProcessor()
+    loop_times, runner_times = [], []
+    for _ in range(repeats):
+        sink = NullSink("null", 512, 512, 30)
+        src = ArraySource(frames, fps=30)
+        t0 = time.perf_counter()
+        for f in src.frames():
+            for out in proc.push(f.image):
+                sink.write(out, f.pts)
+        loop_times.append(time.perf_counter() - t0)
+        src, sink = ArraySource(frames, fps=30), NullSink("null", 512, 512, 30)
+        t0 = time.perf_counter()
+        metrics = Runner(src, proc, sink, RunnerConfig(live=False)).run()
+        runner_times.append(time.perf_counter() - t0)
+        assert metrics.frames_out == n
+    loop, runner = min(loop_times), min(runner_times)
+    overhead = (runner - loop) / n * 1000
+    return {"frames": n, "size": "512x512", "loop_ms_per_frame": loop / n * 1000,
+            "runner_ms_per_frame": runner / n * 1000, "overhead_ms_per_frame": overhead,
+            "target_ms": OVERHEAD_TARGET_MS, "meets_target": overhead < OVERHEAD_TARGET_MS}
+
+
+def encode_throughput(n: int) -> dict:
+    frames = frames_512(n)
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        specs = {"mp4 (H.264)": f"{tmp}/o.mp4", "mkv (H.264)": f"{tmp}/o.mkv", "webm (VP9)": f"{tmp}/o.webm",
+                 "HLS (H.264)": f"hls:{tmp}/hls", "PNG sequence": f"{tmp}/png"}
+        for name, spec in specs.items():
+            t0 = time.perf_counter()
+            with open_sink(spec, 512, 512, 30) as sink:
+                for i, frame in enumerate(frames):
+                    sink.write(frame, i / 30)
+            elapsed = time.perf_counter() - t0
+            results[name] = {"frames": n, "fps": n / elapsed, "ms_per_frame": elapsed / n * 1000}
+    return results
+
+
+def live_latency(n: int) -> dict:
+    import torch
+
+    from streamstudio.models.loading import load_components
+    from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+
+    comps = load_components("tiny", device="cpu", dtype=torch.float32)
+    pipe = StreamDiffusion(comps, StreamDiffusionConfig(width=64, height=64, steps=2, guidance_scale=1.0),
+                           prompt="a red circle")
+    pipe(np.zeros((64, 64, 3), np.uint8))  # warm up
+    src = PatternSource(64, 64, fps=20, count=n, realtime=True)
+    metrics = Runner(src, pipe, NullSink("null", 64, 64, 20), RunnerConfig(live=True)).run()
+    return {"frames_in": metrics.frames_in, "frames_out": metrics.frames_out, "dropped": metrics.dropped,
+            "input_fps": metrics.input_fps, "output_fps": metrics.output_fps,
+            "process_ms": metrics.latency_ms["process"], "end_to_end_ms": metrics.latency_ms["end_to_end"],
+            "model": "tiny", "size": "64x64", "steps": 2, "source_fps": 20}
+
+
+def print_table(result: dict) -> None:
+    o = result["runner_overhead"]
+    print(f"\nrunner overhead, identity, {o['size']}, {o['frames']} frames")
+    print(f"  plain loop     {o['loop_ms_per_frame']:8.3f} ms/frame")
+    print(f"  runner         {o['runner_ms_per_frame']:8.3f} ms/frame")
+    print(f"  overhead       {o['overhead_ms_per_frame']:8.3f} ms/frame   (target < {o['target_ms']} ms: "
+          f"{'met' if o['meets_target'] else 'NOT met'})")
+    print("\nencode throughput at 512x512")
+    print(f"  {'sink':<16}{'fps':>10}{'ms/frame':>12}")
+    for name, r in result["encode"].items():
+        print(f"  {name:<16}{r['fps']:>10.1f}{r['ms_per_frame']:>12.2f}")
+    lat = result["live_latency"]
+    e2e, proc = lat["end_to_end_ms"], lat["process_ms"]
+    print(f"\nlive, tiny model {lat['size']}, {lat['steps']} steps, pattern at {lat['source_fps']} fps")
+    print(f"  in {lat['input_fps']:.1f} fps, out {lat['output_fps']:.1f} fps, dropped {lat['dropped']}")
+    print(f"  processing  p50 {proc['p50']:7.1f} ms  p90 {proc['p90']:7.1f} ms")
+    print(f"  end to end  p50 {e2e['p50']:7.1f} ms  p90 {e2e['p90']:7.1f} ms  p99 {e2e['p99']:7.1f} ms")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer frames")
+    parser.add_argument("--output", default=str(RESULTS), help=f"JSON path (default {RESULTS})")
+    args = parser.parse_args(argv)
+    n_over, reps, n_enc, n_live = (150, 2, 30, 40) if args.quick else (500, 3, 120, 120)
+    result = {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
+        "quick": args.quick,
+        "runner_overhead": runner_overhead(n_over, reps),
+        "encode": encode_throughput(n_enc),
+        "live_latency": live_latency(n_live),
+    }
+    print_table(result)
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
