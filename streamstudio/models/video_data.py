@@ -150,3 +150,17 @@ class VideoFolder:
             clips.append(video[idx])
             caps.append(self.captions[i])
         return torch.stack(clips), caps
+
+
+def dominant_colour(frames: np.ndarray | list[np.ndarray], threshold: int = 100) -> str:
+    """The palette colour nearest to the mean of the bright pixels of uint8 RGB frames
+    (the synthetic background is dark); "none" when no pixel is bright."""
+    x = np.asarray(frames, dtype=np.float32).reshape(-1, 3)  # (pixels, 3)
+    bright = x[x.max(axis=1) > threshold]
+    if len(bright) == 0:
+        return "none"
+    names = list(COLOURS)
+    palette = np.array([COLOURS[n] for n in names], dtype=np.float32)  # (colours, 3)
+    # classify each bright pixel, then vote
+    nearest = ((bright[:, None, :] - palette[None]) ** 2).sum(-1).argmin(1)
+    return names[int(np.bincount(nearest, minlength=len(names)).argmax())]

@@ -1,0 +1,105 @@
+"""The video pipeline at the app level: the built-in model, `render --pipeline video`, the Video tab."""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import pytest
+import torch
+
+from streamstudio.app import video_tab
+from streamstudio.app.commands.render_video import (add_video_arguments, build_stream, load_video_model,
+                                                    parse_prompt_changes, read_frames, run_video_render,
+                                                    text_to_video, write_mp4)
+from streamstudio.errors import StreamStudioError
+from streamstudio.models.video_data import COLOURS, dominant_colour
+
+
+@pytest.fixture(scope="module")
+def builtin():
+    torch.set_num_threads(1)
+    return load_video_model(None)
+
+
+def test_builtin_model_follows_colour_prompts(builtin):
+    model, meta = builtin
+    hits = []
+    for i, colour in enumerate(COLOURS):
+        prompt = f"a {colour} {['circle', 'square', 'triangle'][i % 3]} moving {['left', 'right', 'up', 'down'][i % 4]}"
+        with torch.inference_mode():
+            frames = list(text_to_video(build_stream(model, meta, prompt, seed=i, width=32, height=32), 4))
+        hits.append(dominant_colour(frames) == colour)
+    assert np.mean(hits) >= 0.8, hits
+
+
+def test_builtin_prompt_change_mid_stream(builtin):
+    model, meta = builtin
+    stream = build_stream(model, meta, "a red square moving up", width=32, height=32)
+    with torch.inference_mode():
+        frames = list(text_to_video(stream, 24, {8: "a blue square moving up"}))
+    assert dominant_colour(frames[:6]) == "red"
+    assert dominant_colour(frames[-4:]) == "blue"
+
+
+def make_args(tmp_path, **kw):
+    parser = argparse.ArgumentParser()
+    add_video_arguments(parser)
+    args = parser.parse_args([])
+    base = dict(prompt="a green circle moving right", input=None, output=str(tmp_path / "out.mp4"), frames=6,
+                seed=0, width=64, height=64, fps=8.0, model=None, max_frames=None)
+    base.update(kw)
+    for k, v in base.items():
+        setattr(args, k, v)
+    return args
+
+
+def test_render_text_to_video_then_video_to_video(tmp_path, capsys):
+    assert run_video_render(make_args(tmp_path)) == 0
+    frames, fps = read_frames(tmp_path / "out.mp4")
+    frames = list(frames)
+    assert len(frames) == 6 and frames[0].shape == (64, 64, 3) and fps == pytest.approx(8.0)
+    assert "wrote 6 frames" in capsys.readouterr().out
+    args = make_args(tmp_path, input=str(tmp_path / "out.mp4"), output=str(tmp_path / "v2v.mp4"),
+                     prompt="a blue circle moving right", width=32, height=32, num_chunks=2, chunk_size=2)
+    assert run_video_render(args) == 0
+    out, _ = read_frames(tmp_path / "v2v.mp4")
+    assert len(list(out)) == 6
+
+
+def test_render_errors_say_what_to_do(tmp_path):
+    with pytest.raises(StreamStudioError, match="video-to-video"):
+        run_video_render(make_args(tmp_path, input=str(tmp_path / "missing.mp4")))
+    with pytest.raises(StreamStudioError, match="train-video"):
+        run_video_render(make_args(tmp_path, model=str(tmp_path / "nowhere")))
+    with pytest.raises(StreamStudioError, match="FRAME:PROMPT"):
+        parse_prompt_changes(["blue"])
+    with pytest.raises(StreamStudioError):
+        write_mp4(tmp_path / "empty.mp4", [], 8)
+
+
+def test_video_tab_callbacks():
+    session = video_tab.VideoSession()
+    gen = video_tab.generate(session, "a white circle moving left", seed=1, max_frames=12)
+    first, status = next(gen)
+    assert first.shape == (video_tab.DISPLAY_SIDE, video_tab.DISPLAY_SIDE, 3) and first.dtype == np.uint8
+    assert "frame 1" in status
+    assert "yellow" in video_tab.change_prompt(session, "a yellow circle moving left")
+    rest = [f for f, s in gen]
+    assert len(rest) == 11 and session.prompt == "a yellow circle moving left"
+    assert "stopped" in video_tab.stop(session)
+    with pytest.raises(StreamStudioError):
+        next(video_tab.generate(session, "  "))
+    outs = [video_tab.webcam_frame(session, np.full((48, 64, 3), 200, np.uint8), "a red circle", 0.5)
+            for _ in range(12)]
+    assert outs[0] is None  # the buffer fills first (N*c frames)
+    assert outs[-1] is not None and outs[-1].shape == (video_tab.DISPLAY_SIDE, video_tab.DISPLAY_SIDE, 3)
+
+
+@pytest.mark.slow  # importing gradio takes a while here
+def test_video_tab_builds():
+    gr = pytest.importorskip("gradio")
+    with gr.Blocks() as demo:
+        with gr.Tab("Video"):
+            video_tab.build_video_tab()
+    assert demo is not None
