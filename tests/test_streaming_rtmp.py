@@ -15,7 +15,7 @@ import pytest
 
 from streamstudio.errors import StreamStudioError
 from streamstudio.streaming.sinks import RtmpConfig, RtmpSink, open_sink
-from streamstudio.streaming.sources import PatternSource
+from streamstudio.streaming.sources import PatternSource, open_source
 
 MODULE_PATHS = ("/usr/lib/nginx/modules/ngx_rtmp_module.so", "/usr/lib64/nginx/modules/ngx_rtmp_module.so")
 
@@ -32,6 +32,7 @@ rtmp {{
         chunk_size 4096;
         application live {{
             live on;
+            idle_streams off;
             record all;
             record_path {prefix}/rec;
             record_unique off;
@@ -192,3 +193,19 @@ def test_reconnects_when_the_server_comes_back(nginx):
     assert sink.status.reconnects >= 1
     assert sink.status.frames_lost >= 1
     assert sink.status.frames_written + sink.status.frames_lost == 70
+
+
+def test_rtmp_stream_as_a_live_input(nginx):
+    sink = open_sink(nginx.url("in"), 64, 48, 15)
+    publisher = threading.Thread(target=lambda: (push(sink, 45, 15, w=64, h=48), sink.close()), daemon=True)
+    publisher.start()
+    time.sleep(0.5)
+    src = open_source(nginx.url("in"))
+    try:
+        assert src.info.live and (src.info.width, src.info.height) == (64, 48)
+        frames = [f for f in src.frames()]
+    finally:
+        src.close()
+    publisher.join(10)
+    assert len(frames) >= 15 and frames[0].image.shape == (48, 64, 3)
+    assert frames[-1].pts > frames[0].pts

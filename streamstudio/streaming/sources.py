@@ -4,7 +4,8 @@ moving-shapes pattern, in-memory arrays and (optional extra) screen capture.
 Every source yields `VideoFrame`s: an RGB uint8 (H, W, 3) image and its timestamp in seconds
 from the first frame. `open_source(spec)` picks one from a string:
 
-    clip.mp4 | frames/ | "frames/*.png" | webcam:0 | pattern | pattern:640x360@30 | screen | screen:1
+    clip.mp4 | frames/ | "frames/*.png" | webcam:0 | pattern | pattern:640x360@30 | screen | screen:1 |
+    rtmp://host/app/key (any network stream ffmpeg reads, taken live)
 """
 
 from __future__ import annotations
@@ -144,14 +145,15 @@ class VideoFileSource(Source):
     """Any container/codec PyAV's ffmpeg reads. Timestamps are kept as decoded (variable frame
     rate stays variable); rotation metadata is applied; the audio stream is described for sinks."""
 
-    def __init__(self, path: str | Path, max_side: int = MAX_SIDE):
+    def __init__(self, path: str | Path, max_side: int = MAX_SIDE, live: bool = False, open_timeout: float = 10.0):
         super().__init__()
         import av
 
-        self.path = Path(path)
-        self.max_side = max_side
+        self.url = str(path) if "://" in str(path) else None  # a network stream (rtmp, rtsp, srt, http)
+        self.path = self.url or Path(path)
+        self.max_side, self.live = max_side, live
         try:
-            self._container = av.open(str(self.path))
+            self._container = av.open(str(self.path), timeout=(open_timeout, open_timeout) if self.url else None)
         except (av.error.FFmpegError, OSError, UnicodeDecodeError) as exc:
             raise StreamStudioError(f"{self.path} is not a readable video ({exc}); "
                                     "give a video file (mp4, mkv, webm, mov, ...), a folder of images or webcam:N") from exc
@@ -180,9 +182,10 @@ class VideoFileSource(Source):
         if rotation in (90, 270):
             width, height = height, width
         width, height = scaled_size(width, height, self.max_side)
-        return SourceInfo(width=width, height=height, fps=fps, live=False, frame_count=s.frames or None,
-                          duration=duration, audio=self._audio_track(), rotation=rotation,
-                          description=f"{self.path.name} ({s.codec_context.name}, {fps:.3g} fps)")
+        name = self.url or self.path.name
+        return SourceInfo(width=width, height=height, fps=fps, live=self.live, frame_count=s.frames or None,
+                          duration=duration, audio=None if self.live else self._audio_track(), rotation=rotation,
+                          description=f"{name} ({s.codec_context.name}, {fps:.3g} fps)")
 
     def _rotation_hint(self) -> int:
         for key in ("rotate", "rotation"):
@@ -455,6 +458,8 @@ def open_source(spec: str, fps: float | None = None, max_side: int = MAX_SIDE, r
         w, h = (int(m.group(1)), int(m.group(2))) if m.group(1) else (512, 512)
         rate = float(m.group(3)) if m.group(3) else (fps or DEFAULT_FPS)
         return PatternSource(w, h, rate, realtime=realtime)
+    if re.match(r"^(rtmps?|rtsp|srt|udp|tcp|https?)://", low):
+        return VideoFileSource(spec, max_side=max_side, live=True)
     path = Path(spec).expanduser()
     if path.is_dir() or any(c in spec for c in "*?["):
         return ImageSequenceSource(image_files(str(path)), fps=fps or DEFAULT_FPS, max_side=max_side,
