@@ -117,7 +117,8 @@ def test_model_identity_follows_weights_and_config(comps):
     assert model_identity(vae) == first
     from diffusers import AutoencoderKL
 
-    other = AutoencoderKL.from_config({**vae.config, "scaling_factor": 0.5})
+    config = {k: v for k, v in vae.config.items() if not k.startswith("_")}
+    other = AutoencoderKL(**{**config, "scaling_factor": 0.5})
     other.load_state_dict(vae.state_dict())
     assert model_identity(other) != first  # same weights, other config
 
@@ -180,9 +181,7 @@ def test_none_mode_and_bad_mode(comps):
         acceleration.apply_acceleration(comps, "fast")
 
 
-def test_compile_mode_matches_eager_on_cpu(tiny_components_factory):
-    comps = tiny_components_factory(taesd=True)
-    fast = acceleration.apply_acceleration(comps, "compile")
+def _check_compiled(comps, fast):
     assert fast.unet is not comps.unet and fast.unet.config.in_channels == comps.unet.config.in_channels
     gen = torch.Generator().manual_seed(0)
     x, text = torch.randn(2, 4, 8, 8, generator=gen), torch.randn(2, 77, 32, generator=gen)
@@ -195,6 +194,21 @@ def test_compile_mode_matches_eager_on_cpu(tiny_components_factory):
         torch.testing.assert_close(fast.vae.decode(z).sample, comps.vae.decode(z).sample, rtol=1e-4, atol=1e-4)
     assert fast.vae.config.scaling_factor == comps.vae.config.scaling_factor
     assert comps.unet.__class__.__name__ == "UNet2DConditionModel"  # the input is untouched
+
+
+def test_compile_mode_matches_eager_on_cpu(tiny_components_factory):
+    """Graph capture (dynamo + AOTAutograd) of the tiny UNet and TAESD; inductor's C++ builds
+    take minutes on CPU, so the default run uses the aot_eager backend (see the slow test)."""
+    comps = tiny_components_factory(taesd=True)
+    fast = acceleration.apply_acceleration(comps, "compile", compile_options={"backend": "aot_eager"})
+    assert any("torch.compile" in n for n in fast.notes)
+    _check_compiled(comps, fast)
+
+
+@pytest.mark.slow
+def test_compile_mode_inductor_matches_eager_on_cpu(tiny_components_factory):
+    comps = tiny_components_factory(taesd=True)
+    _check_compiled(comps, acceleration.apply_acceleration(comps, "compile"))
 
 
 def test_export_onnx_models_writes_and_checks(comps, tmp_path):

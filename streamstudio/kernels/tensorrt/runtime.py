@@ -1,0 +1,198 @@
+"""Running TensorRT engines from torch: `TRTEngine` (named CUDA tensors in and out, on torch's
+current stream, optionally replayed from a CUDA graph per input shape), and modules with the
+call signatures of the torch modules they replace (`UNetEngine` for diffusers' UNet,
+`VAEEngine` for AutoencoderKL / AutoencoderTiny)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from streamstudio.kernels.tensorrt import require_tensorrt
+
+log = logging.getLogger(__name__)
+
+
+def _torch_dtype(trt, dtype) -> torch.dtype:
+    table = {trt.DataType.FLOAT: torch.float32, trt.DataType.HALF: torch.float16, trt.DataType.INT32: torch.int32,
+             trt.DataType.BOOL: torch.bool, trt.DataType.INT8: torch.int8}
+    for name, value in (("INT64", torch.int64), ("BF16", torch.bfloat16), ("UINT8", torch.uint8)):
+        if hasattr(trt.DataType, name):
+            table[getattr(trt.DataType, name)] = value
+    return table[dtype]
+
+
+@dataclass
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    inputs: dict[str, torch.Tensor]
+    outputs: dict[str, torch.Tensor]
+
+
+class TRTEngine:
+    """A deserialized engine and one execution context on one GPU.
+
+    `engine(**inputs)` casts each input to the engine's dtype, runs on torch's current CUDA
+    stream and returns fresh output tensors. With cuda_graphs=True each new set of input
+    shapes is captured once and later calls replay the graph (inputs are copied into the
+    graph's buffers, outputs cloned out of them).
+    """
+
+    def __init__(self, path: str | Path, device: torch.device | str = "cuda", cuda_graphs: bool = False):
+        trt = require_tensorrt()
+        self._trt = trt
+        self.path = Path(path)
+        self.device = torch.device(device)
+        self._logger = trt.Logger(trt.Logger.WARNING)
+        self._runtime = trt.Runtime(self._logger)
+        with torch.cuda.device(self.device):
+            self.engine = self._runtime.deserialize_cuda_engine(self.path.read_bytes())
+            if self.engine is None:
+                raise RuntimeError(f"TensorRT could not load {self.path} (built by another TensorRT or GPU?)")
+            self.context = self.engine.create_execution_context()
+        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
+        is_input = {n: self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT for n in names}
+        self.input_names = [n for n in names if is_input[n]]
+        self.output_names = [n for n in names if not is_input[n]]
+        self.dtypes = {n: _torch_dtype(trt, self.engine.get_tensor_dtype(n)) for n in names}
+        self.cuda_graphs = cuda_graphs
+        self._graphs: dict[tuple, _Graph] = {}
+
+    def _bind(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Set shapes and addresses; returns freshly allocated outputs."""
+        for name in self.input_names:
+            t = inputs[name]
+            self.context.set_input_shape(name, tuple(t.shape))
+            self.context.set_tensor_address(name, t.data_ptr())
+        outputs = {}
+        for name in self.output_names:
+            shape = tuple(self.context.get_tensor_shape(name))
+            outputs[name] = torch.empty(shape, device=self.device, dtype=self.dtypes[name])
+            self.context.set_tensor_address(name, outputs[name].data_ptr())
+        return outputs
+
+    def _execute(self) -> None:
+        if not self.context.execute_async_v3(torch.cuda.current_stream(self.device).cuda_stream):
+            raise RuntimeError(f"TensorRT execution of {self.path.name} failed")
+
+    def _prepare(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        missing = [n for n in self.input_names if n not in inputs]
+        if missing:
+            raise KeyError(f"{self.path.name}: missing inputs {missing}")
+        return {n: inputs[n].to(self.device, self.dtypes[n]).contiguous() for n in self.input_names}
+
+    def __call__(self, **inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+        feeds = self._prepare(inputs)
+        if not self.cuda_graphs:
+            outputs = self._bind(feeds)
+            self._execute()
+            return outputs
+        key = tuple((n, tuple(t.shape)) for n, t in feeds.items())
+        entry = self._graphs.get(key) or self._capture(key, feeds)
+        for name, t in feeds.items():
+            entry.inputs[name].copy_(t)
+        entry.graph.replay()
+        return {n: t.clone() for n, t in entry.outputs.items()}
+
+    def _capture(self, key: tuple, feeds: dict[str, torch.Tensor]) -> _Graph:
+        static_in = {n: t.clone() for n, t in feeds.items()}
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            outputs = self._bind(static_in)
+            self._execute()  # TensorRT's lazy set-up runs outside the capture
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                self._execute()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        entry = _Graph(graph, static_in, outputs)
+        self._graphs[key] = entry
+        log.debug("captured a CUDA graph of %s for %s", self.path.name, key)
+        return entry
+
+
+# ---------------------------------------------------------------------------------------------
+# Drop-in modules
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class UNetOutput:
+    sample: torch.Tensor
+
+
+@dataclass
+class EncoderOutput:
+    latents: torch.Tensor
+
+
+@dataclass
+class DecoderOutput:
+    sample: torch.Tensor
+
+
+class _EngineModule(nn.Module):
+    """Keeps the replaced module's config and reports its device and dtype through one empty
+    parameter (callers use next(module.parameters()) for those)."""
+
+    def __init__(self, like: nn.Module):
+        super().__init__()
+        param = next(like.parameters())
+        self.config = getattr(like, "config", None)
+        self.anchor = nn.Parameter(torch.empty(0, device=param.device, dtype=param.dtype), requires_grad=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.anchor.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.anchor.device
+
+
+class UNetEngine(_EngineModule):
+    """unet(sample, timestep, encoder_hidden_states, return_dict=True) -> .sample, as diffusers."""
+
+    def __init__(self, engine: TRTEngine, unet: nn.Module):
+        super().__init__(unet)
+        self.engine = engine
+
+    def forward(self, sample, timestep, encoder_hidden_states=None, return_dict: bool = True, **kwargs):
+        extra = [k for k, v in kwargs.items() if v is not None]
+        if extra:
+            raise TypeError(f"the UNet engine takes no {extra}; use the torch UNet for them")
+        b = sample.shape[0]  # (B, 4, h, w)
+        t = torch.as_tensor(timestep, device=sample.device).reshape(-1)  # (B,) or (1,)
+        t = t.expand(b) if t.numel() == 1 else t
+        out = self.engine(sample=sample, timestep=t, encoder_hidden_states=encoder_hidden_states)["latent"]
+        out = out.to(sample.dtype)  # (B, 4, h, w)
+        return UNetOutput(out) if return_dict else (out,)
+
+
+class VAEEngine(_EngineModule):
+    """vae.encode(images).latents and vae.decode(latents).sample through engines; a missing
+    engine (None) falls back to the torch VAE kept inside."""
+
+    def __init__(self, vae: nn.Module, encoder: TRTEngine | None, decoder: TRTEngine | None):
+        super().__init__(vae)
+        self.vae = vae
+        self.encoder_engine = encoder
+        self.decoder_engine = decoder
+
+    def encode(self, images: torch.Tensor, return_dict: bool = True):
+        if self.encoder_engine is None:
+            return self.vae.encode(images, return_dict=return_dict)
+        latents = self.encoder_engine(images=images)["latents"].to(images.dtype)  # (B, 4, H/8, W/8)
+        return EncoderOutput(latents) if return_dict else (latents,)
+
+    def decode(self, latents: torch.Tensor, return_dict: bool = True, **kwargs):
+        if self.decoder_engine is None:
+            return self.vae.decode(latents, return_dict=return_dict, **kwargs)
+        images = self.decoder_engine(latents=latents)["images"].to(latents.dtype)  # (B, 3, H, W)
+        return DecoderOutput(images) if return_dict else (images,)
+
+    def forward(self, images: torch.Tensor):
+        return self.decode(self.encode(images).latents)
