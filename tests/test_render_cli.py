@@ -11,7 +11,7 @@ import types
 import pytest
 
 from streamstudio.app import cli
-from test_streaming_clips import make_clip, probe
+from test_streaming_clips import make_clip, make_no_frames_clip, probe
 
 TINY = ["--model", "tiny", "--device", "cpu"]
 
@@ -80,11 +80,24 @@ def test_truncated_input_renders_what_it_can(tmp_path, capsys):
     assert 3 <= probe(tmp_path / "out.mp4").frames < 40
 
 
+@pytest.mark.parametrize("kind", ["gray_odd", "huge"])
+def test_unusual_inputs_render(tmp_path, kind):
+    if kind == "gray_odd":
+        clip = make_clip(tmp_path / "in.mkv", n=5, w=63, h=47, codec="ffv1", pix_fmt="gray", gray=True)
+    else:
+        clip = make_clip(tmp_path / "in.mkv", n=3, w=4096, h=2304, codec="ffv1", pix_fmt="yuv420p")
+    rc = render("--input", str(clip), "--output", str(tmp_path / "out.mp4"), "--height", "40", *TINY)
+    assert rc == 0
+    out = probe(tmp_path / "out.mp4")
+    assert (out.frames, out.width, out.height) == ((5, 64, 40) if kind == "gray_odd" else (3, 64, 40))
+
+
 @pytest.mark.parametrize("make_input, output, message", [
     (lambda d: str(d / "missing.mp4"), "out.mp4", "does not exist"),
     (lambda d: (d / "notes.mp4").write_text("hello") and str(d / "notes.mp4"), "out.mp4", "not a readable video"),
     (lambda d: str(make_clip(d / "ok.mp4", n=2)), "out.xyz", "unknown output"),
     (lambda d: "webcam:97", "out.mp4", "no webcam at index 97"),
+    (lambda d: str(make_no_frames_clip(d / "empty.mkv")), "out.mp4", "no frames"),
 ])
 def test_user_errors_are_clear_without_traceback(tmp_path, capsys, make_input, output, message):
     rc = render("--input", make_input(tmp_path), "--output", str(tmp_path / output), *TINY)
