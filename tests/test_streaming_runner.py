@@ -98,6 +98,15 @@ def test_live_mode_drops_oldest_frames_under_a_slow_processor():
     assert metrics.latency_ms["end_to_end"]["p50"] < 400
 
 
+def test_a_file_played_live_is_paced_at_its_timestamps():
+    src = ArraySource(indexed_frames(10), fps=20)  # not a live source: 0.45 s of frames
+    sink = ListSink()
+    t0 = time.perf_counter()
+    metrics = Runner(src, IdentityProcessor(), sink, RunnerConfig(live=True)).run()
+    assert time.perf_counter() - t0 >= 0.4
+    assert metrics.frames_out == 10 and metrics.dropped == 0
+
+
 def test_live_mode_reports_filter_skips():
     @dataclass
     class Stats:

@@ -89,6 +89,7 @@ class RunnerConfig:
     live: bool | None = None  # None: follow source.info.live
     queue_size: int = 2  # live queues; offline queues hold up to 8 frames
     max_frames: int | None = None  # stop after this many input frames
+    pace: bool | None = None  # feed frames at their timestamps; None: in live mode when the source is not live
     join_timeout: float = 5.0  # seconds to wait for a stage to end after a stop
 
 
@@ -231,11 +232,15 @@ class Runner:
 
     def _capture(self) -> None:
         limit = self.config.max_frames
+        pace = self.config.pace if self.config.pace is not None else (self.live and not self.source.info.live)
         try:
-            t_prev = time.perf_counter()
+            t_prev = t_zero = time.perf_counter()
             for frame in self.source.frames():
                 now = time.perf_counter()
                 self._lat["capture"].append(now - t_prev)
+                if pace and t_zero + frame.pts > now:  # a file played as if live
+                    self._stop.wait(t_zero + frame.pts - now)
+                    now = time.perf_counter()
                 if self._stop.is_set():
                     break
                 if not self._q_in.put(_Item(frame.image, frame.pts, frame.index, now)):

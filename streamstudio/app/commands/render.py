@@ -41,7 +41,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     help="frame rate of image-folder/pattern inputs and of the output (default: the input's)")
     io.add_argument("--max-frames", type=int, default=None, help="stop after N input frames")
     io.add_argument("--mode", choices=("auto", "live", "offline"), default="auto",
-                    help="auto: live for webcam/screen/pattern, offline (every frame) for files and folders")
+                    help="auto: live for webcam/screen/pattern/streams, offline (every frame) for files and "
+                         "folders; live on a file plays it at its own pace, dropping what processing cannot keep up with")
     io.add_argument("--no-audio", action="store_true", help="do not copy the input's audio")
     io.add_argument("--pipeline", choices=("image", "video"), default="image",
                     help="image: stream-batched diffusion per frame; video: the streaming video model")
