@@ -197,7 +197,10 @@ class VideoFileSource(Source):
                     pass
         return 0
 
-    def _start_time(self) -> float:
+    def _origin(self) -> float:
+        """Container time of the first video frame: frame timestamps start there, at 0."""
+        if self._first.time is not None:
+            return float(self._first.time)
         s = self._stream
         return float(s.start_time * s.time_base) if s.start_time is not None and s.time_base else 0.0
 
@@ -208,7 +211,7 @@ class VideoFileSource(Source):
         duration = float(a.duration * a.time_base) if a.duration and a.time_base else None
         return AudioTrack(path=str(self.path), stream_index=0, codec=a.codec_context.name,
                           sample_rate=a.codec_context.sample_rate or 0, channels=a.codec_context.channels or 0,
-                          origin=self._start_time(), duration=duration)
+                          origin=self._origin(), duration=duration)
 
     def _first_frame(self):
         import av
@@ -249,9 +252,14 @@ class VideoFileSource(Source):
             yield from packet.decode()
 
     def _convert(self, frame) -> np.ndarray:
-        image = frame.to_ndarray(format="rgb24")  # (H, W, 3); grayscale and any pix_fmt convert here
+        """Any pix_fmt (grayscale included) -> (H, W, 3) RGB, downscaled by swscale, then turned."""
+        w, h = scaled_size(frame.width, frame.height, self.max_side)
+        if (w, h) == (frame.width, frame.height):
+            image = frame.to_ndarray(format="rgb24")
+        else:
+            image = frame.to_ndarray(format="rgb24", width=w, height=h, interpolation="AREA")
         degrees = display_rotation(frame.rotation) if frame.rotation else self.info.rotation
-        return downscale(rotate(image, degrees), self.max_side)
+        return rotate(image, degrees)
 
     def close(self) -> None:
         self._container.close()
