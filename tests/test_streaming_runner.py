@@ -13,7 +13,7 @@ from streamstudio.errors import StreamStudioError
 from streamstudio.streaming.processor import IdentityProcessor
 from streamstudio.streaming.runner import FrameQueue, Closed, Runner, RunnerConfig, percentiles, run_stream
 from streamstudio.streaming.sinks import Sink, open_sink
-from streamstudio.streaming.sources import ArraySource, PatternSource, open_source
+from streamstudio.streaming.sources import ArraySource, PatternSource, PushSource, open_source
 from test_streaming_clips import make_clip, probe
 
 
@@ -232,3 +232,18 @@ def test_percentiles():
     p = percentiles([0.001] * 90 + [0.1] * 10)
     assert p["p50"] == pytest.approx(1.0) and p["p99"] == pytest.approx(100.0)
     assert percentiles([]) == {"p50": 0.0, "p90": 0.0, "p99": 0.0}
+
+
+def test_push_source_feeds_a_live_run_from_other_code():
+    src = PushSource(16, 16, fps=30)
+    sink = ListSink()
+    runner = Runner(src, IdentityProcessor(), sink).start()
+    for i in range(5):
+        src.put(np.full((16, 16), i, np.uint8), pts=i / 30)  # grayscale in, RGB out
+        time.sleep(0.02)
+    src.close()
+    assert runner.wait(5)
+    assert runner.metrics().frames_out == len(sink.frames) >= 3
+    assert sink.frames[-1].shape == (16, 16, 3) and int(sink.frames[-1][0, 0, 0]) == 4
+    with pytest.raises(StreamStudioError):
+        src.put(np.zeros((16, 16, 3), np.uint8))

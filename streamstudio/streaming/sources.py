@@ -410,6 +410,53 @@ class ArraySource(Source):
             yield VideoFrame(image, float(pts), i)
 
 
+class PushSource(Source):
+    """Frames handed over by other code (a WebRTC callback, a UI) with `put(frame)`; live. Keeps
+    the newest `maxsize` frames (older ones are dropped and counted); `close()` ends `frames()`."""
+
+    def __init__(self, width: int, height: int, fps: float = DEFAULT_FPS, maxsize: int = 2,
+                 description: str = "pushed frames"):
+        super().__init__()
+        import threading
+        from collections import deque
+
+        self.info = SourceInfo(width=width, height=height, fps=float(fps), live=True, description=description)
+        self.dropped = 0
+        self._items: deque = deque(maxlen=max(1, maxsize))
+        self._cond = threading.Condition()
+        self._closed = False
+        self._start: float | None = None
+
+    def put(self, frame: np.ndarray, pts: float | None = None) -> None:
+        image = to_rgb_frame(frame)
+        with self._cond:
+            if self._closed:
+                raise StreamStudioError("this input is closed")
+            now = time.monotonic()
+            self._start = now if self._start is None else self._start
+            if len(self._items) == self._items.maxlen:
+                self.dropped += 1
+            self._items.append((image, now - self._start if pts is None else pts))
+            self._cond.notify_all()
+
+    def frames(self) -> Iterator[VideoFrame]:
+        index = 0
+        while True:
+            with self._cond:
+                while not self._items and not self._closed:
+                    self._cond.wait(0.1)
+                if not self._items:
+                    return
+                image, pts = self._items.popleft()
+            yield VideoFrame(image, pts, index)
+            index += 1
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+
 # ---------------------------------------------------------------------------- screen (optional)
 class ScreenSource(Source):
     """A monitor through mss (optional extra: pip install 'streamstudio[screen]')."""
