@@ -1,0 +1,328 @@
+"""The web app's Splats tab: view a Gaussian-splat scene (upload or the bundled samples) with
+orbit / zoom / pan sliders and click-to-orbit on the image, choose resolution, SH degree,
+background and render mode (RGB, depth, alpha), scrub or play the time of a 4D scene, and
+"Stylize": stream the rendered fly-through into the img2img pipeline, the splat view and the
+stylised view side by side.
+
+`build_splat_tab()` fills an open `gr.Tab`. The callbacks are plain functions over a
+`SplatSession` (one per browser session, in a `gr.State`), tested without a browser.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from streamstudio.errors import StreamStudioError
+from streamstudio.models.gaussians import GaussianScene, load_scene
+from streamstudio.pipelines.splat_render import (MODES, PATHS, SceneFit, SplatRenderConfig, camera_path,
+                                                 fitted_camera, render, to_frame)
+
+log = logging.getLogger(__name__)
+
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
+SAMPLES = {"Sample scene": ASSETS / "sample_scene.ply", "4D sample (orbiting moons)": ASSETS / "sample_4d.ply"}
+CLICK_ORBIT_DEG = 90.0  # a click at the image's edge turns the view this far
+PLAY_STEPS = 48
+MAX_STYLIZE_FRAMES = 600
+
+
+@dataclass
+class ViewSettings:
+    """Everything the view sliders set."""
+
+    azimuth: float = 30.0
+    elevation: float = 20.0
+    zoom: float = 1.0
+    pan_x: float = 0.0
+    pan_y: float = 0.0
+    width: int = 384
+    height: int = 384
+    sh_degree: int = 3
+    background: str = "#000000"
+    mode: str = "rgb"
+    time: float = 0.0
+
+    def render_config(self, device: str = "cpu") -> SplatRenderConfig:
+        return SplatRenderConfig(width=int(self.width), height=int(self.height), sh_degree=int(self.sh_degree),
+                                 background=parse_color(self.background), mode=self.mode.lower(), device=device)
+
+
+@dataclass
+class SplatSession:
+    scene: GaussianScene | None = None
+    name: str = ""
+    fit: SceneFit = field(default_factory=SceneFit)
+    stop_requested: bool = False
+    pipe: object = None  # the img2img stream of this session, made on the first Stylize
+
+
+def parse_color(value: str | None) -> tuple[float, float, float]:
+    """'#rrggbb', '#rgb' or 'rgb(a)(r, g, b[, a])' (what Gradio colour pickers give) -> RGB in 0..1."""
+    text = (value or "#000000").strip().lower()
+    m = re.fullmatch(r"#([0-9a-f]{6})", text) or re.fullmatch(r"#([0-9a-f]{3})", text)
+    if m:
+        digits = m.group(1) if len(m.group(1)) == 6 else "".join(c * 2 for c in m.group(1))
+        return tuple(int(digits[i:i + 2], 16) / 255 for i in (0, 2, 4))
+    m = re.fullmatch(r"rgba?\(([^)]*)\)", text)
+    if m:
+        parts = [float(p) for p in m.group(1).split(",")[:3]]
+        if len(parts) == 3:
+            return tuple(min(max(p / 255, 0.0), 1.0) for p in parts)
+    raise StreamStudioError(f"background colour {value!r} is not a colour like #1a2b3c")
+
+
+def load_into(session: SplatSession, upload: str | None, sample: str | None) -> tuple[SplatSession, str]:
+    """Load the uploaded file, else the chosen sample, into the session. Returns (session, info)."""
+    if upload:
+        path = Path(upload if isinstance(upload, str) else getattr(upload, "name", str(upload)))
+    elif sample in SAMPLES:
+        path = SAMPLES[sample]
+    else:
+        raise StreamStudioError("upload a .ply or .splat scene, or choose a sample")
+    scene = load_scene(path)
+    session.scene, session.name, session.fit = scene, path.name, SceneFit.of(scene)
+    kind = f"4D, t in [{scene.time_range[0]:.2f}, {scene.time_range[1]:.2f}]" if scene.is_4d else "3D"
+    return session, f"Loaded **{path.name}**: {len(scene):,} Gaussians, SH degree {scene.sh_degree}, {kind}."
+
+
+def render_view(session: SplatSession, view: ViewSettings) -> tuple[np.ndarray, str]:
+    """One frame of the current view and a line with the frame rate and Gaussian count."""
+    if session.scene is None:
+        raise StreamStudioError("load a scene first")
+    cfg = view.render_config()
+    cam = fitted_camera(session.fit, cfg, view.azimuth, view.elevation, view.zoom, (view.pan_x, view.pan_y))
+    start = time.perf_counter()
+    out = render(session.scene, cam, cfg, view.time if session.scene.is_4d else None)
+    took = time.perf_counter() - start
+    info = (f"{1 / max(took, 1e-9):.1f} fps ({took * 1000:.0f} ms) · {len(session.scene):,} Gaussians, "
+            f"{out.n_visible:,} in view · {cfg.width}x{cfg.height} · {out.impl} renderer")
+    if session.scene.is_4d:
+        info += f" · t = {view.time:.3f}"
+    return to_frame(out, cfg), info
+
+
+def click_orbit(view: ViewSettings, x: float, y: float) -> ViewSettings:
+    """Turn the view towards a clicked pixel (x, y): the farther from the centre, the more."""
+    view.azimuth = wrap_degrees(view.azimuth - CLICK_ORBIT_DEG * (2 * x / view.width - 1))
+    view.elevation = float(np.clip(view.elevation + CLICK_ORBIT_DEG * (2 * y / view.height - 1), -89, 89))
+    return view
+
+
+def wrap_degrees(angle: float) -> float:
+    return (angle + 180.0) % 360.0 - 180.0
+
+
+def play_times(session: SplatSession, start: float, steps: int = PLAY_STEPS) -> list[float]:
+    """The times a 4D scene is played at, from `start` to the end of its range (one pass)."""
+    if session.scene is None or not session.scene.is_4d:
+        raise StreamStudioError("play needs a 4D scene; load the 4D sample or a 4D .ply")
+    lo, hi = session.scene.time_range
+    start = min(max(start, lo), hi)
+    if start >= hi - 1e-9:
+        start = lo
+    return [start + (hi - start) * i / max(steps - 1, 1) for i in range(steps)]
+
+
+def play(session: SplatSession, view: ViewSettings, steps: int = PLAY_STEPS) -> Iterator[tuple[np.ndarray, str, float]]:
+    """Frames of a 4D scene over time: (frame, info, time)."""
+    session.stop_requested = False
+    for t in play_times(session, view.time, steps):
+        if session.stop_requested:
+            return
+        view.time = t
+        frame, info = render_view(session, view)
+        yield frame, info, t
+
+
+def stylize(session: SplatSession, view: ViewSettings, path: str, frames: int, prompt: str, strength: float,
+            make_pipe: Callable[[], object]) -> Iterator[tuple[np.ndarray, np.ndarray, str]]:
+    """Render the fly-through along `path` and push each frame into the img2img stream live:
+    yields (splat frame, stylised frame, info) per frame; stops on `session.stop_requested`."""
+    if session.scene is None:
+        raise StreamStudioError("load a scene first")
+    if not 1 <= frames <= MAX_STYLIZE_FRAMES:
+        raise StreamStudioError(f"frames must be 1..{MAX_STYLIZE_FRAMES}")
+    session.stop_requested = False
+    if session.pipe is None:
+        session.pipe = make_pipe()
+    pipe = session.pipe
+    if hasattr(pipe, "set_prompt") and prompt:
+        pipe.set_prompt(prompt)
+    if hasattr(pipe, "update"):
+        pipe.update(strength=float(strength))
+    cfg = view.render_config()
+    times = _times_for(session.scene, frames)
+    for i, cam in enumerate(camera_path(path, session.fit, cfg, frames, view.elevation)):
+        if session.stop_requested:
+            return
+        start = time.perf_counter()
+        frame = to_frame(render(session.scene, cam, cfg, times[i]), cfg)
+        styled = _run_pipe(pipe, frame)
+        took = time.perf_counter() - start
+        yield frame, styled, f"frame {i + 1}/{frames} · {1 / max(took, 1e-9):.1f} fps render + stylize"
+
+
+def _times_for(scene: GaussianScene, frames: int) -> list[float | None]:
+    """A 4D scene plays its whole time range over the fly-through."""
+    if not scene.is_4d:
+        return [None] * frames
+    lo, hi = scene.time_range
+    return [lo + (hi - lo) * i / max(frames - 1, 1) for i in range(frames)]
+
+
+def _run_pipe(pipe, frame: np.ndarray) -> np.ndarray:
+    import torch
+
+    with torch.inference_mode():
+        out = pipe(frame)  # live mode: the latest output
+    return out[0] if isinstance(out, list) else out
+
+
+def default_pipe_factory(width: int, height: int) -> Callable[[], object]:
+    """An img2img stream of its own (sd-turbo if cached, else the demo model), when the app gives none."""
+
+    def make():
+        import torch
+
+        from streamstudio.device import pick_device, pick_dtype
+        from streamstudio.models.loading import resolve_demo_default
+        from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+
+        device = pick_device("auto")
+        comps = resolve_demo_default("auto", device=device, dtype=pick_dtype(device))
+        w, h = max(64, width // 8 * 8), max(64, height // 8 * 8)
+        with torch.inference_mode():
+            return StreamDiffusion(comps, StreamDiffusionConfig(width=w, height=h, steps=1, strength=0.5),
+                                   prompt="")
+
+    return make
+
+
+# ----------------------------------------------------------------------------- the UI
+
+def build_splat_tab(get_image_pipeline: Callable[[], object] | None = None) -> dict:
+    """Fill the open `gr.Tab` with the Splats panel; returns its components by name."""
+    import gradio as gr
+
+    v = ViewSettings()
+    state = gr.State(None)  # a SplatSession, made on the first load
+    with gr.Row():
+        with gr.Column(scale=1):
+            sample = gr.Dropdown(list(SAMPLES), value=list(SAMPLES)[0], label="Sample scene")
+            upload = gr.File(label="…or upload a .ply / .splat", file_types=[".ply", ".splat"], type="filepath")
+            load_btn = gr.Button("Load", variant="primary")
+            scene_info = gr.Markdown("No scene loaded.")
+            azimuth = gr.Slider(-180, 180, v.azimuth, step=1, label="Orbit (azimuth °)")
+            elevation = gr.Slider(-89, 89, v.elevation, step=1, label="Elevation °")
+            zoom = gr.Slider(0.2, 5.0, v.zoom, step=0.05, label="Zoom")
+            pan_x = gr.Slider(-1, 1, 0, step=0.01, label="Pan right")
+            pan_y = gr.Slider(-1, 1, 0, step=0.01, label="Pan up")
+            with gr.Row():
+                width = gr.Slider(64, 1024, v.width, step=16, label="Width")
+                height = gr.Slider(64, 1024, v.height, step=16, label="Height")
+            sh_degree = gr.Slider(0, 3, v.sh_degree, step=1, label="SH degree")
+            background = gr.ColorPicker(v.background, label="Background")
+            mode = gr.Radio([m.upper() if m == "rgb" else m.capitalize() for m in MODES], value="RGB",
+                            label="Render mode")
+            t_slider = gr.Slider(0, 1, 0, step=0.01, label="Time (4D scenes)")
+            play_btn = gr.Button("▶ Play")
+        with gr.Column(scale=2):
+            with gr.Row():
+                view_img = gr.Image(label="Splat view (click to orbit)", type="numpy", interactive=False)
+                styled_img = gr.Image(label="Stylized", type="numpy", interactive=False)
+            stats = gr.Markdown("")
+            with gr.Row():
+                prompt = gr.Textbox("a watercolour painting, soft light", label="Stylize prompt", scale=3)
+                strength = gr.Slider(0.1, 1.0, 0.5, step=0.05, label="Strength", scale=1)
+            with gr.Row():
+                path = gr.Dropdown(list(PATHS), value="fly", label="Fly-through path")
+                frames = gr.Number(48, precision=0, label="Frames")
+                stylize_btn = gr.Button("Stylize", variant="primary")
+                stop_btn = gr.Button("Stop")
+
+    sliders = [azimuth, elevation, zoom, pan_x, pan_y, width, height, sh_degree, background, mode, t_slider]
+
+    def view_of(*vals) -> ViewSettings:
+        return ViewSettings(*vals[:9], vals[9].lower(), vals[10])
+
+    def on_load(session, up, smp, *vals):
+        session, info = load_into(session or SplatSession(), up, smp)
+        lo, hi = session.scene.time_range
+        frame, line = render_view(session, view_of(*vals))
+        return session, info, frame, line, gr.update(minimum=lo, maximum=max(hi, lo + 1e-3), value=lo)
+
+    def on_change(session, *vals):
+        if session is None or session.scene is None:
+            return gr.update(), "Load a scene to see it."
+        return render_view(session, view_of(*vals))
+
+    def on_click(session, az, el, zm, px, py, w, h, sh, bg, md, t, evt):
+        if session is None or session.scene is None:
+            raise StreamStudioError("load a scene first")
+        x, y = evt.index
+        view = click_orbit(view_of(az, el, zm, px, py, w, h, sh, bg, md, t), float(x), float(y))
+        frame, line = render_view(session, view)
+        return frame, line, view.azimuth, view.elevation
+
+    on_click.__annotations__["evt"] = gr.SelectData  # the module's annotations are strings
+
+    def on_play(session, *vals):
+        session = session or SplatSession()
+        for frame, line, t in play(session, view_of(*vals)):
+            yield frame, line, t
+
+    def on_stylize(session, pth, n, text, st, *vals):
+        session = session or SplatSession()
+        view = view_of(*vals)
+        make = get_image_pipeline or default_pipe_factory(view.width, view.height)
+        for frame, styled, line in stylize(session, view, pth, int(n), text, st, make):
+            yield frame, styled, line
+
+    def on_stop(session):
+        if session is not None:
+            session.stop_requested = True
+        return session
+
+    load_btn.click(_guard(on_load), [state, upload, sample, *sliders], [state, scene_info, view_img, stats, t_slider])
+    for comp in sliders:
+        event = comp.release if isinstance(comp, gr.Slider) else comp.change
+        event(_guard(on_change), [state, *sliders], [view_img, stats])
+    view_img.select(_guard(on_click), [state, *sliders], [view_img, stats, azimuth, elevation])
+    play_btn.click(_guard(on_play), [state, *sliders], [view_img, stats, t_slider])
+    stylize_btn.click(_guard(on_stylize), [state, path, frames, prompt, strength, *sliders],
+                      [view_img, styled_img, stats])
+    stop_btn.click(on_stop, [state], [state])
+    return {"state": state, "view": view_img, "styled": styled_img, "stats": stats, "load": load_btn,
+            "stylize": stylize_btn, "play": play_btn, "time": t_slider}
+
+
+def _guard(fn):
+    """User errors become a Gradio error message in this session; the app keeps serving."""
+    import functools
+    import inspect
+
+    import gradio as gr
+
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def gen(*args, **kwargs):
+            try:
+                yield from fn(*args, **kwargs)
+            except StreamStudioError as exc:
+                raise gr.Error(str(exc)) from exc
+        return gen
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except StreamStudioError as exc:
+            raise gr.Error(str(exc)) from exc
+    return call

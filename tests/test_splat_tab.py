@@ -1,0 +1,117 @@
+"""The Splats tab's callbacks, without a browser."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from streamstudio.app import splat_tab
+from streamstudio.app.splat_tab import (SplatSession, ViewSettings, click_orbit, load_into, parse_color, play,
+                                        play_times, render_view, stylize)
+from streamstudio.errors import StreamStudioError
+
+SMALL = dict(width=48, height=32)
+
+
+@pytest.fixture(scope="module")
+def static_session():
+    return load_into(SplatSession(), None, "Sample scene")[0]
+
+
+@pytest.fixture(scope="module")
+def dynamic_session():
+    return load_into(SplatSession(), None, "4D sample (orbiting moons)")[0]
+
+
+def test_parse_color_accepts_what_pickers_give():
+    assert parse_color("#ff8000") == (1.0, 128 / 255, 0.0)
+    assert parse_color("#fff") == (1.0, 1.0, 1.0)
+    assert parse_color("rgba(255, 0, 51, 1)") == (1.0, 0.0, 0.2)
+    with pytest.raises(StreamStudioError):
+        parse_color("blue-ish")
+
+
+def test_load_reports_counts_and_rejects_nothing(static_session, tmp_path):
+    _, info = load_into(SplatSession(), None, "Sample scene")
+    assert f"{len(static_session.scene):,} Gaussians" in info and "3D" in info
+    with pytest.raises(StreamStudioError):
+        load_into(SplatSession(), None, None)
+    bad = tmp_path / "x.splat"
+    bad.write_bytes(b"123")
+    with pytest.raises(StreamStudioError, match="multiple of 32"):
+        load_into(SplatSession(), str(bad), None)
+
+
+def test_render_view_modes_background_and_stats(static_session):
+    rgb, info = render_view(static_session, ViewSettings(**SMALL, background="#00ff00"))
+    assert rgb.shape == (32, 48, 3) and rgb.dtype == np.uint8
+    assert "fps" in info and "Gaussians" in info
+    assert tuple(rgb[0, 0]) == (0, 255, 0)  # the background shows in the corner
+    alpha, _ = render_view(static_session, ViewSettings(**SMALL, mode="alpha"))
+    depth, _ = render_view(static_session, ViewSettings(**SMALL, mode="depth"))
+    assert (alpha[..., 0] == alpha[..., 1]).all() and alpha.max() > 200 and alpha[0, 0, 0] == 0
+    assert not np.array_equal(alpha, depth)
+    zoomed, _ = render_view(static_session, ViewSettings(**SMALL, zoom=3.0))
+    assert (zoomed > 0).mean() > (alpha > 0).mean()  # closer: the scene fills more of the frame
+
+
+def test_render_needs_a_scene():
+    with pytest.raises(StreamStudioError, match="load a scene"):
+        render_view(SplatSession(), ViewSettings(**SMALL))
+
+
+def test_click_orbits_towards_the_click():
+    view = click_orbit(ViewSettings(azimuth=0, elevation=0, **SMALL), 48, 16)
+    assert view.azimuth == -90 and view.elevation == 0
+    view = click_orbit(ViewSettings(azimuth=0, elevation=0, **SMALL), 24, 0)
+    assert view.azimuth == 0 and view.elevation == -89  # clamped
+
+
+def test_play_steps_through_time(dynamic_session, static_session):
+    lo, hi = dynamic_session.scene.time_range
+    times = play_times(dynamic_session, lo, 5)
+    assert times[0] == lo and abs(times[-1] - hi) < 1e-9 and len(times) == 5
+    frames = list(play(dynamic_session, ViewSettings(**SMALL, time=lo), steps=2))
+    assert len(frames) == 2 and not np.array_equal(frames[0][0], frames[1][0])
+    with pytest.raises(StreamStudioError, match="4D"):
+        play_times(static_session, 0.0)
+
+
+class FakePipe:
+    def __init__(self):
+        self.frames, self.prompts = [], []
+
+    def set_prompt(self, prompt):
+        self.prompts.append(prompt)
+
+    def update(self, **changes):
+        self.changes = changes
+
+    def __call__(self, frame):
+        self.frames.append(frame)
+        return 255 - frame
+
+
+def test_stylize_streams_render_and_stylised_side_by_side(static_session):
+    pipe = FakePipe()
+    out = list(stylize(static_session, ViewSettings(**SMALL), "orbit", 3, "ink", 0.6, lambda: pipe))
+    assert len(out) == 3 and len(pipe.frames) == 3 and pipe.prompts == ["ink"] and pipe.changes == {"strength": 0.6}
+    for frame, styled, info in out:
+        assert np.array_equal(styled, 255 - frame) and "frame" in info
+    assert not np.array_equal(out[0][0], out[1][0])  # the camera moves
+
+
+def test_stylize_stops_when_asked(static_session):
+    session = SplatSession(scene=static_session.scene, fit=static_session.fit, pipe=FakePipe())
+    gen = stylize(session, ViewSettings(**SMALL), "fly", 5, "", 0.5, lambda: None)
+    next(gen)
+    session.stop_requested = True
+    assert list(gen) == []
+
+
+def test_tab_builds_inside_blocks():
+    gr = pytest.importorskip("gradio")
+    with gr.Blocks():
+        with gr.Tab("Splats"):
+            parts = splat_tab.build_splat_tab(get_image_pipeline=lambda: FakePipe())
+    assert {"view", "styled", "stylize", "time"} <= set(parts)
