@@ -1,0 +1,211 @@
+"""Benchmark of the StreamDiffusion pipeline: Stream Batch, RCFG, overhead, similarity filter.
+
+Runs the tiny model and a full-size sd-turbo UNet architecture (SD 2.1 config, random
+weights: they cost the same time as real ones) with TAESD. Prints a table and writes
+benchmarks/results/stream_diffusion.json. Every figure is a ratio measured within this run,
+except frames per second, which mean something only on a GPU.
+
+    python benchmarks/stream_diffusion.py [--quick] [--device cuda]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from streamstudio.models.loading import SDComponents, load_components
+from streamstudio.models.tiny import SCHEDULER_CONFIG, tiny_tokenizer
+from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+
+RESULTS = Path(__file__).parent / "results" / "stream_diffusion.json"
+
+SD_TURBO_UNET = dict(
+    sample_size=64, in_channels=4, out_channels=4, layers_per_block=2,
+    down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
+    up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
+    block_out_channels=(320, 640, 1280, 1280), cross_attention_dim=1024,
+    attention_head_dim=(5, 10, 20, 20), use_linear_projection=True,
+)
+
+
+def _fast_random_init(module: torch.nn.Module) -> torch.nn.Module:
+    """Random weights without the slow default initialisers (speed is all that is measured)."""
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.02, generator=gen)
+            elif "norm" in name and name.endswith("weight"):
+                p.fill_(1.0)
+            else:
+                p.zero_()
+    return module.eval().requires_grad_(False)
+
+
+def sd_turbo_architecture(device, dtype) -> SDComponents:
+    """sd-turbo's UNet (865M parameters), TAESD, a one-layer 1024-wide text encoder
+    (the text encoder runs only when the prompt changes, never per frame)."""
+    from diffusers import AutoencoderTiny, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    tok = tiny_tokenizer()
+    with torch.device("meta"):
+        unet = UNet2DConditionModel(**SD_TURBO_UNET)
+    unet = _fast_random_init(unet.to_empty(device="cpu"))
+    vae = _fast_random_init(AutoencoderTiny())
+    text = CLIPTextModel(CLIPTextConfig(vocab_size=len(tok), hidden_size=1024, intermediate_size=1024,
+                                        num_hidden_layers=1, num_attention_heads=16, max_position_embeddings=77,
+                                        bos_token_id=len(tok) - 2, eos_token_id=len(tok) - 1,
+                                        pad_token_id=len(tok) - 1))
+    comps = SDComponents(unet, vae, _fast_random_init(text), tok, dict(SCHEDULER_CONFIG), "sd-turbo-arch",
+                         step_type="turbo")
+    return comps.to(device, dtype)
+
+
+class NetworkTimer:
+    """Wall time spent inside the networks (UNet, VAE encode and decode) of one pipeline."""
+
+    def __init__(self, pipe: StreamDiffusion):
+        self.seconds = 0.0
+        self.device = pipe.device
+        unet_call, enc, dec = pipe._unet, pipe.vae.encode, pipe.vae.decode
+        pipe._unet = self._wrap(unet_call)
+        pipe.vae.encode = self._wrap(enc)
+        pipe.vae.decode = self._wrap(dec)
+
+    def _sync(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def _wrap(self, fn):
+        def timed(*args, **kwargs):
+            self._sync()
+            start = time.perf_counter()
+            out = fn(*args, **kwargs)
+            self._sync()
+            self.seconds += time.perf_counter() - start
+            return out
+
+        return timed
+
+
+class Timed:
+    """One pipeline configuration, timed per frame in rounds (the best round counts)."""
+
+    def __init__(self, comps: SDComponents, frames: list[np.ndarray], **config):
+        self.pipe = StreamDiffusion(comps, StreamDiffusionConfig(**config), prompt="a photo")
+        self.frames = frames
+        self.pipe(frames[0])  # warm-up (and priming)
+        self.timer = NetworkTimer(self.pipe)
+        self.best_total = self.best_net = float("inf")
+
+    def round(self) -> None:
+        sync = torch.cuda.synchronize if self.pipe.device.type == "cuda" else (lambda: None)
+        net_before = self.timer.seconds
+        sync()
+        start = time.perf_counter()
+        for f in self.frames:
+            self.pipe(f)
+        sync()
+        total = (time.perf_counter() - start) / len(self.frames)
+        if total < self.best_total:
+            self.best_total = total
+            self.best_net = (self.timer.seconds - net_before) / len(self.frames)
+
+
+def make_frames(n: int, size: int, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, (size, size, 3), dtype=np.uint8) for _ in range(n)]
+
+
+def measure(comps: SDComponents, size: int, frames: int, steps: int, full: bool, rounds: int) -> dict:
+    """Rounds interleave the configurations so that machine noise hits all of them alike."""
+    base = dict(width=size, height=size, strength=0.9, seed=1)
+    data = make_frames(frames, size)
+    runs = {"one_step": Timed(comps, data, steps=1, cfg_type="none", **base)}
+    if full:
+        runs["batch"] = Timed(comps, data, steps=steps, cfg_type="none", **base)
+        runs["sequential"] = Timed(comps, data, steps=steps, cfg_type="none", use_denoising_batch=False, **base)
+        runs["self"] = Timed(comps, data, steps=steps, cfg_type="self", guidance_scale=1.5, **base)
+        runs["full"] = Timed(comps, data, steps=steps, cfg_type="full", guidance_scale=1.5, **base)
+    for _ in range(rounds):
+        for run in runs.values():
+            run.round()
+    one = runs["one_step"]
+    out = {"size": size, "frames": frames, "rounds": rounds, "seconds_per_frame_1step": one.best_total,
+           "overhead_ratio": one.best_total / one.best_net}
+    if full:
+        out["steps"] = steps
+        out["stream_batch_speedup"] = runs["sequential"].best_total / runs["batch"].best_total
+        out["rcfg_self_speedup"] = runs["full"].best_total / runs["self"].best_total
+        out["seconds_per_frame"] = {k: v.best_total for k, v in runs.items()}
+    return out
+
+
+def ssf_static_rate(comps: SDComponents, frames: int = 110) -> float:
+    pipe = StreamDiffusion(comps, StreamDiffusionConfig(width=64, height=64, steps=2, similarity_filter=True,
+                                                        similarity_threshold=0.98, max_skip_frame=10))
+    frame = make_frames(1, 64)[0]
+    for _ in range(frames):
+        pipe(frame)
+    return pipe.stats.skipped / pipe.stats.frames_in
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a few frames, 256x256 for the full-size model (< 60 s on CPU)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    dtype = torch.float16 if device.type == "cuda" else torch.float32
+
+    tiny = load_components("tiny", device=device, dtype=dtype)
+    results: dict = {"device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
+                     "date": datetime.date.today().isoformat(), "quick": args.quick, "threads": args.threads}
+    results["tiny"] = measure(tiny, 64, 8, 4, full=True, rounds=3 if args.quick else 10)
+    results["ssf_skip_rate_static"] = ssf_static_rate(tiny)
+    big = sd_turbo_architecture(device, dtype)
+    size = 512 if device.type == "cuda" else (128 if args.quick else 512)
+    frames = 1 if device.type != "cuda" else 30
+    results["sd_turbo_arch"] = measure(big, size, frames, 4, full=not args.quick or device.type == "cuda",
+                                       rounds=1 if device.type != "cuda" else 3)
+    if device.type == "cuda":
+        results["sd_turbo_arch"]["fps_1step_512"] = 1.0 / results["sd_turbo_arch"]["seconds_per_frame_1step"]
+    main_model = results["sd_turbo_arch"] if "stream_batch_speedup" in results["sd_turbo_arch"] else results["tiny"]
+    results["stream_batch_speedup"] = main_model["stream_batch_speedup"]
+    results["rcfg_self_speedup"] = main_model["rcfg_self_speedup"]
+    results["overhead_ratio"] = results["sd_turbo_arch"]["overhead_ratio"]
+    results["speedups_measured_on"] = "sd_turbo_arch" if main_model is results["sd_turbo_arch"] else "tiny"
+    print_table(results)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    name = RESULTS if not args.quick else RESULTS.with_name("stream_diffusion_quick.json")
+    name.write_text(json.dumps(results, indent=2))
+    print(f"wrote {name}")
+
+
+def print_table(r: dict) -> None:
+    rows = [
+        ("stream_batch_speedup", r["stream_batch_speedup"], ">= 1.4 where batching pays (GPU)", r["speedups_measured_on"]),
+        ("rcfg_self_speedup", r["rcfg_self_speedup"], ">= 1.8", r["speedups_measured_on"]),
+        ("overhead_ratio", r["overhead_ratio"], "<= 1.10 (full-size arch)", "sd_turbo_arch"),
+        ("ssf_skip_rate_static", r["ssf_skip_rate_static"], "10/11 = 0.909 at max_skip_frame 10", "tiny"),
+        ("tiny overhead_ratio", r["tiny"]["overhead_ratio"], "(tiny nets: overhead dominates)", "tiny"),
+    ]
+    print(f"{'figure':28s} {'value':>8s}  {'target':38s} model")
+    for name, value, target, model in rows:
+        print(f"{name:28s} {value:8.3f}  {target:38s} {model}")
+    big = r["sd_turbo_arch"]
+    print(f"sd-turbo arch {big['size']}x{big['size']}: {big['seconds_per_frame_1step']:.3f} s/frame at 1 step on {r['device']}")
+
+
+if __name__ == "__main__":
+    main()
