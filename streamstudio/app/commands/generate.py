@@ -39,6 +39,8 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-skip-frame", type=int, default=d.max_skip_frame, help="frames skipped in a row at most")
     g.add_argument("--sequential", action="store_true", help="denoise step by step instead of Stream Batch")
     g.add_argument("--taesd", action="store_true", help="use the TAESD fast VAE (madebyollin/taesd)")
+    g.add_argument("--acceleration", choices=("none", "compile", "tensorrt"), default="none",
+                   help="torch.compile or TensorRT engines for the UNet and VAE (default none)")
     g.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto)")
     g.add_argument("--dtype", default="auto", help="auto (float16 on CUDA, float32 on CPU), float16, float32")
 
@@ -52,6 +54,10 @@ def build_pipeline(args, mode: str):
     device = pick_device(args.device)
     dtype = pick_dtype(device, args.dtype)
     comps = resolve_demo_default(args.model, device=device, dtype=dtype, taesd=args.taesd or None)
+    if getattr(args, "acceleration", "none") != "none":
+        from streamstudio.models.acceleration import apply_acceleration
+
+        comps = apply_acceleration(comps, args.acceleration)
     for note in comps.notes:
         print(f"note: {note}")
     turbo = comps.step_type == "turbo"
