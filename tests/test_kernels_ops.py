@@ -344,3 +344,25 @@ def test_gpu_cosine_similarity(ops, dtype, n, offset):
 @pytest.mark.gpu
 def test_gpu_dispatch_uses_the_extension():
     assert kernels.fused_available(), cuda_build.failure_reason(kernels.EXTENSION)
+
+
+@pytest.mark.gpu
+def test_gpu_pipeline_fused_matches_reference(tiny_components_factory, monkeypatch):
+    """The image pipeline on CUDA with the fused ops gives the reference path's frames."""
+    from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+
+    comps = tiny_components_factory(taesd=True).to(torch.device("cuda"), torch.float32)
+    rng = np.random.default_rng()
+    frames = [rng.integers(0, 256, (72, 100, 3), dtype=np.uint8) for _ in range(4)]  # resized to 64x64
+    config = StreamDiffusionConfig(width=64, height=64, steps=2, cfg_type="self", guidance_scale=1.5,
+                                   similarity_filter=True, similarity_threshold=0.5)
+
+    def run():
+        stream = StreamDiffusion(comps, config, prompt="a cat")
+        return [np.asarray(stream(f), dtype=np.int16) for f in frames]
+
+    fused = run()
+    monkeypatch.setattr(kernels, "_ops", lambda *tensors: None)
+    ref = run()
+    for a, b in zip(fused, ref):
+        assert np.abs(a - b).max() <= 2

@@ -215,3 +215,34 @@ def test_export_onnx_models_writes_and_checks(comps, tmp_path):
     specs = acceleration.image_specs(comps, ("vae_decoder",))
     results = acceleration.export_onnx_models(specs, tmp_path, batch=1, height=64, width=64)
     assert results[0].path.is_file() and results[0].check.ok()
+
+
+# ------------------------------------------------------------------------------ with TensorRT (GPU)
+@pytest.mark.gpu
+def test_tensorrt_engines_match_torch(tmp_path):
+    pytest.importorskip("tensorrt")
+    from streamstudio.kernels.tensorrt.build import ensure_engine
+    from streamstudio.kernels.tensorrt.runtime import TRTEngine, UNetEngine, VAEEngine
+    from streamstudio.models.loading import load_components
+
+    comps = load_components("tiny", device="cuda", dtype=torch.float16, taesd=True)
+    shapes = ShapeRange(batch=(1, 2, 4), height=(64, 64, 128), width=(64, 64, 128))
+    cache = EngineCache(tmp_path)
+    unet_path = ensure_engine(unet_spec(comps.unet), cache, shapes)
+    assert ensure_engine(unet_spec(comps.unet), cache, shapes) == unet_path  # cache hit
+    dec_path = ensure_engine(vae_decoder_spec(comps.vae), cache, shapes)
+    unet = UNetEngine(TRTEngine(unet_path, "cuda", cuda_graphs=True), comps.unet)
+    vae = VAEEngine(comps.vae, None, TRTEngine(dec_path, "cuda", cuda_graphs=False))
+    x = torch.randn(3, 4, 12, 16, device="cuda", dtype=torch.float16)
+    text = torch.randn(3, 77, 32, device="cuda", dtype=torch.float16)
+    t = torch.tensor([999, 500, 10], device="cuda")
+    with torch.no_grad():
+        want = comps.unet(x, t, encoder_hidden_states=text).sample.float()
+        for _ in range(2):  # capture, then replay
+            got = unet(x, t, encoder_hidden_states=text).sample.float()
+            assert (got - want).abs().max() / want.abs().max() < 2e-2
+        want = comps.vae.decode(x).sample.float()
+        got = vae.decode(x).sample.float()
+        assert (got - want).abs().max() / want.abs().max().clamp_min(1e-3) < 2e-2
+    fast = acceleration.apply_acceleration(comps, "tensorrt", engine_dir=tmp_path, shapes=shapes)
+    assert isinstance(fast.unet, UNetEngine) and isinstance(fast.vae, VAEEngine)

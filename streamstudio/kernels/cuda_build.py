@@ -7,7 +7,10 @@ None with ONE warning per extension when it cannot be had (no GPU, no nvcc, a bu
 or STREAMSTUDIO_DISABLE_CUDA_KERNELS=1). Callers then use their pure-torch reference.
 
 `nvcc_check(source)` compiles one .cu file for given architectures with `-Xptxas -v` and
-reports compile errors and register spills (the CPU test of every .cu file uses it).
+reports compile errors and register spills (the CPU test of every .cu file uses it). It
+defines STREAMSTUDIO_KERNEL_ONLY (and SPLAT_KERNEL_ONLY, the splat file's own name for it):
+a .cu file that also holds its torch binding guards that part with `#ifndef`, since a CPU
+torch wheel lacks the CUDA headers the binding includes.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ log = logging.getLogger(__name__)
 CSRC = Path(__file__).resolve().parent / "csrc"
 DISABLE_ENV = "STREAMSTUDIO_DISABLE_CUDA_KERNELS"
 CACHE_ENV = "STREAMSTUDIO_KERNEL_CACHE"
-DEFAULT_CUDA_FLAGS = ("-O3", "-lineinfo", "-std=c++17")
+DEFAULT_CUDA_FLAGS = ("-O3", "-lineinfo")  # torch adds its own -std (c++20 for torch 2.13)
 
 _lock = threading.Lock()
 _loaded: dict[str, ModuleType | None] = {}
@@ -91,7 +94,7 @@ def _build(name: str, paths: list[Path], extra_cuda_cflags: Sequence[str], verbo
     return load(
         name=f"{name}_{digest}",
         sources=[str(p) for p in paths],
-        extra_cflags=["-O3", "-std=c++17"],
+        extra_cflags=["-O3"],
         extra_cuda_cflags=[*DEFAULT_CUDA_FLAGS, *extra_cuda_cflags],
         extra_include_paths=[str(p.parent) for p in paths[:1]],
         build_directory=str(build_dir),
@@ -146,6 +149,7 @@ def _first_lines(text: str, n: int = 6) -> str:
 # nvcc compile check (no GPU needed)
 # ---------------------------------------------------------------------------------------------
 
+KERNEL_ONLY_DEFINES = ("-DSTREAMSTUDIO_KERNEL_ONLY", "-DSPLAT_KERNEL_ONLY")
 _SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 
 
@@ -200,8 +204,8 @@ def nvcc_check(source: str | os.PathLike, archs: Sequence[str] = ("sm_80", "sm_9
         num = arch.split("_", 1)[1]
         gencode += ["-gencode", f"arch=compute_{num},code=sm_{num}"]
     with tempfile.TemporaryDirectory(prefix="streamstudio-nvcc-") as tmp:
-        cmd = [nvcc, "-c", str(source), "-o", os.path.join(tmp, "out.o"), "-std=c++17", "-O3",
-               "-Xptxas", "-v", *gencode, *nvcc_include_flags(), *extra_flags]
+        cmd = [nvcc, "-c", str(source), "-o", os.path.join(tmp, "out.o"), "-std=c++20", "-O3",
+               "-Xptxas", "-v", *gencode, *KERNEL_ONLY_DEFINES, *nvcc_include_flags(), *extra_flags]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     output = proc.stdout + proc.stderr
     report = NvccReport(source, tuple(archs), proc.returncode, output)

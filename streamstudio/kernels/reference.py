@@ -20,6 +20,12 @@ def preprocess(
     """uint8 frame(s) (H, W, 3) or (B, H, W, 3), RGB or BGR -> (B, 3, height, width) in [-1, 1].
 
     Resizing is bilinear with antialiasing when shrinking (half-pixel centres, as OpenCV).
+    Precisely, per axis with s = in / out and r = max(s, 1): output i has centre
+    c = s * (i + 0.5), taps j in [trunc(c - r + 0.5), trunc(c + r + 0.5)) clipped to the image,
+    weights max(0, 1 - |j + 0.5 - c| / r) normalized to sum 1, applied separably in float32,
+    then x / 127.5 - 1 and the cast to `dtype`. (With s <= 1 on both axes this is plain
+    half-pixel bilinear with edge clamping, which F.interpolate computes for antialias=False.)
+    The CUDA kernel computes this same filter; tests check both against a numpy version.
     """
     if frame.dim() == 3:
         frame = frame.unsqueeze(0)  # (1, H, W, 3)

@@ -39,7 +39,7 @@ void check_launch(cudaError_t err, const char* op) {
 }
 
 // frame: uint8 (B, H, W, 3); out: (B, 3, oh, ow) float32 / float16 / bfloat16.
-void preprocess(const at::Tensor& frame, at::Tensor& out, bool bgr) {
+void preprocess(const at::Tensor& frame, const at::Tensor& out, bool bgr) {
   check_cuda(frame, "frame");
   check_cuda(out, "out");
   TORCH_CHECK(frame.scalar_type() == at::kByte && frame.dim() == 4 && frame.size(3) == 3,
@@ -56,7 +56,7 @@ void preprocess(const at::Tensor& frame, at::Tensor& out, bool bgr) {
 }
 
 // images: (B, 3, H, W); out: uint8 (B, H, W, 3).
-void postprocess(const at::Tensor& images, at::Tensor& out) {
+void postprocess(const at::Tensor& images, const at::Tensor& out) {
   check_cuda(images, "images");
   check_cuda(out, "out");
   TORCH_CHECK(images.dim() == 4 && images.size(1) == 3, "stream_ops.postprocess: images must be (B, 3, H, W)");
@@ -75,8 +75,8 @@ void postprocess(const at::Tensor& images, at::Tensor& out) {
 // All tensors (B, ...) of x's dtype; coef float32 (B, 6). eps_uncond is read for cfg 3 only,
 // stock read and stock_next written for cfg 1 and 2 only (pass any tensor like x otherwise).
 void stream_step(const at::Tensor& x, const at::Tensor& eps_text, const at::Tensor& eps_uncond,
-                 const at::Tensor& stock, const at::Tensor& noise_next, const at::Tensor& coef, at::Tensor& x0,
-                 at::Tensor& x_next, at::Tensor& stock_next, double guidance, double delta, int64_t cfg) {
+                 const at::Tensor& stock, const at::Tensor& noise_next, const at::Tensor& coef, const at::Tensor& x0,
+                 const at::Tensor& x_next, const at::Tensor& stock_next, double guidance, double delta, int64_t cfg) {
   check_cuda(x, "x_t");
   TORCH_CHECK(x.dim() >= 1, "stream_ops.stream_step: x_t needs a batch dimension");
   TORCH_CHECK(cfg >= 0 && cfg <= 3, "stream_ops.stream_step: cfg must be 0..3");
@@ -113,7 +113,7 @@ void stream_step(const at::Tensor& x, const at::Tensor& eps_text, const at::Tens
 }
 
 // a, b: same dtype and element count; partial: float32 scratch of 3 * max_blocks; out: float32 (1,).
-void cosine_similarity(const at::Tensor& a, const at::Tensor& b, at::Tensor& partial, at::Tensor& out) {
+void cosine_similarity(const at::Tensor& a, const at::Tensor& b, const at::Tensor& partial, const at::Tensor& out) {
   check_cuda(a, "a");
   check_cuda(b, "b");
   check_cuda(partial, "partial");
