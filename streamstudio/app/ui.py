@@ -144,8 +144,8 @@ def open_sink(kind: str, target: str, output_dir: Path, size: tuple[int, int], f
 
 
 # ---------------------------------------------------------------------- the app
-def build_ui(manager: SessionManager, rtc_config: dict | None = None, output_dir: str | Path = "outputs",
-             get_image_pipeline=None):
+def build_ui(manager: SessionManager, rtc_config: dict | None = None, output_dir: str | Path = "outputs"):
+    extra_tabs = optional_tabs(manager)
     with gr.Blocks(title="StreamStudio", analytics_enabled=False) as demo:
         gr.Markdown("# StreamStudio")
         gr.Markdown(model_banner(manager), elem_id="model-banner")
@@ -156,7 +156,9 @@ def build_ui(manager: SessionManager, rtc_config: dict | None = None, output_dir
                 _t2i_tab(manager)
             with gr.Tab("Live output", id="output"):
                 _output_tab(manager, webrtc, Path(output_dir))
-            _optional_tabs(manager)
+            for label, tab_id, build in extra_tabs:
+                with gr.Tab(label, id=tab_id):
+                    build()
     return demo
 
 
@@ -184,7 +186,7 @@ def _live_tab(manager: SessionManager, rtc_config: dict | None):
         with gr.Column(scale=3):
             webrtc = WebRTC(label="Webcam → StreamStudio", mode="send-receive", modality="video",
                             rtc_configuration=rtc_config, server_rtc_configuration=rtc_config,
-                            elem_id="live-webrtc")
+                            full_screen=False, elem_id="live-webrtc")
             stats = gr.Markdown(format_stats(None), elem_id="live-stats")
         with gr.Column(scale=2):
             controls = _live_controls(manager)
@@ -361,19 +363,31 @@ def _output_status(out: LiveOutput | None) -> str:
     return text
 
 
-def _optional_tabs(manager: SessionManager) -> None:
-    """The Video and Splats tabs, when their modules are present in this build."""
+def optional_tabs(manager: SessionManager) -> list[tuple[str, str, object]]:
+    """(label, id, build) of the Video and Splats tabs whose modules are in this build and build
+    on their own (checked outside the app, so a broken tab is left out, never the whole app)."""
+    tabs = []
     try:
         from streamstudio.app.video_tab import build_video_tab
     except ImportError:
-        build_video_tab = None
-    if build_video_tab is not None:
-        with gr.Tab("Video", id="video"):
-            build_video_tab()
+        pass
+    else:
+        tabs.append(("Video", "video", build_video_tab))
     try:
         from streamstudio.app.splat_tab import build_splat_tab
     except ImportError:
-        build_splat_tab = None
-    if build_splat_tab is not None:
-        with gr.Tab("Splats", id="splats"):
-            build_splat_tab(get_image_pipeline=lambda: manager.model.build("img2img"))
+        pass
+    else:
+        tabs.append(("Splats", "splats",
+                     lambda: build_splat_tab(get_image_pipeline=lambda: manager.model.build("img2img"))))
+    return [tab for tab in tabs if _builds(tab[0], tab[2])]
+
+
+def _builds(name: str, build) -> bool:
+    try:
+        with gr.Blocks(analytics_enabled=False):
+            build()
+    except Exception:
+        log.exception("the %s tab does not build; it is left out of the app", name)
+        return False
+    return True

@@ -1,0 +1,96 @@
+"""A real browser: Debian's chromium (headless, Playwright) with a fake webcam opens the app,
+starts the Live tab and must show a non-blank processed frame (the model's size, not the
+camera's). The screenshot is kept in test-artifacts/."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream"]
+SIZE = 64
+
+# The <video> of the WebRTC component (the only playing one) as seen by the page: its size and pixel spread.
+VIDEO_STATS_JS = """() => {
+  const videos = [...document.querySelectorAll('video')].filter(v => v.videoWidth && v.readyState >= 2);
+  if (!videos.length) return null;
+  const v = videos[videos.length - 1];
+  const c = document.createElement('canvas');
+  c.width = v.videoWidth; c.height = v.videoHeight;
+  const g = c.getContext('2d');
+  g.drawImage(v, 0, 0);
+  const d = g.getImageData(0, 0, c.width, c.height).data;
+  let sum = 0, sq = 0, n = 0;
+  for (let i = 0; i < d.length; i += 4) { const y = (d[i] + d[i + 1] + d[i + 2]) / 3; sum += y; sq += y * y; n++; }
+  const mean = sum / n;
+  return {w: v.videoWidth, h: v.videoHeight, mean: mean, std: Math.sqrt(Math.max(0, sq / n - mean * mean))};
+}"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    import torch
+
+    from streamstudio.app.cli import build_parser
+    from streamstudio.app.commands.serve import start_in_thread
+
+    torch.set_num_threads(1)
+    args = build_parser().parse_args(["serve", "--model", "tiny", "--width", str(SIZE), "--height", str(SIZE),
+                                      "--port", str(free_port()), "--prompt", "a painting"])
+    srv = start_in_thread(args)
+    yield srv
+    srv.close()
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (apt-get install chromium)")
+def test_browser_live_tab_shows_processed_frames(server):
+    sync_api = pytest.importorskip("playwright.sync_api")
+    ARTIFACTS.mkdir(exist_ok=True)
+    profile = tempfile.mkdtemp(prefix="streamstudio-chromium-")
+    try:
+        with sync_api.sync_playwright() as p:
+            ctx = p.chromium.launch_persistent_context(profile, executable_path=CHROMIUM, args=FLAGS, headless=True,
+                                                       viewport={"width": 1280, "height": 900})
+            try:
+                stats = _stream_in_page(ctx.new_page(), server)
+            finally:
+                ctx.close()
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+    assert (stats["w"], stats["h"]) == (SIZE, SIZE), stats  # the processed stream, not the camera
+    assert stats["std"] > 3.0 and 5.0 < stats["mean"] < 250.0, stats  # a picture, not a blank frame
+
+
+def _stream_in_page(page, server) -> dict:
+    page.goto(server.url, timeout=90_000)
+    page.get_by_text("Demo model").first.wait_for(timeout=90_000)  # the notice is shown
+    live = page.locator("#live-webrtc")
+    live.get_by_text("Click to Access Webcam").click(timeout=60_000)
+    live.locator('button[aria-label="start stream"]').click(timeout=60_000)
+    deadline = time.monotonic() + 60
+    stats = None
+    while time.monotonic() < deadline:
+        stats = page.evaluate(VIDEO_STATS_JS)
+        if stats and stats["w"] == SIZE and stats["std"] > 3.0:
+            break
+        page.wait_for_timeout(500)
+    page.wait_for_timeout(1500)  # a few more frames, and the stats line
+    page.screenshot(path=str(ARTIFACTS / "webapp_live_tab.png"), full_page=True)
+    assert stats is not None, "the live video never played"
+    assert len(server.manager) == 1 and next(iter(server.manager.ids()))  # one session on the server
+    return page.evaluate(VIDEO_STATS_JS)
