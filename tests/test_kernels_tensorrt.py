@@ -246,3 +246,17 @@ def test_tensorrt_engines_match_torch(tmp_path):
         assert (got - want).abs().max() / want.abs().max().clamp_min(1e-3) < 2e-2
     fast = acceleration.apply_acceleration(comps, "tensorrt", engine_dir=tmp_path, shapes=shapes)
     assert isinstance(fast.unet, UNetEngine) and isinstance(fast.vae, VAEEngine)
+
+
+@pytest.mark.skipif(trt_kernels.tensorrt_available(), reason="TensorRT is installed")
+def test_build_engines_command_without_tensorrt_exports_and_checks(tmp_path, capsys):
+    from streamstudio.app.cli import main
+
+    code = main(["build-engines", "--model", "tiny", "--parts", "vae_decoder", "--resolution", "64", "64", "128",
+                 "--engine-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "engines need TensorRT" in out and "onnxruntime rel. error" in out and "(ok)" in out
+    assert (tmp_path / "onnx" / "vae_decoder" / "model.onnx").is_file()
+    assert main(["build-engines", "--model", "tiny", "--resolution", "100", "200", "300",
+                 "--engine-dir", str(tmp_path)]) == 1  # not multiples of 64: a clear error
