@@ -165,6 +165,25 @@ def test_txt2img_session(manager):
     assert first.shape == (64, 64, 3) and not np.array_equal(first, third)  # then a new image each call
 
 
+def test_latency_probe_round_trip_and_stream_batch_alignment(model):
+    from dataclasses import replace as dc_replace
+
+    from streamstudio.app.sessions import draw_probe, read_probe
+
+    img = draw_probe(frame(), 677)
+    assert read_probe(img) == 677 and read_probe(frame()) is None
+    manager = SessionManager(dc_replace(model, latency_probe=True), max_streams=1)
+    try:
+        session = manager.open("p")
+        seen = []
+        for i in range(4):  # N = 2: outputs carry the inputs 0, 0, 1, 2
+            session.submit(draw_probe(frame(), i))
+            seen.append(read_probe(wait_output(session, i + 1)))
+        assert seen == [0, 0, 1, 2]
+    finally:
+        manager.shutdown()
+
+
 # ---------------------------------------------------------------------- the fastrtc handler
 def test_handler_converts_bgr_and_returns_at_once(manager):
     from streamstudio.app.webrtc import UI_SETTING_KEYS, LiveHandler

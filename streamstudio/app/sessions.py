@@ -107,6 +107,33 @@ def fit_frame(frame: np.ndarray, width: int, height: int) -> np.ndarray:
     return frame[y0:y0 + new_h]
 
 
+PROBE_BITS = 10  # latency probe: a frame counter drawn as blocks in the top band
+PROBE_BLOCKS = PROBE_BITS + 2  # plus a white start and a black end block
+
+
+def draw_probe(frame: np.ndarray, value: int) -> np.ndarray:
+    """Draw `value` (mod 2**PROBE_BITS) as black/white blocks across the top sixth of `frame`."""
+    h, w = frame.shape[:2]
+    bw, bh = w // PROBE_BLOCKS, max(2, h // 6)
+    bits = [1] + [(value >> (PROBE_BITS - 1 - i)) & 1 for i in range(PROBE_BITS)] + [0]
+    for i, bit in enumerate(bits):
+        frame[:bh, i * bw:(i + 1) * bw] = 255 * bit
+    return frame
+
+
+def read_probe(frame: np.ndarray) -> int | None:
+    """The value `draw_probe` drew (None when the guard blocks are not there)."""
+    h, w = frame.shape[:2]
+    bw, bh = w // PROBE_BLOCKS, max(2, h // 6)
+    if bw < 1:
+        return None
+    centres = frame[bh // 2, [i * bw + bw // 2 for i in range(PROBE_BLOCKS)]].astype(np.float32).mean(axis=-1)
+    bits = [int(c > 127) for c in centres]
+    if bits[0] != 1 or bits[-1] != 0:
+        return None
+    return int("".join(map(str, bits[1:-1])), 2)
+
+
 @dataclass
 class ServerModel:
     """The one loaded model and the defaults every new stream starts from."""
@@ -115,6 +142,7 @@ class ServerModel:
     config: object  # StreamDiffusionConfig: size, steps, guidance, ...
     prompt: str = ""
     negative_prompt: str = ""
+    latency_probe: bool = False  # copy the input's probe counter onto the output (benchmarks)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -157,6 +185,7 @@ class StreamSession:
         self._latency: deque[float] = deque(maxlen=30)  # submit -> output seconds
         self.frames_in = self.processed = self.dropped = 0
         self._pipe = None
+        self._probes: deque[int | None] = deque()
         self._thread = threading.Thread(target=self._run, name=f"stream-{sid[:12]}", daemon=True)
         self._thread.start()
 
@@ -267,12 +296,16 @@ class StreamSession:
 
     def _process(self, frame: np.ndarray | None, t_submit: float) -> None:
         pipe = self._pipe
+        probe = read_probe(frame) if self.model.latency_probe and frame is not None else None
         if frame is not None:
             frame = fit_frame(frame, pipe.config.width, pipe.config.height)
+        skipped = pipe.stats.skipped
         with self.model.lock:
             out = pipe(frame)
         if isinstance(out, list):
             out = out[-1]
+        if self.model.latency_probe:
+            out = self._stamp(out, probe, skipped != pipe.stats.skipped)
         self._output = out
         now = time.perf_counter()
         self._latency.append(now - t_submit)
@@ -284,6 +317,16 @@ class StreamSession:
             except Exception:  # a broken listener (a sink) must not stop the stream
                 log.exception("output listener of stream %s failed; removed", self.sid)
                 self.remove_listener(fn)
+
+
+    def _stamp(self, out: np.ndarray, probe: int | None, skipped: bool) -> np.ndarray:
+        """Draw the probe of the input this output came from (Stream Batch: N - 1 calls ago)."""
+        if not skipped:
+            self._probes.append(probe)
+            while len(self._probes) > self._pipe.latency_frames + 1:
+                self._probes.popleft()
+        source = self._probes[0] if self._probes else None
+        return out if source is None else draw_probe(out.copy(), source)
 
 
 _MISSING = object()

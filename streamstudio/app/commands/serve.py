@@ -36,6 +36,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--idle-timeout", type=float, default=20.0,
                    help="free a stream that sent no frame for this many seconds (default 20)")
     p.add_argument("--max-upload-size", default="20mb", help="largest upload accepted (default 20mb)")
+    p.add_argument("--latency-probe", action="store_true",
+                   help="copy a frame counter drawn in the input's top band onto the output (benchmarks/webapp.py)")
     p.add_argument("--output-dir", default="outputs", help="folder for Live output recordings (default outputs)")
     add_pipeline_arguments(p)
     return p
@@ -66,7 +68,8 @@ def build_model(args):
     from streamstudio.app.sessions import ServerModel
 
     pipe = build_pipeline(args, "img2img")
-    return ServerModel(pipe.comps, pipe.config, prompt=args.prompt, negative_prompt=args.negative_prompt)
+    return ServerModel(pipe.comps, pipe.config, prompt=args.prompt, negative_prompt=args.negative_prompt,
+                       latency_probe=getattr(args, "latency_probe", False))
 
 
 def build_app(args, model=None):
