@@ -142,3 +142,23 @@ def test_video_pipeline_missing_is_a_clear_error(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "streamstudio.app.commands.render_video", None)  # import fails
     rc = render("--pipeline", "video", "--prompt", "x", "--output", str(tmp_path / "v.mp4"))
     assert rc == 1 and "--pipeline video is not available" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_ctrl_c_closes_the_output_file(tmp_path):
+    import signal
+    import subprocess
+
+    out = tmp_path / "live.mp4"
+    proc = subprocess.Popen([sys.executable, "-m", "streamstudio", "render", "--input", "pattern:64x64@15",
+                             "--output", str(out), *TINY], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+        if out.exists() and out.stat().st_size > 0:
+            time.sleep(2)
+            break
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 130 and "interrupted:" in err and "Traceback" not in err
+    assert probe(out).frames >= 1

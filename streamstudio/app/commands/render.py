@@ -159,9 +159,11 @@ def _run_image(args) -> int:
         metrics = _watch(runner, live, total)
     except KeyboardInterrupt:
         runner.stop()
-        runner.wait(15)
-        m = runner.metrics()
-        print(f"\ninterrupted: {m.frames_out} frame(s) written, {args.output} closed", file=sys.stderr)
+        try:
+            runner.wait(15)
+        finally:
+            print(f"\ninterrupted: {runner.metrics().frames_out} frame(s) written, {args.output} closed",
+                  file=sys.stderr)
         return 130
     for warning in metrics.warnings:
         print(f"warning: {warning}", file=sys.stderr)
