@@ -70,7 +70,6 @@ def test_export_refuses_old_opset(comps, tmp_path):
         export_onnx(vae_decoder_spec(comps.vae), tmp_path / "x.onnx", opset=17)
 
 
-@pytest.mark.slow
 def test_video_model_onnx_matches_onnxruntime(tmp_path):
     from streamstudio.models.stream_dit import StreamDiT, named_config
 
@@ -260,3 +259,14 @@ def test_build_engines_command_without_tensorrt_exports_and_checks(tmp_path, cap
     assert (tmp_path / "onnx" / "vae_decoder" / "model.onnx").is_file()
     assert main(["build-engines", "--model", "tiny", "--resolution", "100", "200", "300",
                  "--engine-dir", str(tmp_path)]) == 1  # not multiples of 64: a clear error
+
+
+@pytest.mark.skipif(trt_kernels.tensorrt_available(), reason="TensorRT is installed")
+def test_video_acceleration_modes_on_cpu():
+    from streamstudio.models.stream_dit import StreamDiT, named_config
+
+    model = StreamDiT(named_config("tiny")).eval()
+    assert acceleration.apply_video_acceleration(model, "none", frames=4, height=32, width=32) is model
+    acceleration._said.clear()
+    with pytest.warns(RuntimeWarning, match="TensorRT is not installed"):
+        assert acceleration.apply_video_acceleration(model, "tensorrt", frames=4, height=32, width=32) is model

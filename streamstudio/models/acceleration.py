@@ -194,3 +194,34 @@ def video_export_spec(model: nn.Module, frames: int, height: int, width: int) ->
     spec = video_spec(model, TextCondition, frames=frames, channels=cfg.in_channels,
                       text_len=cfg.text.max_tokens + 1, text_dim=cfg.hidden_size)
     return spec, (height, width)
+
+
+def apply_video_acceleration(model: nn.Module, mode: str, *, frames: int, height: int, width: int,
+                             max_batch: int = 1, engine_dir: str | Path | None = None, precision: str = "fp16",
+                             cuda_graphs: bool = True, compile_options: dict | None = None) -> nn.Module:
+    """The StreamDiT network accelerated by `mode` for a buffer of `frames` latent frames of
+    height x width (TensorRT engines are built for exactly that layout, batch 1..max_batch).
+    Falls back to `model` (with one message) where TensorRT or a GPU is missing."""
+    if mode not in MODES:
+        raise StreamStudioError(f"acceleration must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode == "none":
+        return model
+    device = next(model.parameters()).device
+    if mode == "compile":
+        return torch.compile(model, **{**compile_kwargs(device, cuda_graphs), **(compile_options or {})})
+    if not trt_kernels.tensorrt_available():
+        say_once(f"{trt_kernels.INSTALL_HINT}; acceleration 'tensorrt' falls back to the torch path")
+        return model
+    if device.type != "cuda":
+        say_once("TensorRT engines need the model on a CUDA GPU; acceleration 'tensorrt' falls back to the torch path")
+        return model
+    from streamstudio.kernels.tensorrt.runtime import TRTEngine, VideoEngine
+
+    spec, _ = video_export_spec(model, frames, height, width)
+    shapes = ShapeRange((1, 1, max_batch), (height,) * 3, (width,) * 3)
+    try:
+        path = ensure_engine(spec, EngineCache(engine_dir), shapes, precision=precision)
+    except Exception as exc:
+        say_once(f"TensorRT engine for the video model failed ({exc}); it stays on the torch path")
+        return model
+    return VideoEngine(TRTEngine(path, device, cuda_graphs=cuda_graphs), model, model.cfg.text.max_tokens + 1)

@@ -162,7 +162,9 @@ def video_spec(model: nn.Module, make_condition: Callable, *, frames: int, chann
     depends on them), with a dynamic batch."""
 
     def make(b, h, w, device, dtype, gen):
-        mask = torch.ones((b, text_len), dtype=torch.bool, device=device)
+        mask = torch.ones((b, text_len), dtype=torch.bool, device=device)  # (B, L)
+        if device.type != "meta":
+            mask[:, text_len // 2 + 1:] = False  # padded prompts, as the runtime wrapper feeds them
         return {"x": _randn((b, frames, channels, h, w), device, dtype, gen),
                 "t": _uniform((b, frames), 0.0, 1.0, device, dtype, gen),
                 "text_tokens": _randn((b, text_len, text_dim), device, dtype, gen),

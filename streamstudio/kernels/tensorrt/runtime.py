@@ -196,3 +196,33 @@ class VAEEngine(_EngineModule):
 
     def forward(self, images: torch.Tensor):
         return self.decode(self.encode(images).latents)
+
+
+class VideoEngine(_EngineModule):
+    """model(x, t, text) -> velocity for a video network exported with `video_spec`.
+
+    `text` is any object with tokens (B, L, D), mask (B, L) and pooled (B, D) (StreamDiT's
+    TextCondition); tokens are padded with masked-out zeros to the engine's text length.
+    Everything else (encode_text, cfg) is the wrapped torch model's.
+    """
+
+    def __init__(self, engine: TRTEngine, model: nn.Module, text_len: int):
+        super().__init__(model)
+        self.engine = engine
+        self.model = model
+        self.text_len = text_len
+        self.cfg = getattr(model, "cfg", None)
+
+    def encode_text(self, prompts):
+        return self.model.encode_text(prompts)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor, text) -> torch.Tensor:
+        tokens, mask = text.tokens, text.mask  # (B, L, D), (B, L)
+        pad = self.text_len - tokens.shape[1]
+        if pad < 0:
+            raise ValueError(f"the video engine takes at most {self.text_len} text tokens, got {tokens.shape[1]}")
+        if pad:
+            tokens = torch.nn.functional.pad(tokens, (0, 0, 0, pad))
+            mask = torch.nn.functional.pad(mask, (0, pad), value=False)
+        out = self.engine(x=x, t=t, text_tokens=tokens, text_mask=mask, text_pooled=text.pooled)["velocity"]
+        return out.to(x.dtype)  # (B, F, C, H, W)
