@@ -270,3 +270,28 @@ def test_video_acceleration_modes_on_cpu():
     acceleration._said.clear()
     with pytest.warns(RuntimeWarning, match="TensorRT is not installed"):
         assert acceleration.apply_video_acceleration(model, "tensorrt", frames=4, height=32, width=32) is model
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_compile_mode_pipeline_on_gpu_matches_eager(tiny_components_factory):
+    """reduce-overhead (CUDA graphs) through the whole stream, flush included."""
+    import numpy as np
+
+    from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+
+    comps = tiny_components_factory(taesd=True).to(torch.device("cuda"), torch.float32)
+    config = StreamDiffusionConfig(width=64, height=64, steps=2, cfg_type="initialize", guidance_scale=1.4)
+    rng = np.random.default_rng(0)
+    frames = [rng.integers(0, 256, (64, 64, 3), dtype=np.uint8) for _ in range(5)]
+
+    def run(c):
+        stream = StreamDiffusion(c, config, prompt="a dog")
+        out = [f for frame in frames for f in stream.push(frame)]
+        return out + stream.flush()
+
+    want = run(comps)
+    got = run(acceleration.apply_acceleration(comps, "compile"))
+    assert len(got) == len(want) == len(frames)
+    for a, b in zip(got, want):
+        assert np.abs(a.astype(np.int16) - b.astype(np.int16)).max() <= 2

@@ -71,12 +71,17 @@ def apply_acceleration(comps: SDComponents, mode: str, *, engine_dir: str | Path
 
 class CompiledVAE(nn.Module):
     """A VAE whose encode / decode run through torch.compile; config and other attributes
-    are the wrapped VAE's."""
+    are the wrapped VAE's.
+
+    encode never uses CUDA graphs: the stream keeps the input latents across calls (flush
+    feeds the last input again), and a graph replay would overwrite them; decode's images are
+    converted to frames at once, so it may."""
 
     def __init__(self, vae: nn.Module, **compile_kwargs):
         super().__init__()
         self.vae = vae
-        self._encode = torch.compile(vae.encode, **compile_kwargs)
+        encode_kwargs = {k: v for k, v in compile_kwargs.items() if not (k == "mode" and v == "reduce-overhead")}
+        self._encode = torch.compile(vae.encode, **encode_kwargs)
         self._decode = torch.compile(vae.decode, **compile_kwargs)
 
     @property
