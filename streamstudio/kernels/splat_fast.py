@@ -55,49 +55,73 @@ def rasterize_projected(means2d, conics, opacities, features, depths, radii, wid
     return _untile(acc, trans, tiles_x, tiles_y, tile, width, height, features.shape[1], background)
 
 
-def _alphas(p: torch.Tensor, active: torch.Tensor, tiles_x: int, tile: int) -> torch.Tensor:
-    """(A, B, 6) Gaussian parameters of active tiles (A,) -> (A, B, tile * tile) alphas, 0 where skipped."""
-    lin = torch.arange(tile, dtype=torch.float32) + 0.5
-    tx, ty = (active % tiles_x).float()[:, None, None], (active // tiles_x).float()[:, None, None]
-    dx = tx * tile + lin - p[..., 0:1]  # (A, B, t)
-    dy = ty * tile + lin - p[..., 1:2]  # (A, B, t)
-    # log alpha = log o - 0.5 a dx^2 - b dx dy - 0.5 c dy^2, laid out (A, B, t y, t x)
-    ex = p[..., 2:3] * dx * dx  # (A, B, t)
-    ey = p[..., 4:5] * dy * dy + p[..., 5:6]
-    alpha = (p[..., 3:4] * dy)[..., :, None] * dx[..., None, :]
-    alpha.add_(ex[..., None, :]).add_(ey[..., :, None]).clamp_max_(LOG_ALPHA_MAX).exp_()
-    alpha = alpha.reshape(p.shape[0], p.shape[1], tile * tile)
+def pixel_basis(tile: int) -> torch.Tensor:
+    """(6, tile * tile) monomials u^2, u v, v^2, u, v, 1 of the pixel centres relative to the
+    tile centre (pixel index = v * tile + u)."""
+    c = torch.arange(tile, dtype=torch.float32) + 0.5 - tile / 2
+    v, u = torch.meshgrid(c, c, indexing="ij")
+    u, v = u.reshape(-1), v.reshape(-1)
+    return torch.stack([u * u, u * v, v * v, u, v, torch.ones_like(u)])
+
+
+def _alphas(p: torch.Tensor, active: torch.Tensor, tiles_x: int, tile: int, basis: torch.Tensor) -> torch.Tensor:
+    """(A, B, 6) Gaussian parameters of active tiles (A,) -> (A, B, tile * tile) alphas, 0 where skipped.
+
+    log alpha = log o - 0.5 a dx^2 - b dx dy - 0.5 c dy^2 is a quadratic in the pixel position,
+    so it is one small matrix product of 6 per-pair coefficients with the pixel monomials."""
+    ox = ((active % tiles_x) * tile + tile / 2).float()[:, None]  # (A, 1) tile centre
+    oy = ((active // tiles_x) * tile + tile / 2).float()[:, None]
+    mx, my = p[..., 0] - ox, p[..., 1] - oy  # (A, B) means relative to the tile centre
+    ha, nb, hc, log_o = p[..., 2], p[..., 3], p[..., 4], p[..., 5]  # -a/2, -b, -c/2, log o
+    coef = torch.stack([ha, nb, hc, -2 * ha * mx - nb * my, -2 * hc * my - nb * mx,
+                        ha * mx * mx + nb * mx * my + hc * my * my + log_o], -1)  # (A, B, 6)
+    alpha = (coef.reshape(-1, 6) @ basis).reshape(p.shape[0], p.shape[1], -1)  # (A, B, P) log alpha
+    alpha.clamp_max_(LOG_ALPHA_MAX).exp_()
     return torch.nn.functional.threshold_(alpha, ALPHA_SKIP, 0.0)  # alpha < 1/255 -> 0
 
 
 def _walk(table, counts, params, feats, acc, trans, tiles_x: int, tile: int, block: int) -> None:
-    """Blend the table block by block into acc (T, P, C + 1) and trans (T, P) in place."""
+    """Blend the table block by block into acc (T, P, C + 1) and trans (T, P) in place.
+
+    A pixel that stops keeps its final transmittance in `final`; its running T is set to 0,
+    which makes every later weight T_{k-1} - T_k exactly 0 without any masking."""
+    basis = pixel_basis(tile)  # (6, P)
+    final = torch.full_like(trans, -1.0)  # (T, P) final T of stopped pixels, -1 while running
     order = torch.argsort(counts, descending=True)
     active = order[:int((counts > 0).sum())]  # tiles still blending, busiest first
-    done = torch.zeros(table.shape[0], tile * tile, dtype=torch.bool)  # (T, P) pixels that stopped
     k0 = 0
     while active.numel():
         active = active[counts[active] > k0]
         if not active.numel():
             break
         ids = table[active, k0:k0 + block]  # (A, B)
-        alpha = _alphas(params[ids], active, tiles_x, tile)  # (A, B, P)
-        t_prev = trans[active]  # (A, P)
-        t_incl = torch.cumprod(alpha.neg_().add_(1.0), dim=1).mul_(t_prev[:, None])  # (A, B, P)
-        weights = torch.diff(t_incl, dim=1, prepend=t_prev[:, None]).neg_()  # T_{k-1} alpha_k
-        stops = t_incl[:, -1] < T_MIN  # (A, P)
-        done_a = done[active]
-        if bool(stops.any()) or bool(done_a.any()):
-            live = (t_incl >= T_MIN).logical_and_(~done_a[:, None])  # (A, B, P)
-            weights.mul_(live)
-            t_last = torch.minimum(t_incl.masked_fill(~live, 2.0).amin(1), t_prev)
-            done[active] = done_a | stops
-        else:
-            t_last = t_incl[:, -1]
+        alpha = _alphas(params[ids], active, tiles_x, tile, basis)  # (A, B, P)
+        t_prev = trans[active]  # (A, P), 0 for stopped pixels
+        t_incl = torch.cumprod(torch.rsub(alpha, 1.0), dim=1).mul_(t_prev[:, None])  # (A, B, P)
+        weights = torch.cat([t_prev[:, None], t_incl[:, :-1]], 1).sub_(t_incl)  # T_{k-1} alpha_k
+        t_last = t_incl[:, -1].clone()  # (A, P)
+        stops = (t_last < T_MIN).logical_and_(t_prev > 0)  # pixels stopping in this block
+        rows = stops.any(1).nonzero()[:, 0]
+        if rows.numel():
+            _stop(rows, stops, t_incl, t_prev, weights, t_last, final, active)
         acc[active] += torch.bmm(weights.transpose(1, 2), feats[ids])  # (A, P, C + 1)
         trans[active] = t_last
-        active = active[~done[active].all(1)]
+        active = active[(t_last > 0).any(1)]
         k0 += ids.shape[1]
+    torch.where(final >= 0, final, trans, out=trans)
+
+
+def _stop(rows, stops, t_incl, t_prev, weights, t_last, final, active) -> None:
+    """In the tiles `rows` where pixels stop: drop the Gaussians at and after each stop (T < 1e-4),
+    record the stopped pixels' final T and zero their running T."""
+    ti = t_incl[rows]  # (R, B, P)
+    dead = ti < T_MIN  # all false for pixels that go on
+    weights[rows] = weights[rows].masked_fill_(dead, 0.0)
+    last_ok = torch.minimum(ti.masked_fill_(dead, 2.0).amin(1), t_prev[rows])  # (R, P)
+    s = stops[rows]
+    tiles = active[rows]
+    final[tiles] = torch.where(s, last_ok, final[tiles])
+    t_last[rows] = t_last[rows].masked_fill_(s, 0.0)
 
 
 def _untile(acc, trans, tiles_x: int, tiles_y: int, tile: int, width: int, height: int, n_feat: int,

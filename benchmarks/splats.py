@@ -1,0 +1,154 @@
+"""Gaussian-splat renderer benchmark: frames per second of the fast CPU path at 10k and 100k
+Gaussians, 256x256 and 512x512, its speed-up over the pure-torch reference (same run), and the
+CUDA kernel at 1M Gaussians, 1920x1080 when a GPU is present.
+
+    python3 benchmarks/splats.py [--quick] [--threads 2]
+
+Writes benchmarks/results/splats.json (splats_quick.json with --quick) and prints a table.
+The scenes are synthetic and surface-like (a sphere, a ring of small spheres and a ground
+disc, Gaussian sizes shrinking as 1/sqrt(N) so the surfaces stay about equally covered), seen
+from a fitted orbit camera. Wall-clock fps are noisy on a shared machine, so the CPU time per
+frame of this process is reported too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from streamstudio.kernels.splat import rasterize_gaussians  # noqa: E402
+from streamstudio.pipelines.splat_render import SceneFit, SplatRenderConfig, camera_path  # noqa: E402
+from streamstudio.models.gaussians import GaussianScene  # noqa: E402
+
+TARGETS_FPS = {(10_000, 256): 60.0, (100_000, 256): 10.0}
+GSPLAT_PUBLISHED = "gsplat: 172 fps, 2.8M Gaussians, 1080p, TITAN RTX (published)"
+
+
+def synthetic_scene(n: int, seed: int = 0) -> GaussianScene:
+    """n surface-like Gaussians with degree-3 SH."""
+    g = torch.Generator().manual_seed(seed)
+    n_ball, n_ring = n // 2, n // 5
+    n_disc = n - n_ball - n_ring
+    ball = torch.nn.functional.normalize(torch.randn(n_ball, 3, generator=g), dim=1) * 0.6
+    ring_c = torch.randint(0, 8, (n_ring,), generator=g).float() * (2 * math.pi / 8)
+    ring = torch.stack([1.1 * torch.cos(ring_c), torch.zeros(n_ring), 1.1 * torch.sin(ring_c)], 1)
+    ring = ring + 0.13 * torch.nn.functional.normalize(torch.randn(n_ring, 3, generator=g), dim=1)
+    r = 1.8 * torch.sqrt(torch.rand(n_disc, generator=g))
+    th = 2 * math.pi * torch.rand(n_disc, generator=g)
+    disc = torch.stack([r * torch.cos(th), torch.full_like(r, 0.75), r * torch.sin(th)], 1)
+    means = torch.cat([ball, ring, disc])
+    size = 2.2 / math.sqrt(n)  # about two layers of cover on the ~6 square units of surface
+    return GaussianScene(means=means, quats=torch.randn(n, 4, generator=g),
+                         log_scales=math.log(size) + 0.3 * torch.randn(n, 3, generator=g),
+                         opacity_logits=1.5 + torch.randn(n, generator=g),
+                         sh=0.4 * torch.randn(n, 16, 3, generator=g))
+
+
+def frame_args(scene: GaussianScene, side: int, frames: int, device: str = "cpu", width: int | None = None):
+    cfg = SplatRenderConfig(width=width or side, height=side)
+    cams = camera_path("orbit", SceneFit.of(scene), cfg, frames)
+    tensors = dict(means=scene.means.to(device), quats=scene.quats.to(device), scales=scene.scales().to(device),
+                   opacities=scene.opacities().to(device), colors=scene.sh.to(device))
+    return [dict(**tensors, viewmat=c.viewmat.to(device), intrinsics=c.intrinsics, width=c.width,
+                 height=c.height, sh_degree=3) for c in cams]
+
+
+def time_frames(args_list, impl: str, sync=lambda: None) -> dict:
+    """Median wall and CPU seconds per frame over the frames (after one warm-up frame)."""
+    rasterize_gaussians(**args_list[0], impl=impl)
+    sync()
+    walls, cpus = [], []
+    for a in args_list:
+        w0, c0 = time.perf_counter(), time.process_time()
+        rasterize_gaussians(**a, impl=impl)
+        sync()
+        walls.append(time.perf_counter() - w0)
+        cpus.append(time.process_time() - c0)
+    return {"wall_s": statistics.median(walls), "cpu_s": statistics.median(cpus)}
+
+
+def cpu_rows(quick: bool) -> list[dict]:
+    rows = []
+    sizes = [(10_000, 256), (100_000, 256)] if quick else [(10_000, 256), (10_000, 512), (100_000, 256),
+                                                             (100_000, 512)]
+    for n, side in sizes:
+        scene = synthetic_scene(n)
+        t = time_frames(frame_args(scene, side, 3 if quick else 8), "fast")
+        row = {"gaussians": n, "size": f"{side}x{side}", "impl": "fast", "fps_wall": 1 / t["wall_s"],
+               "ms_wall": 1000 * t["wall_s"], "ms_cpu": 1000 * t["cpu_s"]}
+        target = TARGETS_FPS.get((n, side))
+        if target:
+            row["target_fps"] = target
+        rows.append(row)
+        print_row(row)
+    return rows
+
+
+def reference_ratio(quick: bool) -> dict:
+    """Fast vs reference on the same frame (one frame: the reference takes seconds)."""
+    n, side = (10_000, 128) if quick else (10_000, 256)
+    args = frame_args(synthetic_scene(n), side, 1)
+    ref = time_frames(args, "reference")
+    fast = time_frames(args, "fast")
+    out = {"gaussians": n, "size": f"{side}x{side}", "reference_ms_wall": 1000 * ref["wall_s"],
+           "fast_ms_wall": 1000 * fast["wall_s"], "speedup_wall": ref["wall_s"] / fast["wall_s"],
+           "speedup_cpu": ref["cpu_s"] / max(fast["cpu_s"], 1e-9)}
+    print(f"reference vs fast at {n // 1000}k / {side}x{side}: {out['reference_ms_wall']:.0f} ms vs "
+          f"{out['fast_ms_wall']:.0f} ms -> {out['speedup_wall']:.0f}x (CPU time {out['speedup_cpu']:.0f}x)")
+    return out
+
+
+def gpu_row() -> dict:
+    if not torch.cuda.is_available():
+        return {"status": "missing: no GPU in this session", "compare": GSPLAT_PUBLISHED}
+    from streamstudio.kernels import splat_cuda
+
+    if splat_cuda.load() is None:
+        return {"status": "missing: the CUDA kernel did not build", "compare": GSPLAT_PUBLISHED}
+    args = frame_args(synthetic_scene(1_000_000), 1080, 10, device="cuda", width=1920)
+    t = time_frames(args, "cuda", sync=torch.cuda.synchronize)
+    return {"status": "measured", "gaussians": 1_000_000, "size": "1920x1080", "fps": 1 / t["wall_s"],
+            "device": torch.cuda.get_device_name(), "compare": GSPLAT_PUBLISHED}
+
+
+def print_row(row: dict) -> None:
+    target = f"{row['target_fps']:>6.0f}" if "target_fps" in row else "     -"
+    print(f"{row['gaussians']:>8,} {row['size']:>9} {row['fps_wall']:>9.2f} {row['ms_wall']:>9.1f} "
+          f"{row['ms_cpu']:>9.1f} {target}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer sizes and frames, a smaller reference frame")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(max(1, min(args.threads, 2)))
+    print(f"fast CPU splat path, {torch.get_num_threads()} threads")
+    print(f"{'Gaussians':>8} {'size':>9} {'fps':>9} {'ms/frame':>9} {'cpu ms':>9} {'target':>6}")
+    rows = cpu_rows(args.quick)
+    ratio = reference_ratio(args.quick)
+    gpu = gpu_row()
+    print(f"CUDA 1M / 1920x1080: {gpu.get('fps', gpu['status'])}  ({gpu['compare']})")
+    result = {"benchmark": "splats", "quick": args.quick, "threads": torch.get_num_threads(),
+              "machine": platform.processor() or platform.machine(), "torch": torch.__version__,
+              "cpu_fast": rows, "reference_vs_fast": ratio, "cuda": gpu}
+    out = ROOT / "benchmarks" / "results" / ("splats_quick.json" if args.quick else "splats.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
