@@ -353,6 +353,20 @@ __global__ void __launch_bounds__(256) cosine_finish_kernel(const float* __restr
 // ------------------------------------------------------------------------ launchers
 namespace {
 
+// kernel<<<grid, block, 0, s>>>(args...). Built with STREAMSTUDIO_HOST_EMULATION (the CPU test
+// tests/test_kernels_emulated.py compiles this file with g++), the emulator runs every thread
+// of the grid one after another instead: all kernels but the cosine reduction are element-wise
+// without inter-thread communication, so that computes exactly what the GPU computes.
+template <typename... KArgs, typename... Args>
+void launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, cudaStream_t s, Args... args) {
+#ifdef STREAMSTUDIO_HOST_EMULATION
+  (void)s;
+  streamstudio_emulate_launch(kernel, grid, block, args...);
+#else
+  kernel<<<grid, block, 0, s>>>(args...);
+#endif
+}
+
 bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 Axis make_axis(int in_size, int out_size) {
@@ -367,12 +381,12 @@ void launch_preprocess(const uint8_t* in, void* out_v, int batch, int h, int w, 
   const int64_t hw = static_cast<int64_t>(h) * w;
   if (h == oh && w == ow && hw % 4 == 0 && aligned(in, 4) && aligned(out, 4 * sizeof(T))) {
     const int64_t n_pix = hw * batch;
-    preprocess_copy4_kernel<T, BGR><<<static_cast<unsigned>(cdiv(n_pix / 4, 256)), 256, 0, s>>>(in, out, n_pix, hw);
+    launch_kernel(preprocess_copy4_kernel<T, BGR>, dim3(static_cast<unsigned>(cdiv(n_pix / 4, 256))), dim3(256), s, in, out, n_pix, hw);
     return;
   }
   const dim3 block(32, 8);
   const dim3 grid(static_cast<unsigned>(cdiv(ow, 32)), static_cast<unsigned>(cdiv(oh, 8)), batch);
-  preprocess_resize_kernel<T, BGR><<<grid, block, 0, s>>>(in, out, make_axis(w, ow), make_axis(h, oh), oh, ow);
+  launch_kernel(preprocess_resize_kernel<T, BGR>, grid, block, s, in, out, make_axis(w, ow), make_axis(h, oh), oh, ow);
 }
 
 template <typename T>
@@ -380,9 +394,9 @@ void launch_postprocess(const void* in_v, uint8_t* out, int batch, int h, int w,
   const T* in = static_cast<const T*>(in_v);
   const int64_t hw = static_cast<int64_t>(h) * w, n_pix = hw * batch;
   if (hw % 4 == 0 && aligned(in, 4 * sizeof(T)) && aligned(out, 4)) {
-    postprocess_vec4_kernel<T><<<static_cast<unsigned>(cdiv(n_pix / 4, 256)), 256, 0, s>>>(in, out, n_pix, hw);
+    launch_kernel(postprocess_vec4_kernel<T>, dim3(static_cast<unsigned>(cdiv(n_pix / 4, 256))), dim3(256), s, in, out, n_pix, hw);
   } else {
-    postprocess_scalar_kernel<T><<<static_cast<unsigned>(cdiv(n_pix, 256)), 256, 0, s>>>(in, out, n_pix, hw);
+    launch_kernel(postprocess_scalar_kernel<T>, dim3(static_cast<unsigned>(cdiv(n_pix, 256))), dim3(256), s, in, out, n_pix, hw);
   }
 }
 
@@ -393,9 +407,9 @@ void launch_step_cfg(const StepArgs& a, cudaStream_t s) {
                    aligned(a.x0, 16) && aligned(a.x_next, 16) && (CFG != kCfgFull || aligned(a.uncond, 16)) &&
                    ((CFG != kCfgSelf && CFG != kCfgInitialize) || (aligned(a.stock, 16) && aligned(a.stock_next, 16)));
   if (vec) {
-    stream_step_kernel<T, CFG, kVec><<<static_cast<unsigned>(cdiv(a.numel / kVec, 256)), 256, 0, s>>>(a);
+    launch_kernel(stream_step_kernel<T, CFG, kVec>, dim3(static_cast<unsigned>(cdiv(a.numel / kVec, 256))), dim3(256), s, a);
   } else {
-    stream_step_kernel<T, CFG, 1><<<static_cast<unsigned>(cdiv(a.numel, 256)), 256, 0, s>>>(a);
+    launch_kernel(stream_step_kernel<T, CFG, 1>, dim3(static_cast<unsigned>(cdiv(a.numel, 256))), dim3(256), s, a);
   }
 }
 
@@ -419,11 +433,11 @@ int launch_cosine(const void* a_v, const void* b_v, int64_t n, float* partial, i
   const int64_t packs = vec ? n / kVec : n;
   const int blocks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(cdiv(packs, 256), max_blocks)));
   if (vec) {
-    cosine_partial_kernel<T, kVec><<<blocks, 256, 0, s>>>(a, b, n, partial);
+    launch_kernel(cosine_partial_kernel<T, kVec>, dim3(blocks), dim3(256), s, a, b, n, partial);
   } else {
-    cosine_partial_kernel<T, 1><<<blocks, 256, 0, s>>>(a, b, n, partial);
+    launch_kernel(cosine_partial_kernel<T, 1>, dim3(blocks), dim3(256), s, a, b, n, partial);
   }
-  cosine_finish_kernel<<<1, 256, 0, s>>>(partial, blocks, out);
+  launch_kernel(cosine_finish_kernel, dim3(1), dim3(256), s, partial, blocks, out);
   return blocks;
 }
 
