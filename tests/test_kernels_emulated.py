@@ -3,7 +3,8 @@ a small emulation of CUDA's thread indices and intrinsics (every thread of the g
 after another; the element-wise kernels never talk between threads, so this computes what the
 GPU computes). The real launchers run, so the alignment checks and the choice between vector
 and scalar kernels are exercised too. Outputs are poisoned before each call and compared with
-the pure-torch references. The cosine reduction (warp shuffles) is tested on a GPU only."""
+the pure-torch references. The cosine reduction runs each block's threads concurrently, with
+barriers for __syncthreads and warp shuffles."""
 
 from __future__ import annotations
 
@@ -21,14 +22,29 @@ from streamstudio.kernels.reference import CFG_FULL, CFG_INITIALIZE, CFG_NONE, C
 
 EMULATION = r"""
 #include <cuda_runtime.h>  // dim3, cudaStream_t, cudaError_t (declarations only)
+#include <barrier>
 #include <cmath>
 #include <cstdint>
+#include <memory>
+#include <thread>
+#include <vector>
 
 #ifndef __launch_bounds__
 #define __launch_bounds__(...)
 #endif
+#undef __shared__
+#define __shared__ static  // one block runs at a time
 
-namespace emu { thread_local dim3 block_idx, thread_idx, block_dim, grid_dim; }
+namespace emu {
+thread_local dim3 block_idx, thread_idx, block_dim, grid_dim;
+bool threaded = false;  // run a block's threads concurrently (kernels with barriers / shuffles)
+struct Block {
+  std::unique_ptr<std::barrier<>> sync;
+  std::vector<std::unique_ptr<std::barrier<>>> warps;
+  std::vector<float> lanes;  // one slot per thread for shuffles
+};
+Block* block = nullptr;
+}  // namespace emu
 #define blockIdx emu::block_idx
 #define threadIdx emu::thread_idx
 #define blockDim emu::block_dim
@@ -42,23 +58,45 @@ static inline float __fdiv_rn(float a, float b) { return a / b; }
 static inline int __float2int_rn(float x) { return static_cast<int>(std::nearbyint(x)); }
 static inline int max(int a, int b) { return a > b ? a : b; }
 static inline int min(int a, int b) { return a < b ? a : b; }
-static inline float __shfl_down_sync(unsigned, float, int) { return 0.0f; }  // cosine: not emulated
-static inline void __syncthreads() {}
+static inline void __syncthreads() { emu::block->sync->arrive_and_wait(); }
+static inline float __shfl_down_sync(unsigned, float v, int off) {  // whole warps only, as the kernels use it
+  const unsigned t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  emu::block->lanes[t] = v;
+  emu::block->warps[warp]->arrive_and_wait();
+  const float r = lane + off < 32 ? emu::block->lanes[t + off] : v;
+  emu::block->warps[warp]->arrive_and_wait();
+  return r;
+}
 
 template <typename... KArgs, typename... Args>
 void streamstudio_emulate_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, Args... args) {
   emu::grid_dim = grid;
   emu::block_dim = block;
+  const unsigned n = block.x * block.y * block.z;
   for (unsigned bz = 0; bz < grid.z; ++bz)
     for (unsigned by = 0; by < grid.y; ++by)
-      for (unsigned bx = 0; bx < grid.x; ++bx)
-        for (unsigned tz = 0; tz < block.z; ++tz)
-          for (unsigned ty = 0; ty < block.y; ++ty)
-            for (unsigned tx = 0; tx < block.x; ++tx) {
-              emu::block_idx = dim3(bx, by, bz);
-              emu::thread_idx = dim3(tx, ty, tz);
-              kernel(args...);
-            }
+      for (unsigned bx = 0; bx < grid.x; ++bx) {
+        auto run = [&, bx, by, bz](unsigned tid) {
+          emu::grid_dim = grid;
+          emu::block_dim = block;
+          emu::block_idx = dim3(bx, by, bz);
+          emu::thread_idx = dim3(tid % block.x, tid / block.x % block.y, tid / (block.x * block.y));
+          kernel(args...);
+        };
+        if (!emu::threaded) {
+          for (unsigned tid = 0; tid < n; ++tid) run(tid);
+          continue;
+        }
+        emu::Block b;
+        b.sync = std::make_unique<std::barrier<>>(n);
+        for (unsigned w = 0; w < (n + 31) / 32; ++w) b.warps.push_back(std::make_unique<std::barrier<>>(32));
+        b.lanes.assign(n, 0.0f);
+        emu::block = &b;
+        std::vector<std::thread> threads;
+        for (unsigned tid = 0; tid < n; ++tid) threads.emplace_back(run, tid);
+        for (auto& t : threads) t.join();
+        emu::block = nullptr;
+      }
 }
 
 extern "C" cudaError_t cudaGetLastError(void) { return cudaSuccess; }
@@ -78,6 +116,12 @@ int emu_stream_step(const void* x, const void* text, const void* uncond, const v
                     float guidance, float delta, int dtype, int cfg) {
   streamstudio::StepArgs a{x, text, uncond, stock, noise, coef, x0, x_next, stock_next, numel, row, guidance, delta};
   return streamstudio::stream_step_launch(a, dtype, cfg, nullptr);
+}
+int emu_cosine(const void* a, const void* b, int dtype, int64_t n, float* partial, int max_blocks, float* out) {
+  emu::threaded = true;
+  const int rc = streamstudio::cosine_launch(a, b, dtype, n, partial, max_blocks, out, nullptr);
+  emu::threaded = false;
+  return rc;
 }
 }
 """
@@ -101,7 +145,7 @@ def emu(tmp_path_factory):
     src = folder / "emu.cpp"
     src.write_text(EMULATION)
     lib = folder / "libemu.so"
-    cmd = [gxx, "-std=c++17", "-O2", "-ffp-contract=off", "-fPIC", "-shared", "-Wno-attributes",
+    cmd = [gxx, "-std=c++20", "-O2", "-ffp-contract=off", "-fPIC", "-shared", "-pthread", "-Wno-attributes",
            f"-I{cuda_build.CSRC}", f"-I{include}", str(src), "-o", str(lib)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"g++ could not build the emulation:\n{proc.stderr[-4000:]}"
@@ -205,3 +249,17 @@ def test_emulated_stream_step(emu, dtype, cfg, shape, offset):
             torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-6)  # op-by-op rounding as torch
         else:
             _assert_close(got, ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("n,offset,max_blocks", [(1, 0, 4), (5000, 0, 4), (5003, 1, 4), (70000, 0, 2), (0, 0, 4)])
+def test_emulated_cosine_similarity(emu, dtype, n, offset, max_blocks):
+    gen = torch.Generator().manual_seed(n + offset + DTYPES[dtype])
+    base = torch.randn(n, generator=gen)
+    a = _offset(base.to(dtype), offset)
+    b = _offset((0.6 * base + 0.4 * torch.randn(n, generator=gen)).to(dtype), offset)
+    want = float(reference.cosine_similarity(a.double(), b.double())) if n else 0.0
+    partial = torch.full((3 * max_blocks,), float("nan"))
+    out = torch.full((1,), float("nan"))
+    assert emu.emu_cosine(_ptr(a), _ptr(b), DTYPES[dtype], ctypes.c_int64(n), _ptr(partial), max_blocks, _ptr(out)) == 0
+    assert abs(out.item() - want) <= 1e-5 * max(1.0, abs(want))
