@@ -103,3 +103,21 @@ def test_video_tab_builds():
         with gr.Tab("Video"):
             video_tab.build_video_tab()
     assert demo is not None
+
+
+def test_cli_train_video_then_render_video(tmp_path, capsys):
+    from streamstudio.app.cli import main
+
+    ck = tmp_path / "ck"
+    assert main(["train-video", "--output", str(ck), "--steps", "2", "--batch-size", "1", "--size", "16",
+                 "--buffer-frames", "4", "--num-chunks", "2", "--cpu", "--no-progress"]) == 0
+    assert (ck / "model.safetensors").is_file() and "trained 2 steps" in capsys.readouterr().out
+    clip = tmp_path / "in.mp4"
+    write_mp4(clip, [np.full((32, 32, 3), 40 * i, np.uint8) for i in range(5)], 8)
+    out = tmp_path / "out.mp4"
+    assert main(["render", "--pipeline", "video", "--input", str(clip), "--model", str(ck), "--prompt", "red",
+                 "--output", str(out), "--width", "32", "--height", "32"]) == 0
+    frames, _ = read_frames(out)
+    assert len(list(frames)) == 5
+    assert main(["render", "--pipeline", "video", "--input", str(clip), "--model", str(tmp_path / "none"),
+                 "--output", str(out)]) == 1  # a clear error, no traceback
