@@ -86,7 +86,8 @@ def run(coro):
 def test_client_gets_processed_frames(server):
     async def main():
         client, got = await connected(server.url, "a cat")
-        await wait_for(lambda: len(got.processed()) >= 5)
+        session = lambda: server.manager.get(client.webrtc_id)  # noqa: E731
+        await wait_for(lambda: len(got.processed()) >= 5 and session() is not None and session().processed >= 5)
         stats = await client.stats()
         await client.close()
         return got.processed()[-1], stats

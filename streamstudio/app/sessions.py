@@ -38,6 +38,7 @@ SETTING_TYPES = {
     "similarity_threshold": (int, float),
 }
 MAX_PROMPTS = 3
+MAX_PRESETS = 256  # settings kept for streams that have not connected yet
 
 
 class BusyError(StreamStudioError):
@@ -384,8 +385,10 @@ class SessionManager:
         with self._lock:
             session = self._sessions.get(sid)
             if session is None:
-                old = self._presets.get(sid, ({}, 0.0))[0]
+                old = self._presets.pop(sid, ({}, 0.0))[0]
                 self._presets[sid] = ({**old, **settings}, time.monotonic())
+                while len(self._presets) > MAX_PRESETS:  # bounded: forget the oldest
+                    self._presets.pop(next(iter(self._presets)))
         if session is not None:
             session.request(settings)
         return settings
