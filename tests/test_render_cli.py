@@ -168,3 +168,19 @@ def test_ctrl_c_closes_the_output_file(tmp_path):
     err = proc.communicate(timeout=60)[1]
     assert proc.returncode == 130 and "interrupted:" in err and "Traceback" not in err
     assert probe(out).frames >= 1
+
+
+def test_similarity_filter_skips_keep_the_frame_count(tmp_path, capsys):
+    import numpy as np
+    from PIL import Image
+
+    (tmp_path / "still").mkdir()
+    for i in range(6):
+        Image.fromarray(np.full((64, 64, 3), 120, np.uint8)).save(tmp_path / "still" / f"{i}.png")
+    rc = render("--input", str(tmp_path / "still"), "--output", str(tmp_path / "out.mkv"), "--steps", "2",
+                "--filter-threshold", "0.5", *TINY)
+    assert rc == 0
+    err = capsys.readouterr().err
+    skipped = int(err.split("filter-skipped ")[1].split(",")[0])
+    assert skipped >= 1
+    assert probe(tmp_path / "out.mkv").frames == 6

@@ -115,6 +115,7 @@ class Probe:
     video_pts: list[float]
     audio_codec: str | None = None
     audio_duration: float | None = None  # decoded samples / rate
+    audio_start: float | None = None  # time of the first decoded audio frame
     first: np.ndarray | None = None
 
 
@@ -131,6 +132,8 @@ def probe(path) -> Probe:
         if c.streams.audio:
             a = c.streams.audio[0]
             rate = a.codec_context.sample_rate
-            samples = sum(f.samples for f in c.decode(audio=0))
+            frames = list(c.decode(audio=0))
+            samples = sum(f.samples for f in frames)
             result.audio_codec, result.audio_duration = a.codec_context.name, samples / rate
+            result.audio_start = float(frames[0].time) if frames and frames[0].time is not None else None
     return result

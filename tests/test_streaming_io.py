@@ -44,6 +44,8 @@ def test_file_round_trip_keeps_count_fps_duration_and_audio(tmp_path, suffix):
     assert out.duration == pytest.approx(2.0, abs=0.05)
     assert out.audio_codec == ("opus" if suffix == ".webm" else "aac")  # webm cannot hold AAC: re-encoded
     assert out.audio_duration == pytest.approx(src_probe.audio_duration, abs=0.05)
+    # in sync: audio starts with the video, as in the source
+    assert out.audio_start - out.video_pts[0] == pytest.approx(src_probe.audio_start - src_probe.video_pts[0], abs=0.03)
     # the picture survives: the red channel carries the frame index
     assert abs(int(out.first[..., 0].mean()) - 0) < 12
 
