@@ -10,6 +10,7 @@ import dataclasses
 
 import torch
 
+from streamstudio.errors import StreamStudioError
 from streamstudio.pipelines.video_training import VideoTrainConfig, VideoTrainer
 
 DEFAULTS = VideoTrainConfig()
@@ -46,6 +47,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def config_from_args(args) -> VideoTrainConfig:
+    if args.num_chunks < 1 or args.buffer_frames % args.num_chunks:
+        raise StreamStudioError(f"--num-chunks {args.num_chunks} must divide --buffer-frames {args.buffer_frames}")
     names = {f.name for f in dataclasses.fields(VideoTrainConfig)}
     values = {k: v for k, v in vars(args).items() if k in names}
     values["progress"] = not args.no_progress
