@@ -31,10 +31,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from streamstudio.streaming.processor import IdentityProcessor  # noqa: E402
-from streamstudio.streaming.runner import Runner, RunnerConfig  # noqa: E402
-from streamstudio.streaming.sinks import NullSink, open_sink  # noqa: E402
-from streamstudio.streaming.sources import ArraySource, PatternSource  # noqa: E402
+from streamstudio.streaming.processor import IdentityProcessor
+from streamstudio.streaming.runner import Runner, RunnerConfig
+from streamstudio.streaming.sinks import NullSink, open_sink
+from streamstudio.streaming.sources import ArraySource, PatternSource
 
 RESULTS = Path(__file__).resolve().parent / "results" / "streaming.json"
 OVERHEAD_TARGET_MS = 2.0
@@ -89,7 +89,10 @@ def live_latency(n: int) -> dict:
     import torch
 
     from streamstudio.models.loading import load_components
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+    from streamstudio.pipelines.stream_diffusion import (
+        StreamDiffusion,
+        StreamDiffusionConfig,
+    )
 
     comps = load_components("tiny", device="cpu", dtype=torch.float32)
     pipe = StreamDiffusion(comps, StreamDiffusionConfig(width=64, height=64, steps=2, guidance_scale=1.0),

@@ -9,9 +9,9 @@ import time
 import types
 
 import pytest
+from test_streaming_clips import make_clip, make_no_frames_clip, probe
 
 from streamstudio.app import cli
-from test_streaming_clips import make_clip, make_no_frames_clip, probe
 
 TINY = ["--model", "tiny", "--device", "cpu"]
 

@@ -8,12 +8,24 @@ import re
 import numpy as np
 import pytest
 from PIL import Image
+from test_streaming_clips import (
+    make_clip,
+    make_no_frames_clip,
+    make_vfr_clip,
+    probe,
+    rotate_mp4,
+)
 
 from streamstudio.errors import StreamStudioError
 from streamstudio.streaming.sinks import HlsSink, fit_frame, open_sink
-from streamstudio.streaming.sources import (MAX_SIDE, ArraySource, PatternSource, VideoFileSource, open_source,
-                                            to_rgb_frame)
-from test_streaming_clips import (make_clip, make_no_frames_clip, make_vfr_clip, probe, rotate_mp4)
+from streamstudio.streaming.sources import (
+    MAX_SIDE,
+    ArraySource,
+    PatternSource,
+    VideoFileSource,
+    open_source,
+    to_rgb_frame,
+)
 
 
 def copy_through(src_spec, out, **sink_kw):

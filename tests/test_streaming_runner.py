@@ -8,13 +8,25 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from test_streaming_clips import make_clip, probe
 
 from streamstudio.errors import StreamStudioError
 from streamstudio.streaming.processor import IdentityProcessor
-from streamstudio.streaming.runner import FrameQueue, Closed, Runner, RunnerConfig, percentiles, run_stream
+from streamstudio.streaming.runner import (
+    Closed,
+    FrameQueue,
+    Runner,
+    RunnerConfig,
+    percentiles,
+    run_stream,
+)
 from streamstudio.streaming.sinks import Sink, open_sink
-from streamstudio.streaming.sources import ArraySource, PatternSource, PushSource, open_source
-from test_streaming_clips import make_clip, probe
+from streamstudio.streaming.sources import (
+    ArraySource,
+    PatternSource,
+    PushSource,
+    open_source,
+)
 
 
 class ListSink(Sink):

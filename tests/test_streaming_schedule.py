@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from streamstudio.errors import StreamStudioError
-from streamstudio.streaming.schedule import PromptKey, PromptSchedule, load_schedule, parse_text, parse_time
+from streamstudio.streaming.schedule import (
+    PromptKey,
+    PromptSchedule,
+    load_schedule,
+    parse_text,
+    parse_time,
+)
 
 
 def test_parse_time_formats():

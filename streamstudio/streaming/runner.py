@@ -19,8 +19,9 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -165,7 +166,7 @@ class Runner:
         self._finished = threading.Event()
 
     # ------------------------------------------------------------------ control
-    def start(self) -> "Runner":
+    def start(self) -> Runner:
         self._t_start = time.perf_counter()
         self._threads = [threading.Thread(target=self._guard, args=(name, target), name=f"streamstudio-{name}",
                                           daemon=True)
@@ -407,4 +408,4 @@ def run_stream(source: Source, processor: Any, sink: Sink | SinkFactory, **confi
     return Runner(source, processor, sink, RunnerConfig(**config)).run()
 
 
-__all__ = ["FrameQueue", "Runner", "RunnerConfig", "RunMetrics", "VideoFrame", "run_stream", "percentiles"]
+__all__ = ["FrameQueue", "RunMetrics", "Runner", "RunnerConfig", "VideoFrame", "percentiles", "run_stream"]

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
 from streamstudio.errors import StreamStudioError
 
@@ -82,7 +82,7 @@ class PromptSchedule:
 _TIME = re.compile(r"^(?:(\d+):)?(?:(\d+):)?(\d+(?:\.\d*)?)$")
 
 
-def parse_time(text: str | float | int) -> float:
+def parse_time(text: str | float) -> float:
     """Seconds from 12.5, "12.5", "1:02.5" or "1:00:02"."""
     if isinstance(text, (int, float)):
         value = float(text)

@@ -428,8 +428,8 @@ class RtmpSink(Sink):
         if container is not None:
             try:
                 container.close()
-            except Exception:  # the connection is already gone
-                pass
+            except Exception as exc:  # the connection is already gone
+                log.debug("closing a dead RTMP connection: %s", exc)
 
     def _reconnect(self) -> None:
         wait = self.config.backoff

@@ -15,10 +15,10 @@ import logging
 import math
 import re
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -130,7 +130,7 @@ def display_rotation(frame_rotation: float) -> int:
     """Degrees clockwise to turn a decoded frame for display. PyAV's `frame.rotation` is the
     display matrix angle (av_display_rotation_get, counter-clockwise), so players (ffmpeg's
     autorotate) turn the frame clockwise by minus that angle: a phone's portrait clip says -90."""
-    return int(round(-frame_rotation / 90.0)) * 90 % 360
+    return round(-frame_rotation / 90.0) * 90 % 360
 
 
 def scaled_size(width: int, height: int, max_side: int) -> tuple[int, int]:
