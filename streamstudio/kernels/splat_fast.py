@@ -17,6 +17,7 @@ import torch
 from streamstudio.kernels.splat_reference import ALPHA_MAX, ALPHA_MIN, T_MIN, bin_gaussians
 
 FAST_TILE = 8
+MIN_BLOCK, MAX_BLOCK, BLOCK_ELEMENTS = 32, 512, 1 << 19
 LOG_ALPHA_MAX = math.log(ALPHA_MAX)
 ALPHA_SKIP = math.nextafter(ALPHA_MIN, 0.0)  # threshold keeps x > ALPHA_SKIP, i.e. x >= 1/255
 
@@ -32,11 +33,12 @@ def tile_table(gauss_ids, tile_ids, offsets, n_tiles: int, sentinel: int):
 
 
 def rasterize_projected(means2d, conics, opacities, features, depths, radii, width: int, height: int,
-                        background: torch.Tensor | None = None, tile: int = FAST_TILE, block: int = 32):
+                        background: torch.Tensor | None = None, tile: int = FAST_TILE, block: int | None = None):
     """Same contract as `splat_reference.rasterize_projected`, CPU tensors, float32.
 
     `tile` is the binning tile of this path (8 by default: with small Gaussians fewer wasted
-    pixel evaluations than 16; the result does not depend on it, binning is exact)."""
+    pixel evaluations than 16; the result does not depend on it, binning is exact). `block`
+    is the number of depth slots blended at once (default: 32, more when few tiles are busy)."""
     tiles_x, tiles_y = (width + tile - 1) // tile, (height + tile - 1) // tile
     n_tiles, n = tiles_x * tiles_y, means2d.shape[0]
     gauss_ids, tile_ids, offsets = bin_gaussians(means2d, depths, radii, width, height, tile)
@@ -80,7 +82,15 @@ def _alphas(p: torch.Tensor, active: torch.Tensor, tiles_x: int, tile: int, basi
     return torch.nn.functional.threshold_(alpha, ALPHA_SKIP, 0.0)  # alpha < 1/255 -> 0
 
 
-def _walk(table, counts, params, feats, acc, trans, tiles_x: int, tile: int, block: int) -> None:
+def _block_size(n_active: int, tile: int, block: int | None) -> int:
+    """Depth slots per step: the given block, else 32, or more while few tiles are busy (keeping
+    a step near BLOCK_ELEMENTS alphas, so a small image of a big scene takes few steps)."""
+    if block is not None:
+        return block
+    return int(min(MAX_BLOCK, max(MIN_BLOCK, BLOCK_ELEMENTS // max(n_active * tile * tile, 1))))
+
+
+def _walk(table, counts, params, feats, acc, trans, tiles_x: int, tile: int, block: int | None) -> None:
     """Blend the table block by block into acc (T, P, C + 1) and trans (T, P) in place.
 
     A pixel that stops keeps its final transmittance in `final`; its running T is set to 0,
@@ -94,7 +104,7 @@ def _walk(table, counts, params, feats, acc, trans, tiles_x: int, tile: int, blo
         active = active[counts[active] > k0]
         if not active.numel():
             break
-        ids = table[active, k0:k0 + block]  # (A, B)
+        ids = table[active, k0:k0 + _block_size(active.numel(), tile, block)]  # (A, B)
         alpha = _alphas(params[ids], active, tiles_x, tile, basis)  # (A, B, P)
         t_prev = trans[active]  # (A, P), 0 for stopped pixels
         t_incl = torch.cumprod(torch.rsub(alpha, 1.0), dim=1).mul_(t_prev[:, None])  # (A, B, P)

@@ -90,8 +90,9 @@ splat_rasterize_forward(const float* __restrict__ means2d,    // (N, 2)
 
 #ifndef SPLAT_KERNEL_ONLY
 #include <torch/extension.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAStream.h>
 
 // Returns (out (H, W, 4), trans (H, W)). All tensors on one CUDA device; floats are float32,
 // ids and offsets int32.
@@ -102,7 +103,7 @@ std::vector<torch::Tensor> rasterize_forward(torch::Tensor means2d, torch::Tenso
   TORCH_CHECK(feats.size(1) == SPLAT_CHANNELS, "splat rasteriser: feats must be (N, 4)");
   TORCH_CHECK(gauss_ids.scalar_type() == torch::kInt32 && offsets.scalar_type() == torch::kInt32,
               "splat rasteriser: ids and offsets must be int32");
-  const at::cuda::CUDAGuard guard(means2d.device());
+  const c10::cuda::CUDAGuard guard(means2d.device());
   auto f32 = means2d.options().dtype(torch::kFloat32);
   auto m = means2d.to(torch::kFloat32).contiguous();
   auto c = conics.to(torch::kFloat32).contiguous();
@@ -123,7 +124,7 @@ std::vector<torch::Tensor> rasterize_forward(torch::Tensor means2d, torch::Tenso
   }
   const int n_tiles = tiles_x * tiles_y;
   if (n_tiles > 0) {
-    splat_rasterize_forward<<<n_tiles, SPLAT_BLOCK, 0, at::cuda::getCurrentCUDAStream()>>>(
+    splat_rasterize_forward<<<n_tiles, SPLAT_BLOCK, 0, c10::cuda::getCurrentCUDAStream()>>>(
         m.data_ptr<float>(), c.data_ptr<float>(),
         o.data_ptr<float>(), f.data_ptr<float>(), ids.data_ptr<int32_t>(), offs.data_ptr<int32_t>(), bg,
         (int)width, (int)height, tiles_x, out.data_ptr<float>(), trans.data_ptr<float>());
