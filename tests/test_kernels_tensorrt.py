@@ -295,3 +295,71 @@ def test_compile_mode_pipeline_on_gpu_matches_eager(tiny_components_factory):
     assert len(got) == len(want) == len(frames)
     for a, b in zip(got, want):
         assert np.abs(a.astype(np.int16) - b.astype(np.int16)).max() <= 2
+
+
+# ------------------------------------------------------------------------------ drop-in wrappers (CPU)
+class FakeEngine:
+    """Stands in for TRTEngine: named tensors in, {output: tensor} out, computed by an export
+    wrapper (so the drop-in modules' plumbing is tested without TensorRT)."""
+
+    def __init__(self, spec):
+        self.spec = spec
+        self.calls = 0
+
+    def __call__(self, **inputs):
+        self.calls += 1
+        with torch.no_grad():
+            out = self.spec.module(*(inputs[n] for n in self.spec.input_names))
+        return {self.spec.output_names[0]: out}
+
+
+def test_engine_modules_drop_into_the_pipeline(tiny_components_factory):
+    import dataclasses
+
+    import numpy as np
+
+    from streamstudio.kernels.tensorrt.runtime import UNetEngine, VAEEngine
+    from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+
+    comps = tiny_components_factory(taesd=True)
+    unet_engine = FakeEngine(unet_spec(comps.unet))
+    enc, dec = FakeEngine(vae_encoder_spec(comps.vae)), FakeEngine(vae_decoder_spec(comps.vae))
+    wrapped = dataclasses.replace(comps, unet=UNetEngine(unet_engine, comps.unet), vae=VAEEngine(comps.vae, enc, dec))
+    config = StreamDiffusionConfig(width=64, height=64, steps=2, cfg_type="initialize", guidance_scale=1.3)
+    frames = [np.random.default_rng(i).integers(0, 256, (64, 64, 3), dtype=np.uint8) for i in range(3)]
+
+    def run(c):
+        stream = StreamDiffusion(c, config, prompt="a red ball")
+        return [f for frame in frames for f in stream.push(frame)] + stream.flush()
+
+    want, got = run(comps), run(wrapped)
+    assert unet_engine.calls > 0 and enc.calls == len(frames) and dec.calls == len(frames)
+    assert len(got) == len(want) == len(frames)
+    for a, b in zip(got, want):
+        assert np.abs(a.astype(np.int16) - b.astype(np.int16)).max() <= 1
+    out = wrapped.unet(torch.zeros(2, 4, 8, 8), 999, torch.zeros(2, 77, 32), return_dict=False)
+    assert isinstance(out, tuple) and out[0].shape == (2, 4, 8, 8)  # scalar timestep, tuple output
+    with pytest.raises(TypeError, match="takes no"):
+        wrapped.unet(torch.zeros(1, 4, 8, 8), 1, torch.zeros(1, 77, 32), added_cond_kwargs={"x": 1})
+    torch_only = VAEEngine(comps.vae, None, None)  # missing engines fall back to the torch VAE
+    z = torch.randn(1, 4, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(torch_only.decode(z).sample, comps.vae.decode(z).sample)
+
+
+def test_video_engine_pads_text_tokens():
+    from streamstudio.kernels.tensorrt.runtime import VideoEngine
+    from streamstudio.models.stream_dit import StreamDiT, named_config
+
+    torch.manual_seed(0)
+    model = StreamDiT(named_config("tiny")).eval()
+    for p in model.parameters():
+        p.data.add_(torch.randn_like(p) * 0.02)
+    spec, _ = acceleration.video_export_spec(model, frames=4, height=32, width=32)
+    text_len = model.cfg.text.max_tokens + 1
+    engine = VideoEngine(FakeEngine(spec), model, text_len)
+    with torch.no_grad():
+        text = engine.encode_text(["a red ball moving left"])
+        assert text.tokens.shape[1] < text_len
+        x, t = torch.randn(1, 4, 3, 32, 32), torch.rand(1, 4)
+        torch.testing.assert_close(engine(x, t, text), model(x, t, text), rtol=1e-4, atol=1e-5)
