@@ -18,15 +18,28 @@ COMMANDS = {
     "splat": "splat",
     "train-video": "train_video",
     "build-engines": "build_engines",
-    "bench": "bench",
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="streamstudio", description=__doc__.splitlines()[0])
+def _chosen_command(argv: list[str] | None) -> str | None:
+    """The subcommand named on the command line, if any (its module alone is imported, so
+    `render` does not pay for importing the web app)."""
+    for word in argv or []:
+        if not word.startswith("-"):
+            return word if word in COMMANDS else None
+    return None
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser with every command, or only the one named in `argv`."""
+    parser = argparse.ArgumentParser(prog="streamstudio", description="StreamStudio: real-time generative media "
+                                     "(stream-batched diffusion, streaming video, Gaussian splats)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    chosen = _chosen_command(argv)
     for name, module_name in COMMANDS.items():
+        if chosen is not None and name != chosen:
+            continue
         try:
             module = importlib.import_module(f"streamstudio.app.commands.{module_name}")
         except ModuleNotFoundError as exc:  # a command whose module is not written yet
@@ -39,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(levelname)s %(name)s: %(message)s")
