@@ -98,23 +98,33 @@ def naive_render(m2, conics, opac, colors, depths, w, h, bg):
     return rgb, alpha_img
 
 
-@pytest.mark.parametrize("rasterize", [splat_reference.rasterize_projected, splat_fast.rasterize_projected],
-                         ids=["reference", "fast"])
-def test_rasterizer_matches_naive_per_pixel(rasterize):
-    w, h = 37, 21  # not a multiple of the tile size
+@pytest.fixture(scope="module")
+def naive_case():
+    """A small image with both saturated (T < 1e-4 stop) and transparent pixels, rendered naively."""
+    w, h = 37, 21  # not a multiple of any tile size
     means, quats, scales, opac, colors = random_gaussians(100, seed=2, spread=0.5, log_scale=-2.0)
-    opac[:40] = 0.999  # saturate some pixels so the T < 1e-4 stop is exercised
+    opac[:40] = 0.999
     intr = (40.0, 40.0, w / 2, h / 2)
-    view = torch.eye(4, dtype=torch.float64)
-    m2, conics, depths, radii, _ = project_gaussians(means, quat_scale_to_covar(quats, scales), opac, view,
-                                                     *intr, w, h)
+    proj = project_gaussians(means, quat_scale_to_covar(quats, scales), opac, torch.eye(4, dtype=torch.float64),
+                             *intr, w, h)
+    m2, conics, depths, radii, _ = proj
     bg = np.array([0.2, 0.3, 0.4])
-    want_rgb, want_alpha = naive_render(m2.numpy(), conics.numpy(), opac.numpy(), colors.numpy(),
-                                        depths.numpy(), w, h, bg)
-    dtype = torch.float32 if rasterize is splat_fast.rasterize_projected else torch.float64
-    rgb, _, alpha = rasterize(m2.to(dtype), conics.to(dtype), opac.to(dtype), colors.to(dtype),
-                              depths.to(dtype), radii.to(dtype), w, h, torch.tensor(bg, dtype=dtype))
-    assert want_alpha.max() > 0.999 and want_alpha.min() < 0.5  # the image has both regimes
+    want = naive_render(m2.numpy(), conics.numpy(), opac.numpy(), colors.numpy(), depths.numpy(), w, h, bg)
+    assert want[1].max() > 0.999 and want[1].min() < 0.5  # the image has both regimes
+    return (m2, conics, opac, colors, depths, radii, w, h, bg), want
+
+
+@pytest.mark.parametrize("impl, tile", [("reference", None), ("fast", 4), ("fast", 8), ("fast", 16)])
+def test_rasterizer_matches_naive_per_pixel(naive_case, impl, tile):
+    (m2, conics, opac, colors, depths, radii, w, h, bg), (want_rgb, want_alpha) = naive_case
+    if impl == "reference":
+        rgb, _, alpha = splat_reference.rasterize_projected(m2, conics, opac, colors, depths, radii, w, h,
+                                                            torch.tensor(bg))
+    else:
+        f = torch.float32
+        rgb, _, alpha = splat_fast.rasterize_projected(m2.to(f), conics.to(f), opac.to(f), colors.to(f),
+                                                       depths.to(f), radii.to(f), w, h, torch.tensor(bg, dtype=f),
+                                                       tile=tile)
     np.testing.assert_allclose(rgb.double().numpy(), want_rgb, atol=1e-4)
     np.testing.assert_allclose(alpha.double().numpy(), want_alpha, atol=1e-4)
 

@@ -16,8 +16,8 @@ import torch
 
 from streamstudio.kernels.splat_reference import ALPHA_MAX, ALPHA_MIN, T_MIN, bin_gaussians
 
-FAST_TILE = 8
 MIN_BLOCK, MAX_BLOCK, BLOCK_ELEMENTS = 32, 512, 1 << 19
+CHUNK_ELEMENTS = 1 << 20  # alphas per chunk of tiles: 1 MiB of float32, cache-sized
 LOG_ALPHA_MAX = math.log(ALPHA_MAX)
 ALPHA_SKIP = math.nextafter(ALPHA_MIN, 0.0)  # threshold keeps x > ALPHA_SKIP, i.e. x >= 1/255
 
@@ -33,12 +33,15 @@ def tile_table(gauss_ids, tile_ids, offsets, n_tiles: int, sentinel: int):
 
 
 def rasterize_projected(means2d, conics, opacities, features, depths, radii, width: int, height: int,
-                        background: torch.Tensor | None = None, tile: int = FAST_TILE, block: int | None = None):
+                        background: torch.Tensor | None = None, tile: int | None = None,
+                        block: int | None = None):
     """Same contract as `splat_reference.rasterize_projected`, CPU tensors, float32.
 
-    `tile` is the binning tile of this path (8 by default: with small Gaussians fewer wasted
-    pixel evaluations than 16; the result does not depend on it, binning is exact). `block`
+    `tile` is the binning tile of this path (default: from the Gaussians' median footprint,
+    4, 8 or 16 pixels, so small Gaussians waste few pixel evaluations; the result does not
+    depend on it, binning is exact). `block`
     is the number of depth slots blended at once (default: 32, more when few tiles are busy)."""
+    tile = tile or pick_tile(radii)
     tiles_x, tiles_y = (width + tile - 1) // tile, (height + tile - 1) // tile
     n_tiles, n = tiles_x * tiles_y, means2d.shape[0]
     gauss_ids, tile_ids, offsets = bin_gaussians(means2d, depths, radii, width, height, tile)
@@ -55,6 +58,15 @@ def rasterize_projected(means2d, conics, opacities, features, depths, radii, wid
     trans = torch.ones(n_tiles, tile * tile, dtype=f32)  # (T, P)
     _walk(table, counts, params, feats, acc, trans, tiles_x, tile, block)
     return _untile(acc, trans, tiles_x, tiles_y, tile, width, height, features.shape[1], background)
+
+
+def pick_tile(radii: torch.Tensor) -> int:
+    """Tile side for the median half-width of the visible Gaussians (N, 2): 4, 8 or 16 pixels."""
+    seen = radii[radii[:, 0] > 0]
+    if not seen.numel():
+        return 16
+    r = float(seen.max(1).values.median())
+    return 4 if r <= 6 else 8 if r <= 12 else 16
 
 
 def pixel_basis(tile: int) -> torch.Tensor:
@@ -94,7 +106,8 @@ def _walk(table, counts, params, feats, acc, trans, tiles_x: int, tile: int, blo
     """Blend the table block by block into acc (T, P, C + 1) and trans (T, P) in place.
 
     A pixel that stops keeps its final transmittance in `final`; its running T is set to 0,
-    which makes every later weight T_{k-1} - T_k exactly 0 without any masking."""
+    which makes every later weight T_{k-1} - T_k exactly 0 without any masking. Each block is
+    done in chunks of tiles small enough for the intermediate arrays to stay in cache."""
     basis = pixel_basis(tile)  # (6, P)
     final = torch.full_like(trans, -1.0)  # (T, P) final T of stopped pixels, -1 while running
     order = torch.argsort(counts, descending=True)
@@ -104,21 +117,29 @@ def _walk(table, counts, params, feats, acc, trans, tiles_x: int, tile: int, blo
         active = active[counts[active] > k0]
         if not active.numel():
             break
-        ids = table[active, k0:k0 + _block_size(active.numel(), tile, block)]  # (A, B)
-        alpha = _alphas(params[ids], active, tiles_x, tile, basis)  # (A, B, P)
-        t_prev = trans[active]  # (A, P), 0 for stopped pixels
-        t_incl = torch.cumprod(torch.rsub(alpha, 1.0), dim=1).mul_(t_prev[:, None])  # (A, B, P)
-        weights = torch.cat([t_prev[:, None], t_incl[:, :-1]], 1).sub_(t_incl)  # T_{k-1} alpha_k
-        t_last = t_incl[:, -1].clone()  # (A, P)
-        stops = (t_last < T_MIN).logical_and_(t_prev > 0)  # pixels stopping in this block
-        rows = stops.any(1).nonzero()[:, 0]
-        if rows.numel():
-            _stop(rows, stops, t_incl, t_prev, weights, t_last, final, active)
-        acc[active] += torch.bmm(weights.transpose(1, 2), feats[ids])  # (A, P, C + 1)
-        trans[active] = t_last
-        active = active[(t_last > 0).any(1)]
-        k0 += ids.shape[1]
+        size = _block_size(active.numel(), tile, block)
+        chunk = max(1, CHUNK_ELEMENTS // (size * tile * tile))
+        running = [_step(part, table[part, k0:k0 + size], params, feats, acc, trans, final, tiles_x, tile, basis)
+                   for part in active.split(chunk)]
+        active = active[torch.cat(running)]
+        k0 += size
     torch.where(final >= 0, final, trans, out=trans)
+
+
+def _step(active, ids, params, feats, acc, trans, final, tiles_x: int, tile: int, basis) -> torch.Tensor:
+    """Blend Gaussians ids (A, B) into tiles `active` (A,); returns which tiles still run (A,)."""
+    alpha = _alphas(params[ids], active, tiles_x, tile, basis)  # (A, B, P)
+    t_prev = trans[active]  # (A, P), 0 for stopped pixels
+    t_incl = torch.cumprod(torch.rsub(alpha, 1.0), dim=1).mul_(t_prev[:, None])  # (A, B, P)
+    weights = torch.cat([t_prev[:, None], t_incl[:, :-1]], 1).sub_(t_incl)  # T_{k-1} alpha_k
+    t_last = t_incl[:, -1].clone()  # (A, P)
+    stops = (t_last < T_MIN).logical_and_(t_prev > 0)  # pixels stopping in this block
+    rows = stops.any(1).nonzero()[:, 0]
+    if rows.numel():
+        _stop(rows, stops, t_incl, t_prev, weights, t_last, final, active)
+    acc[active] += torch.bmm(weights.transpose(1, 2), feats[ids])  # (A, P, C + 1)
+    trans[active] = t_last
+    return (t_last > 0).any(1)
 
 
 def _stop(rows, stops, t_incl, t_prev, weights, t_last, final, active) -> None:
