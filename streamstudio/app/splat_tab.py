@@ -49,7 +49,11 @@ class ViewSettings:
     mode: str = "rgb"
     time: float = 0.0
 
-    def render_config(self, device: str = "cpu") -> SplatRenderConfig:
+    def render_config(self, device: str | None = None) -> SplatRenderConfig:
+        """The renderer settings; the device is the GPU when there is one (the CUDA kernel)."""
+        if device is None:
+            import torch
+            device = "cuda" if torch.cuda.is_available() else "cpu"
         return SplatRenderConfig(width=int(self.width), height=int(self.height), sh_degree=int(self.sh_degree),
                                  background=parse_color(self.background), mode=self.mode.lower(), device=device)
 
