@@ -23,7 +23,7 @@ _state: dict = {"module": None, "tried": False}
 
 
 def nvcc_flags() -> list[str]:
-    return ["-O3", "-std=c++17", "--expt-relaxed-constexpr"]
+    return ["-O3"]  # torch adds its own -std (c++20 in torch 2.13)
 
 
 def load(verbose: bool = False):
