@@ -67,13 +67,16 @@ def test_browser_live_tab_shows_processed_frames(server):
             ctx = p.chromium.launch_persistent_context(profile, executable_path=CHROMIUM, args=FLAGS, headless=True,
                                                        viewport={"width": 1280, "height": 900})
             try:
-                stats = _stream_in_page(ctx.new_page(), server)
+                page = ctx.new_page()
+                stats = _stream_in_page(page, server)
+                t2i_src = _text_to_image_in_page(page)
             finally:
                 ctx.close()
     finally:
         shutil.rmtree(profile, ignore_errors=True)
     assert (stats["w"], stats["h"]) == (SIZE, SIZE), stats  # the processed stream, not the camera
     assert stats["std"] > 3.0 and 5.0 < stats["mean"] < 250.0, stats  # a picture, not a blank frame
+    assert t2i_src, "the text-to-image tab showed no image"
 
 
 def _stream_in_page(page, server) -> dict:
@@ -94,3 +97,14 @@ def _stream_in_page(page, server) -> dict:
     assert stats is not None, "the live video never played"
     assert len(server.manager) == 1 and next(iter(server.manager.ids()))  # one session on the server
     return page.evaluate(VIDEO_STATS_JS)
+
+
+def _text_to_image_in_page(page) -> str | None:
+    """The Text to image tab: Start, then an image must appear (and keep regenerating)."""
+    page.get_by_role("tab", name="Text to image").click()
+    page.get_by_role("button", name="Start").first.click()
+    image = page.locator("#t2i-image img")
+    image.wait_for(timeout=60_000)
+    page.wait_for_timeout(1000)
+    page.screenshot(path=str(ARTIFACTS / "webapp_text_to_image.png"), full_page=True)
+    return image.get_attribute("src")

@@ -272,3 +272,37 @@ def test_serve_options(monkeypatch, capsys):
     assert parse_auth("bob:pw:x") == ("bob", "pw:x")
     with pytest.raises(StreamStudioError, match="USER:PASS"):
         parse_auth("nopassword")
+
+
+# ---------------------------------------------------------------------- live output
+def test_live_output_records_the_stream_to_a_file(manager, tmp_path):
+    import av
+
+    from streamstudio.app.ui import _output_status, _start_output
+
+    session = manager.open("rec")
+    outputs: dict = {}
+    assert "start the Live tab" in _start_output(manager, outputs, "browser", None, "file", "x.mp4", 10, tmp_path)
+    message = _start_output(manager, outputs, "browser", "rec", "file", "../../clip", 10, tmp_path)
+    assert message.startswith("Started") and str(tmp_path / "clip.mp4") in message
+    for i in range(6):
+        session.submit(frame(20 * i))
+        wait_output(session, i + 1)
+    out = outputs.pop("browser")
+    deadline = time.monotonic() + 10
+    while out.frames < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert "running" in _output_status(out)
+    out.stop()
+    assert out.frames >= 3 and out.error is None and not out.running
+    with av.open(str(tmp_path / "clip.mp4")) as container:
+        decoded = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+    assert len(decoded) == out.frames and decoded[0].shape == (64, 64, 3)
+
+
+def test_live_output_refuses_a_bad_rtmp_url(manager, tmp_path):
+    from streamstudio.app.ui import _start_output
+
+    manager.open("rec")
+    message = _start_output(manager, {}, "b", "rec", "rtmp", "http://example.com/x", 30, tmp_path)
+    assert "rtmp://host/live/streamkey" in message

@@ -214,10 +214,12 @@ def _fallback(manager: SessionManager, controls) -> None:
                     "WebRTC work across networks.")
         with gr.Row():
             cam = gr.Image(sources=["webcam"], streaming=True, type="numpy", label="Webcam")
-            out = gr.Image(label="StreamStudio", streaming=True, elem_id="fallback-output")
+            out = gr.Image(label="StreamStudio", streaming=True, elem_id="fallback-output", height=360)
         status = gr.Markdown("")
 
-    def step(frame, *values, request: gr.Request):
+    def step(frame, prompt, negative, strength, guidance, delta, cfg, seed, filt, threshold, request: gr.Request):
+        # explicit parameters: Gradio passes gr.Request only to a named parameter
+        values = (prompt, negative, strength, guidance, delta, cfg, seed, filt, threshold)
         sid = f"fallback-{request.session_hash}"
         try:
             session = manager.open(sid)
@@ -267,12 +269,13 @@ def _t2i_tab(manager: SessionManager) -> None:
                 start = gr.Button("Start", variant="primary")
                 stop = gr.Button("Stop")
         with gr.Column():
-            image = gr.Image(label="Text to image", elem_id="t2i-image", interactive=False)
+            image = gr.Image(label="Text to image", elem_id="t2i-image", interactive=False, height=420)
             status = gr.Markdown("")
     timer = gr.Timer(T2I_TICK_S, active=False)
     inputs = [*prompts, *weights, negative, seed]
 
-    def tick(*values, request: gr.Request):
+    def tick(p1, p2, p3, w1, w2, w3, negative, seed, request: gr.Request):
+        values = (p1, p2, p3, w1, w2, w3, negative, seed)
         sid = f"t2i-{request.session_hash}"
         try:
             session = manager.open(sid, mode="txt2img")
