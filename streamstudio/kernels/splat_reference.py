@@ -135,12 +135,11 @@ def bin_gaussians(means2d: torch.Tensor, depths: torch.Tensor, radii: torch.Tens
     x0, x1, y0, y1 = (r[ids] for r in tile_ranges(means2d, radii, width, height, tile))
     nx, ny = x1 - x0 + 1, y1 - y0 + 1
     counts = nx * ny  # (M,)
-    gauss_ids = torch.repeat_interleave(ids, counts)  # (P,)
-    starts = torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
-    local = torch.arange(gauss_ids.shape[0], device=ids.device) - starts
-    nx_p = torch.repeat_interleave(nx, counts)
-    tile_ids = (torch.repeat_interleave(y0, counts) + local // nx_p) * tiles_x + \
-        torch.repeat_interleave(x0, counts) + local % nx_p
+    src = torch.repeat_interleave(torch.arange(ids.shape[0], device=ids.device), counts)  # (P,) pair -> Gaussian
+    gauss_ids = ids[src]  # (P,)
+    local = torch.arange(src.shape[0], device=ids.device) - (torch.cumsum(counts, 0) - counts)[src]
+    nx_p = nx[src]
+    tile_ids = (y0[src] + local // nx_p) * tiles_x + x0[src] + local % nx_p
     tile_ids, perm = torch.sort(tile_ids, stable=True)  # stable keeps depth order inside a tile
     gauss_ids = gauss_ids[perm]
     per_tile = torch.bincount(tile_ids, minlength=n_tiles)
