@@ -26,6 +26,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -43,21 +44,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(port: int, size: int, max_streams: int) -> subprocess.Popen:
+def start_server(port: int, size: int, max_streams: int, log_path: Path) -> subprocess.Popen:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False",
            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     cmd = [sys.executable, "-m", "streamstudio", "serve", "--model", "tiny", "--width", str(size),
            "--height", str(size), "--port", str(port), "--max-streams", str(max_streams), "--latency-probe"]
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    with open(log_path, "wb") as log:  # a file, not a pipe nobody reads (a full pipe would stall the server)
+        return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
-def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 180.0) -> None:
+def wait_ready(url: str, proc: subprocess.Popen, log_path: Path, timeout: float = 180.0) -> None:
     import httpx
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"the server exited: {proc.stderr.read().decode()[-2000:]}")
+            raise SystemExit(f"the server exited: {log_path.read_text(errors='replace')[-2000:]}")
         try:
             if httpx.get(url + "/studio/status", timeout=2).status_code == 200:
                 return
@@ -205,14 +207,20 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = start_server(port, args.size, max(args.clients))
+    log_path = Path(tempfile.gettempdir()) / f"streamstudio-webapp-bench-{port}.log"
+    proc = start_server(port, args.size, max(args.clients), log_path)
     try:
-        wait_ready(url, proc)
-        print(f"server up on {url}; levels {args.clients}" + (" (--quick)" if args.quick else ""), flush=True)
+        wait_ready(url, proc, log_path)
+        print(f"server up on {url} (log: {log_path}); levels {args.clients}" + (" (--quick)" if args.quick else ""),
+              flush=True)
         result = asyncio.run(main_async(args, url, proc.pid))
     finally:
         proc.terminate()
-        proc.wait(20)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(result, indent=2) + "\n")
     print(table(result))

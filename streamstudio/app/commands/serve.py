@@ -129,6 +129,8 @@ def start_in_thread(args, model=None, timeout: float = 60.0) -> ServerThread:
 def run(args) -> int:
     import uvicorn
 
+    for noisy in ("aioice", "aiortc"):  # a line per ICE check otherwise
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     host = bind_host(args)
     app, manager = build_app(args)
     print(f"model: {manager.model.name}" + (" (built-in demo model)" if manager.model.is_demo else ""))
