@@ -184,3 +184,14 @@ def test_bad_inputs_raise_value_error():
     with pytest.raises(ValueError):
         rasterize_gaussians(torch.zeros(1, 3), torch.zeros(1, 4), torch.ones(1, 3), torch.ones(1),
                             torch.zeros(1, 3), torch.eye(4), (1.0, 1.0, 0.0, 0.0), 8, 8, impl="magic")
+
+
+@pytest.mark.slow  # torch.compile's first call takes 20-40 s here
+def test_compiled_fast_path_matches_eager():
+    means, quats, scales, opac, colors = random_gaussians(800, seed=6, dtype=torch.float32)
+    args = (means, quats, scales, opac, colors, torch.eye(4), (60.0, 60.0, 32.0, 24.0), 64, 48)
+    eager = rasterize_gaussians(*args, impl="fast")
+    compiled = rasterize_gaussians(*args, impl="fast_compiled")
+    assert compiled.impl == "fast_compiled"
+    for name in ("rgb", "alpha", "depth"):
+        assert float((getattr(compiled, name) - getattr(eager, name)).abs().max()) < 1e-4, name

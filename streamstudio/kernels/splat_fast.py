@@ -11,6 +11,7 @@ The result equals the reference up to float rounding.
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 
@@ -19,6 +20,7 @@ from streamstudio.kernels.splat_reference import ALPHA_MAX, ALPHA_MIN, T_MIN, bi
 MIN_BLOCK, MAX_BLOCK, BLOCK_ELEMENTS = 32, 512, 1 << 19
 CHUNK_ELEMENTS = 1 << 20  # alphas per chunk of tiles: 1 MiB of float32, cache-sized
 LOG_ALPHA_MAX = math.log(ALPHA_MAX)
+_COMPILED: dict = {}  # "fn": the compiled transmit step
 ALPHA_SKIP = math.nextafter(ALPHA_MIN, 0.0)  # threshold keeps x > ALPHA_SKIP, i.e. x >= 1/255
 
 
@@ -34,9 +36,12 @@ def tile_table(gauss_ids, tile_ids, offsets, n_tiles: int, sentinel: int):
 
 def rasterize_projected(means2d, conics, opacities, features, depths, radii, width: int, height: int,
                         background: torch.Tensor | None = None, tile: int | None = None,
-                        block: int | None = None):
+                        block: int | None = None, compile: bool = False):
     """Same contract as `splat_reference.rasterize_projected`, CPU tensors, float32.
 
+    `compile=True` runs the alpha / transmittance step through torch.compile (Inductor's C++
+    codegen: about 2x on that step here, after a first compile of ~20 s; needs a C++ compiler,
+    and falls back to eager with one warning when it fails).
     `tile` is the binning tile of this path (default: from the Gaussians' median footprint,
     4, 8 or 16 pixels, so small Gaussians waste few pixel evaluations; the result does not
     depend on it, binning is exact). `block`
@@ -54,10 +59,45 @@ def rasterize_projected(means2d, conics, opacities, features, depths, radii, wid
     params = torch.stack([means2d[:, 0].to(f32), means2d[:, 1].to(f32), -0.5 * conics[:, 0].to(f32),
                           -conics[:, 1].to(f32), -0.5 * conics[:, 2].to(f32), log_o], 1)  # (N, 6)
     params = torch.cat([params, torch.tensor([[0, 0, 0, 0, 0, -1e30]], dtype=f32)])  # (N + 1, 6)
-    acc = torch.zeros(n_tiles, tile * tile, feats.shape[1], dtype=f32)  # (T, P, C + 1)
-    trans = torch.ones(n_tiles, tile * tile, dtype=f32)  # (T, P)
-    _walk(table, counts, params, feats, acc, trans, tiles_x, tile, block)
+    shape = (n_tiles, tile * tile)
+    acc, trans = _walk_with(_compiled_transmit() if compile else transmit, table, counts, params, feats, shape,
+                            tiles_x, tile, block)
     return _untile(acc, trans, tiles_x, tiles_y, tile, width, height, features.shape[1], background)
+
+
+def _walk_with(step_fn, table, counts, params, feats, shape, tiles_x: int, tile: int, block: int | None):
+    """acc (T, P, C + 1) and trans (T, P) from walking the table with `step_fn` (eager again,
+    with one warning, if a compiled step fails)."""
+    for fn in (step_fn, transmit) if step_fn is not transmit else (transmit,):
+        acc = torch.zeros(*shape, feats.shape[1], dtype=torch.float32)  # (T, P, C + 1)
+        trans = torch.ones(*shape, dtype=torch.float32)  # (T, P)
+        try:
+            _walk(fn, table, counts, params, feats, acc, trans, tiles_x, tile, block)
+            return acc, trans
+        except Exception as exc:  # noqa: BLE001 - only a compiled step gets here
+            if fn is transmit:
+                raise
+            warnings.warn(f"torch.compile of the splat step failed ({type(exc).__name__}: {exc}); eager from now",
+                          RuntimeWarning, stacklevel=3)
+            _COMPILED["fn"] = transmit
+    raise AssertionError("unreachable")
+
+
+def _compiled_transmit():
+    """`transmit` through torch.compile (made once per process)."""
+    if "fn" not in _COMPILED:
+        _COMPILED["fn"] = torch.compile(transmit, dynamic=True)
+    return _COMPILED["fn"]
+
+
+def transmit(p: torch.Tensor, active: torch.Tensor, t_prev: torch.Tensor, basis: torch.Tensor, tiles_x: int,
+             tile: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(A, B, 6) pair parameters, (A,) tiles, (A, P) running T -> T after each Gaussian
+    t_incl (A, B, P) and blend weights T_{k-1} alpha_k (A, B, P)."""
+    alpha = _alphas(p, active, tiles_x, tile, basis)  # (A, B, P)
+    t_incl = torch.cumprod(torch.rsub(alpha, 1.0), dim=1).mul_(t_prev[:, None])  # (A, B, P)
+    weights = torch.cat([t_prev[:, None], t_incl[:, :-1]], 1).sub_(t_incl)  # T_{k-1} alpha_k
+    return t_incl, weights
 
 
 def pick_tile(radii: torch.Tensor) -> int:
@@ -102,7 +142,7 @@ def _block_size(n_active: int, tile: int, block: int | None) -> int:
     return int(min(MAX_BLOCK, max(MIN_BLOCK, BLOCK_ELEMENTS // max(n_active * tile * tile, 1))))
 
 
-def _walk(table, counts, params, feats, acc, trans, tiles_x: int, tile: int, block: int | None) -> None:
+def _walk(step_fn, table, counts, params, feats, acc, trans, tiles_x: int, tile: int, block: int | None) -> None:
     """Blend the table block by block into acc (T, P, C + 1) and trans (T, P) in place.
 
     A pixel that stops keeps its final transmittance in `final`; its running T is set to 0,
@@ -119,19 +159,17 @@ def _walk(table, counts, params, feats, acc, trans, tiles_x: int, tile: int, blo
             break
         size = _block_size(active.numel(), tile, block)
         chunk = max(1, CHUNK_ELEMENTS // (size * tile * tile))
-        running = [_step(part, table[part, k0:k0 + size], params, feats, acc, trans, final, tiles_x, tile, basis)
-                   for part in active.split(chunk)]
+        running = [_step(step_fn, part, table[part, k0:k0 + size], params, feats, acc, trans, final, tiles_x,
+                         tile, basis) for part in active.split(chunk)]
         active = active[torch.cat(running)]
         k0 += size
     torch.where(final >= 0, final, trans, out=trans)
 
 
-def _step(active, ids, params, feats, acc, trans, final, tiles_x: int, tile: int, basis) -> torch.Tensor:
+def _step(step_fn, active, ids, params, feats, acc, trans, final, tiles_x: int, tile: int, basis) -> torch.Tensor:
     """Blend Gaussians ids (A, B) into tiles `active` (A,); returns which tiles still run (A,)."""
-    alpha = _alphas(params[ids], active, tiles_x, tile, basis)  # (A, B, P)
     t_prev = trans[active]  # (A, P), 0 for stopped pixels
-    t_incl = torch.cumprod(torch.rsub(alpha, 1.0), dim=1).mul_(t_prev[:, None])  # (A, B, P)
-    weights = torch.cat([t_prev[:, None], t_incl[:, :-1]], 1).sub_(t_incl)  # T_{k-1} alpha_k
+    t_incl, weights = step_fn(params[ids], active, t_prev, basis, tiles_x, tile)  # (A, B, P) each
     t_last = t_incl[:, -1].clone()  # (A, P)
     stops = (t_last < T_MIN).logical_and_(t_prev > 0)  # pixels stopping in this block
     rows = stops.any(1).nonzero()[:, 0]

@@ -72,7 +72,7 @@ class SplatRenderConfig:
     sh_degree: int = 3
     background: tuple[float, float, float] = (0.0, 0.0, 0.0)
     mode: str = "rgb"  # rgb | depth | alpha
-    impl: str = "auto"  # auto | reference | fast | cuda
+    impl: str = "auto"  # auto | reference | fast | fast_compiled | cuda
     device: str = "cpu"
     up: tuple[float, float, float] = DEFAULT_UP
 

@@ -28,6 +28,7 @@ VIDEO_SUFFIXES = (".mp4", ".mkv", ".mov")
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
+    from streamstudio.kernels.splat import IMPLS
     from streamstudio.pipelines.splat_render import MODES, PATHS
 
     p = subparsers.add_parser("splat", help="render a Gaussian-splat scene along a camera path to a video",
@@ -45,8 +46,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--sh-degree", type=int, default=3, help="spherical-harmonics degree 0..3 (default 3)")
     p.add_argument("--background", default="0,0,0", help="background R,G,B in 0..1 or #rrggbb (default black)")
     p.add_argument("--mode", choices=MODES, default="rgb", help="rgb, depth or alpha (default rgb)")
-    p.add_argument("--renderer", choices=("auto", "reference", "fast", "cuda"), default="auto",
-                   help="rasteriser (default auto: CUDA on a GPU, the fast CPU path otherwise)")
+    p.add_argument("--renderer", choices=IMPLS, default="auto",
+                   help="rasteriser (default auto: CUDA on a GPU, the fast CPU path otherwise; fast_compiled "
+                        "is the fast path through torch.compile, worth it for long renders)")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     style = p.add_argument_group("stylise (img2img on every rendered frame)")
     style.add_argument("--prompt", default=None, help="stylise each frame with this prompt")
