@@ -18,7 +18,7 @@ import torch
 from streamstudio.kernels.splat_reference import ALPHA_MAX, ALPHA_MIN, T_MIN, bin_gaussians
 
 MIN_BLOCK, MAX_BLOCK, BLOCK_ELEMENTS = 32, 512, 1 << 19
-CHUNK_ELEMENTS = 1 << 20  # alphas per chunk of tiles: 1 MiB of float32, cache-sized
+CHUNK_ELEMENTS = 1 << 20  # alphas per chunk of tiles (4 MiB of float32), to stay near the cache
 LOG_ALPHA_MAX = math.log(ALPHA_MAX)
 _COMPILED: dict = {}  # "fn": the compiled transmit step
 ALPHA_SKIP = math.nextafter(ALPHA_MIN, 0.0)  # threshold keeps x > ALPHA_SKIP, i.e. x >= 1/255
