@@ -56,7 +56,7 @@ def rasterize_projected(means2d, conics, opacities, features, depths, radii, wid
         raise ValueError("the CUDA rasteriser blends 3 colour channels")
     if means2d.shape[0] >= 2 ** 31:
         raise ValueError("too many Gaussians for 32-bit ids")
-    gauss_ids, _, offsets = bin_gaussians(means2d, depths, radii, width, height, TILE)
+    gauss_ids, _, offsets = bin_gaussians(means2d, depths, radii, width, height, TILE, conics, opacities)
     feats = torch.cat([features.float(), depths[:, None].float()], 1).contiguous()  # (N, 4)
     bg = background if background is not None else torch.empty(0, device=means2d.device)
     out, trans = module.rasterize_forward(means2d.float().contiguous(), conics.float().contiguous(),

@@ -49,7 +49,7 @@ def rasterize_projected(means2d, conics, opacities, features, depths, radii, wid
     tile = tile or pick_tile(radii)
     tiles_x, tiles_y = (width + tile - 1) // tile, (height + tile - 1) // tile
     n_tiles, n = tiles_x * tiles_y, means2d.shape[0]
-    gauss_ids, tile_ids, offsets = bin_gaussians(means2d, depths, radii, width, height, tile)
+    gauss_ids, tile_ids, offsets = bin_gaussians(means2d, depths, radii, width, height, tile, conics, opacities)
     table, counts = tile_table(gauss_ids, tile_ids, offsets, n_tiles, sentinel=n)
     # per-Gaussian parameters, with one extra transparent Gaussian for the padding
     f32 = torch.float32
