@@ -226,7 +226,7 @@ def test_handler_says_busy_and_closes_the_stream(manager):
 
 # ---------------------------------------------------------------------- UI helpers, serve options
 def test_ui_helpers():
-    from streamstudio.app.ui import blend_spec, clean_name, format_stats, model_banner
+    from streamstudio.app.ui import blend_spec, clean_name, format_stats
 
     assert blend_spec(["a cat", "", "a dog"], [1.0, 0.5, 0.0]) == "a cat"
     assert blend_spec(["a cat", "a dog", ""], [1.0, 0.5, 1.0]) == [("a cat", 1.0), ("a dog", 0.5)]

@@ -18,7 +18,7 @@ import gradio as gr
 import numpy as np
 
 from streamstudio.app.sessions import BusyError, SessionManager
-from streamstudio.app.webrtc import UI_SETTING_KEYS, LiveHandler, free_on_disconnect
+from streamstudio.app.webrtc import UI_SETTING_KEYS, LiveHandler, free_on_disconnect, ui_settings
 from streamstudio.errors import StreamStudioError
 
 log = logging.getLogger(__name__)
@@ -223,24 +223,15 @@ def _fallback(manager: SessionManager, controls) -> None:
         sid = f"fallback-{request.session_hash}"
         try:
             session = manager.open(sid)
-        except BusyError as exc:
-            return None, f"⚠️ {exc}"
-        manager.settings(sid, _settings_from_values(values))
+            manager.settings(sid, ui_settings(UI_SETTING_KEYS, values))
+        except StreamStudioError as exc:  # busy, or a bad setting
+            return gr.update(), f"⚠️ {exc}"
         if frame is not None:
             session.submit(np.asarray(frame, dtype=np.uint8)[:, :, :3])
         return session.latest(), format_stats(session.stats())
 
     cam.stream(step, inputs=[cam, *controls], outputs=[out, status], stream_every=0.1,
                concurrency_limit=manager.max_streams, show_progress="hidden")
-
-
-def _settings_from_values(values) -> dict:
-    out = {}
-    for key, value in zip(UI_SETTING_KEYS, values):
-        if value is None:
-            continue
-        out[key] = int(value) if key == "seed" else bool(value) if key == "similarity_filter" else value
-    return out
 
 
 def blend_spec(prompts, weights) -> str | list[tuple[str, float]]:

@@ -94,19 +94,19 @@ class LiveHandler:
         if getattr(session, "ui_values", None) == values:
             return
         session.ui_values = values
-        raw = {k: _ui_value(k, v) for k, v in zip(self.arg_keys, values) if v is not None}
         try:
-            self.manager.settings(session.sid, raw)
+            self.manager.settings(session.sid, ui_settings(self.arg_keys, values))
         except StreamStudioError as exc:
             session.notice = f"setting not applied: {exc}"
 
 
-def _ui_value(key: str, value):
-    if key == "seed":
-        return int(value)
-    if key == "similarity_filter":
-        return bool(value)
-    return value
+def ui_settings(keys, values) -> dict:
+    """Settings from the UI controls' values (Gradio gives numbers as floats, may give None)."""
+    out = {}
+    for key, value in zip(keys, values):
+        if value is not None:
+            out[key] = int(value) if key == "seed" else bool(value) if key == "similarity_filter" else value
+    return out
 
 
 def _auth_dependency(auth: tuple[str, str] | None):
