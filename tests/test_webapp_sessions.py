@@ -306,3 +306,33 @@ def test_live_output_refuses_a_bad_rtmp_url(manager, tmp_path):
     manager.open("rec")
     message = _start_output(manager, {}, "b", "rec", "rtmp", "http://example.com/x", 30, tmp_path)
     assert "rtmp://host/live/streamkey" in message
+
+
+def test_fallback_webcam_path(manager):
+    from streamstudio.app.ui import fallback_step
+
+    values = ("a cat", "", 0.6, 1.2, 1.0, "self", 4, False, 0.98)
+    image, text = fallback_step(manager, "fb", frame(), values)
+    assert image is None and "processed 0" in text  # returns at once, before any output
+    wait_output(manager.get("fb"))
+    image, text = fallback_step(manager, "fb", frame(), values)
+    assert image.shape == (64, 64, 3) and "fps" in text
+    assert manager.get("fb").stats()["settings"]["seed"] == 4
+    bad = values[:2] + (7.0,) + values[3:]
+    assert "strength must be in" in fallback_step(manager, "fb", frame(), bad)[1]
+    manager.open("x")
+    assert "busy" in fallback_step(manager, "fb2", frame(), values)[1]
+
+
+def test_text_to_image_ticks(manager):
+    from streamstudio.app.ui import t2i_step
+
+    image, text, go_on = t2i_step(manager, "t2i", ("a cat", "a dog", ""), (1.0, 0.5, 0.5), "", 5)
+    assert image is None and go_on
+    session = manager.get("t2i")
+    wait_output(session)
+    image, _, _ = t2i_step(manager, "t2i", ("a cat", "a dog", ""), (1.0, 0.5, 0.5), "", 5)
+    assert image.shape == (64, 64, 3) and session.mode == "txt2img"
+    assert session.stats()["settings"]["prompt"] == [["a cat", 1.0], ["a dog", 0.5]]
+    manager.open("other")
+    assert t2i_step(manager, "t2i-2", ("a",), (1.0,), "", 0)[2] is False  # busy: stop ticking

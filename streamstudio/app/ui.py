@@ -220,18 +220,38 @@ def _fallback(manager: SessionManager, controls) -> None:
     def step(frame, prompt, negative, strength, guidance, delta, cfg, seed, filt, threshold, request: gr.Request):
         # explicit parameters: Gradio passes gr.Request only to a named parameter
         values = (prompt, negative, strength, guidance, delta, cfg, seed, filt, threshold)
-        sid = f"fallback-{request.session_hash}"
-        try:
-            session = manager.open(sid)
-            manager.settings(sid, ui_settings(UI_SETTING_KEYS, values))
-        except StreamStudioError as exc:  # busy, or a bad setting
-            return gr.update(), f"⚠️ {exc}"
-        if frame is not None:
-            session.submit(np.asarray(frame, dtype=np.uint8)[:, :, :3])
-        return session.latest(), format_stats(session.stats())
+        image, text = fallback_step(manager, f"fallback-{request.session_hash}", frame, values)
+        return (gr.update() if image is None else image), text
 
     cam.stream(step, inputs=[cam, *controls], outputs=[out, status], stream_every=0.1,
                concurrency_limit=manager.max_streams, show_progress="hidden")
+
+
+def fallback_step(manager: SessionManager, sid: str, frame, values) -> tuple[np.ndarray | None, str]:
+    """One webcam snapshot of the fallback path: hand it in, return (latest output, status)."""
+    try:
+        session = manager.open(sid)
+        manager.settings(sid, ui_settings(UI_SETTING_KEYS, values))
+    except StreamStudioError as exc:  # busy, or a bad setting
+        return None, f"⚠️ {exc}"
+    if frame is not None:
+        session.submit(np.ascontiguousarray(np.asarray(frame, dtype=np.uint8)[:, :, :3]))
+    return session.latest(), format_stats(session.stats())
+
+
+def t2i_step(manager: SessionManager, sid: str, prompts, weights, negative: str, seed) -> tuple:
+    """One text-to-image tick: settings in, ask for a new image, return (latest image or None,
+    status, keep ticking). Busy stops the ticking; a bad setting is shown and ticking goes on."""
+    try:
+        session = manager.open(sid, mode="txt2img")
+        manager.settings(sid, {"prompt": blend_spec(prompts, weights), "negative_prompt": negative or "",
+                               "seed": int(seed or 0)})
+    except BusyError as exc:
+        return None, f"⚠️ {exc}", False
+    except StreamStudioError as exc:
+        return None, f"⚠️ {exc}", True
+    session.submit(None)
+    return session.latest(), format_stats(session.stats()), True
 
 
 def blend_spec(prompts, weights) -> str | list[tuple[str, float]]:
@@ -266,19 +286,9 @@ def _t2i_tab(manager: SessionManager) -> None:
     inputs = [*prompts, *weights, negative, seed]
 
     def tick(p1, p2, p3, w1, w2, w3, negative, seed, request: gr.Request):
-        values = (p1, p2, p3, w1, w2, w3, negative, seed)
-        sid = f"t2i-{request.session_hash}"
-        try:
-            session = manager.open(sid, mode="txt2img")
-            manager.settings(sid, {"prompt": blend_spec(values[:3], values[3:6]), "negative_prompt": values[6],
-                                   "seed": int(values[7] or 0)})
-        except BusyError as exc:
-            return gr.update(), f"⚠️ {exc}", gr.Timer(active=False)
-        except StreamStudioError as exc:
-            return gr.update(), f"⚠️ {exc}", gr.Timer(active=True)
-        session.submit(None)
-        out = session.latest()
-        return (out if out is not None else gr.update()), format_stats(session.stats()), gr.Timer(active=True)
+        image, text, keep_going = t2i_step(manager, f"t2i-{request.session_hash}", (p1, p2, p3), (w1, w2, w3),
+                                           negative, seed)
+        return (gr.update() if image is None else image), text, gr.Timer(active=keep_going)
 
     def halt(request: gr.Request):
         manager.close(f"t2i-{request.session_hash}", wait=0.0)
