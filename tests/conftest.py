@@ -11,6 +11,9 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import pytest
 import torch
 
+# The tests' tensors are tiny: one thread avoids OpenMP spin-waiting on a shared 2-core machine.
+torch.set_num_threads(int(os.environ.get("STREAMSTUDIO_TEST_THREADS", "1")))
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():

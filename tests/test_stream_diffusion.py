@@ -55,9 +55,8 @@ def run_aligned(pipe, inputs, fbs=1):
 
 
 # ------------------------------------------------------------------ Stream Batch vs sequential
-@pytest.mark.parametrize("steps", [1, 2, 3, 4])
-@pytest.mark.parametrize("fbs", [1, 2])
-@pytest.mark.parametrize("cfg", ["none", "self"])
+@pytest.mark.parametrize("steps,fbs,cfg", [(n, k, "none") for n in (1, 2, 3, 4) for k in (1, 2)]
+                         + [(3, 2, "self"), (4, 1, "initialize"), (2, 2, "full")])
 def test_stream_batch_equals_sequential(comps, steps, fbs, cfg):
     inputs = frames(6 if fbs == 2 else 5)
     kw = dict(steps=steps, strength=0.7, frame_buffer_size=fbs, cfg_type=cfg, guidance_scale=1.5)
