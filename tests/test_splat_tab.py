@@ -126,3 +126,14 @@ def test_tab_builds_inside_blocks():
         with gr.Tab("Splats"):
             parts = splat_tab.build_splat_tab(get_image_pipeline=lambda: FakePipe())
     assert {"view", "styled", "stylize", "time"} <= set(parts)
+
+
+@pytest.mark.slow  # loads diffusers and the tiny demo model
+def test_stylize_with_the_real_image_pipeline(static_session):
+    from streamstudio.app.splat_tab import default_pipe_factory
+
+    session = SplatSession(scene=static_session.scene, fit=static_session.fit)
+    out = list(stylize(session, ViewSettings(width=64, height=64), "fly", 2, "ink", 0.6, default_pipe_factory(64, 64)))
+    assert len(out) == 2
+    frame, styled, _ = out[-1]
+    assert styled.shape == (64, 64, 3) and styled.dtype == np.uint8 and not np.array_equal(frame, styled)
