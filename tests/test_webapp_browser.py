@@ -69,6 +69,7 @@ def test_browser_live_tab_shows_processed_frames(server):
             try:
                 page = ctx.new_page()
                 stats = _stream_in_page(page, server)
+                freed = _stop_in_page(page, server)
                 t2i_src = _text_to_image_in_page(page)
             finally:
                 ctx.close()
@@ -76,6 +77,7 @@ def test_browser_live_tab_shows_processed_frames(server):
         shutil.rmtree(profile, ignore_errors=True)
     assert (stats["w"], stats["h"]) == (SIZE, SIZE), stats  # the processed stream, not the camera
     assert stats["std"] > 3.0 and 5.0 < stats["mean"] < 250.0, stats  # a picture, not a blank frame
+    assert freed, "stopping the stream in the page did not free its session"
     assert t2i_src, "the text-to-image tab showed no image"
 
 
@@ -97,6 +99,16 @@ def _stream_in_page(page, server) -> dict:
     assert stats is not None, "the live video never played"
     assert len(server.manager) == 1 and next(iter(server.manager.ids()))  # one session on the server
     return page.evaluate(VIDEO_STATS_JS)
+
+
+def _stop_in_page(page, server) -> bool:
+    """Stop in the page: the server frees the session (well before the idle timeout)."""
+    # fastrtc keeps the aria-label "start stream"; the running button reads "Stop"
+    page.locator('#live-webrtc button[aria-label="start stream"]', has_text="Stop").click(timeout=30_000)
+    deadline = time.monotonic() + 10
+    while len(server.manager) and time.monotonic() < deadline:
+        page.wait_for_timeout(200)
+    return len(server.manager) == 0
 
 
 def _text_to_image_in_page(page) -> str | None:
