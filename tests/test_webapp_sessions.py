@@ -336,3 +336,23 @@ def test_text_to_image_ticks(manager):
     assert session.stats()["settings"]["prompt"] == [["a cat", 1.0], ["a dog", 0.5]]
     manager.open("other")
     assert t2i_step(manager, "t2i-2", ("a",), (1.0,), "", 0)[2] is False  # busy: stop ticking
+
+
+def test_locked_pipeline_takes_the_model_lock(model):
+    import threading
+
+    from streamstudio.app.sessions import LockedPipeline
+
+    pipe = LockedPipeline(model.build("img2img"), model.lock)
+    held = []
+    real_set_prompt = pipe._pipe.set_prompt
+    pipe._pipe.set_prompt = lambda p: (held.append(model.lock.locked()), real_set_prompt(p))
+    pipe.set_prompt("a boat")
+    assert held == [True] and not model.lock.locked()
+    assert pipe(frame()).shape == (64, 64, 3) and pipe.config.width == 64
+    with model.lock:  # another stream is busy with the model: this call waits for it
+        t = threading.Thread(target=pipe, args=(frame(),))
+        t.start()
+        t.join(0.3)
+        assert t.is_alive()
+    t.join(30)

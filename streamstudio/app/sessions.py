@@ -167,6 +167,29 @@ class ServerModel:
                                    prompt=self.prompt, negative_prompt=self.negative_prompt)
 
 
+class LockedPipeline:
+    """A stream over the shared model whose every call takes the model's lock: for tabs that
+    drive a pipeline themselves (the Splats tab) next to the sessions."""
+
+    def __init__(self, pipe, lock: threading.Lock):
+        self._pipe, self._lock = pipe, lock
+
+    def __call__(self, *args, **kwargs):
+        with self._lock:
+            return self._pipe(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._pipe, name)
+        if not callable(attr):
+            return attr
+
+        def locked(*args, **kwargs):
+            with self._lock:
+                return attr(*args, **kwargs)
+
+        return locked
+
+
 class StreamSession:
     """One user's stream: latest-frame input slot, worker thread, latest output."""
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import gradio as gr
 import numpy as np
 
-from streamstudio.app.sessions import BusyError, SessionManager
+from streamstudio.app.sessions import BusyError, LockedPipeline, SessionManager
 from streamstudio.app.webrtc import UI_SETTING_KEYS, LiveHandler, free_on_disconnect, ui_settings
 from streamstudio.errors import StreamStudioError
 
@@ -382,8 +382,8 @@ def optional_tabs(manager: SessionManager) -> list[tuple[str, str, object]]:
     except ImportError:
         pass
     else:
-        tabs.append(("Splats", "splats",
-                     lambda: build_splat_tab(get_image_pipeline=lambda: manager.model.build("img2img"))))
+        shared = lambda: LockedPipeline(manager.model.build("img2img"), manager.model.lock)  # noqa: E731
+        tabs.append(("Splats", "splats", lambda: build_splat_tab(get_image_pipeline=shared)))
     return [tab for tab in tabs if _builds(tab[0], tab[2])]
 
 
