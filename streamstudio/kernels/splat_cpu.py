@@ -1,0 +1,124 @@
+"""The C++ CPU splat renderer (`csrc/splat_cpu.cpp`): build on first use, cache, call.
+
+`load()` compiles the source with `torch.utils.cpp_extension.load` (-O3, and -fopenmp when a
+probe program links with it; else the loops run serially) into torch's extensions folder,
+under a name keyed by the source's hash, so later processes only import it. When it cannot
+be built it returns None with ONE warning per process, and `impl="auto"` takes the
+vectorised torch path (`splat_fast`). `STREAMSTUDIO_DISABLE_CPU_SPLAT=1` skips the build.
+
+The extension does the whole frame (covariance, SH, projection, depth sort, binning and
+blending) with the reference's maths and operation order, in float32 or float64.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).resolve().parent / "csrc" / "splat_cpu.cpp"
+EXTENSION_NAME = "streamstudio_splat_cpu"
+DISABLE_ENV = "STREAMSTUDIO_DISABLE_CPU_SPLAT"
+_lock = threading.Lock()
+_state: dict = {"module": None, "tried": False, "reason": None}
+
+
+def openmp_links() -> bool:
+    """Whether the C++ compiler builds and links a tiny OpenMP program."""
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if not cxx:
+        return False
+    with tempfile.TemporaryDirectory(prefix="streamstudio-omp-") as tmp:
+        src = Path(tmp, "probe.cpp")
+        src.write_text("#include <omp.h>\nint main() { return omp_get_max_threads() > 0 ? 0 : 1; }\n")
+        try:
+            proc = subprocess.run([cxx, "-fopenmp", str(src), "-o", str(Path(tmp, "probe"))],
+                                  capture_output=True, timeout=60)
+        except (OSError, subprocess.SubprocessError):
+            return False
+        return proc.returncode == 0
+
+
+def _build(verbose: bool):
+    from torch.utils.cpp_extension import load as load_extension
+
+    h = hashlib.sha256(SOURCE.read_bytes())
+    h.update(f"torch={torch.__version__} py={sys.version_info[:2]}".encode())
+    omp = openmp_links()
+    flags = ["-O3", "-ffp-contract=off"] + (["-fopenmp"] if omp else [])
+    h.update(" ".join(flags).encode())
+    return load_extension(name=f"{EXTENSION_NAME}_{h.hexdigest()[:12]}", sources=[str(SOURCE)],
+                          extra_cflags=flags, extra_ldflags=["-fopenmp"] if omp else [], verbose=verbose)
+
+
+def load(verbose: bool = False):
+    """The built extension, or None (build failed or disabled; warns once per process)."""
+    with _lock:
+        if _state["tried"]:
+            return _state["module"]
+        _state["tried"] = True
+        if os.environ.get(DISABLE_ENV, "") not in ("", "0", "false", "False"):
+            _state["reason"] = f"{DISABLE_ENV} is set"
+            return None
+        try:
+            _state["module"] = _build(verbose)
+        except Exception as exc:  # noqa: BLE001 - any build failure means: use the torch path
+            lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+            _state["reason"] = f"{type(exc).__name__}: {' | '.join(lines[:4])}"
+            warnings.warn(f"C++ CPU splat renderer could not be built ({_state['reason']}); "
+                          f"using the vectorised torch path", RuntimeWarning, stacklevel=2)
+            _state["module"] = None
+        return _state["module"]
+
+
+def failure_reason() -> str | None:
+    return _state["reason"]
+
+
+def reset_for_tests() -> None:
+    """Forget a previous load attempt (tests)."""
+    with _lock:
+        _state.update(module=None, tried=False, reason=None)
+
+
+def render(means, quats, scales, opacities, colors, viewmat, intrinsics, width: int, height: int,
+           sh_degree: int | None = None, background=None, covars=None, near: float = 0.01, far: float = 1e10,
+           threads: int | None = None):
+    """The whole frame in C++ (arguments as `splat.rasterize_gaussians`, CPU tensors).
+
+    Returns rgb (H, W, 3), depth (H, W), alpha (H, W) in the input's float dtype (float64 stays
+    float64, anything else runs in float32) and the number of visible Gaussians."""
+    module = load()
+    if module is None:
+        raise RuntimeError(f"the C++ CPU splat renderer is not available ({_state['reason']})")
+    if means.device.type != "cpu":
+        raise ValueError("the C++ splat path runs on CPU tensors; use impl='auto' or 'cuda'")
+    dtype = torch.float64 if means.dtype == torch.float64 else torch.float32
+
+    def prep(t):
+        return torch.empty(0, dtype=dtype) if t is None else torch.as_tensor(t).to(dtype).contiguous()
+
+    if covars is None and (quats is None or scales is None):
+        raise ValueError("give quats and scales, or covars")
+    colors = prep(colors)
+    degree = -1
+    if colors.dim() == 3:
+        degree = colors.shape[1] if sh_degree is None else sh_degree
+        degree = max(0, min(degree, 3, int(round(colors.shape[1] ** 0.5)) - 1))
+    fx, fy, cx, cy = (float(v) for v in intrinsics)
+    bg = prep(background).reshape(-1)
+    if bg.numel() not in (0, 3):
+        raise ValueError("background must be 3 RGB values")
+    rgb, depth, alpha, n_visible = module.render(
+        prep(means), prep(None if covars is not None else quats), prep(None if covars is not None else scales),
+        prep(covars), prep(opacities), colors, degree, prep(viewmat), fx, fy, cx, cy, int(width), int(height),
+        float(near), float(far), bg, int(threads or torch.get_num_threads()))
+    return rgb, depth, alpha, int(n_visible)
