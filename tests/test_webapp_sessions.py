@@ -130,7 +130,10 @@ def test_an_error_in_one_session_leaves_the_others_alone(manager, monkeypatch):
     good.submit(frame(90))
     wait_output(good, 2)
     assert good.error is None
-    assert manager.open("bad") is not bad  # a failed stream is replaced by a fresh one
+    assert manager.open("bad") is bad  # its error stays visible (no restart loop) ...
+    bad.last_seen -= 11
+    manager.reap()
+    assert manager.open("bad") is not bad  # ... until the reaper frees it; then a fresh stream
 
 
 def test_close_and_idle_free_the_session(model):
@@ -356,3 +359,14 @@ def test_locked_pipeline_takes_the_model_lock(model):
         t.join(0.3)
         assert t.is_alive()
     t.join(30)
+
+
+def test_handler_ends_a_failed_stream_with_its_error(manager):
+    from fastrtc import CloseStream
+
+    from streamstudio.app.webrtc import LiveHandler
+
+    session = manager.open("f")
+    session.error = "the GPU ran out of memory; lower --width/--height"
+    out = LiveHandler(manager, webrtc_id=lambda: "f")(frame())
+    assert isinstance(out, CloseStream) and "ran out of memory" in out.msg

@@ -388,10 +388,8 @@ class SessionManager:
         """The session `sid`, created on first use; BusyError when every slot is taken."""
         with self._lock:
             session = self._sessions.get(sid)
-            if session is not None and not session.closed:
+            if session is not None:  # a failed one too: its error shows until the reaper frees it
                 return session
-            if session is not None:  # it failed: free it, a new one starts
-                self._sessions.pop(sid)
             if len(self._sessions) >= self.max_streams:
                 raise BusyError(self.busy_message())
             preset, _ = self._presets.pop(sid, ({}, 0.0))
