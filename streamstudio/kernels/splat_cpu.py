@@ -53,7 +53,7 @@ def _build(verbose: bool):
     h = hashlib.sha256(SOURCE.read_bytes())
     h.update(f"torch={torch.__version__} py={sys.version_info[:2]}".encode())
     omp = openmp_links()
-    flags = ["-O3", "-ffp-contract=off"] + (["-fopenmp"] if omp else [])
+    flags = ["-O3", "-ffp-contract=off", "-fno-trapping-math"] + (["-fopenmp"] if omp else [])
     h.update(" ".join(flags).encode())
     return load_extension(name=f"{EXTENSION_NAME}_{h.hexdigest()[:12]}", sources=[str(SOURCE)],
                           extra_cflags=flags, extra_ldflags=["-fopenmp"] if omp else [], verbose=verbose)
@@ -117,8 +117,11 @@ def render(means, quats, scales, opacities, colors, viewmat, intrinsics, width: 
     bg = prep(background).reshape(-1)
     if bg.numel() not in (0, 3):
         raise ValueError("background must be 3 RGB values")
-    rgb, depth, alpha, n_visible = module.render(
+    rgb = torch.empty(int(height), int(width), 3, dtype=dtype)
+    depth = torch.empty(int(height), int(width), dtype=dtype)
+    alpha = torch.empty(int(height), int(width), dtype=dtype)
+    n_visible = module.render(
         prep(means), prep(None if covars is not None else quats), prep(None if covars is not None else scales),
         prep(covars), prep(opacities), colors, degree, prep(viewmat), fx, fy, cx, cy, int(width), int(height),
-        float(near), float(far), bg, int(threads or torch.get_num_threads()))
+        float(near), float(far), bg, int(threads or torch.get_num_threads()), rgb, depth, alpha)
     return rgb, depth, alpha, int(n_visible)

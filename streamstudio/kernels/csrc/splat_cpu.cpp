@@ -2,13 +2,24 @@
 // 16x16 tile binning, front-to-back blending) in one call, float32 or float64, OpenMP over
 // Gaussians and tiles when built with -fopenmp. Same maths, same operation order as
 // streamstudio/kernels/splat_reference.py (see its docstring for the conventions).
-// No CUDA header: it builds against a CPU-only torch wheel.
-#include <torch/extension.h>
+// No CUDA header: it builds against a CPU-only torch wheel. Light headers only (not
+// torch/extension.h), so the first build stays short.
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <ctime>
+#include <cstdio>
+#include <cstdlib>
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 #ifdef _OPENMP
 #include <omp.h>
@@ -23,6 +34,94 @@ struct Gauss {  // one visible Gaussian, in depth order
   T mx, my, a, b, c, o, reach, rx, ry;
   T f[4];  // r, g, b, depth
 };
+
+// exp for x <= 0 (power): float, a branch-free Cephes-style polynomial (about 1 ulp, like
+// torch's vectorised exp) that the compiler vectorises; double, std::exp.
+inline float exp_neg(float x) {
+  x = x > -87.0f ? x : -87.0f;
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
+  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = p * r * r + r + 1.0f;
+  const int32_t bits = ((int32_t)n + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return y * scale;
+}
+inline double exp_neg(double x) { return std::exp(x); }
+
+#if defined(__SSE2__)
+// exp_neg on 4 lanes: the same operations as the scalar float version
+inline __m128 exp_neg4(__m128 x) {
+  const __m128 magic = _mm_set1_ps(12582912.0f);
+  x = _mm_max_ps(x, _mm_set1_ps(-87.0f));
+  const __m128 n = _mm_sub_ps(_mm_add_ps(_mm_mul_ps(x, _mm_set1_ps(1.44269504088896341f)), magic), magic);
+  const __m128 r = _mm_sub_ps(_mm_sub_ps(x, _mm_mul_ps(n, _mm_set1_ps(0.693359375f))),
+                              _mm_mul_ps(n, _mm_set1_ps(-2.12194440e-4f)));
+  __m128 p = _mm_set1_ps(1.9875691500e-4f);
+  p = _mm_add_ps(_mm_mul_ps(p, r), _mm_set1_ps(1.3981999507e-3f));
+  p = _mm_add_ps(_mm_mul_ps(p, r), _mm_set1_ps(8.3334519073e-3f));
+  p = _mm_add_ps(_mm_mul_ps(p, r), _mm_set1_ps(4.1665795894e-2f));
+  p = _mm_add_ps(_mm_mul_ps(p, r), _mm_set1_ps(1.6666665459e-1f));
+  p = _mm_add_ps(_mm_mul_ps(p, r), _mm_set1_ps(5.0000001201e-1f));
+  const __m128 y = _mm_add_ps(_mm_add_ps(_mm_mul_ps(_mm_mul_ps(p, r), r), r), _mm_set1_ps(1.0f));
+  const __m128i bits = _mm_slli_epi32(_mm_add_epi32(_mm_cvttps_epi32(n), _mm_set1_epi32(127)), 23);
+  return _mm_mul_ps(y, _mm_castsi128_ps(bits));
+}
+
+// The span lo..hi of one tile row (16 pixels) for one Gaussian, 4 pixels at a time; the scalar loop's maths.
+inline int blend_row_sse(float* tr, float* l, float* c0, float* c1, float* c2, float* c3, int px0, int lo, int hi,
+                         float mx, float ga, float gb, float cdy, float dy, float o, const float* f) {
+  const __m128 vmx = _mm_set1_ps(mx), vga = _mm_set1_ps(ga), vgb = _mm_set1_ps(gb), vcdy = _mm_set1_ps(cdy);
+  const __m128 vdy = _mm_set1_ps(dy), vo = _mm_set1_ps(o), zero = _mm_setzero_ps(), one = _mm_set1_ps(1.0f);
+  const __m128 vlo = _mm_set1_ps((float)lo), vhi = _mm_set1_ps((float)hi);
+  int stops = 0;
+  for (int j = lo & ~3; j <= hi; j += 4) {  // only the 4-pixel groups the span touches
+    const __m128 idx = _mm_add_ps(_mm_set1_ps((float)j), _mm_set_ps(3.0f, 2.0f, 1.0f, 0.0f));
+    const __m128 px = _mm_add_ps(_mm_set1_ps((float)(px0 + j)), _mm_set_ps(3.0f, 2.0f, 1.0f, 0.0f));
+    const __m128 dx = _mm_sub_ps(_mm_add_ps(px, _mm_set1_ps(0.5f)), vmx);
+    const __m128 power = _mm_sub_ps(_mm_mul_ps(_mm_set1_ps(-0.5f), _mm_add_ps(_mm_mul_ps(_mm_mul_ps(vga, dx), dx), vcdy)),
+                                    _mm_mul_ps(_mm_mul_ps(vgb, dx), vdy));
+    const __m128 alpha = _mm_min_ps(_mm_mul_ps(vo, exp_neg4(power)), _mm_set1_ps(0.99f));
+    const __m128 lv = _mm_loadu_ps(l + j);
+    __m128 m = _mm_and_ps(_mm_cmpge_ps(alpha, _mm_set1_ps((float)(1.0 / 255.0))), _mm_cmple_ps(power, zero));
+    m = _mm_and_ps(m, _mm_cmpneq_ps(lv, zero));
+    m = _mm_and_ps(m, _mm_and_ps(_mm_cmpge_ps(idx, vlo), _mm_cmple_ps(idx, vhi)));
+    if (_mm_movemask_ps(m) == 0) continue;
+    const __m128 al = _mm_and_ps(m, alpha);
+    const __m128 t_old = _mm_loadu_ps(tr + j);
+    const __m128 test_t = _mm_mul_ps(t_old, _mm_sub_ps(one, al));
+    const __m128 low = _mm_cmplt_ps(test_t, _mm_set1_ps(1e-4f));
+    const __m128 stop = _mm_and_ps(low, m);
+    stops += __builtin_popcount(_mm_movemask_ps(stop));
+    _mm_storeu_ps(l + j, _mm_andnot_ps(stop, lv));
+    const __m128 w = _mm_andnot_ps(low, _mm_mul_ps(al, t_old));
+    _mm_storeu_ps(c0 + j, _mm_add_ps(_mm_loadu_ps(c0 + j), _mm_mul_ps(w, _mm_set1_ps(f[0]))));
+    _mm_storeu_ps(c1 + j, _mm_add_ps(_mm_loadu_ps(c1 + j), _mm_mul_ps(w, _mm_set1_ps(f[1]))));
+    _mm_storeu_ps(c2 + j, _mm_add_ps(_mm_loadu_ps(c2 + j), _mm_mul_ps(w, _mm_set1_ps(f[2]))));
+    _mm_storeu_ps(c3 + j, _mm_add_ps(_mm_loadu_ps(c3 + j), _mm_mul_ps(w, _mm_set1_ps(f[3]))));
+    _mm_storeu_ps(tr + j, _mm_or_ps(_mm_and_ps(low, t_old), _mm_andnot_ps(low, test_t)));
+  }
+  return stops;
+}
+#endif
+
+// floor and ceil to int without a libm call (|x| well inside the int range here)
+template <typename T>
+inline int ifloor(T x) {
+  const int i = (int)x;
+  return i - (x < (T)i ? 1 : 0);
+}
+template <typename T>
+inline int iceil(T x) {
+  const int i = (int)x;
+  return i + (x > (T)i ? 1 : 0);
+}
 
 template <typename T>
 inline uint64_t sort_key(T v);
@@ -90,7 +189,21 @@ void render_impl(const at::Tensor& means_t, const at::Tensor& quats_t, const at:
   const T Tfx = (T)fx, Tfy = (T)fy, Tcx = (T)cx, Tcy = (T)cy, Tnear = (T)near_, Tfar = (T)far_;
   const T fW = (T)W, fH = (T)H;
 
-  std::vector<Gauss<T>> proj(N);
+  // STREAMSTUDIO_SPLAT_PROFILE=1 prints the time of each phase to stderr
+  static const bool profile = std::getenv("STREAMSTUDIO_SPLAT_PROFILE") != nullptr;
+  auto cpu_ms = []() {
+    timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+  };
+  double clock0 = cpu_ms();
+  auto mark = [&](const char* what) {  // CPU time of the process (all threads)
+    if (!profile) return;
+    double now = cpu_ms();
+    std::fprintf(stderr, "%s %.2f ms  ", what, now - clock0);
+    clock0 = now;
+  };
+  std::unique_ptr<Gauss<T>[]> proj(new Gauss<T>[N]);  // not zeroed: only kept entries are read
   std::vector<uint8_t> keep(N);
   std::vector<T> depth(N);
 
@@ -187,6 +300,7 @@ void render_impl(const at::Tensor& means_t, const at::Tensor& quats_t, const at:
     g.f[3] = z;
   }
 
+  mark("project");
   // stable depth order of the visible Gaussians
   std::vector<int32_t> ids;
   std::vector<uint64_t> keys;
@@ -200,15 +314,19 @@ void render_impl(const at::Tensor& means_t, const at::Tensor& quats_t, const at:
   n_visible = (int64_t)ids.size();
   radix_sort(keys, ids, sizeof(T) * 8);
   const int64_t M = (int64_t)ids.size();
-  std::vector<Gauss<T>> gs(M);
+  std::unique_ptr<Gauss<T>[]> gs(new Gauss<T>[M > 0 ? M : 1]);
   for (int64_t i = 0; i < M; ++i) gs[i] = proj[ids[i]];
 
+  mark("sort");
   // binning: tiles touched by each box, counting sort keeps depth order inside a tile
   const int tx_n = (int)((W + TS - 1) / TS), ty_n = (int)((H + TS - 1) / TS);
   const int n_tiles = tx_n * ty_n;
   std::vector<int32_t> rect(4 * M);
   std::vector<int64_t> offs(n_tiles + 1, 0);
-  auto clampi = [](T v, int hi) { return (int)std::min<T>(std::max<T>(std::floor(v), (T)0), (T)hi); };
+  auto clampi = [](T v, int hi) {  // floor, clamped to [0, hi] (before the int conversion: v may be huge)
+    v = std::min<T>(std::max<T>(v, (T)-1), (T)hi);
+    return std::min(std::max(ifloor(v), 0), hi);
+  };
   for (int64_t i = 0; i < M; ++i) {
     const Gauss<T>& g = gs[i];
     int x0 = clampi((g.mx - g.rx - (T)0.5) / TS, tx_n - 1), x1 = clampi((g.mx + g.rx - (T)0.5) / TS, tx_n - 1);
@@ -218,13 +336,15 @@ void render_impl(const at::Tensor& means_t, const at::Tensor& quats_t, const at:
       for (int tx = x0; tx <= x1; ++tx) offs[ty * tx_n + tx + 1]++;
   }
   for (int t = 0; t < n_tiles; ++t) offs[t + 1] += offs[t];
-  std::vector<int32_t> lists(offs[n_tiles]);
+  std::unique_ptr<int32_t[]> lists(new int32_t[offs[n_tiles] > 0 ? offs[n_tiles] : 1]);
   {
     std::vector<int64_t> fill(offs.begin(), offs.end() - 1);
     for (int64_t i = 0; i < M; ++i)
       for (int ty = rect[4 * i + 2]; ty <= rect[4 * i + 3]; ++ty)
         for (int tx = rect[4 * i]; tx <= rect[4 * i + 1]; ++tx) lists[fill[ty * tx_n + tx]++] = (int32_t)i;
   }
+
+  mark("bin");
 
   // blending, one tile per task
   T* rgb = rgb_t.data_ptr<T>();
@@ -241,12 +361,11 @@ void render_impl(const at::Tensor& means_t, const at::Tensor& quats_t, const at:
     const int tyi = tile / tx_n, txi = tile % tx_n;
     const int px0 = txi * TS, py0 = tyi * TS;
     const int pw = (int)std::min<int64_t>(TS, W - px0), ph = (int)std::min<int64_t>(TS, H - py0);
-    T Tr[TS * TS], acc[4][TS * TS];
-    uint8_t done[TS * TS];
+    alignas(64) T Tr[TS * TS], a0[TS * TS], a1[TS * TS], a2[TS * TS], a3[TS * TS], live[TS * TS];
     for (int k = 0; k < TS * TS; ++k) {
       Tr[k] = 1;
-      done[k] = 0;
-      acc[0][k] = acc[1][k] = acc[2][k] = acc[3][k] = 0;
+      live[k] = ((k / TS) < ph && (k % TS) < pw) ? (T)1 : (T)0;  // pixels outside the image never blend
+      a0[k] = a1[k] = a2[k] = a3[k] = 0;
     }
     int n_done = 0;
     const int n_pix = pw * ph;
@@ -254,66 +373,87 @@ void render_impl(const at::Tensor& means_t, const at::Tensor& quats_t, const at:
       const Gauss<T>& g = gs[lists[li]];
       // rows the box reaches in this tile (a hair of margin; the alpha test below is exact)
       const T mr = g.ry * (T)1.001 + (T)0.01;
-      const int v0 = std::max(py0, (int)std::ceil(g.my - mr - (T)0.5));
-      const int v1 = std::min(py0 + ph - 1, (int)std::floor(g.my + mr - (T)0.5));
-      const T reach_m = g.reach * (T)1.001 + (T)1e-3;
+      const int v0 = std::max(py0, iceil(std::max(g.my - mr - (T)0.5, (T)(py0 - 1))));
+      const int v1 = std::min(py0 + ph - 1, ifloor(std::min(g.my + mr - (T)0.5, (T)(py0 + TS))));
+      const T reach_m = g.reach * (T)1.001 + (T)1e-3, inv_a = (T)1 / g.a;
+      const T bb_ac = g.b * g.b - g.a * g.c, a_reach = g.a * reach_m;
       for (int v = v0; v <= v1; ++v) {
         const T dy = (T)v + (T)0.5 - g.my;
-        // span of the row inside the ellipse a dx^2 + 2 b dx dy + c dy^2 <= reach
-        const T disc = g.b * dy * g.b * dy - g.a * (g.c * dy * dy - reach_m);
+        // span of the row inside the ellipse a dx^2 + 2 b dx dy + c dy^2 <= reach (with margin)
+        const T disc = bb_ac * dy * dy + a_reach;
         if (disc < 0) continue;
-        const T sq = std::sqrt(disc), cen = g.mx - g.b * dy / g.a;
-        const T lo = cen - sq / g.a - (T)0.01, hi = cen + sq / g.a + (T)0.01;
-        const int u0 = std::max(px0, (int)std::ceil(lo - (T)0.5));
-        const int u1 = std::min(px0 + pw - 1, (int)std::floor(hi - (T)0.5));
-        const int row = (v - py0) * TS - px0;
-        for (int u = u0; u <= u1; ++u) {
-          const int k = row + u;
-          if (done[k]) continue;
-          const T dx = (T)u + (T)0.5 - g.mx;
-          const T power = (T)-0.5 * (g.a * dx * dx + g.c * dy * dy) - g.b * dx * dy;
-          if (power > 0) continue;
-          const T alpha = std::min(g.o * std::exp(power), a_max);
-          if (alpha < a_min) continue;
-          const T test_t = Tr[k] * ((T)1 - alpha);
-          if (test_t < t_min) {
-            done[k] = 1;
-            ++n_done;
-            continue;
-          }
-          const T w = alpha * Tr[k];
-          acc[0][k] += w * g.f[0];
-          acc[1][k] += w * g.f[1];
-          acc[2][k] += w * g.f[2];
-          acc[3][k] += w * g.f[3];
-          Tr[k] = test_t;
+        const T half = std::sqrt(disc) * inv_a + (T)0.01, cen = g.mx - g.b * dy * inv_a;
+        const int lo = std::max(0, iceil(std::max(cen - half - (T)0.5, (T)(px0 - 1))) - px0);
+        const int hi = std::min(pw - 1, ifloor(std::min(cen + half - (T)0.5, (T)(px0 + TS))) - px0);
+        if (lo > hi) continue;
+        const int row = (v - py0) * TS;
+        T *tr = Tr + row, *l = live + row, *c0 = a0 + row, *c1 = a1 + row, *c2 = a2 + row, *c3 = a3 + row;
+        const T cdy = g.c * dy * dy;
+        const T f0 = g.f[0], f1 = g.f[1], f2 = g.f[2], f3 = g.f[3], o = g.o, mx = g.mx, ga = g.a, gb = g.b;
+        int stops = 0;
+#if defined(__SSE2__)
+        if constexpr (std::is_same<T, float>::value) {
+          n_done += blend_row_sse(tr, l, c0, c1, c2, c3, px0, lo, hi, mx, ga, gb, cdy, dy, o, g.f);
+          continue;
         }
+#endif
+        // a fixed-width loop over the tile row, masked to the span, written with nested selects
+        // only (no && / ||) so that GCC vectorises it; same operations as the reference
+        for (int j = 0; j < TS; ++j) {
+          const T dx = (T)(px0 + j) + (T)0.5 - mx;
+          const T power = (T)-0.5 * (ga * dx * dx + cdy) - gb * dx * dy;
+          T alpha = o * exp_neg(power);
+          alpha = alpha < a_max ? alpha : a_max;
+          T al = alpha >= a_min ? alpha : (T)0;  // skipped: alpha 0
+          al = power <= 0 ? al : (T)0;
+          al = l[j] != 0 ? al : (T)0;  // stopped pixels
+          al = j >= lo ? al : (T)0;
+          al = j <= hi ? al : (T)0;
+          const T t_old = tr[j];
+          const T test_t = t_old * ((T)1 - al);  // == t_old where al is 0
+          const bool low = test_t < t_min;
+          const int stop = low ? (al > 0 ? 1 : 0) : 0;
+          stops += stop;
+          l[j] = l[j] - (T)stop;
+          const T w = low ? (T)0 : al * t_old;
+          c0[j] += w * f0;
+          c1[j] += w * f1;
+          c2[j] += w * f2;
+          c3[j] += w * f3;
+          tr[j] = low ? t_old : test_t;
+        }
+        n_done += stops;
       }
     }
     for (int v = 0; v < ph; ++v)
       for (int u = 0; u < pw; ++u) {
         const int k = v * TS + u;
         const int64_t o = (int64_t)(py0 + v) * W + px0 + u;
-        for (int ch = 0; ch < 3; ++ch) rgb[3 * o + ch] = has_bg ? acc[ch][k] + Tr[k] * bg[ch] : acc[ch][k];
-        dep[o] = acc[3][k];
+        rgb[3 * o] = has_bg ? a0[k] + Tr[k] * bg[0] : a0[k];
+        rgb[3 * o + 1] = has_bg ? a1[k] + Tr[k] * bg[1] : a1[k];
+        rgb[3 * o + 2] = has_bg ? a2[k] + Tr[k] * bg[2] : a2[k];
+        dep[o] = a3[k];
         alp[o] = (T)1 - Tr[k];
       }
   }
+  mark("blend");
+  if (profile)
+    std::fprintf(stderr, "pairs %lld\n", (long long)offs[n_tiles]);
 }
 
 }  // namespace
 
-// Returns [rgb (H, W, 3), depth (H, W), alpha (H, W), n_visible (int64 scalar)].
-std::vector<at::Tensor> render(at::Tensor means, at::Tensor quats, at::Tensor scales, at::Tensor covars,
+// Fills rgb (H, W, 3), depth (H, W), alpha (H, W) (contiguous, the inputs' dtype); returns
+// the number of visible Gaussians.
+int64_t render(at::Tensor means, at::Tensor quats, at::Tensor scales, at::Tensor covars,
                                at::Tensor opacities, at::Tensor colors, int64_t sh_degree, at::Tensor viewmat,
                                double fx, double fy, double cx, double cy, int64_t width, int64_t height,
-                               double near_, double far_, at::Tensor background, int64_t threads) {
+                               double near_, double far_, at::Tensor background, int64_t threads, at::Tensor rgb,
+                               at::Tensor depth, at::Tensor alpha) {
   TORCH_CHECK(means.device().is_cpu(), "splat_cpu: CPU tensors only");
   TORCH_CHECK(means.numel() / 3 < (int64_t)1 << 31, "splat_cpu: too many Gaussians for 32-bit ids");
-  auto opts = means.options();
-  auto rgb = at::empty({height, width, 3}, opts);
-  auto depth = at::empty({height, width}, opts);
-  auto alpha = at::empty({height, width}, opts);
+  TORCH_CHECK(rgb.numel() == height * width * 3 && depth.numel() == height * width && alpha.numel() == height * width,
+              "splat_cpu: bad output sizes");
   int64_t n_visible = 0;
   int nt = (int)std::max<int64_t>(1, threads);
   if (means.scalar_type() == at::kDouble) {
@@ -324,7 +464,7 @@ std::vector<at::Tensor> render(at::Tensor means, at::Tensor quats, at::Tensor sc
     render_impl<float>(means, quats, scales, covars, opacities, colors, sh_degree, viewmat, fx, fy, cx, cy, width,
                        height, near_, far_, background, nt, rgb, depth, alpha, n_visible);
   }
-  return {rgb, depth, alpha, at::scalar_tensor(n_visible, at::kLong)};
+  return n_visible;
 }
 
 bool has_openmp() {
