@@ -1,6 +1,7 @@
-"""Gaussian-splat renderer benchmark: frames per second of the fast CPU path at 10k and 100k
-Gaussians, 256x256 and 512x512, its speed-up over the pure-torch reference (same run), and the
-CUDA kernel at 1M Gaussians, 1920x1080 when a GPU is present.
+"""Gaussian-splat renderer benchmark: frames per second of the fast CPU path (the C++ renderer,
+`impl="cpp"`, at 1 and up to --threads threads) and of the vectorised torch path (`impl="fast"`)
+at 10k and 100k Gaussians, 256x256 and 512x512, their speed-ups over the pure-torch reference
+(same run), and the CUDA kernel at 1M Gaussians, 1920x1080 when a GPU is present.
 
     python3 benchmarks/splats.py [--quick] [--threads 2]
 
@@ -79,51 +80,56 @@ def time_frames(args_list, impl: str, sync=lambda: None) -> dict:
     return {"wall_s": statistics.median(walls), "cpu_s": statistics.median(cpus)}
 
 
-def cpu_rows(quick: bool) -> list[dict]:
+def cpu_rows(quick: bool, threads: int) -> list[dict]:
     rows = []
     sizes = [(10_000, 256), (100_000, 256)] if quick else [(10_000, 256), (10_000, 512), (100_000, 256),
                                                              (100_000, 512)]
     for n, side in sizes:
-        scene = synthetic_scene(n)
-        t = time_frames(frame_args(scene, side, 3 if quick else 8), "fast")
-        row = {"gaussians": n, "size": f"{side}x{side}", "impl": "fast", "fps_wall": 1 / t["wall_s"],
-               "ms_wall": 1000 * t["wall_s"], "ms_cpu": 1000 * t["cpu_s"], "fps_cpu": 1 / max(t["cpu_s"], 1e-9)}
-        target = TARGETS_FPS.get((n, side))
-        if target:
-            row["target_fps"] = target
-        rows.append(row)
-        print_row(row)
-        if side == 256:
-            rows.append(compiled_row(scene, side, quick))
+        args = frame_args(synthetic_scene(n), side, 3 if quick else 8)
+        for impl, n_threads in [*(("cpp", t) for t in range(1, threads + 1)), ("fast", 1)]:
+            torch.set_num_threads(n_threads)  # the C++ path takes torch's thread count for its OpenMP loops
+            t = time_frames(args, impl)
+            row = {"gaussians": n, "size": f"{side}x{side}", "impl": impl, "threads": n_threads,
+                   "fps_wall": 1 / t["wall_s"], "ms_wall": 1000 * t["wall_s"], "ms_cpu": 1000 * t["cpu_s"],
+                   "fps_cpu": 1 / max(t["cpu_s"], 1e-9)}
+            target = TARGETS_FPS.get((n, side))
+            if target and impl == "cpp":
+                row["target_fps"] = target
+            rows.append(row)
+            print_row(row)
+    torch.set_num_threads(1)
     return rows
 
 
-def compiled_row(scene: GaussianScene, side: int, quick: bool) -> dict:
-    """The fast path with its inner step through torch.compile (first call, compile, not timed)."""
-    first = time.perf_counter()
-    args = frame_args(scene, side, 3 if quick else 8)
-    rasterize_gaussians(**args[0], impl="fast_compiled")
-    compile_s = time.perf_counter() - first
-    t = time_frames(args, "fast_compiled")
-    row = {"gaussians": len(scene), "size": f"{side}x{side}", "impl": "fast_compiled", "fps_wall": 1 / t["wall_s"],
-           "ms_wall": 1000 * t["wall_s"], "ms_cpu": 1000 * t["cpu_s"], "fps_cpu": 1 / max(t["cpu_s"], 1e-9),
-           "first_call_s": compile_s}
-    print_row(row)
-    return row
-
-
 def reference_ratio() -> dict:
-    """Fast vs reference on the same frame (one frame: the reference takes minutes here)."""
+    """cpp and fast vs reference on the same frame (one frame: the reference takes seconds here)."""
     n, side = 10_000, 128  # the reference loops over tiles and Gaussians in Python: seconds a frame
     args = frame_args(synthetic_scene(n), side, 1)
     ref = time_frames(args, "reference")
-    fast = time_frames(args, "fast")
-    out = {"gaussians": n, "size": f"{side}x{side}", "reference_ms_wall": 1000 * ref["wall_s"],
-           "fast_ms_wall": 1000 * fast["wall_s"], "speedup_wall": ref["wall_s"] / fast["wall_s"],
-           "speedup_cpu": ref["cpu_s"] / max(fast["cpu_s"], 1e-9)}
-    print(f"reference vs fast at {n // 1000}k / {side}x{side}: {out['reference_ms_wall']:.0f} ms vs "
-          f"{out['fast_ms_wall']:.0f} ms -> {out['speedup_wall']:.0f}x (CPU time {out['speedup_cpu']:.0f}x)")
+    out = {"gaussians": n, "size": f"{side}x{side}", "threads": torch.get_num_threads(),
+           "reference_ms_wall": 1000 * ref["wall_s"]}
+    for impl in ("cpp", "fast"):
+        t = time_frames(args, impl)
+        out.update({f"{impl}_ms_wall": 1000 * t["wall_s"], f"{impl}_speedup_wall": ref["wall_s"] / t["wall_s"],
+                    f"{impl}_speedup_cpu": ref["cpu_s"] / max(t["cpu_s"], 1e-9)})
+        print(f"reference vs {impl} at {n // 1000}k / {side}x{side}: {out['reference_ms_wall']:.0f} ms vs "
+              f"{out[f'{impl}_ms_wall']:.1f} ms -> {out[f'{impl}_speedup_wall']:.0f}x "
+              f"(CPU time {out[f'{impl}_speedup_cpu']:.0f}x)")
     return out
+
+
+def build_cpp() -> dict:
+    """Load (or build, the first time on a machine) the C++ renderer; seconds it took."""
+    from streamstudio.kernels import splat_cpu
+
+    t0 = time.perf_counter()
+    module = splat_cpu.load()
+    took = time.perf_counter() - t0
+    if module is None:
+        raise SystemExit(f"the C++ CPU splat renderer did not build: {splat_cpu.failure_reason()}")
+    info = {"load_or_build_s": took, "openmp": bool(module.has_openmp())}
+    print(f"C++ renderer loaded in {took:.1f} s (a first build is ~15 s here), OpenMP: {info['openmp']}")
+    return info
 
 
 def gpu_row() -> dict:
@@ -141,30 +147,33 @@ def gpu_row() -> dict:
 
 def print_row(row: dict) -> None:
     target = f"{row['target_fps']:>6.0f}" if "target_fps" in row else "     -"
-    print(f"{row['gaussians']:>9,} {row['size']:>9} {row['impl']:>13} {row['fps_wall']:>9.2f} "
+    print(f"{row['gaussians']:>9,} {row['size']:>9} {row['impl']:>6} {row['threads']:>7} {row['fps_wall']:>9.2f} "
           f"{row['ms_wall']:>9.1f} {row['ms_cpu']:>9.1f} {row['fps_cpu']:>9.2f} {target}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer sizes and frames, a smaller reference frame")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads, at most 2 (default 1: on a shared, busy machine a second "
-                             "thread mostly waits at barriers and makes frames slower)")
+    parser.add_argument("--threads", type=int, default=2,
+                        help="most CPU threads, at most 2: cpp is timed at 1..threads; fast and the reference "
+                             "at 1 (on this shared, busy machine torch with 2 threads is ~10x slower: its "
+                             "threads wait at barriers)")
     args = parser.parse_args(argv)
-    torch.set_num_threads(max(1, min(args.threads, 2)))
-    print(f"fast CPU splat path, {torch.get_num_threads()} thread(s), load average {os.getloadavg()[0]:.1f} "
+    threads = max(1, min(args.threads, 2))
+    torch.set_num_threads(threads)
+    print(f"CPU splat paths, up to {threads} thread(s), load average {os.getloadavg()[0]:.1f} "
           f"on {os.cpu_count()} CPUs")
-    print(f"{'Gaussians':>9} {'size':>9} {'impl':>13} {'fps':>9} {'ms/frame':>9} {'cpu ms':>9} {'cpu fps':>9} "
-          f"{'target':>6}")
-    rows = cpu_rows(args.quick)
+    build = build_cpp()
+    print(f"{'Gaussians':>9} {'size':>9} {'impl':>6} {'threads':>7} {'fps':>9} {'ms/frame':>9} {'cpu ms':>9} "
+          f"{'cpu fps':>9} {'target':>6}")
+    rows = cpu_rows(args.quick, threads)  # leaves torch at 1 thread for the reference comparison
     ratio = reference_ratio()
     gpu = gpu_row()
     print(f"CUDA 1M / 1920x1080: {gpu.get('fps', gpu['status'])}  ({gpu['compare']})")
     result = {"benchmark": "splats", "quick": args.quick, "threads": torch.get_num_threads(),
               "machine": platform.processor() or platform.machine(), "torch": torch.__version__,
               "load_average": os.getloadavg(), "cpu_count": os.cpu_count(),
-              "cpu_fast": rows, "reference_vs_fast": ratio, "cuda": gpu}
+              "cpp_build": build, "cpu": rows, "reference_vs_cpu": ratio, "cuda": gpu}
     out = ROOT / "benchmarks" / "results" / ("splats_quick.json" if args.quick else "splats.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
