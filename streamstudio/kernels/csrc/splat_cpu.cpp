@@ -1,6 +1,7 @@
 // CPU Gaussian-splat renderer: the whole frame (covariance, SH, EWA projection, depth sort,
-// tile binning (32x32 here; the reference's 16x16 give the same result, binning is exact), front-to-back blending) in one call, float32 or float64, OpenMP over
-// Gaussians and tiles when built with -fopenmp. Same maths, same operation order as
+// tile binning (32x32 here; the reference's 16x16 give the same result, binning is exact),
+// front-to-back blending) in one call, float32 or float64, OpenMP over Gaussians and tiles
+// when built with -fopenmp. Same maths, same operation order as
 // streamstudio/kernels/splat_reference.py (see its docstring for the conventions).
 // No CUDA header: it builds against a CPU-only torch wheel. Light headers only (not
 // torch/extension.h), so the first build stays short.
@@ -316,6 +317,7 @@ void render_impl(const at::Tensor& means_t, const at::Tensor& quats_t, const at:
   radix_sort(keys, ids, sizeof(T) * 8);
   const int64_t M = (int64_t)ids.size();
   std::unique_ptr<Gauss<T>[]> gs(new Gauss<T>[M > 0 ? M : 1]);
+#pragma omp parallel for schedule(static) num_threads(nthreads)
   for (int64_t i = 0; i < M; ++i) gs[i] = proj[ids[i]];
 
   mark("sort");
