@@ -18,6 +18,10 @@
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define SPLAT_AVX2 1  // an 8-wide copy of the row loop, picked at run time on CPUs with AVX2
+#endif
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -110,6 +114,71 @@ inline int blend_row_sse(float* tr, float* l, float* c0, float* c1, float* c2, f
     _mm_storeu_ps(tr + j, _mm_or_ps(_mm_and_ps(low, t_old), _mm_andnot_ps(low, test_t)));
   }
   return stops;
+}
+#endif
+
+#if defined(SPLAT_AVX2)
+__attribute__((target("avx2"))) inline __m256 exp_neg8(__m256 x) {
+  const __m256 magic = _mm256_set1_ps(12582912.0f);
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 n = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), magic), magic);
+  const __m256 r = _mm256_sub_ps(_mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693359375f))),
+                                 _mm256_mul_ps(n, _mm256_set1_ps(-2.12194440e-4f)));
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(5.0000001201e-1f));
+  const __m256 y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, r), r), r), _mm256_set1_ps(1.0f));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+}
+
+// blend_row_sse, 8 lanes (same operations per lane, so the same bits)
+__attribute__((target("avx2"))) int blend_row_avx2(float* tr, float* l, float* c0, float* c1, float* c2, float* c3,
+                                                   int px0, int lo, int hi, float mx, float ga, float gb, float cdy,
+                                                   float dy, float o, const float* f) {
+  const __m256 vmx = _mm256_set1_ps(mx), vga = _mm256_set1_ps(ga), vgb = _mm256_set1_ps(gb);
+  const __m256 vcdy = _mm256_set1_ps(cdy), vdy = _mm256_set1_ps(dy), vo = _mm256_set1_ps(o);
+  const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
+  const __m256 vlo = _mm256_set1_ps((float)lo), vhi = _mm256_set1_ps((float)hi);
+  const __m256 lanes = _mm256_set_ps(7.0f, 6.0f, 5.0f, 4.0f, 3.0f, 2.0f, 1.0f, 0.0f);
+  int stops = 0;
+  for (int j = lo; j <= hi; j += 8) {
+    const __m256 idx = _mm256_add_ps(_mm256_set1_ps((float)j), lanes);
+    const __m256 px = _mm256_add_ps(_mm256_set1_ps((float)(px0 + j)), lanes);
+    const __m256 dx = _mm256_sub_ps(_mm256_add_ps(px, _mm256_set1_ps(0.5f)), vmx);
+    const __m256 power = _mm256_sub_ps(
+        _mm256_mul_ps(_mm256_set1_ps(-0.5f), _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(vga, dx), dx), vcdy)),
+        _mm256_mul_ps(_mm256_mul_ps(vgb, dx), vdy));
+    const __m256 alpha = _mm256_min_ps(_mm256_mul_ps(vo, exp_neg8(power)), _mm256_set1_ps(0.99f));
+    const __m256 lv = _mm256_loadu_ps(l + j);
+    __m256 m = _mm256_and_ps(_mm256_cmp_ps(alpha, _mm256_set1_ps((float)(1.0 / 255.0)), _CMP_GE_OS),
+                             _mm256_cmp_ps(power, zero, _CMP_LE_OS));
+    m = _mm256_and_ps(m, _mm256_cmp_ps(lv, zero, _CMP_NEQ_UQ));
+    m = _mm256_and_ps(m, _mm256_and_ps(_mm256_cmp_ps(idx, vlo, _CMP_GE_OS), _mm256_cmp_ps(idx, vhi, _CMP_LE_OS)));
+    if (_mm256_movemask_ps(m) == 0) continue;
+    const __m256 al = _mm256_and_ps(m, alpha);
+    const __m256 t_old = _mm256_loadu_ps(tr + j);
+    const __m256 test_t = _mm256_mul_ps(t_old, _mm256_sub_ps(one, al));
+    const __m256 low = _mm256_cmp_ps(test_t, _mm256_set1_ps(1e-4f), _CMP_LT_OS);
+    const __m256 stop = _mm256_and_ps(low, m);
+    stops += __builtin_popcount(_mm256_movemask_ps(stop));
+    _mm256_storeu_ps(l + j, _mm256_andnot_ps(stop, lv));
+    const __m256 w = _mm256_andnot_ps(low, _mm256_mul_ps(al, t_old));
+    _mm256_storeu_ps(c0 + j, _mm256_add_ps(_mm256_loadu_ps(c0 + j), _mm256_mul_ps(w, _mm256_set1_ps(f[0]))));
+    _mm256_storeu_ps(c1 + j, _mm256_add_ps(_mm256_loadu_ps(c1 + j), _mm256_mul_ps(w, _mm256_set1_ps(f[1]))));
+    _mm256_storeu_ps(c2 + j, _mm256_add_ps(_mm256_loadu_ps(c2 + j), _mm256_mul_ps(w, _mm256_set1_ps(f[2]))));
+    _mm256_storeu_ps(c3 + j, _mm256_add_ps(_mm256_loadu_ps(c3 + j), _mm256_mul_ps(w, _mm256_set1_ps(f[3]))));
+    _mm256_storeu_ps(tr + j, _mm256_blendv_ps(test_t, t_old, low));
+  }
+  return stops;
+}
+
+inline bool cpu_has_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2") && std::getenv("STREAMSTUDIO_SPLAT_NO_AVX2") == nullptr;
+  return yes;
 }
 #endif
 
@@ -358,15 +427,18 @@ void render_impl(const at::Tensor& means_t, const at::Tensor& quats_t, const at:
   if (has_bg)
     for (int ch = 0; ch < 3; ++ch) bg[ch] = bg_t.data_ptr<T>()[ch];
   const T a_min = (T)(1.0 / 255.0), a_max = (T)0.99, t_min = (T)1e-4;
+#if defined(SPLAT_AVX2)
+  const bool avx2 = cpu_has_avx2();
+#endif
 
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
   for (int tile = 0; tile < n_tiles; ++tile) {
     const int tyi = tile / tx_n, txi = tile % tx_n;
     const int px0 = txi * TS, py0 = tyi * TS;
     const int pw = (int)std::min<int64_t>(TS, W - px0), ph = (int)std::min<int64_t>(TS, H - py0);
-    alignas(64) T Tr[TS * TS + 4], a0[TS * TS + 4], a1[TS * TS + 4], a2[TS * TS + 4], a3[TS * TS + 4],
-        live[TS * TS + 4];  // + 4: padding for the last row's 4-wide groups
-    for (int k = 0; k < TS * TS + 4; ++k) {
+    alignas(64) T Tr[TS * TS + 8], a0[TS * TS + 8], a1[TS * TS + 8], a2[TS * TS + 8], a3[TS * TS + 8],
+        live[TS * TS + 8];  // + 8: padding for the last row's 4/8-wide groups
+    for (int k = 0; k < TS * TS + 8; ++k) {
       Tr[k] = 1;
       live[k] = (k < TS * TS && (k / TS) < ph && (k % TS) < pw) ? (T)1 : (T)0;  // pixels outside the image never blend
       a0[k] = a1[k] = a2[k] = a3[k] = 0;
@@ -397,6 +469,12 @@ void render_impl(const at::Tensor& means_t, const at::Tensor& quats_t, const at:
         int stops = 0;
 #if defined(__SSE2__)
         if constexpr (std::is_same<T, float>::value) {
+#if defined(SPLAT_AVX2)
+          if (avx2) {
+            n_done += blend_row_avx2(tr, l, c0, c1, c2, c3, px0, lo, hi, mx, ga, gb, cdy, dy, o, g.f);
+            continue;
+          }
+#endif
           n_done += blend_row_sse(tr, l, c0, c1, c2, c3, px0, lo, hi, mx, ga, gb, cdy, dy, o, g.f);
           continue;
         }
