@@ -479,9 +479,8 @@ void render_impl(const at::Tensor& means_t, const at::Tensor& quats_t, const at:
           continue;
         }
 #endif
-        // a fixed-width loop over the tile row, masked to the span, written with nested selects
-        // only (no && / ||) so that GCC vectorises it; same operations as the reference
-        for (int j = 0; j < TS; ++j) {
+        // scalar path (float64, or a CPU without SSE2): the span, same operations as the reference
+        for (int j = lo; j <= hi; ++j) {
           const T dx = (T)(px0 + j) + (T)0.5 - mx;
           const T power = (T)-0.5 * (ga * dx * dx + cdy) - gb * dx * dy;
           T alpha = o * exp_neg(power);
