@@ -180,3 +180,19 @@ def test_disabled_by_environment(monkeypatch, forget_cpp_state):
         warnings.simplefilter("error")  # disabling on purpose is not worth a warning
         assert splat_cpu.load() is None
         assert pick_impl("auto", torch.device("cpu")) == "fast"
+
+
+@pytest.mark.slow
+def test_build_without_ninja(tmp_path, monkeypatch, forget_cpp_state):
+    """torch's load() needs ninja; without it the loader calls the compiler itself (a fresh ~15 s build)."""
+    from torch.utils import cpp_extension
+
+    monkeypatch.setattr(cpp_extension, "is_ninja_available", lambda: False)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    module = splat_cpu.load()
+    assert module is not None, splat_cpu.failure_reason()
+    assert list(tmp_path.glob("*/*.so"))
+    means, quats, scales, opac, colors = scene(200, 12, torch.float64)
+    args = dict(means=means, quats=quats, scales=scales, opacities=opac, colors=colors,
+                viewmat=torch.eye(4, dtype=torch.float64), intrinsics=(50.0, 50.0, 20.0, 15.0), width=40, height=30)
+    assert_matches_reference(args, tol=1e-9)

@@ -2,7 +2,8 @@
 
 `load()` compiles the source with `torch.utils.cpp_extension.load` (-O3, and -fopenmp when a
 probe program links with it; else the loops run serially) into torch's extensions folder,
-under a name keyed by the source's hash, so later processes only import it. When it cannot
+under a name keyed by the source's hash, so later processes only import it. Without ninja
+(which torch's load() needs) it makes the same build with one call of the C++ compiler. When it cannot
 be built it returns None with ONE warning per process, and `impl="auto"` takes the
 vectorised torch path (`splat_fast`). `STREAMSTUDIO_DISABLE_CPU_SPLAT=1` skips the build.
 
@@ -48,15 +49,48 @@ def openmp_links() -> bool:
 
 
 def _build(verbose: bool):
-    from torch.utils.cpp_extension import load as load_extension
+    from torch.utils import cpp_extension
 
     h = hashlib.sha256(SOURCE.read_bytes())
     h.update(f"torch={torch.__version__} py={sys.version_info[:2]}".encode())
     omp = openmp_links()
     flags = ["-O3", "-ffp-contract=off", "-fno-trapping-math"] + (["-fopenmp"] if omp else [])
     h.update(" ".join(flags).encode())
-    return load_extension(name=f"{EXTENSION_NAME}_{h.hexdigest()[:12]}", sources=[str(SOURCE)],
-                          extra_cflags=flags, extra_ldflags=["-fopenmp"] if omp else [], verbose=verbose)
+    name = f"{EXTENSION_NAME}_{h.hexdigest()[:12]}"
+    if not cpp_extension.is_ninja_available():  # torch's load() needs ninja: build with the compiler directly
+        return _build_without_ninja(name, flags, omp, verbose)
+    return cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=flags,
+                              extra_ldflags=["-fopenmp"] if omp else [], verbose=verbose)
+
+
+def _build_without_ninja(name: str, flags: list[str], omp: bool, verbose: bool):
+    """The same build as torch's load() (its flags, its extensions folder), one compiler call."""
+    import importlib.util
+    import sysconfig
+
+    from torch.utils import cpp_extension
+
+    folder = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()) / name
+    so_path = folder / f"{name}.so"
+    if not so_path.is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or "c++"
+        tmp = folder / f"{name}.{os.getpid()}.tmp.so"
+        cmd = [cxx, "-shared", "-fPIC", "-std=c++20", *flags, f"-DTORCH_EXTENSION_NAME={name}",
+               "-DTORCH_API_INCLUDE_EXTENSION_H",
+               f"-D_GLIBCXX_USE_CXX11_ABI={int(getattr(torch._C, '_GLIBCXX_USE_CXX11_ABI', True))}",
+               *(f"-isystem{p}" for p in cpp_extension.include_paths()),
+               f"-isystem{sysconfig.get_paths()['include']}", str(SOURCE), "-o", str(tmp),
+               *(f"-L{p}" for p in cpp_extension.library_paths()), "-lc10", "-ltorch_cpu", "-ltorch", "-ltorch_python",
+               *(["-fopenmp"] if omp else [])]
+        proc = subprocess.run(cmd, capture_output=not verbose, text=True, timeout=600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"building {SOURCE.name} failed:\n{proc.stderr}")
+        os.replace(tmp, so_path)  # atomic: a concurrent process sees the whole file or none
+    spec = importlib.util.spec_from_file_location(name, so_path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def load(verbose: bool = False):
