@@ -136,7 +136,7 @@ __attribute__((target("avx2"))) inline __m256 exp_neg8(__m256 x) {
 }
 
 // blend_row_sse, 8 lanes (same operations per lane, so the same bits)
-__attribute__((target("avx2"))) int blend_row_avx2(float* tr, float* l, float* c0, float* c1, float* c2, float* c3,
+__attribute__((target("avx2"))) inline int blend_row_avx2(float* tr, float* l, float* c0, float* c1, float* c2, float* c3,
                                                    int px0, int lo, int hi, float mx, float ga, float gb, float cdy,
                                                    float dy, float o, const float* f) {
   const __m256 vmx = _mm256_set1_ps(mx), vga = _mm256_set1_ps(ga), vgb = _mm256_set1_ps(gb);
