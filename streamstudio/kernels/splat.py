@@ -3,8 +3,9 @@
 `impl="auto"` takes the CUDA kernel when it is built and the tensors are on a GPU, the fast
 CPU path for CPU tensors (the C++ renderer of `splat_cpu` when it builds, else the vectorised
 torch path), and the pure-torch reference on any other device. `impl=` may force
-"reference", "cpp" (the C++ CPU renderer), "fast" (the vectorised torch path), "fast_compiled" (the fast path with its inner step through torch.compile:
-a first call of ~20-40 s, then ~1.2-1.5x) or "cuda". See `splat_reference` for the conventions (camera, pixel
+"reference", "cpp" (the C++ CPU renderer), "fast" (the vectorised torch path), "fast_compiled"
+(the fast path with its inner step through torch.compile: a first call of ~20-40 s, then
+~1.2-1.5x) or "cuda". See `splat_reference` for the conventions (camera, pixel
 centres, blending rule).
 """
 
