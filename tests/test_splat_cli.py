@@ -15,15 +15,6 @@ from streamstudio.pipelines.splat_render import (Camera, SceneFit, SplatRenderCo
                                                  render_frame)
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """These tests run many small ops: on a shared 2-core machine one thread is faster."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def one_gaussian(pos, rgb=(1.0, 0.0, 0.0)) -> GaussianScene:
     return GaussianScene(means=torch.tensor([pos], dtype=torch.float32), quats=torch.tensor([[1.0, 0, 0, 0]]),
                          log_scales=torch.full((1, 3), math.log(0.2)), opacity_logits=torch.tensor([3.0]),

@@ -13,15 +13,6 @@ from streamstudio.kernels.splat import rasterize_gaussians
 from streamstudio.kernels.splat_reference import eval_sh, project_gaussians, quat_scale_to_covar
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """These tests run many small ops: on a shared 2-core machine one thread is faster."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def random_gaussians(n: int, seed: int = 0, spread: float = 0.6, log_scale: float = -2.5, dtype=torch.float64):
     g = torch.Generator().manual_seed(seed)
     means = torch.randn(n, 3, generator=g, dtype=dtype) * spread

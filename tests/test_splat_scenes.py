@@ -12,15 +12,6 @@ from streamstudio.errors import StreamStudioError
 from streamstudio.models.gaussians import (SH_C0, GaussianScene, load_scene, save_scene, slice_4d)
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """These tests run many small ops: on a shared 2-core machine one thread is faster."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def make_scene(n: int = 50, degree: int = 3, seed: int = 0, four_d: bool = False) -> GaussianScene:
     g = torch.Generator().manual_seed(seed)
     scene = GaussianScene(means=torch.randn(n, 3, generator=g), quats=torch.randn(n, 4, generator=g),

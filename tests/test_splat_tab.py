@@ -4,21 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from streamstudio.app import splat_tab
 from streamstudio.app.splat_tab import (SplatSession, ViewSettings, click_orbit, load_into, parse_color, play,
                                         play_times, render_view, stylize)
 from streamstudio.errors import StreamStudioError
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """These tests run many small ops: on a shared 2-core machine one thread is faster."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 SMALL = dict(width=48, height=32)

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from streamstudio.errors import StreamStudioError
-from streamstudio.models.stream_dit import (StreamDiT, StreamDiTConfig, load_checkpoint, named_config,
+from streamstudio.models.stream_dit import (StreamDiT, load_checkpoint, named_config,
                                             save_checkpoint)
 from streamstudio.models.video_data import VideoFolder, synthetic_batch
 
