@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.video_data import COLOURS, VideoFolder, random_spec, render_shape_clip, synthetic_batch
-from streamstudio.pipelines.video_training import VideoTrainConfig, VideoTrainer, partition_levels
+from streamstudio.app.video_training import VideoTrainConfig, VideoTrainer, partition_levels
 
 
 def small_cfg(tmp_path, **kw) -> VideoTrainConfig:

@@ -11,7 +11,7 @@ import dataclasses
 import torch
 
 from streamstudio.errors import StreamStudioError
-from streamstudio.pipelines.video_training import VideoTrainConfig, VideoTrainer
+from streamstudio.app.video_training import VideoTrainConfig, VideoTrainer
 
 DEFAULTS = VideoTrainConfig()
 
