@@ -161,12 +161,22 @@ def test_unreachable_server_fails_fast():
     assert time.monotonic() - t0 < 10
 
 
-@pytest.mark.slow
-def test_unroutable_server_fails_within_10_seconds():
-    t0 = time.monotonic()
-    with pytest.raises(StreamStudioError):
-        open_sink("rtmp://10.255.255.1:1935/live/x", 64, 64, 30)
-    assert time.monotonic() - t0 < 10
+def test_silent_server_fails_within_10_seconds():
+    """A server that accepts the connection but never answers the RTMP handshake (on loopback:
+    tests never send traffic off this machine) gives a clear error within seconds."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    port = listener.getsockname()[1]
+    try:
+        t0 = time.monotonic()
+        config = RtmpConfig(connect_timeout=2.0, io_timeout=2.0, max_reconnects=1, backoff=0.2)
+        with pytest.raises(StreamStudioError, match="RTMP"):
+            sink = RtmpSink(f"rtmp://127.0.0.1:{port}/live/x", 64, 64, 30, config)
+            push(sink, 30, 30, w=64, h=64, realtime=False)  # the handshake happens with the first packets
+        assert time.monotonic() - t0 < 10
+    finally:
+        listener.close()
 
 
 def test_dropped_server_is_retried_then_fails_with_lost_frames_counted(nginx):

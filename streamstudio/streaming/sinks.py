@@ -372,12 +372,20 @@ class RtmpSink(Sink):
         self._connect()
 
     def _reachable(self) -> None:
+        """Connect and start an RTMP handshake (C0 + C1, then wait for S0): a server that is down,
+        or that accepts connections but never answers, fails here within `connect_timeout`
+        instead of blocking the first write without limit."""
         try:
-            with socket.create_connection((self._host, self._port), timeout=self.config.connect_timeout):
-                pass
+            with socket.create_connection((self._host, self._port), timeout=self.config.connect_timeout) as probe:
+                probe.settimeout(self.config.connect_timeout)
+                probe.sendall(b"\x03" + bytes(1536))  # C0 (version 3) + C1 (time 0, zero, zero bytes)
+                answer = probe.recv(1)  # S0
         except OSError as exc:
             raise StreamStudioError(f"RTMP server {self._host}:{self._port} is unreachable ({exc}); "
                                     "check that it is running and the url is right") from exc
+        if answer != b"\x03":
+            raise StreamStudioError(f"{self._host}:{self._port} does not answer the RTMP handshake; "
+                                    "check that an RTMP server listens there")
 
     def _connect(self) -> None:
         import av
