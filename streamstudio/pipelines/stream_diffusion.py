@@ -280,6 +280,7 @@ class StreamDiffusion:
         self._latent_shape = (self.unet.config.in_channels, h, w)
         gen = torch.Generator("cpu").manual_seed(self.config.seed)
         self._noise = torch.randn((n * k, *self._latent_shape), generator=gen).to(self.device, self.dtype)  # (N*k, 4, h, w)
+        self._noise_next = torch.roll(self._noise, -k, dims=0)  # row of slot j gets slot j+1's noise
         self._txt_gen = torch.Generator("cpu").manual_seed(self.config.seed + 1)
 
     # ------------------------------------------------------------------ networks
@@ -366,8 +367,7 @@ class StreamDiffusion:
             self._prime(x_first)
         x = torch.cat([x_first, self._buffer])  # (N*k, 4, h, w)
         stock = torch.cat([self._noise[:k], self._stock])
-        noise_next = torch.roll(self._noise, -k, dims=0)  # row of slot j gets slot j+1's noise
-        x0, x_next, stock_next = self._step(x, stock, self._coef, self._t_rows, noise_next, first_rows=k)
+        x0, x_next, stock_next = self._step(x, stock, self._coef, self._t_rows, self._noise_next, first_rows=k)
         self._buffer, self._stock = x_next[:-k], stock_next[:-k]
         return x0[-k:]
 
