@@ -3,7 +3,9 @@ numpy computations, CPU dispatch, and (marked gpu) each CUDA kernel against its 
 
 from __future__ import annotations
 
+import shutil
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +17,7 @@ from streamstudio.kernels import cuda_build, reference
 from streamstudio.kernels.reference import CFG_FULL, CFG_INITIALIZE, CFG_NONE, CFG_SELF
 
 CU_FILES = sorted(cuda_build.CSRC.glob("*.cu"))
+BINDINGS = sorted(p.with_suffix(".cpp") for p in CU_FILES if p.with_suffix(".cpp").is_file())
 ALL_CFG = (CFG_NONE, CFG_SELF, CFG_INITIALIZE, CFG_FULL)
 
 
@@ -31,6 +34,48 @@ def test_cu_file_compiles_without_spills(source: Path):
 
 def test_stream_ops_source_is_checked():
     assert cuda_build.CSRC / "stream_ops.cu" in CU_FILES
+    assert cuda_build.CSRC / "splat_rasterizer.cu" in CU_FILES
+    assert [p.name for p in BINDINGS] == ["splat_rasterizer.cpp", "stream_ops.cpp"]
+
+
+def test_cu_files_hold_no_torch_headers():
+    for source in CU_FILES:
+        assert "torch/" not in source.read_text(), f"{source.name}: keep torch's headers in the binding .cpp"
+
+
+@pytest.mark.skipif(cuda_build.find_nvcc() is None, reason="nvcc not installed")
+def test_a_launcher_that_drifts_from_its_header_fails_nvcc(tmp_path):
+    for name in ("stream_ops.cu", "stream_ops.h"):
+        shutil.copy(cuda_build.CSRC / name, tmp_path / name)
+    header = tmp_path / "stream_ops.h"
+    text = header.read_text()
+    assert "int batch, int h, int w" in text
+    header.write_text(text.replace("int batch, int h, int w", "int64_t batch, int h, int w", 1))
+    report = cuda_build.nvcc_check(tmp_path / "stream_ops.cu", archs=("sm_90",))
+    assert report.returncode != 0 and "preprocess_launch" in report.output
+
+
+# ------------------------------------------------------------------------------ torch bindings
+@pytest.mark.skipif(shutil.which("g++") is None or cuda_build.cuda_include_dir() is None,
+                    reason="needs g++ and the CUDA headers")
+def test_every_binding_compiles_against_torch_headers():
+    """Each binding .cpp is compiled (syntax only, both at once) against torch's headers and its
+    launchers' header: a call that no longer matches a launcher, or a torch API that changed,
+    fails here rather than at the first build on a GPU machine."""
+    with ThreadPoolExecutor(max_workers=len(BINDINGS)) as pool:
+        reports = list(pool.map(cuda_build.binding_check, BINDINGS))
+    for report in reports:
+        assert report.ok, f"{report.source.name} does not compile:\n{report.output[-4000:]}"
+
+
+@pytest.mark.skipif(shutil.which("g++") is None or cuda_build.cuda_include_dir() is None,
+                    reason="needs g++ and the CUDA headers")
+def test_binding_check_reports_a_broken_binding(tmp_path):
+    broken = tmp_path / "broken.cpp"
+    broken.write_text(f'#include "{cuda_build.CSRC / "stream_ops.h"}"\n'
+                      "int f() { return streamstudio::postprocess_launch(nullptr, 0, nullptr, 1, 2, nullptr); }\n")
+    report = cuda_build.binding_check(broken)
+    assert not report.ok and "postprocess_launch" in report.output
 
 
 # ------------------------------------------------------------------------------ independent numpy references

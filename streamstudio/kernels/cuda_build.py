@@ -6,11 +6,13 @@ by the sources' contents, torch's version and CUDA's version, so an edit rebuild
 None with ONE warning per extension when it cannot be had (no GPU, no nvcc, a build error,
 or STREAMSTUDIO_DISABLE_CUDA_KERNELS=1). Callers then use their pure-torch reference.
 
-`nvcc_check(source)` compiles one .cu file for given architectures with `-Xptxas -v` and
-reports compile errors and register spills (the CPU test of every .cu file uses it). It
-defines STREAMSTUDIO_KERNEL_ONLY (and SPLAT_KERNEL_ONLY, the splat file's own name for it):
-a .cu file that also holds its torch binding guards that part with `#ifndef`, since a CPU
-torch wheel lacks the CUDA headers the binding includes.
+`nvcc_check(source)` compiles one .cu file for given architectures with torch's own nvcc
+flags and `-Xptxas -v`, and reports compile errors and register spills; `binding_check(cpp)`
+compiles one torch binding (.cpp) against torch's headers with g++ -fsyntax-only. The CPU
+tests run both on every file of csrc/, so no GPU is needed to catch a broken build. The .cu
+files hold kernels and plain launchers only (no torch headers); each binding .cpp includes the
+launchers' header, and each .cu file defines its launchers with qualified names, so a
+declaration that drifts from its definition fails to compile.
 """
 
 from __future__ import annotations
@@ -149,7 +151,6 @@ def _first_lines(text: str, n: int = 6) -> str:
 # nvcc compile check (no GPU needed)
 # ---------------------------------------------------------------------------------------------
 
-KERNEL_ONLY_DEFINES = ("-DSTREAMSTUDIO_KERNEL_ONLY", "-DSPLAT_KERNEL_ONLY")
 _SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 
 
@@ -179,17 +180,19 @@ def find_nvcc() -> str | None:
     return None
 
 
-def nvcc_include_flags() -> list[str]:
-    """Include paths a .cu file may need: csrc/, torch's headers and Python's."""
-    flags = [f"-I{CSRC}"]
-    try:
-        from torch.utils.cpp_extension import include_paths
+def cuda_include_dir() -> Path | None:
+    """The CUDA toolkit's include folder (the one with cuda_fp16.h), or None."""
+    nvcc = find_nvcc()
+    candidates = [Path(nvcc).resolve().parent.parent / "include"] if nvcc else []
+    candidates += [Path(r, "include") for r in (os.environ.get("CUDA_HOME"), "/usr/local/cuda") if r]
+    return next((p for p in candidates if (p / "cuda_fp16.h").is_file()), None)
 
-        flags += [f"-I{p}" for p in include_paths()]
-    except Exception:  # pragma: no cover - torch without the extension helpers
-        pass
-    flags.append(f"-I{sysconfig.get_paths()['include']}")
-    return flags
+
+def torch_nvcc_flags() -> list[str]:
+    """The flags torch's extension loader gives nvcc (no half operators, relaxed constexpr)."""
+    from torch.utils import cpp_extension
+
+    return list(getattr(cpp_extension, "COMMON_NVCC_FLAGS", []))
 
 
 def nvcc_check(source: str | os.PathLike, archs: Sequence[str] = ("sm_80", "sm_90"),
@@ -204,8 +207,8 @@ def nvcc_check(source: str | os.PathLike, archs: Sequence[str] = ("sm_80", "sm_9
         num = arch.split("_", 1)[1]
         gencode += ["-gencode", f"arch=compute_{num},code=sm_{num}"]
     with tempfile.TemporaryDirectory(prefix="streamstudio-nvcc-") as tmp:
-        cmd = [nvcc, "-c", str(source), "-o", os.path.join(tmp, "out.o"), "-std=c++20", "-O3",
-               "-Xptxas", "-v", *gencode, *KERNEL_ONLY_DEFINES, *nvcc_include_flags(), *extra_flags]
+        cmd = [nvcc, "-c", str(source), "-o", os.path.join(tmp, "out.o"), "-std=c++20", *DEFAULT_CUDA_FLAGS,
+               *torch_nvcc_flags(), "-Xptxas", "-v", *gencode, f"-I{source.parent}", *extra_flags]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     output = proc.stdout + proc.stderr
     report = NvccReport(source, tuple(archs), proc.returncode, output)
@@ -217,3 +220,46 @@ def nvcc_check(source: str | os.PathLike, archs: Sequence[str] = ("sm_80", "sm_9
             report.spill_loads += int(m.group(2))
             report.spilling.append(" / ".join(lines[max(0, i - 2):i + 1]))
     return report
+
+
+# ---------------------------------------------------------------------------------------------
+# binding compile check (no GPU and no CUDA build of torch needed)
+# ---------------------------------------------------------------------------------------------
+
+# A CPU build of torch ships c10/cuda's headers but not this one, which CMake generates.
+_CUDA_MACROS_HEADER = "c10/cuda/impl/cuda_cmake_macros.h"
+_CUDA_MACROS_SHIM = "#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n"
+
+
+@dataclass
+class BindingReport:
+    source: Path
+    returncode: int
+    output: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+def binding_check(source: str | os.PathLike, compiler: str | None = None, timeout: float = 600) -> BindingReport:
+    """Compile one torch binding (.cpp) with `-fsyntax-only` against torch's and CUDA's headers."""
+    from torch.utils.cpp_extension import include_paths
+
+    cxx = compiler or shutil.which("g++") or shutil.which("c++")
+    cuda_include = cuda_include_dir()
+    if cxx is None or cuda_include is None:
+        raise FileNotFoundError("the binding check needs g++ and the CUDA headers")
+    source = Path(source)
+    torch_includes = [Path(p) for p in include_paths()]
+    with tempfile.TemporaryDirectory(prefix="streamstudio-binding-") as tmp:
+        includes = [source.parent, *torch_includes, Path(sysconfig.get_paths()["include"]), cuda_include]
+        if not any((p / _CUDA_MACROS_HEADER).is_file() for p in torch_includes):
+            shim = Path(tmp, _CUDA_MACROS_HEADER)
+            shim.parent.mkdir(parents=True)
+            shim.write_text(_CUDA_MACROS_SHIM)
+            includes.append(Path(tmp))
+        cmd = [cxx, "-fsyntax-only", "-std=c++20", f"-DTORCH_EXTENSION_NAME={source.stem}",
+               *[f"-I{p}" for p in includes], str(source)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    return BindingReport(source, proc.returncode, proc.stdout + proc.stderr)

@@ -9,17 +9,15 @@
 // Pixel (u, v) has its centre at (u + 0.5, v + 0.5). Outputs: 3 colour channels and the
 // weighted depth (sum of w z), and the final transmittance T.
 //
-// Build with -DSPLAT_KERNEL_ONLY to compile the kernel alone (no torch headers), as the
-// CPU test does with nvcc -cubin -Xptxas -v for sm_80 and sm_90.
+// Plain CUDA (no torch headers), so that the CPU test can compile it with nvcc alone; the
+// launcher at the end is called by splat_rasterizer.cpp, which checks the tensors.
 
 #include <cstdint>
-#include <cuda_runtime.h>
+#include "splat_rasterizer.h"
 
-#define SPLAT_TILE 16
-#define SPLAT_BLOCK (SPLAT_TILE * SPLAT_TILE)
-#define SPLAT_CHANNELS 4  // r, g, b, depth
+namespace streamstudio {
 
-extern "C" __global__ void __launch_bounds__(SPLAT_BLOCK)
+__global__ void __launch_bounds__(kSplatBlock)
 splat_rasterize_forward(const float* __restrict__ means2d,    // (N, 2)
                         const float* __restrict__ conics,     // (N, 3) a, b, c
                         const float* __restrict__ opacities,  // (N,)
@@ -32,23 +30,23 @@ splat_rasterize_forward(const float* __restrict__ means2d,    // (N, 2)
                         float* __restrict__ trans_out) {  // (H, W)
   const int tile = blockIdx.x;
   const int tx = tile % tiles_x, ty = tile / tiles_x;
-  const int u = tx * SPLAT_TILE + threadIdx.x % SPLAT_TILE;
-  const int v = ty * SPLAT_TILE + threadIdx.x / SPLAT_TILE;
+  const int u = tx * kSplatTile + threadIdx.x % kSplatTile;
+  const int v = ty * kSplatTile + threadIdx.x / kSplatTile;
   const bool inside = u < width && v < height;
   const float px = u + 0.5f, py = v + 0.5f;
 
-  __shared__ float2 s_mean[SPLAT_BLOCK];
-  __shared__ float4 s_conic_o[SPLAT_BLOCK];
-  __shared__ int32_t s_id[SPLAT_BLOCK];
+  __shared__ float2 s_mean[kSplatBlock];
+  __shared__ float4 s_conic_o[kSplatBlock];
+  __shared__ int32_t s_id[kSplatBlock];
 
   const int begin = offsets[tile], end = offsets[tile + 1];
   float T = 1.0f;
-  float acc[SPLAT_CHANNELS] = {0.f, 0.f, 0.f, 0.f};
+  float acc[kSplatChannels] = {0.f, 0.f, 0.f, 0.f};
   bool done = !inside;
 
-  for (int base = begin; base < end; base += SPLAT_BLOCK) {
+  for (int base = begin; base < end; base += kSplatBlock) {
     // stop the whole tile once every pixel has finished
-    if (__syncthreads_count(done) == SPLAT_BLOCK) break;
+    if (__syncthreads_count(done) == kSplatBlock) break;
     const int k = base + threadIdx.x;
     if (k < end) {
       const int32_t g = gauss_ids[k];
@@ -58,7 +56,7 @@ splat_rasterize_forward(const float* __restrict__ means2d,    // (N, 2)
       s_conic_o[threadIdx.x] = make_float4(c[0], c[1], c[2], opacities[g]);
     }
     __syncthreads();
-    const int count = min(SPLAT_BLOCK, end - base);
+    const int count = min(kSplatBlock, end - base);
     for (int j = 0; j < count && !done; ++j) {
       const float2 m = s_mean[j];
       const float4 co = s_conic_o[j];
@@ -73,9 +71,9 @@ splat_rasterize_forward(const float* __restrict__ means2d,    // (N, 2)
         break;
       }
       const float w = alpha * T;
-      const float* f = feats + (int64_t)s_id[j] * SPLAT_CHANNELS;
+      const float* f = feats + (int64_t)s_id[j] * kSplatChannels;
 #pragma unroll
-      for (int ch = 0; ch < SPLAT_CHANNELS; ++ch) acc[ch] += w * f[ch];
+      for (int ch = 0; ch < kSplatChannels; ++ch) acc[ch] += w * f[ch];
       T = test_t;
     }
   }
@@ -83,57 +81,22 @@ splat_rasterize_forward(const float* __restrict__ means2d,    // (N, 2)
   const int64_t pix = (int64_t)v * width + u;
 #pragma unroll
   for (int ch = 0; ch < 3; ++ch)
-    out[pix * SPLAT_CHANNELS + ch] = acc[ch] + (background ? T * background[ch] : 0.0f);
-  out[pix * SPLAT_CHANNELS + 3] = acc[3];
+    out[pix * kSplatChannels + ch] = acc[ch] + (background ? T * background[ch] : 0.0f);
+  out[pix * kSplatChannels + 3] = acc[3];
   trans_out[pix] = T;
 }
 
-#ifndef SPLAT_KERNEL_ONLY
-#include <torch/extension.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
+}  // namespace streamstudio
 
-// Returns (out (H, W, 4), trans (H, W)). All tensors on one CUDA device; floats are float32,
-// ids and offsets int32.
-std::vector<torch::Tensor> rasterize_forward(torch::Tensor means2d, torch::Tensor conics, torch::Tensor opacities,
-                                             torch::Tensor feats, torch::Tensor gauss_ids, torch::Tensor offsets,
-                                             torch::Tensor background, int64_t width, int64_t height) {
-  TORCH_CHECK(means2d.is_cuda(), "splat rasteriser: tensors must be on a CUDA device");
-  TORCH_CHECK(feats.size(1) == SPLAT_CHANNELS, "splat rasteriser: feats must be (N, 4)");
-  TORCH_CHECK(gauss_ids.scalar_type() == torch::kInt32 && offsets.scalar_type() == torch::kInt32,
-              "splat rasteriser: ids and offsets must be int32");
-  const c10::cuda::CUDAGuard guard(means2d.device());
-  auto f32 = means2d.options().dtype(torch::kFloat32);
-  auto m = means2d.to(torch::kFloat32).contiguous();
-  auto c = conics.to(torch::kFloat32).contiguous();
-  auto o = opacities.to(torch::kFloat32).contiguous();
-  auto f = feats.to(torch::kFloat32).contiguous();
-  auto ids = gauss_ids.contiguous();
-  auto offs = offsets.contiguous();
-  const int tiles_x = (int)((width + SPLAT_TILE - 1) / SPLAT_TILE);
-  const int tiles_y = (int)((height + SPLAT_TILE - 1) / SPLAT_TILE);
-  TORCH_CHECK(offs.numel() == (int64_t)tiles_x * tiles_y + 1, "splat rasteriser: offsets must be (tiles + 1,)");
-  auto out = torch::zeros({height, width, SPLAT_CHANNELS}, f32);
-  auto trans = torch::ones({height, width}, f32);
-  const float* bg = nullptr;
-  torch::Tensor bg_c;
-  if (background.defined() && background.numel() == 3) {
-    bg_c = background.to(torch::kFloat32).contiguous();
-    bg = bg_c.data_ptr<float>();
-  }
+// A qualified definition: it must match the header's declaration exactly, or nvcc fails.
+cudaError_t streamstudio::splat_rasterize_launch(const SplatArgs& a, cudaStream_t stream) {
+  const int tiles_x = (a.width + kSplatTile - 1) / kSplatTile;
+  const int tiles_y = (a.height + kSplatTile - 1) / kSplatTile;
   const int n_tiles = tiles_x * tiles_y;
   if (n_tiles > 0) {
-    splat_rasterize_forward<<<n_tiles, SPLAT_BLOCK, 0, c10::cuda::getCurrentCUDAStream()>>>(
-        m.data_ptr<float>(), c.data_ptr<float>(),
-        o.data_ptr<float>(), f.data_ptr<float>(), ids.data_ptr<int32_t>(), offs.data_ptr<int32_t>(), bg,
-        (int)width, (int)height, tiles_x, out.data_ptr<float>(), trans.data_ptr<float>());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    splat_rasterize_forward<<<n_tiles, kSplatBlock, 0, stream>>>(
+        a.means2d, a.conics, a.opacities, a.feats, a.gauss_ids, a.offsets, a.background, a.width, a.height, tiles_x,
+        a.out, a.trans_out);
   }
-  return {out, trans};
+  return cudaGetLastError();
 }
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
-  module.def("rasterize_forward", &rasterize_forward, "Gaussian-splat tile rasteriser (forward)");
-}
-#endif

@@ -442,9 +442,12 @@ int launch_cosine(const void* a_v, const void* b_v, int64_t n, float* partial, i
 }
 
 }  // namespace
+}  // namespace streamstudio
 
-cudaError_t preprocess_launch(const uint8_t* in, void* out, int dtype, int batch, int h, int w, int oh, int ow,
-                              bool bgr, cudaStream_t s) {
+// The public launchers are qualified definitions: each must match its declaration in
+// stream_ops.h exactly, or nvcc fails (an unqualified one would silently add an overload).
+cudaError_t streamstudio::preprocess_launch(const uint8_t* in, void* out, int dtype, int batch, int h, int w,
+                                            int oh, int ow, bool bgr, cudaStream_t s) {
   switch (dtype * 2 + (bgr ? 1 : 0)) {
     case kF32 * 2: launch_preprocess<float, false>(in, out, batch, h, w, oh, ow, s); break;
     case kF32 * 2 + 1: launch_preprocess<float, true>(in, out, batch, h, w, oh, ow, s); break;
@@ -456,7 +459,8 @@ cudaError_t preprocess_launch(const uint8_t* in, void* out, int dtype, int batch
   return cudaGetLastError();
 }
 
-cudaError_t postprocess_launch(const void* in, int dtype, uint8_t* out, int batch, int h, int w, cudaStream_t s) {
+cudaError_t streamstudio::postprocess_launch(const void* in, int dtype, uint8_t* out, int batch, int h, int w,
+                                             cudaStream_t s) {
   switch (dtype) {
     case kF32: launch_postprocess<float>(in, out, batch, h, w, s); break;
     case kF16: launch_postprocess<__half>(in, out, batch, h, w, s); break;
@@ -465,7 +469,7 @@ cudaError_t postprocess_launch(const void* in, int dtype, uint8_t* out, int batc
   return cudaGetLastError();
 }
 
-cudaError_t stream_step_launch(const StepArgs& args, int dtype, int cfg, cudaStream_t s) {
+cudaError_t streamstudio::stream_step_launch(const StepArgs& args, int dtype, int cfg, cudaStream_t s) {
   switch (dtype) {
     case kF32: launch_step<float>(args, cfg, s); break;
     case kF16: launch_step<__half>(args, cfg, s); break;
@@ -474,8 +478,8 @@ cudaError_t stream_step_launch(const StepArgs& args, int dtype, int cfg, cudaStr
   return cudaGetLastError();
 }
 
-cudaError_t cosine_launch(const void* a, const void* b, int dtype, int64_t n, float* partial, int max_blocks,
-                          float* out, cudaStream_t s) {
+cudaError_t streamstudio::cosine_launch(const void* a, const void* b, int dtype, int64_t n, float* partial,
+                                        int max_blocks, float* out, cudaStream_t s) {
   switch (dtype) {
     case kF32: launch_cosine<float>(a, b, n, partial, max_blocks, out, s); break;
     case kF16: launch_cosine<__half>(a, b, n, partial, max_blocks, out, s); break;
@@ -483,5 +487,3 @@ cudaError_t cosine_launch(const void* a, const void* b, int dtype, int64_t n, fl
   }
   return cudaGetLastError();
 }
-
-}  // namespace streamstudio
