@@ -4,6 +4,7 @@ at 10k and 100k Gaussians, 256x256 and 512x512, their speed-ups over the pure-to
 (same run), and the CUDA kernel at 1M Gaussians, 1920x1080 when a GPU is present.
 
     python3 benchmarks/splats.py [--quick] [--threads 2]
+    python3 benchmarks/splats.py --cuda-only     # on a GPU machine: the CUDA row alone
 
 Writes benchmarks/results/splats.json (splats_quick.json with --quick) and prints a table.
 The scenes are synthetic and surface-like (a sphere, a ring of small spheres and a ground
@@ -158,7 +159,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="most CPU threads, at most 2: cpp is timed at 1..threads; fast and the reference "
                              "at 1 (on this shared, busy machine torch with 2 threads is ~10x slower: its "
                              "threads wait at barriers)")
+    parser.add_argument("--cuda-only", action="store_true", help="only the CUDA row (on a GPU machine)")
+    parser.add_argument("--out", default=None, help="JSON output (default benchmarks/results/splats.json)")
     args = parser.parse_args(argv)
+    if args.cuda_only:
+        gpu = gpu_row()
+        print(f"CUDA 1M / 1920x1080: {gpu.get('fps', gpu['status'])}  ({gpu['compare']})")
+        out = Path(args.out or ROOT / "benchmarks" / "results" / "splats_cuda.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"benchmark": "splats", "torch": torch.__version__, "cuda": gpu}, indent=2))
+        print(f"wrote {out}")
+        return 0 if gpu["status"] == "measured" else 1
     threads = max(1, min(args.threads, 2))
     torch.set_num_threads(threads)
     print(f"CPU splat paths, up to {threads} thread(s), load average {os.getloadavg()[0]:.1f} "
@@ -174,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
               "machine": platform.processor() or platform.machine(), "torch": torch.__version__,
               "load_average": os.getloadavg(), "cpu_count": os.cpu_count(),
               "cpp_build": build, "cpu": rows, "reference_vs_cpu": ratio, "cuda": gpu}
-    out = ROOT / "benchmarks" / "results" / ("splats_quick.json" if args.quick else "splats.json")
+    out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / ("splats_quick.json" if args.quick else "splats.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print(f"wrote {out}")

@@ -164,6 +164,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a few frames, 256x256 for the full-size model (< 60 s on CPU)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", default=None, help=f"JSON output (default {RESULTS})")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -189,6 +190,8 @@ def main() -> None:
     print_table(results)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     name = RESULTS if not args.quick else RESULTS.with_name("stream_diffusion_quick.json")
+    name = Path(args.out) if args.out else name
+    name.parent.mkdir(parents=True, exist_ok=True)
     name.write_text(json.dumps(results, indent=2))
     print(f"wrote {name}")
 
