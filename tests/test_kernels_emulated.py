@@ -19,6 +19,7 @@ import torch
 
 from streamstudio.kernels import cuda_build, reference
 from streamstudio.kernels.reference import CFG_FULL, CFG_INITIALIZE, CFG_NONE, CFG_SELF
+from helpers import half_points
 
 EMULATION = r"""
 #include <cuda_runtime.h>  // dim3, cudaStream_t, cudaError_t (declarations only)
@@ -200,21 +201,8 @@ def test_emulated_postprocess(emu, dtype, shape, offset):
         assert torch.equal(got, want)
 
 
-def _half_points() -> np.ndarray:
-    found = []
-    for k in range(0, 255, 5):
-        v = np.float32((k + 0.5) / 127.5 - 1.0)
-        for _ in range(64):
-            y = (v + np.float32(1.0)) * np.float32(127.5)
-            if y == k + 0.5:
-                found.append(v)
-                break
-            v = np.nextafter(v, np.float32(np.inf) if y < k + 0.5 else np.float32(-np.inf), dtype=np.float32)
-    return np.array(found, dtype=np.float32)
-
-
 def test_emulated_postprocess_rounds_ties_to_even(emu):
-    ties = _half_points()  # float32 v with fl(fl(v + 1) * 127.5) == k + 0.5
+    ties = half_points(5)  # float32 v with fl(fl(v + 1) * 127.5) == k + 0.5
     assert len(ties) > 20
     images = torch.from_numpy(np.tile(ties, 3)).view(1, 3, 1, len(ties))
     got = torch.full((1, 1, len(ties), 3), 7, dtype=torch.uint8)

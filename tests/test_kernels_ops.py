@@ -15,6 +15,7 @@ import torch
 from streamstudio import kernels
 from streamstudio.kernels import cuda_build, reference
 from streamstudio.kernels.reference import CFG_FULL, CFG_INITIALIZE, CFG_NONE, CFG_SELF
+from helpers import half_points
 
 CU_FILES = sorted(cuda_build.CSRC.glob("*.cu"))
 BINDINGS = sorted(p.with_suffix(".cpp") for p in CU_FILES if p.with_suffix(".cpp").is_file())
@@ -101,20 +102,6 @@ def numpy_preprocess(frames: np.ndarray, height: int, width: int, bgr: bool) -> 
     wy, wx = triangle_weights(x.shape[1], height), triangle_weights(x.shape[2], width)
     x = np.einsum("yh,bhwc,xw->bcyx", wy, x, wx)  # (B, 3, height, width)
     return x / 127.5 - 1.0
-
-
-def half_points() -> np.ndarray:
-    """float32 inputs v with fl(fl(v + 1) * 127.5) exactly k + 0.5 (the rounding ties)."""
-    found = []
-    for k in range(0, 255, 7):
-        v = np.float32((k + 0.5) / 127.5 - 1.0)
-        for _ in range(64):
-            y = (v + np.float32(1.0)) * np.float32(127.5)
-            if y == k + 0.5:
-                found.append(v)
-                break
-            v = np.nextafter(v, np.float32(np.inf) if y < k + 0.5 else np.float32(-np.inf), dtype=np.float32)
-    return np.array(found, dtype=np.float32)
 
 
 def numpy_step(x, text, uncond, stock, noise, coef, g, delta, cfg):

@@ -14,6 +14,7 @@ import torch
 from streamstudio.kernels import splat_cpu
 from streamstudio.kernels.splat import pick_impl, rasterize_gaussians
 from streamstudio.kernels.splat_reference import quat_scale_to_covar
+from helpers import random_gaussians
 
 ASSETS = Path(__file__).resolve().parents[1] / "streamstudio" / "assets"
 
@@ -27,15 +28,7 @@ def cpp_module():
 
 
 def scene(n: int, seed: int, dtype=torch.float64, spread: float = 0.6, log_scale: float = -2.5, sh_k: int = 16):
-    g = torch.Generator().manual_seed(seed)
-    means = torch.randn(n, 3, generator=g, dtype=dtype) * spread
-    means[:, 2] += 3.0
-    quats = torch.randn(n, 4, generator=g, dtype=dtype)
-    scales = torch.exp(log_scale + 0.4 * torch.randn(n, 3, generator=g, dtype=dtype))
-    opac = torch.rand(n, generator=g, dtype=dtype) * 0.95 + 0.02
-    colors = torch.randn(n, sh_k, 3, generator=g, dtype=dtype) * 0.3 if sh_k else torch.rand(n, 3, generator=g,
-                                                                                                dtype=dtype)
-    return means, quats, scales, opac, colors
+    return random_gaussians(n, seed, spread, log_scale, dtype, sh_k)
 
 
 def view_matrix(dtype, angle: float = 0.3):

@@ -11,17 +11,7 @@ import torch
 from streamstudio.kernels import splat_fast, splat_reference
 from streamstudio.kernels.splat import rasterize_gaussians
 from streamstudio.kernels.splat_reference import eval_sh, project_gaussians, quat_scale_to_covar
-
-
-def random_gaussians(n: int, seed: int = 0, spread: float = 0.6, log_scale: float = -2.5, dtype=torch.float64):
-    g = torch.Generator().manual_seed(seed)
-    means = torch.randn(n, 3, generator=g, dtype=dtype) * spread
-    means[:, 2] += 3.0
-    quats = torch.randn(n, 4, generator=g, dtype=dtype)
-    scales = torch.exp(log_scale + 0.4 * torch.randn(n, 3, generator=g, dtype=dtype))
-    opac = torch.rand(n, generator=g, dtype=dtype) * 0.95 + 0.02
-    colors = torch.rand(n, 3, generator=g, dtype=dtype)
-    return means, quats, scales, opac, colors
+from helpers import random_gaussians
 
 
 def np_rotation(q):

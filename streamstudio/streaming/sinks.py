@@ -136,6 +136,16 @@ class _Encoder:
     def end_time(self) -> float:
         return 0.0 if self.last_pts is None else float((self.last_pts + self.frame_ticks) * self.time_base)
 
+    def write(self, frame: np.ndarray, pts: float) -> None:
+        """Encode one frame and mux its packets."""
+        for packet in self.encode(frame, pts):
+            self.container.mux(packet)
+
+    def flush(self) -> None:
+        """Drain the encoder's delayed packets into the container."""
+        for packet in self.stream.encode(None):
+            self.container.mux(packet)
+
 
 def _x264_options(fps: float, live: bool) -> dict[str, str]:
     gop = str(max(1, round(fps)))
@@ -261,8 +271,7 @@ class FileSink(Sink):
             if self.status.closed:
                 raise StreamStudioError(f"{self.path} is already closed")
             pts = self.status.frames_written / self.fps if pts is None else pts
-            for packet in self._enc.encode(frame, pts):
-                self._container.mux(packet)
+            self._enc.write(frame, pts)
             if self._audio is not None:
                 self._audio.mux_until(self._container, pts)  # audio up to this frame; the rest at close
             self.status.frames_written += 1
@@ -273,8 +282,7 @@ class FileSink(Sink):
                 return
             self.status.closed = True
             try:
-                for packet in self._enc.stream.encode(None):
-                    self._container.mux(packet)
+                self._enc.flush()
                 if self._audio is not None:
                     self._audio.stop(self._container, self._enc.end_time())
             finally:
@@ -330,8 +338,7 @@ class HlsSink(Sink):
 
     def write(self, frame: np.ndarray, pts: float | None = None) -> None:
         pts = self.status.frames_written / self.fps if pts is None else pts
-        for packet in self._enc.encode(frame, pts):
-            self._container.mux(packet)
+        self._enc.write(frame, pts)
         self.status.frames_written += 1
 
     def close(self) -> None:
@@ -339,8 +346,7 @@ class HlsSink(Sink):
             return
         self.status.closed = True
         try:
-            for packet in self._enc.stream.encode(None):
-                self._container.mux(packet)
+            self._enc.flush()
         finally:
             self._container.close()
 
@@ -420,8 +426,7 @@ class RtmpSink(Sink):
         if self._t0 is None:
             self._t0 = pts
         try:
-            for packet in self._enc.encode(frame, pts - self._t0):
-                self._container.mux(packet)
+            self._enc.write(frame, pts - self._t0)
         except Exception as exc:  # av errors, BrokenPipe: the server dropped us
             self.status.frames_lost += 1
             self.status.error = f"RTMP connection lost: {exc}"
@@ -460,8 +465,7 @@ class RtmpSink(Sink):
         self.status.closed = True
         if self._enc is not None:
             try:
-                for packet in self._enc.stream.encode(None):
-                    self._container.mux(packet)
+                self._enc.flush()
             except Exception as exc:  # closing a dead connection must not hide the run's result
                 self.status.error = f"RTMP close: {exc}"
         self._drop_connection()
