@@ -2,8 +2,10 @@
 
 The model's modules are loaded once and shared; every session builds its own StreamDiffusion
 over them (the pipeline object holds per-stream state only: buffer, prompt, seed, filter).
-Calls into the shared networks are serialized by one lock, so sessions never race on the
-model (or its tokenizer), and each session's worker thread waits only for its own turn.
+With cross-stream batching (the default; `app/batching.py`) one executor thread runs every
+UNet and VAE call, and the calls of several sessions that arrive together run as one batch;
+the text encoder and tokenizer stay behind the model's lock. Without it, each session's whole
+frame runs under that lock, so sessions take turns on the model.
 
 A session takes frames with `submit()` (never blocks: a newer frame replaces one that is
 still waiting) and hands back `latest()` at once; its worker thread does the inference. A
@@ -12,6 +14,7 @@ session that fails stops alone; the manager frees sessions that disconnect or go
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -144,7 +147,17 @@ class ServerModel:
     prompt: str = ""
     negative_prompt: str = ""
     latency_probe: bool = False  # copy the input's probe counter onto the output (benchmarks)
+    batching: object | None = None  # BatchingConfig: batch the sessions' network calls; None: take turns
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self):
+        self.executor = None
+        self._stream_comps = self.comps
+        if self.batching is not None:
+            from streamstudio.app.batching import BatchExecutor, batched_components
+
+            self.executor = BatchExecutor(self.batching)
+            self._stream_comps = batched_components(self.comps, self.executor)
 
     @property
     def name(self) -> str:
@@ -163,8 +176,29 @@ class ServerModel:
         from streamstudio.pipelines.stream_diffusion import StreamDiffusion
 
         with self.lock:
-            return StreamDiffusion(self.comps, replace(self.config, mode=mode),
+            return StreamDiffusion(self._stream_comps, replace(self.config, mode=mode),
                                    prompt=self.prompt, negative_prompt=self.negative_prompt)
+
+    def frame_lock(self):
+        """What a session holds while its frame runs: the model lock, or nothing when the
+        executor batches (and serializes) the network calls."""
+        return contextlib.nullcontext() if self.executor is not None else self.lock
+
+    def stream_client(self):
+        """Held by a session while its frame runs: the executor waits (briefly) for as many
+        calls as there are such sessions before it runs a batch."""
+        return self.executor.client() if self.executor is not None else contextlib.nullcontext()
+
+    def close(self) -> None:
+        if self.executor is not None:
+            self.executor.close()
+
+    def batching_stats(self) -> dict | None:
+        if self.executor is None:
+            return None
+        s = self.executor.stats
+        return {"calls": s.calls, "requests": s.requests, "batched_calls": s.batched_calls,
+                "requests_per_call": round(s.requests_per_call, 2), "largest": s.largest}
 
 
 class LockedPipeline:
@@ -267,6 +301,7 @@ class StreamSession:
             "frame_latency": pipe.latency_frames if pipe is not None else None,
             "frames_in": self.frames_in, "processed": self.processed, "dropped": self.dropped,
             "settings": _jsonable(self._applied), "error": self.error, "notice": self.notice,
+            "batching": self.model.batching_stats(),
         }
 
     # ------------------------------------------------------------------ worker
@@ -278,7 +313,8 @@ class StreamSession:
                 if item is None:
                     return
                 self._apply(changes)
-                self._process(*item)
+                with self.model.stream_client():  # in a frame: the executor may wait for this stream
+                    self._process(*item)
         except Exception as exc:  # one broken stream never takes the server down
             self.error = str(exc) if isinstance(exc, StreamStudioError) else f"{type(exc).__name__}: {exc}"
             log.exception("stream %s stopped", self.sid) if not isinstance(exc, StreamStudioError) else \
@@ -324,7 +360,7 @@ class StreamSession:
         if frame is not None:
             frame = fit_frame(frame, pipe.config.width, pipe.config.height)
         skipped = pipe.stats.skipped
-        with self.model.lock:
+        with self.model.frame_lock():
             out = pipe(frame)
         if isinstance(out, list):
             out = out[-1]
@@ -364,10 +400,10 @@ class SessionManager:
     """Open, find and free sessions; at most `max_streams` at once."""
 
     def __init__(self, model: ServerModel, max_streams: int = 4, idle_timeout: float = 20.0,
-                 preset_ttl: float = 120.0):
+                 preset_ttl: float = 120.0, owns_model: bool = False):
         if max_streams < 1:
             raise StreamStudioError("--max-streams must be at least 1")
-        self.model, self.max_streams = model, max_streams
+        self.model, self.max_streams, self.owns_model = model, max_streams, owns_model
         self.idle_timeout, self.preset_ttl = idle_timeout, preset_ttl
         self._sessions: dict[str, StreamSession] = {}
         self._presets: dict[str, tuple[dict, float]] = {}
@@ -456,3 +492,5 @@ class SessionManager:
         self._stop.set()
         for sid in self.ids():
             self.close(sid)
+        if self.owns_model:
+            self.model.close()

@@ -39,6 +39,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--latency-probe", action="store_true",
                    help="copy a frame counter drawn in the input's top band onto the output (benchmarks/webapp.py)")
     p.add_argument("--output-dir", default="outputs", help="folder for Live output recordings (default outputs)")
+    p.add_argument("--no-stream-batching", action="store_true",
+                   help="let live streams take turns on the model instead of batching their network calls together")
+    p.add_argument("--max-batch-rows", type=int, default=16,
+                   help="cross-stream batching: UNet/VAE batch rows per call at most (default 16; 4 with TensorRT "
+                        "engines built for batch 1-4)")
+    p.add_argument("--batch-wait-ms", type=float, default=2.0,
+                   help="cross-stream batching: how long a call waits for other streams' calls (default 2 ms)")
     add_pipeline_arguments(p)
     return p
 
@@ -69,7 +76,19 @@ def build_model(args):
 
     pipe = build_pipeline(args, "img2img")
     return ServerModel(pipe.comps, pipe.config, prompt=args.prompt, negative_prompt=args.negative_prompt,
-                       latency_probe=getattr(args, "latency_probe", False))
+                       latency_probe=getattr(args, "latency_probe", False), batching=batching_config(args))
+
+
+def batching_config(args):
+    """Cross-stream batching settings from the command line, or None when it is off."""
+    from streamstudio.app.batching import BatchingConfig
+
+    if getattr(args, "no_stream_batching", False):
+        return None
+    rows = getattr(args, "max_batch_rows", 16)
+    if getattr(args, "acceleration", "none") == "tensorrt" and rows > 4:
+        rows = 4  # the default engine profile covers UNet batches of 1 to 4
+    return BatchingConfig(max_rows=rows, max_wait_ms=getattr(args, "batch_wait_ms", 2.0)).validate()
 
 
 def build_app(args, model=None):
@@ -83,7 +102,7 @@ def build_app(args, model=None):
     auth = parse_auth(args.auth)
     rtc = webrtc.rtc_config_from_env()
     manager = SessionManager(model or build_model(args), max_streams=args.max_streams,
-                             idle_timeout=args.idle_timeout)
+                             idle_timeout=args.idle_timeout, owns_model=model is None)
     app = FastAPI(title="StreamStudio")
     stream = webrtc.build_stream(manager, rtc)
     webrtc.mount_api(app, manager, stream, auth)

@@ -1,0 +1,142 @@
+"""Several live streams on one model: cross-stream batching against taking turns.
+
+K web-app sessions (1, 2 and 4) each run a closed loop (a new frame as soon as the last one
+came out) for a fixed time over one shared model, first taking turns under the model lock
+(`serve --no-stream-batching`), then with their UNet and VAE calls batched by the executor
+(the default). Reported: total frames per second over all streams, the ratio batched / turns
+at each K, and how many streams' calls one network call served on average.
+
+    python3 benchmarks/multistream.py            # CPU: tiny model, 64x64; GPU: sd-turbo arch, 512x512, fp16, TAESD
+    python3 benchmarks/multistream.py --quick    # shorter windows
+
+Writes benchmarks/results/multistream.json (device name and date inside).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from streamstudio.app.batching import BatchingConfig  # noqa: E402
+from streamstudio.app.sessions import ServerModel, SessionManager  # noqa: E402
+from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results" / "multistream.json"
+
+
+def components(device: torch.device):
+    if device.type == "cuda":
+        from stream_diffusion import sd_turbo_architecture
+
+        return sd_turbo_architecture(device, torch.float16), 512, "sd-turbo arch, TAESD, 512x512, 1 step, fp16"
+    from streamstudio.models.loading import load_components
+
+    comps = load_components("tiny", device=device, dtype=torch.float32, taesd=True)
+    return comps, 64, "tiny model, TAESD, 64x64, 1 step, fp32 (CPU)"
+
+
+def closed_loop(manager: SessionManager, k: int, size: int, warmup_s: float, window_s: float) -> dict:
+    """K sessions, each fed its next frame as soon as its last output appears."""
+    sessions = [manager.open(f"bench-{k}-{i}") for i in range(k)]
+    rng = np.random.default_rng(0)
+    frames = [rng.integers(0, 256, (size, size, 3), dtype=np.uint8) for _ in range(4)]
+    stop = threading.Event()
+
+    def feed(session):
+        done = session.processed
+        while not stop.is_set():
+            session.submit(frames[done % len(frames)])
+            while session.processed == done and not stop.is_set():
+                if session.error:
+                    raise RuntimeError(session.error)
+                time.sleep(0.0005)
+            done = session.processed
+
+    threads = [threading.Thread(target=feed, args=(s,), daemon=True) for s in sessions]
+    for t in threads:
+        t.start()
+    time.sleep(warmup_s)
+    start_counts, start_stats = [s.processed for s in sessions], dict(manager.model.batching_stats() or {})
+    t0 = time.perf_counter()
+    time.sleep(window_s)
+    counts, seconds = [s.processed for s in sessions], time.perf_counter() - t0
+    stats = manager.model.batching_stats() or {}
+    stop.set()
+    for t in threads:
+        t.join(30)
+    for s in sessions:
+        manager.close(s.sid)
+    per_stream = [(c - c0) / seconds for c, c0 in zip(counts, start_counts)]
+    calls = stats.get("calls", 0) - start_stats.get("calls", 0)
+    requests = stats.get("requests", 0) - start_stats.get("requests", 0)
+    return {"streams": k, "total_fps": sum(per_stream), "per_stream_fps": per_stream,
+            "requests_per_call": requests / calls if calls else None}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="shorter windows")
+    parser.add_argument("--device", default="auto", help="auto, cuda or cpu")
+    parser.add_argument("--streams", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--out", default=str(RESULTS))
+    args = parser.parse_args(argv)
+    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
+                          ("cpu" if args.device == "auto" else args.device))
+    if device.type == "cpu":
+        torch.set_num_threads(min(2, os.cpu_count() or 1))
+    warmup, window = (2.0, 4.0) if args.quick else (4.0, 10.0)
+    comps, size, name = components(device)
+    config = StreamDiffusionConfig(width=size, height=size, steps=1, strength=0.5, cfg_type="none",
+                                   guidance_scale=1.0, step_type="turbo")
+    managers = {mode: SessionManager(ServerModel(comps, config, prompt="a photo",
+                                                 batching=BatchingConfig() if mode == "batched" else None),
+                                     max_streams=max(args.streams), idle_timeout=600, owns_model=True)
+                for mode in ("turns", "batched")}
+    rows = []
+    try:
+        for manager in managers.values():  # first frames are slow (allocator, kernels): not timed
+            closed_loop(manager, 1, size, warmup, 1.0)
+        for k in args.streams:  # both modes at each K, one after the other (the machine's load drifts)
+            for mode, manager in managers.items():
+                row = {"mode": mode, **closed_loop(manager, k, size, warmup, window)}
+                rows.append(row)
+                rpc = f"{row['requests_per_call']:.2f}" if row["requests_per_call"] else "-"
+                print(f"{mode:8s} {k} stream(s): {row['total_fps']:8.2f} fps in all, "
+                      f"{min(row['per_stream_fps']):7.2f} fps the slowest stream, {rpc} streams per network call")
+    finally:
+        for manager in managers.values():
+            manager.shutdown()
+    ratios = {}
+    for k in args.streams:
+        turns = next(r for r in rows if r["mode"] == "turns" and r["streams"] == k)
+        batched = next(r for r in rows if r["mode"] == "batched" and r["streams"] == k)
+        ratios[str(k)] = batched["total_fps"] / turns["total_fps"] if turns["total_fps"] else None
+        print(f"{k} stream(s): batched / turns = {ratios[str(k)]:.2f}x total fps")
+    result = {"benchmark": "multistream", "model": name,
+              "device": torch.cuda.get_device_name(device) if device.type == "cuda"
+              else f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
+              "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "quick": args.quick,
+              "window_s": window, "rows": rows, "batched_over_turns": ratios}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

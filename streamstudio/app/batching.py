@@ -1,0 +1,318 @@
+"""Cross-stream batching: the networks of every live stream run as shared batched calls.
+
+Each live session runs its own StreamDiffusion (its own buffer, prompt, seed, filter) over the
+one loaded model. Without batching the sessions take turns on the model under one lock, so
+four streams cost four batch-1 UNet calls per frame. With batching, one executor thread runs
+every UNet and VAE call, and the calls that arrive together with the same shapes run as one
+call: four streams cost about one batch-4 UNet call, which on a GPU takes little more than one
+batch-1 call. This is Stream Batch carried across users.
+
+Rows are independent in these networks (no batch statistics), so a stream's frames do not
+depend on who it shares a call with, up to floating-point reassociation in the kernels. Each
+stream passes its own text embeddings and timesteps per row, so streams with different
+prompts, strengths or CFG types batch together; only the shapes must agree (the server's one
+size and frame_buffer_size give every stream the same latent shape).
+
+Which calls run next: those of the earliest stage of a frame (VAE encode, then UNet, then VAE
+decode; each call names its stage), oldest first. Streams that fell behind thereby catch up
+with the others at the next stage, so streams that start out of step fall into step and their
+calls meet. The executor waits at most `max_wait_ms` for more streams' calls once one is in,
+and only while it has nothing else to do. Results are copied out of the batch, so a network
+that reuses its output buffers (CUDA graphs) cannot overwrite a stream's result. When a
+batched call fails, each of its calls is run again alone, so a bad call fails only its own
+stream.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from streamstudio.errors import StreamStudioError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BatchingConfig:
+    max_rows: int = 16  # batch rows per network call at most
+    max_wait_ms: float = 2.0  # wait for other streams' calls this long at most, once one is in
+
+    def validate(self) -> "BatchingConfig":
+        if self.max_rows < 1:
+            raise StreamStudioError(f"max_rows must be at least 1, got {self.max_rows}")
+        if not 0.0 <= self.max_wait_ms <= 1000.0:
+            raise StreamStudioError(f"max_wait_ms must be in [0, 1000], got {self.max_wait_ms}")
+        return self
+
+
+@dataclass
+class BatchStats:
+    calls: int = 0  # network calls made
+    requests: int = 0  # calls asked for by the streams
+    rows: int = 0  # batch rows evaluated
+    batched_calls: int = 0  # calls that served more than one request
+    retried: int = 0  # requests run alone after their batch failed
+    largest: int = 0  # most requests served by one call
+
+    @property
+    def requests_per_call(self) -> float:
+        return self.requests / self.calls if self.calls else 0.0
+
+
+@dataclass(eq=False)  # compared by identity (deque.remove), never by its tensors
+class _Request:
+    key: tuple
+    fn: Callable[..., torch.Tensor]
+    args: tuple[torch.Tensor, ...]
+    rows: int
+    stage: int = 0
+    done: threading.Event = field(default_factory=threading.Event)
+    result: torch.Tensor | None = None
+    error: BaseException | None = None
+
+
+class BatchExecutor:
+    """One thread that runs network calls, batching compatible calls of several streams.
+
+    `run(name, fn, *args, stage=s)` blocks until `fn` has run on the executor thread over
+    `args` concatenated with the args of other calls of the same name and shapes (every arg a
+    tensor with the batch first), and returns this call's rows of the result. Calls of lower
+    stages run first.
+    """
+
+    def __init__(self, config: BatchingConfig | None = None, name: str = "model-executor"):
+        self.config = (config or BatchingConfig()).validate()
+        self.stats = BatchStats()
+        self._queue: deque[_Request] = deque()
+        self._cond = threading.Condition()
+        self._clients = 0
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ callers
+    @contextmanager
+    def client(self):
+        """Count a stream as a caller while it runs (the executor waits for that many calls)."""
+        with self._cond:
+            self._clients += 1
+        try:
+            yield self
+        finally:
+            with self._cond:
+                self._clients -= 1
+                self._cond.notify_all()
+
+    def run(self, name: str, fn: Callable[..., torch.Tensor], *args: torch.Tensor, stage: int = 0) -> torch.Tensor:
+        if threading.current_thread() is self._thread:  # a network calling another: no queue
+            return fn(*args)
+        rows = args[0].shape[0]
+        if any(a.shape[0] != rows for a in args):
+            raise StreamStudioError(f"{name}: every argument needs the same batch size, got "
+                                    f"{[a.shape[0] for a in args]}")
+        key = (name, tuple((tuple(a.shape[1:]), a.dtype, a.device) for a in args))
+        request = _Request(key, fn, args, rows, stage)
+        with self._cond:
+            if self._closed:
+                raise StreamStudioError("the model executor is shut down")
+            self._queue.append(request)
+            self._cond.notify_all()
+        request.done.wait()
+        if request.error is not None:
+            raise request.error
+        return request.result
+
+    def close(self, wait: float = 5.0) -> None:
+        """Stop the thread; calls still queued fail with a clear error."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(wait)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # ------------------------------------------------------------------ executor thread
+    def _loop(self) -> None:
+        with torch.inference_mode():
+            while True:
+                batch = self._take()
+                if batch is None:
+                    return
+                self._execute(batch)
+
+    def _take(self) -> list[_Request] | None:
+        """The next batch: the oldest call of the earliest stage and every queued call like it,
+        waiting up to max_wait_ms for more while fewer than the active streams have asked and
+        there is nothing else to do."""
+        cfg = self.config
+        with self._cond:
+            while not self._queue and not self._closed:
+                self._cond.wait()
+            if self._closed:
+                for request in self._queue:
+                    request.error = StreamStudioError("the model executor is shut down")
+                    request.done.set()
+                self._queue.clear()
+                return None
+            first = min(self._queue, key=lambda r: r.stage)  # the oldest of the earliest stage
+            self._queue.remove(first)
+            batch, rows = [first], first.rows
+            deadline = time.monotonic() + cfg.max_wait_ms / 1000.0
+            while True:
+                for request in list(self._queue):
+                    if request.key == first.key and rows + request.rows <= cfg.max_rows:
+                        self._queue.remove(request)
+                        batch.append(request)
+                        rows += request.rows
+                left = deadline - time.monotonic()
+                others_waiting = any(r.key != first.key for r in self._queue)
+                if rows >= cfg.max_rows or len(batch) >= self._clients or others_waiting or left <= 0 \
+                        or self._closed:
+                    return batch
+                self._cond.wait(left)
+
+    def _execute(self, batch: list[_Request]) -> None:
+        if len(batch) == 1:
+            self._run_alone(batch[0])
+            return
+        n_args = len(batch[0].args)
+        try:
+            joined = [torch.cat([r.args[i] for r in batch]) for i in range(n_args)]  # (sum rows, ...)
+            out = batch[0].fn(*joined)
+            self._count(batch, out)
+            start = 0
+            for request in batch:
+                request.result = out[start:start + request.rows].clone()
+                start += request.rows
+        except Exception as exc:  # run each alone: only the bad one fails
+            log.warning("a batched call of %d streams failed (%s); running them one by one", len(batch), exc)
+            for request in batch:
+                self.stats.retried += 1
+                self._run_alone(request)
+            return
+        for request in batch:
+            request.done.set()
+
+    def _run_alone(self, request: _Request) -> None:
+        try:
+            out = request.fn(*request.args)
+            self._count([request], out)
+            request.result = out.clone()
+        except BaseException as exc:  # handed to the caller's thread
+            request.error = exc
+        finally:
+            request.done.set()
+
+    def _count(self, batch: list[_Request], out: torch.Tensor) -> None:
+        rows = sum(r.rows for r in batch)
+        if not isinstance(out, torch.Tensor) or out.shape[0] != rows:
+            raise StreamStudioError(f"a batched network returned {getattr(out, 'shape', type(out))} for {rows} rows")
+        s = self.stats
+        s.calls += 1
+        s.requests += len(batch)
+        s.rows += rows
+        s.batched_calls += len(batch) > 1
+        s.largest = max(s.largest, len(batch))
+
+
+# ---------------------------------------------------------------------------------------------
+# Drop-in modules: what StreamDiffusion calls, routed through the executor
+# ---------------------------------------------------------------------------------------------
+
+STAGE_ENCODE, STAGE_UNET, STAGE_DECODE = 0, 1, 2  # the order of a frame's network calls
+
+@dataclass
+class UNetOutput:
+    sample: torch.Tensor
+
+
+@dataclass
+class EncoderOutput:
+    latents: torch.Tensor
+
+
+@dataclass
+class DecoderOutput:
+    sample: torch.Tensor
+
+
+class BatchedUNet(nn.Module):
+    """unet(sample, timestep, encoder_hidden_states) -> .sample, batched across streams.
+    Its parameters and config are the wrapped UNet's (device, dtype and shapes come from them)."""
+
+    def __init__(self, unet: nn.Module, executor: BatchExecutor):
+        super().__init__()
+        self.unet = unet
+        self.executor = executor
+        self._name = f"unet-{id(unet)}"
+
+    @property
+    def config(self):
+        return self.unet.config
+
+    def _call(self, x: torch.Tensor, t: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+        return self.unet(x, t, encoder_hidden_states=text).sample
+
+    def forward(self, sample: torch.Tensor, timestep, encoder_hidden_states: torch.Tensor | None = None,
+                return_dict: bool = True, **kwargs):
+        extra = sorted(k for k, v in kwargs.items() if v is not None)
+        if extra or encoder_hidden_states is None:
+            raise TypeError(f"the batched UNet takes sample, timestep and encoder_hidden_states only (got {extra})")
+        b = sample.shape[0]  # (B, 4, h, w)
+        t = torch.as_tensor(timestep, device=sample.device).reshape(-1)
+        t = t.expand(b) if t.numel() == 1 else t  # (B,)
+        text = encoder_hidden_states.expand(b, -1, -1) if encoder_hidden_states.shape[0] == 1 else encoder_hidden_states
+        out = self.executor.run(self._name, self._call, sample, t, text, stage=STAGE_UNET)  # (B, 4, h, w)
+        return UNetOutput(out) if return_dict else (out,)
+
+
+class BatchedVAE(nn.Module):
+    """vae.encode(images).latents and vae.decode(latents).sample, batched across streams
+    (AutoencoderKL gives its latent mean, as the pipeline uses; AutoencoderTiny its latents)."""
+
+    def __init__(self, vae: nn.Module, executor: BatchExecutor):
+        super().__init__()
+        self.vae = vae
+        self.executor = executor
+        self._names = (f"vae-encode-{id(vae)}", f"vae-decode-{id(vae)}")
+
+    @property
+    def config(self):
+        return self.vae.config
+
+    def _encode(self, images: torch.Tensor) -> torch.Tensor:
+        enc = self.vae.encode(images)
+        return enc.latents if hasattr(enc, "latents") else enc.latent_dist.mean
+
+    def _decode(self, latents: torch.Tensor) -> torch.Tensor:
+        return self.vae.decode(latents).sample
+
+    def encode(self, images: torch.Tensor, return_dict: bool = True):
+        latents = self.executor.run(self._names[0], self._encode, images, stage=STAGE_ENCODE)  # (B, 4, H/8, W/8)
+        return EncoderOutput(latents) if return_dict else (latents,)
+
+    def decode(self, latents: torch.Tensor, return_dict: bool = True):
+        images = self.executor.run(self._names[1], self._decode, latents, stage=STAGE_DECODE)  # (B, 3, H, W)
+        return DecoderOutput(images) if return_dict else (images,)
+
+    def forward(self, images: torch.Tensor):
+        return self.decode(self.encode(images).latents)
+
+
+def batched_components(comps, executor: BatchExecutor):
+    """SDComponents whose UNet and VAE run through `executor` (the text encoder stays as is)."""
+    from dataclasses import replace
+
+    return replace(comps, unet=BatchedUNet(comps.unet, executor), vae=BatchedVAE(comps.vae, executor),
+                   notes=[*comps.notes, f"cross-stream batching (up to {executor.config.max_rows} rows a call)"])

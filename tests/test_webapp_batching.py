@@ -1,0 +1,291 @@
+"""Cross-stream batching (app/batching.py): the executor joins calls of several streams into one
+network call, keeps each stream's result its own, isolates failures, and the web app's
+sessions get the same frames batched as alone."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from streamstudio.app.batching import BatchExecutor, BatchingConfig, BatchedUNet, BatchedVAE, batched_components
+from streamstudio.errors import StreamStudioError
+
+
+def run_together(executor: BatchExecutor, calls, clients: int | None = None):
+    """Run each (name, fn, *args) call from its own thread, all at once; returns results or errors."""
+    results: list = [None] * len(calls)
+    barrier = threading.Barrier(len(calls))
+
+    def worker(i, call):
+        with executor.client():
+            barrier.wait()
+            try:
+                results[i] = executor.run(*call)
+            except Exception as exc:  # noqa: BLE001 - compared by the test
+                results[i] = exc
+
+    threads = [threading.Thread(target=worker, args=(i, c)) for i, c in enumerate(calls)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return results
+
+
+class Recorder:
+    """fn(x, y) = 2 x + y row by row, recording the batch size of every call."""
+
+    def __init__(self, fail_on_nan: bool = False):
+        self.sizes: list[int] = []
+        self.fail_on_nan = fail_on_nan
+        self.lock = threading.Lock()
+
+    def __call__(self, x, y):
+        with self.lock:
+            self.sizes.append(x.shape[0])
+        if self.fail_on_nan and torch.isnan(x).any():
+            raise ValueError("NaN in the input")
+        return 2 * x + y
+
+
+@pytest.fixture()
+def executor():
+    ex = BatchExecutor(BatchingConfig(max_rows=16, max_wait_ms=500))
+    yield ex
+    ex.close()
+
+
+def test_calls_of_several_streams_run_as_one_and_each_gets_its_rows(executor):
+    fn = Recorder()
+    inputs = [(torch.randn(r, 3, 5), torch.randn(r, 3, 5)) for r in (1, 2, 3)]
+    results = run_together(executor, [("f", fn, x, y) for x, y in inputs])
+    assert fn.sizes == [6], "the three calls should have been one call of 6 rows"
+    for (x, y), got in zip(inputs, results):
+        assert torch.equal(got, 2 * x + y)
+    assert executor.stats.batched_calls == 1 and executor.stats.requests == 3 and executor.stats.largest == 3
+
+
+def test_calls_of_different_shapes_or_names_are_not_joined(executor):
+    fn = Recorder()
+    calls = [("f", fn, torch.ones(1, 4), torch.ones(1, 4)), ("f", fn, torch.ones(1, 5), torch.ones(1, 5)),
+             ("g", fn, torch.ones(1, 4), torch.ones(1, 4))]
+    results = run_together(executor, calls)
+    assert sorted(fn.sizes) == [1, 1, 1]
+    assert [r.shape[1] for r in results] == [4, 5, 4]
+
+
+def test_max_rows_splits_a_batch():
+    ex = BatchExecutor(BatchingConfig(max_rows=4, max_wait_ms=300))
+    try:
+        fn = Recorder()
+        run_together(ex, [("f", fn, torch.ones(2, 1), torch.ones(2, 1)) for _ in range(4)])
+        assert all(size <= 4 for size in fn.sizes) and sum(fn.sizes) == 8
+    finally:
+        ex.close()
+
+
+def test_a_failing_call_fails_only_its_own_stream(executor):
+    fn = Recorder(fail_on_nan=True)
+    good = torch.ones(1, 3)
+    bad = torch.full((1, 3), float("nan"))
+    results = run_together(executor, [("f", fn, good, good), ("f", fn, bad, bad), ("f", fn, good * 2, good)])
+    assert isinstance(results[1], ValueError)
+    assert torch.equal(results[0], 3 * good) and torch.equal(results[2], 5 * good)
+    assert executor.stats.retried == 3
+
+
+def test_results_are_copies_not_views_of_the_batch(executor):
+    out_buffer = torch.zeros(8, 2)
+
+    def reuses_its_output(x):  # as a CUDA-graph replay does
+        out_buffer[:x.shape[0]] = x
+        return out_buffer[:x.shape[0]]
+
+    first = executor.run("f", reuses_its_output, torch.ones(1, 2))
+    executor.run("f", reuses_its_output, torch.full((1, 2), 7.0))
+    assert torch.equal(first, torch.ones(1, 2))
+
+
+def test_earlier_stages_run_first_so_streams_fall_into_step(executor):
+    """A stream waiting at a later stage (decode) lets one at an earlier stage (UNet) go first;
+    then both are at the later stage and share one call."""
+    gate, order = threading.Event(), []
+
+    def blocker(x):
+        gate.wait(10)
+        return x
+
+    def record(tag):
+        def fn(x):
+            order.append((tag, x.shape[0]))
+            return x
+        return fn
+
+    decode, unet = record("decode"), record("unet")
+    results = {}
+
+    def stream_a():  # already at decode
+        with executor.client():
+            results["a"] = executor.run("decode", decode, torch.zeros(1, 2), stage=2)
+
+    def stream_b():  # at the UNet, then decode
+        with executor.client():
+            executor.run("unet", unet, torch.zeros(1, 2), stage=1)
+            results["b"] = executor.run("decode", decode, torch.zeros(1, 2), stage=2)
+
+    hold = threading.Thread(target=lambda: executor.run("block", blocker, torch.zeros(1)))
+    hold.start()
+    time.sleep(0.1)  # the executor is busy: the next calls queue up
+    threads = [threading.Thread(target=stream_a), threading.Thread(target=stream_b)]
+    threads[0].start()
+    time.sleep(0.05)
+    threads[1].start()
+    time.sleep(0.05)
+    gate.set()
+    for t in [hold, *threads]:
+        t.join(10)
+    assert order == [("unet", 1), ("decode", 2)]  # b's UNet first; then one decode for both
+    assert set(results) == {"a", "b"}
+
+
+def test_no_waiting_without_other_streams():
+    ex = BatchExecutor(BatchingConfig(max_wait_ms=1000))
+    try:
+        start = time.perf_counter()
+        for _ in range(5):
+            ex.run("f", lambda x: x + 1, torch.zeros(1))
+        assert time.perf_counter() - start < 2.0  # no client waiting for company: no 1 s waits
+    finally:
+        ex.close()
+
+
+def test_bad_arguments_and_a_closed_executor_say_so():
+    ex = BatchExecutor()
+    with pytest.raises(StreamStudioError, match="same batch size"):
+        ex.run("f", lambda a, b: a, torch.zeros(2), torch.zeros(3))
+    ex.close()
+    with pytest.raises(StreamStudioError, match="shut down"):
+        ex.run("f", lambda x: x, torch.zeros(1))
+    with pytest.raises(StreamStudioError, match="max_rows"):
+        BatchingConfig(max_rows=0).validate()
+
+
+# ---------------------------------------------------------------------------- with the tiny model
+def _frames(seed: int, n: int = 5) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, (64, 64, 3), dtype=np.uint8) for _ in range(n)]
+
+
+def _stream(comps, prompt: str, seed: int, cfg: str):
+    from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+
+    config = StreamDiffusionConfig(width=64, height=64, steps=2, strength=0.6, cfg_type=cfg, guidance_scale=1.3,
+                                   seed=seed)
+    return StreamDiffusion(comps, config, prompt=prompt)
+
+
+def test_streams_batched_together_give_the_frames_they_give_alone(tiny_components_factory):
+    """Two streams (different prompts, seeds and CFG types, so different row counts) run at the
+    same time through one executor; each gets the frames it gets alone, unbatched."""
+    comps = tiny_components_factory(taesd=True)
+    specs = [("a red fox", 3, "self", _frames(1)), ("a blue lake", 7, "initialize", _frames(2))]
+    alone = []
+    for prompt, seed, cfg, frames in specs:
+        stream = _stream(comps, prompt, seed, cfg)
+        alone.append([stream(f) for f in frames])
+
+    executor = BatchExecutor(BatchingConfig(max_wait_ms=500))
+    try:
+        shared = batched_components(comps, executor)
+        assert isinstance(shared.unet, BatchedUNet) and isinstance(shared.vae, BatchedVAE)
+        streams = [_stream(shared, prompt, seed, cfg) for prompt, seed, cfg, _ in specs]
+        batched: list[list] = [[], []]
+        barrier = threading.Barrier(2)
+
+        def worker(i):
+            with executor.client():
+                for frame in specs[i][3]:
+                    barrier.wait()  # both streams are in the same frame: their calls meet
+                    batched[i].append(streams[i](frame))
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert executor.stats.batched_calls > 0, "no call served both streams"
+        for want, got in zip(alone, batched):
+            assert len(got) == len(want)
+            for a, b in zip(want, got):
+                assert np.abs(a.astype(np.int16) - b.astype(np.int16)).max() <= 2
+        assert not np.array_equal(batched[0][-1], batched[1][-1])
+    finally:
+        executor.close()
+
+
+def test_sessions_of_the_web_app_batch_their_calls(tiny_components_factory):
+    from streamstudio.app.sessions import ServerModel, SessionManager
+    from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+
+    model = ServerModel(tiny_components_factory(taesd=True), StreamDiffusionConfig(width=64, height=64, steps=2),
+                        prompt="a cat", batching=BatchingConfig(max_wait_ms=50))
+    manager = SessionManager(model, max_streams=3, owns_model=True)
+    try:
+        sessions = [manager.open(f"s{i}") for i in range(3)]
+        frames = _frames(5, n=6)
+        deadline = time.monotonic() + 60
+        while min(s.processed for s in sessions) < 4 and time.monotonic() < deadline:
+            for s in sessions:
+                s.submit(frames[s.processed % len(frames)])
+            time.sleep(0.02)
+        assert all(s.latest() is not None and s.latest().shape == (64, 64, 3) for s in sessions)
+        assert all(s.error is None for s in sessions)
+        stats = sessions[0].stats()["batching"]
+        assert stats["requests"] > stats["calls"] > 0 and stats["largest"] >= 2
+    finally:
+        manager.shutdown()
+    assert model.executor.closed
+
+
+def test_a_stream_whose_network_call_fails_stops_alone(tiny_components_factory):
+    """With batching, an exception inside the executor reaches only the stream that caused it;
+    the executor and the other stream go on."""
+    from streamstudio.app.sessions import ServerModel, SessionManager
+    from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+
+    model = ServerModel(tiny_components_factory(), StreamDiffusionConfig(width=64, height=64, steps=2),
+                        batching=BatchingConfig(max_wait_ms=20))
+    manager = SessionManager(model, max_streams=2, owns_model=True)
+    try:
+        good, bad = manager.open("good"), manager.open("bad")
+        deadline = time.monotonic() + 30
+        while bad._pipe is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        bad._pipe._text = bad._pipe._text[..., :5]  # a text embedding of the wrong width: the UNet raises
+        frames = _frames(9, n=3)
+        while (good.processed < 3 or bad.error is None) and time.monotonic() < deadline:
+            good.submit(frames[good.processed % 3])
+            if not bad.closed:
+                bad.submit(frames[0])
+            time.sleep(0.02)
+        assert bad.error is not None and bad.closed
+        assert good.error is None and good.processed >= 3
+        assert not model.executor.closed
+    finally:
+        manager.shutdown()
+
+
+def test_serve_turns_batching_on_by_default_and_off_on_request():
+    from streamstudio.app.cli import build_parser
+    from streamstudio.app.commands.serve import batching_config
+
+    args = build_parser().parse_args(["serve", "--model", "tiny"])
+    assert batching_config(args) == BatchingConfig(max_rows=16, max_wait_ms=2.0)
+    args = build_parser().parse_args(["serve", "--acceleration", "tensorrt"])
+    assert batching_config(args).max_rows == 4
+    args = build_parser().parse_args(["serve", "--no-stream-batching"])
+    assert batching_config(args) is None
