@@ -6,13 +6,14 @@
 #      image pipeline at 512x512 (sd-turbo architecture, 1 step, fp16, TAESD), target 150 fps;
 #   3. benchmarks/stream_diffusion.py on the GPU (Stream Batch and RCFG ratios at 512x512);
 #   4. benchmarks/splats.py --cuda-only (1M Gaussians at 1920x1080);
-#   5. benchmarks/stream_video.py --gpu-only (the 4B config's step time, paper: 482 ms).
+#   5. benchmarks/stream_video.py --gpu-only (the 4B config's step time, paper: 482 ms);
+#   6. benchmarks/multistream.py --quick (1, 2, 4 live streams: batched across users vs turns).
 #
 # One device call runs at most 10 minutes, so the stages come in two groups of one call each
 # (the machine stays warm for 30 s between calls; a cold one rebuilds the extensions, ~1-2 min):
 #   run(command="bash benchmarks/gpu_session.sh check", carry=[".whl"], timeout_s=600)    # 1 + 2
-#   run(command="bash benchmarks/gpu_session.sh figures", carry=[".whl"], timeout_s=600)  # 3 + 4 + 5
-# or name stages: build tests kernels stream_diffusion splats video. .whl holds the wheels the
+#   run(command="bash benchmarks/gpu_session.sh figures", carry=[".whl"], timeout_s=600)  # 3 to 6
+# or name stages: build tests kernels stream_diffusion splats video multistream. .whl holds the wheels the
 # GPU image lacks (benchmarks/gpu_wheels.sh). Results land in $OUT (the device tool brings
 # them back; at most 8 files) or, without $OUT, in benchmarks/results/gpu/; copy them to
 # benchmarks/results/ and commit them. Each stage has its own time limit.
@@ -22,7 +23,7 @@ OUT=${OUT:-benchmarks/results/gpu}
 mkdir -p "$OUT"
 STAGES=" ${*:-check} "
 STAGES=${STAGES// check / build tests kernels }
-STAGES=${STAGES// figures / build stream_diffusion splats video }
+STAGES=${STAGES// figures / build stream_diffusion splats video multistream }
 LOG="$OUT/session.log"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 STREAMSTUDIO_KERNEL_CACHE=${STREAMSTUDIO_KERNEL_CACHE:-/tmp/streamstudio-kernels}
 export MAX_JOBS=${MAX_JOBS:-16}
@@ -55,7 +56,7 @@ stage() {  # stage NAME SECONDS COMMAND...
 }
 
 # build both extensions first (ninja, all cores), so the tests' first calls don't time out
-stage build 150 python3 -c "
+stage build 120 python3 -c "
 import time, torch
 from streamstudio.kernels import cuda_build, splat_cuda, EXTENSION, SOURCES
 for name, load in (('stream_ops', lambda: cuda_build.load_extension(EXTENSION, SOURCES, verbose=False)),
@@ -65,7 +66,8 @@ for name, load in (('stream_ops', lambda: cuda_build.load_extension(EXTENSION, S
 "
 stage tests 200 python3 -m pytest -m gpu -q -rs --junitxml="$OUT/gpu_tests.xml" tests
 stage kernels 230 python3 benchmarks/kernels.py --out "$OUT/kernels.json"
-stage stream_diffusion 200 python3 benchmarks/stream_diffusion.py --device cuda --out "$OUT/stream_diffusion.json"
+stage stream_diffusion 180 python3 benchmarks/stream_diffusion.py --device cuda --out "$OUT/stream_diffusion.json"
 stage splats 90 python3 benchmarks/splats.py --cuda-only --out "$OUT/splats.json"
-stage video 140 python3 benchmarks/stream_video.py --gpu-only --output "$OUT/stream_video.json"
+stage video 110 python3 benchmarks/stream_video.py --gpu-only --output "$OUT/stream_video.json"
+stage multistream 90 python3 benchmarks/multistream.py --quick --out "$OUT/multistream.json"
 echo "# done $(date -u +%FT%TZ); files in $OUT: $(ls "$OUT" | tr '\n' ' ')" | tee -a "$LOG"
