@@ -40,6 +40,32 @@ def test_file_render_is_frame_aligned_with_audio(tmp_path, capsys):
     assert got.audio_codec == "aac" and got.audio_duration == pytest.approx(ref.audio_duration, abs=0.03)
 
 
+@pytest.mark.parametrize("fps", [6, 24])
+def test_fps_resamples_a_file_keeping_its_duration_and_audio(tmp_path, capsys, fps):
+    clip = make_clip(tmp_path / "in.mp4", n=12, fps=12, audio=True)  # 1 s
+    out = tmp_path / "out.mp4"
+    rc = render("--input", str(clip), "--output", str(out), "--fps", str(fps), "--steps", "1", *TINY)
+    assert rc == 0
+    assert f"resampled to {fps} fps" in capsys.readouterr().err
+    got = probe(out)
+    assert got.frames == fps and got.fps == pytest.approx(fps, rel=0.01)  # half or twice the 12 frames
+    assert got.video_pts == pytest.approx([k / fps for k in range(fps)], abs=1e-3)
+    video_end = got.video_pts[-1] + 1 / fps
+    assert video_end == pytest.approx(1.0, abs=1e-3)
+    assert got.audio_codec == "aac" and got.audio_duration == pytest.approx(video_end, abs=0.05)
+
+
+def test_fps_resamples_the_video_pipelines_input(tmp_path, capsys):
+    clip = make_clip(tmp_path / "in.mp4", n=8, fps=8)
+    out = tmp_path / "out.mp4"
+    rc = render("--pipeline", "video", "--input", str(clip), "--output", str(out), "--fps", "16",
+                "--prompt", "a blue circle moving right", "--width", "32", "--height", "32",
+                "--num-chunks", "2", "--chunk-size", "2", "--model", "tiny")
+    assert rc == 0
+    got = probe(out)
+    assert got.frames == 16 and got.fps == pytest.approx(16, rel=0.01)
+
+
 def test_live_pattern_with_config_and_prompt_schedule(tmp_path, capsys, monkeypatch):
     from streamstudio.pipelines.stream_diffusion import StreamDiffusion
 

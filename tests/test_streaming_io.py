@@ -21,9 +21,12 @@ from streamstudio.streaming.sinks import HlsSink, fit_frame, open_sink
 from streamstudio.streaming.sources import (
     MAX_SIDE,
     ArraySource,
+    ImageSequenceSource,
     PatternSource,
+    ResampledSource,
     VideoFileSource,
     open_source,
+    resample_file,
     to_rgb_frame,
 )
 
@@ -280,3 +283,65 @@ def test_video_file_source_reports_audio_track(tmp_path):
         assert src.info.frame_count == 15 and src.info.duration == pytest.approx(1.0, abs=0.05)
     finally:
         src.close()
+
+
+# ---------------------------------------------------------------------------- --fps on files: resampling
+def red_index(image):
+    """The clip frame number a test clip's frame carries in its red channel (see frame_image)."""
+    return round(float(np.median(image[..., 0])) / 8)
+
+
+def test_resampler_takes_the_latest_frame_at_each_tick():
+    times = [0.0, 0.05, 0.12, 0.3, 0.31, 0.45]  # uneven: a burst, a gap, two frames 10 ms apart
+    images = [np.full((4, 4, 3), i, np.uint8) for i in range(len(times))]
+
+    def resampled(fps, timestamps=times):
+        src = ResampledSource(ArraySource(images[: len(timestamps)], fps=10, timestamps=timestamps), fps)
+        return src, list(src.frames())
+
+    src, down = resampled(5)  # ticks 0, 0.2, 0.4; the last frame (0.45) lasts to 0.55
+    assert (src.info.fps, src.info.frame_count) == (5.0, 3) and "resampled to 5 fps" in src.info.description
+    assert [int(f.image[0, 0, 0]) for f in down] == [0, 2, 4]
+    assert [f.pts for f in down] == pytest.approx([0.0, 0.2, 0.4]) and [f.index for f in down] == [0, 1, 2]
+    _, up = resampled(20)  # ticks every 0.05 s up to 0.5
+    assert [int(f.image[0, 0, 0]) for f in up] == [0, 1, 1, 2, 2, 2, 3, 4, 4, 5, 5]
+    assert [f.pts for f in up] == pytest.approx([k / 20 for k in range(11)])
+    assert not np.shares_memory(up[1].image, up[2].image)  # a repeat is a copy
+    _, late = resampled(10, [0.1, 0.2])  # ticks before the first frame show the first frame
+    assert [int(f.image[0, 0, 0]) for f in late] == [0, 0, 1]
+
+
+@pytest.mark.parametrize("fps", [6, 24])
+def test_file_resampled_to_another_rate_keeps_duration_and_audio(tmp_path, fps):
+    clip = make_clip(tmp_path / "in.mp4", n=12, fps=12, audio=True)  # 1 s
+    count = fps  # one second at the new rate
+    seen = []
+    with resample_file(open_source(str(clip)), fps) as src:
+        assert isinstance(src, ResampledSource) and (src.info.fps, src.info.frame_count) == (fps, count)
+        with open_sink(str(tmp_path / "out.mp4"), src.info.width, src.info.height, fps,
+                       audio_from=src.info.audio) as sink:
+            for f in src.frames():
+                seen.append((f.pts, red_index(f.image)))
+                sink.write(f.image, f.pts)
+    assert [pts for pts, _ in seen] == pytest.approx([k / fps for k in range(count)])
+    assert [i for _, i in seen] == [k * 12 // fps for k in range(count)]  # every 2nd frame, or each twice
+    out = probe(tmp_path / "out.mp4")
+    assert out.frames == count and out.fps == pytest.approx(fps, rel=0.01)
+    video_end = out.video_pts[-1] + 1 / fps
+    assert video_end == pytest.approx(1.0, abs=1e-3)
+    assert out.audio_duration == pytest.approx(video_end, abs=0.05)
+
+
+def test_only_video_files_at_another_rate_are_resampled(tmp_path):
+    clip = make_clip(tmp_path / "in.mp4", n=3, fps=12)
+    with open_source(str(clip)) as src:
+        assert resample_file(src, 12) is src and resample_file(src, None) is src
+    with VideoFileSource(clip, live=True) as live:  # how network streams are opened
+        assert resample_file(live, 6) is live
+        with pytest.raises(StreamStudioError, match="live"):
+            ResampledSource(live, 6)
+    pattern = open_source("pattern:32x32", fps=10)
+    assert resample_file(pattern, 10) is pattern and pattern.info.fps == 10
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "a.png")
+    folder = open_source(str(tmp_path / "*.png"), fps=5)
+    assert isinstance(folder, ImageSequenceSource) and resample_file(folder, 5) is folder

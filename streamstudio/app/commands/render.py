@@ -3,7 +3,8 @@ pipeline into a file, a folder of images, an RTMP server or an HLS folder.
 
 Files and folders are rendered frame-aligned (output frame i is input frame i, with its
 timestamp, and the source's audio kept); webcams, screens and patterns run live (the latest
-frame is processed, late frames are dropped and counted)."""
+frame is processed, late frames are dropped and counted). --fps on a video file resamples it
+by timestamps (frames dropped or repeated), so its duration and audio stay as they were."""
 
 from __future__ import annotations
 
@@ -38,8 +39,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     help="a file of prompts at timestamps, blended over --transition seconds (see docs/streaming.md)")
     io.add_argument("--transition", type=float, default=None, help="prompt-schedule blend seconds (default 1)")
     io.add_argument("--fps", type=float, default=None,
-                    help="frame rate of image-folder/pattern inputs and of the output (default: the input's)")
-    io.add_argument("--max-frames", type=int, default=None, help="stop after N input frames")
+                    help="output frame rate (default: the input's). A video file at another rate is resampled "
+                         "by timestamps (frames dropped or repeated; duration and audio kept); image folders and "
+                         "patterns take it as their own rate; live inputs (webcam, streams) are not resampled")
+    io.add_argument("--max-frames", type=int, default=None,
+                    help="stop after N input frames (after resampling to --fps)")
     io.add_argument("--mode", choices=("auto", "live", "offline"), default="auto",
                     help="auto: live for webcam/screen/pattern/streams, offline (every frame) for files and "
                          "folders; live on a file plays it at its own pace, dropping what processing cannot keep up with")
@@ -135,12 +139,13 @@ def _run_image(args) -> int:
     from streamstudio.streaming.runner import Runner, RunnerConfig
     from streamstudio.streaming.schedule import load_schedule
     from streamstudio.streaming.sinks import open_sink
-    from streamstudio.streaming.sources import open_source
+    from streamstudio.streaming.sources import open_source, resample_file
 
     schedule = load_schedule(args.prompt_schedule, args.transition) if args.prompt_schedule else None
     realtime = args.mode != "offline"
     source = open_source(args.input, fps=args.fps, realtime=realtime)
     try:
+        source = resample_file(source, args.fps)
         live = source.info.live if args.mode == "auto" else args.mode == "live"
         pipe = build_pipeline(args, "img2img")
         fps = args.fps or source.info.fps

@@ -109,29 +109,26 @@ def video_to_video(stream: VideoStream, inputs: Iterable[np.ndarray], changes: d
 # ---------------------------------------------------------------------------- files
 
 
-def read_frames(path: str | Path, max_frames: int | None = None) -> tuple[Iterator[np.ndarray], float]:
-    """(RGB uint8 frames of a video file, its frame rate)."""
-    import av
+def read_frames(path: str | Path, max_frames: int | None = None, fps: float | None = None
+                ) -> tuple[Iterator[np.ndarray], float]:
+    """(RGB uint8 frames of a video file, their frame rate). With `fps`, a file at another rate is
+    resampled to it by timestamps (frames dropped or repeated), so its duration is kept."""
+    from streamstudio.streaming.sources import VideoFileSource, resample_file
 
     path = Path(path)
     if not path.is_file():
         raise StreamStudioError(f"input video {path} does not exist; give a video file for video-to-video "
                                 "or leave --input out for text-to-video")
-    try:
-        container = av.open(str(path))
-        stream = container.streams.video[0]
-    except Exception as exc:  # PyAV raises several error types for unreadable files
-        raise StreamStudioError(f"cannot read {path} as a video ({exc}); give an mp4/mkv/webm/mov file") from exc
-    fps = float(stream.average_rate or DEFAULT_FPS)
+    source = resample_file(VideoFileSource(path), fps)  # a file that is not video: a clear error there
 
     def frames() -> Iterator[np.ndarray]:
-        with container:
-            for i, frame in enumerate(container.decode(stream)):
-                if max_frames is not None and i >= max_frames:
+        with source:
+            for frame in source.frames():
+                if max_frames is not None and frame.index >= max_frames:
                     break
-                yield frame.to_ndarray(format="rgb24")
+                yield frame.image
 
-    return frames(), fps
+    return frames(), source.info.fps
 
 
 def _codec() -> str:
@@ -192,7 +189,7 @@ def run_video_render(args) -> int:
     changes = parse_prompt_changes(getattr(args, "prompt_change", None))
     start = time.perf_counter()
     if source:
-        inputs, fps = read_frames(source, getattr(args, "max_frames", None))
+        inputs, fps = read_frames(source, getattr(args, "max_frames", None), getattr(args, "fps", None))
         frames = video_to_video(stream, inputs, changes)
     else:
         n = getattr(args, "frames", None) or getattr(args, "max_frames", None) or DEFAULT_FRAMES
