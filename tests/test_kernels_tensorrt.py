@@ -1,10 +1,12 @@
 """TensorRT path without TensorRT: ONNX exports of the tiny networks checked against
-onnxruntime, engine cache keys, profiles, and the acceleration modes' CPU behaviour."""
+onnxruntime, engine cache keys, profiles, the engine builder against a stand-in of TensorRT 10's
+and 11's Python API, and the acceleration modes' CPU behaviour."""
 
 from __future__ import annotations
 
 import json
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -363,3 +365,112 @@ def test_video_engine_pads_text_tokens():
         assert text.tokens.shape[1] < text_len
         x, t = torch.randn(1, 4, 3, 32, 32), torch.rand(1, 4)
         torch.testing.assert_close(engine(x, t, text), model(x, t, text), rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------ the builder against both API generations
+class FakeTensorRT:
+    """The slice of TensorRT's Python API that build_engine uses, recording what it is asked.
+    `generation` 10 has the FP16 builder flag (weak typing); 11 has none (strongly typed)."""
+
+    class Logger:
+        WARNING = 2
+
+        def __init__(self, severity):
+            self.severity = severity
+
+    def __init__(self, generation: int):
+        fake = self
+        self.__version__ = f"{generation}.0.0"
+        self.calls: dict = {"flags": [], "profile": {}, "parsed": None, "network_flags": None}
+        self.BuilderFlag = type("BuilderFlag", (), {"FP16": "FP16"} if generation <= 10 else {})
+        self.NetworkDefinitionCreationFlag = type("NetworkDefinitionCreationFlag", (), {})
+        self.MemoryPoolType = type("MemoryPoolType", (), {"WORKSPACE": "WORKSPACE"})
+
+        class Profile:
+            def set_shape(self, name, lo, opt, hi):
+                fake.calls["profile"][name] = (tuple(lo), tuple(opt), tuple(hi))
+
+        class Config:
+            def set_flag(self, flag):
+                fake.calls["flags"].append(flag)
+
+            def set_memory_pool_limit(self, pool, size):
+                fake.calls["workspace"] = (pool, size)
+
+            def add_optimization_profile(self, profile):
+                fake.calls["profiles_added"] = fake.calls.get("profiles_added", 0) + 1
+
+        class Builder:
+            def __init__(self, logger):
+                pass
+
+            def create_network(self, flags):
+                fake.calls["network_flags"] = flags
+                return object()
+
+            def create_builder_config(self):
+                return Config()
+
+            def create_optimization_profile(self):
+                return Profile()
+
+            def build_serialized_network(self, network, config):
+                return memoryview(b"serialized engine")
+
+        class OnnxParser:
+            num_errors = 0
+
+            def __init__(self, network, logger):
+                pass
+
+            def parse_from_file(self, path):
+                fake.calls["parsed"] = path
+                return Path(path).is_file()
+
+            def get_error(self, i):
+                return "no such file"
+
+        self.Builder, self.OnnxParser = Builder, OnnxParser
+
+
+@pytest.fixture()
+def fake_trt(monkeypatch):
+    def install(generation: int) -> FakeTensorRT:
+        fake = FakeTensorRT(generation)
+        monkeypatch.setattr(trt_kernels, "_trt", fake)
+        monkeypatch.setattr(trt_kernels, "_checked", True)
+        return fake
+
+    return install
+
+
+@pytest.mark.parametrize("generation", [10, 11])
+def test_engine_build_sets_the_profile_and_precision_for_each_tensorrt(comps, tmp_path, fake_trt, generation):
+    from streamstudio.kernels.tensorrt.build import ensure_engine
+
+    fake = fake_trt(generation)
+    spec = unet_spec(comps.unet)  # a float32 model: its ONNX graph is fp32
+    shapes = ShapeRange(batch=(1, 2, 4), height=(64, 64, 128), width=(64, 64, 128))
+    cache = EngineCache(tmp_path)
+    if generation <= 10:  # weak typing: the FP16 flag lets TensorRT pick half kernels
+        path = ensure_engine(spec, cache, shapes, precision="fp16")
+        assert fake.calls["flags"] == ["FP16"]
+    else:  # strongly typed: an fp16 engine of an fp32 graph is refused, with what to do
+        with pytest.raises(RuntimeError, match="strongly typed.*is fp32.*--dtype float16"):
+            ensure_engine(spec, cache, shapes, precision="fp16")
+        path = ensure_engine(spec, cache, shapes, precision="fp32")
+        assert fake.calls["flags"] == []
+    assert path.read_bytes() == b"serialized engine"
+    assert fake.calls["profile"] == profile_for(spec, shapes)
+    assert fake.calls["profiles_added"] == 1
+    assert Path(fake.calls["parsed"]).is_file()  # the exported ONNX
+    fake.calls["profile"] = {}
+    assert ensure_engine(spec, cache, shapes, precision="fp16" if generation <= 10 else "fp32") == path
+    assert fake.calls["profile"] == {}  # second time: from the cache, no build
+
+
+def test_onnx_float_type_reads_the_graph(comps, tmp_path):
+    from streamstudio.kernels.tensorrt.build import onnx_float_type
+
+    path = export_onnx(vae_decoder_spec(comps.vae), tmp_path / "dec.onnx", batch=1, height=64, width=64)
+    assert onnx_float_type(path) == "fp32"

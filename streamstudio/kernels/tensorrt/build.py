@@ -1,5 +1,12 @@
 """fp16 (or fp32) TensorRT engines from ONNX files through TensorRT's Python API, with one
-optimization profile covering a range of batch sizes and resolutions, through the cache."""
+optimization profile covering a range of batch sizes and resolutions, through the cache.
+
+Precision: TensorRT 10 builds "weakly typed" networks, where the FP16 builder flag lets it pick
+half-precision kernels for an fp32 graph. TensorRT 11 removed that flag: every network is
+strongly typed and runs in the types of its ONNX graph. So an fp16 engine needs an fp16 graph,
+which is what the export gives when the model is in float16 (the default on a GPU); the
+builder checks the graph's type and says what to do when it does not match.
+"""
 
 from __future__ import annotations
 
@@ -49,13 +56,39 @@ def engine_key(spec: ExportSpec, shapes: ShapeRange, precision: str = "fp16", mo
                           opset=DEFAULT_OPSET)
 
 
+def onnx_float_type(onnx_path: str | Path) -> str | None:
+    """"fp16" or "fp32": the type of the graph's floating-point inputs (None if it has none)."""
+    import onnx
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    names = {onnx.TensorProto.FLOAT16: "fp16", onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.BFLOAT16: "bf16"}
+    found = {names[t] for t in (i.type.tensor_type.elem_type for i in model.graph.input) if t in names}
+    if len(found) > 1:
+        return "mixed"
+    return found.pop() if found else None
+
+
+def weakly_typed(trt) -> bool:
+    """True for TensorRT <= 10 (precision flags); False for 11+ (strongly typed networks only)."""
+    return hasattr(trt.BuilderFlag, "FP16")
+
+
 def build_engine(onnx_path: str | Path, profile: Profile, *, fp16: bool = True, workspace_gb: float | None = None) -> bytes:
     """Parse the ONNX file and build a serialized engine with one optimization profile."""
     trt = require_tensorrt()
+    precision = "fp16" if fp16 else "fp32"
+    if not weakly_typed(trt):
+        graph = onnx_float_type(onnx_path)
+        if graph is not None and graph != precision:
+            raise RuntimeError(
+                f"TensorRT {tensorrt_version()} builds strongly typed engines, which run in the ONNX graph's own "
+                f"types: {onnx_path} is {graph}, but a {precision} engine was asked for. Load the model in "
+                f"{'float16 (--dtype float16)' if fp16 else 'float32 (--dtype float32)'} so the export matches, "
+                f"or ask for {graph}.")
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
     flags = 0
-    if hasattr(trt.NetworkDefinitionCreationFlag, "EXPLICIT_BATCH"):  # implicit in TensorRT 10
+    if hasattr(trt.NetworkDefinitionCreationFlag, "EXPLICIT_BATCH"):  # implicit since TensorRT 10
         flags |= 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)
     network = builder.create_network(flags)
     parser = trt.OnnxParser(network, logger)
@@ -63,8 +96,8 @@ def build_engine(onnx_path: str | Path, profile: Profile, *, fp16: bool = True, 
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
         raise RuntimeError(f"TensorRT could not parse {onnx_path}: {errors}")
     config = builder.create_builder_config()
-    if fp16:
-        config.set_flag(trt.BuilderFlag.FP16)
+    if fp16 and weakly_typed(trt):
+        config.set_flag(trt.BuilderFlag.FP16)  # TensorRT 10: may pick fp16 kernels for an fp32 graph
     if workspace_gb:
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_gb * (1 << 30)))
     opt_profile = builder.create_optimization_profile()
