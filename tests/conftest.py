@@ -33,3 +33,14 @@ def tiny_components_factory():
         return load_components("tiny", device="cpu", dtype=torch.float32, **kwargs)
 
     return make
+
+
+@pytest.fixture
+def nginx(tmp_path):
+    """A real nginx-rtmp on 127.0.0.1 at a free port (tests/rtmp_server.py); skipped without it."""
+    from rtmp_server import Nginx, find_module
+
+    server = Nginx(tmp_path / "nginx", find_module())
+    server.start()
+    yield server
+    server.stop()

@@ -1,115 +1,20 @@
 """RTMP push against a real nginx with the RTMP module, started on 127.0.0.1 at a free port
-with its own prefix and config, and stopped after. Skipped when nginx or the module is missing."""
+with its own prefix and config, and stopped after (the `nginx` fixture, conftest.py and
+rtmp_server.py). Skipped when nginx or the module is missing."""
 
 from __future__ import annotations
 
-import shutil
 import socket
-import subprocess
 import threading
 import time
-from pathlib import Path
 
 import av
 import pytest
+from rtmp_server import free_port, read_stream
 
 from streamstudio.errors import StreamStudioError
 from streamstudio.streaming.sinks import RtmpConfig, RtmpSink, open_sink
 from streamstudio.streaming.sources import PatternSource, open_source
-
-MODULE_PATHS = ("/usr/lib/nginx/modules/ngx_rtmp_module.so", "/usr/lib64/nginx/modules/ngx_rtmp_module.so")
-
-CONFIG = """
-load_module {module};
-daemon off;
-master_process off;
-pid {prefix}/nginx.pid;
-error_log {prefix}/error.log info;
-events {{ worker_connections 64; }}
-rtmp {{
-    server {{
-        listen 127.0.0.1:{port};
-        chunk_size 4096;
-        application live {{
-            live on;
-            idle_streams off;
-            record all;
-            record_path {prefix}/rec;
-            record_unique off;
-        }}
-    }}
-}}
-"""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port: int, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return True
-        except OSError:
-            time.sleep(0.05)
-    return False
-
-
-class Nginx:
-    def __init__(self, prefix: Path, module: str):
-        self.prefix, self.module, self.port = prefix, module, free_port()
-        (prefix / "rec").mkdir(parents=True, exist_ok=True)
-        (prefix / "logs").mkdir(exist_ok=True)
-        self.conf = prefix / "nginx.conf"
-        self.conf.write_text(CONFIG.format(module=module, prefix=prefix, port=self.port))
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen([shutil.which("nginx"), "-p", str(self.prefix), "-c", str(self.conf),
-                                      "-e", str(self.prefix / "error.log")],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        if not wait_port(self.port):
-            self.stop()
-            log = (self.prefix / "error.log").read_text() if (self.prefix / "error.log").exists() else ""
-            pytest.skip(f"nginx with the RTMP module did not start: {log[-500:]}")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()  # an abrupt drop, as a crashed server
-            self.proc.wait(10)
-        self.proc = None
-
-    def url(self, key: str = "test") -> str:
-        return f"rtmp://127.0.0.1:{self.port}/live/{key}"
-
-
-@pytest.fixture
-def nginx(tmp_path):
-    if shutil.which("nginx") is None:
-        pytest.skip("nginx is not installed (apt-get install nginx libnginx-mod-rtmp)")
-    module = next((m for m in MODULE_PATHS if Path(m).exists()), None)
-    if module is None:
-        pytest.skip("the nginx RTMP module is not installed (apt-get install libnginx-mod-rtmp)")
-    server = Nginx(tmp_path / "nginx", module)
-    server.start()
-    yield server
-    server.stop()
-
-
-def read_stream(url: str, result: dict, timeout: float = 1.5) -> None:
-    """Play the stream and count frames until it ends (or no data for `timeout` s)."""
-    options = {"analyzeduration": "300000", "probesize": "65536", "fflags": "nobuffer"}
-    try:
-        with av.open(url, timeout=(10.0, timeout), options=options) as c:
-            for frame in c.decode(video=0):
-                result.setdefault("size", (frame.width, frame.height))
-                result["count"] = result.get("count", 0) + 1
-    except av.error.FFmpegError as exc:
-        result["end"] = str(exc)
 
 
 def push(sink, frames: int, fps: float, w: int = 96, h: int = 64, realtime: bool = True) -> None:

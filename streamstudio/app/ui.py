@@ -69,6 +69,7 @@ class LiveOutput:
     def __init__(self, session, sink, fps: float = 30.0):
         self.session, self.sink, self.fps = session, sink, fps
         self.frames, self.error = 0, None
+        self.ended: str | None = None  # why it stopped by itself, when not on an error
         self._frame: np.ndarray | None = None
         self._event, self._stop = threading.Event(), threading.Event()
         self._thread = threading.Thread(target=self._run, name="live-output", daemon=True)
@@ -84,6 +85,9 @@ class LiveOutput:
         try:
             while not self._stop.is_set():
                 if not self._event.wait(0.5):
+                    if self.session.closed:  # freed or failed: finish the sink, don't hold it open
+                        self.ended = "the live stream ended"
+                        break
                     continue
                 self._event.clear()
                 frame = self._frame
@@ -320,11 +324,7 @@ def _output_tab(manager: SessionManager, webrtc, output_dir: Path) -> None:
                              float(fps_), output_dir)
 
     def end(request: gr.Request):
-        out = outputs.pop(request.session_hash, None)
-        if out is None:
-            return "Not running."
-        out.stop()
-        return f"Stopped after {out.frames} frame(s)."
+        return _stop_output(outputs, request.session_hash)
 
     start.click(begin, inputs=[webrtc, kind, target, fps], outputs=[status])
     stop.click(end, outputs=[status])
@@ -351,6 +351,14 @@ def _start_output(manager, outputs, key, sid, kind, target, fps, output_dir) -> 
     return f"Started: {kind} → `{location}`"
 
 
+def _stop_output(outputs, key) -> str:
+    out = outputs.pop(key, None)
+    if out is None:
+        return "Not running."
+    out.stop()
+    return f"Stopped after {out.frames} frame(s)."
+
+
 def _output_status(out: LiveOutput | None) -> str:
     if out is None:
         return "Not running."
@@ -360,6 +368,8 @@ def _output_status(out: LiveOutput | None) -> str:
     state = "running" if out.running else "stopped"
     st = getattr(out.sink, "status", None)
     text = f"**{state}** → `{where}` · {out.frames} frame(s) written"
+    if out.ended and not out.running:
+        text += f" · {out.ended}"
     if st is not None:
         text += f" · lost {st.frames_lost} · reconnects {st.reconnects}"
         if st.error:

@@ -1,0 +1,208 @@
+"""The web app's Live output tab end to end: a live session over the tiny model pushed through
+the tab's own functions (`_start_output`, `_output_status`, `_stop_output`: what the Start,
+status timer and Stop controls call) to a real nginx-rtmp on 127.0.0.1 and to HLS, read back
+with PyAV; a server that goes away mid-stream; and the live stream ending before Stop.
+RTMP tests skip without nginx-rtmp (the `nginx` fixture, conftest.py and rtmp_server.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import av
+import numpy as np
+import pytest
+from rtmp_server import read_stream
+
+from streamstudio.app.sessions import ServerModel, SessionManager
+from streamstudio.app.ui import LiveOutput, _output_status, _start_output, _stop_output
+from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+
+W, H = 96, 64  # the session's output size: not square, so a swapped width/height shows
+FPS = 15
+KEY = "browser"  # the Gradio session hash the tab keys its outputs by
+
+
+@pytest.fixture(scope="module")
+def model(tiny_components_factory):
+    return ServerModel(tiny_components_factory(), StreamDiffusionConfig(width=W, height=H, steps=2, strength=0.6),
+                       prompt="a cat")
+
+
+@pytest.fixture
+def manager(model):
+    m = SessionManager(model, max_streams=2, idle_timeout=60.0)
+    yield m
+    m.shutdown()
+
+
+class Camera:
+    """Feeds a session changing frames at `fps` in a thread, as the Live tab's webcam does."""
+
+    def __init__(self, session, fps: float = 20.0):
+        self.session, self.fps = session, fps
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        i = 0
+        while not self._stop.wait(1 / self.fps):
+            img = np.zeros((H, W, 3), np.uint8)
+            img[:, : (i * 7) % W] = (200, 40 + i % 200, 90)
+            self.session.submit(img)
+            i += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+@pytest.fixture
+def live(manager):
+    """A live session with a camera feeding it; yields the session id."""
+    session = manager.open("live")
+    camera = Camera(session)
+    yield "live"
+    camera.stop()
+
+
+def wait_until(cond, timeout: float, what: str, session=None) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if session is not None:
+            assert session.error is None, session.error
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def start(manager, outputs, kind, target, tmp_path) -> LiveOutput:
+    message = _start_output(manager, outputs, KEY, "live", kind, target, FPS, tmp_path)
+    assert message.startswith("Started"), message
+    return outputs[KEY]
+
+
+# ---------------------------------------------------------------------- RTMP
+def test_live_output_to_rtmp_is_played_back_and_ends_cleanly(nginx, manager, live, tmp_path):
+    session = manager.get(live)
+    outputs: dict = {}
+    out = start(manager, outputs, "rtmp", nginx.url("studio"), tmp_path)
+    assert nginx.url("studio") in out.location
+    wait_until(lambda: out.frames >= 5, 20, "the first frames sent", session)
+
+    played: dict = {}
+    viewer = threading.Thread(target=read_stream, args=(nginx.url("studio"), played, 5.0), daemon=True)
+    viewer.start()  # a viewer joining the live stream
+    wait_until(lambda: played.get("count", 0) >= 10, 20, f"frames played back ({played})")
+    status = _output_status(outputs.get(KEY))
+    assert status.startswith("**running**") and "lost 0 · reconnects 0" in status, status
+
+    t_stop = time.monotonic()
+    assert _stop_output(outputs, KEY) == f"Stopped after {out.frames} frame(s)."
+    assert KEY not in outputs and _output_status(outputs.get(KEY)) == "Not running."
+    assert not out.running and out.error is None
+    assert out.sink.status.closed and out.sink.status.error is None
+    assert out.sink.status.frames_written == out.frames and out.sink.status.frames_lost == 0
+    # The publisher unpublished (deleteStream) before it hung up (a reset after that is the
+    # socket closing with nginx's last status reply unread: harmless), and nginx then ended the
+    # stream for its viewers at once (nginx-rtmp drops them: PyAV says EIO), well before the
+    # viewer's 5 s read timeout could fire.
+    viewer.join(2.5)
+    assert not viewer.is_alive() and time.monotonic() - t_stop < 2.5, "the stream did not end on stop"
+    assert "timed out" not in played.get("end", ""), played
+    events = [e for line in nginx.publisher_log("studio") for e in ("deleteStream", "disconnect", "failed")
+              if f" {e}" in line]
+    assert events and events[0] == "deleteStream", nginx.publisher_log("studio")
+    assert played["size"] == (W, H)
+
+    assert session.error is None and not session.closed  # stopping the output leaves the stream running
+    processed = session.processed
+    wait_until(lambda: session.processed >= processed + 3, 20, "more frames after the stop", session)
+
+    wait_until(lambda: nginx.recording("studio").exists(), 5, "nginx's recording")
+    time.sleep(0.3)  # nginx finishes the recording file when the publisher leaves
+    with av.open(str(nginx.recording("studio"))) as c:
+        frames = list(c.decode(video=0))
+    assert len(frames) == out.frames  # every frame sent arrived, the encoder flushed on stop
+    assert {(f.width, f.height) for f in frames} == {(W, H)}
+    assert frames[0].key_frame
+
+
+# ---------------------------------------------------------------------- HLS
+def test_live_output_to_hls_writes_a_playable_playlist(manager, live, tmp_path):
+    session = manager.get(live)
+    outputs: dict = {}
+    out = start(manager, outputs, "hls", "../my stream", tmp_path)  # a cleaned name, inside the output folder
+    folder = tmp_path / "hls" / "my_stream"
+    assert out.location == str(folder / "index.m3u8")
+    wait_until(lambda: out.frames >= 8, 20, "frames sent", session)
+    assert _output_status(outputs.get(KEY)).startswith("**running**")
+
+    message = _stop_output(outputs, KEY)
+    assert message == f"Stopped after {out.frames} frame(s)." and out.error is None and not out.running
+    playlist = folder / "index.m3u8"
+    text = playlist.read_text()
+    segments = sorted(folder.glob("segment_*.ts"))
+    assert segments and all(s.stat().st_size > 0 for s in segments)
+    assert all(s.name in text for s in segments) and "#EXT-X-ENDLIST" in text  # finished on stop
+
+    with av.open(str(playlist)) as c:
+        frames = list(c.decode(video=0))
+    assert len(frames) == out.frames
+    assert {(f.width, f.height) for f in frames} == {(W, H)}
+    assert frames[0].to_ndarray(format="rgb24").shape == (H, W, 3)
+    assert session.error is None and not session.closed
+
+
+# ---------------------------------------------------------------------- a server that goes away
+def test_rtmp_server_gone_mid_stream_stops_the_output_not_the_stream(nginx, manager, live, tmp_path):
+    session = manager.get(live)
+    outputs: dict = {}
+    out = start(manager, outputs, "rtmp", nginx.url("gone"), tmp_path)
+    wait_until(lambda: out.frames >= 5, 20, "the first frames sent", session)
+    sent = out.frames
+
+    nginx.stop()  # the server crashes mid-stream; the sink retries, then gives up (a few seconds)
+    seen = []  # what the tab's status timer shows meanwhile
+
+    def failed() -> bool:
+        seen.append(_output_status(outputs.get(KEY)))
+        return out.error is not None
+
+    wait_until(failed, 20, "the output to report the lost server", session)
+    wait_until(lambda: not out.running, 5, "the output thread to end")
+    retrying = [s for s in seen if s.startswith("**running**") and "last error: RTMP" in s]
+    assert retrying and "lost 0" not in retrying[-1], seen[-3:]  # while it retries, the tab says so
+    status = _output_status(outputs.get(KEY))
+    assert status.startswith("❌ Stopped:") and "RTMP" in status and nginx.url("gone") in status, status
+    assert "reconnect attempts failed" in out.error and out.sink.status.frames_lost >= 1
+    assert out.sink.status.closed and out.frames >= sent
+    assert out._offer not in session._listeners  # the broken output no longer hangs on the stream
+
+    # the live session never stopped: it keeps producing frames for the page (and other outputs)
+    assert session.error is None and not session.closed
+    processed = session.processed
+    wait_until(lambda: session.processed >= processed + 5, 20, "frames after the output failed", session)
+    assert session.latest().shape == (H, W, 3)
+
+    assert _stop_output(outputs, KEY).startswith("Stopped after")  # Stop still answers after a failure
+    assert _output_status(outputs.get(KEY)) == "Not running."
+
+
+# ---------------------------------------------------------------------- the stream ending first
+def test_live_output_finishes_when_its_live_stream_ends(manager, live, tmp_path):
+    """The camera stops or the page goes away (the session is freed) before Stop is pressed: the
+    output ends by itself and the recording is finished, not left open for ever."""
+    session = manager.get(live)
+    outputs: dict = {}
+    out = start(manager, outputs, "file", "before-stop.mp4", tmp_path)
+    wait_until(lambda: out.frames >= 5, 20, "frames recorded", session)
+    manager.close(live)
+    wait_until(lambda: not out.running, 5, "the output to end with its stream")
+    assert out.sink.status.closed and out.error is None
+    status = _output_status(outputs.get(KEY))
+    assert status.startswith("**stopped**") and "the live stream ended" in status, status
+    with av.open(str(tmp_path / "before-stop.mp4")) as c:  # finished: playable to the last frame
+        frames = list(c.decode(video=0))
+    assert len(frames) == out.frames and (frames[0].width, frames[0].height) == (W, H)
+    assert _stop_output(outputs, KEY) == f"Stopped after {out.frames} frame(s)."
