@@ -185,7 +185,8 @@ def test_rtmp_server_gone_mid_stream_stops_the_output_not_the_stream(nginx, mana
     wait_until(lambda: session.processed >= processed + 5, 20, "frames after the output failed", session)
     assert session.latest().shape == (H, W, 3)
 
-    assert _stop_output(outputs, KEY).startswith("Stopped after")  # Stop still answers after a failure
+    stopped = _stop_output(outputs, KEY)  # Stop still answers after a failure, and repeats it
+    assert stopped.startswith("Stopped after") and "It had failed" in stopped and "RTMP" in stopped
     assert _output_status(outputs.get(KEY)) == "Not running."
 
 

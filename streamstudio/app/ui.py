@@ -356,7 +356,8 @@ def _stop_output(outputs, key) -> str:
     if out is None:
         return "Not running."
     out.stop()
-    return f"Stopped after {out.frames} frame(s)."
+    text = f"Stopped after {out.frames} frame(s)."
+    return text + (f" It had failed: {out.error}" if out.error else "")
 
 
 def _output_status(out: LiveOutput | None) -> str:
