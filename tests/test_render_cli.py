@@ -55,6 +55,20 @@ def test_fps_resamples_a_file_keeping_its_duration_and_audio(tmp_path, capsys, f
     assert got.audio_codec == "aac" and got.audio_duration == pytest.approx(video_end, abs=0.05)
 
 
+def test_live_mode_on_a_file_keeps_its_audio(tmp_path, capsys):
+    """--mode live plays a file at its own pace, dropping frames it cannot keep up with; the
+    kept frames carry their input's timestamps, so the copied audio stays in step."""
+    clip = make_clip(tmp_path / "in.mp4", n=12, fps=12, audio=True)  # 1 s
+    out = tmp_path / "out.mp4"
+    rc = render("--input", str(clip), "--output", str(out), "--mode", "live", "--steps", "1", *TINY)
+    assert rc == 0
+    assert "(live," in capsys.readouterr().err
+    got, ref = probe(out), probe(clip)
+    assert 1 <= got.frames <= 12
+    assert set(round(t, 3) for t in got.video_pts) <= set(round(t, 3) for t in ref.video_pts)  # input times
+    assert got.audio_codec == "aac" and got.audio_duration == pytest.approx(ref.audio_duration, abs=0.1)
+
+
 def test_fps_resamples_the_video_pipelines_input(tmp_path, capsys):
     clip = make_clip(tmp_path / "in.mp4", n=8, fps=8)
     out = tmp_path / "out.mp4"

@@ -149,7 +149,9 @@ def _run_image(args) -> int:
         live = source.info.live if args.mode == "auto" else args.mode == "live"
         pipe = build_pipeline(args, "img2img")
         fps = args.fps or source.info.fps
-        audio = None if (args.no_audio or live) else source.info.audio
+        # a file keeps its audio in live mode too: output frames carry their input's timestamps, so
+        # the audio stays in step where frames were dropped (live inputs have none to copy)
+        audio = None if (args.no_audio or source.info.live) else source.info.audio
         sink = open_sink(args.output, pipe.config.width, pipe.config.height, fps, audio_from=audio)
     except BaseException:
         source.close()
