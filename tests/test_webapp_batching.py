@@ -251,6 +251,28 @@ def test_sessions_of_the_web_app_batch_their_calls(tiny_components_factory):
     assert model.executor.closed
 
 
+def test_text_to_image_and_live_sessions_share_unet_calls(tiny_components_factory):
+    from streamstudio.app.sessions import ServerModel, SessionManager
+    from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+
+    model = ServerModel(tiny_components_factory(), StreamDiffusionConfig(width=64, height=64, steps=2),
+                        prompt="a dog", batching=BatchingConfig(max_wait_ms=50))
+    manager = SessionManager(model, max_streams=2, owns_model=True)
+    try:
+        live, txt = manager.open("live"), manager.open("txt", mode="txt2img")
+        frame = _frames(4, n=1)[0]
+        deadline = time.monotonic() + 60
+        while min(live.processed, txt.processed) < 4 and time.monotonic() < deadline:
+            live.submit(frame)
+            txt.submit(None)
+            time.sleep(0.02)
+        assert live.error is None and txt.error is None
+        assert live.latest().shape == txt.latest().shape == (64, 64, 3)
+        assert model.executor.stats.batched_calls > 0  # the two modes' UNet calls met
+    finally:
+        manager.shutdown()
+
+
 def test_a_stream_whose_network_call_fails_stops_alone(tiny_components_factory):
     """With batching, an exception inside the executor reaches only the stream that caused it;
     the executor and the other stream go on."""
