@@ -263,6 +263,30 @@ def test_build_engines_command_without_tensorrt_exports_and_checks(tmp_path, cap
                  "--engine-dir", str(tmp_path)]) == 1  # not multiples of 64: a clear error
 
 
+@pytest.mark.parametrize("dtype", ["auto", "float16"])
+def test_build_engines_loads_the_model_as_the_app_does(monkeypatch, dtype):
+    """The engine cache is keyed by the weights (dtype included): build-engines must load the
+    model in the dtype the app will run it in, or the app never finds the prebuilt engines."""
+    from streamstudio.app.cli import build_parser
+    from streamstudio.app.commands import build_engines, generate
+    from streamstudio.models import loading
+
+    seen = []
+
+    def fake_load(model, device, dtype, taesd=None):
+        seen.append((str(device), dtype))
+        raise SystemExit  # stop here: only the load arguments matter
+
+    monkeypatch.setattr(loading, "resolve_demo_default", fake_load)
+    for argv in (["build-engines", "--model", "tiny", "--device", "cpu", "--dtype", dtype],
+                 ["generate", "--model", "tiny", "--device", "cpu", "--dtype", dtype, "--output", "x"]):
+        args = build_parser().parse_args(argv)
+        with pytest.raises(SystemExit):
+            (build_engines._load if argv[0] == "build-engines" else lambda a: generate.build_pipeline(a, "txt2img"))(args)
+    assert len(seen) == 2 and seen[0] == seen[1]
+    assert seen[0][1] == (torch.float32 if dtype == "auto" else torch.float16)
+
+
 @pytest.mark.skipif(trt_kernels.tensorrt_available(), reason="TensorRT is installed")
 def test_video_acceleration_modes_on_cpu():
     from streamstudio.models.stream_dit import StreamDiT, named_config

@@ -34,17 +34,20 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--precision", choices=("fp16", "fp32"), default="fp16", help="engine precision (default fp16)")
     p.add_argument("--no-check", action="store_true", help="skip the onnxruntime check of the ONNX files")
     p.add_argument("--device", default="auto", help="device the model is loaded on for export (auto, cpu, cuda)")
+    p.add_argument("--dtype", default="auto",
+                   help="dtype the model is loaded in: auto (float16 on CUDA, float32 on CPU), float16, float32. "
+                        "Keep it as the app runs (auto on both): the engine cache is keyed by the weights, dtype "
+                        "included, and TensorRT 11 engines run in the exported graph's types")
     return p
 
 
 def _load(args):
-    import torch
-
-    from streamstudio.device import pick_device
+    from streamstudio.device import pick_device, pick_dtype
     from streamstudio.models.loading import resolve_demo_default
 
     device = pick_device(args.device)
-    comps = resolve_demo_default(args.model, device=device, dtype=torch.float32, taesd=args.taesd or None)
+    dtype = pick_dtype(device, getattr(args, "dtype", "auto"))  # as the pipeline loads it: the same engine key
+    comps = resolve_demo_default(args.model, device=device, dtype=dtype, taesd=args.taesd or None)
     for note in comps.notes:
         print(f"note: {note}")
     return comps
