@@ -67,6 +67,31 @@ def test_render_text_to_video_then_video_to_video(tmp_path, capsys):
     assert len(list(out)) == 6
 
 
+def test_render_takes_device_dtype_and_acceleration(tmp_path, monkeypatch, capsys):
+    """The video render loads the model on --device in --dtype and wraps it with --acceleration:
+    tensorrt without TensorRT says so once and renders on the torch path; compile wraps the network."""
+    from streamstudio.app.commands import render_video
+    from streamstudio.kernels import tensorrt as trt_kernels
+
+    seen = {}
+    real_load = render_video.load_video_model
+
+    def spy(model, device="auto", dtype="auto"):
+        seen.update(device=device, dtype=dtype)
+        return real_load(model, device, dtype)
+
+    monkeypatch.setattr(render_video, "load_video_model", spy)
+    args = make_args(tmp_path, frames=2, width=32, height=32, device="cpu", dtype="float32", acceleration="tensorrt")
+    if trt_kernels.tensorrt_available():
+        pytest.skip("TensorRT is installed: the fallback is not what runs")
+    with pytest.warns(RuntimeWarning, match="TensorRT is not installed"):
+        assert run_video_render(args) == 0
+    assert seen == {"device": "cpu", "dtype": "float32"}
+    model, meta = real_load(None, "cpu", "float32")
+    stream = build_stream(model, meta, "a red circle moving left", width=32, height=32, acceleration="compile")
+    assert stream.sampler.backbone.model is not model and hasattr(stream.sampler.backbone.model, "_orig_mod")
+
+
 def test_render_errors_say_what_to_do(tmp_path):
     with pytest.raises(StreamStudioError, match="video-to-video"):
         run_video_render(make_args(tmp_path, input=str(tmp_path / "missing.mp4")))

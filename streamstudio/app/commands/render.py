@@ -20,7 +20,8 @@ log = logging.getLogger(__name__)
 
 VIDEO_MODULE = "streamstudio.app.commands.render_video"
 # settings handed to the video pipeline's render (`run_video_render(args)`)
-VIDEO_ARGS = ("prompt", "input", "output", "frames", "seed", "width", "height", "fps", "model", "max_frames")
+VIDEO_ARGS = ("prompt", "input", "output", "frames", "seed", "width", "height", "fps", "model", "max_frames",
+              "device", "dtype", "acceleration")
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

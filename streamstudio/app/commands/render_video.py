@@ -47,20 +47,29 @@ def add_video_arguments(parser: argparse.ArgumentParser) -> None:
 # ---------------------------------------------------------------------------- model and stream
 
 
-def load_video_model(model: str | None, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, dict]:
-    """The built-in tiny StreamDiT for None/auto/tiny, else a checkpoint folder."""
+def load_video_model(model: str | None, device: torch.device | str = "auto", dtype: str | torch.dtype = "auto"
+                     ) -> tuple[torch.nn.Module, dict]:
+    """The built-in tiny StreamDiT for None/auto/tiny, else a checkpoint folder; on `device`
+    ("auto": the GPU when there is one) in `dtype` ("auto": float16 on a GPU, float32 on CPU)."""
+    from streamstudio.device import pick_device, pick_dtype
+
+    device = pick_device(device) if isinstance(device, str) else device
+    dtype = pick_dtype(device, dtype) if isinstance(dtype, str) else dtype
     if model in BUILTIN_NAMES:
-        return load_checkpoint(BUILTIN_CHECKPOINT, device)
+        return load_checkpoint(BUILTIN_CHECKPOINT, device, dtype)
     path = Path(model)
     if path.is_file():  # the model.safetensors inside a checkpoint folder
         path = path.parent
-    return load_checkpoint(path, device)
+    return load_checkpoint(path, device, dtype)
 
 
 def build_stream(model: torch.nn.Module, meta: dict, prompt: str, *, strength: float = 1.0, seed: int = 0,
                  width: int | None = None, height: int | None = None, num_chunks: int | None = None,
-                 chunk_size: int | None = None, micro_steps: int | None = None) -> VideoStream:
-    """A VideoStream with the checkpoint's sampling defaults, overridden where given."""
+                 chunk_size: int | None = None, micro_steps: int | None = None,
+                 acceleration: str = "none") -> VideoStream:
+    """A VideoStream with the checkpoint's sampling defaults, overridden where given, on the
+    model's device and dtype; `acceleration` compile or tensorrt wraps the network for this
+    buffer layout (models.acceleration.apply_video_acceleration)."""
     sampling = meta.get("sampling", {})
     buffer = StreamBufferConfig(
         num_chunks=num_chunks or sampling.get("num_chunks", 4),
@@ -71,7 +80,15 @@ def build_stream(model: torch.nn.Module, meta: dict, prompt: str, *, strength: f
     side_h, side_w = sampling.get("height", 32), sampling.get("width", 32)
     cfg = StreamVideoConfig(buffer, height=side_h, width=side_w, out_height=height or side_h * 8,
                             out_width=width or side_w * 8)
-    return VideoStream(StreamDiTBackbone(model), cfg, prompt, latent_channels=model.cfg.in_channels)
+    param = next(model.parameters())
+    channels = model.cfg.in_channels
+    if acceleration != "none":
+        from streamstudio.models.acceleration import apply_video_acceleration
+
+        model = apply_video_acceleration(model, acceleration, frames=buffer.ref_frames + buffer.frames,
+                                         height=side_h, width=side_w)
+    return VideoStream(StreamDiTBackbone(model), cfg, prompt, latent_channels=channels, device=param.device,
+                       dtype=param.dtype)
 
 
 def parse_prompt_changes(items: Iterable[str] | None) -> dict[int, str]:
@@ -178,14 +195,16 @@ def run_video_render(args) -> int:
         raise StreamStudioError("--output FILE.mp4 is required")
     if Path(output).suffix.lower() not in (".mp4", ".mov", ".mkv"):
         raise StreamStudioError(f"--output {output}: the video pipeline writes .mp4, .mov or .mkv files")
-    model, meta = load_video_model(getattr(args, "model", None))
+    model, meta = load_video_model(getattr(args, "model", None), getattr(args, "device", None) or "auto",
+                                   getattr(args, "dtype", None) or "auto")
     strength = getattr(args, "video_strength", None) or DEFAULT_STRENGTH
     source = getattr(args, "input", None)
     stream = build_stream(model, meta, getattr(args, "prompt", None) or "",
                           strength=1.0 if not source else strength, seed=getattr(args, "seed", None) or 0,
                           width=getattr(args, "width", None), height=getattr(args, "height", None),
                           num_chunks=getattr(args, "num_chunks", None), chunk_size=getattr(args, "chunk_size", None),
-                          micro_steps=getattr(args, "micro_steps", None))
+                          micro_steps=getattr(args, "micro_steps", None),
+                          acceleration=getattr(args, "acceleration", None) or "none")
     changes = parse_prompt_changes(getattr(args, "prompt_change", None))
     start = time.perf_counter()
     if source:
