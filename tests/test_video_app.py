@@ -146,3 +146,18 @@ def test_cli_train_video_then_render_video(tmp_path, capsys):
     assert len(list(frames)) == 5
     assert main(["render", "--pipeline", "video", "--input", str(clip), "--model", str(tmp_path / "none"),
                  "--output", str(out)]) == 1  # a clear error, no traceback
+
+
+@pytest.mark.gpu
+def test_builtin_model_on_the_gpu_in_float16():
+    """The video pipeline's GPU path (the default there): same colour-following as on the CPU."""
+    model, meta = load_video_model(None, "cuda", "auto")
+    assert next(model.parameters()).dtype == torch.float16
+    hits = []
+    for i, colour in enumerate(COLOURS):
+        with torch.inference_mode():
+            stream = build_stream(model, meta, f"a {colour} square moving left", seed=i, width=32, height=32)
+            frames = list(text_to_video(stream, 4))
+        assert frames[0].dtype == np.uint8 and frames[0].shape == (32, 32, 3)
+        hits.append(dominant_colour(frames) == colour)
+    assert np.mean(hits) >= 0.8, hits
