@@ -4,8 +4,11 @@ The `nginx` fixture in conftest.py uses it and skips when nginx or the module is
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -89,6 +92,37 @@ class Nginx:
             self.proc.kill()  # an abrupt drop, as a crashed server
             self.proc.wait(10)
         self.proc = None
+
+    def pids(self) -> list[int]:
+        """nginx's processes: the one started (the only one with `master_process off`, else
+        the master) and its children (workers), found through /proc."""
+        if self.proc is None or self.proc.poll() is not None:
+            return []
+        pids = [self.proc.pid]
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue  # gone meanwhile
+            if ppid == self.proc.pid:
+                pids.append(int(stat.parent.name))
+        return pids
+
+    @contextlib.contextmanager
+    def frozen(self):
+        """nginx stopped with SIGSTOP, as a frozen server: its connections stay open, but
+        nothing is read or answered (the kernel still accepts new connections). SIGCONT after,
+        whatever happens, so that `stop()` finds it running."""
+        pids = self.pids()
+        assert pids, "nginx is not running"
+        try:
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
+            yield pids
+        finally:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
 
     def url(self, key: str = "test") -> str:
         return f"rtmp://127.0.0.1:{self.port}/live/{key}"

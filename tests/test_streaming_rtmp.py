@@ -4,11 +4,14 @@ rtmp_server.py). Skipped when nginx or the module is missing."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import threading
 import time
 
 import av
+import numpy as np
 import pytest
 from rtmp_server import free_port, read_stream
 
@@ -108,6 +111,127 @@ def test_reconnects_when_the_server_comes_back(nginx):
     assert sink.status.reconnects >= 1
     assert sink.status.frames_lost >= 1
     assert sink.status.frames_written + sink.status.frames_lost == 70
+
+
+class Noise:
+    """640x360 random frames at 30 fps: x264 cannot compress them (~200 kB each), so a few
+    dozen fill the loopback socket buffers of a server that stopped reading."""
+
+    def __init__(self):
+        rng = np.random.default_rng(0)
+        self.frames = [rng.integers(0, 256, (360, 640, 3), dtype=np.uint8) for _ in range(4)]
+        self.n = 0
+        self.started = 0.0  # when the last write began
+
+    def write(self, sink) -> float:
+        """Write the next frame; how long the write took."""
+        self.started = time.monotonic()
+        sink.write(self.frames[self.n % len(self.frames)], self.n / 30)
+        self.n += 1
+        return time.monotonic() - self.started
+
+
+BLOCKED: list[threading.Thread] = []  # threads in_thread left behind, blocked inside libav
+
+
+def in_thread(fn, timeout: float):
+    """fn() run in a daemon thread, its exception raised here; a failure, not a hang, when it
+    still runs after `timeout` s (a write blocked inside libav, which no signal interrupts: the
+    thread is left behind, and unblocks when the fixture kills nginx)."""
+    error: list[BaseException] = []
+
+    def run():
+        try:
+            fn()
+        except BaseException as exc:  # handed to the test
+            error.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        BLOCKED.append(thread)
+        pytest.fail(f"the sink is still blocked after {timeout:g} s")
+    if error:
+        raise error[0]
+
+
+def close_unless_blocked(sink) -> None:
+    """Close the sink, unless a blocked thread still uses it (touching it then could crash)."""
+    if not any(t.is_alive() for t in BLOCKED):
+        in_thread(sink.close, 5)
+
+
+@pytest.mark.timeout(60)
+def test_stalled_server_fails_within_io_timeout(nginx):
+    """nginx frozen mid-stream (SIGSTOP): the connection stays open but nothing is read, so libav
+    blocks in send() once the socket buffers are full. That write gives up after io_timeout,
+    its frame counted lost; the one reconnect attempt finds a server that accepts the TCP
+    connection but never answers the handshake; then a clear error, all within seconds."""
+    config = RtmpConfig(connect_timeout=1.0, io_timeout=1.0, max_reconnects=1, backoff=0.1)
+    sink = RtmpSink(nginx.url("stall"), 640, 360, 30, config)
+    noise = Noise()
+    try:
+        for _ in range(5):
+            noise.write(sink)
+        assert sink.status.frames_written == 5
+        with nginx.frozen():
+            t0 = time.monotonic()
+
+            def write_until_it_fails():
+                while time.monotonic() - t0 < 20:
+                    assert noise.write(sink) < config.io_timeout + 0.5  # writes that still got through
+
+            with pytest.raises(StreamStudioError, match=r"stalled and 1 reconnect attempts failed; 1 frame\(s\) lost"):
+                in_thread(write_until_it_fails, 25)
+            # the failing write: io_timeout, the backoff, the probe's connect_timeout, a margin
+            assert time.monotonic() - noise.started < 1.0 + 0.1 + 1.0 + 1.0
+            assert sink.status.frames_lost == 1 and sink.status.reconnects == 0
+            assert sink.status.frames_written == noise.n  # every write but the failing one
+            assert "did not answer within 1 s" in sink.status.error
+            t1 = time.monotonic()
+            in_thread(sink.close, 5)  # the stuck connection is left to its thread, not waited on
+            assert time.monotonic() - t1 < 0.5
+    finally:
+        close_unless_blocked(sink)
+
+
+@pytest.mark.timeout(60)
+def test_stalled_server_is_reconnected_when_it_wakes_up(nginx):
+    """The server freezes, a write gives up after io_timeout, and the server wakes up while the
+    sink waits to reconnect: a fresh connection takes the stream on, one frame lost."""
+    config = RtmpConfig(connect_timeout=1.0, io_timeout=1.0, max_reconnects=3, backoff=0.3)
+    sink = RtmpSink(nginx.url("wake"), 640, 360, 30, config)
+    noise = Noise()
+    try:
+        for _ in range(5):
+            noise.write(sink)
+        with nginx.frozen() as pids:
+            t0 = time.monotonic()
+
+            def wake_on_first_loss():
+                while sink.status.frames_lost == 0 and time.monotonic() - t0 < 30:
+                    time.sleep(0.01)
+                for pid in pids:
+                    os.kill(pid, signal.SIGCONT)
+
+            def write_until_reconnected():
+                while sink.status.reconnects == 0 and time.monotonic() - t0 < 20:
+                    # io_timeout, then the first backoff and a probe that the woken server answers
+                    assert noise.write(sink) < 1.0 + 0.3 + 1.0
+
+            threading.Thread(target=wake_on_first_loss, daemon=True).start()
+            in_thread(write_until_reconnected, 25)
+        assert sink.status.reconnects == 1 and sink.status.frames_lost == 1
+        assert "stalled" in sink.status.error
+        for _ in range(10):  # the fresh connection (its first write also makes the handshake)
+            assert noise.write(sink) < config.io_timeout + config.connect_timeout
+    finally:
+        close_unless_blocked(sink)
+    assert sink.status.frames_written + sink.status.frames_lost == noise.n
+    time.sleep(0.3)  # nginx finishes the recording when the publisher leaves
+    with av.open(str(nginx.recording("wake"))) as c:  # the fresh connection's recording
+        assert len(list(c.decode(video=0))) >= 10
 
 
 def test_rtmp_stream_as_a_live_input(nginx):
