@@ -72,7 +72,9 @@ def test_render_takes_device_dtype_and_acceleration(tmp_path, monkeypatch, capsy
     tensorrt without TensorRT says so once and renders on the torch path; compile wraps the network."""
     from streamstudio.app.commands import render_video
     from streamstudio.kernels import tensorrt as trt_kernels
+    from streamstudio.models import acceleration
 
+    monkeypatch.setattr(acceleration, "_said", set())  # said once per process: say it again here
     seen = {}
     real_load = render_video.load_video_model
 
