@@ -34,6 +34,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
+from diffusers.models.autoencoders.autoencoder_tiny import AutoencoderTinyOutput  # .latents
+from diffusers.models.autoencoders.vae import DecoderOutput  # .sample
+from diffusers.models.unets.unet_2d_condition import UNet2DConditionOutput  # .sample
 from torch import nn
 
 from streamstudio.errors import StreamStudioError
@@ -232,21 +235,6 @@ class BatchExecutor:
 
 STAGE_ENCODE, STAGE_UNET, STAGE_DECODE = 0, 1, 2  # the order of a frame's network calls
 
-@dataclass
-class UNetOutput:
-    sample: torch.Tensor
-
-
-@dataclass
-class EncoderOutput:
-    latents: torch.Tensor
-
-
-@dataclass
-class DecoderOutput:
-    sample: torch.Tensor
-
-
 class BatchedUNet(nn.Module):
     """unet(sample, timestep, encoder_hidden_states) -> .sample, batched across streams.
     Its parameters and config are the wrapped UNet's (device, dtype and shapes come from them)."""
@@ -274,7 +262,7 @@ class BatchedUNet(nn.Module):
         t = t.expand(b) if t.numel() == 1 else t  # (B,)
         text = encoder_hidden_states.expand(b, -1, -1) if encoder_hidden_states.shape[0] == 1 else encoder_hidden_states
         out = self.executor.run(self._name, self._call, sample, t, text, stage=STAGE_UNET)  # (B, 4, h, w)
-        return UNetOutput(out) if return_dict else (out,)
+        return UNet2DConditionOutput(sample=out) if return_dict else (out,)
 
 
 class BatchedVAE(nn.Module):
@@ -300,11 +288,11 @@ class BatchedVAE(nn.Module):
 
     def encode(self, images: torch.Tensor, return_dict: bool = True):
         latents = self.executor.run(self._names[0], self._encode, images, stage=STAGE_ENCODE)  # (B, 4, H/8, W/8)
-        return EncoderOutput(latents) if return_dict else (latents,)
+        return AutoencoderTinyOutput(latents=latents) if return_dict else (latents,)
 
     def decode(self, latents: torch.Tensor, return_dict: bool = True):
         images = self.executor.run(self._names[1], self._decode, latents, stage=STAGE_DECODE)  # (B, 3, H, W)
-        return DecoderOutput(images) if return_dict else (images,)
+        return DecoderOutput(sample=images) if return_dict else (images,)
 
     def forward(self, images: torch.Tensor):
         return self.decode(self.encode(images).latents)
