@@ -152,6 +152,38 @@ def test_earlier_stages_run_first_so_streams_fall_into_step(executor):
     assert set(results) == {"a", "b"}
 
 
+def test_streams_that_start_out_of_step_fall_into_step():
+    """Two streams loop encode -> UNet -> decode, the second starting two stages behind (at its
+    decode), with a little work between calls and between frames, as the web app's sessions
+    do. Choosing the earliest stage, and choosing again when a stream's call comes, brings
+    them into step: their calls soon share batches (without it they alternate forever)."""
+    ex = BatchExecutor(BatchingConfig(max_wait_ms=5))
+    stages = [("encode", 0), ("unet", 1), ("decode", 2)]
+
+    def net(x):
+        time.sleep(0.003)  # the network's time
+        return x
+
+    def stream(offset: int):
+        for frame in range(15):
+            with ex.client():
+                for name, stage in stages[offset if frame == 0 else 0:]:
+                    ex.run(name, net, torch.zeros(1, 3), stage=stage)
+                    time.sleep(0.001)  # the stream's own work between calls
+            time.sleep(0.002)  # between frames (not waited for)
+
+    try:
+        threads = [threading.Thread(target=stream, args=(offset,)) for offset in (0, 2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert ex.stats.requests == 15 * 3 * 2 - 2
+        assert ex.stats.requests_per_call > 1.5, f"{ex.stats.requests_per_call:.2f} streams per call"
+    finally:
+        ex.close()
+
+
 def test_no_waiting_without_other_streams():
     ex = BatchExecutor(BatchingConfig(max_wait_ms=1000))
     try:

@@ -14,10 +14,11 @@ prompts, strengths or CFG types batch together; only the shapes must agree (the 
 size and frame_buffer_size give every stream the same latent shape).
 
 Which calls run next: those of the earliest stage of a frame (VAE encode, then UNet, then VAE
-decode; each call names its stage), oldest first. Streams that fell behind thereby catch up
-with the others at the next stage, so streams that start out of step fall into step and their
-calls meet. The executor waits at most `max_wait_ms` for more streams' calls once one is in,
-and only while it has nothing else to do. Results are copied out of the batch, so a network
+decode; each call names its stage), oldest first. While a stream that is in a frame has no
+call queued, the executor waits for it, at most `max_wait_ms`, and chooses again when the call
+comes: it joins the batch, or, being of an earlier stage, goes first. A stream that fell
+behind thereby catches up with the others at the next stage, so streams that start out of
+step fall into step and their calls meet. Streams between frames are not waited for. Results are copied out of the batch, so a network
 that reuses its output buffers (CUDA graphs) cannot overwrite a stream's result. When a
 batched call fails, each of its calls is run again alone, so a bad call fails only its own
 stream.
@@ -155,33 +156,33 @@ class BatchExecutor:
                 self._execute(batch)
 
     def _take(self) -> list[_Request] | None:
-        """The next batch: the oldest call of the earliest stage and every queued call like it,
-        waiting up to max_wait_ms for more while fewer than the active streams have asked and
-        there is nothing else to do."""
+        """The next batch: the oldest call of the earliest stage queued and every queued call
+        like it. While some stream in a frame has no call queued yet, wait for it (up to
+        max_wait_ms) and choose again when it comes: its call may join this batch, or be of an
+        earlier stage and go first, so that the streams fall into step."""
         cfg = self.config
         with self._cond:
             while not self._queue and not self._closed:
                 self._cond.wait()
-            if self._closed:
-                for request in self._queue:
-                    request.error = StreamStudioError("the model executor is shut down")
-                    request.done.set()
-                self._queue.clear()
-                return None
-            first = min(self._queue, key=lambda r: r.stage)  # the oldest of the earliest stage
-            self._queue.remove(first)
-            batch, rows = [first], first.rows
             deadline = time.monotonic() + cfg.max_wait_ms / 1000.0
             while True:
-                for request in list(self._queue):
+                if self._closed:
+                    for request in self._queue:
+                        request.error = StreamStudioError("the model executor is shut down")
+                        request.done.set()
+                    self._queue.clear()
+                    return None
+                first = min(self._queue, key=lambda r: r.stage)  # the oldest of the earliest stage
+                batch, rows = [], 0
+                for request in self._queue:
                     if request.key == first.key and rows + request.rows <= cfg.max_rows:
-                        self._queue.remove(request)
                         batch.append(request)
                         rows += request.rows
+                missing = self._clients - len(self._queue)  # streams in a frame with no call queued
                 left = deadline - time.monotonic()
-                others_waiting = any(r.key != first.key for r in self._queue)
-                if rows >= cfg.max_rows or len(batch) >= self._clients or others_waiting or left <= 0 \
-                        or self._closed:
+                if rows >= cfg.max_rows or missing <= 0 or left <= 0:
+                    for request in batch:
+                        self._queue.remove(request)
                     return batch
                 self._cond.wait(left)
 
