@@ -220,10 +220,9 @@ def _stream(comps, prompt: str, seed: int, cfg: str):
     return StreamDiffusion(comps, config, prompt=prompt)
 
 
-def test_streams_batched_together_give_the_frames_they_give_alone(tiny_components_factory):
+def _batched_equals_alone(comps, tolerance: int) -> None:
     """Two streams (different prompts, seeds and CFG types, so different row counts) run at the
     same time through one executor; each gets the frames it gets alone, unbatched."""
-    comps = tiny_components_factory(taesd=True)
     specs = [("a red fox", 3, "self", _frames(1)), ("a blue lake", 7, "initialize", _frames(2))]
     alone = []
     for prompt, seed, cfg, frames in specs:
@@ -253,10 +252,21 @@ def test_streams_batched_together_give_the_frames_they_give_alone(tiny_component
         for want, got in zip(alone, batched):
             assert len(got) == len(want)
             for a, b in zip(want, got):
-                assert np.abs(a.astype(np.int16) - b.astype(np.int16)).max() <= 2
+                assert np.abs(a.astype(np.int16) - b.astype(np.int16)).max() <= tolerance
         assert not np.array_equal(batched[0][-1], batched[1][-1])
     finally:
         executor.close()
+
+
+def test_streams_batched_together_give_the_frames_they_give_alone(tiny_components_factory):
+    _batched_equals_alone(tiny_components_factory(taesd=True), tolerance=2)
+
+
+@pytest.mark.gpu
+def test_streams_batched_together_on_the_gpu(tiny_components_factory):
+    """The same on CUDA in float16 (the executor thread and the streams share the GPU)."""
+    comps = tiny_components_factory(taesd=True).to(torch.device("cuda"), torch.float16)
+    _batched_equals_alone(comps, tolerance=3)
 
 
 def test_sessions_of_the_web_app_batch_their_calls(tiny_components_factory):
