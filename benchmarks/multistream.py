@@ -20,11 +20,8 @@ import json
 import os
 import platform
 import sys
-import threading
-import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from streamstudio.app.batching import BatchingConfig  # noqa: E402
+from streamstudio.app.commands.bench import closed_loop  # noqa: E402
 from streamstudio.app.sessions import ServerModel, SessionManager  # noqa: E402
 from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig  # noqa: E402
 
@@ -47,44 +45,6 @@ def components(device: torch.device):
 
     comps = load_components("tiny", device=device, dtype=torch.float32, taesd=True)
     return comps, 64, "tiny model, TAESD, 64x64, 1 step, fp32 (CPU)"
-
-
-def closed_loop(manager: SessionManager, k: int, size: int, warmup_s: float, window_s: float) -> dict:
-    """K sessions, each fed its next frame as soon as its last output appears."""
-    sessions = [manager.open(f"bench-{k}-{i}") for i in range(k)]
-    rng = np.random.default_rng(0)
-    frames = [rng.integers(0, 256, (size, size, 3), dtype=np.uint8) for _ in range(4)]
-    stop = threading.Event()
-
-    def feed(session):
-        done = session.processed
-        while not stop.is_set():
-            session.submit(frames[done % len(frames)])
-            while session.processed == done and not stop.is_set():
-                if session.error:
-                    raise RuntimeError(session.error)
-                time.sleep(0.0005)
-            done = session.processed
-
-    threads = [threading.Thread(target=feed, args=(s,), daemon=True) for s in sessions]
-    for t in threads:
-        t.start()
-    time.sleep(warmup_s)
-    start_counts, start_stats = [s.processed for s in sessions], dict(manager.model.batching_stats() or {})
-    t0 = time.perf_counter()
-    time.sleep(window_s)
-    counts, seconds = [s.processed for s in sessions], time.perf_counter() - t0
-    stats = manager.model.batching_stats() or {}
-    stop.set()
-    for t in threads:
-        t.join(30)
-    for s in sessions:
-        manager.close(s.sid)
-    per_stream = [(c - c0) / seconds for c, c0 in zip(counts, start_counts)]
-    calls = stats.get("calls", 0) - start_stats.get("calls", 0)
-    requests = stats.get("requests", 0) - start_stats.get("requests", 0)
-    return {"streams": k, "total_fps": sum(per_stream), "per_stream_fps": per_stream,
-            "requests_per_call": requests / calls if calls else None}
 
 
 def main(argv=None) -> int:
@@ -109,10 +69,10 @@ def main(argv=None) -> int:
     rows = []
     try:
         for manager in managers.values():  # first frames are slow (allocator, kernels): not timed
-            closed_loop(manager, 1, size, warmup, 1.0)
+            closed_loop(manager, 1, size, size, warmup, 1.0)
         for k in args.streams:  # both modes at each K, one after the other (the machine's load drifts)
             for mode, manager in managers.items():
-                row = {"mode": mode, **closed_loop(manager, k, size, warmup, window)}
+                row = {"mode": mode, **closed_loop(manager, k, size, size, warmup, window)}
                 rows.append(row)
                 rpc = f"{row['requests_per_call']:.2f}" if row["requests_per_call"] else "-"
                 print(f"{mode:8s} {k} stream(s): {row['total_fps']:8.2f} fps in all, "

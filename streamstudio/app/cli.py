@@ -18,6 +18,7 @@ COMMANDS = {
     "splat": "splat",
     "train-video": "train_video",
     "build-engines": "build_engines",
+    "bench": "bench",
 }
 
 
