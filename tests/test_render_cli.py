@@ -162,6 +162,25 @@ def test_unreachable_rtmp_output_fails_fast(tmp_path, capsys):
     assert "unreachable" in err and "Traceback" not in err
 
 
+def test_rtmp_timeout_bounds_a_silent_server(capsys):
+    """--rtmp-timeout sets how long a server may keep quiet: one that accepts the connection but
+    never answers (a loopback listener) fails within that time, not the default 5 s."""
+    import socket
+
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    try:
+        url = f"rtmp://127.0.0.1:{listener.getsockname()[1]}/live/x"
+        rc = render("--input", "pattern:32x32", "--output", url, "--rtmp-timeout", "0.5", *TINY)
+        assert rc == 1
+        assert "did not answer within 0.5 s" in capsys.readouterr().err
+        assert render("--input", "pattern:32x32", "--output", url, "--rtmp-timeout", "0", *TINY) == 1
+        assert "--rtmp-timeout must be positive" in capsys.readouterr().err
+    finally:
+        listener.close()
+
+
 def test_bad_config_key_and_missing_options(tmp_path, capsys):
     config = tmp_path / "c.yaml"
     config.write_text("modle: tiny\n")

@@ -586,14 +586,16 @@ class VirtualCameraSink(Sink):
 
 
 # ---------------------------------------------------------------------------- spec parsing
-def open_sink(spec: str, width: int, height: int, fps: float, audio_from: AudioTrack | None = None) -> Sink:
-    """A sink from its spec (see the module docstring); raises StreamStudioError when it cannot."""
+def open_sink(spec: str, width: int, height: int, fps: float, audio_from: AudioTrack | None = None,
+              rtmp: RtmpConfig | None = None) -> Sink:
+    """A sink from its spec (see the module docstring); raises StreamStudioError when it cannot.
+    `rtmp` sets an RTMP output's timeouts and reconnects."""
     spec = str(spec).strip()
     low = spec.lower()
     if not spec:
         raise StreamStudioError("no output given; use a video file, a folder, rtmp://... or hls:DIR")
     if low.startswith(("rtmp://", "rtmps://")):
-        return RtmpSink(spec, width, height, fps)
+        return RtmpSink(spec, width, height, fps, rtmp)
     if low.startswith("hls:"):
         return HlsSink(spec[4:], width, height, fps)
     if low.endswith(".m3u8"):

@@ -49,6 +49,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     help="auto: live for webcam/screen/pattern/streams, offline (every frame) for files and "
                          "folders; live on a file plays it at its own pace, dropping what processing cannot keep up with")
     io.add_argument("--no-audio", action="store_true", help="do not copy the input's audio")
+    io.add_argument("--rtmp-timeout", type=float, default=None, metavar="SECONDS",
+                    help="RTMP output: seconds to reach the server, and that one write may wait on it, before "
+                         "the connection is given up and retried (default 5)")
     io.add_argument("--pipeline", choices=("image", "video"), default="image",
                     help="image: stream-batched diffusion per frame; video: the streaming video model")
     add_pipeline_arguments(p)
@@ -112,6 +115,16 @@ def _check_args(args) -> None:
         raise StreamStudioError("--max-frames must be at least 1")
     if args.fps is not None and args.fps <= 0:
         raise StreamStudioError("--fps must be positive")
+    if getattr(args, "rtmp_timeout", None) is not None and args.rtmp_timeout <= 0:
+        raise StreamStudioError("--rtmp-timeout must be positive")
+
+
+def rtmp_config(args):
+    """The RTMP output's timeouts from --rtmp-timeout (None: the sink's defaults)."""
+    from streamstudio.streaming.sinks import RtmpConfig
+
+    seconds = getattr(args, "rtmp_timeout", None)
+    return None if seconds is None else RtmpConfig(connect_timeout=seconds, io_timeout=seconds)
 
 
 # ---------------------------------------------------------------------------- run
@@ -153,7 +166,8 @@ def _run_image(args) -> int:
         # a file keeps its audio in live mode too: output frames carry their input's timestamps, so
         # the audio stays in step where frames were dropped (live inputs have none to copy)
         audio = None if (args.no_audio or source.info.live) else source.info.audio
-        sink = open_sink(args.output, pipe.config.width, pipe.config.height, fps, audio_from=audio)
+        sink = open_sink(args.output, pipe.config.width, pipe.config.height, fps, audio_from=audio,
+                         rtmp=rtmp_config(args))
     except BaseException:
         source.close()
         raise
