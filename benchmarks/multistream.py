@@ -18,7 +18,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import sys
 from pathlib import Path
 
@@ -29,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from streamstudio.app.batching import BatchingConfig  # noqa: E402
-from streamstudio.app.commands.bench import closed_loop  # noqa: E402
+from streamstudio.app.commands.bench import closed_loop, device_name  # noqa: E402
 from streamstudio.app.sessions import ServerModel, SessionManager  # noqa: E402
 from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig  # noqa: E402
 
@@ -87,8 +86,7 @@ def main(argv=None) -> int:
         ratios[str(k)] = batched["total_fps"] / turns["total_fps"] if turns["total_fps"] else None
         print(f"{k} stream(s): batched / turns = {ratios[str(k)]:.2f}x total fps")
     result = {"benchmark": "multistream", "model": name,
-              "device": torch.cuda.get_device_name(device) if device.type == "cuda"
-              else f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
+              "device": device_name(device),
               "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "quick": args.quick,
               "window_s": window, "rows": rows, "batched_over_turns": ratios}
     out = Path(args.out)

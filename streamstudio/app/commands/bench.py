@@ -124,11 +124,11 @@ def _check(args) -> None:
         raise StreamStudioError("--streams runs img2img live streams for --seconds > 0 (no --txt2img)")
 
 
-def _device_name(device) -> str:
+def device_name(device) -> str:
     import torch
 
     if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
+        return torch.cuda.getdevice_name(device)
     return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
@@ -140,8 +140,8 @@ def run(args) -> int:
     cfg = pipe.config
     setting = (f"{pipe.comps.name}, {cfg.width}x{cfg.height}, {pipe.n_steps} step(s), {cfg.cfg_type} CFG, "
                f"{str(pipe.dtype).replace('torch.', '')}, acceleration {args.acceleration}")
-    print(f"bench: {setting} on {_device_name(pipe.device)}")
-    result = {"device": _device_name(pipe.device), "setting": setting,
+    print(f"bench: {setting} on {device_name(pipe.device)}")
+    result = {"device": device_name(pipe.device), "setting": setting,
               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if args.streams == 1:
         r = time_one_stream(pipe, args.frames, args.warmup, args.txt2img)
