@@ -76,6 +76,37 @@ def fit_frame(frame: np.ndarray, width: int, height: int) -> np.ndarray:
     return np.ascontiguousarray(frame)
 
 
+def make_output_folder(folder: str | Path, what: str = "output") -> Path:
+    """Create `folder` (and its parents) for an output and check that files can be made in it;
+    a folder that cannot be made or written (a parent is a file, a read-only or virtual file
+    system, no permission) is a StreamStudioError naming it."""
+    import tempfile
+
+    folder = Path(folder)
+    hint = "give an output in a folder that can be written"
+    for above in (folder, *folder.parents):
+        if above.exists():
+            if not above.is_dir():
+                raise StreamStudioError(f"cannot write the {what} into {folder}: {above} is a file, not a folder; "
+                                        f"{hint}")
+            break
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder, prefix=".streamstudio-"):
+            pass
+    except OSError as exc:
+        raise StreamStudioError(f"cannot write the {what} into the folder {folder} ({exc.strerror or exc}); "
+                                f"{hint}") from exc
+    return folder
+
+
+def output_error(path: str | Path, exc: BaseException) -> StreamStudioError:
+    """The error for an output file that cannot be opened for writing."""
+    why = getattr(exc, "strerror", None) or str(exc)
+    return StreamStudioError(f"cannot write {path} ({why}); check that its folder {Path(path).parent} "
+                             "exists and can be written")
+
+
 class Sink:
     """Base class: `write(frame, pts)`, `close()`, `status`; a context manager."""
 
@@ -253,11 +284,13 @@ class FileSink(Sink):
         if suffix not in VIDEO_CODECS:
             raise StreamStudioError(f"cannot write {self.path.suffix or 'files without a suffix'}; "
                                     f"use one of {', '.join(VIDEO_CODECS)}")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_output_folder(self.path.parent)
+        if self.path.is_dir():
+            raise StreamStudioError(f"cannot write {self.path}: it is a folder; give a file name for the video")
         try:
             self._container = av.open(str(self.path), "w")
         except (av.error.FFmpegError, OSError) as exc:
-            raise StreamStudioError(f"cannot write {self.path}: {exc}") from exc
+            raise output_error(self.path, exc) from exc
         codec = VIDEO_CODECS[suffix]
         opts = _vp9_options(fps) if codec == "libvpx-vp9" else _x264_options(fps, live=False)
         self._enc = _Encoder(self._container, codec, width, height, fps, opts)
@@ -301,9 +334,9 @@ class ImageSequenceSink(Sink):
         super().__init__(spec, width, height, fps)
         if "%" in spec:
             self.pattern = spec
-            Path(spec).parent.mkdir(parents=True, exist_ok=True)
+            make_output_folder(Path(spec).parent)
         else:
-            Path(spec).mkdir(parents=True, exist_ok=True)
+            make_output_folder(spec)
             self.pattern = str(Path(spec) / "frame_%06d.png")
         try:
             self.pattern % 0
@@ -325,8 +358,7 @@ class HlsSink(Sink):
         super().__init__(str(directory), width, height, fps)
         import av
 
-        self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory = make_output_folder(directory, "HLS output")
         self.playlist = self.directory / "index.m3u8"
         options = {"hls_time": f"{segment_seconds:g}", "hls_list_size": str(window),
                    "hls_segment_filename": str(self.directory / "segment_%05d.ts")}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
 import time
 from pathlib import Path
@@ -56,7 +57,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     help="image: stream-batched diffusion per frame; video: the streaming video model")
     add_pipeline_arguments(p)
     _add_video_arguments(p)
-    p.set_defaults(_render_defaults={a.dest: a.default for a in p._actions if a.dest != "help"})
+    p.set_defaults(_render_defaults={a.dest: a.default for a in p._actions if a.dest != "help"},
+                   _render_actions={a.dest: a for a in p._actions if a.dest != "help"})
     return p
 
 
@@ -100,10 +102,59 @@ def apply_config(args, path: str | Path) -> None:
     if unknown:
         raise StreamStudioError(f"unknown setting(s) in {path}: {', '.join(map(str, unknown))}; "
                                 f"known: {', '.join(sorted(known))}")
+    actions = getattr(args, "_render_actions", {})
     for key, value in data.items():
         dest = str(key).replace("-", "_")
         if getattr(args, dest, None) == defaults.get(dest):
-            setattr(args, dest, value)
+            action = actions.get(dest)
+            setattr(args, dest, value if action is None else config_value(action, key, value, path))
+
+
+def config_value(action: argparse.Action, key, value, path):
+    """A config file's `value` for an option, as the command line would have given it: checked
+    against the option's type and choices (strings converted as argparse would, "0.5" -> 0.5);
+    a value of the wrong kind is a StreamStudioError naming the key and the type expected."""
+    if value is None:  # `key:` with nothing after it: the option's default
+        return action.default
+    if action.nargs == 0:  # store_true / store_false flags
+        if not isinstance(value, bool):
+            raise StreamStudioError(f"config file {path}: {key} must be true or false, got {value!r}")
+        return value
+    if action.nargs in ("+", "*") or isinstance(action.nargs, int):
+        items = value if isinstance(value, list) else [value]
+        if not items and action.nargs == "+":
+            raise StreamStudioError(f"config file {path}: {key} needs at least one value")
+        return [_config_scalar(action, key, item, path) for item in items]
+    if isinstance(value, (list, dict)):
+        raise StreamStudioError(f"config file {path}: {key} must be {_kind(action)}, got {value!r}")
+    return _config_scalar(action, key, value, path)
+
+
+def _kind(action: argparse.Action) -> str:
+    if action.choices:
+        return "one of " + ", ".join(map(str, action.choices))
+    return {int: "a whole number", float: "a number"}.get(action.type, "a string")
+
+
+def _config_scalar(action: argparse.Action, key, value, path):
+    kind = _kind(action)
+    if isinstance(value, (list, dict)) or isinstance(value, bool) or value is None:
+        raise StreamStudioError(f"config file {path}: {key} must be {kind}, got {value!r}")
+    convert = action.type
+    if convert is int and isinstance(value, float):  # 64.0 is fine, 64.5 is not
+        if not value.is_integer():
+            raise StreamStudioError(f"config file {path}: {key} must be {kind}, got {value!r}")
+        value = int(value)
+    elif convert is None or isinstance(value, str) or not isinstance(value, convert):
+        try:
+            value = (convert or str)(value if isinstance(value, str) else str(value))
+        except (TypeError, ValueError):
+            raise StreamStudioError(f"config file {path}: {key} must be {kind}, got {value!r}") from None
+    if convert is float and not math.isfinite(value):
+        raise StreamStudioError(f"config file {path}: {key} must be a finite number, got {value!r}")
+    if action.choices and value not in action.choices:
+        raise StreamStudioError(f"config file {path}: {key} must be {kind}, got {value!r}")
+    return value
 
 
 def _check_args(args) -> None:

@@ -164,10 +164,18 @@ def write_mp4(path: str | Path, frames: Iterable[np.ndarray], fps: float) -> int
     """Write RGB uint8 frames to an mp4 as they come; returns the number written."""
     import av
 
+    from streamstudio.streaming.sinks import make_output_folder, output_error
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_output_folder(path.parent)
+    if path.is_dir():
+        raise StreamStudioError(f"cannot write {path}: it is a folder; give a file name for the video")
+    try:
+        out = av.open(str(path), "w")
+    except (av.error.FFmpegError, OSError) as exc:
+        raise output_error(path, exc) from exc
     count = 0
-    with av.open(str(path), "w") as out:
+    with out:
         stream = None
         for frame in frames:
             if stream is None:

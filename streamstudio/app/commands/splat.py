@@ -98,13 +98,17 @@ class FrameWriter:
     _stream: object = None
 
     def __post_init__(self):
+        from streamstudio.streaming.sinks import make_output_folder
+
         self.is_video = self.output.suffix.lower() in VIDEO_SUFFIXES
         if not self.is_video:
             if self.output.suffix:
                 raise StreamStudioError(f"--output {self.output}: use a .mp4/.mkv/.mov file or a folder name")
-            self.output.mkdir(parents=True, exist_ok=True)
-        elif not self.output.parent.exists():
-            raise StreamStudioError(f"--output folder {self.output.parent} does not exist")
+            make_output_folder(self.output)
+        else:
+            make_output_folder(self.output.parent)
+            if self.output.is_dir():
+                raise StreamStudioError(f"--output {self.output} is a folder; give a file name for the video")
 
     def write(self, frame: np.ndarray) -> None:
         """One RGB uint8 (H, W, 3) frame."""
@@ -123,7 +127,12 @@ class FrameWriter:
             h, w = frame.shape[:2]
             if w % 2 or h % 2:
                 raise StreamStudioError(f"H.264 needs an even width and height, got {w}x{h}; change --size")
-            self._container = av.open(str(self.output), mode="w")
+            try:
+                self._container = av.open(str(self.output), mode="w")
+            except (av.error.FFmpegError, OSError) as exc:
+                from streamstudio.streaming.sinks import output_error
+
+                raise output_error(self.output, exc) from exc
             self._stream = self._container.add_stream("libx264", rate=Fraction(self.fps).limit_denominator(1001))
             self._stream.width, self._stream.height, self._stream.pix_fmt = w, h, "yuv420p"
             self._stream.options = {"crf": "18", "preset": "veryfast"}
@@ -181,6 +190,8 @@ def run(args) -> int:
     width, height = parse_size(args.size)
     if args.frames < 1:
         raise StreamStudioError("--frames must be at least 1")
+    if not 0 < args.fps <= 1000:
+        raise StreamStudioError(f"--fps must be a positive frame rate up to 1000, got {args.fps:g}")
     device = pick_device(args.device)
     cfg = SplatRenderConfig(width=width, height=height, fov_y_deg=args.fov, sh_degree=args.sh_degree,
                             background=parse_color(args.background), mode=args.mode, impl=args.renderer,
@@ -191,8 +202,8 @@ def run(args) -> int:
         log.warning("--time-range ignored: %s is a 3D scene", args.scene)
     cameras = camera_path(args.path, SceneFit.of(scene), cfg, args.frames, args.elevation)
     times = path_times(scene, args.frames, tuple(args.time_range) if args.time_range else None)
+    writer = FrameWriter(Path(args.output), args.fps)  # an output that cannot be written fails here, early
     stylizer = Stylizer(args.prompt, width, height, args) if args.prompt else None
-    writer = FrameWriter(Path(args.output), args.fps)
     renders: list[np.ndarray] = []
     start = time.perf_counter()
     try:
