@@ -180,13 +180,35 @@ def save_single_file(comps: SDComponents, path: str | os.PathLike) -> Path:
 
 
 def _load_single_file(path: Path, local_files_only: bool) -> SDComponents:
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
-    with safe_open(str(path), framework="pt") as f:
-        meta = (f.metadata() or {}).get(SINGLE_FILE_KEY)
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = (f.metadata() or {}).get(SINGLE_FILE_KEY)
+            has_tensors = bool(list(f.keys()))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise _not_safetensors(path, exc) from exc
+    if not has_tensors:
+        raise StreamStudioError(f"{path} holds no weights (a .safetensors file without tensors); "
+                                "give a model's .safetensors file, a diffusers folder or a hub id")
     if meta is None:
         return _load_original_single_file(path, local_files_only)
-    return _load_own_single_file(path, json.loads(meta))
+    try:
+        meta = json.loads(meta)
+        if not isinstance(meta, dict):
+            raise ValueError("its metadata is not a mapping")
+        return _load_own_single_file(path, meta)
+    except StreamStudioError:
+        raise
+    except (SafetensorError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise StreamStudioError(f"{path} is a damaged StreamStudio single-file model ({type(exc).__name__}: "
+                                f"{_first_line(exc)}); save it again with save_single_file, or give another "
+                                "model") from exc
+
+
+def _not_safetensors(path: Path, exc: BaseException) -> StreamStudioError:
+    return StreamStudioError(f"{path} is not a valid .safetensors file: {_first_line(exc)}; give a model's "
+                             ".safetensors file (it may be truncated or damaged), a diffusers folder or a hub id")
 
 
 def _load_own_single_file(path: Path, meta: dict) -> SDComponents:

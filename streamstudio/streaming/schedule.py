@@ -22,6 +22,7 @@ w = (t - start) / transition. That list is what `set_prompt` of the image pipeli
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -48,7 +49,7 @@ class PromptSchedule:
     def __post_init__(self) -> None:
         if not self.keys:
             raise StreamStudioError("a prompt schedule needs at least one prompt")
-        if self.transition < 0:
+        if not math.isfinite(self.transition) or self.transition < 0:
             raise StreamStudioError(f"transition must be >= 0 seconds, got {self.transition}")
         self.keys = sorted(self.keys, key=lambda k: k.at)
         times = [k.at for k in self.keys]
@@ -94,6 +95,8 @@ def parse_time(text: str | float) -> float:
         value = 0.0
         for p in parts:
             value = value * 60 + float(p)
+    if not math.isfinite(value):
+        raise StreamStudioError(f"bad time {text!r}; use seconds (12.5), mm:ss or hh:mm:ss")
     if value < 0:
         raise StreamStudioError(f"times must not be negative, got {text!r}")
     return value
@@ -140,7 +143,16 @@ def load_schedule(path: str | Path, transition: float | None = None) -> PromptSc
     path = Path(path)
     if not path.is_file():
         raise StreamStudioError(f"prompt schedule {path} does not exist")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise StreamStudioError(f"prompt schedule {path} is not a UTF-8 text file ({exc.reason} at byte "
+                                f"{exc.start}); give a text, YAML or JSON schedule (see docs/streaming.md)") from exc
+    except OSError as exc:
+        raise StreamStudioError(f"prompt schedule {path} cannot be read ({exc.strerror or exc})") from exc
+    if "\x00" in text:
+        raise StreamStudioError(f"prompt schedule {path} is a binary file, not text; give a text, YAML or JSON "
+                                "schedule (see docs/streaming.md)")
     if path.suffix.lower() in (".yaml", ".yml", ".json"):
         schedule = parse_mapping(_load_structured(text, path))
     else:
