@@ -11,6 +11,8 @@ Endpoints (same server as the UI; HTTP basic auth when the server has --auth):
     GET    /studio/sessions/{webrtc_id}                                  -> live stats
     DELETE /studio/sessions/{webrtc_id}                                  -> frees the stream
     GET    /studio/status                                                -> model, streams in use
+Offers are checked before they take a stream (400 and a reason otherwise); an answered offer
+that never connects holds its stream for at most PENDING_TIMEOUT seconds.
 The client must open a data channel (any label; fastrtc waits for one) before its offer.
 """
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import secrets
 import time
 from typing import Any, Callable
@@ -128,32 +131,189 @@ def _auth_dependency(auth: tuple[str, str] | None):
     return [Depends(check)]
 
 
-def build_stream(manager: SessionManager, rtc_config: dict | None = None):
-    """The fastrtc Stream behind POST /webrtc/offer (non-browser clients)."""
+MAX_SDP_BYTES = 32 * 1024  # a browser's offer is 3-10 KB
+MAX_OFFER_BODY = 64 * 1024
+MAX_MEDIA = 8  # m= sections in one offer
+MAX_CANDIDATES = 64  # a=candidate lines in one offer: each one is an address the server probes
+PENDING_TIMEOUT = 20.0  # seconds an answered offer may take to connect before its slot is freed
+WEBRTC_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+OFFER_KINDS = ("video", "application")  # the webcam track and the data channel fastrtc waits for
+
+
+class OfferRefused(StreamStudioError):
+    """An offer the server will not take: `code` names the check, the message says why."""
+
+    def __init__(self, code: str, message: str, status: int = 400):
+        super().__init__(message)
+        self.code, self.status = code, status
+
+    def response(self):
+        from fastapi.responses import JSONResponse
+
+        return JSONResponse({"status": "failed", "meta": {"error": self.code, "message": str(self)}},
+                            status_code=self.status)
+
+
+def check_webrtc_id(webrtc_id) -> str:
+    if not isinstance(webrtc_id, str) or not WEBRTC_ID.fullmatch(webrtc_id):
+        raise OfferRefused("bad_webrtc_id", "webrtc_id must be 1 to 64 letters, digits, '-' or '_'")
+    return webrtc_id
+
+
+def check_offer_sdp(sdp) -> None:
+    """Refuse an offer SDP that could not make a working stream, before it takes a slot."""
+    from aiortc.sdp import SessionDescription
+
+    if not isinstance(sdp, str) or not sdp.strip():
+        raise OfferRefused("bad_sdp", "sdp must be the offer's SDP text")
+    if len(sdp.encode("utf-8", "replace")) > MAX_SDP_BYTES:
+        raise OfferRefused("sdp_too_large", f"the SDP is larger than {MAX_SDP_BYTES // 1024} KB")
+    if not sdp.lstrip().startswith("v=0"):
+        raise OfferRefused("bad_sdp", "the SDP must start with v=0")
+    if sum(line.startswith("a=candidate:") for line in sdp.splitlines()) > MAX_CANDIDATES:
+        raise OfferRefused("bad_sdp", f"the SDP has more than {MAX_CANDIDATES} ICE candidates")
+    try:
+        parsed = SessionDescription.parse(sdp)
+    except Exception as exc:  # noqa: BLE001 - aiortc's parser raises whatever a bad line trips over
+        raise OfferRefused("bad_sdp", f"the SDP does not parse ({type(exc).__name__}: {str(exc)[:80]})") from None
+    if not parsed.media:
+        raise OfferRefused("bad_sdp", "the SDP has no m= line")
+    if len(parsed.media) > MAX_MEDIA:
+        raise OfferRefused("bad_sdp", f"the SDP has more than {MAX_MEDIA} m= lines")
+    for i, media in enumerate(parsed.media):
+        if media.kind not in OFFER_KINDS:
+            raise OfferRefused("bad_sdp", f"m= line {i} is {media.kind!r}: only video and a data channel are taken")
+        if media.ice is None or not media.ice.usernameFragment or not media.ice.password:
+            raise OfferRefused("bad_sdp", f"m= line {i} has no a=ice-ufrag and a=ice-pwd")
+        if media.dtls is None or not media.dtls.fingerprints:
+            raise OfferRefused("bad_sdp", f"m= line {i} has no a=fingerprint")
+        if media.kind == "video" and not media.rtcp_mux:
+            raise OfferRefused("bad_sdp", f"m= line {i} has no a=rtcp-mux")
+    if not any(media.kind == "video" for media in parsed.media):
+        raise OfferRefused("bad_sdp", "the SDP has no video m= line")
+
+
+def check_offer(data) -> None:
+    """The JSON body of POST /webrtc/offer: {sdp, type: "offer", webrtc_id}."""
+    if not isinstance(data, dict):
+        raise OfferRefused("bad_request", "send a JSON object {sdp, type, webrtc_id}")
+    check_webrtc_id(data.get("webrtc_id"))
+    if data.get("type") == "ice-candidate":  # fastrtc's trickle ICE for a connection already made
+        candidate = data.get("candidate")
+        if not isinstance(candidate, dict) or not isinstance(candidate.get("candidate", ""), str) \
+                or len(candidate.get("candidate", "")) > 1024:
+            raise OfferRefused("bad_candidate", "candidate must be {candidate: str, sdpMid, sdpMLineIndex}")
+        return
+    if data.get("type") != "offer":
+        raise OfferRefused("bad_type", f'type must be "offer", not {str(data.get("type"))[:20]!r}')
+    check_offer_sdp(data.get("sdp"))
+
+
+def build_stream(manager: SessionManager, rtc_config: dict | None = None, host: str | None = None,
+                 pending_timeout: float = PENDING_TIMEOUT):
+    """The fastrtc Stream behind POST /webrtc/offer (non-browser clients).
+
+    `host` is the address the HTTP server binds (None: its default, 127.0.0.1): the stream's peer
+    connections gather ICE candidates and open UDP sockets there only (0.0.0.0 / ::: every
+    interface); see streamstudio.app.ice. An answered offer whose connection is not up within
+    `pending_timeout` seconds is closed and its slot freed."""
+    from aiortc.exceptions import InvalidAccessError, InvalidStateError
     from fastapi.responses import JSONResponse
     from fastrtc import Stream
     from fastrtc.stream import Body
 
+    from streamstudio.app import ice
+
+    addresses = ice.ice_addresses(host)
+    ice.install()
+
     class StudioStream(Stream):
+        """fastrtc's Stream with offers checked before they take a slot, every failure freeing
+        what fastrtc registered, a bounded wait for connections, and ICE on the bound address."""
+
         async def offer(self, body: Body):
-            if body.type == "offer" and body.webrtc_id not in self.connections and not manager.has_capacity():
+            try:
+                check_offer(body.model_dump())
+                if body.type == "ice-candidate":
+                    if body.webrtc_id not in self.pcs:
+                        raise OfferRefused("unknown_connection", f"no connection {body.webrtc_id!r}", 404)
+                    with ice.scoped(self.ice_addresses):
+                        return await super().offer(body)
+                if body.webrtc_id in self.pcs or body.webrtc_id in self.connections:
+                    raise OfferRefused("connection_already_exists",
+                                       f"a connection {body.webrtc_id!r} is already open", 409)
+            except OfferRefused as exc:
+                return exc.response()
+            if self.slots_in_use() >= manager.max_streams or not manager.has_capacity():
                 return JSONResponse({"status": "failed", "meta": {
                     "error": "concurrency_limit_reached", "limit": manager.max_streams,
                     "message": manager.busy_message()}})
-            answer = await super().offer(body)
-            if body.type == "offer" and body.webrtc_id in self.connections:
+            try:
+                with ice.scoped(self.ice_addresses):
+                    answer = await super().offer(body)
+            except (ValueError, InvalidStateError, InvalidAccessError) as exc:  # aiortc refused it
+                await self.free(body.webrtc_id, self.pcs.get(body.webrtc_id))
+                return OfferRefused("offer_refused", f"the offer was refused: {str(exc)[:200]}").response()
+            except BaseException as exc:
+                await self.free(body.webrtc_id, self.pcs.get(body.webrtc_id))
+                if not isinstance(exc, Exception):
+                    raise
+                log.exception("offer %s failed", body.webrtc_id)
+                return OfferRefused("internal_error", f"the server could not answer the offer: "
+                                    f"{type(exc).__name__}", 500).response()
+            if isinstance(answer, dict) and body.webrtc_id in self.pcs:
                 self.set_input(body.webrtc_id, None)  # start calling the handler (no UI inputs here)
             return answer
 
         offer.__annotations__["body"] = Body  # resolved here: this module has lazy annotations
 
+        def slots_in_use(self) -> int:
+            """Streams held: sessions (from any front end) and this stream's peer connections,
+            each id once (a connection gets its session at its first frame)."""
+            return len(set(manager.ids()) | set(self.pcs))
+
+        def pending(self) -> list[str]:
+            return [sid for sid, pc in list(self.pcs.items()) if pc.connectionState != "connected"]
+
+        async def connection_timeout(self, pc, webrtc_id: str, time_limit: float):
+            # fastrtc starts this once the remote description is set (time_limit 30); this one
+            # waits `pending_timeout` and never touches a newer connection under the same id.
+            # Offers that fail before it starts are freed in `offer`.
+            try:
+                await asyncio.wait_for(self.connection_timeouts[webrtc_id].wait(), self.pending_timeout)
+                return
+            except (asyncio.TimeoutError, TimeoutError):
+                pass
+            if pc.connectionState == "connected":
+                return
+            log.info("WebRTC offer %s not connected after %.0f s: freeing its slot", webrtc_id,
+                     self.pending_timeout)
+            await self.free(webrtc_id, pc)
+
+        async def free(self, webrtc_id: str, pc) -> None:
+            """Close `pc` and drop what fastrtc registered for `webrtc_id` (if still pc's)."""
+            if pc is not None:
+                try:
+                    await pc.close()
+                except Exception:  # closing a half-made connection
+                    log.debug("closing %s", webrtc_id, exc_info=True)
+            if pc is None or self.pcs.get(webrtc_id, pc) is pc:
+                for conn in self.clean_up(webrtc_id):
+                    try:
+                        conn.stop()
+                    except Exception:
+                        log.debug("stopping %s", webrtc_id, exc_info=True)
+                self.pcs.pop(webrtc_id, None)
+
         def clean_up(self, webrtc_id: str):
             manager.close(webrtc_id, wait=0.0)
             return super().clean_up(webrtc_id)
 
-    return StudioStream(LiveHandler(manager), mode="send-receive", modality="video",
-                        concurrency_limit=manager.max_streams, rtc_configuration=rtc_config,
-                        server_rtc_configuration=rtc_config, verbose=False)
+    stream = StudioStream(LiveHandler(manager), mode="send-receive", modality="video",
+                          concurrency_limit=manager.max_streams, rtc_configuration=rtc_config,
+                          server_rtc_configuration=rtc_config, verbose=False)
+    stream.ice_addresses, stream.pending_timeout = addresses, pending_timeout
+    return stream
 
 
 def free_on_disconnect(component, manager: SessionManager) -> None:
@@ -168,16 +328,36 @@ def free_on_disconnect(component, manager: SessionManager) -> None:
 
 
 def mount_api(app, manager: SessionManager, stream, auth: tuple[str, str] | None = None) -> None:
-    """POST /webrtc/offer and the /studio JSON routes on `app` (FastAPI)."""
+    """POST /webrtc/offer and the /studio JSON routes on `app` (FastAPI). Every request of `app`
+    runs in the stream's ICE scope, so the Gradio WebRTC component's peer connections gather on
+    the bound address too (streamstudio.app.ice)."""
     from fastapi import Body as JsonBody
+    from fastapi import Request
     from fastapi.responses import JSONResponse
+    from fastrtc.stream import Body
+
+    from streamstudio.app.ice import IceScopeMiddleware
 
     deps = _auth_dependency(auth)
-    app.post("/webrtc/offer", dependencies=deps, tags=["webrtc"])(stream.offer)
+    app.state.studio_stream = stream
+    if hasattr(stream, "ice_addresses"):
+        app.add_middleware(IceScopeMiddleware, addresses=stream.ice_addresses)
+
+    async def offer(request: Request):
+        try:
+            data = await read_json(request, MAX_OFFER_BODY)
+            check_offer(data)
+            body = Body(**{k: data.get(k) for k in ("sdp", "candidate", "type", "webrtc_id")})
+        except OfferRefused as exc:
+            return exc.response()
+        return await stream.offer(body)
+
+    offer.__annotations__["request"] = Request  # resolved here: this module has lazy annotations
+    app.post("/webrtc/offer", dependencies=deps, tags=["webrtc"])(offer)
 
     @app.get("/studio/status", dependencies=deps, tags=["studio"])
     async def status():
-        return status_payload(manager)
+        return status_payload(manager, stream)
 
     @app.post("/studio/settings/{webrtc_id}", dependencies=deps, tags=["studio"])
     async def settings(webrtc_id: str, raw: dict = JsonBody(...)):
@@ -199,10 +379,34 @@ def mount_api(app, manager: SessionManager, stream, auth: tuple[str, str] | None
         return {"status": "ok", "closed": manager.close(webrtc_id, wait=0.0)}
 
 
-def status_payload(manager: SessionManager) -> dict:
+async def read_json(request, limit: int):
+    """The request's JSON body, refused past `limit` bytes without reading further."""
+    import json
+
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        raise OfferRefused("body_too_large", f"the request body is larger than {limit // 1024} KB")
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > limit:
+            raise OfferRefused("body_too_large", f"the request body is larger than {limit // 1024} KB")
+    try:
+        return json.loads(raw)
+    except ValueError:
+        raise OfferRefused("bad_request", "the body must be JSON: {sdp, type, webrtc_id}") from None
+
+
+def status_payload(manager: SessionManager, stream=None) -> dict:
+    """`streams`: sessions running; `peer_connections` / `pending`: the WebRTC connections the
+    offer endpoint holds / those not connected yet; `in_use`: the slots these take together, the
+    number `max_streams` is checked against."""
     model = manager.model
-    return {"model": model.name, "demo": model.is_demo, "size": list(model.size),
-            "max_streams": manager.max_streams, "streams": len(manager)}
+    out = {"model": model.name, "demo": model.is_demo, "size": list(model.size),
+           "max_streams": manager.max_streams, "streams": len(manager)}
+    if stream is not None:
+        out.update(peer_connections=len(stream.pcs), pending=len(stream.pending()), in_use=stream.slots_in_use())
+    return out
 
 
 # ---------------------------------------------------------------------- a client for scripts

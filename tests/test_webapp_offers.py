@@ -1,0 +1,314 @@
+"""POST /webrtc/offer against bad input, as an attacker sends it: every bad offer gets 400 and a
+reason, holds no stream afterwards, and a normal client still connects at once; an offer that
+never connects frees its stream within the bound; the server's ICE candidates and UDP sockets
+stay on the address the server binds (loopback by default)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+
+import httpx
+import psutil
+import pytest
+from test_webapp_live import connected, run, start, wait_for
+
+from streamstudio.app.sessions import BusyError
+
+MAX_STREAMS = 2
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = start("--max-streams", str(MAX_STREAMS))
+    yield srv
+    srv.close()
+
+
+def stream_of(srv):
+    return srv.server.config.app.state.studio_stream
+
+
+def status(srv) -> dict:
+    return httpx.get(f"{srv.url}/studio/status").json()
+
+
+def assert_no_slot_held(srv, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        now = status(srv)
+        if now["in_use"] == now["peer_connections"] == now["pending"] == now["streams"] == 0:
+            return
+        assert time.monotonic() < deadline, now
+        time.sleep(0.1)
+
+
+async def client_offer_sdp(close: bool = True) -> str:
+    """A real offer as aiortc makes it (a data channel and a video track)."""
+    from aiortc import RTCConfiguration, RTCPeerConnection, VideoStreamTrack
+
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    pc.createDataChannel("text")
+    pc.addTrack(VideoStreamTrack())
+    await pc.setLocalDescription(await pc.createOffer())
+    sdp = pc.localDescription.sdp
+    if close:
+        await pc.close()
+    return sdp
+
+
+@pytest.fixture(scope="module")
+def good_sdp() -> str:
+    return asyncio.run(client_offer_sdp())
+
+
+def without(sdp: str, prefix: str) -> str:
+    return "".join(line for line in sdp.splitlines(keepends=True) if not line.startswith(prefix))
+
+
+def attacks(sdp: str) -> list[tuple[str, dict | bytes, str]]:
+    """(name, body, the error code the server must give)."""
+    offer = lambda **kw: {"sdp": sdp, "type": "offer", "webrtc_id": "attack01", **kw}  # noqa: E731
+    return [
+        ("type answer", offer(type="answer"), "bad_type"),
+        ("no type", {"sdp": sdp, "webrtc_id": "attack01"}, "bad_type"),
+        ("no ice-ufrag", offer(sdp=without(sdp, "a=ice-ufrag")), "bad_sdp"),
+        ("no ice-pwd", offer(sdp=without(sdp, "a=ice-pwd")), "bad_sdp"),
+        ("no fingerprint", offer(sdp=without(sdp, "a=fingerprint")), "bad_sdp"),
+        ("no m= line", offer(sdp=sdp.split("m=")[0]), "bad_sdp"),
+        ("garbage sdp", offer(sdp="hello, world"), "bad_sdp"),
+        ("broken m= line", offer(sdp="v=0\r\nm=video\r\n"), "bad_sdp"),
+        ("sdp not a string", offer(sdp=["v=0"]), "bad_sdp"),
+        ("no sdp", offer(sdp=None), "bad_sdp"),
+        ("huge sdp", offer(sdp=sdp + "a=x-padding:" + "x" * 40_000 + "\r\n"), "sdp_too_large"),
+        ("huge body", offer(junk="x" * 300_000), "body_too_large"),
+        ("bad webrtc_id", offer(webrtc_id="../../etc"), "bad_webrtc_id"),
+        ("long webrtc_id", offer(webrtc_id="a" * 65), "bad_webrtc_id"),
+        ("numeric webrtc_id", offer(webrtc_id=12), "bad_webrtc_id"),
+        ("empty webrtc_id", offer(webrtc_id=""), "bad_webrtc_id"),
+        ("not json", b"{sdp: nope", "bad_request"),
+        ("json list", b"[1, 2]", "bad_request"),
+        ("candidate for nobody", {"type": "ice-candidate", "webrtc_id": "nobody",
+                                  "candidate": {"candidate": "candidate:1 1 udp 1 10.0.0.1 9 typ host"}},
+         "unknown_connection"),
+    ]
+
+
+def post(url: str, body) -> httpx.Response:
+    if isinstance(body, bytes):
+        return httpx.post(f"{url}/webrtc/offer", content=body, headers={"content-type": "application/json"})
+    return httpx.post(f"{url}/webrtc/offer", content=json.dumps(body), headers={"content-type": "application/json"})
+
+
+def test_bad_offers_are_refused_and_hold_no_slot(server, good_sdp):
+    for name, body, code in attacks(good_sdp):
+        for _ in range(MAX_STREAMS + 3):  # far past --max-streams
+            r = post(server.url, body)
+            data = r.json()
+            if r.status_code == 413 and code == "body_too_large":  # the request guard's cap came first
+                assert "too large" in data["error"]
+                continue
+            assert r.status_code in (400, 404), (name, r.status_code, r.text[:300])
+            assert data["status"] == "failed" and data["meta"]["error"] == code, (name, data)
+            assert data["meta"]["message"], name
+        assert_no_slot_held(server, timeout=0.5)
+    stream = stream_of(server)
+    assert not stream.pcs and not stream.connections and not stream.handlers
+
+
+def test_missing_ice_ufrag_message_says_why(server, good_sdp):
+    r = post(server.url, {"sdp": without(good_sdp, "a=ice-ufrag"), "type": "offer", "webrtc_id": "x1"})
+    assert r.status_code == 400 and "ice-ufrag" in r.json()["meta"]["message"]
+    r = post(server.url, {"sdp": good_sdp, "type": "answer", "webrtc_id": "x1"})
+    assert r.status_code == 400 and '"offer"' in r.json()["meta"]["message"]
+
+
+def test_a_normal_client_connects_at_once_after_the_attacks(server, good_sdp):
+    for name, body, _ in attacks(good_sdp):
+        for _ in range(MAX_STREAMS + 2):
+            post(server.url, body)
+
+    async def main():
+        t0 = time.monotonic()
+        client, got = await connected(server.url, "a cat")
+        try:
+            await wait_for(lambda: len(got.processed()) >= 3, timeout=15)
+        finally:
+            await client.close()
+        return time.monotonic() - t0
+
+    assert run(main()) < 15
+    assert_no_slot_held(server, timeout=15)
+
+
+def test_failures_inside_fastrtc_free_the_slot(server, good_sdp, monkeypatch):
+    """An offer that passes the checks but fails in aiortc/fastrtc after taking a slot: the peer
+    connection is closed and every table entry dropped; a bug answers 500, bad input 400."""
+    from aiortc import RTCPeerConnection
+
+    stream = stream_of(server)
+    made = []
+
+    def failing(error):
+        async def handle_offer(body, set_outputs):
+            pc = RTCPeerConnection()
+            made.append(pc)
+            stream.pcs[body["webrtc_id"]] = pc
+            stream.handlers[body["webrtc_id"]] = object()
+            raise error
+
+        return handle_offer
+
+    for error, code, expected in ((ValueError("Media sections in answer do not match offer"), 400, "offer_refused"),
+                                  (RuntimeError("a bug"), 500, "internal_error")):
+        monkeypatch.setattr(stream, "handle_offer", failing(error))
+        r = post(server.url, {"sdp": good_sdp, "type": "offer", "webrtc_id": f"fail{code}"})
+        assert r.status_code == code and r.json()["meta"]["error"] == expected, r.text
+        assert made[-1].connectionState == "closed"
+        assert f"fail{code}" not in stream.pcs and f"fail{code}" not in stream.handlers
+        assert_no_slot_held(server, timeout=0.5)
+
+
+def test_an_offer_never_completed_frees_its_slot(server, good_sdp):
+    """Answered offers that never connect count against --max-streams, then go after the bound."""
+    stream = stream_of(server)
+    saved, stream.pending_timeout = stream.pending_timeout, 1.5
+
+    async def main():
+        sdps = [await client_offer_sdp() for _ in range(MAX_STREAMS)]  # their clients are gone
+        async with httpx.AsyncClient(timeout=20) as http:
+            for i, sdp in enumerate(sdps):
+                r = await http.post(f"{server.url}/webrtc/offer",
+                                    json={"sdp": sdp, "type": "offer", "webrtc_id": f"ghost{i}"})
+                assert r.status_code == 200 and r.json()["type"] == "answer", r.text
+                held = (await http.get(f"{server.url}/studio/status")).json()
+                assert held["pending"] == held["peer_connections"] == held["in_use"] == i + 1, held
+            t0 = time.monotonic()
+            with pytest.raises(BusyError):  # the pending offers hold every stream
+                await connected(server.url, "one too many")
+            await wait_for(lambda: not stream.pcs, timeout=5)
+            freed_after = time.monotonic() - t0
+        client, got = await connected(server.url, "a dog")  # at once, not 30 or 60 s later
+        try:
+            await wait_for(lambda: len(got.processed()) >= 2, timeout=15)
+        finally:
+            await client.close()
+        return freed_after
+
+    try:
+        assert run(main()) < 4.0
+    finally:
+        stream.pending_timeout = saved
+    assert_no_slot_held(server, timeout=15)
+
+
+def test_duplicate_webrtc_id_is_refused(server, good_sdp):
+    stream = stream_of(server)
+    saved, stream.pending_timeout = stream.pending_timeout, 1.5
+    try:
+        body = {"sdp": good_sdp, "type": "offer", "webrtc_id": "twice"}
+        assert post(server.url, body).status_code == 200
+        r = post(server.url, body)
+        assert r.status_code == 409 and r.json()["meta"]["error"] == "connection_already_exists"
+        assert_no_slot_held(server, timeout=5)
+    finally:
+        stream.pending_timeout = saved
+
+
+# ---------------------------------------------------------------------- ICE on the bound address
+def candidate_hosts(sdp: str) -> list[tuple[str, int]]:
+    out = []
+    for line in sdp.splitlines():
+        if line.startswith("a=candidate:"):
+            parts = line.split()
+            out.append((parts[4], int(parts[5])))
+    return out
+
+
+def udp_sockets() -> set[tuple[str, int]]:
+    return {(c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections(kind="udp")}
+
+
+def server_ice_sockets(pc) -> list[tuple[str, int]]:
+    """The local addresses of the UDP sockets aioice opened for a server peer connection."""
+    out = []
+    for transceiver in pc.getTransceivers():
+        connection = transceiver.receiver.transport.transport.iceGatherer._connection
+        out += [p.transport.get_extra_info("sockname")[:2] for p in connection._protocols]
+    return out
+
+
+def test_server_ice_is_loopback_only_by_default(server):
+    stream = stream_of(server)
+    assert stream.ice_addresses == ("127.0.0.1",)
+    before = udp_sockets()
+
+    async def main():
+        client, got = await connected(server.url, "a cat")
+        try:
+            await wait_for(lambda: len(got.processed()) >= 2, timeout=15)
+            answer = client.pc.remoteDescription.sdp
+            mine = {(ip, port) for ip, port in candidate_hosts(client.pc.localDescription.sdp)}
+            opened = udp_sockets() - before
+            server_pc = stream.pcs[client.webrtc_id]
+            return answer, mine, opened, server_ice_sockets(server_pc)
+        finally:
+            await client.close()
+
+    answer, mine, opened, server_sockets = run(main())
+    hosts = candidate_hosts(answer)
+    assert hosts and all(ip == "127.0.0.1" for ip, _ in hosts), hosts
+    assert server_sockets and all(ip == "127.0.0.1" for ip, _ in server_sockets), server_sockets
+    # every UDP socket this process opened meanwhile is the client's own or on loopback
+    client_ports = {port for _, port in mine}
+    stray = [(ip, port) for ip, port in opened if port not in client_ports and ip != "127.0.0.1"]
+    assert not stray, (stray, opened, mine)
+    assert {port for _, port in hosts} <= {port for ip, port in opened if ip == "127.0.0.1"}
+
+
+def test_ice_addresses_follow_the_bind_address():
+    from streamstudio.app.ice import ice_addresses
+
+    assert ice_addresses(None) == ("127.0.0.1",)
+    assert ice_addresses("127.0.0.1") == ("127.0.0.1",)
+    assert ice_addresses("localhost") == ("127.0.0.1",)
+    assert ice_addresses("::1") == ("::1",)
+    assert ice_addresses("[::1]") == ("::1",)
+    assert ice_addresses("10.1.2.3") == ("10.1.2.3",)
+    assert ice_addresses("0.0.0.0") is None and ice_addresses("::") is None
+
+
+def test_the_scope_is_narrow():
+    """Inside a scope aioice gathers on its addresses only; outside it, as aioice always does."""
+    import aioice.ice
+
+    from streamstudio.app import ice
+
+    ice.install()
+    ice.install()  # idempotent
+    default = ice._original(use_ipv4=True, use_ipv6=True)
+    assert aioice.ice.get_host_addresses(use_ipv4=True, use_ipv6=True) == default
+
+    async def gather(addresses):
+        connection = aioice.ice.Connection(ice_controlling=False)
+        with ice.scoped(addresses) if addresses != "none" else contextlib.nullcontext():
+            await connection.gather_candidates()
+        hosts = [c.host for c in connection.local_candidates]
+        await connection.close()
+        return hosts
+
+    assert asyncio.run(gather(("127.0.0.1",))) == ["127.0.0.1"]
+    assert asyncio.run(gather("none")) == default
+    assert asyncio.run(gather(None)) == default  # --host 0.0.0.0: aioice's own list
+    assert ice.current() is None
+
+
+def test_build_stream_takes_the_host(server):
+    from streamstudio.app.webrtc import build_stream
+
+    assert build_stream(server.manager, host="0.0.0.0").ice_addresses is None
+    assert build_stream(server.manager, host="127.0.0.1").ice_addresses == ("127.0.0.1",)
+    assert build_stream(server.manager).ice_addresses == ("127.0.0.1",)
+    assert build_stream(server.manager, pending_timeout=2.0).pending_timeout == 2.0
