@@ -150,7 +150,8 @@ def _read_ply_header(path: Path, f) -> tuple[int, list[tuple[str, str]], list[st
         raw = f.readline()
         if not raw:
             raise _err(path, "truncated PLY header (no end_header)")
-        words = raw.decode("ascii", errors="replace").split()
+        line = raw.decode("ascii", errors="replace").strip()
+        words = line.split()
         if not words:
             continue
         if words[0] == "end_header":
@@ -160,20 +161,42 @@ def _read_ply_header(path: Path, f) -> tuple[int, list[tuple[str, str]], list[st
         if words[0] == "comment":
             comments.append(" ".join(words[1:]))
         if words[0] == "element":
+            if len(words) != 3:
+                raise _err(path, f"bad PLY header line {line!r}: expected 'element NAME COUNT'")
             in_vertex = words[1] == "vertex"
             if in_vertex:
-                n, seen_vertex = int(words[2]), True
+                if seen_vertex:
+                    raise _err(path, "PLY header has two 'element vertex' lines; the file is corrupt")
+                n, seen_vertex = _ply_count(path, words[2]), True
             elif not seen_vertex:
                 raise _err(path, "PLY element before 'vertex' is not supported")
+            else:
+                _ply_count(path, words[2])
         if words[0] == "property" and in_vertex:
-            if words[1] == "list" or words[1] not in PLY_TYPES:
+            if len(words) >= 2 and (words[1] == "list" or words[1] not in PLY_TYPES):
                 raise _err(path, f"unsupported PLY property type {' '.join(words[1:])!r}")
+            if len(words) != 3:
+                raise _err(path, f"bad PLY header line {line!r}: expected 'property TYPE NAME'")
+            if any(name == words[2] for name, _ in props):
+                raise _err(path, f"PLY property {words[2]!r} is declared twice; the file is corrupt")
             props.append((words[2], PLY_TYPES[words[1]]))
     else:
         raise _err(path, "PLY header too long")
     if n is None:
         raise _err(path, "PLY has no 'element vertex' (not a Gaussian scene)")
+    if not props:
+        raise _err(path, "PLY 'element vertex' has no properties; not a 3DGS Gaussian scene")
     return n, props, comments
+
+
+def _ply_count(path: Path, text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise _err(path, f"bad PLY element count {text!r}; it must be a whole number >= 0 (the file is corrupt)")
+    return n
 
 
 def read_ply(path: str | os.PathLike, max_gaussians: int | None = None) -> GaussianScene:
