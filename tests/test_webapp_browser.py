@@ -81,8 +81,9 @@ def test_browser_live_tab_shows_processed_frames(server):
     assert t2i_src, "the text-to-image tab showed no image"
 
 
-def _stream_in_page(page, server) -> dict:
-    page.goto(server.url, timeout=90_000)
+def _stream_in_page(page, server, navigate: bool = True) -> dict:
+    if navigate:
+        page.goto(server.url, timeout=90_000)
     page.get_by_text("Demo model").first.wait_for(timeout=90_000)  # the notice is shown
     live = page.locator("#live-webrtc")
     live.get_by_text("Click to Access Webcam").click(timeout=60_000)
@@ -120,3 +121,37 @@ def _text_to_image_in_page(page) -> str | None:
     page.wait_for_timeout(1000)
     page.screenshot(path=str(ARTIFACTS / "webapp_text_to_image.png"), full_page=True)
     return image.get_attribute("src")
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (apt-get install chromium)")
+def test_browser_login_then_live_under_auth():
+    """With --auth every route wants a login (app/security.py): the login page must still load,
+    and once logged in the Live tab streams (its WebRTC offer goes through the guard too)."""
+    import torch
+
+    from streamstudio.app.cli import build_parser
+    from streamstudio.app.commands.serve import start_in_thread
+
+    sync_api = pytest.importorskip("playwright.sync_api")
+    torch.set_num_threads(1)
+    args = build_parser().parse_args(["serve", "--model", "tiny", "--width", str(SIZE), "--height", str(SIZE),
+                                      "--port", str(free_port()), "--auth", "ann:secret"])
+    srv = start_in_thread(args)
+    profile = tempfile.mkdtemp(prefix="streamstudio-chromium-")
+    try:
+        with sync_api.sync_playwright() as p:
+            ctx = p.chromium.launch_persistent_context(profile, executable_path=CHROMIUM, args=FLAGS, headless=True,
+                                                       viewport={"width": 1280, "height": 900})
+            try:
+                page = ctx.new_page()
+                page.goto(srv.url, timeout=90_000)
+                page.get_by_label("username").fill("ann", timeout=60_000)
+                page.get_by_label("password").fill("secret")
+                page.get_by_role("button", name="Login").click()
+                stats = _stream_in_page(page, srv, navigate=False)  # the page reloads into the app
+            finally:
+                ctx.close()
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+        srv.close()
+    assert (stats["w"], stats["h"]) == (SIZE, SIZE), stats

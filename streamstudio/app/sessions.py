@@ -41,7 +41,7 @@ SETTING_TYPES = {
     "similarity_threshold": (int, float),
 }
 MAX_PROMPTS = 3
-MAX_PRESETS = 256  # settings kept for streams that have not connected yet
+MAX_PRESETS = 64  # settings kept for streams that have not connected yet (each a few KB at most)
 
 
 class BusyError(StreamStudioError):
@@ -51,7 +51,7 @@ class BusyError(StreamStudioError):
 def parse_settings(raw: dict) -> dict:
     """Check a settings dict from a client; returns the normalized settings or raises
     StreamStudioError saying which value is wrong and what it may be."""
-    from streamstudio.pipelines.stream_diffusion import CFG_TYPES
+    from streamstudio.pipelines.stream_diffusion import CFG_TYPES, MAX_PROMPT_CHARS, SETTING_RANGES
 
     if not isinstance(raw, dict):
         raise StreamStudioError("settings must be a JSON object")
@@ -66,12 +66,15 @@ def parse_settings(raw: dict) -> dict:
         out[key] = value
     if "prompt" in out and not isinstance(out["prompt"], str):
         out["prompt"] = _parse_blend(out["prompt"])
-    _check_range(out, "strength", 0.0, 1.0, low_open=True)
-    _check_range(out, "guidance_scale", 0.0, 30.0)
-    _check_range(out, "delta", 0.0, 5.0)
-    _check_range(out, "similarity_threshold", 0.0, 0.9999)
-    if "seed" in out and not 0 <= out["seed"] < 2**63:
-        raise StreamStudioError("seed must be a non-negative integer")
+    for text in _prompt_texts(out):
+        if len(text) > MAX_PROMPT_CHARS:
+            raise StreamStudioError(f"a prompt may have at most {MAX_PROMPT_CHARS} characters (the text encoder "
+                                    f"reads 77 tokens), got {len(text)}")
+    for key, allowed in SETTING_RANGES.items():
+        if key in out:
+            out[key] = allowed.check(key, out[key])
+            if key != "seed":
+                out[key] = float(out[key])
     if "cfg_type" in out and out["cfg_type"] not in CFG_TYPES:
         raise StreamStudioError(f"cfg_type must be one of {', '.join(CFG_TYPES)}")
     return out
@@ -90,13 +93,11 @@ def _parse_blend(items) -> list[tuple[str, float]]:
     return pairs
 
 
-def _check_range(settings: dict, key: str, low: float, high: float, low_open: bool = False) -> None:
-    if key not in settings:
-        return
-    value = float(settings[key])
-    if not (low < value if low_open else low <= value) or value > high:
-        raise StreamStudioError(f"{key} must be in {'(' if low_open else '['}{low}, {high}], got {value}")
-    settings[key] = value
+def _prompt_texts(settings: dict) -> list[str]:
+    texts = [settings.get("negative_prompt", "")]
+    prompt = settings.get("prompt", "")
+    texts += [prompt] if isinstance(prompt, str) else [text for text, _ in prompt]
+    return texts
 
 
 def fit_frame(frame: np.ndarray, width: int, height: int) -> np.ndarray:

@@ -211,6 +211,21 @@ def default_pipe_factory(width: int, height: int) -> Callable[[], object]:
 
 # ----------------------------------------------------------------------------- the UI
 
+def uploaded_path(upload) -> str | None:
+    """The path of a file a client uploaded through Gradio, checked to lie in Gradio's upload
+    folder: a request that names any other server file is refused, whatever Gradio let through."""
+    if not upload:
+        return None
+    from gradio.utils import get_upload_folder
+
+    path = Path(upload if isinstance(upload, str) else getattr(upload, "name", str(upload))).resolve()
+    if not path.is_relative_to(Path(get_upload_folder()).resolve()):
+        raise StreamStudioError("that file was not uploaded here; upload the scene again")
+    if not path.is_file():
+        raise StreamStudioError("the upload is gone (uploads are kept a few minutes); upload the scene again")
+    return str(path)
+
+
 def build_splat_tab(get_image_pipeline: Callable[[], object] | None = None) -> dict:
     """Fill the open `gr.Tab` with the Splats panel; returns its components by name."""
     import gradio as gr
@@ -257,7 +272,7 @@ def build_splat_tab(get_image_pipeline: Callable[[], object] | None = None) -> d
         return ViewSettings(*vals[:9], vals[9].lower(), vals[10])
 
     def on_load(session, up, smp, *vals):
-        session, info = load_into(session or SplatSession(), up, smp)
+        session, info = load_into(session or SplatSession(), uploaded_path(up), smp)
         lo, hi = session.scene.time_range
         frame, line = render_view(session, view_of(*vals))
         return session, info, frame, line, gr.update(minimum=lo, maximum=max(hi, lo + 1e-3), value=lo)

@@ -20,6 +20,7 @@ import numpy as np
 from streamstudio.app.sessions import BusyError, LockedPipeline, SessionManager
 from streamstudio.app.webrtc import UI_SETTING_KEYS, LiveHandler, free_on_disconnect, ui_settings
 from streamstudio.errors import StreamStudioError
+from streamstudio.pipelines.stream_diffusion import MAX_PROMPT_CHARS
 
 log = logging.getLogger(__name__)
 
@@ -148,9 +149,13 @@ def open_sink(kind: str, target: str, output_dir: Path, size: tuple[int, int], f
 
 
 # ---------------------------------------------------------------------- the app
-def build_ui(manager: SessionManager, rtc_config: dict | None = None, output_dir: str | Path = "outputs"):
+def build_ui(manager: SessionManager, rtc_config: dict | None = None, output_dir: str | Path = "outputs",
+             file_ttl: int = 300):
+    """The app's Blocks. Files Gradio keeps for it (uploads, cached frames) are deleted `file_ttl`
+    seconds after they were made, checked every minute, and all of them when the server stops."""
     extra_tabs = optional_tabs(manager)
-    with gr.Blocks(title="StreamStudio", analytics_enabled=False) as demo:
+    with gr.Blocks(title="StreamStudio", analytics_enabled=False,
+                   delete_cache=(min(60, file_ttl), file_ttl)) as demo:
         gr.Markdown("# StreamStudio")
         gr.Markdown(model_banner(manager), elem_id="model-banner")
         with gr.Tabs():
@@ -171,8 +176,9 @@ def _live_controls(manager: SessionManager):
 
     c = manager.model.config
     return [
-        gr.Textbox(label="Prompt", value=manager.model.prompt, lines=2, elem_id="live-prompt"),
-        gr.Textbox(label="Negative prompt", value=manager.model.negative_prompt),
+        gr.Textbox(label="Prompt", value=manager.model.prompt, lines=2, elem_id="live-prompt",
+                   max_length=MAX_PROMPT_CHARS),
+        gr.Textbox(label="Negative prompt", value=manager.model.negative_prompt, max_length=MAX_PROMPT_CHARS),
         gr.Slider(0.05, 1.0, value=c.strength, step=0.05, label="Strength (how far from the camera image)"),
         gr.Slider(0.0, 5.0, value=c.guidance_scale, step=0.1, label="Guidance"),
         gr.Slider(0.0, 2.0, value=c.delta, step=0.05, label="Residual CFG delta"),
@@ -275,10 +281,11 @@ def _t2i_tab(manager: SessionManager) -> None:
             for i, default in enumerate([manager.model.prompt or "a watercolor landscape", "", ""]):
                 with gr.Row():
                     prompts.append(gr.Textbox(label=f"Prompt {i + 1}", value=default, scale=3,
-                                              elem_id=f"t2i-prompt-{i + 1}"))
+                                              elem_id=f"t2i-prompt-{i + 1}", max_length=MAX_PROMPT_CHARS))
                     weights.append(gr.Slider(0.0, 1.0, value=1.0 if i == 0 else 0.5, step=0.05,
                                              label="weight", scale=1))
-            negative = gr.Textbox(label="Negative prompt", value=manager.model.negative_prompt)
+            negative = gr.Textbox(label="Negative prompt", value=manager.model.negative_prompt,
+                                  max_length=MAX_PROMPT_CHARS)
             seed = gr.Number(value=manager.model.config.seed, precision=0, minimum=0, label="Seed")
             with gr.Row():
                 start = gr.Button("Start", variant="primary")

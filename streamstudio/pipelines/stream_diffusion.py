@@ -47,6 +47,37 @@ log = logging.getLogger(__name__)
 
 CFG_TYPES = tuple(CFG_CODES)
 PromptSpec = str | Sequence[tuple[str, float]]
+MAX_PROMPT_CHARS = 1000  # the text encoder reads 77 tokens (~300 characters); more is refused from clients
+
+
+@dataclass(frozen=True)
+class SettingRange:
+    """The allowed range of one numeric setting: the one rule the config, the CLI and the web
+    API check (`StreamDiffusionConfig.validate`, `app/sessions.parse_settings`)."""
+
+    low: float
+    high: float
+    flag: str  # the CLI option that sets it
+    low_open: bool = False
+
+    def check(self, name: str, value) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise StreamStudioError(f"{name} must be a number, got {value!r} (option {self.flag})")
+        ok = (self.low < value if self.low_open else self.low <= value) and value <= self.high
+        if not ok or math.isnan(value):
+            raise StreamStudioError(f"{name} must be in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}], "
+                                    f"got {value:g} (option {self.flag})")
+        return value
+
+
+SETTING_RANGES = {
+    "strength": SettingRange(0.0, 1.0, "--strength", low_open=True),
+    "guidance_scale": SettingRange(0.0, 30.0, "--guidance"),
+    "delta": SettingRange(0.0, 5.0, "--delta"),
+    "similarity_threshold": SettingRange(0.0, 0.9999, "--filter-threshold"),
+    "max_skip_frame": SettingRange(1, 10_000, "--max-skip-frame"),
+    "seed": SettingRange(0, 2**63 - 1, "--seed"),
+}
 
 
 @dataclass
@@ -87,8 +118,8 @@ class StreamDiffusionConfig:
             raise StreamStudioError("frame_buffer_size must be at least 1")
         if self.t_index_list is None and not 1 <= self.steps <= self.num_inference_steps:
             raise StreamStudioError(f"steps must be between 1 and {self.num_inference_steps}, got {self.steps}")
-        if not 0.0 < self.strength <= 1.0:
-            raise StreamStudioError(f"strength must be in (0, 1], got {self.strength}")
+        for name, allowed in SETTING_RANGES.items():
+            allowed.check(name, getattr(self, name))
         if self.prompt_blend not in ("linear", "slerp"):
             raise StreamStudioError(f"prompt_blend must be linear or slerp, got {self.prompt_blend!r}")
         idx = self.resolved_t_index_list()

@@ -63,8 +63,9 @@ def build_pipeline(args, mode: str):
     turbo = comps.step_type == "turbo"
     default_size = 64 if comps.is_demo else 512
     config = StreamDiffusionConfig(
-        width=args.width or default_size, height=args.height or default_size, mode=mode,
-        steps=args.steps or (1 if turbo else 2), strength=args.strength, t_index_list=args.t_index,
+        width=default_size if args.width is None else args.width,
+        height=default_size if args.height is None else args.height, mode=mode,
+        steps=(1 if turbo else 2) if args.steps is None else args.steps, strength=args.strength, t_index_list=args.t_index,
         use_denoising_batch=not args.sequential, cfg_type=args.cfg,
         guidance_scale=args.guidance if args.guidance is not None else (1.0 if turbo else 1.2),
         delta=args.delta, seed=args.seed, similarity_filter=args.filter_threshold is not None,

@@ -36,6 +36,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--idle-timeout", type=float, default=20.0,
                    help="free a stream that sent no frame for this many seconds (default 20)")
     p.add_argument("--max-upload-size", default="20mb", help="largest upload accepted (default 20mb)")
+    p.add_argument("--max-upload-total", default="200mb",
+                   help="the uploads this server holds on disk, all clients together (default 200mb; "
+                        "uploads are deleted after --upload-ttl)")
+    p.add_argument("--uploads-per-client", type=int, default=20,
+                   help="uploads one client may make in 10 minutes (default 20)")
+    p.add_argument("--upload-ttl", type=float, default=300.0,
+                   help="seconds an upload or cached file is kept before it is deleted (default 300)")
     p.add_argument("--latency-probe", action="store_true",
                    help="copy a frame counter drawn in the input's top band onto the output (benchmarks/webapp.py)")
     p.add_argument("--output-dir", default="outputs", help="folder for Live output recordings (default outputs)")
@@ -91,24 +98,43 @@ def batching_config(args):
     return BatchingConfig(max_rows=rows, max_wait_ms=getattr(args, "batch_wait_ms", 2.0)).validate()
 
 
+def guard_config(args):
+    """The request guard's limits (login, body caps, upload quotas) from the command line."""
+    from streamstudio.app.security import GuardConfig, parse_size
+
+    if getattr(args, "uploads_per_client", 20) < 1:
+        raise StreamStudioError("--uploads-per-client must be at least 1")
+    if getattr(args, "upload_ttl", 300.0) < 10:
+        raise StreamStudioError("--upload-ttl must be at least 10 seconds")
+    return GuardConfig(auth=parse_auth(args.auth), max_upload_bytes=parse_size(args.max_upload_size),
+                       max_upload_total_bytes=parse_size(getattr(args, "max_upload_total", "200mb")),
+                       uploads_per_client=getattr(args, "uploads_per_client", 20))
+
+
 def build_app(args, model=None):
-    """(FastAPI app, SessionManager): the Gradio UI at /, the WebRTC and JSON API beside it."""
+    """(FastAPI app, SessionManager): the Gradio UI at /, the WebRTC and JSON API beside it, all
+    behind the request guard (`app/security.py`)."""
     import gradio as gr
     from fastapi import FastAPI
 
-    from streamstudio.app import ui, webrtc
+    from streamstudio.app import security, ui, webrtc
     from streamstudio.app.sessions import SessionManager
 
-    auth = parse_auth(args.auth)
+    guard = guard_config(args)
     rtc = webrtc.rtc_config_from_env()
     manager = SessionManager(model or build_model(args), max_streams=args.max_streams,
                              idle_timeout=args.idle_timeout, owns_model=model is None)
-    app = FastAPI(title="StreamStudio")
-    stream = webrtc.build_stream(manager, rtc)
-    webrtc.mount_api(app, manager, stream, auth)
-    blocks = ui.build_ui(manager, rtc_config=rtc, output_dir=args.output_dir)
+    # With a login, the API's docs are not served at all (FastAPI would serve them to anyone).
+    docs = {} if guard.auth is None else {"docs_url": None, "redoc_url": None, "openapi_url": None}
+    app = FastAPI(title="StreamStudio", **docs)
+    stream = webrtc.build_stream(manager, rtc, host=args.host or "127.0.0.1")
+    webrtc.mount_api(app, manager, stream, guard.auth)
+    blocks = ui.build_ui(manager, rtc_config=rtc, output_dir=args.output_dir,
+                         file_ttl=int(getattr(args, "upload_ttl", 300.0)))
     app = gr.mount_gradio_app(app, blocks, path="/", server_name=args.host or "127.0.0.1", server_port=args.port,
-                              show_api=False, auth=auth, max_file_size=args.max_upload_size, ssr_mode=False)
+                              show_api=False, auth=guard.auth, max_file_size=guard.max_upload_bytes,
+                              ssr_mode=False)
+    security.install(app, guard, blocks)
     app.state.manager = manager
     return app, manager
 

@@ -1,0 +1,185 @@
+"""The running server against an attacker's requests (issue 11): no server file leaves the
+machine, --auth covers every route, request bodies and uploads are bounded, uploads are
+cleaned up. Each attack is sent as the attacker sends it, with httpx against a real server."""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from pathlib import Path
+
+import httpx
+import pytest
+
+from test_webapp_live import start
+
+SECRET = f"TOP-SECRET-{secrets.token_hex(8)}"
+
+
+@pytest.fixture(scope="module")
+def secret_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("outside-the-project") / "secret.ply"
+    path.write_text(f"ply\n{SECRET}\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = start("--uploads-per-client", "3", "--max-upload-size", "200kb", "--max-upload-total", "500kb")
+    yield srv
+    srv.close()
+
+
+def gradio_events(url: str, auth=None) -> dict[str, dict]:
+    """api_name -> the event's dependency entry in the app's config."""
+    config = httpx.get(f"{url}/config", auth=auth).json()
+    return {d["api_name"]: d for d in config["dependencies"] if d.get("api_name")}
+
+
+def join_and_wait(url: str, event: dict, data: list, session: str, auth=None, cookies=None) -> dict:
+    """The attacker's first request: POST /gradio_api/queue/join, then the event's result."""
+    body = {"data": data, "event_data": None, "fn_index": event["id"], "trigger_id": event["targets"][0][0],
+            "session_hash": session}
+    r = httpx.post(f"{url}/gradio_api/queue/join", json=body, auth=auth, cookies=cookies)
+    assert r.status_code == 200, r.text
+    with httpx.stream("GET", f"{url}/gradio_api/queue/data", params={"session_hash": session}, timeout=30,
+                      auth=auth, cookies=cookies) as stream:
+        for line in stream.iter_lines():
+            if line.startswith("data:"):
+                message = json.loads(line[5:])
+                if message.get("msg") == "process_completed":
+                    return message
+    raise AssertionError("the event never completed")
+
+
+def file_data(path: Path) -> dict:
+    return {"path": str(path), "meta": {"_type": "gradio.FileData"}}
+
+
+def assert_not_leaked(url: str, message: dict, auth=None) -> None:
+    """The second request: GET /gradio_api/file= for every path the answer names, and the
+    secret's own path. None may return the secret."""
+    text = json.dumps(message)
+    assert SECRET not in text
+    for named in set(re.findall(r"(/[\w./-]+)", text)):
+        r = httpx.get(f"{url}/gradio_api/file={named}", auth=auth)
+        assert SECRET not in r.text, f"the secret leaked through {named}"
+
+
+def test_a_server_file_named_in_the_live_tab_never_leaves(server, secret_file):
+    event = gradio_events(server.url)["step"]
+    data = [file_data(secret_file)] + [None] * (len(event["inputs"]) - 1)
+    message = join_and_wait(server.url, event, data, "attacker1")
+    assert message["success"] is False
+    assert "not uploaded" in json.dumps(message)  # Gradio's own check refused the path
+    assert_not_leaked(server.url, message)
+    direct = httpx.get(f"{server.url}/gradio_api/file={secret_file}")
+    assert direct.status_code == 403 and SECRET not in direct.text
+
+
+def test_the_splats_tab_loads_no_server_path(server, secret_file):
+    events = gradio_events(server.url)
+    event = next(e for name, e in events.items() if name.startswith("on_load"))
+    data = [None, file_data(secret_file), "Sample scene"] + [None] * (len(event["inputs"]) - 3)
+    message = join_and_wait(server.url, event, data, "attacker2")
+    assert message["success"] is False
+    assert_not_leaked(server.url, message)
+
+
+def test_uploaded_path_accepts_only_gradio_uploads(tmp_path, monkeypatch):
+    from streamstudio.app.splat_tab import uploaded_path
+    from streamstudio.errors import StreamStudioError
+
+    uploads = tmp_path / "uploads"
+    (uploads / "abc").mkdir(parents=True)
+    good = uploads / "abc" / "scene.ply"
+    good.write_bytes(b"ply")
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(uploads))
+    assert uploaded_path(str(good)) == str(good.resolve())
+    assert uploaded_path(None) is None
+    for bad in (tmp_path / "elsewhere.ply", uploads / "abc" / ".." / ".." / "elsewhere.ply", Path("/etc/passwd")):
+        with pytest.raises(StreamStudioError, match="not uploaded here"):
+            uploaded_path(str(bad))
+    with pytest.raises(StreamStudioError, match="upload is gone"):
+        uploaded_path(str(uploads / "abc" / "deleted.ply"))
+
+
+# ---------------------------------------------------------------------- bodies and uploads
+def test_request_bodies_are_capped(server):
+    huge = {"prompt": "x" * 10_000_000}
+    r = httpx.post(f"{server.url}/studio/settings/abc", json=huge)
+    assert r.status_code == 413 and "too large" in r.json()["error"]
+
+    def chunks():  # no Content-Length: the body is counted as it arrives
+        for _ in range(200):
+            yield b"x" * 1024
+
+    r = httpx.post(f"{server.url}/studio/settings/abc", content=chunks(),
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 413
+    assert httpx.get(f"{server.url}/studio/status").status_code == 200  # the server goes on
+
+
+def test_long_prompts_are_refused_not_stored(server):
+    r = httpx.post(f"{server.url}/studio/settings/abc", json={"prompt": "a cat " * 2000})
+    assert r.status_code == 400 and "prompt" in r.json()["error"]
+    r = httpx.post(f"{server.url}/studio/settings/abc", json={"prompt": [["a cat " * 2000, 1.0]]})
+    assert r.status_code == 400
+
+
+def upload(url: str, size: int, name: str = "scene.ply", auth=None) -> httpx.Response:
+    return httpx.post(f"{url}/gradio_api/upload", files={"files": (name, b"p" * size)}, auth=auth, timeout=30)
+
+
+def test_uploads_are_limited_per_client_and_in_total():
+    srv = start("--uploads-per-client", "3", "--max-upload-size", "200kb", "--max-upload-total", "500kb")
+    try:
+        assert upload(srv.url, 300_000).status_code == 413  # one file over --max-upload-size
+        stored = []
+        for i in range(3):
+            r = upload(srv.url, 150_000, f"scene{i}.ply")
+            assert r.status_code == 200, r.text
+            stored += r.json()
+        assert all(Path(p).is_file() for p in stored)
+        r = upload(srv.url, 1000)  # the fourth in the window
+        assert r.status_code == 429 and "too many uploads" in r.json()["error"]
+    finally:
+        srv.close()
+    assert not any(Path(p).exists() for p in stored), "uploads are deleted when the server stops"
+
+
+def test_upload_space_in_total_is_bounded():
+    srv = start("--uploads-per-client", "50", "--max-upload-size", "200kb", "--max-upload-total", "500kb")
+    try:
+        codes = [upload(srv.url, 150_000, f"s{i}.ply").status_code for i in range(5)]
+        assert codes[:3] == [200, 200, 200] and codes[3:] == [507, 507]
+    finally:
+        srv.close()
+
+
+# ---------------------------------------------------------------------- --auth on every route
+def test_auth_covers_every_route(secret_file):
+    srv = start("--auth", "ann:secret")
+    try:
+        for path in ("/openapi.json", "/docs", "/redoc", "/monitoring/summary", "/gradio_api/monitoring/summary",
+                     "/gradio_api/heartbeat/abc", "/gradio_api/info", "/config", "/studio/status",
+                     f"/gradio_api/file={secret_file}"):
+            r = httpx.get(srv.url + path, timeout=10)
+            assert r.status_code == 401, f"{path} answered {r.status_code} without a login"
+        r = httpx.post(f"{srv.url}/gradio_api/upload", files={"files": ("a.ply", b"ply")})
+        assert r.status_code == 401
+        # The login page itself is public; logging in through it gives the whole app.
+        assert httpx.get(srv.url + "/").status_code == 200
+        with httpx.Client(base_url=srv.url) as browser:
+            assert browser.post("/login", data={"username": "ann", "password": "wrong"}).status_code == 400
+            assert browser.post("/login", data={"username": "ann", "password": "secret"}).status_code == 200
+            assert browser.get("/config").status_code == 200
+            assert browser.get("/monitoring/summary").status_code == 200
+        # Scripts log in to the JSON API with basic auth.
+        assert httpx.get(f"{srv.url}/studio/status", auth=("ann", "secret")).status_code == 200
+        assert httpx.get(f"{srv.url}/studio/status", auth=("ann", "nope")).status_code == 401
+        # The JSON API's docs page is off under --auth, even logged in.
+        assert httpx.get(f"{srv.url}/docs", auth=("ann", "secret")).status_code == 404
+    finally:
+        srv.close()
