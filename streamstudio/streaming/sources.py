@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
 MAX_SIDE = 2048  # frames with a longer side are downscaled on input
 DEFAULT_FPS = 30.0
+MAX_FPS = 1000.0  # input frame rates above this are taken as broken metadata
 
 
 @dataclass
@@ -146,7 +147,10 @@ def scaled_size(width: int, height: int, max_side: int) -> tuple[int, int]:
 # ---------------------------------------------------------------------------- video files
 class VideoFileSource(Source):
     """Any container/codec PyAV's ffmpeg reads. Timestamps are kept as decoded (variable frame
-    rate stays variable); rotation metadata is applied; the audio stream is described for sinks."""
+    rate stays variable) unless they are broken (see `frames`); rotation metadata is applied;
+    the audio stream is described for sinks."""
+
+    MIN_STEP_FRACTION = 0.05  # frame steps shorter than this many nominal frame times are broken
 
     def __init__(self, path: str | Path, max_side: int = MAX_SIDE, live: bool = False, open_timeout: float = 10.0):
         super().__init__()
@@ -164,6 +168,10 @@ class VideoFileSource(Source):
             self._container.close()
             raise StreamStudioError(f"{self.path} has no video stream")
         self._stream = self._container.streams.video[0]
+        if self._stream.codec_context is None:
+            self._container.close()
+            raise StreamStudioError(f"{self.path}: its video codec is not one this ffmpeg knows; convert the "
+                                    "file to H.264 (mp4) or another common codec")
         self._stream.thread_type = "AUTO"
         self._decoded = self._decode()
         try:
@@ -175,8 +183,9 @@ class VideoFileSource(Source):
 
     def _probe(self) -> SourceInfo:
         s = self._stream
-        rate = s.average_rate or s.guessed_rate or s.base_rate
-        fps = float(rate) if rate else DEFAULT_FPS
+        # the first plausible rate the file gives (a broken file's average can be 90000 fps)
+        rates = [float(r) for r in (s.average_rate, s.guessed_rate, s.base_rate) if r]
+        fps = next((r for r in rates if 0 < r <= MAX_FPS), DEFAULT_FPS)
         duration = float(s.duration * s.time_base) if s.duration and s.time_base else None
         if duration is None and self._container.duration:
             duration = self._container.duration / 1_000_000
@@ -208,13 +217,19 @@ class VideoFileSource(Source):
         return float(s.start_time * s.time_base) if s.start_time is not None and s.time_base else 0.0
 
     def _audio_track(self) -> AudioTrack | None:
-        if not self._container.streams.audio:
-            return None
-        a = self._container.streams.audio[0]
-        duration = float(a.duration * a.time_base) if a.duration and a.time_base else None
-        return AudioTrack(path=str(self.path), stream_index=0, codec=a.codec_context.name,
-                          sample_rate=a.codec_context.sample_rate or 0, channels=a.codec_context.channels or 0,
-                          origin=self._origin(), duration=duration)
+        """The first audio stream whose codec ffmpeg knows; an audio stream it does not know is
+        left out with a warning (the video renders without it)."""
+        for index, a in enumerate(self._container.streams.audio):
+            codec = getattr(a.codec_context, "name", None) if a.codec_context is not None else None
+            if not codec:
+                self._warn(f"{self.path}: audio stream {index} has a codec this ffmpeg does not know; "
+                           "it is left out of the output")
+                continue
+            duration = float(a.duration * a.time_base) if a.duration and a.time_base else None
+            return AudioTrack(path=str(self.path), stream_index=index, codec=codec,
+                              sample_rate=a.codec_context.sample_rate or 0, channels=a.codec_context.channels or 0,
+                              origin=self._origin(), duration=duration)
+        return None
 
     def _first_frame(self):
         import av
@@ -227,13 +242,27 @@ class VideoFileSource(Source):
             raise StreamStudioError(f"{self.path}: cannot decode any frame ({exc}); the file is damaged") from exc
 
     def frames(self) -> Iterator[VideoFrame]:
+        """Frames with their decoded timestamps, from 0. Timestamps that are broken (not strictly
+        increasing, steps far shorter than the nominal frame rate's, or past the stream's end) are
+        replaced from there on by steps of 1 / the nominal rate, with one warning."""
         import av
 
         origin, index, frame = None, 0, self._first
+        step = 1.0 / self.info.fps
+        last, regenerated = None, None  # the last pts handed on; where timestamps were first replaced
         while frame is not None:
-            t = frame.time if frame.time is not None else index / self.info.fps
-            origin = t if origin is None else origin
-            yield VideoFrame(self._convert(frame), max(0.0, t - origin), index)
+            t = frame.time if frame.time is not None else None
+            if t is not None and origin is None:
+                origin = t
+            pts = max(0.0, t - origin) if t is not None else (0.0 if last is None else last + step)
+            if last is not None and not self._plausible(pts - last, pts):
+                if regenerated is None:
+                    regenerated = index
+                    self._warn(f"{self.path}: broken frame timestamps from frame {index} on ({pts - last:+.6f} s "
+                               f"after the frame before); they are replaced by steps of 1/{self.info.fps:g} s")
+                pts = last + step
+            last = pts
+            yield VideoFrame(self._convert(frame), pts, index)
             index += 1
             try:
                 frame = next(self._decoded, None)
@@ -243,6 +272,15 @@ class VideoFileSource(Source):
         expected = self.info.frame_count
         if expected and index < expected:
             self._warn(f"{self.path}: {index} of {expected} frame(s) decoded; the file looks truncated")
+
+    def _plausible(self, dt: float, pts: float) -> bool:
+        """Whether a frame `dt` seconds after the one before (at `pts` from the first) has a
+        timestamp to keep: later than the one before, by more than a small fraction of the nominal
+        frame time (variable frame rates stay as they are), and not past the stream's end."""
+        if dt <= 0 or dt < self.MIN_STEP_FRACTION / self.info.fps:
+            return False
+        duration = self.info.duration
+        return not duration or pts <= duration + 1.0
 
     def _warn(self, msg: str) -> None:
         log.warning(msg)
