@@ -37,6 +37,13 @@ def gradio_events(url: str, auth=None) -> dict[str, dict]:
     return {d["api_name"]: d for d in config["dependencies"] if d.get("api_name")}
 
 
+def default_inputs(url: str, event: dict) -> list:
+    """The values the page would send for the event's inputs before anyone touched them."""
+    config = httpx.get(f"{url}/config").json()
+    values = {c["id"]: c.get("props", {}).get("value") for c in config["components"]}
+    return [values.get(i) for i in event["inputs"]]
+
+
 def join_and_wait(url: str, event: dict, data: list, session: str, auth=None, cookies=None) -> dict:
     """The attacker's first request: POST /gradio_api/queue/join, then the event's result."""
     body = {"data": data, "event_data": None, "fn_index": event["id"], "trigger_id": event["targets"][0][0],
@@ -183,3 +190,20 @@ def test_auth_covers_every_route(secret_file):
         assert httpx.get(f"{srv.url}/docs", auth=("ann", "secret")).status_code == 404
     finally:
         srv.close()
+
+
+def test_a_damaged_scene_upload_is_one_message_and_no_traceback(server, capfd):
+    """A user's mistake in the Splats tab: the tab shows what is wrong, the server log has no
+    traceback (the issue's 'list index out of range')."""
+    bad = b"ply\nformat binary_little_endian 1.0\nelement vertex abc\nproperty float x\nend_header\n"
+    r = httpx.post(f"{server.url}/gradio_api/upload", files={"files": ("broken.ply", bad)})
+    assert r.status_code == 200, r.text
+    events = gradio_events(server.url)
+    event = next(e for name, e in events.items() if name.startswith("on_load"))
+    data = default_inputs(server.url, event)
+    data[1] = file_data(Path(r.json()[0]))
+    message = join_and_wait(server.url, event, data, "careless1")
+    assert message["success"] is False
+    error = message["output"]["error"]
+    assert "broken.ply" in error and "index out of range" not in error, error
+    assert "Traceback" not in capfd.readouterr().err

@@ -335,7 +335,7 @@ def _guard(fn):
             try:
                 yield from fn(*args, **kwargs)
             except StreamStudioError as exc:
-                raise gr.Error(str(exc)) from exc
+                raise gr.Error(str(exc), print_exception=False) from exc
         return gen
 
     @functools.wraps(fn)
@@ -343,5 +343,5 @@ def _guard(fn):
         try:
             return fn(*args, **kwargs)
         except StreamStudioError as exc:
-            raise gr.Error(str(exc)) from exc
+            raise gr.Error(str(exc), print_exception=False) from exc
     return call

@@ -135,7 +135,7 @@ def build_video_tab() -> None:
         try:
             yield from generate(session, text, int(seed_value or 0))
         except StreamStudioError as exc:
-            raise gr.Error(str(exc)) from exc
+            raise gr.Error(str(exc), print_exception=False) from exc
 
     start_btn.click(_generate, [state, prompt, seed], [video, status])
     prompt.submit(change_prompt, [state, prompt], status)

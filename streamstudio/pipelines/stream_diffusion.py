@@ -65,9 +65,13 @@ class SettingRange:
             raise StreamStudioError(f"{name} must be a number, got {value!r} (option {self.flag})")
         ok = (self.low < value if self.low_open else self.low <= value) and value <= self.high
         if not ok or math.isnan(value):
-            raise StreamStudioError(f"{name} must be in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}], "
-                                    f"got {value:g} (option {self.flag})")
+            raise StreamStudioError(f"{name} must be in {'(' if self.low_open else '['}{_num(self.low)}, "
+                                    f"{_num(self.high)}], got {_num(value)} (option {self.flag})")
         return value
+
+
+def _num(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 SETTING_RANGES = {
