@@ -207,3 +207,21 @@ def test_a_damaged_scene_upload_is_one_message_and_no_traceback(server, capfd):
     error = message["output"]["error"]
     assert "broken.ply" in error and "index out of range" not in error, error
     assert "Traceback" not in capfd.readouterr().err
+
+
+@pytest.mark.slow
+def test_uploads_are_deleted_on_a_timer():
+    import time
+
+    srv = start("--upload-ttl", "10")
+    try:
+        r = upload(srv.url, 1000)
+        assert r.status_code == 200
+        stored = Path(r.json()[0])
+        deadline = time.monotonic() + 40
+        while stored.exists() and time.monotonic() < deadline:
+            time.sleep(1)
+        assert not stored.exists(), "an upload outlived --upload-ttl by 30 s"
+        assert httpx.get(f"{srv.url}/studio/status").status_code == 200
+    finally:
+        srv.close()
