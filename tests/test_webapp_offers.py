@@ -70,7 +70,7 @@ def without(sdp: str, prefix: str) -> str:
 
 def attacks(sdp: str) -> list[tuple[str, dict | bytes, str]]:
     """(name, body, the error code the server must give)."""
-    offer = lambda **kw: {"sdp": sdp, "type": "offer", "webrtc_id": "attack01", **kw}  # noqa: E731
+    offer = lambda **kw: {"sdp": sdp, "type": "offer", "webrtc_id": "attack01", **kw}
     return [
         ("type answer", offer(type="answer"), "bad_type"),
         ("no type", {"sdp": sdp, "webrtc_id": "attack01"}, "bad_type"),
@@ -190,6 +190,7 @@ def test_an_offer_never_completed_frees_its_slot(server, good_sdp):
                 await connected(server.url, "one too many")
             await wait_for(lambda: not stream.pcs, timeout=5)
             freed_after = time.monotonic() - t0
+        stream.pending_timeout = saved
         client, got = await connected(server.url, "a dog")  # at once, not 30 or 60 s later
         try:
             await wait_for(lambda: len(got.processed()) >= 2, timeout=15)
@@ -202,6 +203,46 @@ def test_an_offer_never_completed_frees_its_slot(server, good_sdp):
     finally:
         stream.pending_timeout = saved
     assert_no_slot_held(server, timeout=15)
+
+
+def test_a_connection_that_sends_no_frame_is_freed(server):
+    """Connected (ICE and DTLS up) but never a frame: no session, so freed after the bound too."""
+    from aiortc import (
+        RTCConfiguration,
+        RTCPeerConnection,
+        RTCSessionDescription,
+        VideoStreamTrack,
+    )
+
+    class Silent(VideoStreamTrack):
+        async def recv(self):
+            await asyncio.Event().wait()
+
+    stream = stream_of(server)
+    saved, stream.pending_timeout = stream.pending_timeout, 3.0
+
+    async def main():
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        pc.createDataChannel("text")
+        pc.addTrack(Silent())
+        await pc.setLocalDescription(await pc.createOffer())
+        async with httpx.AsyncClient(timeout=20) as http:
+            r = await http.post(f"{server.url}/webrtc/offer",
+                                json={"sdp": pc.localDescription.sdp, "type": "offer", "webrtc_id": "silent"})
+        await pc.setRemoteDescription(RTCSessionDescription(**r.json()))
+        try:
+            await wait_for(lambda: pc.connectionState == "connected", timeout=10)
+            held = status(server)
+            assert held["pending"] == held["in_use"] == 1 and held["streams"] == 0, held
+            await wait_for(lambda: "silent" not in stream.pcs, timeout=8)
+        finally:
+            await pc.close()
+
+    try:
+        run(main())
+    finally:
+        stream.pending_timeout = saved
+    assert_no_slot_held(server, timeout=5)
 
 
 def test_duplicate_webrtc_id_is_refused(server, good_sdp):
@@ -266,6 +307,25 @@ def test_server_ice_is_loopback_only_by_default(server):
     stray = [(ip, port) for ip, port in opened if port not in client_ports and ip != "127.0.0.1"]
     assert not stray, (stray, opened, mine)
     assert {port for _, port in hosts} <= {port for ip, port in opened if ip == "127.0.0.1"}
+
+
+def test_every_route_of_the_app_gathers_on_the_bound_address(server):
+    """The Gradio WebRTC component answers its offers in its own route: any request of the app
+    runs in the scope, so its peer connections gather on loopback too."""
+    import aioice.ice
+
+    async def gather():
+        connection = aioice.ice.Connection(ice_controlling=False)
+        await connection.gather_candidates()
+        hosts = [c.host for c in connection.local_candidates]
+        await connection.close()
+        return hosts
+
+    app = server.server.config.app
+    app.add_api_route("/test-only/gather", gather)
+    app.router.routes.insert(0, app.router.routes.pop())  # before the Gradio app mounted at /
+    assert httpx.get(f"{server.url}/test-only/gather").json() == ["127.0.0.1"]
+    assert "127.0.0.1" not in asyncio.run(gather())  # this test's own loop: aioice's own list
 
 
 def test_ice_addresses_follow_the_bind_address():

@@ -27,8 +27,8 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import socket
-from contextvars import ContextVar
 from collections.abc import Iterator
+from contextvars import ContextVar
 
 from streamstudio.errors import StreamStudioError
 

@@ -11,8 +11,8 @@ Endpoints (same server as the UI; HTTP basic auth when the server has --auth):
     GET    /studio/sessions/{webrtc_id}                                  -> live stats
     DELETE /studio/sessions/{webrtc_id}                                  -> frees the stream
     GET    /studio/status                                                -> model, streams in use
-Offers are checked before they take a stream (400 and a reason otherwise); an answered offer
-that never connects holds its stream for at most PENDING_TIMEOUT seconds.
+Offers are checked before they take a stream (400 and a reason otherwise); a connection that
+never connects or never sends a frame holds its stream for at most PENDING_TIMEOUT seconds.
 The client must open a data channel (any label; fastrtc waits for one) before its offer.
 """
 
@@ -135,7 +135,7 @@ MAX_SDP_BYTES = 32 * 1024  # a browser's offer is 3-10 KB
 MAX_OFFER_BODY = 64 * 1024
 MAX_MEDIA = 8  # m= sections in one offer
 MAX_CANDIDATES = 64  # a=candidate lines in one offer: each one is an address the server probes
-PENDING_TIMEOUT = 20.0  # seconds an answered offer may take to connect before its slot is freed
+PENDING_TIMEOUT = 20.0  # seconds a connection may hold a stream without a session (no frame yet)
 WEBRTC_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 OFFER_KINDS = ("video", "application")  # the webcam track and the data channel fastrtc waits for
 
@@ -215,8 +215,9 @@ def build_stream(manager: SessionManager, rtc_config: dict | None = None, host: 
 
     `host` is the address the HTTP server binds (None: its default, 127.0.0.1): the stream's peer
     connections gather ICE candidates and open UDP sockets there only (0.0.0.0 / ::: every
-    interface); see streamstudio.app.ice. An answered offer whose connection is not up within
-    `pending_timeout` seconds is closed and its slot freed."""
+    interface); see streamstudio.app.ice. A connection that has no session for `pending_timeout`
+    seconds (never connected, no frame yet, or its session reaped as idle) is closed and its
+    slot freed."""
     from aiortc.exceptions import InvalidAccessError, InvalidStateError
     from fastapi.responses import JSONResponse
     from fastrtc import Stream
@@ -273,22 +274,27 @@ def build_stream(manager: SessionManager, rtc_config: dict | None = None, host: 
             return len(set(manager.ids()) | set(self.pcs))
 
         def pending(self) -> list[str]:
-            return [sid for sid, pc in list(self.pcs.items()) if pc.connectionState != "connected"]
+            """This stream's connections that have no session: not connected yet, or no frame yet."""
+            return [sid for sid in list(self.pcs) if manager.get(sid) is None]
 
         async def connection_timeout(self, pc, webrtc_id: str, time_limit: float):
-            # fastrtc starts this once the remote description is set (time_limit 30); this one
-            # waits `pending_timeout` and never touches a newer connection under the same id.
-            # Offers that fail before it starts are freed in `offer`.
-            try:
-                await asyncio.wait_for(self.connection_timeouts[webrtc_id].wait(), self.pending_timeout)
-                return
-            except (asyncio.TimeoutError, TimeoutError):
-                pass
-            if pc.connectionState == "connected":
-                return
-            log.info("WebRTC offer %s not connected after %.0f s: freeing its slot", webrtc_id,
-                     self.pending_timeout)
-            await self.free(webrtc_id, pc)
+            # fastrtc starts this (time_limit 30) once the remote description is set, and closes
+            # a connection not up by then. This one watches the connection for its whole life: one
+            # without a session (never connected, no frame yet, or its session reaped as idle) for
+            # `pending_timeout` seconds is closed and its slot freed. It never touches a newer
+            # connection under the same id. Offers that fail before it starts are freed in `offer`.
+            loop = asyncio.get_running_loop()
+            seen = loop.time()
+            while self.pcs.get(webrtc_id) is pc and pc.connectionState not in ("closed", "failed"):
+                now = loop.time()
+                if manager.get(webrtc_id) is not None:
+                    seen = now
+                elif now - seen >= self.pending_timeout:
+                    log.info("WebRTC connection %s (%s) has had no stream for %.0f s: freeing its slot",
+                             webrtc_id, pc.connectionState, self.pending_timeout)
+                    await self.free(webrtc_id, pc)
+                    return
+                await asyncio.sleep(min(0.5, self.pending_timeout / 5))
 
         async def free(self, webrtc_id: str, pc) -> None:
             """Close `pc` and drop what fastrtc registered for `webrtc_id` (if still pc's)."""
@@ -398,9 +404,9 @@ async def read_json(request, limit: int):
 
 
 def status_payload(manager: SessionManager, stream=None) -> dict:
-    """`streams`: sessions running; `peer_connections` / `pending`: the WebRTC connections the
-    offer endpoint holds / those not connected yet; `in_use`: the slots these take together, the
-    number `max_streams` is checked against."""
+    """`streams`: sessions running (any front end); `peer_connections` / `pending`: the WebRTC
+    connections /webrtc/offer holds / those without a session yet (not connected, or no frame);
+    `in_use`: the streams these take together, what `max_streams` is checked against."""
     model = manager.model
     out = {"model": model.name, "demo": model.is_demo, "size": list(model.size),
            "max_streams": manager.max_streams, "streams": len(manager)}
