@@ -182,6 +182,7 @@ def test_auth_covers_every_route(secret_file):
             assert browser.post("/login", data={"username": "ann", "password": "wrong"}).status_code == 400
             assert browser.post("/login", data={"username": "ann", "password": "secret"}).status_code == 200
             assert browser.get("/config").status_code == 200
+            assert browser.get("/studio/status").status_code == 200  # the JSON API takes the UI's login too
             assert browser.get("/monitoring/summary").status_code == 200
         # Scripts log in to the JSON API with basic auth.
         assert httpx.get(f"{srv.url}/studio/status", auth=("ann", "secret")).status_code == 200

@@ -5,7 +5,7 @@ fastrtc calls the handler on the event loop with each received frame (BGR). The 
 never waits on inference: it hands the frame to the stream's session (RGB) and returns the
 session's latest output (back to BGR) at once.
 
-Endpoints (same server as the UI; HTTP basic auth when the server has --auth):
+Endpoints (same server as the UI; under --auth, HTTP basic auth or the UI's login):
     POST   /webrtc/offer                {sdp, type: "offer", webrtc_id}  -> {sdp, type: "answer"}
     POST   /studio/settings/{webrtc_id} {prompt, strength, seed, ...}    -> {status, settings}
     GET    /studio/sessions/{webrtc_id}                                  -> live stats
@@ -110,25 +110,6 @@ def ui_settings(keys, values) -> dict:
         if value is not None:
             out[key] = int(value) if key == "seed" else bool(value) if key == "similarity_filter" else value
     return out
-
-
-def _auth_dependency(auth: tuple[str, str] | None):
-    """HTTP basic auth for the API routes when the server has --auth."""
-    from fastapi import Depends, HTTPException
-    from fastapi.security import HTTPBasic, HTTPBasicCredentials
-
-    if auth is None:
-        return []
-    basic = HTTPBasic()
-
-    def check(credentials: HTTPBasicCredentials = Depends(basic)):
-        ok = secrets.compare_digest(credentials.username.encode(), auth[0].encode()) & \
-            secrets.compare_digest(credentials.password.encode(), auth[1].encode())
-        if not ok:
-            raise HTTPException(status_code=401, detail="wrong user or password",
-                                headers={"WWW-Authenticate": "Basic"})
-
-    return [Depends(check)]
 
 
 MAX_SDP_BYTES = 32 * 1024  # a browser's offer is 3-10 KB
@@ -333,10 +314,11 @@ def free_on_disconnect(component, manager: SessionManager) -> None:
     component.clean_up = clean_up
 
 
-def mount_api(app, manager: SessionManager, stream, auth: tuple[str, str] | None = None) -> None:
+def mount_api(app, manager: SessionManager, stream) -> None:
     """POST /webrtc/offer and the /studio JSON routes on `app` (FastAPI). Every request of `app`
     runs in the stream's ICE scope, so the Gradio WebRTC component's peer connections gather on
-    the bound address too (streamstudio.app.ice)."""
+    the bound address too (streamstudio.app.ice). The login these routes need under --auth is
+    the request guard's (streamstudio.app.security), as for every route of the server."""
     from fastapi import Body as JsonBody
     from fastapi import Request
     from fastapi.responses import JSONResponse
@@ -344,7 +326,6 @@ def mount_api(app, manager: SessionManager, stream, auth: tuple[str, str] | None
 
     from streamstudio.app.ice import IceScopeMiddleware
 
-    deps = _auth_dependency(auth)
     app.state.studio_stream = stream
     if hasattr(stream, "ice_addresses"):
         app.add_middleware(IceScopeMiddleware, addresses=stream.ice_addresses)
@@ -359,13 +340,13 @@ def mount_api(app, manager: SessionManager, stream, auth: tuple[str, str] | None
         return await stream.offer(body)
 
     offer.__annotations__["request"] = Request  # resolved here: this module has lazy annotations
-    app.post("/webrtc/offer", dependencies=deps, tags=["webrtc"])(offer)
+    app.post("/webrtc/offer", tags=["webrtc"])(offer)
 
-    @app.get("/studio/status", dependencies=deps, tags=["studio"])
+    @app.get("/studio/status", tags=["studio"])
     async def status():
         return status_payload(manager, stream)
 
-    @app.post("/studio/settings/{webrtc_id}", dependencies=deps, tags=["studio"])
+    @app.post("/studio/settings/{webrtc_id}", tags=["studio"])
     async def settings(webrtc_id: str, raw: dict = JsonBody(...)):
         try:
             applied = manager.settings(webrtc_id, raw)
@@ -373,14 +354,14 @@ def mount_api(app, manager: SessionManager, stream, auth: tuple[str, str] | None
             return JSONResponse({"status": "failed", "error": str(exc)}, status_code=400)
         return {"status": "ok", "settings": applied}
 
-    @app.get("/studio/sessions/{webrtc_id}", dependencies=deps, tags=["studio"])
+    @app.get("/studio/sessions/{webrtc_id}", tags=["studio"])
     async def session_stats(webrtc_id: str):
         session = manager.get(webrtc_id)
         if session is None:
             return JSONResponse({"status": "failed", "error": f"no stream {webrtc_id!r}"}, status_code=404)
         return session.stats()
 
-    @app.delete("/studio/sessions/{webrtc_id}", dependencies=deps, tags=["studio"])
+    @app.delete("/studio/sessions/{webrtc_id}", tags=["studio"])
     async def close_session(webrtc_id: str):
         return {"status": "ok", "closed": manager.close(webrtc_id, wait=0.0)}
 

@@ -128,7 +128,7 @@ def build_app(args, model=None):
     docs = {} if guard.auth is None else {"docs_url": None, "redoc_url": None, "openapi_url": None}
     app = FastAPI(title="StreamStudio", **docs)
     stream = webrtc.build_stream(manager, rtc, host=args.host or "127.0.0.1")
-    webrtc.mount_api(app, manager, stream, guard.auth)
+    webrtc.mount_api(app, manager, stream)
     blocks = ui.build_ui(manager, rtc_config=rtc, output_dir=args.output_dir,
                          file_ttl=int(getattr(args, "upload_ttl", 300.0)))
     app = gr.mount_gradio_app(app, blocks, path="/", server_name=args.host or "127.0.0.1", server_port=args.port,
