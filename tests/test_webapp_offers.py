@@ -372,3 +372,31 @@ def test_build_stream_takes_the_host(server):
     assert build_stream(server.manager, host="127.0.0.1").ice_addresses == ("127.0.0.1",)
     assert build_stream(server.manager).ice_addresses == ("127.0.0.1",)
     assert build_stream(server.manager, pending_timeout=2.0).pending_timeout == 2.0
+
+
+def live_component_of(srv):
+    """The Live tab's WebRTC component (the browser's offers go to it, not to /webrtc/offer)."""
+    from streamstudio.app.security import _find_gradio_app
+    from streamstudio.app.webrtc import GuardedOffers
+
+    blocks = _find_gradio_app(srv.server.config.app).get_blocks()
+    return next(b for b in blocks.blocks.values() if isinstance(b, GuardedOffers))
+
+
+def test_the_live_tabs_offer_route_is_guarded_too(server, good_sdp):
+    """The same attacks through Gradio's component route (`fn_name: offer` of the Live tab's
+    component): refused with the same codes, nothing held afterwards."""
+    component = live_component_of(server)
+    config = httpx.get(f"{server.url}/config").json()
+    assert "offer" in next(c for c in config["components"] if c["id"] == component._id)["props"]["server_fns"]
+    for name, body, code in attacks(good_sdp):
+        if isinstance(body, bytes) or code == "body_too_large":
+            continue  # the component route takes any JSON; the guard caps bodies for every route
+        for _ in range(MAX_STREAMS + 2):
+            r = httpx.post(f"{server.url}/gradio_api/component_server", json={
+                "component_id": component._id, "fn_name": "offer", "data": body, "session_hash": "attacker"})
+            data = r.json()
+            assert r.status_code in (400, 404), (name, r.status_code, r.text[:300])
+            assert data["meta"]["error"] == code, (name, data)
+    assert not component.pcs and not component.connections and not component.handlers
+    assert_no_slot_held(server, timeout=0.5)

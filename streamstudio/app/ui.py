@@ -18,7 +18,7 @@ import gradio as gr
 import numpy as np
 
 from streamstudio.app.sessions import BusyError, LockedPipeline, SessionManager
-from streamstudio.app.webrtc import UI_SETTING_KEYS, LiveHandler, free_on_disconnect, ui_settings
+from streamstudio.app.webrtc import UI_SETTING_KEYS, LiveHandler, live_component, ui_settings
 from streamstudio.errors import StreamStudioError
 from streamstudio.pipelines.stream_diffusion import MAX_PROMPT_CHARS
 
@@ -150,9 +150,10 @@ def open_sink(kind: str, target: str, output_dir: Path, size: tuple[int, int], f
 
 # ---------------------------------------------------------------------- the app
 def build_ui(manager: SessionManager, rtc_config: dict | None = None, output_dir: str | Path = "outputs",
-             file_ttl: int = 300):
+             file_ttl: int = 300, host: str | None = None):
     """The app's Blocks. Files Gradio keeps for it (uploads, cached frames) are deleted `file_ttl`
-    seconds after they were made, checked every minute, and all of them when the server stops."""
+    seconds after they were made, checked every minute, and all of them when the server stops.
+    `host`: the address the server binds, where the Live tab's WebRTC media go."""
     extra_tabs = optional_tabs(manager)
     with gr.Blocks(title="StreamStudio", analytics_enabled=False,
                    delete_cache=(min(60, file_ttl), file_ttl)) as demo:
@@ -160,7 +161,7 @@ def build_ui(manager: SessionManager, rtc_config: dict | None = None, output_dir
         gr.Markdown(model_banner(manager), elem_id="model-banner")
         with gr.Tabs():
             with gr.Tab("Live", id="live"):
-                webrtc = _live_tab(manager, rtc_config)
+                webrtc = _live_tab(manager, rtc_config, host)
             with gr.Tab("Text to image", id="t2i"):
                 _t2i_tab(manager)
             with gr.Tab("Live output", id="output"):
@@ -189,21 +190,18 @@ def _live_controls(manager: SessionManager):
     ]
 
 
-def _live_tab(manager: SessionManager, rtc_config: dict | None):
-    from fastrtc import WebRTC
-
+def _live_tab(manager: SessionManager, rtc_config: dict | None, host: str | None):
     with gr.Row():
         with gr.Column(scale=3):
-            webrtc = WebRTC(label="Webcam → StreamStudio", mode="send-receive", modality="video",
-                            rtc_configuration=rtc_config, server_rtc_configuration=rtc_config,
-                            full_screen=False, elem_id="live-webrtc")
+            webrtc = live_component(manager, host, label="Webcam → StreamStudio", mode="send-receive",
+                                    modality="video", rtc_configuration=rtc_config,
+                                    server_rtc_configuration=rtc_config, full_screen=False, elem_id="live-webrtc")
             stats = gr.Markdown(format_stats(None), elem_id="live-stats")
         with gr.Column(scale=2):
             controls = _live_controls(manager)
     # The component checks nothing itself beyond a generous cap; the session manager says "busy".
     webrtc.stream(LiveHandler(manager, UI_SETTING_KEYS), inputs=[webrtc, *controls], outputs=[webrtc],
                   concurrency_limit=2 * manager.max_streams + 2)
-    free_on_disconnect(webrtc, manager)
     timer = gr.Timer(1.0)
     timer.tick(lambda value: format_stats(_stats(manager, live_id(value))), inputs=[webrtc], outputs=[stats],
                show_progress="hidden", queue=False)

@@ -190,6 +190,115 @@ def check_offer(data) -> None:
     check_offer_sdp(data.get("sdp"))
 
 
+class GuardedOffers:
+    """What both fastrtc front ends of the server share (the `Stream` behind POST /webrtc/offer
+    and the Live tab's `WebRTC` component, both fastrtc's WebRTCConnectionMixin): offers checked
+    before they take a slot, every failure freeing what fastrtc registered, a bounded wait for
+    connections, ICE on the bound address, and the session freed with its connection.
+
+    Set by `guard_offers`: `manager`, `ice_addresses`, `pending_timeout`."""
+
+    manager: SessionManager
+    ice_addresses: list
+    pending_timeout: float
+
+    async def guarded_offer(self, data: dict, answer: Callable[[], Any]):
+        """Check `data` ({sdp, type, webrtc_id}), then `await answer()` (fastrtc's own offer)."""
+        from aiortc.exceptions import InvalidAccessError, InvalidStateError
+        from fastapi.responses import JSONResponse
+
+        from streamstudio.app import ice
+
+        manager = self.manager
+        try:
+            check_offer(data)
+            webrtc_id = data["webrtc_id"]
+            if data.get("type") == "ice-candidate":
+                if webrtc_id not in self.pcs:
+                    raise OfferRefused("unknown_connection", f"no connection {webrtc_id!r}", 404)
+                with ice.scoped(self.ice_addresses):
+                    return await answer()
+            if webrtc_id in self.pcs or webrtc_id in self.connections:
+                raise OfferRefused("connection_already_exists", f"a connection {webrtc_id!r} is already open", 409)
+        except OfferRefused as exc:
+            return exc.response()
+        if self.slots_in_use() >= manager.max_streams or not manager.has_capacity():
+            return JSONResponse({"status": "failed", "meta": {
+                "error": "concurrency_limit_reached", "limit": manager.max_streams,
+                "message": manager.busy_message()}})
+        try:
+            with ice.scoped(self.ice_addresses):
+                return await answer()
+        except (ValueError, InvalidStateError, InvalidAccessError) as exc:  # aiortc refused it
+            await self.free(webrtc_id, self.pcs.get(webrtc_id))
+            return OfferRefused("offer_refused", f"the offer was refused: {str(exc)[:200]}").response()
+        except BaseException as exc:
+            await self.free(webrtc_id, self.pcs.get(webrtc_id))
+            if not isinstance(exc, Exception):
+                raise
+            log.exception("offer %s failed", webrtc_id)
+            return OfferRefused("internal_error", f"the server could not answer the offer: "
+                                f"{type(exc).__name__}", 500).response()
+
+    def slots_in_use(self) -> int:
+        """Streams held: sessions (from any front end) and these peer connections, each id once
+        (a connection gets its session at its first frame)."""
+        return len(set(self.manager.ids()) | set(self.pcs))
+
+    def pending(self) -> list[str]:
+        """Connections that have no session: not connected yet, or no frame yet."""
+        return [sid for sid in list(self.pcs) if self.manager.get(sid) is None]
+
+    async def connection_timeout(self, pc, webrtc_id: str, time_limit: float):
+        # fastrtc starts this (time_limit 30) once the remote description is set, and closes
+        # a connection not up by then. This one watches the connection for its whole life: one
+        # without a session (never connected, no frame yet, or its session reaped as idle) for
+        # `pending_timeout` seconds is closed and its slot freed. It never touches a newer
+        # connection under the same id. Offers that fail before it starts are freed in `guarded_offer`.
+        loop = asyncio.get_running_loop()
+        seen = loop.time()
+        while self.pcs.get(webrtc_id) is pc and pc.connectionState not in ("closed", "failed"):
+            now = loop.time()
+            if self.manager.get(webrtc_id) is not None:
+                seen = now
+            elif now - seen >= self.pending_timeout:
+                log.info("WebRTC connection %s (%s) has had no stream for %.0f s: freeing its slot",
+                         webrtc_id, pc.connectionState, self.pending_timeout)
+                await self.free(webrtc_id, pc)
+                return
+            await asyncio.sleep(min(0.5, self.pending_timeout / 5))
+
+    async def free(self, webrtc_id: str, pc) -> None:
+        """Close `pc` and drop what fastrtc registered for `webrtc_id` (if still pc's)."""
+        if pc is not None:
+            try:
+                await pc.close()
+            except Exception:  # closing a half-made connection
+                log.debug("closing %s", webrtc_id, exc_info=True)
+        if pc is None or self.pcs.get(webrtc_id, pc) is pc:
+            for conn in self.clean_up(webrtc_id) or ():
+                try:
+                    conn.stop()
+                except Exception:
+                    log.debug("stopping %s", webrtc_id, exc_info=True)
+            self.pcs.pop(webrtc_id, None)
+
+    def clean_up(self, webrtc_id: str):
+        self.manager.close(webrtc_id, wait=0.0)
+        return super().clean_up(webrtc_id)
+
+
+def guard_offers(front_end: GuardedOffers, manager: SessionManager, host: str | None,
+                 pending_timeout: float = PENDING_TIMEOUT) -> GuardedOffers:
+    """Give a GuardedOffers front end its session manager, ICE addresses and bound."""
+    from streamstudio.app import ice
+
+    ice.install()
+    front_end.manager, front_end.ice_addresses = manager, ice.ice_addresses(host)
+    front_end.pending_timeout = pending_timeout
+    return front_end
+
+
 def build_stream(manager: SessionManager, rtc_config: dict | None = None, host: str | None = None,
                  pending_timeout: float = PENDING_TIMEOUT):
     """The fastrtc Stream behind POST /webrtc/offer (non-browser clients).
@@ -199,119 +308,49 @@ def build_stream(manager: SessionManager, rtc_config: dict | None = None, host: 
     interface); see streamstudio.app.ice. A connection that has no session for `pending_timeout`
     seconds (never connected, no frame yet, or its session reaped as idle) is closed and its
     slot freed."""
-    from aiortc.exceptions import InvalidAccessError, InvalidStateError
-    from fastapi.responses import JSONResponse
     from fastrtc import Stream
     from fastrtc.stream import Body
 
-    from streamstudio.app import ice
-
-    addresses = ice.ice_addresses(host)
-    ice.install()
-
-    class StudioStream(Stream):
-        """fastrtc's Stream with offers checked before they take a slot, every failure freeing
-        what fastrtc registered, a bounded wait for connections, and ICE on the bound address."""
+    class StudioStream(GuardedOffers, Stream):
+        """fastrtc's Stream with GuardedOffers' checks."""
 
         async def offer(self, body: Body):
-            try:
-                check_offer(body.model_dump())
-                if body.type == "ice-candidate":
-                    if body.webrtc_id not in self.pcs:
-                        raise OfferRefused("unknown_connection", f"no connection {body.webrtc_id!r}", 404)
-                    with ice.scoped(self.ice_addresses):
-                        return await super().offer(body)
-                if body.webrtc_id in self.pcs or body.webrtc_id in self.connections:
-                    raise OfferRefused("connection_already_exists",
-                                       f"a connection {body.webrtc_id!r} is already open", 409)
-            except OfferRefused as exc:
-                return exc.response()
-            if self.slots_in_use() >= manager.max_streams or not manager.has_capacity():
-                return JSONResponse({"status": "failed", "meta": {
-                    "error": "concurrency_limit_reached", "limit": manager.max_streams,
-                    "message": manager.busy_message()}})
-            try:
-                with ice.scoped(self.ice_addresses):
-                    answer = await super().offer(body)
-            except (ValueError, InvalidStateError, InvalidAccessError) as exc:  # aiortc refused it
-                await self.free(body.webrtc_id, self.pcs.get(body.webrtc_id))
-                return OfferRefused("offer_refused", f"the offer was refused: {str(exc)[:200]}").response()
-            except BaseException as exc:
-                await self.free(body.webrtc_id, self.pcs.get(body.webrtc_id))
-                if not isinstance(exc, Exception):
-                    raise
-                log.exception("offer %s failed", body.webrtc_id)
-                return OfferRefused("internal_error", f"the server could not answer the offer: "
-                                    f"{type(exc).__name__}", 500).response()
-            if isinstance(answer, dict) and body.webrtc_id in self.pcs:
+            answer = await self.guarded_offer(body.model_dump(), lambda: Stream.offer(self, body))
+            if isinstance(answer, dict) and body.type == "offer" and body.webrtc_id in self.pcs:
                 self.set_input(body.webrtc_id, None)  # start calling the handler (no UI inputs here)
             return answer
 
         offer.__annotations__["body"] = Body  # resolved here: this module has lazy annotations
 
-        def slots_in_use(self) -> int:
-            """Streams held: sessions (from any front end) and this stream's peer connections,
-            each id once (a connection gets its session at its first frame)."""
-            return len(set(manager.ids()) | set(self.pcs))
-
-        def pending(self) -> list[str]:
-            """This stream's connections that have no session: not connected yet, or no frame yet."""
-            return [sid for sid in list(self.pcs) if manager.get(sid) is None]
-
-        async def connection_timeout(self, pc, webrtc_id: str, time_limit: float):
-            # fastrtc starts this (time_limit 30) once the remote description is set, and closes
-            # a connection not up by then. This one watches the connection for its whole life: one
-            # without a session (never connected, no frame yet, or its session reaped as idle) for
-            # `pending_timeout` seconds is closed and its slot freed. It never touches a newer
-            # connection under the same id. Offers that fail before it starts are freed in `offer`.
-            loop = asyncio.get_running_loop()
-            seen = loop.time()
-            while self.pcs.get(webrtc_id) is pc and pc.connectionState not in ("closed", "failed"):
-                now = loop.time()
-                if manager.get(webrtc_id) is not None:
-                    seen = now
-                elif now - seen >= self.pending_timeout:
-                    log.info("WebRTC connection %s (%s) has had no stream for %.0f s: freeing its slot",
-                             webrtc_id, pc.connectionState, self.pending_timeout)
-                    await self.free(webrtc_id, pc)
-                    return
-                await asyncio.sleep(min(0.5, self.pending_timeout / 5))
-
-        async def free(self, webrtc_id: str, pc) -> None:
-            """Close `pc` and drop what fastrtc registered for `webrtc_id` (if still pc's)."""
-            if pc is not None:
-                try:
-                    await pc.close()
-                except Exception:  # closing a half-made connection
-                    log.debug("closing %s", webrtc_id, exc_info=True)
-            if pc is None or self.pcs.get(webrtc_id, pc) is pc:
-                for conn in self.clean_up(webrtc_id):
-                    try:
-                        conn.stop()
-                    except Exception:
-                        log.debug("stopping %s", webrtc_id, exc_info=True)
-                self.pcs.pop(webrtc_id, None)
-
-        def clean_up(self, webrtc_id: str):
-            manager.close(webrtc_id, wait=0.0)
-            return super().clean_up(webrtc_id)
-
     stream = StudioStream(LiveHandler(manager), mode="send-receive", modality="video",
                           concurrency_limit=manager.max_streams, rtc_configuration=rtc_config,
                           server_rtc_configuration=rtc_config, verbose=False)
-    stream.ice_addresses, stream.pending_timeout = addresses, pending_timeout
-    return stream
+    return guard_offers(stream, manager, host, pending_timeout)
 
 
-def free_on_disconnect(component, manager: SessionManager) -> None:
-    """Free a session when fastrtc cleans up its connection (component or Stream)."""
-    original = component.clean_up
+def live_component(manager: SessionManager, host: str | None, pending_timeout: float = PENDING_TIMEOUT, **kwargs):
+    """The Live tab's fastrtc WebRTC component with GuardedOffers' checks on its offer route
+    (Gradio's /gradio_api/component_server, fn_name "offer")."""
+    from fastrtc import WebRTC
+    from gradio.components.base import server
 
-    def clean_up(webrtc_id: str):
-        manager.close(webrtc_id, wait=0.0)
-        return original(webrtc_id)
+    class StudioWebRTC(GuardedOffers, WebRTC):
+        # The page must load fastrtc's own front-end code for it: same name, same class id.
+        def get_block_name(self) -> str:
+            return WebRTC.get_block_name(self)
 
-    component.clean_up = clean_up
+        @classmethod
+        def get_component_class_id(cls) -> str:
+            return WebRTC.get_component_class_id()
+
+        @server
+        async def offer(self, body):
+            if not isinstance(body, dict):
+                return OfferRefused("bad_request", "send a JSON object {sdp, type, webrtc_id}").response()
+            return await self.guarded_offer(
+                body, lambda: self.handle_offer(body, self.set_additional_outputs(body["webrtc_id"])))
+
+    return guard_offers(StudioWebRTC(**kwargs), manager, host, pending_timeout)
 
 
 def mount_api(app, manager: SessionManager, stream) -> None:

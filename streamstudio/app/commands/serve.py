@@ -130,7 +130,7 @@ def build_app(args, model=None):
     stream = webrtc.build_stream(manager, rtc, host=args.host or "127.0.0.1")
     webrtc.mount_api(app, manager, stream)
     blocks = ui.build_ui(manager, rtc_config=rtc, output_dir=args.output_dir,
-                         file_ttl=int(getattr(args, "upload_ttl", 300.0)))
+                         file_ttl=int(getattr(args, "upload_ttl", 300.0)), host=args.host or "127.0.0.1")
     app = gr.mount_gradio_app(app, blocks, path="/", server_name=args.host or "127.0.0.1", server_port=args.port,
                               show_api=False, auth=guard.auth, max_file_size=guard.max_upload_bytes,
                               ssr_mode=False)
