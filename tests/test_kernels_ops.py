@@ -105,7 +105,8 @@ def numpy_preprocess(frames: np.ndarray, height: int, width: int, bgr: bool) -> 
 
 
 def numpy_step(x, text, uncond, stock, noise, coef, g, delta, cfg):
-    """The Stream Batch step from the formulas in ARCHITECTURE.md / stream_diffusion.py, float64."""
+    """The Stream Batch step from the formulas in ARCHITECTURE.md / stream_diffusion.py, float64.
+    (The stock update is checked against StreamDiffusion's own unet_step in test_rcfg_reference.py.)"""
     alpha, beta, c_skip, c_out, a_next, b_next = (coef[:, k].reshape(-1, 1, 1, 1) for k in range(6))
     if cfg == CFG_NONE:
         eps = text
@@ -118,7 +119,7 @@ def numpy_step(x, text, uncond, stock, noise, coef, g, delta, cfg):
 
     x0 = step(x)
     x_next = a_next * x0 + b_next * noise
-    stock_next = noise + a_next / b_next * step(beta / alpha * x) if cfg in (CFG_SELF, CFG_INITIALIZE) else stock
+    stock_next = noise + a_next / b_next * step(beta * stock) if cfg in (CFG_SELF, CFG_INITIALIZE) else stock
     return x0, x_next, stock_next
 
 

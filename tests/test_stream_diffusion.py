@@ -123,8 +123,10 @@ def lcm_coefs(t_index, step_type="lcm"):
     return out
 
 
-def manual_frame(pipe, frame, cfg, g, d, step_type="lcm"):
-    """The whole trajectory of one frame, written out from the paper's formulas."""
+def manual_frame(pipe, frame, cfg, g, step_type="lcm"):
+    """The whole trajectory of one frame, written out from the paper's formulas (none / full:
+    no stock; the stock update of self / initialize is checked against StreamDiffusion's own
+    unet_step in test_rcfg_reference.py)."""
     unet, text, neg = pipe.unet, pipe._text, pipe._negative
     co = lcm_coefs(pipe._t_index, step_type)
     n = len(co)
@@ -133,28 +135,22 @@ def manual_frame(pipe, frame, cfg, g, d, step_type="lcm"):
         z = pipe._encode(kernels.preprocess(torch.from_numpy(frame), SIZE, SIZE))
         x = co[0]["a"] * z + co[0]["b"] * noise[0:1]
         eps_fn = lambda x, t, e: unet(x, torch.tensor([t]), encoder_hidden_states=e).sample
-        stock = eps_fn(x, co[0]["t"], neg) if cfg == "initialize" else noise[0:1]
         for j in range(n):
             c = co[j]
             eps_c = eps_fn(x, c["t"], text)
             if cfg == "none":
                 eps = eps_c
-            elif cfg == "full":
+            else:
                 eps_u = eps_fn(x, c["t"], neg)
                 eps = eps_u + g * (eps_c - eps_u)
-            else:
-                eps = d * stock + g * (eps_c - d * stock)
             x0 = c["c_out"] * (x - c["b"] * eps) / c["a"] + c["c_skip"] * x
             if j + 1 < n:
                 nx = co[j + 1]
-                scaled = c["b"] / c["a"] * x
-                dx = c["c_out"] * (scaled - c["b"] * eps) / c["a"] + c["c_skip"] * scaled
-                stock = noise[j + 1:j + 2] + nx["a"] / nx["b"] * dx
                 x = nx["a"] * x0 + nx["b"] * noise[j + 1:j + 2]
     return x0[0]
 
 
-@pytest.mark.parametrize("cfg", ["none", "self", "initialize", "full"])
+@pytest.mark.parametrize("cfg", ["none", "full"])
 @pytest.mark.parametrize("batch", [True, False])
 def test_rcfg_matches_formulas(comps, cfg, batch):
     g, d = 2.5, 0.8
@@ -163,7 +159,7 @@ def test_rcfg_matches_formulas(comps, cfg, batch):
     inputs = frames(3, seed=3)
     run_aligned(pipe, inputs)
     for frame, got in zip(inputs, lat):
-        torch.testing.assert_close(got, manual_frame(pipe, frame, cfg, g, d), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(got, manual_frame(pipe, frame, cfg, g), atol=1e-4, rtol=1e-4)
 
 
 def test_turbo_step_is_x0_equals_f(comps):
@@ -172,7 +168,7 @@ def test_turbo_step_is_x0_equals_f(comps):
     inputs = frames(2, seed=4)
     run_aligned(pipe, inputs)
     for frame, got in zip(inputs, lat):
-        torch.testing.assert_close(got, manual_frame(pipe, frame, "none", 1.0, 1.0, "turbo"), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(got, manual_frame(pipe, frame, "none", 1.0, "turbo"), atol=1e-4, rtol=1e-4)
 
 
 def test_none_equals_guidance_one(comps):
@@ -185,7 +181,7 @@ def test_none_equals_guidance_one(comps):
     for a, b in zip(lat_n, lat_f):
         torch.testing.assert_close(a, b)
     # and both equal textbook CFG at guidance 1, computed with both UNet passes
-    torch.testing.assert_close(lat_n[0], manual_frame(none, inputs[0], "full", 1.0, 1.0), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(lat_n[0], manual_frame(none, inputs[0], "full", 1.0), atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("cfg,per_frame", [("none", 1), ("self", 1), ("initialize", None), ("full", 2)])

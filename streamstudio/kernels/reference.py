@@ -70,7 +70,16 @@ def stream_step(
     c_skip, c_out (the LCM boundary scalings; 0 and 1 give sd-turbo's x0 = F), and
     alpha_next, beta_next of the row's next level (1, 1 for the last slot).
     Returns x0 (the denoised prediction), x_next (x0 re-noised with noise_next to the
-    next level) and stock_next (the residual-CFG stock noise the next level uses).
+    next level) and stock_next (the residual-CFG stock noise the next level uses):
+
+        eps        = delta * stock + guidance * (eps_text - delta * stock)   (self / initialize)
+        step(z)    = c_out * (z - beta * eps) / alpha + c_skip * z
+        x0         = step(x_t)
+        x_next     = alpha_next * x0 + beta_next * noise_next
+        stock_next = noise_next + alpha_next / beta_next * step(beta * stock)
+
+    as StreamDiffusion's `unet_step` (`scaled_noise = beta_prod_t_sqrt * stock_noise`); for
+    none / full, stock_next is stock.
     """
     c = coef.to(torch.float32).view(-1, 6, 1, 1, 1)
     alpha, beta, c_skip, c_out, alpha_next, beta_next = c.unbind(1)  # each (B, 1, 1, 1)
@@ -87,7 +96,9 @@ def stream_step(
     x0 = c_out * ((x - beta * eps) / alpha) + c_skip * x
     x_next = alpha_next * x0 + beta_next * noise_next.float()
     if cfg in (CFG_SELF, CFG_INITIALIZE):
-        scaled = beta / alpha * x
+        # The reference implementation's unet_step: scaled_noise = beta * stock_noise goes through
+        # the same step; the virtual residual noise comes from the stock, not from x_t.
+        scaled = beta * stock.float()
         delta_x = c_out * ((scaled - beta * eps) / alpha) + c_skip * scaled
         stock_next = noise_next.float() + alpha_next / beta_next * delta_x
     else:

@@ -11,10 +11,13 @@ Both compute exactly the same per-frame trajectory given the same noise:
     x0_j     = c_out_j * (x_j - beta_j * eps_j) / alpha_j + c_skip_j * x_j   (turbo: c_out=1, c_skip=0)
     x_{j+1}  = alpha_{j+1} * x0_j + beta_{j+1} * noise_{j+1}
     stock_0  = noise_0 (self) or eps_uncond(x_0) (initialize)
-    stock_{j+1} = noise_{j+1} + alpha_{j+1} / beta_{j+1} * step_j(eps_j, beta_j / alpha_j * x_j)
+    step_j(eps, z) = c_out_j * (z - beta_j * eps) / alpha_j + c_skip_j * z    (so x0_j = step_j(eps_j, x_j))
+    stock_{j+1} = noise_{j+1} + alpha_{j+1} / beta_{j+1} * step_j(eps_j, beta_j * stock_j)
 
 `noise_j` is the fixed noise of slot j (the paper's per-slot noise; the reference
-implementation's `init_noise`). Residual CFG uses `delta * stock_j` as the unconditional
+implementation's `init_noise`). The stock update is the reference implementation's
+(`unet_step`: `scaled_noise = beta_prod_t_sqrt * stock_noise` goes through the step): the
+scaled stock, not the image latent x_j, is stepped. Residual CFG uses `delta * stock_j` as the unconditional
 noise ("self", "initialize"), so UNet passes per frame are N (none), N (self), N + 1
 (initialize) and 2N (full).
 

@@ -226,7 +226,8 @@ __device__ __forceinline__ void step_element(float x, float text, float uncond_i
   x0 = lcm_x0(x, eps, k);
   x_next = __fadd_rn(__fmul_rn(k.alpha_next, x0), __fmul_rn(k.beta_next, noise));
   if (CFG == kCfgSelf || CFG == kCfgInitialize) {
-    const float scaled = __fmul_rn(__fdiv_rn(k.beta, k.alpha), x);
+    // scaled_noise = beta * stock (StreamDiffusion's unet_step): the stock, not x, is stepped.
+    const float scaled = __fmul_rn(k.beta, stock);
     const float delta_x = lcm_x0(scaled, eps, k);
     stock_next = __fadd_rn(noise, __fmul_rn(__fdiv_rn(k.alpha_next, k.beta_next), delta_x));
   }
