@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import time
+from pathlib import Path
 
 import httpx
 import psutil
@@ -387,6 +388,8 @@ def test_the_live_tabs_offer_route_is_guarded_too(server, good_sdp):
     """The same attacks through Gradio's component route (`fn_name: offer` of the Live tab's
     component): refused with the same codes, nothing held afterwards."""
     component = live_component_of(server)
+    import streamstudio.app.webrtc as module
+    assert not Path(module.__file__).with_suffix(".pyi").exists(), "Gradio wrote a stub into the package"
     config = httpx.get(f"{server.url}/config").json()
     assert "offer" in next(c for c in config["components"] if c["id"] == component._id)["props"]["server_fns"]
     for name, body, code in attacks(good_sdp):

@@ -19,6 +19,7 @@ The client must open a data channel (any label; fastrtc waits for one) before it
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import re
@@ -331,26 +332,36 @@ def build_stream(manager: SessionManager, rtc_config: dict | None = None, host: 
 def live_component(manager: SessionManager, host: str | None, pending_timeout: float = PENDING_TIMEOUT, **kwargs):
     """The Live tab's fastrtc WebRTC component with GuardedOffers' checks on its offer route
     (Gradio's /gradio_api/component_server, fn_name "offer")."""
+    return guard_offers(_studio_webrtc_class()(**kwargs), manager, host, pending_timeout)
+
+
+@functools.cache
+def _studio_webrtc_class():
+    from unittest import mock
+
     from fastrtc import WebRTC
     from gradio.components.base import server
 
-    class StudioWebRTC(GuardedOffers, WebRTC):
-        # The page must load fastrtc's own front-end code for it: same name, same class id.
-        def get_block_name(self) -> str:
-            return WebRTC.get_block_name(self)
+    # Gradio's component metaclass writes a .pyi stub beside the module of every Component
+    # subclass it creates (for custom-component authors); this class needs none.
+    with mock.patch("gradio.component_meta.create_or_modify_pyi", lambda *args: None):
+        class StudioWebRTC(GuardedOffers, WebRTC):
+            # The page must load fastrtc's own front-end code for it: same name, same class id.
+            def get_block_name(self) -> str:
+                return WebRTC.get_block_name(self)
 
-        @classmethod
-        def get_component_class_id(cls) -> str:
-            return WebRTC.get_component_class_id()
+            @classmethod
+            def get_component_class_id(cls) -> str:
+                return WebRTC.get_component_class_id()
 
-        @server
-        async def offer(self, body):
-            if not isinstance(body, dict):
-                return OfferRefused("bad_request", "send a JSON object {sdp, type, webrtc_id}").response()
-            return await self.guarded_offer(
-                body, lambda: self.handle_offer(body, self.set_additional_outputs(body["webrtc_id"])))
+            @server
+            async def offer(self, body):
+                if not isinstance(body, dict):
+                    return OfferRefused("bad_request", "send a JSON object {sdp, type, webrtc_id}").response()
+                return await self.guarded_offer(
+                    body, lambda: self.handle_offer(body, self.set_additional_outputs(body["webrtc_id"])))
 
-    return guard_offers(StudioWebRTC(**kwargs), manager, host, pending_timeout)
+    return StudioWebRTC
 
 
 def mount_api(app, manager: SessionManager, stream) -> None:
