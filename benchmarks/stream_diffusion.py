@@ -159,13 +159,13 @@ def ssf_static_rate(comps: SDComponents, frames: int = 110) -> float:
     return pipe.stats.skipped / pipe.stats.frames_in
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a few frames, 256x256 for the full-size model (< 60 s on CPU)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=None, help=f"JSON output (default {RESULTS})")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     dtype = torch.float16 if device.type == "cuda" else torch.float32

@@ -102,15 +102,16 @@ def builtin_fps(frames: int) -> dict:
             "buffer": f"N={s['num_chunks']} c={s['chunk_size']} s={s['micro_steps']}", "frame": "32x32"}
 
 
-def gpu_4b(repeats: int) -> dict:
+def gpu_4b(repeats: int, config: str = "4b", latent: tuple[int, ...] = (1, 16, 16, 128, 128)) -> dict:
+    """The 4B model's step time on the GPU (config and latent shape: for the CPU test of this path)."""
     if not torch.cuda.is_available():
         with torch.device("meta"):
-            params = count_parameters(StreamDiT(named_config("4b")))
+            params = count_parameters(StreamDiT(named_config(config)))
         return {"params": params, "step_ms": None, "paper_step_ms_h100": 482,
                 "note": "missing: no GPU in this session (the 4B step at 16x64x64 latents needs one)"}
-    model = StreamDiT(named_config("4b")).to("cuda", torch.bfloat16).eval()
-    x = torch.randn(1, 16, 16, 128, 128, device="cuda", dtype=torch.bfloat16)  # 16x64x64 tokens after patch 2
-    t = torch.rand(1, 16, device="cuda")
+    model = StreamDiT(named_config(config)).to("cuda", torch.bfloat16).eval()
+    x = torch.randn(*latent, device="cuda", dtype=torch.bfloat16)  # (B, F, C, H, W): 16x64x64 tokens after patch 2
+    t = torch.rand(latent[0], latent[1], device="cuda")  # (B, F): one level per frame
     text = model.encode_text("a red circle moving left")
     with torch.inference_mode():
         model(x, t, text)
