@@ -564,6 +564,8 @@ def test_benchmark_stream_video_on_a_gpu(fake_gpu, monkeypatch, cuda_on_cpu):
 
 
 def test_benchmark_webapp_machine_on_a_gpu(fake_gpu):
+    pytest.importorskip("gradio")  # the web app benchmark imports the app (the GPU image has no Gradio)
+    pytest.importorskip("fastrtc")
     bench = load_benchmark("webapp")
     assert bench.machine()["gpu"] == GPU_NAME and bench.machine()["device"] == "cuda"
 
