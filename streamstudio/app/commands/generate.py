@@ -110,11 +110,12 @@ def run(args) -> int:
     from PIL import Image
     from tqdm import tqdm
 
+    from streamstudio.streaming.sinks import make_output_folder
+
     inputs = list_images(Path(args.input)) if args.input else None
     if args.num_images < 1:
         raise StreamStudioError("--num-images must be at least 1")
-    out_dir = Path(args.output)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = make_output_folder(args.output, "images")
     pipe = build_pipeline(args, "img2img" if inputs else "txt2img")
     print(f"model: {pipe.comps.name} ({pipe.step_type} step), t_index_list {pipe._t_index}, "
           f"frame latency {pipe.latency_frames}")
