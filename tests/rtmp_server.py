@@ -14,8 +14,9 @@ import subprocess
 import time
 from pathlib import Path
 
-import av
 import pytest
+
+av = pytest.importorskip("av", reason="PyAV is not installed (the GPU image has none)")
 
 MODULE_PATHS = ("/usr/lib/nginx/modules/ngx_rtmp_module.so", "/usr/lib64/nginx/modules/ngx_rtmp_module.so")
 

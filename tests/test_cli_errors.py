@@ -9,11 +9,12 @@ from __future__ import annotations
 from fractions import Fraction
 from pathlib import Path
 
-import av
 import pytest
 from test_streaming_clips import frame_image, make_clip, probe
 
 from streamstudio.app.cli import main
+
+av = pytest.importorskip("av", reason="PyAV is not installed (the GPU image has none)")
 
 TINY = ["--model", "tiny", "--device", "cpu"]
 GOOD_PLY_HEADER = ["ply", "format binary_little_endian 1.0", "element vertex 1",

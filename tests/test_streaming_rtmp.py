@@ -10,7 +10,6 @@ import socket
 import threading
 import time
 
-import av
 import numpy as np
 import pytest
 from rtmp_server import free_port, read_stream
@@ -18,6 +17,8 @@ from rtmp_server import free_port, read_stream
 from streamstudio.errors import StreamStudioError
 from streamstudio.streaming.sinks import RtmpConfig, RtmpSink, open_sink
 from streamstudio.streaming.sources import PatternSource, open_source
+
+av = pytest.importorskip("av", reason="PyAV is not installed (the GPU image has none)")
 
 
 def push(sink, frames: int, fps: float, w: int = 96, h: int = 64, realtime: bool = True) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import threading
 import time
 
-import av
 import numpy as np
 import pytest
 from rtmp_server import read_stream
@@ -17,6 +16,8 @@ from rtmp_server import read_stream
 from streamstudio.app.sessions import ServerModel, SessionManager
 from streamstudio.app.ui import LiveOutput, _output_status, _start_output, _stop_output
 from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+
+av = pytest.importorskip("av", reason="PyAV is not installed (the GPU image has none)")
 
 W, H = 96, 64  # the session's output size: not square, so a swapped width/height shows
 FPS = 15
