@@ -248,7 +248,7 @@ class FakeOps:
 
     def _preprocess(self, frame, out, bgr):
         self.calls.append("preprocess")
-        assert frame.dtype == torch.uint8 and frame.dim() == 4 and frame.shape[3] == 3 and frame.is_contiguous()
+        assert frame.dtype == torch.uint8 and frame.dim() == 4 and frame.shape[3] in (3, 4) and frame.is_contiguous()
         assert out.dim() == 4 and out.shape[:2] == (frame.shape[0], 3) and out.is_contiguous()
         assert isinstance(bgr, bool)
         out.copy_(reference.preprocess(frame, out.shape[2], out.shape[3], out.dtype, bgr))

@@ -106,8 +106,8 @@ extern "C" cudaError_t cudaGetLastError(void) { return cudaSuccess; }
 #include "stream_ops.cu"
 
 extern "C" {
-int emu_preprocess(const uint8_t* in, void* out, int dtype, int b, int h, int w, int oh, int ow, int bgr) {
-  return streamstudio::preprocess_launch(in, out, dtype, b, h, w, oh, ow, bgr != 0, nullptr);
+int emu_preprocess(const uint8_t* in, void* out, int dtype, int b, int h, int w, int c, int oh, int ow, int bgr) {
+  return streamstudio::preprocess_launch(in, out, dtype, b, h, w, c, oh, ow, bgr != 0, nullptr);
 }
 int emu_postprocess(const void* in, int dtype, uint8_t* out, int b, int h, int w) {
   return streamstudio::postprocess_launch(in, dtype, out, b, h, w, nullptr);
@@ -177,15 +177,31 @@ def _assert_close(got, want, dtype, scale=1.0):
                                              ((37, 53), (24, 40), 0), ((20, 30), (45, 31), 0),
                                              ((64, 17), (16, 40), 0), ((135, 240), (64, 64), 0)])
 @pytest.mark.parametrize("bgr", [False, True])
-def test_emulated_preprocess(emu, dtype, size, out, offset, bgr):
-    gen = torch.Generator().manual_seed(hash((size, out, offset, bgr, str(dtype))) % 2**31)
-    frames = _offset(torch.randint(0, 256, (2, *size, 3), generator=gen, dtype=torch.uint8), offset)
+@pytest.mark.parametrize("channels", [3, 4])
+def test_emulated_preprocess(emu, dtype, size, out, offset, bgr, channels):
+    gen = torch.Generator().manual_seed(hash((size, out, offset, bgr, str(dtype), channels)) % 2**31)
+    frames = _offset(torch.randint(0, 256, (2, *size, channels), generator=gen, dtype=torch.uint8), offset)
     want = reference.preprocess(frames, *out, torch.float32, bgr)
     got = torch.full((2, 3, *out), float("nan"), dtype=dtype)
-    assert emu.emu_preprocess(_ptr(frames), _ptr(got), DTYPES[dtype], 2, *size, *out, int(bgr)) == 0
+    assert emu.emu_preprocess(_ptr(frames), _ptr(got), DTYPES[dtype], 2, *size, channels, *out, int(bgr)) == 0
     _assert_close(got, want, dtype, scale=5.0 if dtype == torch.float32 else 1.0)
     if size == out and dtype == torch.float32:
         assert torch.equal(got, want)  # same size: bit-exact
+
+
+def test_emulated_preprocess_refuses_other_channel_counts(emu):
+    frames = torch.zeros((1, 4, 4, 2), dtype=torch.uint8)
+    got = torch.zeros((1, 3, 4, 4))
+    assert emu.emu_preprocess(_ptr(frames), _ptr(got), 0, 1, 4, 4, 2, 4, 4, 0) != 0
+
+
+def test_reference_composites_rgba_on_black():
+    """Independent of the formula in reference.py: a pixel of colour c at alpha a over black is
+    c * a / 255 (alpha 0: black, 255: the colour itself), before normalization to [-1, 1]."""
+    rgba = torch.tensor([[[[200, 100, 50, 255], [200, 100, 50, 0], [255, 255, 255, 51]]]], dtype=torch.uint8)
+    got = reference.preprocess(rgba, 1, 3)  # (1, 3, 1, 3)
+    want_0_255 = torch.tensor([[200, 0, 51], [100, 0, 51], [50, 0, 51]], dtype=torch.float32)  # channel x pixel
+    torch.testing.assert_close(got[0, :, 0, :], want_0_255 / 127.5 - 1.0)
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))

@@ -8,7 +8,7 @@ import torch
 
 from streamstudio import kernels
 from streamstudio.errors import StreamStudioError
-from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig, slerp
+from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig, slerp, to_frames
 
 SIZE = 32
 
@@ -294,6 +294,23 @@ def test_input_conversions(comps):
     for image in (gray, rgba, floats, one, torch.from_numpy(gray)):
         out = pipe(image)
         assert out.shape == (40, 48, 3) and out.dtype == np.uint8
+
+
+def test_rgba_input_is_its_composite_on_black(comps):
+    """An RGBA frame gives what the same picture flattened on black gives (alpha 255: the colour,
+    alpha 0: black, in between: c * a / 255), without a numpy pass over the frame."""
+    rng = np.random.default_rng(3)
+    rgba = rng.integers(0, 256, (48, 48, 4), dtype=np.uint8)
+    rgba[:16, :, 3], rgba[16:32, :, 3] = 255, 0
+    flat = rgba[:, :, :3].copy()
+    flat[16:32] = 0
+    mid = rgba[32:].astype(np.float64)
+    flat[32:] = np.round(mid[:, :, :3] * mid[:, :, 3:4] / 255.0).astype(np.uint8)
+    a, b = make(comps, steps=1, width=48, height=48), make(comps, steps=1, width=48, height=48)
+    out_rgba, out_flat = a(rgba).astype(int), b(flat).astype(int)
+    assert np.abs(out_rgba - out_flat).max() <= 2  # flat rounds c * a / 255 to whole levels; rgba does not
+    both = to_frames([rgba, flat], 2)  # RGB beside RGBA: the RGB frame gets opaque alpha
+    assert both.shape == (2, 48, 48, 4) and (both[1, :, :, 3] == 255).all()
 
 
 @pytest.mark.parametrize("bad,match", [

@@ -40,11 +40,12 @@ def fused_available() -> bool:
 
 def preprocess(frame: torch.Tensor, height: int, width: int, dtype: torch.dtype = torch.float32,
                bgr: bool = False) -> torch.Tensor:
-    """uint8 (H, W, 3) or (B, H, W, 3) -> (B, 3, height, width) in [-1, 1]."""
+    """uint8 (H, W, C) or (B, H, W, C), C = 3 or 4 (RGBA, composited on black) -> (B, 3, height,
+    width) in [-1, 1]."""
     ops = _ops(frame)
-    if ops is None or frame.dtype != torch.uint8 or dtype not in FLOAT_DTYPES or frame.shape[-1] != 3:
+    if ops is None or frame.dtype != torch.uint8 or dtype not in FLOAT_DTYPES or frame.shape[-1] not in (3, 4):
         return reference.preprocess(frame, height, width, dtype, bgr)
-    frames = (frame.unsqueeze(0) if frame.dim() == 3 else frame).contiguous()  # (B, H, W, 3)
+    frames = (frame.unsqueeze(0) if frame.dim() == 3 else frame).contiguous()  # (B, H, W, C)
     out = torch.empty((frames.shape[0], 3, height, width), device=frame.device, dtype=dtype)
     ops.preprocess(frames, out, bool(bgr))
     return out  # (B, 3, height, width)

@@ -17,7 +17,9 @@ CFG_CODES = {"none": CFG_NONE, "self": CFG_SELF, "initialize": CFG_INITIALIZE, "
 def preprocess(
     frame: torch.Tensor, height: int, width: int, dtype: torch.dtype = torch.float32, bgr: bool = False
 ) -> torch.Tensor:
-    """uint8 frame(s) (H, W, 3) or (B, H, W, 3), RGB or BGR -> (B, 3, height, width) in [-1, 1].
+    """uint8 frame(s) (H, W, C) or (B, H, W, C), RGB or BGR -> (B, 3, height, width) in [-1, 1].
+
+    C is 3, or 4: RGBA, composited on black first (c * (a / 255) in float32, no rounding).
 
     Resizing is bilinear with antialiasing when shrinking (half-pixel centres, as OpenCV).
     Precisely, per axis with s = in / out and r = max(s, 1): output i has centre
@@ -29,7 +31,11 @@ def preprocess(
     """
     if frame.dim() == 3:
         frame = frame.unsqueeze(0)  # (1, H, W, 3)
-    x = frame.permute(0, 3, 1, 2).float()  # (B, 3, H, W) in [0, 255]
+    x = frame.permute(0, 3, 1, 2).float()  # (B, C, H, W) in [0, 255]
+    if x.shape[1] == 4:
+        x = x[:, :3] * (x[:, 3:4] / 255.0)  # composite on black, (B, 3, H, W)
+    elif x.shape[1] != 3:
+        raise ValueError(f"preprocess takes 3 or 4 channels, got {x.shape[1]}")
     if bgr:
         x = x.flip(1)
     if x.shape[-2:] != (height, width):

@@ -528,7 +528,8 @@ def slerp(a: torch.Tensor, b: torch.Tensor, t: float) -> torch.Tensor:
 
 
 def to_frames(image, count: int = 1) -> torch.Tensor:
-    """Any supported image(s) -> uint8 (count, H, W, 3) RGB.
+    """Any supported image(s) -> uint8 (count, H, W, 3) RGB, or (count, H, W, 4) RGBA when one
+    of them has alpha (the preprocess kernel composites it on black).
 
     Takes numpy arrays (H, W), (H, W, 1), (H, W, 3) or (H, W, 4) of uint8 or floats in [0, 1],
     PIL images, uint8 torch tensors (H, W, C), or a list of `count` of these.
@@ -537,6 +538,8 @@ def to_frames(image, count: int = 1) -> torch.Tensor:
     if len(items) != count:
         raise StreamStudioError(f"expected {count} frame(s) per call (frame_buffer_size), got {len(items)}")
     frames = [_one_frame(item) for item in items]
+    if len({f.shape[2] for f in frames}) > 1:  # RGB beside RGBA: opaque alpha for the RGB ones
+        frames = [f if f.shape[2] == 4 else np.dstack([f, np.full(f.shape[:2], 255, np.uint8)]) for f in frames]
     if len({f.shape for f in frames}) > 1:
         raise StreamStudioError("all frames of one call must have the same size")
     return torch.from_numpy(np.stack(frames))
@@ -568,7 +571,4 @@ def _one_frame(image) -> np.ndarray:
         image = (image * 255.0).round().astype(np.uint8)
     if image.shape[2] == 1:
         image = np.repeat(image, 3, axis=2)
-    elif image.shape[2] == 4:  # composite on black by alpha
-        alpha = image[:, :, 3:4].astype(np.float32) / 255.0
-        image = (image[:, :, :3].astype(np.float32) * alpha).round().astype(np.uint8)
-    return np.ascontiguousarray(image)
+    return np.ascontiguousarray(image)  # RGBA stays: the preprocess kernel composites it on black

@@ -38,19 +38,21 @@ void check_launch(cudaError_t err, const char* op) {
   TORCH_CHECK(err == cudaSuccess, "stream_ops: ", op, " launch failed: ", cudaGetErrorString(err));
 }
 
-// frame: uint8 (B, H, W, 3); out: (B, 3, oh, ow) float32 / float16 / bfloat16.
+// frame: uint8 (B, H, W, 3) or (B, H, W, 4) (RGBA, composited on black); out: (B, 3, oh, ow)
+// float32 / float16 / bfloat16.
 void preprocess(const at::Tensor& frame, const at::Tensor& out, bool bgr) {
   check_cuda(frame, "frame");
   check_cuda(out, "out");
-  TORCH_CHECK(frame.scalar_type() == at::kByte && frame.dim() == 4 && frame.size(3) == 3,
-              "stream_ops.preprocess: frame must be uint8 (B, H, W, 3)");
+  TORCH_CHECK(frame.scalar_type() == at::kByte && frame.dim() == 4 && (frame.size(3) == 3 || frame.size(3) == 4),
+              "stream_ops.preprocess: frame must be uint8 (B, H, W, 3) or (B, H, W, 4)");
   TORCH_CHECK(out.dim() == 4 && out.size(0) == frame.size(0) && out.size(1) == 3,
               "stream_ops.preprocess: out must be (B, 3, h, w)");
   TORCH_CHECK(out.device() == frame.device(), "stream_ops.preprocess: frame and out on different devices");
   if (out.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(frame.device());
   check_launch(streamstudio::preprocess_launch(frame.data_ptr<uint8_t>(), out.data_ptr(), dtype_code(out),
-                                               frame.size(0), frame.size(1), frame.size(2), out.size(2), out.size(3),
+                                               frame.size(0), frame.size(1), frame.size(2), frame.size(3),
+                                               out.size(2), out.size(3),
                                                bgr, c10::cuda::getCurrentCUDAStream().stream()),
                "preprocess");
 }
@@ -136,7 +138,7 @@ void cosine_similarity(const at::Tensor& a, const at::Tensor& b, const at::Tenso
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "StreamStudio fused ops (see streamstudio/kernels/reference.py)";
-  m.def("preprocess", &preprocess, "uint8 (B,H,W,3) -> (B,3,h,w) in [-1,1], into out");
+  m.def("preprocess", &preprocess, "uint8 (B,H,W,3|4) -> (B,3,h,w) in [-1,1], into out");
   m.def("postprocess", &postprocess, "(B,3,H,W) in [-1,1] -> uint8 (B,H,W,3), into out");
   m.def("stream_step", &stream_step, "the Stream Batch step, into x0, x_next, stock_next");
   m.def("cosine_similarity", &cosine_similarity, "cosine similarity into out (float32, 1)");

@@ -1,6 +1,7 @@
 // Fused ops of the image pipeline's hot path (see streamstudio/kernels/reference.py for the
 // exact semantics each kernel matches):
-//   preprocess    uint8 (B, H, W, 3) RGB/BGR -> resized, normalized (B, 3, h, w) in [-1, 1]
+//   preprocess    uint8 (B, H, W, 3 or 4) RGB/BGR(A) -> resized, normalized (B, 3, h, w) in [-1, 1];
+//                 RGBA is composited on black (c * a / 255) before the resize
 //   postprocess   (B, 3, H, W) in [-1, 1] -> uint8 (B, H, W, 3), clamped, rounded half to even
 //   stream_step   RCFG combination + LCM/turbo x0 + re-noise + stock update, whole buffer
 //   cosine        dot(a, b) / (|a| |b|) as one pass over both tensors (+ a one-block finish)
@@ -86,10 +87,20 @@ __device__ __forceinline__ float normalize_pixel(float v) {  // [0, 255] -> [-1,
   return __fsub_rn(__fdiv_rn(v, 127.5f), 1.0f);
 }
 
+// Channel c of a pixel of C channels; with C == 4, composited on black: c * (a / 255), as the
+// reference rounds it (the division first).
+template <int C>
+__device__ __forceinline__ float pixel_channel(const uint8_t* px, int c) {
+  const float v = static_cast<float>(__ldg(px + c));
+  if (C == 4) return __fmul_rn(v, __fdiv_rn(static_cast<float>(__ldg(px + 3)), 255.0f));
+  return v;
+}
+
 // One thread per output pixel (all three channels). grid: (cdiv(ow, 32), cdiv(oh, 8), B).
-template <typename T, bool BGR>
+// C: input channels, 3 (RGB) or 4 (RGBA, composited on black).
+template <typename T, bool BGR, int C>
 __global__ void __launch_bounds__(256) preprocess_resize_kernel(
-    const uint8_t* __restrict__ in,  // (B, H, W, 3)
+    const uint8_t* __restrict__ in,  // (B, H, W, C)
     T* __restrict__ out,             // (B, 3, oh, ow)
     Axis ax, Axis ay, int oh, int ow) {
   const int x = blockIdx.x * blockDim.x + threadIdx.x;
@@ -101,16 +112,16 @@ __global__ void __launch_bounds__(256) preprocess_resize_kernel(
   axis_taps(x, ax, x_lo, x_n, x_c, x_inv);
   axis_taps(y, ay, y_lo, y_n, y_c, y_inv);
   const int64_t in_w = ax.in_size;
-  const uint8_t* img = in + static_cast<int64_t>(b) * ay.in_size * in_w * 3;
+  const uint8_t* img = in + static_cast<int64_t>(b) * ay.in_size * in_w * C;
   float acc0 = 0.0f, acc1 = 0.0f, acc2 = 0.0f;
   for (int jy = 0; jy < y_n; ++jy) {
-    const uint8_t* row = img + (static_cast<int64_t>(y_lo + jy) * in_w + x_lo) * 3;
+    const uint8_t* row = img + (static_cast<int64_t>(y_lo + jy) * in_w + x_lo) * C;
     float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f;  // horizontal pass of this row
     for (int jx = 0; jx < x_n; ++jx) {
       const float w = tap_weight(jx, x_lo, x_c, x_inv, ax);
-      s0 += w * static_cast<float>(__ldg(row + 3 * jx + 0));
-      s1 += w * static_cast<float>(__ldg(row + 3 * jx + 1));
-      s2 += w * static_cast<float>(__ldg(row + 3 * jx + 2));
+      s0 += w * pixel_channel<C>(row + C * jx, 0);
+      s1 += w * pixel_channel<C>(row + C * jx, 1);
+      s2 += w * pixel_channel<C>(row + C * jx, 2);
     }
     const float wy = tap_weight(jy, y_lo, y_c, y_inv, ay);
     acc0 += wy * s0;
@@ -377,17 +388,22 @@ Axis make_axis(int in_size, int out_size) {
 }
 
 template <typename T, bool BGR>
-void launch_preprocess(const uint8_t* in, void* out_v, int batch, int h, int w, int oh, int ow, cudaStream_t s) {
+void launch_preprocess(const uint8_t* in, void* out_v, int batch, int h, int w, int oh, int ow, int channels,
+                       cudaStream_t s) {
   T* out = static_cast<T*>(out_v);
   const int64_t hw = static_cast<int64_t>(h) * w;
-  if (h == oh && w == ow && hw % 4 == 0 && aligned(in, 4) && aligned(out, 4 * sizeof(T))) {
+  if (channels == 3 && h == oh && w == ow && hw % 4 == 0 && aligned(in, 4) && aligned(out, 4 * sizeof(T))) {
     const int64_t n_pix = hw * batch;
     launch_kernel(preprocess_copy4_kernel<T, BGR>, dim3(static_cast<unsigned>(cdiv(n_pix / 4, 256))), dim3(256), s, in, out, n_pix, hw);
     return;
   }
   const dim3 block(32, 8);
   const dim3 grid(static_cast<unsigned>(cdiv(ow, 32)), static_cast<unsigned>(cdiv(oh, 8)), batch);
-  launch_kernel(preprocess_resize_kernel<T, BGR>, grid, block, s, in, out, make_axis(w, ow), make_axis(h, oh), oh, ow);
+  if (channels == 4) {  // same size too: the taps are then one weight of 1, so the copy is exact
+    launch_kernel(preprocess_resize_kernel<T, BGR, 4>, grid, block, s, in, out, make_axis(w, ow), make_axis(h, oh), oh, ow);
+    return;
+  }
+  launch_kernel(preprocess_resize_kernel<T, BGR, 3>, grid, block, s, in, out, make_axis(w, ow), make_axis(h, oh), oh, ow);
 }
 
 template <typename T>
@@ -448,14 +464,15 @@ int launch_cosine(const void* a_v, const void* b_v, int64_t n, float* partial, i
 // The public launchers are qualified definitions: each must match its declaration in
 // stream_ops.h exactly, or nvcc fails (an unqualified one would silently add an overload).
 cudaError_t streamstudio::preprocess_launch(const uint8_t* in, void* out, int dtype, int batch, int h, int w,
-                                            int oh, int ow, bool bgr, cudaStream_t s) {
+                                            int channels, int oh, int ow, bool bgr, cudaStream_t s) {
+  if (channels != 3 && channels != 4) return cudaErrorInvalidValue;
   switch (dtype * 2 + (bgr ? 1 : 0)) {
-    case kF32 * 2: launch_preprocess<float, false>(in, out, batch, h, w, oh, ow, s); break;
-    case kF32 * 2 + 1: launch_preprocess<float, true>(in, out, batch, h, w, oh, ow, s); break;
-    case kF16 * 2: launch_preprocess<__half, false>(in, out, batch, h, w, oh, ow, s); break;
-    case kF16 * 2 + 1: launch_preprocess<__half, true>(in, out, batch, h, w, oh, ow, s); break;
-    case kBF16 * 2: launch_preprocess<__nv_bfloat16, false>(in, out, batch, h, w, oh, ow, s); break;
-    default: launch_preprocess<__nv_bfloat16, true>(in, out, batch, h, w, oh, ow, s); break;
+    case kF32 * 2: launch_preprocess<float, false>(in, out, batch, h, w, oh, ow, channels, s); break;
+    case kF32 * 2 + 1: launch_preprocess<float, true>(in, out, batch, h, w, oh, ow, channels, s); break;
+    case kF16 * 2: launch_preprocess<__half, false>(in, out, batch, h, w, oh, ow, channels, s); break;
+    case kF16 * 2 + 1: launch_preprocess<__half, true>(in, out, batch, h, w, oh, ow, channels, s); break;
+    case kBF16 * 2: launch_preprocess<__nv_bfloat16, false>(in, out, batch, h, w, oh, ow, channels, s); break;
+    default: launch_preprocess<__nv_bfloat16, true>(in, out, batch, h, w, oh, ow, channels, s); break;
   }
   return cudaGetLastError();
 }

@@ -26,9 +26,10 @@ struct StepArgs {
   float delta;
 };
 
-// uint8 (B, h, w, 3) -> (B, 3, oh, ow) of dtype in [-1, 1].
-cudaError_t preprocess_launch(const uint8_t* in, void* out, int dtype, int batch, int h, int w, int oh, int ow,
-                              bool bgr, cudaStream_t s);
+// uint8 (B, h, w, channels) -> (B, 3, oh, ow) of dtype in [-1, 1]; channels 3, or 4 (RGBA,
+// composited on black). cudaErrorInvalidValue for any other channel count.
+cudaError_t preprocess_launch(const uint8_t* in, void* out, int dtype, int batch, int h, int w, int channels,
+                              int oh, int ow, bool bgr, cudaStream_t s);
 // (B, 3, h, w) of dtype -> uint8 (B, h, w, 3).
 cudaError_t postprocess_launch(const void* in, int dtype, uint8_t* out, int batch, int h, int w, cudaStream_t s);
 cudaError_t stream_step_launch(const StepArgs& args, int dtype, int cfg, cudaStream_t s);
