@@ -22,6 +22,12 @@ step fall into step and their calls meet. Streams between frames are not waited 
 that reuses its output buffers (CUDA graphs) cannot overwrite a stream's result. When a
 batched call fails, each of its calls is run again alone, so a bad call fails only its own
 stream.
+
+Fixed shapes for compiled networks and TensorRT engines: their calls are padded up to a bucket
+(1, 2, 4, 8, 16 rows for max_rows 16; the pad rows repeat the last row and are dropped), and
+the first call of a network warms every bucket up on the executor thread (where CUDA graph
+trees live), so that a change in the number of streams never compiles a graph or captures a
+CUDA graph while streams run. `warm_up` makes that first call at start-up.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from diffusers.models.unets.unet_2d_condition import UNet2DConditionOutput  # .s
 from torch import nn
 
 from streamstudio.errors import StreamStudioError
+from streamstudio.models.acceleration import BatchPlan, bucket_for, bucket_sizes, fixed_shapes
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +56,13 @@ log = logging.getLogger(__name__)
 class BatchingConfig:
     max_rows: int = 16  # batch rows per network call at most
     max_wait_ms: float = 2.0  # wait for other streams' calls this long at most, once one is in
+    pad_to_buckets: bool | None = None  # pad calls to bucket_sizes(max_rows); None: when the network is
+    #                                     compiled or a TensorRT engine (acceleration.fixed_shapes)
+    warm_up: bool = True  # with padding: the first call of a network runs every bucket once first
+
+    @property
+    def buckets(self) -> tuple[int, ...]:
+        return bucket_sizes(self.max_rows)
 
     def validate(self) -> "BatchingConfig":
         if self.max_rows < 1:
@@ -66,6 +80,9 @@ class BatchStats:
     batched_calls: int = 0  # calls that served more than one request
     retried: int = 0  # requests run alone after their batch failed
     largest: int = 0  # most requests served by one call
+    padded_rows: int = 0  # rows added to reach a bucket (computed, then dropped)
+    warmup_calls: int = 0  # network calls made to warm buckets up
+    sizes: set = field(default_factory=set)  # every batch size a network was called with (pads included)
 
     @property
     def requests_per_call(self) -> float:
@@ -79,6 +96,8 @@ class _Request:
     args: tuple[torch.Tensor, ...]
     rows: int
     stage: int = 0
+    pad: bool = False  # pad the call's rows up to a bucket
+    job: bool = False  # a function to run on the executor thread, not a network call
     done: threading.Event = field(default_factory=threading.Event)
     result: torch.Tensor | None = None
     error: BaseException | None = None
@@ -100,6 +119,7 @@ class BatchExecutor:
         self._cond = threading.Condition()
         self._clients = 0
         self._closed = False
+        self._warm: set[tuple] = set()  # keys whose buckets are warmed up
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -116,7 +136,10 @@ class BatchExecutor:
                 self._clients -= 1
                 self._cond.notify_all()
 
-    def run(self, name: str, fn: Callable[..., torch.Tensor], *args: torch.Tensor, stage: int = 0) -> torch.Tensor:
+    def run(self, name: str, fn: Callable[..., torch.Tensor], *args: torch.Tensor, stage: int = 0,
+            pad: bool = False) -> torch.Tensor:
+        """fn over args batched with other calls like it; pad: pad the joined rows up to a
+        bucket (a compiled network or engine sees only the bucket sizes)."""
         if threading.current_thread() is self._thread:  # a network calling another: no queue
             return fn(*args)
         rows = args[0].shape[0]
@@ -124,7 +147,17 @@ class BatchExecutor:
             raise StreamStudioError(f"{name}: every argument needs the same batch size, got "
                                     f"{[a.shape[0] for a in args]}")
         key = (name, tuple((tuple(a.shape[1:]), a.dtype, a.device) for a in args))
-        request = _Request(key, fn, args, rows, stage)
+        return self._submit(_Request(key, fn, args, rows, stage, pad=pad))
+
+    def submit(self, fn: Callable[[], object]) -> object:
+        """Run fn() on the executor thread (before any queued network call) and return its
+        result: start-up work that must happen where the networks run (CUDA graph trees are
+        per thread)."""
+        if threading.current_thread() is self._thread:
+            return fn()
+        return self._submit(_Request(("job", id(fn)), fn, (), 0, stage=-1, job=True))
+
+    def _submit(self, request: _Request):
         with self._cond:
             if self._closed:
                 raise StreamStudioError("the model executor is shut down")
@@ -173,9 +206,12 @@ class BatchExecutor:
                     self._queue.clear()
                     return None
                 first = min(self._queue, key=lambda r: r.stage)  # the oldest of the earliest stage
-                batch, rows = [], 0
+                if first.job:
+                    self._queue.remove(first)
+                    return [first]
+                batch, rows = [first], first.rows  # a call bigger than max_rows runs alone
                 for request in self._queue:
-                    if request.key == first.key and rows + request.rows <= cfg.max_rows:
+                    if request is not first and request.key == first.key and rows + request.rows <= cfg.max_rows:
                         batch.append(request)
                         rows += request.rows
                 missing = self._clients - len(self._queue)  # streams in a frame with no call queued
@@ -187,47 +223,91 @@ class BatchExecutor:
                 self._cond.wait(left)
 
     def _execute(self, batch: list[_Request]) -> None:
-        if len(batch) == 1:
-            self._run_alone(batch[0])
+        if batch[0].job:
+            self._run_job(batch[0])
             return
-        n_args = len(batch[0].args)
         try:
-            joined = [torch.cat([r.args[i] for r in batch]) for i in range(n_args)]  # (sum rows, ...)
-            out = batch[0].fn(*joined)
-            self._count(batch, out)
-            start = 0
-            for request in batch:
-                request.result = out[start:start + request.rows].clone()
-                start += request.rows
-        except Exception as exc:  # run each alone: only the bad one fails
+            self._call(batch)
+        except BaseException as exc:  # noqa: BLE001 - handed to the callers' threads
+            if len(batch) == 1:
+                batch[0].error = exc
+                batch[0].done.set()
+                return
             log.warning("a batched call of %d streams failed (%s); running them one by one", len(batch), exc)
-            for request in batch:
+            for request in batch:  # run each alone: only the bad one fails
                 self.stats.retried += 1
-                self._run_alone(request)
+                try:
+                    self._call([request])
+                except BaseException as err:  # noqa: BLE001
+                    request.error = err
+                finally:
+                    request.done.set()
             return
         for request in batch:
             request.done.set()
 
-    def _run_alone(self, request: _Request) -> None:
+    def _run_job(self, request: _Request) -> None:
         try:
-            out = request.fn(*request.args)
-            self._count([request], out)
-            request.result = out.clone()
-        except BaseException as exc:  # handed to the caller's thread
+            request.result = request.fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
             request.error = exc
         finally:
             request.done.set()
 
-    def _count(self, batch: list[_Request], out: torch.Tensor) -> None:
+    def _call(self, batch: list[_Request]) -> None:
+        """One network call over the batch's rows (padded to a bucket when asked); each
+        request gets a copy of its rows of the result."""
+        first = batch[0]
         rows = sum(r.rows for r in batch)
-        if not isinstance(out, torch.Tensor) or out.shape[0] != rows:
-            raise StreamStudioError(f"a batched network returned {getattr(out, 'shape', type(out))} for {rows} rows")
+        size = bucket_for(rows, self.config.buckets) if first.pad else rows
+        if first.pad and self.config.warm_up and first.key not in self._warm:
+            self._warm_up(first)
+        n_args = len(first.args)
+        if len(batch) == 1:
+            args = [_with_rows(a, size) for a in first.args]
+        else:
+            args = [_with_rows(torch.cat([r.args[i] for r in batch]), size) for i in range(n_args)]  # (size, ...)
+        out = first.fn(*args)
+        if not isinstance(out, torch.Tensor) or out.shape[0] != size:
+            raise StreamStudioError(f"a batched network returned {getattr(out, 'shape', type(out))} for {size} rows")
+        start = 0
+        for request in batch:
+            request.result = out[start:start + request.rows].clone()  # pad rows are dropped
+            start += request.rows
         s = self.stats
         s.calls += 1
         s.requests += len(batch)
         s.rows += rows
+        s.padded_rows += size - rows
         s.batched_calls += len(batch) > 1
         s.largest = max(s.largest, len(batch))
+        s.sizes.add(size)
+
+    def _warm_up(self, request: _Request) -> None:
+        """Run the request's network once at every bucket size (three times on a GPU, so that
+        CUDA graphs are recorded), before the first real call."""
+        self._warm.add(request.key)
+        on_gpu = any(a.is_cuda for a in request.args)
+        for size in self.config.buckets:
+            for _ in range(3 if on_gpu else 1):
+                try:
+                    request.fn(*[_with_rows(a, size) for a in request.args])
+                except Exception as exc:  # noqa: BLE001 - a size the network cannot take fails again when sent
+                    log.warning("warm-up of %s at batch %d failed: %s", request.key[0], size, exc)
+                    break
+                self.stats.warmup_calls += 1
+        log.info("warmed up %s at batch sizes %s", request.key[0], self.config.buckets)
+
+
+def _with_rows(a: torch.Tensor, rows: int) -> torch.Tensor:
+    """`a` (B, ...) with `rows` rows, contiguous: its first rows, or padded with copies of its
+    last row (rows are independent in these networks: pad rows change no other row)."""
+    b = a.shape[0]
+    if rows == b:
+        return a.contiguous()
+    if rows < b:
+        return a[:rows].contiguous()
+    return torch.cat([a, a[-1:].expand(rows - b, *a.shape[1:])])  # (rows, ...)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -245,6 +325,8 @@ class BatchedUNet(nn.Module):
         self.unet = unet
         self.executor = executor
         self._name = f"unet-{id(unet)}"
+        pad = executor.config.pad_to_buckets
+        self.pad = fixed_shapes(unet) if pad is None else pad
 
     @property
     def config(self):
@@ -262,7 +344,10 @@ class BatchedUNet(nn.Module):
         t = torch.as_tensor(timestep, device=sample.device).reshape(-1)
         t = t.expand(b) if t.numel() == 1 else t  # (B,)
         text = encoder_hidden_states.expand(b, -1, -1) if encoder_hidden_states.shape[0] == 1 else encoder_hidden_states
-        out = self.executor.run(self._name, self._call, sample, t, text, stage=STAGE_UNET)  # (B, 4, h, w)
+        # contiguous: a compiled graph's guards check strides, and an expanded view (stride 0) and a
+        # joined batch of one size would otherwise compile twice
+        out = self.executor.run(self._name, self._call, sample.contiguous(), t.contiguous(), text.contiguous(),
+                                stage=STAGE_UNET, pad=self.pad)  # (B, 4, h, w)
         return UNet2DConditionOutput(sample=out) if return_dict else (out,)
 
 
@@ -275,6 +360,8 @@ class BatchedVAE(nn.Module):
         self.vae = vae
         self.executor = executor
         self._names = (f"vae-encode-{id(vae)}", f"vae-decode-{id(vae)}")
+        pad = executor.config.pad_to_buckets
+        self.pad = fixed_shapes(vae) if pad is None else pad
 
     @property
     def config(self):
@@ -288,11 +375,13 @@ class BatchedVAE(nn.Module):
         return self.vae.decode(latents).sample
 
     def encode(self, images: torch.Tensor, return_dict: bool = True):
-        latents = self.executor.run(self._names[0], self._encode, images, stage=STAGE_ENCODE)  # (B, 4, H/8, W/8)
+        latents = self.executor.run(self._names[0], self._encode, images.contiguous(), stage=STAGE_ENCODE,
+                                    pad=self.pad)  # (B, 4, H/8, W/8)
         return AutoencoderTinyOutput(latents=latents) if return_dict else (latents,)
 
     def decode(self, latents: torch.Tensor, return_dict: bool = True):
-        images = self.executor.run(self._names[1], self._decode, latents, stage=STAGE_DECODE)  # (B, 3, H, W)
+        images = self.executor.run(self._names[1], self._decode, latents.contiguous(), stage=STAGE_DECODE,
+                                   pad=self.pad)  # (B, 3, H, W)
         return DecoderOutput(sample=images) if return_dict else (images,)
 
     def forward(self, images: torch.Tensor):
@@ -305,3 +394,31 @@ def batched_components(comps, executor: BatchExecutor):
 
     return replace(comps, unet=BatchedUNet(comps.unet, executor), vae=BatchedVAE(comps.vae, executor),
                    notes=[*comps.notes, f"cross-stream batching (up to {executor.config.max_rows} rows a call)"])
+
+
+def stream_plan(config, batching: BatchingConfig | None, cfg_types=None) -> BatchPlan:
+    """What the networks will be sent by streams of `config` (a StreamDiffusionConfig) through
+    an executor of `batching` (None: no batching). cfg_types: the CFG types streams may switch
+    to (default: all four, as web clients may); the config's own comes first."""
+    from streamstudio.pipelines.stream_diffusion import CFG_TYPES
+
+    types = [config.cfg_type, *(t for t in (cfg_types or CFG_TYPES) if t != config.cfg_type)]
+    return BatchPlan.for_streams(height=config.height, width=config.width, steps=len(config.resolved_t_index_list()),
+                                 frame_buffer_size=config.frame_buffer_size, cfg_types=types,
+                                 stream_batch=config.use_denoising_batch,
+                                 max_rows=batching.max_rows if batching is not None else None,
+                                 pad=batching.pad_to_buckets if batching is not None else None)
+
+
+def warm_up(shared, height: int, width: int) -> int:
+    """At start-up, before streams run: one call of each network of `shared` (components from
+    `batched_components`) through the executor, which warms every bucket of a padded network
+    (see BatchExecutor._warm_up). Returns the executor's warm-up calls."""
+    from streamstudio.models import acceleration
+
+    executor = shared.unet.executor
+    one = BatchPlan({"unet": (1,), "vae_encoder": (1,), "vae_decoder": (1,)},
+                    {"unet": 1, "vae_encoder": 1, "vae_decoder": 1}, height, width)
+    before = executor.stats.warmup_calls
+    acceleration.warm_up(shared, one, repeats=1)
+    return executor.stats.warmup_calls - before

@@ -7,6 +7,13 @@
               once into the engine cache and wrapped as drop-in modules. Without TensorRT (or a
               GPU) it says so once and keeps the torch path.
 
+What the networks will be sent is planned once (`BatchPlan`): the UNet's batch follows the CFG
+type, the steps N and frame_buffer_size k (N*k rows for none/self, (N+1)*k for initialize, 2*N*k
+for full; the priming and sequential calls k, 2k), and with cross-stream batching every sum of
+streams' calls up to the executor's max rows, padded to the buckets (1, 2, 4, 8, 16) where the
+networks are compiled or engines. TensorRT profiles are sized from the plan, and every planned
+shape is captured (CUDA graphs) or warmed up at start-up.
+
 Also the two halves of `streamstudio build-engines`: `export_onnx_models` (ONNX files checked
 against onnxruntime; no GPU needed) and `build_engines` (TensorRT).
 """
@@ -15,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -25,6 +33,7 @@ from streamstudio.errors import StreamStudioError
 from streamstudio.kernels import tensorrt as trt_kernels
 from streamstudio.kernels.tensorrt.build import PRECISIONS, ShapeRange, ensure_engine
 from streamstudio.kernels.tensorrt.cache import EngineCache
+from streamstudio.kernels.reference import CFG_CODES
 from streamstudio.kernels.tensorrt.export import (ExportSpec, OnnxCheck, check_onnx, export_onnx, unet_spec,
                                                   vae_decoder_spec, vae_encoder_spec, video_spec)
 from streamstudio.models.loading import SDComponents
@@ -45,14 +54,141 @@ def say_once(message: str) -> None:
     log.warning(message)
 
 
+# ---------------------------------------------------------------------------------------------
+# What the networks are sent: batch sizes per CFG type, steps, frame buffer and batching
+# ---------------------------------------------------------------------------------------------
+
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16)
+
+
+def bucket_sizes(max_rows: int) -> tuple[int, ...]:
+    """The batch sizes a batched call is padded up to: the powers of two below max_rows, and
+    max_rows itself ((1, 2, 4, 8, 16) for 16; (1, 2, 4, 8, 12) for 12)."""
+    if max_rows < 1:
+        raise StreamStudioError(f"max_rows must be at least 1, got {max_rows}")
+    sizes, b = [], 1
+    while b < max_rows:
+        sizes.append(b)
+        b *= 2
+    return tuple(sizes + [max_rows])
+
+
+def bucket_for(rows: int, buckets: Iterable[int]) -> int:
+    """The smallest bucket that holds `rows` (rows itself above the largest)."""
+    return next((b for b in sorted(buckets) if b >= rows), rows)
+
+
+def unet_call_rows(cfg_type: str, steps: int, frame_buffer_size: int = 1, stream_batch: bool = True) -> tuple[int, ...]:
+    """Every UNet batch one stream sends (StreamDiffusion._predict_eps), ascending.
+
+    With Stream Batch and N > 1 steps the frame's call has N*k rows (none, self), N*k + k
+    (initialize: the new frame's unconditional pass too) or 2*N*k (full); the first frame primes
+    the buffer with N-1 calls of k rows (2k for full, and for initialize's first). With one step,
+    or sequential denoising, every call is a step of k rows (2k for full, and initialize's first)."""
+    if cfg_type not in CFG_CODES:
+        raise StreamStudioError(f"cfg_type must be one of {', '.join(CFG_CODES)}, got {cfg_type!r}")
+    n, k = steps, frame_buffer_size
+    if n < 1 or k < 1:
+        raise StreamStudioError(f"steps and frame_buffer_size must be at least 1, got {n} and {k}")
+
+    def step(rows: int, first: int) -> int:  # one _step's UNet batch
+        if cfg_type == "full":
+            return 2 * rows
+        return rows + first if cfg_type == "initialize" else rows
+
+    if not stream_batch or n == 1:
+        sizes = {step(k, k if j == 0 else 0) for j in range(n)}
+    else:
+        sizes = {step(k, k if j == 0 else 0) for j in range(n - 1)}  # priming: slots 1..N-1
+        sizes.add(step(n * k, k))  # every later frame: one call over all slots
+    return tuple(sorted(sizes))
+
+
+def batched_rows(requests: Iterable[int], max_rows: int | None, buckets: Iterable[int] | None = None) -> tuple[int, ...]:
+    """The batch sizes a network is sent when calls of `requests` rows (any mix, from any number
+    of streams) are joined up to max_rows (a call bigger than that runs alone), each padded to
+    its bucket. max_rows None: no batching, the requests themselves."""
+    requests = sorted(set(requests))
+    if max_rows is None:
+        sizes = set(requests)
+    else:
+        reach = {0}
+        for total in range(1, max_rows + 1):  # every sum of requests (repeats allowed) <= max_rows
+            if any(total - r in reach for r in requests if r <= total):
+                reach.add(total)
+        sizes = (reach - {0}) | {r for r in requests if r > max_rows}
+    if buckets:
+        sizes = {bucket_for(s, buckets) for s in sizes}
+    return tuple(sorted(sizes))
+
+
+@dataclass
+class BatchPlan:
+    """Every batch size each image network (unet, vae_encoder, vae_decoder) will be sent, the
+    one it is optimized for, and the image size. TensorRT engines are built for the range of
+    these sizes and capture each of them at start-up; compiled networks warm them up."""
+
+    sizes: dict[str, tuple[int, ...]]  # part -> ascending batch sizes
+    opt: dict[str, int]  # part -> the batch of one stream's usual call
+    height: int = 512
+    width: int = 512
+    buckets: tuple[int, ...] | None = None  # calls padded to these (None: not padded)
+
+    @staticmethod
+    def for_streams(*, height: int = 512, width: int = 512, steps: int = 1, frame_buffer_size: int = 1,
+                    cfg_types: Iterable[str] = ("self",), stream_batch: bool = True, max_rows: int | None = None,
+                    pad: bool | None = None) -> "BatchPlan":
+        """The plan for streams of these settings. cfg_types: every CFG type a stream may use
+        (the web app lets a client switch: give all four); the first is the default (its call
+        is the one engines are optimized for). Guidance <= 1 runs the none path, which is
+        covered too. max_rows: cross-stream batching's BatchingConfig.max_rows (None: no
+        batching). pad: calls padded to buckets (default: when batching)."""
+        cfg_types = list(cfg_types)
+        if not cfg_types:
+            raise StreamStudioError("cfg_types needs at least one CFG type")
+        k = frame_buffer_size
+        per_stream: set[int] = set()
+        for cfg in dict.fromkeys([*cfg_types, "none"]):  # guidance <= 1 takes the none path
+            per_stream.update(unet_call_rows(cfg, steps, k, stream_batch))
+        pad = max_rows is not None if pad is None else pad
+        buckets = bucket_sizes(max_rows) if pad and max_rows is not None else None
+        usual = unet_call_rows(cfg_types[0], steps, k, stream_batch)[-1]  # the steady-state call
+        sizes = {"unet": batched_rows(per_stream, max_rows, buckets),
+                 "vae_encoder": batched_rows([k], max_rows, buckets),
+                 "vae_decoder": batched_rows([k], max_rows, buckets)}
+        opt = {"unet": bucket_for(usual, buckets or ()), "vae_encoder": bucket_for(k, buckets or ()),
+               "vae_decoder": bucket_for(k, buckets or ())}
+        return BatchPlan(sizes, opt, height, width, buckets)
+
+    def batch_range(self, part: str) -> tuple[int, int, int]:
+        sizes = self.sizes[part]
+        return sizes[0], min(max(self.opt[part], sizes[0]), sizes[-1]), sizes[-1]
+
+    def shapes(self, part: str, resolution: ShapeRange | None = None) -> ShapeRange:
+        """The engine profile of `part`: the plan's batch range, and `resolution`'s height and
+        width range (default: exactly the plan's size)."""
+        if resolution is None:
+            return ShapeRange(self.batch_range(part), (self.height,) * 3, (self.width,) * 3)
+        return ShapeRange(self.batch_range(part), resolution.height, resolution.width)
+
+    def covers(self, part: str, batch: int) -> bool:
+        lo, _, hi = self.batch_range(part)
+        return lo <= batch <= hi
+
+
 def apply_acceleration(comps: SDComponents, mode: str, *, engine_dir: str | Path | None = None,
                        shapes: ShapeRange | None = None, precision: str = "fp16", cuda_graphs: bool = True,
-                       parts: tuple[str, ...] = IMAGE_PARTS, compile_options: dict | None = None) -> SDComponents:
+                       parts: tuple[str, ...] = IMAGE_PARTS, compile_options: dict | None = None,
+                       plan: BatchPlan | None = None) -> SDComponents:
     """New SDComponents whose UNet and VAE are accelerated by `mode` (the inputs are not changed).
 
-    shapes: the batch / resolution range TensorRT engines cover (default batch 1..4, 256..1024
-      pixels, optimized for 1 x 512 x 512); the UNet's batch is the stream's N * frame_buffer_size
-      (twice that for full CFG), so give a range that holds it.
+    plan: what the networks will be sent (`BatchPlan.for_streams(...)` from the stream's
+      settings and the batching executor's max rows). TensorRT engines are built for its batch
+      range and capture a CUDA graph of each of its sizes now; compiled networks are warmed up
+      at each size (`warm_up`). Without a plan, engines cover `shapes` (default batch 1..4,
+      256..1024 pixels) and capture shapes as they come.
+    shapes: the batch / resolution range of TensorRT engines without a plan; with one, only its
+      resolution range is used (default: exactly the plan's size).
     parts: which networks the TensorRT mode replaces.
     compile_options: extra torch.compile arguments (e.g. {"backend": "aot_eager"}).
     """
@@ -61,8 +197,63 @@ def apply_acceleration(comps: SDComponents, mode: str, *, engine_dir: str | Path
     if mode == "none":
         return comps
     if mode == "compile":
-        return _compiled(comps, cuda_graphs, compile_options or {})
-    return _tensorrt(comps, engine_dir, shapes or ShapeRange(), precision, cuda_graphs, parts)
+        fast = _compiled(comps, cuda_graphs, compile_options or {})
+        if plan is not None:
+            warm_up(fast, plan)
+        return fast
+    return _tensorrt(comps, engine_dir, shapes, precision, cuda_graphs, parts, plan)
+
+
+def text_shape(comps: SDComponents) -> tuple[int, int]:
+    """(tokens, width) of the text embeddings the UNet takes."""
+    length = int(getattr(comps.tokenizer, "model_max_length", 77))
+    width = getattr(comps.unet.config, "cross_attention_dim", None)
+    if width is None:
+        width = comps.text_encoder.config.hidden_size
+    return length, int(width[0] if isinstance(width, (list, tuple)) else width)
+
+
+def warm_up(comps: SDComponents, plan: BatchPlan, *, repeats: int | None = None,
+            run: "callable | None" = None) -> int:
+    """Run the UNet and the VAE once (CUDA: three times, so CUDA graphs are recorded) at every
+    batch size of the plan, so that no size is compiled or captured for the first time while
+    streams run. The inputs are contiguous, as every call's are. `run(fn)` runs a job where
+    the networks run (the batching executor's thread: CUDA graph trees are per thread).
+    Returns the number of network calls made."""
+    param = next(comps.unet.parameters())
+    device, dtype = param.device, param.dtype
+    repeats = repeats if repeats is not None else (3 if device.type == "cuda" else 1)
+    scale = comps.vae_scale_factor
+    channels = int(comps.unet.config.in_channels)
+    h, w = plan.height // scale, plan.width // scale
+    tokens, width = text_shape(comps)
+    calls = 0
+
+    def job():
+        nonlocal calls
+        with torch.inference_mode():
+            for b in plan.sizes["unet"]:
+                x = torch.zeros((b, channels, h, w), device=device, dtype=dtype)  # (B, 4, h, w)
+                t = torch.full((b,), 999, device=device, dtype=torch.long)  # (B,)
+                text = torch.zeros((b, tokens, width), device=device, dtype=dtype)  # (B, L, D)
+                for _ in range(repeats):
+                    comps.unet(x, t, encoder_hidden_states=text)
+                    calls += 1
+            for b in plan.sizes["vae_encoder"]:
+                images = torch.zeros((b, 3, plan.height, plan.width), device=device, dtype=dtype)  # (B, 3, H, W)
+                for _ in range(repeats):
+                    comps.vae.encode(images)
+                    calls += 1
+            for b in plan.sizes["vae_decoder"]:
+                latents = torch.zeros((b, channels, h, w), device=device, dtype=dtype)  # (B, 4, h, w)
+                for _ in range(repeats):
+                    comps.vae.decode(latents)
+                    calls += 1
+
+    (run or (lambda fn: fn()))(job)
+    log.info("warmed up batch sizes unet %s, vae %s / %s (%d calls)", plan.sizes["unet"], plan.sizes["vae_encoder"],
+             plan.sizes["vae_decoder"], calls)
+    return calls
 
 
 # ---------------------------------------------------------------------------------------------
@@ -98,6 +289,16 @@ class CompiledVAE(nn.Module):
         return self.vae(*args, **kwargs)
 
 
+def fixed_shapes(module: nn.Module) -> bool:
+    """True for networks that should see a fixed set of batch sizes: compiled (each new shape
+    compiles, or records a CUDA graph) or TensorRT engines (a CUDA graph per shape)."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    from streamstudio.kernels.tensorrt.runtime import _EngineModule
+
+    return isinstance(module, (CompiledUNet, CompiledVAE, OptimizedModule, _EngineModule))
+
+
 def compile_kwargs(device: torch.device, cuda_graphs: bool) -> dict:
     """reduce-overhead (CUDA graphs) on a GPU when asked; inductor's default elsewhere."""
     if device.type == "cuda" and cuda_graphs:
@@ -105,10 +306,35 @@ def compile_kwargs(device: torch.device, cuda_graphs: bool) -> dict:
     return {}
 
 
+class CompiledUNet(nn.Module):
+    """A UNet run through torch.compile, fed contiguous inputs: the pipeline's text embeddings
+    and timesteps are often expanded views (stride 0 over the batch), and a compiled graph's
+    guards check strides, so an expanded and a contiguous call of one size would compile twice."""
+
+    def __init__(self, unet: nn.Module, **compile_kwargs):
+        super().__init__()
+        self.unet = unet
+        self._compiled = torch.compile(unet, **compile_kwargs)
+
+    @property
+    def config(self):
+        return self.unet.config
+
+    def forward(self, sample, timestep, encoder_hidden_states=None, *args, **kwargs):
+        b = sample.shape[0]  # (B, 4, h, w)
+        t = torch.as_tensor(timestep, device=sample.device).reshape(-1)
+        t = (t.expand(b) if t.numel() == 1 else t).contiguous()  # (B,)
+        if encoder_hidden_states is not None:
+            text = encoder_hidden_states
+            text = (text.expand(b, -1, -1) if text.shape[0] == 1 else text).contiguous()  # (B, L, D)
+            kwargs["encoder_hidden_states"] = text
+        return self._compiled(sample.contiguous(), t, *args, **kwargs)
+
+
 def _compiled(comps: SDComponents, cuda_graphs: bool, options: dict) -> SDComponents:
     device = next(comps.unet.parameters()).device
     kw = {**compile_kwargs(device, cuda_graphs), **options}
-    unet = torch.compile(comps.unet, **kw)
+    unet = CompiledUNet(comps.unet, **kw)
     vae = CompiledVAE(comps.vae, **kw)
     note = f"acceleration: torch.compile ({', '.join(f'{k}={v}' for k, v in kw.items()) or 'default'})"
     return replace(comps, unet=unet, vae=vae, notes=[*comps.notes, note])
@@ -129,8 +355,8 @@ def image_specs(comps: SDComponents, parts: tuple[str, ...] = IMAGE_PARTS) -> li
     return [makers[p]() for p in parts]
 
 
-def _tensorrt(comps: SDComponents, engine_dir, shapes: ShapeRange, precision: str, cuda_graphs: bool,
-              parts: tuple[str, ...]) -> SDComponents:
+def _tensorrt(comps: SDComponents, engine_dir, shapes: ShapeRange | None, precision: str, cuda_graphs: bool,
+              parts: tuple[str, ...], plan: BatchPlan | None = None) -> SDComponents:
     if not trt_kernels.tensorrt_available():
         say_once(f"{trt_kernels.INSTALL_HINT}; acceleration 'tensorrt' falls back to the torch path")
         return replace(comps, notes=[*comps.notes, "acceleration: tensorrt unavailable, torch path"])
@@ -143,17 +369,33 @@ def _tensorrt(comps: SDComponents, engine_dir, shapes: ShapeRange, precision: st
     cache = EngineCache(engine_dir)
     engines: dict[str, TRTEngine] = {}
     for spec in image_specs(comps, parts):
+        rng = engine_shapes(spec.name, plan, shapes)
         try:
-            path = ensure_engine(spec, cache, shapes, precision=precision)
+            path = ensure_engine(spec, cache, rng, precision=precision)
             engines[spec.name] = TRTEngine(path, device, cuda_graphs=cuda_graphs)
         except Exception as exc:  # a parser / builder failure keeps that network on torch
             say_once(f"TensorRT engine for {spec.name} failed ({exc}); that network stays on the torch path")
+            continue
+        if plan is not None and cuda_graphs:  # every shape that will be sent, captured before streams run
+            engines[spec.name].capture_all([spec.input_shapes(b, plan.height, plan.width)
+                                            for b in plan.sizes[spec.name]])
     unet = UNetEngine(engines["unet"], comps.unet) if "unet" in engines else comps.unet
     vae = comps.vae
     if "vae_encoder" in engines or "vae_decoder" in engines:
         vae = VAEEngine(comps.vae, engines.get("vae_encoder"), engines.get("vae_decoder"))
     note = f"acceleration: tensorrt {precision} ({', '.join(engines) or 'no engines'}) from {cache.root}"
+    if plan is not None:
+        note += f"; unet batches {plan.sizes['unet']}"
     return replace(comps, unet=unet, vae=vae, notes=[*comps.notes, note])
+
+
+def engine_shapes(part: str, plan: BatchPlan | None, shapes: ShapeRange | None = None) -> ShapeRange:
+    """The profile an engine of `part` is built for: the plan's batch range (and `shapes`'
+    resolution range when given, else the plan's size), or `shapes` (default ShapeRange())
+    without a plan."""
+    if plan is None:
+        return shapes or ShapeRange()
+    return plan.shapes(part, shapes)
 
 
 @dataclass
@@ -181,13 +423,15 @@ def export_onnx_models(specs: list[ExportSpec], out_dir: str | Path, *, batch: i
 
 
 def build_engines(specs: list[ExportSpec], engine_dir: str | Path | None = None, *,
-                  shapes: ShapeRange = ShapeRange(), precision: str = "fp16") -> list[Path]:
-    """TensorRT engines of every spec into the cache (TensorRT and a GPU needed)."""
+                  shapes: ShapeRange | None = None, precision: str = "fp16", plan: BatchPlan | None = None) -> list[Path]:
+    """TensorRT engines of every spec into the cache (TensorRT and a GPU needed), each for
+    `engine_shapes(spec.name, plan, shapes)`: the same profile, hence the same cache key, as
+    `apply_acceleration(..., plan=plan)` asks for."""
     if precision not in PRECISIONS:
         raise StreamStudioError(f"precision must be one of {', '.join(PRECISIONS)}")
     trt_kernels.require_tensorrt()
     cache = EngineCache(engine_dir)
-    return [ensure_engine(spec, cache, shapes, precision=precision) for spec in specs]
+    return [ensure_engine(spec, cache, engine_shapes(spec.name, plan, shapes), precision=precision) for spec in specs]
 
 
 def video_export_spec(model: nn.Module, frames: int, height: int, width: int) -> tuple[ExportSpec, tuple[int, int]]:
