@@ -16,7 +16,8 @@ from streamstudio.errors import StreamStudioError
 
 
 def run_together(executor: BatchExecutor, calls, clients: int | None = None):
-    """Run each (name, fn, *args) call from its own thread, all at once; returns results or errors."""
+    """Run each (name, fn, *args[, {keyword args}]) call from its own thread, all at once;
+    returns results or errors."""
     results: list = [None] * len(calls)
     barrier = threading.Barrier(len(calls))
 
@@ -24,7 +25,8 @@ def run_together(executor: BatchExecutor, calls, clients: int | None = None):
         with executor.client():
             barrier.wait()
             try:
-                results[i] = executor.run(*call)
+                kwargs = call[-1] if isinstance(call[-1], dict) else {}
+                results[i] = executor.run(*(call[:-1] if kwargs else call), **kwargs)
             except Exception as exc:  # noqa: BLE001 - compared by the test
                 results[i] = exc
 
@@ -84,6 +86,65 @@ def test_max_rows_splits_a_batch():
         fn = Recorder()
         run_together(ex, [("f", fn, torch.ones(2, 1), torch.ones(2, 1)) for _ in range(4)])
         assert all(size <= 4 for size in fn.sizes) and sum(fn.sizes) == 8
+    finally:
+        ex.close()
+
+
+def test_padding_to_buckets_drops_the_pad_rows():
+    ex = BatchExecutor(BatchingConfig(max_rows=16, max_wait_ms=300, warm_up=False))
+    try:
+        fn = Recorder()
+        inputs = [(torch.randn(r, 3), torch.randn(r, 3)) for r in (1, 2)]
+        results = run_together(ex, [("f", fn, x, y, {"pad": True}) for x, y in inputs])
+        assert fn.sizes == [4]  # 3 rows padded to the bucket of 4
+        for (x, y), got in zip(inputs, results):
+            assert torch.equal(got, 2 * x + y)
+        assert ex.stats.padded_rows == 1 and ex.stats.rows == 3
+        assert torch.equal(ex.run("f", fn, torch.ones(5, 3), torch.ones(5, 3), pad=True), torch.full((5, 3), 3.0))
+        assert fn.sizes[-1] == 8
+    finally:
+        ex.close()
+
+
+def test_buckets_follow_max_rows():
+    assert BatchingConfig().buckets == (1, 2, 4, 8, 16)
+    assert BatchingConfig(max_rows=12).buckets == (1, 2, 4, 8, 12)
+    assert BatchingConfig(max_rows=1).buckets == (1,)
+
+
+def test_the_first_padded_call_warms_every_bucket_on_the_executor_thread():
+    ex = BatchExecutor(BatchingConfig(max_rows=16))
+    threads, fn = [], Recorder()
+
+    def net(x, y):
+        threads.append(threading.current_thread().name)
+        return fn(x, y)
+
+    try:
+        ex.run("f", net, torch.ones(3, 2), torch.ones(3, 2), pad=True)
+        assert fn.sizes == [1, 2, 4, 8, 16, 4]  # each bucket once, then the call itself
+        assert set(threads) == {"model-executor"}
+        ex.run("f", net, torch.ones(1, 2), torch.ones(1, 2), pad=True)
+        assert fn.sizes[6:] == [1] and ex.stats.warmup_calls == 5  # warmed once per network and shape
+        ex.run("f", net, torch.ones(1, 3), torch.ones(1, 3), pad=True)  # another shape: warmed too
+        assert ex.stats.warmup_calls == 10
+        assert ex.submit(lambda: threading.current_thread().name) == "model-executor"
+    finally:
+        ex.close()
+
+
+def test_a_call_bigger_than_max_rows_runs_alone():
+    """A stream whose call has more rows than max_rows (full CFG, several steps) runs alone (the
+    executor once chose an empty batch for it and its thread died)."""
+    ex = BatchExecutor(BatchingConfig(max_rows=4, max_wait_ms=300))
+    try:
+        fn = Recorder()
+        results = run_together(ex, [("f", fn, torch.ones(6, 1), torch.ones(6, 1)),
+                                    ("f", fn, torch.ones(1, 1), torch.ones(1, 1))])
+        assert torch.equal(results[0], torch.full((6, 1), 3.0)) and torch.equal(results[1], torch.full((1, 1), 3.0))
+        assert sorted(fn.sizes) == [1, 6]
+        assert torch.equal(ex.run("f", fn, torch.ones(6, 1), torch.ones(6, 1), pad=True), torch.full((6, 1), 3.0))
+        assert fn.sizes[-1] == 6  # no bucket holds it: unpadded
     finally:
         ex.close()
 
@@ -220,7 +281,7 @@ def _stream(comps, prompt: str, seed: int, cfg: str):
     return StreamDiffusion(comps, config, prompt=prompt)
 
 
-def _batched_equals_alone(comps, tolerance: int) -> None:
+def _batched_equals_alone(comps, tolerance: int, config: BatchingConfig | None = None):
     """Two streams (different prompts, seeds and CFG types, so different row counts) run at the
     same time through one executor; each gets the frames it gets alone, unbatched."""
     specs = [("a red fox", 3, "self", _frames(1)), ("a blue lake", 7, "initialize", _frames(2))]
@@ -229,7 +290,7 @@ def _batched_equals_alone(comps, tolerance: int) -> None:
         stream = _stream(comps, prompt, seed, cfg)
         alone.append([stream(f) for f in frames])
 
-    executor = BatchExecutor(BatchingConfig(max_wait_ms=500))
+    executor = BatchExecutor(config or BatchingConfig(max_wait_ms=500))
     try:
         shared = batched_components(comps, executor)
         assert isinstance(shared.unet, BatchedUNet) and isinstance(shared.vae, BatchedVAE)
@@ -254,12 +315,23 @@ def _batched_equals_alone(comps, tolerance: int) -> None:
             for a, b in zip(want, got):
                 assert np.abs(a.astype(np.int16) - b.astype(np.int16)).max() <= tolerance
         assert not np.array_equal(batched[0][-1], batched[1][-1])
+        return executor.stats
     finally:
         executor.close()
 
 
 def test_streams_batched_together_give_the_frames_they_give_alone(tiny_components_factory):
     _batched_equals_alone(tiny_components_factory(taesd=True), tolerance=2)
+
+
+def test_padded_to_buckets_each_stream_gets_its_frames_alone(tiny_components_factory):
+    """Padding to buckets (as for compiled networks and engines) computes extra rows that are
+    dropped: a self stream (2 rows) and an initialize stream (3 rows) share calls of 5 rows,
+    padded to 8, and the VAE's 2 rows stay 2; each stream's frames are its frames alone."""
+    stats = _batched_equals_alone(tiny_components_factory(taesd=True), tolerance=2,
+                                  config=BatchingConfig(max_wait_ms=500, pad_to_buckets=True, warm_up=False))
+    assert stats.padded_rows > 0 and 8 in stats.sizes
+    assert stats.sizes <= set(BatchingConfig().buckets)
 
 
 @pytest.mark.gpu
