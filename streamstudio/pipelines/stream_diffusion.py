@@ -165,6 +165,7 @@ class StreamDiffusion:
         param = next(self.unet.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.stats = StreamStats()
+        self._host_buffers: dict[str, torch.Tensor] = {}  # pinned staging buffers (GPU only)
         self._embed_cache: dict[str, torch.Tensor] = {}
         from diffusers import LCMScheduler
 
@@ -319,7 +320,8 @@ class StreamDiffusion:
         gen = torch.Generator("cpu").manual_seed(self.config.seed)
         self._noise = torch.randn((n * k, *self._latent_shape), generator=gen).to(self.device, self.dtype)  # (N*k, 4, h, w)
         self._noise_next = torch.roll(self._noise, -k, dims=0)  # row of slot j gets slot j+1's noise
-        self._txt_gen = torch.Generator("cpu").manual_seed(self.config.seed + 1)
+        # txt2img draws each frame's noise on the device, from a generator there (no upload per frame)
+        self._txt_gen = torch.Generator(self.device).manual_seed(self.config.seed + 1)
 
     # ------------------------------------------------------------------ networks
     def _unet(self, x: torch.Tensor, t: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
@@ -364,14 +366,44 @@ class StreamDiffusion:
 
     def _decode(self, latents: torch.Tensor) -> list[np.ndarray]:
         images = self.vae.decode(latents / self._vae_scale).sample  # (k, 3, H, W)
-        return list(kernels.postprocess(images).cpu().numpy())  # k x (H, W, 3) uint8
+        return list(self._download(kernels.postprocess(images)))  # k x (H, W, 3) uint8
+
+    # ------------------------------------------------------------------ host <-> device
+    # A frame's one host-device sync is the download of its output (a frame the similarity
+    # filter skips: the read of its similarity). On a GPU, frames go up through a pinned staging
+    # buffer (an asynchronous DMA) and come down through another. Every frame ends in that sync,
+    # so the staging buffer's last upload has finished by the time the next frame refills it.
+    def _upload(self, frames: torch.Tensor) -> torch.Tensor:
+        """uint8 (k, H, W, C) on the host -> the same on the device."""
+        if self.device.type != "cuda":
+            return frames.to(self.device)
+        staging = self._pinned("up", frames.shape)
+        staging.copy_(frames)
+        return staging.to(self.device, non_blocking=True)
+
+    def _download(self, frames: torch.Tensor) -> np.ndarray:
+        """uint8 (k, H, W, 3) on the device -> numpy on the host (the frame's one sync)."""
+        if self.device.type != "cuda":
+            return frames.numpy()
+        host = self._pinned("down", frames.shape)
+        host.copy_(frames, non_blocking=True)
+        torch.cuda.current_stream(self.device).synchronize()
+        return host.numpy().copy()  # the pinned buffer is reused by the next frame
+
+    def _pinned(self, name: str, shape: torch.Size) -> torch.Tensor:
+        buf = self._host_buffers.get(name)
+        if buf is None or buf.shape != shape:
+            buf = torch.empty(shape, dtype=torch.uint8, pin_memory=True)
+            self._host_buffers[name] = buf
+        return buf
 
     # ------------------------------------------------------------------ denoising
     def _first_level(self, x0_in: torch.Tensor | None) -> torch.Tensor:
         """The frame's latents at level 0: img2img noises the input, txt2img draws noise."""
         k = self.config.frame_buffer_size
         if x0_in is None:
-            return torch.randn((k, *self._latent_shape), generator=self._txt_gen).to(self.device, self.dtype)
+            return torch.randn((k, *self._latent_shape), generator=self._txt_gen, device=self.device,
+                               dtype=self.dtype)
         alpha, beta = self._coef_slots[0, 0].to(self.dtype), self._coef_slots[0, 1].to(self.dtype)
         return alpha * x0_in + beta * self._noise[:k]
 
@@ -442,7 +474,7 @@ class StreamDiffusion:
         if image is None:
             raise StreamStudioError("this stream is img2img; give it an image")
         frames = to_frames(image, self.config.frame_buffer_size)  # (k, H, W, 3) uint8
-        x = kernels.preprocess(frames.to(self.device), self.config.height, self.config.width, self.dtype)
+        x = kernels.preprocess(self._upload(frames), self.config.height, self.config.width, self.dtype)
         self.stats.frames_in += x.shape[0]
         if self.config.similarity_filter and self._last_out is not None and self._filter.should_skip(x):
             self.stats.skipped += x.shape[0]
