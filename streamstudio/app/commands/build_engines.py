@@ -1,6 +1,12 @@
 """`streamstudio build-engines`: export a model's networks to ONNX (checked against
 onnxruntime) and build fp16 TensorRT engines into the engine cache. Without TensorRT it still
-exports and checks the ONNX files and says that engines need TensorRT."""
+exports and checks the ONNX files and says that engines need TensorRT.
+
+Each engine's batch range is sized from what the app will send it (models/acceleration.BatchPlan):
+the CFG types streams may use, the steps, the frame buffer and cross-stream batching's max rows
+(the UNet's batch is N*k for none/self, N*k + k for initialize, 2*N*k for full, and batching joins
+streams' calls up to the max rows, padded to buckets 1, 2, 4, 8, 16). Give the settings the app
+runs with, and the engines are the ones it looks up; --batch MIN OPT MAX sets a range by hand."""
 
 from __future__ import annotations
 
@@ -27,10 +33,23 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--engine-dir", default=None,
                    help="engine cache folder (default $STREAMSTUDIO_ENGINE_DIR or ~/.cache/streamstudio/engines)")
     p.add_argument("--onnx-dir", default=None, help="where ONNX files go without TensorRT (default <engine-dir>/onnx)")
-    p.add_argument("--batch", type=int, nargs=3, default=[1, 1, 4], metavar=("MIN", "OPT", "MAX"),
-                   help="engine batch range (default 1 1 4; the UNet's batch is steps x frame buffer)")
-    p.add_argument("--resolution", type=int, nargs=3, default=[256, 512, 1024], metavar=("MIN", "OPT", "MAX"),
-                   help="image size range in pixels, square and non-square within it (default 256 512 1024)")
+    p.add_argument("--batch", type=int, nargs=3, default=None, metavar=("MIN", "OPT", "MAX"),
+                   help="engine batch range by hand (default: from --cfg, --steps, --frame-buffer-size and "
+                        "--max-batch-rows, as the app will send)")
+    p.add_argument("--resolution", type=int, nargs=3, default=None, metavar=("MIN", "OPT", "MAX"),
+                   help="image size range in pixels, square and non-square within it (default: exactly "
+                        "--width x --height, as the app runs)")
+    p.add_argument("--width", type=int, default=None, help="image width the app runs at (default 512, 64 for tiny)")
+    p.add_argument("--height", type=int, default=None, help="image height the app runs at (default 512, 64 for tiny)")
+    p.add_argument("--cfg", nargs="+", choices=("none", "self", "initialize", "full"), default=None,
+                   help="CFG types streams may use, the usual one first (default: self, then the other three, "
+                        "as web clients may switch)")
+    p.add_argument("--steps", type=int, default=None, help="denoising steps N (default 1 for turbo models, 2 otherwise)")
+    p.add_argument("--frame-buffer-size", type=int, default=1, help="frames per stream call k (default 1)")
+    p.add_argument("--sequential", action="store_true", help="streams denoise step by step instead of Stream Batch")
+    p.add_argument("--max-batch-rows", type=int, default=16,
+                   help="cross-stream batching's rows per call, as serve's --max-batch-rows (default 16; 0: no "
+                        "batching, as generate and render)")
     p.add_argument("--precision", choices=("fp16", "fp32"), default="fp16", help="engine precision (default fp16)")
     p.add_argument("--no-check", action="store_true", help="skip the onnxruntime check of the ONNX files")
     p.add_argument("--device", default="auto", help="device the model is loaded on for export (auto, cpu, cuda)")
@@ -70,57 +89,84 @@ def _video_spec():
     return acceleration.video_export_spec(model, frames=frames, height=size, width=size)
 
 
+def plan_for(args, comps):
+    """The BatchPlan of the streams the app will run with these settings."""
+    from streamstudio.models.acceleration import BatchPlan
+
+    size = 64 if comps.is_demo else 512
+    steps = args.steps if args.steps is not None else (1 if comps.step_type == "turbo" else 2)
+    cfg = list(args.cfg or ["self", "none", "initialize", "full"])
+    if args.max_batch_rows < 0 or args.frame_buffer_size < 1 or steps < 1:
+        raise StreamStudioError("--max-batch-rows must be >= 0, --frame-buffer-size and --steps >= 1")
+    try:
+        return BatchPlan.for_streams(height=args.height or size, width=args.width or size, steps=steps,
+                                     frame_buffer_size=args.frame_buffer_size, cfg_types=cfg,
+                                     stream_batch=not args.sequential, max_rows=args.max_batch_rows or None)
+    except ValueError as exc:
+        raise StreamStudioError(str(exc)) from exc
+
+
 def run(args) -> int:
     from streamstudio.kernels import tensorrt as trt_kernels
     from streamstudio.kernels.tensorrt.build import ShapeRange
     from streamstudio.kernels.tensorrt.cache import EngineCache
     from streamstudio.models import acceleration
 
-    res = tuple(args.resolution)
-    if any(r % 64 for r in res):
+    res = tuple(args.resolution) if args.resolution else None
+    if res and any(r % 64 for r in res):
         raise StreamStudioError(f"--resolution values must be multiples of 64, got {res}")
-    try:
-        shapes = ShapeRange(tuple(args.batch), res, res)
+    try:  # --batch by hand: that range (and 256..1024 pixels unless --resolution); else the plan's
+        shapes = (ShapeRange(tuple(args.batch), *((res, res) if res else ())) if args.batch
+                  else ShapeRange((1, 1, 1), res, res) if res else None)
     except ValueError as exc:
         raise StreamStudioError(str(exc)) from exc
     comps = _load(args)
+    plan = None if args.batch else plan_for(args, comps)
+    if plan is not None:
+        print(f"note: batch sizes sent: unet {plan.sizes['unet']}, vae {plan.sizes['vae_decoder']} "
+              f"at {plan.width}x{plan.height}")
     specs = acceleration.image_specs(comps, tuple(args.parts))
     video = _video_spec() if args.video else None
     cache = EngineCache(args.engine_dir)
+    ranges = [(spec, acceleration.engine_shapes(spec.name, plan, shapes)) for spec in specs]
+    video_max = args.batch[2] if args.batch else 1  # render-video runs one buffer: batch 1
 
     if not trt_kernels.tensorrt_available():
         out_dir = Path(args.onnx_dir) if args.onnx_dir else cache.root / "onnx"
         print(f"{trt_kernels.INSTALL_HINT}.\nExporting ONNX only, into {out_dir}; "
               "engines need TensorRT on a machine with an NVIDIA GPU (run this command there).")
-        failed = _export(specs, out_dir, shapes, not args.no_check)
+        failed = _export(ranges, out_dir, not args.no_check)
         if video is not None:
             spec, (h, w) = video
-            failed += _export([spec], out_dir, ShapeRange.fixed(shapes.batch[1], h, w), not args.no_check)
+            failed += _export([(spec, ShapeRange.fixed(1, h, w))], out_dir, not args.no_check)
         return 1 if failed else 0
 
-    all_specs = specs + ([video[0]] if video else [])
-    for spec in all_specs:
-        fixed = video is not None and spec is video[0]
-        rng = ShapeRange((1, 1, shapes.batch[2]), (video[1][0],) * 3, (video[1][1],) * 3) if fixed else shapes
+    for spec in specs:
+        path = acceleration.build_engines([spec], cache.root, shapes=shapes, precision=args.precision, plan=plan)[0]
+        print(f"{spec.name}: {path}")
+    if video is not None:
+        spec, (h, w) = video
+        rng = ShapeRange((1, 1, video_max), (h,) * 3, (w,) * 3)
         path = acceleration.build_engines([spec], cache.root, shapes=rng, precision=args.precision)[0]
         print(f"{spec.name}: {path}")
     print(f"engines in {cache.root}; use them with --acceleration tensorrt")
     return 0
 
 
-def _export(specs, out_dir: Path, shapes, check: bool) -> int:
-    """Export (at the profile's opt size) and check (at its min size); returns the failures."""
+def _export(ranges, out_dir: Path, check: bool) -> int:
+    """Export each spec (at its profile's opt size) and check it (at its min size); returns the failures."""
     from streamstudio.models import acceleration
 
-    b, h, w = shapes.batch[1], shapes.height[1], shapes.width[1]
-    size = (shapes.batch[0], shapes.height[0], shapes.width[0])
     failed = 0
-    for result in acceleration.export_onnx_models(specs, out_dir, batch=b, height=h, width=w, check=check,
-                                                  check_size=size):
-        line = f"{result.name}: {result.path}"
-        if result.check is not None:
-            ok = result.check.ok()
-            failed += not ok
-            line += f"  onnxruntime rel. error {result.check.rel_error:.2e} ({'ok' if ok else 'TOO LARGE'})"
-        print(line)
+    for spec, shapes in ranges:
+        b, h, w = shapes.batch[1], shapes.height[1], shapes.width[1]
+        size = (shapes.batch[0], shapes.height[0], shapes.width[0])
+        for result in acceleration.export_onnx_models([spec], out_dir, batch=b, height=h, width=w, check=check,
+                                                      check_size=size):
+            line = f"{result.name}: {result.path}"
+            if result.check is not None:
+                ok = result.check.ok()
+                failed += not ok
+                line += f"  onnxruntime rel. error {result.check.rel_error:.2e} ({'ok' if ok else 'TOO LARGE'})"
+            print(line)
     return failed
