@@ -58,3 +58,19 @@ def test_max_skip_frame_forces_processing():
     # identical frames have p = 1: three skips, then one forced through
     assert pattern == [False, True, True, True, False, True, True, True, False]
     assert flt.skip_rate == pytest.approx(6 / 9)
+
+
+def test_a_forced_frame_reads_no_similarity(monkeypatch):
+    """After max_skip_frame skips the next frame is processed whatever its similarity, so the
+    filter does not compute (and wait for) it."""
+    from streamstudio import kernels
+    from streamstudio.pipelines.similarity_filter import SimilarityFilter, SimilarityFilterConfig
+
+    calls = []
+    real = kernels.cosine_similarity
+    monkeypatch.setattr(kernels, "cosine_similarity", lambda a, b: calls.append(1) or real(a, b))
+    filt = SimilarityFilter(SimilarityFilterConfig(threshold=0.5, max_skip_frame=2, seed=0))
+    x = torch.ones(1, 3, 4, 4)
+    decisions = [filt.should_skip(x) for _ in range(7)]
+    assert decisions == [False, True, True, False, True, True, False]  # identical frames: p = 1
+    assert len(calls) == 4  # frames 1, 2, 4, 5; not the first nor the forced ones

@@ -47,12 +47,15 @@ class SimilarityFilter:
         self.skip_run = 0
 
     def should_skip(self, x: torch.Tensor) -> bool:
-        """True when `x` should be skipped; otherwise `x` becomes the last processed input."""
-        if self._last is not None and self._last.shape == x.shape:
+        """True when `x` should be skipped; otherwise `x` becomes the last processed input.
+
+        Reading the similarity makes the host wait for the device, so a frame that must be
+        processed anyway (max_skip_frame skips in a row) does not compute it."""
+        if self._last is not None and self._last.shape == x.shape and self.skip_run < self.config.max_skip_frame:
             sim = float(kernels.cosine_similarity(x, self._last))
             self.last_similarity = sim
             p = skip_probability(sim, self.config.threshold)
-            if self.skip_run < self.config.max_skip_frame and self._rng.random() < p:
+            if self._rng.random() < p:
                 self.skip_run += 1
                 self.skipped += 1
                 return True
