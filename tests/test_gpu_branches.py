@@ -15,6 +15,7 @@ run by the `gpu` tests of test_kernels_tensorrt.py only.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import re
@@ -454,12 +455,81 @@ def test_tensorrt_gpu_identity(fake_gpu):
 
 
 # ------------------------------------------------------------------ benchmarks
+class FakeStream:
+    def __init__(self, device=None, priority=0):
+        self.waited = []
+
+    def wait_stream(self, stream):
+        self.waited.append(stream)
+
+
+class FakeCUDAGraph:
+    def __init__(self, keep_graph: bool = False):
+        self.captured, self.replays = False, 0
+
+    def replay(self):
+        assert self.captured, "replay() of a graph never captured"
+        self.replays += 1
+
+
+@pytest.fixture
+def fake_cuda_graph(monkeypatch):
+    """torch.cuda's streams and graphs as benchmarks/kernels.py uses them: capture runs the
+    Python body once (as a real capture does), replay does nothing. Keyword arguments are
+    bound against the real signatures, so a misspelt one fails here."""
+    import inspect
+
+    real_graph = inspect.signature(torch.cuda.graph.__init__)
+    state = SimpleNamespace(graphs=[], streams=[], capturing=False, fail=None)
+
+    class FakeGraphContext:
+        def __init__(self, *args, **kwargs):
+            bound = real_graph.bind(None, *args, **kwargs).arguments
+            self.graph = bound["cuda_graph"]
+            assert isinstance(self.graph, FakeCUDAGraph)
+            assert bound.get("stream") is None or isinstance(bound["stream"], FakeStream)
+
+        def __enter__(self):
+            assert not state.capturing
+            state.capturing = True
+            if state.fail:
+                raise RuntimeError(state.fail)
+
+        def __exit__(self, *exc):
+            state.capturing = False
+            self.graph.captured = exc[0] is None
+            state.graphs.append(self.graph)
+            return False
+
+    def stream(s):
+        assert s is None or isinstance(s, FakeStream)
+        return contextlib.nullcontext()
+
+    def current_stream(device=None):
+        s = FakeStream()
+        state.streams.append(s)
+        return s
+
+    monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
+    monkeypatch.setattr(torch.cuda, "stream", stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", current_stream)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeCUDAGraph)
+    monkeypatch.setattr(torch.cuda, "graph", FakeGraphContext)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device=None: SimpleNamespace(name=GPU_NAME, L2_cache_size=50 * 2**20))
+    return state
+
+
+def tiny_kernel_sizes(bench):
+    """benchmarks/kernels.py's op sizes, small enough for the CPU."""
+    return bench.Sizes(cam=(12, 20), size=8, resize_batch=2, frame_batch=2, rows=3, latent=(4, 2, 4), cosine=40)
+
+
 def test_benchmark_kernels_on_a_gpu(fake_gpu, monkeypatch, tmp_path, tiny, cuda_on_cpu):
     bench = load_benchmark("kernels")
     from streamstudio.kernels import tensorrt as trt_kernels
     from streamstudio.models import acceleration
 
-    assert bench.timer(CUDA)(lambda: None, repeats=3, warmup=1) >= 0  # torch.cuda.Event timing
     assert bench.device_name(CUDA) == GPU_NAME
     # the pipeline rows on the GPU: the sd-turbo-sized model swapped for the tiny one
     monkeypatch.setattr(bench, "sd_turbo_components", lambda device, dtype: tiny)
@@ -467,9 +537,66 @@ def test_benchmark_kernels_on_a_gpu(fake_gpu, monkeypatch, tmp_path, tiny, cuda_
     monkeypatch.setattr(acceleration, "apply_acceleration", lambda comps, mode: comps)
     monkeypatch.setattr(trt_kernels, "tensorrt_available", lambda: True)
     monkeypatch.setattr(bench, "pipeline_fps", lambda comps, size, frames, warmup, device: 1.0)
-    rows = bench.bench_pipeline(CUDA, quick=True)
+    seen = []
+    rows = bench.bench_pipeline(CUDA, quick=True, on_row=lambda rows: seen.append(len(rows)))
     assert [r["mode"] for r in rows] == ["eager", "fused kernels", "fused + torch.compile", "fused + tensorrt"]
     assert all("512x512" in r["model"] for r in rows)
+    assert seen == [1, 2, 3, 4]  # the JSON is rewritten after each mode
+
+
+def test_benchmark_kernels_times_a_cuda_graph_of_launches(fake_gpu, fake_cuda_graph):
+    bench = load_benchmark("kernels")
+    calls = []
+    seconds, how = bench.measure(lambda: calls.append(fake_cuda_graph.capturing), CUDA, bench.Timing(4, 3))
+    assert seconds >= 0 and how.startswith("cuda graph of 4 launches")
+    assert calls == [False, False] + [True] * 4  # two warm-up calls, then 4 captured back to back
+    (graph,) = fake_cuda_graph.graphs
+    assert graph.replays == 1 + 3  # the upload replay, then 3 timed replays
+
+
+def test_benchmark_kernels_falls_back_to_back_to_back_launches(fake_gpu, fake_cuda_graph):
+    bench = load_benchmark("kernels")
+    fake_cuda_graph.fail = "operation not permitted when stream is capturing\nmore"
+    calls = []
+    seconds, how = bench.measure(lambda: calls.append(1), CUDA, bench.Timing(4, 3))
+    assert seconds >= 0 and "graph capture failed: RuntimeError: operation not permitted" in how
+    assert "more" not in how
+    assert len(calls) == 2 + 2 + 3 * 4  # warm-ups (graph, then loop) and 3 timed runs of 4 launches
+
+
+def test_benchmark_kernels_ops_on_a_gpu(fake_gpu, fake_cuda_graph, monkeypatch, cuda_on_cpu):
+    bench = load_benchmark("kernels")
+    monkeypatch.setattr(kernels, "fused_available", lambda: True)
+    sizes = tiny_kernel_sizes(bench)
+    rows = bench.bench_ops(CUDA, quick=True, bandwidth=1e9, sizes=sizes)
+    assert [r["op"] for r in rows][:1] == ["preprocess resize 12x20->8"]
+    for r in rows:
+        assert r["fused_us"] is not None and r["timing"].startswith("cuda graph")
+        assert r["floor_pct"] == pytest.approx(100 * r["fused_GBps"] / 1.0)  # % of the 1 GB/s copy
+        assert r["floor_us"] == pytest.approx(r["bytes"] / 1e3)
+        assert r["l2_multiple"] == pytest.approx(r["bytes"] / (50 * 2**20))
+        assert r["meets_target"] == (r["floor_pct"] >= 70)
+        assert r["bytes"] == r["bytes_read"] + r["bytes_written"]
+    # bytes: every input read once, every output written once, fp16 on a GPU, written out here
+    frames, n, lat = 2 * 12 * 20, 8 * 8, 3 * 4 * 2 * 4
+    want = {"preprocess resize 12x20->8": (frames * 3, 2 * 3 * n * 2),
+            "preprocess same size 12x20": (frames * 3, frames * 3 * 2),
+            "postprocess 12x20": (frames * 3 * 2, frames * 3),
+            "stream_step no CFG": (3 * lat * 2 + 3 * 6 * 4, 2 * lat * 2),  # x, eps, noise, coef -> x0, x_next
+            "stream_step self-CFG": (4 * lat * 2 + 3 * 6 * 4, 3 * lat * 2),  # + stock -> + stock_next
+            "stream_step full CFG": (4 * lat * 2 + 3 * 6 * 4, 2 * lat * 2),  # + eps_uncond
+            "cosine similarity": (2 * 40 * 2, 4)}
+    if "preprocess RGBA resize 12x20->8" in [r["op"] for r in rows]:
+        want["preprocess RGBA resize 12x20->8"] = (frames * 4, 2 * 3 * n * 2)
+    assert {r["op"]: (r["bytes_read"], r["bytes_written"]) for r in rows} == want
+    # the written bytes are the outputs the ops return (stock_next is `stock` itself without self-CFG)
+    for case in bench.op_cases(CUDA, True, sizes):
+        out = case.fused()
+        outs = list(out) if isinstance(out, tuple) else [out]
+        if "no CFG" in case.op or "full CFG" in case.op:
+            outs = outs[:2]
+        assert all(o.dtype in (torch.float16, torch.uint8, torch.float32) for o in outs)
+        assert sum(o.numel() * o.element_size() for o in outs) == case.written, case.op
 
 
 def test_benchmark_kernels_pipeline_fps_synchronizes(fake_gpu, tiny):
@@ -478,22 +605,32 @@ def test_benchmark_kernels_pipeline_fps_synchronizes(fake_gpu, tiny):
     assert fake_gpu.sync == 2
 
 
-def test_benchmark_kernels_main_on_a_gpu(fake_gpu, monkeypatch, tmp_path, cuda_on_cpu):
+@pytest.mark.parametrize("fused", [False, True])
+def test_benchmark_kernels_main_on_a_gpu(fake_gpu, fake_cuda_graph, monkeypatch, tmp_path, cuda_on_cpu, fused):
     bench = load_benchmark("kernels")
-    monkeypatch.setattr(kernels, "fused_available", lambda: False)
-    monkeypatch.setattr(bench, "copy_bandwidth", lambda device, quick: 1e9)
-    monkeypatch.setattr(bench, "op_cases", lambda device, gpu: [
-        ("noop", lambda: None, lambda: None, 1000)])
+    monkeypatch.setattr(kernels, "fused_available", lambda: fused)
+    monkeypatch.setattr(bench, "GPU_SIZES", tiny_kernel_sizes(bench))
+    monkeypatch.setattr(bench, "GPU_COPY_BYTES", 1 << 16)
     out = tmp_path / "kernels.json"
+    cpu_run = {"device": "CPU (x86_64, 2 cores)", "date": "2026-01-01T00:00:00+00:00", "ops": [{"op": "x"}]}
+    out.write_text(json.dumps(cpu_run))  # the older one-run format, from a CPU
     assert bench.main(["--device", "cuda", "--quick", "--no-pipeline", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
-    assert result["device"] == GPU_NAME and result["cuda"] == "12.8"
-    assert any("fused kernels unavailable" in n for n in result["notes"])
+    assert result["device"] == GPU_NAME and result["cuda"] == "12.8" and result["l2_bytes"] == 50 * 2**20
+    assert result["copy_bandwidth_GBps"] > 0 and result["copy_timing"].startswith("dst.copy_(src) of 0 MiB, cuda graph")
+    assert result["cpu"] == cpu_run  # the CPU figures are kept
+    assert result["gpu"] == {k: v for k, v in result.items() if k not in ("gpu", "cpu")}
+    assert len(result["ops"]) >= 7 and all(r["timing"].startswith("cuda graph") for r in result["ops"])
+    assert all((r["fused_us"] is not None) == fused for r in result["ops"])
+    assert any("fused kernels unavailable" in n for n in result["notes"]) != fused
+    assert any("moves less than 4x L2" in n for n in result["notes"])  # the tiny sizes fit in L2
 
 
-def test_benchmark_kernels_copy_bandwidth_on_a_gpu(fake_gpu, cuda_on_cpu):
+def test_benchmark_kernels_copy_bandwidth_on_a_gpu(fake_gpu, fake_cuda_graph, cuda_on_cpu):
     bench = load_benchmark("kernels")
-    assert bench.copy_bandwidth(CUDA, quick=True) > 0  # 64 MiB on "cuda" (the CPU here)
+    assert bench.GPU_COPY_BYTES == 1 << 30
+    bandwidth, how = bench.copy_bandwidth(CUDA, quick=True, nbytes=1 << 20)  # 1 MiB on "cuda" (the CPU here)
+    assert bandwidth > 0 and how.startswith("dst.copy_(src) of 1 MiB, cuda graph of 10 launches")
 
 
 def test_benchmark_multistream_on_a_gpu(fake_gpu, monkeypatch, tmp_path, tiny):
