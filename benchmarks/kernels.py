@@ -110,6 +110,7 @@ def time_graph(fn: Callable[[], object], t: Timing) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3 / t.launches)
     del graph
+    torch.cuda.empty_cache()  # the graph's private pool, before the next op allocates
     return statistics.median(times)
 
 
@@ -143,7 +144,7 @@ def measure(fn: Callable[[], object], device: torch.device, t: Timing) -> tuple[
         try:
             return time_graph(fn, t), f"cuda graph of {t.launches} launches, median of {t.replays} replays"
         except Exception as exc:  # noqa: BLE001 - a capture failure is recorded, then the loop times it
-            reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            reason = _first_line(exc)
             with contextlib.suppress(Exception):
                 torch.cuda.synchronize()
             how = f"{t.launches} back-to-back launches, median of {t.replays} (graph capture failed: {reason})"
@@ -284,6 +285,25 @@ def _pct(floor_s: float, s: float | None) -> float | None:
     return 100 * floor_s / s if s else None
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def _timed(fn: Callable[[], object], device: torch.device, t: Timing) -> tuple[float | None, str | None, str | None]:
+    """(seconds, how, None), or (None, None, error) when fn fails (out of memory, say): one
+    op's failure is recorded and the others are still measured."""
+    try:
+        seconds, how = measure(fn, device, t)
+        return seconds, how, None
+    except Exception as exc:  # noqa: BLE001 - recorded in the row
+        if device.type == "cuda":
+            with contextlib.suppress(Exception):
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+        return None, None, _first_line(exc)
+
+
 def bench_ops(device: torch.device, quick: bool, bandwidth: float, sizes: Sizes | None = None) -> list[dict]:
     gpu = device.type == "cuda"
     fused_ok = gpu and kernels.fused_available()
@@ -291,21 +311,27 @@ def bench_ops(device: torch.device, quick: bool, bandwidth: float, sizes: Sizes 
     l2 = l2_bytes(device)
     rows = []
     for case in op_cases(device, gpu, sizes):
-        eager_s, how = measure(case.eager, device, t)
-        fused_s, fused_how = measure(case.fused, device, t) if fused_ok else (None, None)
+        eager_s, eager_how, eager_error = _timed(case.eager, device, t)
+        fused_s, fused_how, fused_error = _timed(case.fused, device, t) if fused_ok else (None, None, None)
         floor_s = case.nbytes / bandwidth
         floor_pct = _pct(floor_s, fused_s)
-        rows.append(dict(
+        row = dict(
             op=case.op, shape=case.shape, bytes=case.nbytes, bytes_read=case.read, bytes_written=case.written,
             l2_multiple=case.nbytes / l2 if l2 else None,
-            eager_us=eager_s * 1e6, fused_us=fused_s * 1e6 if fused_s else None, floor_us=floor_s * 1e6,
-            eager_GBps=case.nbytes / eager_s / 1e9, fused_GBps=case.nbytes / fused_s / 1e9 if fused_s else None,
-            speedup=eager_s / fused_s if fused_s else None,  # reference time / fused time
-            fused_over_eager=fused_s / eager_s if fused_s else None,  # fused time / reference time
+            eager_us=eager_s * 1e6 if eager_s else None, fused_us=fused_s * 1e6 if fused_s else None,
+            floor_us=floor_s * 1e6,
+            eager_GBps=case.nbytes / eager_s / 1e9 if eager_s else None,
+            fused_GBps=case.nbytes / fused_s / 1e9 if fused_s else None,
+            speedup=eager_s / fused_s if fused_s and eager_s else None,  # reference time / fused time
+            fused_over_eager=fused_s / eager_s if fused_s and eager_s else None,  # fused time / reference time
             floor_pct=floor_pct,  # = fused GB/s as a % of the copy bandwidth
             eager_floor_pct=_pct(floor_s, eager_s),
             meets_target=floor_pct >= TARGET_FLOOR_PCT if floor_pct is not None else None,
-            timing=fused_how or how))
+            timing=fused_how or eager_how, eager_timing=eager_how)
+        if eager_error or fused_error:
+            row["error"] = "; ".join(f"{k}: {e}" for k, e in (("eager", eager_error), ("fused", fused_error)) if e)
+            print(f"{case.op}: {row['error']}", file=sys.stderr)
+        rows.append(row)
     return rows
 
 
@@ -415,10 +441,10 @@ def print_table(ops: list[dict], pipe: list[dict], bandwidth: float, copy_how: s
     for r in ops:
         target = {True: "ok", False: "MISS", None: "-"}[r.get("meets_target")]
         print(f"{r['op']:38s} {r['bytes'] / 1e6:7.1f} {_fmt(r.get('l2_multiple'), '%5.1f'):>5s} "
-              f"{r['eager_us']:10.1f} {_fmt(r['fused_us'], '%10.1f'):>10s} {r['floor_us']:10.1f} "
+              f"{_fmt(r['eager_us'], '%10.1f'):>10s} {_fmt(r['fused_us'], '%10.1f'):>10s} {r['floor_us']:10.1f} "
               f"{_fmt(r.get('fused_GBps'), '%10.1f'):>10s} {_fmt(r['floor_pct'], '%7.1f'):>8s} "
               f"{_fmt(r.get('eager_floor_pct'), '%7.1f'):>8s} {_fmt(r.get('fused_over_eager'), '%8.3f'):>8s} "
-              f"{target:>6s}")
+              f"{target:>6s}" + (f"  ({r['error']})" if r.get("error") else ""))
     for r in pipe:
         print(f"pipeline {r['mode']:24s} {r['fps']:8.2f} fps   ({r['model']})")
 

@@ -94,3 +94,25 @@ def test_json_written_before_the_pipeline_runs(bench, monkeypatch, tmp_path):
         bench.main(["--device", "cpu", "--quick", "--out", str(out)])
     result = json.loads(out.read_text())
     assert len(result["ops"]) >= 7 and result["pipeline"] == [{"mode": "eager", "model": "m", "fps": 1.0}]
+
+
+def test_an_op_that_fails_is_recorded_and_the_others_measured(bench, monkeypatch):
+    monkeypatch.setattr(bench, "CPU_SIZES", bench.Sizes(cam=(12, 20), size=8, resize_batch=1, frame_batch=1,
+                                                        rows=2, latent=(4, 2, 4), cosine=64))
+    real = bench.op_cases
+
+    def cases(device, gpu, sizes=None):
+        out = real(device, gpu, sizes)
+
+        def oom():
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore lines")
+
+        out[0].eager = oom
+        return out
+
+    monkeypatch.setattr(bench, "op_cases", cases)
+    rows = bench.bench_ops(torch.device("cpu"), quick=True, bandwidth=1e9)
+    assert rows[0]["error"] == "eager: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert rows[0]["eager_us"] is None and rows[0]["eager_floor_pct"] is None
+    assert all("error" not in r and r["eager_us"] > 0 for r in rows[1:])
+    bench.print_table(rows, [], 1e9)  # prints a row without figures
