@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Fetch, on a machine with PyPI, the wheels that the lent GPU machine's image lacks, into .whl/
 # (ignored by git; the device tool carries it: `carry: [".whl"]`). The GPU image has torch,
-# transformers, accelerate, peft, onnx, onnxruntime, onnxscript, opencv, pytest and ninja; it
-# lacks diffusers (and importlib_metadata, which diffusers imports). Python there is 3.12.
+# transformers, accelerate, peft, onnx, onnxruntime, onnxscript, opencv, pytest, pytest-timeout and
+# ninja; it lacks diffusers (and importlib_metadata, which diffusers imports). Python there is 3.12.
+# PyAV, Gradio, fastrtc and aiortc (and Gradio's FastAPI/pydantic/uvicorn) are not carried: together
+# they exceed the 64 MiB the device tool carries with the working tree, and nothing the GPU run does
+# needs them (gpu_session.sh imports only the test files with gpu tests; webapp is reported missing).
+# tests/test_gpu_session.py counts the pinned wheels below as part of the GPU image.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exclude="$(git rev-parse --git-dir)/info/exclude"  # .whl/ stays out of git
@@ -13,3 +17,6 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   --platform any -d .whl "diffusers==0.42.1" "importlib_metadata==8.7.0" "zipp==3.23.0"
 ls -l .whl
+size=$(du -sm .whl | cut -f1)
+echo "total ${size} MiB (the device tool carries at most 64 MiB with the working tree)"
+[ "$size" -le 48 ] || { echo "too large to carry with the working tree" >&2; exit 1; }

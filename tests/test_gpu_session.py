@@ -86,7 +86,7 @@ _PF.find_distributions = classmethod(_dists)
 
 def carried_wheels() -> list[str]:
     """The distributions benchmarks/gpu_wheels.sh downloads ("name==version")."""
-    return re.findall(r'"([A-Za-z0-9_.-]+)==', (ROOT / "benchmarks" / "gpu_wheels.sh").read_text())
+    return re.findall(r'"([A-Za-z0-9_.-]+)==[0-9]', (ROOT / "benchmarks" / "gpu_wheels.sh").read_text())
 
 
 @pytest.fixture(scope="module")
