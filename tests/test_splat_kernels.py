@@ -27,8 +27,10 @@ def np_project(mean, quat, scale, view, fx, fy, cx, cy, w, h):
     sigma = rot_g @ np.diag(scale ** 2) @ rot_g.T
     wr, tr = view[:3, :3], view[:3, 3]
     x, y, z = wr @ mean + tr
-    lx, ly = 1.3 * (w / 2) / fx, 1.3 * (h / 2) / fy
-    tx, ty = min(max(x / z, -lx), lx) * z, min(max(y / z, -ly), ly) * z
+    # gsplat's _persp_proj: the image's edges (from cx, cy) plus 0.3 x the half-FOV tangent
+    lx_pos, lx_neg = (w - cx) / fx + 0.15 * w / fx, cx / fx + 0.15 * w / fx
+    ly_pos, ly_neg = (h - cy) / fy + 0.15 * h / fy, cy / fy + 0.15 * h / fy
+    tx, ty = min(max(x / z, -lx_neg), lx_pos) * z, min(max(y / z, -ly_neg), ly_pos) * z
     jac = np.array([[fx / z, 0, -fx * tx / z ** 2], [0, fy / z, -fy * ty / z ** 2]])
     cov = jac @ wr @ sigma @ wr.T @ jac.T + 0.3 * np.eye(2)
     inv = np.linalg.inv(cov)
@@ -54,6 +56,71 @@ def test_projection_matches_independent_float64():
         np.testing.assert_allclose(conics[i].numpy(), conic, rtol=1e-9, atol=1e-12)
         assert abs(float(depths[i]) - z) < 1e-12
     assert checked > 20
+
+
+OFF_W, OFF_H = 64, 48
+OFF_INTR = (32.0, 30.0, OFF_W / 4, OFF_H / 4)  # fx, fy, cx = W/4, cy = H/4: the far edges at x/z = 1.5, y/z = 1.2
+
+
+def ewa_alpha_image(mean, sigma, opacity, fx, fy, cx, cy, w, h, lim_x=None):
+    """The exact EWA footprint of one Gaussian in camera space (identity view), written out:
+    cov2d = J Sigma J^T + 0.3 I with J the perspective Jacobian at x/z, y/z clamped to
+    [-cx/fx - 0.15 W/fx, (W - cx)/fx + 0.15 W/fx] (and the same in y), alpha = min(0.99, o e^-q/2)
+    at pixel centres, dropped below 1/255. (H, W) float64. `lim_x` (neg, pos) overrides the x limits."""
+    x, y, z = mean
+    lx_neg, lx_pos = lim_x or ((cx + 0.15 * w) / fx, (w - cx + 0.15 * w) / fx)
+    tx = float(np.clip(x / z, -lx_neg, lx_pos)) * z
+    ty = float(np.clip(y / z, -(cy + 0.15 * h) / fy, (h - cy + 0.15 * h) / fy)) * z
+    jac = np.array([[fx / z, 0.0, -fx * tx / z ** 2], [0.0, fy / z, -fy * ty / z ** 2]])
+    cov = jac @ sigma @ jac.T + 0.3 * np.eye(2)
+    inv = np.linalg.inv(cov)
+    mu = np.array([fx * x / z + cx, fy * y / z + cy])
+    us, vs = np.meshgrid(np.arange(w) + 0.5, np.arange(h) + 0.5)
+    d = np.stack([us - mu[0], vs - mu[1]], -1)  # (H, W, 2)
+    q = np.einsum("hwi,ij,hwj->hw", d, inv, d)
+    alpha = np.minimum(0.99, opacity * np.exp(-0.5 * q))
+    return np.where(alpha >= 1 / 255, alpha, 0.0)
+
+
+# (camera-space mean, what it checks): x/z = 1.4 lies inside the image (u = 60.8 of 64) but beyond
+# the old centred limit 1.3 x (W/2)/fx = 1.3; x/z = 2.1 is off the image and clamped at 1.8;
+# y/z = 1.3 near the bottom edge (cy = H/4), x/z = -0.9 beyond the left edge plus 0.3 tan (-0.8)
+OFF_CENTRE_MEANS = [((1.4 * 2.0, 0.1, 2.0), "inside, beyond the centred limit"),
+                    ((2.1 * 2.0, 0.3, 2.0), "right of the image, clamped at the far edge + 0.15 W/fx"),
+                    ((0.2 * 2.5, 1.3 * 2.5, 2.5), "near the bottom edge"),
+                    ((-0.9 * 1.5, -0.1, 1.5), "left of the image, clamped at the near edge + 0.15 W/fx")]
+
+
+@pytest.mark.parametrize("impl", ["reference", "fast", "cpp", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("mean, what", OFF_CENTRE_MEANS)
+def test_off_centre_principal_point_matches_exact_ewa_footprint(impl, mean, what):
+    """cx = W/4, cy = H/4: the Jacobian's clamp follows the image's actual edges (gsplat), so a
+    Gaussian near the far edge keeps its footprint (with a centred clamp its alpha is off by ~0.07)."""
+    if impl == "cpp":
+        from streamstudio.kernels import splat_cpu
+        if splat_cpu.load() is None:
+            pytest.skip("the C++ renderer did not build")
+    quat = np.array([0.8, 0.3, -0.4, 0.2])
+    scale = np.array([0.35, 0.12, 0.5])
+    rot = np_rotation(quat)
+    sigma = rot @ np.diag(scale ** 2) @ rot.T
+    want = ewa_alpha_image(np.array(mean), sigma, 0.9, *OFF_INTR, OFF_W, OFF_H)
+    assert want.max() > 0.2, what  # the footprint reaches into the image
+    if impl == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    dtype = torch.float64 if impl == "reference" else torch.float32
+    dev = "cuda" if impl == "cuda" else "cpu"  # (the CUDA path projects in torch on the GPU, then blends in the kernel)
+    out = rasterize_gaussians(torch.tensor([mean], dtype=dtype, device=dev),
+                              torch.tensor(quat[None], dtype=dtype, device=dev),
+                              torch.tensor(scale[None], dtype=dtype, device=dev),
+                              torch.tensor([0.9], dtype=dtype, device=dev), torch.ones(1, 3, dtype=dtype, device=dev),
+                              torch.eye(4, dtype=dtype, device=dev), OFF_INTR, OFF_W, OFF_H, impl=impl)
+    tol = 1e-9 if impl == "reference" else 2e-5
+    np.testing.assert_allclose(out.alpha.double().cpu().numpy(), want, atol=tol, err_msg=what)
+    if what.startswith("inside"):  # the centred clamp of before (+-1.3 (W/2)/fx) gives a visibly different footprint
+        centred = 1.3 * (OFF_W / 2) / OFF_INTR[0]
+        wrong = ewa_alpha_image(np.array(mean), sigma, 0.9, *OFF_INTR, OFF_W, OFF_H, lim_x=(centred, centred))
+        assert np.abs(wrong - want).max() > 0.03
 
 
 def naive_render(m2, conics, opac, colors, depths, w, h, bg):

@@ -4,8 +4,9 @@ Conventions (shared by the fast CPU path and the CUDA kernel):
 * camera: `viewmat` (4, 4) world -> camera, OpenCV axes (x right, y down, z forward);
   intrinsics fx, fy, cx, cy in pixels; pixel (u, v) has its centre at (u + 0.5, v + 0.5).
 * projection (EWA, Zwicker et al. / 3DGS): cov2d = J W S W^T J^T + 0.3 I, with J the
-  Jacobian of the perspective map at the mean, x/z and y/z clamped to 1.3 x the half-FOV
-  tangent; conic = cov2d^-1; Gaussians with z < near or z > far are culled.
+  Jacobian of the perspective map at the mean, x/z and y/z clamped to the image's edges
+  plus 0.3 x the half-FOV tangent, from the actual principal point (gsplat's `_persp_proj`);
+  conic = cov2d^-1; Gaussians with z < near or z > far are culled.
 * extent: a Gaussian of opacity o reaches alpha >= 1/255 only inside the ellipse
   d^T cov2d^-1 d <= 2 ln(255 o), whose bounding box has half-widths sqrt(2 ln(255 o) cov_xx)
   and sqrt(2 ln(255 o) cov_yy); it is binned into the 16x16 tiles that box touches (exact:
@@ -77,6 +78,15 @@ def sh_colors(sh: torch.Tensor, means: torch.Tensor, viewmat: torch.Tensor, degr
     return eval_sh(sh, dirs, degree)
 
 
+def frustum_limits(fx: float, fy: float, cx: float, cy: float, width: int, height: int):
+    """Where the Jacobian's x/z and y/z are clamped: (lim_x_neg, lim_x_pos, lim_y_neg, lim_y_pos),
+    x/z in [-lim_x_neg, lim_x_pos], i.e. the image's edges plus 0.3 x the half-FOV tangent
+    (gsplat's `_persp_proj`: lim_x_pos = (W - cx) / fx + 0.3 * 0.5 W / fx, lim_x_neg = cx / fx + ...)."""
+    tan_fovx, tan_fovy = 0.5 * width / fx, 0.5 * height / fy
+    return (cx / fx + 0.3 * tan_fovx, (width - cx) / fx + 0.3 * tan_fovx,
+            cy / fy + 0.3 * tan_fovy, (height - cy) / fy + 0.3 * tan_fovy)
+
+
 def project_gaussians(means: torch.Tensor, covars: torch.Tensor, opacities: torch.Tensor,
                       viewmat: torch.Tensor, fx: float, fy: float, cx: float, cy: float,
                       width: int, height: int, near: float = 0.01, far: float = 1e10):
@@ -88,9 +98,11 @@ def project_gaussians(means: torch.Tensor, covars: torch.Tensor, opacities: torc
     x, y, z = p.unbind(-1)
     in_depth = (z > near) & (z < far)
     zs = torch.where(in_depth, z, torch.ones_like(z))
-    lim_x, lim_y = 1.3 * 0.5 * width / fx, 1.3 * 0.5 * height / fy
-    tx = (x / zs).clamp(-lim_x, lim_x) * zs
-    ty = (y / zs).clamp(-lim_y, lim_y) * zs
+    # x/z, y/z clamped to the image's edges plus 0.15 W/fx (0.15 H/fy), as gsplat's `_persp_proj`:
+    # from the actual principal point, so an off-centre cx/cy moves the limits with it
+    lim_x_neg, lim_x_pos, lim_y_neg, lim_y_pos = frustum_limits(fx, fy, cx, cy, width, height)
+    tx = (x / zs).clamp(-lim_x_neg, lim_x_pos) * zs
+    ty = (y / zs).clamp(-lim_y_neg, lim_y_pos) * zs
     zero = torch.zeros_like(zs)
     jac = torch.stack([fx / zs, zero, -fx * tx / (zs * zs),
                        zero, fy / zs, -fy * ty / (zs * zs)], -1).reshape(-1, 2, 3)  # (N, 2, 3)

@@ -256,7 +256,11 @@ void render_impl(const at::Tensor& means_t, const at::Tensor& quats_t, const at:
   }
   T campos[3];  // -R^T t
   for (int j = 0; j < 3; ++j) campos[j] = (-R[0][j]) * tr[0] + (-R[1][j]) * tr[1] + (-R[2][j]) * tr[2];
-  const T lim_x = (T)(1.3 * 0.5 * W / fx), lim_y = (T)(1.3 * 0.5 * H / fy);
+  // x/z, y/z clamped to the image's edges plus 0.15 W/fx (0.15 H/fy), from the actual
+  // principal point (gsplat's persp_proj; splat_reference.frustum_limits)
+  const double tan_fovx = 0.5 * W / fx, tan_fovy = 0.5 * H / fy;
+  const T lim_x_pos = (T)((W - cx) / fx + 0.3 * tan_fovx), lim_x_neg = (T)(cx / fx + 0.3 * tan_fovx);
+  const T lim_y_pos = (T)((H - cy) / fy + 0.3 * tan_fovy), lim_y_neg = (T)(cy / fy + 0.3 * tan_fovy);
   const T Tfx = (T)fx, Tfy = (T)fy, Tcx = (T)cx, Tcy = (T)cy, Tnear = (T)near_, Tfar = (T)far_;
   const T fW = (T)W, fH = (T)H;
 
@@ -310,8 +314,8 @@ void render_impl(const at::Tensor& means_t, const at::Tensor& quats_t, const at:
         for (int k = 0; k < 3; ++k) S[i][k] = M[i][0] * M[k][0] + M[i][1] * M[k][1] + M[i][2] * M[k][2];
     }
     // Jacobian of the perspective map (x/z, y/z clamped), J R, then (J R) S (J R)^T
-    const T txc = std::min(std::max(x / zs, -lim_x), lim_x) * zs;
-    const T tyc = std::min(std::max(y / zs, -lim_y), lim_y) * zs;
+    const T txc = std::min(std::max(x / zs, -lim_x_neg), lim_x_pos) * zs;
+    const T tyc = std::min(std::max(y / zs, -lim_y_neg), lim_y_pos) * zs;
     const T rz = (T)1 / zs;
     const T J[2][3] = {{rz * Tfx, 0, txc * (-Tfx) / (zs * zs)}, {0, rz * Tfy, tyc * (-Tfy) / (zs * zs)}};
     T JR[2][3], JS[2][3];
