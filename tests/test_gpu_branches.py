@@ -59,7 +59,11 @@ class FakeEvent:
 @pytest.fixture
 def fake_gpu(monkeypatch):
     """torch.cuda as on a one-GPU machine (the functions the package calls)."""
-    calls = SimpleNamespace(sync=0, names=[])
+    calls = SimpleNamespace(sync=0, names=[], stream_sync=0)
+
+    class FakeStream:
+        def synchronize(self):
+            calls.stream_sync += 1
 
     def get_device_name(device=None):
         calls.names.append(device)
@@ -75,6 +79,7 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: FakeStream())
     monkeypatch.setattr(torch.version, "cuda", "12.8")
     return calls
 
@@ -88,12 +93,13 @@ def _cpu(d):
 
 
 class CudaOnCpu(TorchFunctionMode):
-    """Tensors and modules asked for on "cuda" are made (or moved) on the CPU."""
+    """Tensors and modules asked for on "cuda" are made (or moved) on the CPU; pinned host
+    memory (which needs the CUDA driver) is made as plain memory."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func is torch.device:  # device objects stay "cuda": the code's branches read them
             return func(*args, **(kwargs or {}))
-        kwargs = {k: _cpu(v) if k == "device" else v for k, v in (kwargs or {}).items()}
+        kwargs = {k: _cpu(v) if k == "device" else v for k, v in (kwargs or {}).items() if k != "pin_memory"}
         return func(*(_cpu(a) for a in args), **kwargs)
 
 

@@ -81,15 +81,14 @@ def test_the_similarity_filter_reads_one_number(comps):
 
 # ------------------------------------------------------------------ the GPU branches
 class PinnedOnCpu(CudaOnCpu):
-    """CudaOnCpu, and pinned host memory (which needs a GPU driver) made as plain memory, with
-    the request recorded."""
+    """CudaOnCpu (pinned host memory made as plain memory), counting the pinned requests."""
 
     def __init__(self):
         super().__init__()
         self.pinned = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if kwargs and kwargs.pop("pin_memory", False):
+        if kwargs and kwargs.get("pin_memory", False):
             self.pinned += 1
         return super().__torch_function__(func, types, args, kwargs)
 
