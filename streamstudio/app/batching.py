@@ -301,10 +301,13 @@ class BatchExecutor:
 
 def _with_rows(a: torch.Tensor, rows: int) -> torch.Tensor:
     """`a` (B, ...) with `rows` rows, contiguous: its first rows, or padded with copies of its
-    last row (rows are independent in these networks: pad rows change no other row)."""
+    last row (rows are independent in these networks: pad rows change no other row). Always an
+    inference tensor (made on the executor thread, in inference mode): a compiled graph's guards
+    tell a tensor made outside inference mode (the stream's timesteps) from one made inside (a
+    joined batch), and would compile the same size twice."""
     b = a.shape[0]
     if rows == b:
-        return a.contiguous()
+        return a if a.is_inference() and a.is_contiguous() else a.clone(memory_format=torch.contiguous_format)
     if rows < b:
         return a[:rows].contiguous()
     return torch.cat([a, a[-1:].expand(rows - b, *a.shape[1:])])  # (rows, ...)

@@ -272,8 +272,17 @@ class CompiledVAE(nn.Module):
         super().__init__()
         self.vae = vae
         encode_kwargs = {k: v for k, v in compile_kwargs.items() if not (k == "mode" and v == "reduce-overhead")}
-        self._encode = torch.compile(vae.encode, **encode_kwargs)
-        self._decode = torch.compile(vae.decode, **compile_kwargs)
+
+        # functions of their own: diffusers' encode and decode share one decorator's code object, and
+        # dynamo's recompile limit counts the compiled shapes of a code object (5 buckets each would pass it)
+        def encode(images, *args, **kwargs):
+            return vae.encode(images, *args, **kwargs)
+
+        def decode(latents, *args, **kwargs):
+            return vae.decode(latents, *args, **kwargs)
+
+        self._encode = torch.compile(encode, **encode_kwargs)
+        self._decode = torch.compile(decode, **compile_kwargs)
 
     @property
     def config(self):
@@ -331,7 +340,20 @@ class CompiledUNet(nn.Module):
         return self._compiled(sample.contiguous(), t, *args, **kwargs)
 
 
+RECOMPILE_LIMIT = 32  # compiled shapes per function: every bucket (and the odd priming size) fits
+
+
+def _allow_recompiles(limit: int = RECOMPILE_LIMIT) -> None:
+    """Raise dynamo's per-function recompile limit (8 by default) to `limit`: each bucket is a
+    compiled shape of the same function, and past the limit dynamo silently runs it eagerly."""
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    if getattr(config, name) < limit:
+        setattr(config, name, limit)
+
+
 def _compiled(comps: SDComponents, cuda_graphs: bool, options: dict) -> SDComponents:
+    _allow_recompiles()
     device = next(comps.unet.parameters()).device
     kw = {**compile_kwargs(device, cuda_graphs), **options}
     unet = CompiledUNet(comps.unet, **kw)
