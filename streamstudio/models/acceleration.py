@@ -185,8 +185,11 @@ def apply_acceleration(comps: SDComponents, mode: str, *, engine_dir: str | Path
     plan: what the networks will be sent (`BatchPlan.for_streams(...)` from the stream's
       settings and the batching executor's max rows). TensorRT engines are built for its batch
       range and capture a CUDA graph of each of its sizes now; compiled networks are warmed up
-      at each size (`warm_up`). Without a plan, engines cover `shapes` (default batch 1..4,
-      256..1024 pixels) and capture shapes as they come.
+      at each size (`warm_up`) on this thread, which is right where this thread runs them
+      (generate, render). Behind the batching executor the networks run on its thread (CUDA
+      graph trees are per thread): give compile mode no plan there, and warm up with
+      `app.batching.warm_up` instead. Without a plan, engines cover `shapes` (default batch
+      1..4, 256..1024 pixels) and capture shapes as they come.
     shapes: the batch / resolution range of TensorRT engines without a plan; with one, only its
       resolution range is used (default: exactly the plan's size).
     parts: which networks the TensorRT mode replaces.
