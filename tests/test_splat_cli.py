@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +14,9 @@ from streamstudio.errors import StreamStudioError
 from streamstudio.models.gaussians import GaussianScene
 from streamstudio.pipelines.splat_render import (Camera, SceneFit, SplatRenderConfig, camera_path, fitted_camera,
                                                  render_frame)
+
+
+ASSETS = Path(__file__).resolve().parents[1] / "streamstudio" / "assets"
 
 
 def one_gaussian(pos, rgb=(1.0, 0.0, 0.0)) -> GaussianScene:
@@ -116,3 +120,56 @@ def test_render_config_rejects_bad_values():
         SplatRenderConfig(mode="normals").check()
     with pytest.raises(StreamStudioError):
         SplatRenderConfig(width=2).check()
+
+
+# ---------------------------------------------------------------------------------------------- splat convert
+
+
+def test_cli_convert_between_ply_and_compressed_ply(tmp_path, capsys):
+    from streamstudio.models.gaussians import load_scene
+
+    packed, plain, again = tmp_path / "s.compressed.ply", tmp_path / "out" / "s.ply", tmp_path / "t.ply"
+    assert main(["splat", "convert", "sample", str(packed)]) == 0
+    assert "SuperSplat's compressed .ply" in capsys.readouterr().out
+    assert packed.read_bytes().startswith(b"ply\n") and b"element chunk" in packed.read_bytes()[:300]
+    assert main(["splat", "convert", str(packed), str(plain)]) == 0  # creates the folder
+    assert b"element chunk" not in plain.read_bytes()[:600] and "3DGS .ply" in capsys.readouterr().out
+    assert main(["splat", "convert", str(plain), str(again), "--compressed"]) == 0
+    assert b"element chunk" in again.read_bytes()[:300]
+    sample = load_scene(ASSETS / "sample_scene.ply")
+    a, b = load_scene(plain), load_scene(again)
+    assert len(a) == len(b) == len(sample) and a.sh_degree == sample.sh_degree
+    # the compressed scene renders like the original
+    cfg = SplatRenderConfig(width=48, height=48, impl="fast")
+    cam = fitted_camera(SceneFit.of(sample), cfg, 30.0, 20.0)
+    want, got = render_frame(sample, cam, cfg), render_frame(b, cam, cfg)
+    assert np.abs(want.astype(int) - got).mean() < 1.5 and want.mean() > 5
+
+
+def test_cli_convert_4d_keeps_time_in_ply_and_refuses_compressed(tmp_path, capsys):
+    from streamstudio.models.gaussians import load_scene
+
+    assert main(["splat", "convert", "sample4d", str(tmp_path / "m.ply")]) == 0
+    assert load_scene(tmp_path / "m.ply").is_4d
+    assert main(["splat", "convert", "sample4d", str(tmp_path / "m.compressed.ply")]) == 1
+    assert "3D scenes only" in capsys.readouterr().err and not (tmp_path / "m.compressed.ply").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["convert", "sample", "x.spz"], "OUT must end in .ply"),
+    (["convert", "sample", "x.splat", "--compressed"], "does not end in .ply"),
+    (["convert", "sample"], "usage: streamstudio splat convert IN OUT"),
+    (["convert", "missing.ply", "x.ply"], "no such file"),
+    (["sample", "extra.ply", "--output", "x.mp4"], "unexpected arguments"),
+    (["sample"], "--output is required"),
+])
+def test_cli_convert_bad_arguments_fail_clearly(tmp_path, monkeypatch, capsys, argv, message):
+    monkeypatch.chdir(tmp_path)
+    assert main(["splat", *argv]) == 1
+    assert message in capsys.readouterr().err
+
+
+def test_cli_convert_to_splat_warns_what_it_drops(tmp_path, caplog):
+    with caplog.at_level("WARNING"):
+        assert main(["splat", "convert", "sample", str(tmp_path / "s.splat")]) == 0
+    assert (tmp_path / "s.splat").stat().st_size % 32 == 0 and "degree-0 colour" in caplog.text

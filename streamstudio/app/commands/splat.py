@@ -5,8 +5,13 @@ PNG frames, optionally stylised frame by frame through the image pipeline (--pro
     streamstudio splat scene.ply --path fly --output frames/ --prompt "a watercolour painting"
     streamstudio splat sample4d --time-range 0 1 --frames 60 --output moons.mp4
 
-SCENE is a 3DGS .ply, an antimatter15 .splat, a StreamStudio 4D .ply, or `sample` /
-`sample4d` for the bundled scenes."""
+    streamstudio splat convert scene.compressed.ply scene.ply
+    streamstudio splat convert scene.ply scene.compressed.ply
+
+SCENE is a 3DGS .ply, SuperSplat's compressed .ply, an antimatter15 .splat, a StreamStudio 4D
+.ply, or `sample` / `sample4d` for the bundled scenes. `convert IN OUT` reads any of those and
+writes OUT by its name: `*.compressed.ply` (or any .ply with --compressed) SuperSplat's compressed
+.ply, `*.ply` the 3DGS .ply (4D scenes keep their 4D properties), `*.splat` (degree-0 colour only)."""
 
 from __future__ import annotations
 
@@ -33,11 +38,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
     p = subparsers.add_parser("splat", help="render a Gaussian-splat scene along a camera path to a video",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("scene", metavar="SCENE", help="a .ply / .splat file, or sample / sample4d")
+    p.add_argument("scene", metavar="SCENE", help="a .ply / .splat file, or sample / sample4d; or `convert`")
+    p.add_argument("convert_paths", nargs="*", metavar="IN OUT",
+                   help="with `convert`: the scene to read and the file to write (.ply, .compressed.ply, .splat)")
     p.add_argument("--path", choices=PATHS, default="orbit", help="camera path (default orbit)")
     p.add_argument("--frames", type=int, default=48, help="number of frames (default 48)")
     p.add_argument("--size", default="512x512", help="WxH in pixels (default 512x512)")
-    p.add_argument("--output", required=True, help="FILE.mp4 (.mkv, .mov) or a FOLDER for PNG frames")
+    p.add_argument("--output", default=None,
+                   help="FILE.mp4 (.mkv, .mov) or a FOLDER for PNG frames (required, but for `convert`)")
+    p.add_argument("--compressed", action="store_true",
+                   help="with `convert`: write SuperSplat's compressed .ply whatever OUT's name")
     p.add_argument("--fps", type=float, default=24.0, help="video frame rate (default 24)")
     p.add_argument("--time-range", nargs=2, type=float, metavar=("A", "B"), default=None,
                    help="4D scenes: the time of the first and the last frame (default the scene's range)")
@@ -182,7 +192,53 @@ class Stylizer:
             return self.pipe.flush()
 
 
+def convert(args) -> int:
+    """`splat convert IN OUT`: read any supported scene and write it in the format OUT names."""
+    from streamstudio.models.gaussians import SAVE_FORMATS, load_scene, save_format, save_scene
+    from streamstudio.streaming.sinks import make_output_folder
+
+    if len(args.convert_paths) != 2:
+        raise StreamStudioError("usage: streamstudio splat convert IN OUT [--compressed] (OUT: .ply, "
+                                ".compressed.ply or .splat)")
+    source, target = scene_path(args.convert_paths[0]), Path(args.convert_paths[1])
+    fmt = save_format(target)
+    if args.compressed:
+        if fmt not in ("ply", "compressed"):
+            raise StreamStudioError(f"--compressed writes a .ply; {target} does not end in .ply")
+        fmt = "compressed"
+    if fmt is None:
+        raise StreamStudioError(f"cannot write {target}: OUT must end in .ply (3DGS), .compressed.ply (SuperSplat's "
+                                f"compressed .ply) or .splat")
+    scene = load_scene(source)
+    if fmt == "compressed" and scene.is_4d:
+        raise StreamStudioError(f"{source} is a 4D scene; SuperSplat's compressed .ply holds 3D scenes only: "
+                                "write it as .ply")
+    if fmt == "splat" and (scene.sh_degree > 0 or scene.is_4d):
+        log.warning("%s keeps only the degree-0 colour%s", target, " and drops the 4D time" if scene.is_4d else "")
+    make_output_folder(target.resolve().parent)
+    try:
+        save_scene(scene, target, fmt)
+    except OSError as exc:
+        raise StreamStudioError(f"cannot write {target}: {exc.strerror or exc}") from exc
+    print(f"wrote {len(scene)} Gaussians (SH degree {scene.sh_degree}{', 4D' if scene.is_4d else ''}) from "
+          f"{source} to {target} ({SAVE_FORMATS[fmt]}, {target.stat().st_size} bytes)")
+    return 0
+
+
 def run(args) -> int:
+    if args.scene == "convert":
+        return convert(args)
+    if args.convert_paths:
+        raise StreamStudioError(f"unexpected arguments {' '.join(args.convert_paths)}: give one SCENE "
+                                "(or `convert IN OUT`)")
+    if args.output is None:
+        raise StreamStudioError("--output is required: a FILE.mp4 (.mkv, .mov) or a FOLDER for PNG frames")
+    if args.compressed:
+        raise StreamStudioError("--compressed goes with `convert IN OUT`")
+    return render_scene(args)
+
+
+def render_scene(args) -> int:
     from streamstudio.device import pick_device
     from streamstudio.models.gaussians import load_scene
     from streamstudio.pipelines.splat_render import SceneFit, SplatRenderConfig, camera_path, path_times, render_frame
