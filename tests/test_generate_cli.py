@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from streamstudio.app.cli import main
@@ -48,3 +49,29 @@ def test_clear_errors(tmp_path, capsys):
     assert "not a readable image" in capsys.readouterr().err
     assert main(["generate", "--model", str(tmp_path / "nowhere.safetensors"), "--output", str(tmp_path)]) == 1
     assert "huggingface-cli download" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("acceleration,serving,cfg,want_max", [
+    ("tensorrt", False, "full", 4),  # one stream, full CFG, 2 steps: 2 * N * k = 4 rows
+    ("tensorrt", False, "self", 2),  # N * k
+    ("compile", False, "initialize", 3),  # N * k + k
+    ("tensorrt", True, "self", 16),  # the web app: streams batched up to --max-batch-rows
+    ("compile", True, "self", None),  # the web app compiles behind the executor: warmed up there
+])
+def test_accelerated_networks_get_the_batches_they_will_be_sent(monkeypatch, acceleration, serving, cfg, want_max):
+    from streamstudio.app.cli import build_parser
+    from streamstudio.app.commands import generate
+    from streamstudio.models import acceleration as acc
+
+    seen = []
+    monkeypatch.setattr(acc, "apply_acceleration", lambda comps, mode, plan=None: seen.append((mode, plan)) or comps)
+    command = "serve" if serving else "generate"
+    argv = [command, "--model", "tiny", "--steps", "2", "--cfg", cfg, "--guidance", "1.5",
+            "--acceleration", acceleration] + ([] if serving else ["--output", "unused"])
+    pipe = generate.build_pipeline(build_parser(argv).parse_args(argv), "img2img", serving=serving)
+    (mode, plan), = seen
+    assert mode == acceleration and pipe.config.cfg_type == cfg
+    if want_max is None:
+        assert plan is None
+        return
+    assert max(plan.sizes["unet"]) == want_max and (plan.height, plan.width) == (64, 64)

@@ -223,7 +223,7 @@ def test_bench_command_on_a_gpu(fake_gpu, monkeypatch, tmp_path, capsys):
 
     pipe = FakePipe()
     monkeypatch.setattr(cli, "COMMANDS", {"bench": "bench"})
-    monkeypatch.setattr(generate, "build_pipeline", lambda args, mode: pipe)
+    monkeypatch.setattr(generate, "build_pipeline", lambda args, mode, serving=False: pipe)
     out = tmp_path / "bench.json"
     assert cli.main(["bench", "--model", "tiny", "--device", "cuda", "--frames", "3", "--warmup", "1",
                      "--json", str(out)]) == 0

@@ -422,6 +422,26 @@ def test_serve_turns_batching_on_by_default_and_off_on_request():
     args = build_parser().parse_args(["serve", "--model", "tiny"])
     assert batching_config(args) == BatchingConfig(max_rows=16, max_wait_ms=2.0)
     args = build_parser().parse_args(["serve", "--acceleration", "tensorrt"])
-    assert batching_config(args).max_rows == 4
+    assert batching_config(args).max_rows == 16  # engines are sized from it (BatchPlan), not capped
     args = build_parser().parse_args(["serve", "--no-stream-batching"])
     assert batching_config(args) is None
+
+
+def test_the_server_model_warms_every_bucket_up_before_streams_run():
+    """With padded calls (compiled or TensorRT networks) the web app's model runs each bucket
+    once at start-up, so no stream meets a new batch size (a compilation, a new CUDA graph)."""
+    from streamstudio.app.sessions import ServerModel
+    from streamstudio.models.loading import load_components
+    from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+
+    comps = load_components("tiny", device="cpu", dtype=torch.float32)
+    config = StreamDiffusionConfig(width=32, height=32, steps=1)
+    padded = ServerModel(comps, config, batching=BatchingConfig(max_rows=4, pad_to_buckets=True))
+    plain = ServerModel(comps, config, batching=BatchingConfig(max_rows=4))
+    try:
+        warmed = padded.executor.stats.warmup_calls
+        assert warmed >= len(BatchingConfig(max_rows=4).buckets)  # every bucket of at least one network
+        assert plain.executor.stats.warmup_calls == 0  # eager networks take any batch: nothing to warm
+    finally:
+        padded.close()
+        plain.close()

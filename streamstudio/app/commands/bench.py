@@ -136,7 +136,8 @@ def run(args) -> int:
     from streamstudio.app.commands.generate import build_pipeline
 
     _check(args)
-    pipe = build_pipeline(args, "txt2img" if args.txt2img else "img2img")
+    # several streams run as the web app runs them: behind the batching executor
+    pipe = build_pipeline(args, "txt2img" if args.txt2img else "img2img", serving=args.streams > 1)
     cfg = pipe.config
     setting = (f"{pipe.comps.name}, {cfg.width}x{cfg.height}, {pipe.n_steps} step(s), {cfg.cfg_type} CFG, "
                f"{str(pipe.dtype).replace('torch.', '')}, acceleration {args.acceleration}")

@@ -45,8 +45,9 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default="auto", help="auto (float16 on CUDA, float32 on CPU), float16, float32")
 
 
-def build_pipeline(args, mode: str):
-    """Load the model named by args and build a stream with args' settings."""
+def build_pipeline(args, mode: str, serving: bool = False):
+    """Load the model named by args and build a stream with args' settings. `serving`: the
+    stream is the web app's template (its networks run behind the batching executor)."""
     from streamstudio.device import pick_device, pick_dtype
     from streamstudio.models.loading import resolve_demo_default
     from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
@@ -54,25 +55,48 @@ def build_pipeline(args, mode: str):
     device = pick_device(args.device)
     dtype = pick_dtype(device, args.dtype)
     comps = resolve_demo_default(args.model, device=device, dtype=dtype, taesd=args.taesd or None)
-    if getattr(args, "acceleration", "none") != "none":
-        from streamstudio.models.acceleration import apply_acceleration
-
-        comps = apply_acceleration(comps, args.acceleration)
-    for note in comps.notes:
-        print(f"note: {note}")
     turbo = comps.step_type == "turbo"
     default_size = 64 if comps.is_demo else 512
     config = StreamDiffusionConfig(
         width=default_size if args.width is None else args.width,
         height=default_size if args.height is None else args.height, mode=mode,
-        steps=(1 if turbo else 2) if args.steps is None else args.steps, strength=args.strength, t_index_list=args.t_index,
+        steps=(1 if turbo else 2) if args.steps is None else args.steps,
+        strength=args.strength, t_index_list=args.t_index,
         use_denoising_batch=not args.sequential, cfg_type=args.cfg,
         guidance_scale=args.guidance if args.guidance is not None else (1.0 if turbo else 1.2),
         delta=args.delta, seed=args.seed, similarity_filter=args.filter_threshold is not None,
         similarity_threshold=args.filter_threshold if args.filter_threshold is not None else 0.98,
         max_skip_frame=args.max_skip_frame,
-    )
+    ).validate()
+    if getattr(args, "acceleration", "none") != "none":
+        from streamstudio.models.acceleration import apply_acceleration
+
+        comps = apply_acceleration(comps, args.acceleration, plan=acceleration_plan(args, config, serving))
+    for note in comps.notes:
+        print(f"note: {note}")
     return StreamDiffusion(comps, config, prompt=args.prompt, negative_prompt=args.negative_prompt)
+
+
+def acceleration_plan(args, config, serving: bool):
+    """The batches the accelerated networks will be sent (TensorRT engines are built for them and
+    capture each; compiled networks are warmed up at each), or None.
+
+    generate and render: one stream of `config`, on this thread. serve: streams of any CFG type
+    through the batching executor; compiled networks are warmed up on the executor's thread
+    instead (app.batching.warm_up, from the server's model), so they get no plan here."""
+    from streamstudio.models.acceleration import BatchPlan
+
+    if not serving:
+        return BatchPlan.for_streams(height=config.height, width=config.width,
+                                     steps=len(config.resolved_t_index_list()),
+                                     frame_buffer_size=config.frame_buffer_size, cfg_types=[config.cfg_type],
+                                     stream_batch=config.use_denoising_batch)
+    if args.acceleration == "compile":
+        return None
+    from streamstudio.app.batching import stream_plan
+    from streamstudio.app.commands.serve import batching_config
+
+    return stream_plan(config, batching_config(args))
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

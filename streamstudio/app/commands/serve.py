@@ -49,8 +49,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-stream-batching", action="store_true",
                    help="let live streams take turns on the model instead of batching their network calls together")
     p.add_argument("--max-batch-rows", type=int, default=16,
-                   help="cross-stream batching: UNet/VAE batch rows per call at most (default 16; 4 with TensorRT "
-                        "engines built for batch 1-4)")
+                   help="cross-stream batching: UNet/VAE batch rows per call at most (default 16; TensorRT "
+                        "engines are sized from it)")
     p.add_argument("--batch-wait-ms", type=float, default=2.0,
                    help="cross-stream batching: how long a call waits for other streams' calls (default 2 ms)")
     add_pipeline_arguments(p)
@@ -81,7 +81,7 @@ def build_model(args):
     from streamstudio.app.commands.generate import build_pipeline
     from streamstudio.app.sessions import ServerModel
 
-    pipe = build_pipeline(args, "img2img")
+    pipe = build_pipeline(args, "img2img", serving=True)
     return ServerModel(pipe.comps, pipe.config, prompt=args.prompt, negative_prompt=args.negative_prompt,
                        latency_probe=getattr(args, "latency_probe", False), batching=batching_config(args))
 
@@ -92,10 +92,8 @@ def batching_config(args):
 
     if getattr(args, "no_stream_batching", False):
         return None
-    rows = getattr(args, "max_batch_rows", 16)
-    if getattr(args, "acceleration", "none") == "tensorrt" and rows > 4:
-        rows = 4  # the default engine profile covers UNet batches of 1 to 4
-    return BatchingConfig(max_rows=rows, max_wait_ms=getattr(args, "batch_wait_ms", 2.0)).validate()
+    return BatchingConfig(max_rows=getattr(args, "max_batch_rows", 16),
+                          max_wait_ms=getattr(args, "batch_wait_ms", 2.0)).validate()
 
 
 def guard_config(args):
