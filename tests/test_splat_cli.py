@@ -173,3 +173,18 @@ def test_cli_convert_to_splat_warns_what_it_drops(tmp_path, caplog):
     with caplog.at_level("WARNING"):
         assert main(["splat", "convert", "sample", str(tmp_path / "s.splat")]) == 0
     assert (tmp_path / "s.splat").stat().st_size % 32 == 0 and "degree-0 colour" in caplog.text
+
+
+def test_cli_antialiased_flag_changes_the_render(tmp_path):
+    from PIL import Image
+
+    frames = {}
+    for flag in ("--antialiased", "--no-antialiased"):
+        out = tmp_path / flag.strip("-")
+        assert main(["splat", "sample", "--frames", "1", "--size", "40x40", "--output", str(out), flag]) == 0
+        frames[flag] = np.asarray(Image.open(next(out.glob("*.png")))).astype(int)
+    default = tmp_path / "default"
+    assert main(["splat", "sample", "--frames", "1", "--size", "40x40", "--output", str(default)]) == 0
+    plain = np.asarray(Image.open(next(default.glob("*.png")))).astype(int)
+    assert np.array_equal(plain, frames["--no-antialiased"])  # the sample's file does not say antialiased
+    assert np.abs(frames["--antialiased"] - plain).max() > 3

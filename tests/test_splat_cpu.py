@@ -76,6 +76,17 @@ def test_cpp_matches_reference_on_random_scenes(cpp_module, n, seed, width, heig
         assert float(ref.alpha.max()) > 0.5  # something was drawn
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_cpp_matches_reference_antialiased(cpp_module, dtype):
+    means, quats, scales, opac, sh = scene(400, 7, dtype)
+    args = dict(means=means, quats=quats, scales=scales, opacities=opac, colors=sh, viewmat=view_matrix(dtype),
+                intrinsics=(50.0, 55.0, 20.0, 30.0), width=64, height=48, background=(0.1, 0.2, 0.3),
+                antialiased=True)
+    ref = assert_matches_reference(args)
+    plain = rasterize_gaussians(**{**args, "antialiased": False}, impl="reference")
+    assert float((ref.rgb - plain.rgb).abs().max()) > 0.05
+
+
 def test_cpp_matches_reference_where_pixels_saturate(cpp_module):
     """Opaque, overlapping Gaussians: the T < 1e-4 stop and the 0.99 clamp are exercised."""
     means, quats, scales, opac, colors = scene(600, 7, torch.float32, spread=0.4, log_scale=-2.0)

@@ -62,7 +62,7 @@ OFF_W, OFF_H = 64, 48
 OFF_INTR = (32.0, 30.0, OFF_W / 4, OFF_H / 4)  # fx, fy, cx = W/4, cy = H/4: the far edges at x/z = 1.5, y/z = 1.2
 
 
-def ewa_alpha_image(mean, sigma, opacity, fx, fy, cx, cy, w, h, lim_x=None):
+def ewa_alpha_image(mean, sigma, opacity, fx, fy, cx, cy, w, h, lim_x=None, antialiased=False):
     """The exact EWA footprint of one Gaussian in camera space (identity view), written out:
     cov2d = J Sigma J^T + 0.3 I with J the perspective Jacobian at x/z, y/z clamped to
     [-cx/fx - 0.15 W/fx, (W - cx)/fx + 0.15 W/fx] (and the same in y), alpha = min(0.99, o e^-q/2)
@@ -72,7 +72,10 @@ def ewa_alpha_image(mean, sigma, opacity, fx, fy, cx, cy, w, h, lim_x=None):
     tx = float(np.clip(x / z, -lx_neg, lx_pos)) * z
     ty = float(np.clip(y / z, -(cy + 0.15 * h) / fy, (h - cy + 0.15 * h) / fy)) * z
     jac = np.array([[fx / z, 0.0, -fx * tx / z ** 2], [0.0, fy / z, -fy * ty / z ** 2]])
-    cov = jac @ sigma @ jac.T + 0.3 * np.eye(2)
+    raw = jac @ sigma @ jac.T
+    cov = raw + 0.3 * np.eye(2)
+    if antialiased:  # gsplat: o * sqrt(det(S) / det(S + 0.3 I))
+        opacity = opacity * math.sqrt(max(0.0, np.linalg.det(raw) / np.linalg.det(cov)))
     inv = np.linalg.inv(cov)
     mu = np.array([fx * x / z + cx, fy * y / z + cy])
     us, vs = np.meshgrid(np.arange(w) + 0.5, np.arange(h) + 0.5)
@@ -121,6 +124,32 @@ def test_off_centre_principal_point_matches_exact_ewa_footprint(impl, mean, what
         centred = 1.3 * (OFF_W / 2) / OFF_INTR[0]
         wrong = ewa_alpha_image(np.array(mean), sigma, 0.9, *OFF_INTR, OFF_W, OFF_H, lim_x=(centred, centred))
         assert np.abs(wrong - want).max() > 0.03
+
+
+@pytest.mark.parametrize("impl", ["reference", "fast", "cpp", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("scale", [(0.35, 0.12, 0.5), (0.004, 0.002, 0.01)])  # wide, and smaller than a pixel
+def test_antialiased_mode_matches_the_compensated_ewa_footprint(impl, scale):
+    if impl == "cpp":
+        from streamstudio.kernels import splat_cpu
+        if splat_cpu.load() is None:
+            pytest.skip("the C++ renderer did not build")
+    if impl == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    mean, quat, scale = np.array([0.3, -0.2, 2.0]), np.array([0.8, 0.3, -0.4, 0.2]), np.array(scale)
+    rot = np_rotation(quat)
+    sigma = rot @ np.diag(scale ** 2) @ rot.T
+    dtype = torch.float64 if impl == "reference" else torch.float32
+    dev = "cuda" if impl == "cuda" else "cpu"
+    args = [torch.tensor(v[None], dtype=dtype, device=dev) for v in (mean, quat, scale)]
+    plain_want = ewa_alpha_image(mean, sigma, 0.9, *OFF_INTR, OFF_W, OFF_H)
+    want = ewa_alpha_image(mean, sigma, 0.9, *OFF_INTR, OFF_W, OFF_H, antialiased=True)
+    for flag, expected in ((True, want), (False, plain_want)):
+        out = rasterize_gaussians(*args, torch.tensor([0.9], dtype=dtype, device=dev),
+                                  torch.ones(1, 3, dtype=dtype, device=dev), torch.eye(4, dtype=dtype, device=dev),
+                                  OFF_INTR, OFF_W, OFF_H, impl=impl, antialiased=flag)
+        np.testing.assert_allclose(out.alpha.double().cpu().numpy(), expected,
+                                   atol=1e-9 if impl == "reference" else 2e-5)
+    assert np.abs(want - plain_want).max() > 0.01  # the mode changes the picture (a lot for the small one)
 
 
 def naive_render(m2, conics, opac, colors, depths, w, h, bg):

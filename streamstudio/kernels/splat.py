@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import torch
 
 from streamstudio.kernels import splat_fast, splat_reference
-from streamstudio.kernels.splat_reference import project_gaussians, quat_scale_to_covar, sh_colors
+from streamstudio.kernels.splat_reference import (antialias_compensation, project_gaussians, quat_scale_to_covar,
+                                                  sh_colors)
 
 IMPLS = ("auto", "reference", "cpp", "fast", "fast_compiled", "cuda")
 
@@ -65,13 +66,16 @@ def rasterize_gaussians(means: torch.Tensor, quats: torch.Tensor | None, scales:
                         intrinsics: tuple[float, float, float, float], width: int, height: int,
                         sh_degree: int | None = None, background: torch.Tensor | None = None,
                         covars: torch.Tensor | None = None, near: float = 0.01, far: float = 1e10,
-                        impl: str = "auto") -> SplatRender:
+                        impl: str = "auto", antialiased: bool = False) -> SplatRender:
     """Render Gaussians to an image.
 
     means (N, 3); quats (N, 4) w first and linear scales (N, 3), or covars (N, 3, 3);
     opacities (N,) in [0, 1]; colors (N, 3) RGB, or SH (N, K, 3) evaluated up to `sh_degree`
     (default: all of K); viewmat (4, 4) world -> camera (OpenCV axes); intrinsics
     (fx, fy, cx, cy) in pixels; background (3,) RGB added with the final transmittance.
+    `antialiased`: gsplat's rasterize_mode="antialiased", each opacity times
+    sqrt(det(S) / det(S + 0.3 I)) of its projected covariance S (Mip-Splatting's 2D filter), for
+    scenes trained in that mode.
     """
     _check(means, opacities, colors, viewmat, width, height)
     device = means.device
@@ -79,7 +83,8 @@ def rasterize_gaussians(means: torch.Tensor, quats: torch.Tensor | None, scales:
     if chosen == "cpp":  # the whole frame (projection, SH, binning, blending) in C++
         from streamstudio.kernels import splat_cpu
         rgb, depth, alpha, n_visible = splat_cpu.render(means, quats, scales, opacities, colors, viewmat, intrinsics,
-                                                        width, height, sh_degree, background, covars, near, far)
+                                                        width, height, sh_degree, background, covars, near, far,
+                                                        antialiased=antialiased)
         return SplatRender(rgb=rgb.float(), depth=depth.float(), alpha=alpha.float(), n_visible=n_visible,
                            impl=chosen)
     dtype = torch.float64 if means.dtype == torch.float64 else torch.float32
@@ -92,8 +97,10 @@ def rasterize_gaussians(means: torch.Tensor, quats: torch.Tensor | None, scales:
         degree = colors.shape[1] if sh_degree is None else sh_degree
         colors = sh_colors(colors.to(dtype), means, viewmat, min(degree, 3))  # (N, 3)
     fx, fy, cx, cy = (float(v) for v in intrinsics)
-    means2d, conics, depths, radii, _ = project_gaussians(means, covars.to(dtype), opacities, viewmat,
-                                                          fx, fy, cx, cy, width, height, near, far)
+    means2d, conics, depths, radii, cov2d = project_gaussians(means, covars.to(dtype), opacities, viewmat,
+                                                              fx, fy, cx, cy, width, height, near, far, antialiased)
+    if antialiased:  # the opacities the radii were sized for
+        opacities = opacities * antialias_compensation(cov2d)
     bg = None if background is None else torch.as_tensor(background, dtype=dtype, device=device)
     args = (means2d, conics, opacities, colors.to(dtype), depths, radii, width, height, bg)
     if chosen == "cuda":

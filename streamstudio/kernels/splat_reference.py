@@ -87,12 +87,24 @@ def frustum_limits(fx: float, fy: float, cx: float, cy: float, width: int, heigh
             cy / fy + 0.3 * tan_fovy, (height - cy) / fy + 0.3 * tan_fovy)
 
 
+def antialias_compensation(cov2d: torch.Tensor) -> torch.Tensor:
+    """(N,) gsplat's `antialiased` opacity factor (Mip-Splatting's 2D filter) from cov2d (N, 3) =
+    (xx, xy, yy) with the 0.3 low-pass in: sqrt(max(0, det(S) / det(S + 0.3 I))), S without it."""
+    c_xx, c_xy, c_yy = cov2d.unbind(-1)
+    det_blur = c_xx * c_yy - c_xy * c_xy
+    det_orig = (c_xx - LOW_PASS) * (c_yy - LOW_PASS) - c_xy * c_xy
+    safe = torch.where(det_blur > 0, det_blur, torch.ones_like(det_blur))
+    return torch.sqrt((det_orig / safe).clamp_min(0.0))
+
+
 def project_gaussians(means: torch.Tensor, covars: torch.Tensor, opacities: torch.Tensor,
                       viewmat: torch.Tensor, fx: float, fy: float, cx: float, cy: float,
-                      width: int, height: int, near: float = 0.01, far: float = 1e10):
+                      width: int, height: int, near: float = 0.01, far: float = 1e10, antialiased: bool = False):
     """EWA projection. Returns means2d (N, 2), conics (N, 3) = (a, b, c) of the inverse 2D
     covariance, depths (N,), radii (N, 2) float half-widths in x and y
-    of the box where alpha can reach 1/255 (0 where culled) and cov2d (N, 3) = (xx, xy, yy)."""
+    of the box where alpha can reach 1/255 (0 where culled) and cov2d (N, 3) = (xx, xy, yy).
+    With `antialiased` the radii are those of the compensated opacity (times
+    `antialias_compensation(cov2d)`, which the caller blends with)."""
     rot, trans = viewmat[:3, :3].to(means), viewmat[:3, 3].to(means)
     p = means @ rot.T + trans  # (N, 3) camera coordinates
     x, y, z = p.unbind(-1)
@@ -113,6 +125,8 @@ def project_gaussians(means: torch.Tensor, covars: torch.Tensor, opacities: torc
     ok = in_depth & (det > 0)
     dets = torch.where(ok, det, torch.ones_like(det))
     conics = torch.stack([c_yy / dets, -c_xy / dets, c_xx / dets], -1)  # (N, 3)
+    if antialiased:
+        opacities = opacities * antialias_compensation(torch.stack([c_xx, c_xy, c_yy], -1))
     reach = 2.0 * torch.log((255.0 * opacities).clamp_min(1.0))  # 0 where o <= 1/255: never visible
     # half-widths of the box around the ellipse d^T cov2d^-1 d <= reach (alpha >= 1/255 inside)
     radii = torch.sqrt(reach[:, None] * torch.stack([c_xx, c_yy], -1).clamp_min(0))  # (N, 2)

@@ -24,6 +24,9 @@ Formats
   splat-transform's reader does. Written by `save_compressed_ply` (Gaussians in Morton order,
   as gsplat and splat-transform write them); a file name ending `.compressed.ply` picks it in
   `save_scene`. 3D only.
+* Render mode: a `.ply` (either kind) whose header says `comment SplatRenderMode: mip` (Brush,
+  splat-transform) or `comment antialiased 1` (Postshot) was trained with gsplat's
+  "antialiased" mode; `GaussianScene.antialiased` keeps it and the writers write the first form.
 * StreamStudio 4D `.ply`: the 3DGS `.ply` plus four extra float32 properties per Gaussian,
   `t` (time centre), `t_scale` (log of the time standard deviation) and `rotr_0..3` (the right
   quaternion of the 4D rotation, w first; `rot_0..3` is the left one), and the header comment
@@ -68,6 +71,7 @@ class GaussianScene:
     quats_r: torch.Tensor | None = None  # (N, 4) 4D only: right quaternion of the 4D rotation
     covars: torch.Tensor | None = None  # (N, 3, 3) explicit 3D covariance (time slices)
     opacity_scale: torch.Tensor | None = None  # (N,) time-slice marginal multiplying the opacity
+    antialiased: bool = False  # trained with gsplat's "antialiased" mode (Mip-Splatting's 2D filter)
 
     def __len__(self) -> int:
         return int(self.means.shape[0])
@@ -105,7 +109,7 @@ class GaussianScene:
     def subset(self, mask: torch.Tensor) -> "GaussianScene":
         """The Gaussians where `mask` (N,) is true (or the given indices)."""
         pick = {k: (None if v is None else v[mask]) for k, v in self._fields().items()}
-        return GaussianScene(**pick)
+        return GaussianScene(**pick, antialiased=self.antialiased)
 
     def _fields(self) -> dict:
         return {k: getattr(self, k) for k in ("means", "quats", "log_scales", "opacity_logits", "sh",
@@ -238,6 +242,27 @@ def _read_ply_header(path: Path, f) -> tuple[list[PlyElement], list[str]]:
     return elements, comments
 
 
+def antialiased_from_comments(comments: list[str]) -> bool:
+    """Whether a PLY header says the scene was trained antialiased: Brush's `SplatRenderMode:
+    default | mip` and Postshot's `antialiased 0 | 1`, case-insensitive, the last one winning
+    (as PlayCanvas's splat-transform reads them)."""
+    result = False
+    for comment in comments:
+        text = comment.strip().lower()
+        if text.startswith("splatrendermode:"):
+            mode = text[len("splatrendermode:"):].strip()
+            if mode in ("default", "mip"):
+                result = mode == "mip"
+        elif text.startswith("antialiased "):
+            value = text[len("antialiased "):].strip()
+            if value in ("0", "1"):
+                result = value == "1"
+    return result
+
+
+ANTIALIASED_COMMENT = "SplatRenderMode: mip"  # what Brush and splat-transform write for an antialiased scene
+
+
 def _ply_count(path: Path, text: str) -> int:
     try:
         n = int(text)
@@ -253,9 +278,11 @@ def read_ply(path: str | os.PathLike, max_gaussians: int | None = None) -> Gauss
     compressed `.ply`."""
     path = Path(path)
     with open(path, "rb") as f:
-        elements, _comments = _read_ply_header(path, f)
+        elements, comments = _read_ply_header(path, f)
         if elements[0].name == "chunk":
-            return _read_compressed_ply(path, f, elements, max_gaussians)
+            scene = _read_compressed_ply(path, f, elements, max_gaussians)
+            scene.antialiased = antialiased_from_comments(comments)
+            return scene
         if elements[0].name != "vertex":
             raise _err(path, f"PLY element {elements[0].name!r} before 'vertex' is not supported; a 3DGS .ply "
                              "starts with 'element vertex' (SuperSplat's compressed .ply with 'element chunk')")
@@ -294,6 +321,7 @@ def read_ply(path: str | os.PathLike, max_gaussians: int | None = None) -> Gauss
         scene.t_centers = cols(["t"])[:, 0].contiguous()
         scene.t_log_scales = cols(["t_scale"])[:, 0].contiguous()
         scene.quats_r = cols([f"rotr_{i}" for i in range(4)])
+    scene.antialiased = antialiased_from_comments(comments)
     _check_finite(path, scene)
     return scene
 
@@ -337,6 +365,8 @@ def write_ply(scene: GaussianScene, path: str | os.PathLike) -> None:
     header = ["ply", "format binary_little_endian 1.0"]
     if scene.is_4d:
         header.append(f"comment {FOURD_COMMENT}")
+    if scene.antialiased:
+        header.append(f"comment {ANTIALIASED_COMMENT}")
     header += [f"element vertex {n}"] + [f"property float {name}" for name, _ in columns] + ["end_header"]
     with open(path, "wb") as f:
         f.write(("\n".join(header) + "\n").encode("ascii"))
@@ -514,8 +544,10 @@ def save_compressed_ply(scene: GaussianScene, path: str | os.PathLike) -> None:
         packed[sl, 3] = ((_pack_unorm(t_rgb[:, 0], 8) << np.uint32(24)) | (_pack_unorm(t_rgb[:, 1], 8) << np.uint32(16))
                          | (_pack_unorm(t_rgb[:, 2], 8) << np.uint32(8)) | _pack_unorm(opacity[sl], 8))
     k_rest = sh.shape[1] - 1
-    header = ["ply", "format binary_little_endian 1.0", "comment Generated by StreamStudio",
-              f"element chunk {n_chunks}"]
+    header = ["ply", "format binary_little_endian 1.0", "comment Generated by StreamStudio"]
+    if scene.antialiased:
+        header.append(f"comment {ANTIALIASED_COMMENT}")
+    header.append(f"element chunk {n_chunks}")
     header += [f"property float {name}" for name in CHUNK_PROPS + CHUNK_COLOR_PROPS]
     header += [f"element vertex {n}"] + [f"property uint {name}" for name in PACKED_PROPS]
     sh_bytes = None

@@ -75,6 +75,7 @@ class SplatRenderConfig:
     impl: str = "auto"  # auto | reference | fast | fast_compiled | cuda
     device: str = "cpu"
     up: tuple[float, float, float] = DEFAULT_UP
+    antialiased: bool | None = None  # gsplat's "antialiased" mode; None: as the scene's file says
 
     def check(self) -> None:
         if not (8 <= self.width <= 4096 and 8 <= self.height <= 4096):
@@ -179,7 +180,8 @@ def render(scene: GaussianScene, camera: Camera, cfg: SplatRenderConfig, time: f
         return rasterize_gaussians(scene.means.to(device), scene.quats.to(device), scene.scales().to(device),
                                    scene.opacities().to(device), scene.sh.to(device), camera.viewmat.to(device),
                                    camera.intrinsics, camera.width, camera.height, sh_degree=cfg.sh_degree,
-                                   background=bg.to(device), covars=covars, impl=cfg.impl)
+                                   background=bg.to(device), covars=covars, impl=cfg.impl,
+                                   antialiased=scene.antialiased if cfg.antialiased is None else cfg.antialiased)
     except (ValueError, RuntimeError) as exc:
         raise StreamStudioError(f"splat rendering failed: {exc}") from exc
 

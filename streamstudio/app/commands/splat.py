@@ -59,6 +59,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--renderer", choices=IMPLS, default="auto",
                    help="rasteriser (default auto: CUDA on a GPU, the fast CPU path otherwise; fast_compiled "
                         "is the fast path through torch.compile, worth it for long renders)")
+    p.add_argument("--antialiased", action=argparse.BooleanOptionalAction, default=None,
+                   help="gsplat's antialiased rasterize mode (Mip-Splatting's 2D filter), for scenes trained with "
+                        "it (default: as the scene's file says, e.g. 'SplatRenderMode: mip')")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     style = p.add_argument_group("stylise (img2img on every rendered frame)")
     style.add_argument("--prompt", default=None, help="stylise each frame with this prompt")
@@ -213,6 +216,8 @@ def convert(args) -> int:
     if fmt == "compressed" and scene.is_4d:
         raise StreamStudioError(f"{source} is a 4D scene; SuperSplat's compressed .ply holds 3D scenes only: "
                                 "write it as .ply")
+    if fmt == "splat" and scene.antialiased:
+        log.warning("%s cannot say the scene is antialiased; render it with --antialiased", target)
     if fmt == "splat" and (scene.sh_degree > 0 or scene.is_4d):
         log.warning("%s keeps only the degree-0 colour%s", target, " and drops the 4D time" if scene.is_4d else "")
     make_output_folder(target.resolve().parent)
@@ -251,7 +256,7 @@ def render_scene(args) -> int:
     device = pick_device(args.device)
     cfg = SplatRenderConfig(width=width, height=height, fov_y_deg=args.fov, sh_degree=args.sh_degree,
                             background=parse_color(args.background), mode=args.mode, impl=args.renderer,
-                            device=str(device))
+                            device=str(device), antialiased=args.antialiased)
     cfg.check()
     scene = load_scene(scene_path(args.scene))
     if args.time_range is not None and not scene.is_4d:

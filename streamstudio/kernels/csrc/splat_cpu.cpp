@@ -237,7 +237,8 @@ template <typename T>
 void render_impl(const at::Tensor& means_t, const at::Tensor& quats_t, const at::Tensor& scales_t,
                  const at::Tensor& covars_t, const at::Tensor& opac_t, const at::Tensor& colors_t,
                  int64_t sh_degree, const at::Tensor& view_t, double fx, double fy, double cx, double cy,
-                 int64_t W, int64_t H, double near_, double far_, const at::Tensor& bg_t, int nthreads,
+                 int64_t W, int64_t H, double near_, double far_, bool antialiased, const at::Tensor& bg_t,
+                 int nthreads,
                  at::Tensor& rgb_t, at::Tensor& depth_t, at::Tensor& alpha_t, int64_t& n_visible) {
   const int64_t N = means_t.size(0);
   const T* means = means_t.data_ptr<T>();
@@ -323,9 +324,11 @@ void render_impl(const at::Tensor& means_t, const at::Tensor& quats_t, const at:
       for (int c = 0; c < 3; ++c) JR[r][c] = J[r][0] * R[0][c] + J[r][1] * R[1][c] + J[r][2] * R[2][c];
     for (int r = 0; r < 2; ++r)
       for (int c = 0; c < 3; ++c) JS[r][c] = JR[r][0] * S[0][c] + JR[r][1] * S[1][c] + JR[r][2] * S[2][c];
-    const T c_xx = JS[0][0] * JR[0][0] + JS[0][1] * JR[0][1] + JS[0][2] * JR[0][2] + (T)0.3;
+    const T r_xx = JS[0][0] * JR[0][0] + JS[0][1] * JR[0][1] + JS[0][2] * JR[0][2];  // before the low-pass
+    const T r_yy = JS[1][0] * JR[1][0] + JS[1][1] * JR[1][1] + JS[1][2] * JR[1][2];
+    const T c_xx = r_xx + (T)0.3;
     const T c_xy = JS[0][0] * JR[1][0] + JS[0][1] * JR[1][1] + JS[0][2] * JR[1][2];
-    const T c_yy = JS[1][0] * JR[1][0] + JS[1][1] * JR[1][1] + JS[1][2] * JR[1][2] + (T)0.3;
+    const T c_yy = r_yy + (T)0.3;
     const T det = c_xx * c_yy - c_xy * c_xy;
     const bool ok = in_depth && det > 0;
     const T dets = ok ? det : (T)1;
@@ -333,6 +336,10 @@ void render_impl(const at::Tensor& means_t, const at::Tensor& quats_t, const at:
     g.b = -c_xy / dets;
     g.c = c_xx / dets;
     g.o = opac[n];
+    if (antialiased) {  // gsplat's "antialiased": o * sqrt(det(cov2d) / det(cov2d + 0.3 I)) (Mip-Splatting)
+      const T det_orig = r_xx * r_yy - c_xy * c_xy;
+      g.o *= std::sqrt(std::max((T)0, det_orig / dets));
+    }
     g.reach = (T)2 * std::log(std::max((T)255 * g.o, (T)1));
     g.rx = std::sqrt(g.reach * std::max(c_xx, (T)0));
     g.ry = std::sqrt(g.reach * std::max(c_yy, (T)0));
@@ -533,7 +540,8 @@ void render_impl(const at::Tensor& means_t, const at::Tensor& quats_t, const at:
 int64_t render(at::Tensor means, at::Tensor quats, at::Tensor scales, at::Tensor covars,
                                at::Tensor opacities, at::Tensor colors, int64_t sh_degree, at::Tensor viewmat,
                                double fx, double fy, double cx, double cy, int64_t width, int64_t height,
-                               double near_, double far_, at::Tensor background, int64_t threads, at::Tensor rgb,
+                               double near_, double far_, bool antialiased, at::Tensor background, int64_t threads,
+                               at::Tensor rgb,
                                at::Tensor depth, at::Tensor alpha) {
   TORCH_CHECK(means.device().is_cpu(), "splat_cpu: CPU tensors only");
   TORCH_CHECK(means.numel() / 3 < (int64_t)1 << 31, "splat_cpu: too many Gaussians for 32-bit ids");
@@ -543,11 +551,11 @@ int64_t render(at::Tensor means, at::Tensor quats, at::Tensor scales, at::Tensor
   int nt = (int)std::max<int64_t>(1, threads);
   if (means.scalar_type() == at::kDouble) {
     render_impl<double>(means, quats, scales, covars, opacities, colors, sh_degree, viewmat, fx, fy, cx, cy, width,
-                        height, near_, far_, background, nt, rgb, depth, alpha, n_visible);
+                        height, near_, far_, antialiased, background, nt, rgb, depth, alpha, n_visible);
   } else {
     TORCH_CHECK(means.scalar_type() == at::kFloat, "splat_cpu: float32 or float64 tensors");
     render_impl<float>(means, quats, scales, covars, opacities, colors, sh_degree, viewmat, fx, fy, cx, cy, width,
-                       height, near_, far_, background, nt, rgb, depth, alpha, n_visible);
+                       height, near_, far_, antialiased, background, nt, rgb, depth, alpha, n_visible);
   }
   return n_visible;
 }
