@@ -229,6 +229,9 @@ def test_known_world_position_lands_at_expected_pixel():
     v, u = divmod(int(out.alpha.argmax()), 64)
     assert (u, v) == (57, 19)
     assert abs(float(out.depth[19, 57] / out.alpha[19, 57]) - 2.0) < 1e-5
+    # gsplat's depth modes: "D" accumulated (sum w z = alpha x 2 for one Gaussian), "ED" expected (/ alpha)
+    assert abs(float(out.depth[19, 57]) - 2.0 * float(out.alpha[19, 57])) < 1e-5
+    assert abs(float(out.expected_depth[19, 57]) - 2.0) < 1e-5 and float(out.expected_depth[0, 0]) == 0.0
     assert float(out.alpha[19, 57]) > 0.5 and float(out.alpha[0, 0]) == 0.0
 
 

@@ -27,10 +27,15 @@ class SplatRender:
     """What one rasterisation gives back (float32 tensors on the input device)."""
 
     rgb: torch.Tensor  # (H, W, 3) in [0, 1] (not clamped; SH colours may exceed 1)
-    depth: torch.Tensor  # (H, W) sum of blend weight x camera depth (divide by alpha for the mean)
+    depth: torch.Tensor  # (H, W) sum of blend weight x camera depth: gsplat's "D" (accumulated depth)
     alpha: torch.Tensor  # (H, W) 1 - final transmittance
     n_visible: int  # Gaussians that survived culling
     impl: str  # which implementation ran
+
+    @property
+    def expected_depth(self) -> torch.Tensor:
+        """(H, W) gsplat's "ED": depth / alpha (alpha clamped at 1e-10, so 0 where nothing is drawn)."""
+        return self.depth / self.alpha.clamp_min(1e-10)
 
 
 def pick_impl(impl: str, device: torch.device) -> str:
