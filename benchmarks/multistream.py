@@ -66,6 +66,22 @@ def main(argv=None) -> int:
                                      max_streams=max(args.streams), idle_timeout=600, owns_model=True)
                 for mode in ("turns", "batched")}
     rows = []
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> dict:  # after each row: a run killed at its time limit keeps what it measured
+        ratios = {}
+        for k in args.streams:
+            turns = next((r for r in rows if r["mode"] == "turns" and r["streams"] == k), None)
+            batched = next((r for r in rows if r["mode"] == "batched" and r["streams"] == k), None)
+            if turns and batched:
+                ratios[str(k)] = batched["total_fps"] / turns["total_fps"] if turns["total_fps"] else None
+        result = {"benchmark": "multistream", "model": name, "device": device_name(device),
+                  "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "quick": args.quick,
+                  "window_s": window, "rows": rows, "batched_over_turns": ratios}
+        out.write_text(json.dumps(result, indent=1))
+        return ratios
+
     try:
         for manager in managers.values():  # first frames are slow (allocator, kernels): not timed
             closed_loop(manager, 1, size, size, warmup, 1.0)
@@ -73,25 +89,16 @@ def main(argv=None) -> int:
             for mode, manager in managers.items():
                 row = {"mode": mode, **closed_loop(manager, k, size, size, warmup, window)}
                 rows.append(row)
+                save()
                 rpc = f"{row['requests_per_call']:.2f}" if row["requests_per_call"] else "-"
                 print(f"{mode:8s} {k} stream(s): {row['total_fps']:8.2f} fps in all, "
                       f"{min(row['per_stream_fps']):7.2f} fps the slowest stream, {rpc} streams per network call")
     finally:
         for manager in managers.values():
             manager.shutdown()
-    ratios = {}
-    for k in args.streams:
-        turns = next(r for r in rows if r["mode"] == "turns" and r["streams"] == k)
-        batched = next(r for r in rows if r["mode"] == "batched" and r["streams"] == k)
-        ratios[str(k)] = batched["total_fps"] / turns["total_fps"] if turns["total_fps"] else None
-        print(f"{k} stream(s): batched / turns = {ratios[str(k)]:.2f}x total fps")
-    result = {"benchmark": "multistream", "model": name,
-              "device": device_name(device),
-              "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "quick": args.quick,
-              "window_s": window, "rows": rows, "batched_over_turns": ratios}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    ratios = save()
+    for k, ratio in ratios.items():
+        print(f"{k} stream(s): batched / turns = {ratio:.2f}x total fps")
     print(f"wrote {out}")
     return 0
 

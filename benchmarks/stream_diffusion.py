@@ -170,11 +170,20 @@ def main(argv=None) -> None:
     device = torch.device(args.device)
     dtype = torch.float16 if device.type == "cuda" else torch.float32
 
+    name = RESULTS if not args.quick else RESULTS.with_name("stream_diffusion_quick.json")
+    name = Path(args.out) if args.out else name
+    name.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:  # after each measurement: a run killed at its time limit keeps what it measured
+        name.write_text(json.dumps(results, indent=2))
+
     tiny = load_components("tiny", device=device, dtype=dtype)
     results: dict = {"device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
                      "date": datetime.date.today().isoformat(), "quick": args.quick, "threads": args.threads}
     results["tiny"] = measure(tiny, 64, 8, 4, full=True, rounds=3 if args.quick else 10)
+    save()
     results["ssf_skip_rate_static"] = ssf_static_rate(tiny)
+    save()
     big = sd_turbo_architecture(device, dtype)
     size = 512 if device.type == "cuda" else (128 if args.quick else 256)
     frames = 1 if device.type != "cuda" else 30
@@ -188,11 +197,7 @@ def main(argv=None) -> None:
     results["overhead_ratio"] = results["sd_turbo_arch"]["overhead_ratio"]
     results["speedups_measured_on"] = "sd_turbo_arch" if main_model is results["sd_turbo_arch"] else "tiny"
     print_table(results)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    name = RESULTS if not args.quick else RESULTS.with_name("stream_diffusion_quick.json")
-    name = Path(args.out) if args.out else name
-    name.parent.mkdir(parents=True, exist_ok=True)
-    name.write_text(json.dumps(results, indent=2))
+    save()
     print(f"wrote {name}")
 
 
