@@ -131,8 +131,8 @@ def test_the_gpu_tests_are_found_by_the_scripts_selection():
     assert set(by_syntax) <= grepped
 
 
-@pytest.mark.slow
 def test_dry_run_on_the_gpu_image_collects_every_gpu_test_and_imports_every_benchmark(gpu_image_env, tmp_path):
+    # In the default run (about 35 s): the proof that the GPU session runs, the first time.
     env = gpu_image_env
     for name in ("av", "gradio", "fastrtc"):  # the environment is the image's
         probe = subprocess.run([sys.executable, "-c", f"import importlib.util as u; import {name}"], env=env,
