@@ -94,7 +94,7 @@ class PinnedOnCpu(CudaOnCpu):
 
 
 @pytest.fixture
-def fake_streams(fake_gpu, monkeypatch):
+def fake_streams(fake_gpu, monkeypatch):  # noqa: F811 (the imported fixture)
     """torch.cuda streams and device generators as on a GPU; counts stream synchronizations."""
     waits = SimpleNamespace(stream=0, devices=[])
 
