@@ -4,6 +4,7 @@ camera's). The screenshot is kept in test-artifacts/."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
 import tempfile
@@ -57,24 +58,30 @@ def server():
     srv.close()
 
 
-@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (apt-get install chromium)")
-def test_browser_live_tab_shows_processed_frames(server):
+@contextlib.contextmanager
+def chromium_page():
+    """A page of headless Debian chromium with a fake webcam, in a fresh profile."""
     sync_api = pytest.importorskip("playwright.sync_api")
-    ARTIFACTS.mkdir(exist_ok=True)
     profile = tempfile.mkdtemp(prefix="streamstudio-chromium-")
     try:
         with sync_api.sync_playwright() as p:
             ctx = p.chromium.launch_persistent_context(profile, executable_path=CHROMIUM, args=FLAGS, headless=True,
                                                        viewport={"width": 1280, "height": 900})
             try:
-                page = ctx.new_page()
-                stats = _stream_in_page(page, server)
-                freed = _stop_in_page(page, server)
-                t2i_src = _text_to_image_in_page(page)
+                yield ctx.new_page()
             finally:
                 ctx.close()
     finally:
         shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (apt-get install chromium)")
+def test_browser_live_tab_shows_processed_frames(server):
+    ARTIFACTS.mkdir(exist_ok=True)
+    with chromium_page() as page:
+        stats = _stream_in_page(page, server)
+        freed = _stop_in_page(page, server)
+        t2i_src = _text_to_image_in_page(page)
     assert (stats["w"], stats["h"]) == (SIZE, SIZE), stats  # the processed stream, not the camera
     assert stats["std"] > 3.0 and 5.0 < stats["mean"] < 250.0, stats  # a picture, not a blank frame
     assert freed, "stopping the stream in the page did not free its session"
@@ -132,26 +139,17 @@ def test_browser_login_then_live_under_auth():
     from streamstudio.app.cli import build_parser
     from streamstudio.app.commands.serve import start_in_thread
 
-    sync_api = pytest.importorskip("playwright.sync_api")
     torch.set_num_threads(1)
     args = build_parser().parse_args(["serve", "--model", "tiny", "--width", str(SIZE), "--height", str(SIZE),
                                       "--port", str(free_port()), "--auth", "ann:secret"])
     srv = start_in_thread(args)
-    profile = tempfile.mkdtemp(prefix="streamstudio-chromium-")
     try:
-        with sync_api.sync_playwright() as p:
-            ctx = p.chromium.launch_persistent_context(profile, executable_path=CHROMIUM, args=FLAGS, headless=True,
-                                                       viewport={"width": 1280, "height": 900})
-            try:
-                page = ctx.new_page()
-                page.goto(srv.url, timeout=90_000)
-                page.get_by_label("username").fill("ann", timeout=60_000)
-                page.get_by_label("password").fill("secret")
-                page.get_by_role("button", name="Login").click()
-                stats = _stream_in_page(page, srv, navigate=False)  # the page reloads into the app
-            finally:
-                ctx.close()
+        with chromium_page() as page:
+            page.goto(srv.url, timeout=90_000)
+            page.get_by_label("username").fill("ann", timeout=60_000)
+            page.get_by_label("password").fill("secret")
+            page.get_by_role("button", name="Login").click()
+            stats = _stream_in_page(page, srv, navigate=False)  # the page reloads into the app
     finally:
-        shutil.rmtree(profile, ignore_errors=True)
         srv.close()
     assert (stats["w"], stats["h"]) == (SIZE, SIZE), stats
