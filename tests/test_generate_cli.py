@@ -48,7 +48,7 @@ def test_clear_errors(tmp_path, capsys):
     assert main(["generate", "--model", "tiny", "--input", str(bad), "--output", str(tmp_path / "o")]) == 1
     assert "not a readable image" in capsys.readouterr().err
     assert main(["generate", "--model", str(tmp_path / "nowhere.safetensors"), "--output", str(tmp_path)]) == 1
-    assert "huggingface-cli download" in capsys.readouterr().err
+    assert "hf download" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("acceleration,serving,cfg,want_max", [

@@ -72,7 +72,7 @@ def test_uncached_hub_model_clear_error():
     with pytest.raises(ModelNotFoundError) as info:
         load_components("streamstudio-test/not-a-model", local_files_only=True)
     message = str(info.value)
-    assert "streamstudio-test/not-a-model" in message and "huggingface-cli download" in message
+    assert "streamstudio-test/not-a-model" in message and "hf download" in message
 
 
 def test_not_safetensors_file_rejected(tmp_path):
@@ -86,7 +86,7 @@ def test_demo_default_says_so(monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", "/nonexistent-cache")
     comps = resolve_demo_default("auto")
     assert comps.is_demo and DEMO_NOTICE in comps.notes
-    assert "huggingface-cli download" in DEMO_NOTICE
+    assert "hf download" in DEMO_NOTICE
 
 
 def test_tiny_taesd(tiny):

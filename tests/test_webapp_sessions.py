@@ -242,7 +242,7 @@ def test_model_banner_shows_the_demo_notice(manager):
     from streamstudio.app.ui import model_banner
 
     text = model_banner(manager)
-    assert "`tiny`" in text and "Demo model" in text and "huggingface-cli download" in text
+    assert "`tiny`" in text and "Demo model" in text and "hf download" in text
 
 
 def test_rtc_config_from_env():

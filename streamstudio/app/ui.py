@@ -20,13 +20,14 @@ import numpy as np
 from streamstudio.app.sessions import BusyError, LockedPipeline, SessionManager
 from streamstudio.app.webrtc import UI_SETTING_KEYS, LiveHandler, live_component, ui_settings
 from streamstudio.errors import StreamStudioError
+from streamstudio.models.loading import DEFAULT_MODEL, download_command
 from streamstudio.pipelines.stream_diffusion import MAX_PROMPT_CHARS
 
 log = logging.getLogger(__name__)
 
 T2I_TICK_S = 0.2  # text-to-image refresh interval
 HOW_TO_GET_A_MODEL = (
-    "For real images run `huggingface-cli download stabilityai/sd-turbo` once on a machine with network "
+    f"For real images run `{download_command(DEFAULT_MODEL)}` once on a machine with network "
     "access, then restart with `streamstudio serve` (or pass `--model` with a diffusers folder or a "
     ".safetensors checkpoint).")
 

@@ -74,10 +74,16 @@ def model_step_type(name: str) -> str:
     return "turbo" if "turbo" in name.lower() else "lcm"
 
 
+def download_command(model: str) -> str:
+    """The command that fetches `model` into the Hugging Face cache (huggingface_hub's `hf` CLI;
+    `huggingface-cli` is deprecated and no longer works in the installed huggingface_hub)."""
+    return f"hf download {model}"
+
+
 def _missing(model: str, why: str) -> ModelNotFoundError:
     return ModelNotFoundError(
         f"model {model!r} could not be loaded: {why}. "
-        f"To get it, run `huggingface-cli download {model}` on a machine with network access "
+        f"To get it, run `{download_command(model)}` on a machine with network access "
         f"(it lands in the Hugging Face cache, ~/.cache/huggingface), or pass --model with a local "
         f"diffusers folder or a .safetensors file; `--model tiny` runs the built-in demo model."
     )
@@ -326,6 +332,6 @@ def resolve_demo_default(model: str, **kwargs) -> SDComponents:
 DEMO_NOTICE = (
     f"Running the built-in demo model ('tiny', random weights: its images are noise-like patterns) "
     f"because {DEFAULT_MODEL} is not in the local cache. For real images run "
-    f"`huggingface-cli download {DEFAULT_MODEL}` once with network access, or pass --model with a "
+    f"`{download_command(DEFAULT_MODEL)}` once with network access, or pass --model with a "
     f"diffusers folder or a .safetensors checkpoint."
 )
