@@ -59,7 +59,11 @@ def test_render_text_to_video_then_video_to_video(tmp_path, capsys):
     frames, fps = read_frames(tmp_path / "out.mp4")
     frames = list(frames)
     assert len(frames) == 6 and frames[0].shape == (64, 64, 3) and fps == pytest.approx(8.0)
-    assert "wrote 6 frames" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "wrote 6 frames" in captured.out
+    # a newcomer sees at once what runs, then a progress bar (it printed nothing for up to 47 s)
+    assert captured.out.index("video pipeline: text-to-video") < captured.out.index("model the built-in StreamDiT")
+    assert "buffer" in captured.out and "6/6" in captured.err
     args = make_args(tmp_path, input=str(tmp_path / "out.mp4"), output=str(tmp_path / "v2v.mp4"),
                      prompt="a blue circle moving right", width=32, height=32, num_chunks=2, chunk_size=2)
     assert run_video_render(args) == 0

@@ -36,7 +36,7 @@ def add_video_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("video pipeline (--pipeline video)")
     g.add_argument("--frames", type=int, default=None, help=f"text-to-video: frames to make (default {DEFAULT_FRAMES})")
     g.add_argument("--video-strength", type=float, default=DEFAULT_STRENGTH,
-                   help=f"video-to-video: how much of each input frame is re-generated, 0..1 (default {DEFAULT_STRENGTH})")
+                   help=f"video-to-video: how much of each input frame is re-generated, in (0, 1] (default {DEFAULT_STRENGTH})")
     g.add_argument("--num-chunks", type=int, default=None, help="buffer chunks N (default: the checkpoint's)")
     g.add_argument("--chunk-size", type=int, default=None, help="frames per chunk c (default: the checkpoint's)")
     g.add_argument("--micro-steps", type=int, default=None, help="micro-steps per chunk s (default: the checkpoint's)")
@@ -126,10 +126,11 @@ def video_to_video(stream: VideoStream, inputs: Iterable[np.ndarray], changes: d
 # ---------------------------------------------------------------------------- files
 
 
-def read_frames(path: str | Path, max_frames: int | None = None, fps: float | None = None
-                ) -> tuple[Iterator[np.ndarray], float]:
-    """(RGB uint8 frames of a video file, their frame rate). With `fps`, a file at another rate is
-    resampled to it by timestamps (frames dropped or repeated), so its duration is kept."""
+def read_frames(path: str | Path, max_frames: int | None = None, fps: float | None = None,
+                with_count: bool = False):
+    """(RGB uint8 frames of a video file, their frame rate[, how many there will be, or None when
+    the file does not say]). With `fps`, a file at another rate is resampled to it by timestamps
+    (frames dropped or repeated), so its duration is kept."""
     from streamstudio.streaming.sources import VideoFileSource, resample_file
 
     path = Path(path)
@@ -145,7 +146,23 @@ def read_frames(path: str | Path, max_frames: int | None = None, fps: float | No
                     break
                 yield frame.image
 
-    return frames(), source.info.fps
+    if not with_count:
+        return frames(), source.info.fps
+    info = source.info
+    total = info.frame_count or (round(info.duration * info.fps) if info.duration else None)
+    if total is not None and max_frames is not None:
+        total = min(total, max_frames)
+    return frames(), info.fps, total
+
+
+def progress(frames: Iterable[np.ndarray], total: int | None) -> Iterator[np.ndarray]:
+    """`frames`, with a progress bar on the terminal as they are made."""
+    from tqdm import tqdm
+
+    with tqdm(total=total, unit="frame", desc="video", dynamic_ncols=True) as bar:
+        for frame in frames:
+            bar.update(1)
+            yield frame
 
 
 def _codec() -> str:
@@ -203,10 +220,13 @@ def run_video_render(args) -> int:
         raise StreamStudioError("--output FILE.mp4 is required")
     if Path(output).suffix.lower() not in (".mp4", ".mov", ".mkv"):
         raise StreamStudioError(f"--output {output}: the video pipeline writes .mp4, .mov or .mkv files")
+    source = getattr(args, "input", None)
+    print(f"video pipeline: {'video-to-video of ' + str(source) if source else 'text-to-video'}, "
+          f"loading the model...", flush=True)
     model, meta = load_video_model(getattr(args, "model", None), getattr(args, "device", None) or "auto",
                                    getattr(args, "dtype", None) or "auto")
-    strength = getattr(args, "video_strength", None) or DEFAULT_STRENGTH
-    source = getattr(args, "input", None)
+    strength = getattr(args, "video_strength", None)
+    strength = DEFAULT_STRENGTH if strength is None else strength  # 0 is a value, not "unset"
     stream = build_stream(model, meta, getattr(args, "prompt", None) or "",
                           strength=1.0 if not source else strength, seed=getattr(args, "seed", None) or 0,
                           width=getattr(args, "width", None), height=getattr(args, "height", None),
@@ -216,15 +236,22 @@ def run_video_render(args) -> int:
     changes = parse_prompt_changes(getattr(args, "prompt_change", None))
     start = time.perf_counter()
     if source:
-        inputs, fps = read_frames(source, getattr(args, "max_frames", None), getattr(args, "fps", None))
+        inputs, fps, total = read_frames(source, getattr(args, "max_frames", None), getattr(args, "fps", None),
+                                         with_count=True)
         frames = video_to_video(stream, inputs, changes)
     else:
         n = getattr(args, "frames", None) or getattr(args, "max_frames", None) or DEFAULT_FRAMES
         if n < 1:
             raise StreamStudioError("--frames must be at least 1")
-        frames, fps = text_to_video(stream, n, changes), DEFAULT_FPS
+        frames, fps, total = text_to_video(stream, n, changes), DEFAULT_FPS, n
+    b = stream.cfg.buffer
+    device = next(model.parameters()).device
+    name = "the built-in StreamDiT" if getattr(args, "model", None) in BUILTIN_NAMES else args.model
+    print(f"model {name}, {stream.cfg.width}x{stream.cfg.height}, "
+          f"buffer {b.num_chunks} chunks x {b.chunk_size} frames, {b.micro_steps} micro-step(s), on {device}",
+          flush=True)
     with torch.inference_mode():
-        count = write_mp4(output, frames, getattr(args, "fps", None) or fps)
+        count = write_mp4(output, progress(frames, total), getattr(args, "fps", None) or fps)
     seconds = time.perf_counter() - start
     print(f"wrote {count} frames to {output} ({count / seconds:.1f} fps generated)")
     return 0
