@@ -22,6 +22,7 @@ def test_one_stream_prints_and_writes_its_figures(tmp_path, capsys):
     assert cli.main(["bench", *TINY, "--frames", "6", "--warmup", "1", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "tiny" in text and "64x64" in text and "img2img:" in text and "fps" in text
+    assert "median" in text and "ms per frame" in text  # the per-frame figure says which statistic it is
     result = json.loads(out.read_text())
     assert result["frames"] == 6 and result["fps"] > 0 and result["ms_p90"] >= result["ms_median"] > 0
     assert result["device"].startswith("CPU") and "date" in result

@@ -146,8 +146,8 @@ def run(args) -> int:
               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if args.streams == 1:
         r = time_one_stream(pipe, args.frames, args.warmup, args.txt2img)
-        print(f"{'txt2img' if args.txt2img else 'img2img'}: {r['fps']:.2f} fps, {r['ms_median']:.2f} ms per frame "
-              f"(p90 {r['ms_p90']:.2f} ms) over {r['frames']} frames")
+        print(f"{'txt2img' if args.txt2img else 'img2img'}: {r['fps']:.2f} fps (frames / wall time), "
+              f"median {r['ms_median']:.2f} ms per frame (p90 {r['ms_p90']:.2f} ms) over {r['frames']} frames")
     else:
         r = _bench_streams(args, pipe)
         rpc = f"{r['requests_per_call']:.2f}" if r["requests_per_call"] else "-"
