@@ -127,3 +127,42 @@ def test_stylize_with_the_real_image_pipeline(static_session):
     assert len(out) == 2
     frame, styled, _ = out[-1]
     assert styled.shape == (64, 64, 3) and styled.dtype == np.uint8 and not np.array_equal(frame, styled)
+
+
+def test_keyframes_from_the_view_preview_save_load_and_stylize(static_session, tmp_path):
+    import json
+
+    from streamstudio.app.splat_tab import (add_keyframe, clear_keyframes, load_path, path_info, preview_path,
+                                            save_path)
+
+    session = SplatSession(scene=static_session.scene, fit=static_session.fit)
+    assert "No keyframes" in path_info(session)
+    with pytest.raises(StreamStudioError, match="no keyframes"):
+        list(preview_path(session, ViewSettings(**SMALL)))
+    add_keyframe(session, ViewSettings(azimuth=0, **SMALL), 1.0)
+    info = add_keyframe(session, ViewSettings(azimuth=90, zoom=1.5, **SMALL), 1.0)
+    assert "2 keyframes" in info and "1.0 s" in info
+    frames = list(preview_path(session, ViewSettings(**SMALL), fps=4.0))
+    assert len(frames) == 4 and frames[0][0].shape == (32, 48, 3)
+    first, _ = render_view(session, ViewSettings(azimuth=0, **SMALL))  # the first keyframe is that view
+    assert np.array_equal(frames[0][0], first)
+    saved = save_path(session, ViewSettings(**SMALL), tmp_path, fps=10.0)
+    doc = json.loads(open(saved).read())
+    assert len(doc["keyframes"]) == 2 and len(doc["camera_path"]) == 10 and doc["render_width"] == 48
+    clear_keyframes(session)
+    assert session.path is None
+    assert "2 keyframes" in load_path(session, saved)
+    pipe = FakePipe()
+    out = list(stylize(session, ViewSettings(**SMALL), "keyframes", 3, "", 0.5, lambda: pipe))
+    assert len(out) == 3 and np.array_equal(out[0][0], first) and not np.array_equal(out[0][0], out[-1][0])
+
+
+def test_keyframes_of_a_4d_scene_keep_their_time(dynamic_session, tmp_path):
+    from streamstudio.app.splat_tab import add_keyframe, path_cameras
+
+    session = SplatSession(scene=dynamic_session.scene, fit=dynamic_session.fit)
+    lo, hi = session.scene.time_range
+    add_keyframe(session, ViewSettings(time=lo, **SMALL), 1.0)
+    add_keyframe(session, ViewSettings(time=hi, **SMALL), 1.0)
+    _, times = path_cameras(session, ViewSettings(**SMALL).render_config("cpu"), fps=4.0)
+    assert times[0] == pytest.approx(lo) and times[2] == pytest.approx((lo + hi) / 2, abs=0.05 * (hi - lo))

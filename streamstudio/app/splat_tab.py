@@ -2,7 +2,10 @@
 orbit / zoom / pan sliders and click-to-orbit on the image, choose resolution, SH degree,
 background and render mode (RGB, depth, alpha), scrub or play the time of a 4D scene, and
 "Stylize": stream the rendered fly-through into the img2img pipeline, the splat view and the
-stylised view side by side.
+stylised view side by side. A fly-through can be authored: "Add keyframe" keeps the current view,
+"Preview" plays the smooth path through the keyframes, "Save path" writes it as nerfstudio's
+camera_path.json and "Load path" reads one (or SuperSplat's animation); Stylize flies it with the
+"keyframes" path.
 
 `build_splat_tab()` fills an open `gr.Tab`. The callbacks are plain functions over a
 `SplatSession` (one per browser session, in a `gr.State`), tested without a browser.
@@ -21,8 +24,8 @@ import numpy as np
 
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.gaussians import GaussianScene, load_scene
-from streamstudio.pipelines.splat_render import (MODES, PATHS, SceneFit, SplatRenderConfig, camera_path,
-                                                 fitted_camera, render, to_frame)
+from streamstudio.pipelines.splat_render import (MODES, PATHS, Keyframe, KeyframePath, SceneFit, SplatRenderConfig,
+                                                 camera_path, fitted_camera, render, to_frame)
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +34,10 @@ SAMPLES = {"Sample scene": ASSETS / "sample_scene.ply", "4D sample (orbiting moo
 CLICK_ORBIT_DEG = 90.0  # a click at the image's edge turns the view this far
 PLAY_STEPS = 48
 MAX_STYLIZE_FRAMES = 600
+KEYFRAMES = "keyframes"  # the fly-through option that follows the authored path
+TAB_PATHS = (*PATHS, KEYFRAMES)
+PREVIEW_FPS = 12.0
+MAX_KEYFRAMES = 200
 
 
 @dataclass
@@ -65,6 +72,7 @@ class SplatSession:
     fit: SceneFit = field(default_factory=SceneFit)
     stop_requested: bool = False
     pipe: object = None  # the img2img stream of this session, made on the first Stylize
+    path: KeyframePath | None = None  # the authored fly-through (keyframes), when there is one
 
 
 def parse_color(value: str | None) -> tuple[float, float, float]:
@@ -162,8 +170,11 @@ def stylize(session: SplatSession, view: ViewSettings, path: str, frames: int, p
     if hasattr(pipe, "update"):
         pipe.update(strength=float(strength))
     cfg = view.render_config()
-    times = _times_for(session.scene, frames)
-    for i, cam in enumerate(camera_path(path, session.fit, cfg, frames, view.elevation)):
+    if path == KEYFRAMES:
+        cams, times = path_cameras(session, cfg, frames=frames)
+    else:
+        cams, times = camera_path(path, session.fit, cfg, frames, view.elevation), _times_for(session.scene, frames)
+    for i, cam in enumerate(cams):
         if session.stop_requested:
             return
         start = time.perf_counter()
@@ -171,6 +182,99 @@ def stylize(session: SplatSession, view: ViewSettings, path: str, frames: int, p
         styled = _run_pipe(pipe, frame)
         took = time.perf_counter() - start
         yield frame, styled, f"frame {i + 1}/{frames} · {1 / max(took, 1e-9):.1f} fps render + stylize"
+
+
+# ----------------------------------------------------------------------------- authored paths
+
+def add_keyframe(session: SplatSession, view: ViewSettings, gap_seconds: float = 2.0) -> str:
+    """Keep the current view as the path's next keyframe, `gap_seconds` after the last one."""
+    if session.scene is None:
+        raise StreamStudioError("load a scene first")
+    if not 0.05 <= gap_seconds <= 600:
+        raise StreamStudioError("seconds between keyframes must be 0.05..600")
+    cfg = view.render_config("cpu")
+    cam = fitted_camera(session.fit, cfg, view.azimuth, view.elevation, view.zoom, (view.pan_x, view.pan_y))
+    if session.path is None:
+        session.path = KeyframePath([])
+    keys = session.path.keyframes
+    if len(keys) >= MAX_KEYFRAMES:
+        raise StreamStudioError(f"a path holds at most {MAX_KEYFRAMES} keyframes")
+    key = Keyframe.from_camera(cam, keys[-1].time + gap_seconds if keys else 0.0)
+    if session.scene.is_4d:
+        lo, hi = session.scene.time_range
+        key.scene_time = (view.time - lo) / (hi - lo) if hi > lo else 0.0
+    keys.append(key)
+    session.path.seconds = None  # the duration follows the keyframes again
+    return path_info(session)
+
+
+def clear_keyframes(session: SplatSession) -> str:
+    session.path = None
+    return path_info(session)
+
+
+def path_info(session: SplatSession) -> str:
+    path = session.path
+    if path is None or not path.keyframes:
+        return "No keyframes: set a view and press **Add keyframe**."
+    n = len(path.keyframes)
+    return (f"**{n} keyframe{'s' if n != 1 else ''}**, {path.duration:.1f} s"
+            f"{' (loop)' if path.loop else ''}" + ("" if n > 1 else " · add another to make a path"))
+
+
+def path_cameras(session: SplatSession, cfg: SplatRenderConfig, fps: float = PREVIEW_FPS,
+                 frames: int | None = None) -> tuple[list, list[float | None]]:
+    """The authored path's cameras at `fps` (or `frames` over its length) and their 4D times."""
+    if session.scene is None:
+        raise StreamStudioError("load a scene first")
+    if session.path is None or not session.path.keyframes:
+        raise StreamStudioError("the path has no keyframes: add some with Add keyframe, or load a path")
+    pairs = session.path.cameras(cfg.width, cfg.height, fps, frames)
+    cams = [c for c, _ in pairs]
+    if not session.scene.is_4d:
+        return cams, [None] * len(cams)
+    lo, hi = session.scene.time_range
+    if any(t is None for _, t in pairs):
+        return cams, _times_for(session.scene, len(cams))
+    return cams, [lo + (hi - lo) * t for _, t in pairs]
+
+
+def preview_path(session: SplatSession, view: ViewSettings, fps: float = PREVIEW_FPS,
+                 max_frames: int = MAX_STYLIZE_FRAMES) -> Iterator[tuple[np.ndarray, str]]:
+    """Frames along the authored path (at `fps`, at most `max_frames`): (frame, info)."""
+    session.stop_requested = False
+    cfg = view.render_config()
+    cams, times = path_cameras(session, cfg, fps)
+    if len(cams) > max_frames:
+        cams, times = path_cameras(session, cfg, frames=max_frames)
+    for i, (cam, t) in enumerate(zip(cams, times)):
+        if session.stop_requested:
+            return
+        start = time.perf_counter()
+        frame = to_frame(render(session.scene, cam, cfg, t), cfg)
+        took = time.perf_counter() - start
+        yield frame, f"path frame {i + 1}/{len(cams)} · {1 / max(took, 1e-9):.1f} fps"
+
+
+def save_path(session: SplatSession, view: ViewSettings, folder: str | Path, fps: float = 30.0) -> str:
+    """Write the authored path as nerfstudio's camera_path.json in `folder`; returns its path."""
+    from streamstudio.app.commands.splat import write_path_file
+
+    if session.path is None or not session.path.keyframes:
+        raise StreamStudioError("the path has no keyframes to save")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    return str(write_path_file(session.path, folder / "camera_path.json", int(view.width), int(view.height), fps))
+
+
+def load_path(session: SplatSession, file: str | Path) -> str:
+    """Read a camera path (nerfstudio camera_path.json, SuperSplat's animation) as the session's keyframes."""
+    from streamstudio.app.commands.splat import read_path_file
+
+    path = read_path_file(file, prefer="keyframes")
+    path.check()
+    session.path = path
+    return path_info(session)
 
 
 def _times_for(scene: GaussianScene, frames: int) -> list[float | None]:
@@ -261,10 +365,23 @@ def build_splat_tab(get_image_pipeline: Callable[[], object] | None = None) -> d
                 prompt = gr.Textbox("a watercolour painting, soft light", label="Stylize prompt", scale=3)
                 strength = gr.Slider(0.1, 1.0, 0.5, step=0.05, label="Strength", scale=1)
             with gr.Row():
-                path = gr.Dropdown(list(PATHS), value="fly", label="Fly-through path")
+                path = gr.Dropdown(list(TAB_PATHS), value="fly", label="Fly-through path")
                 frames = gr.Number(48, precision=0, label="Frames")
                 stylize_btn = gr.Button("Stylize", variant="primary")
                 stop_btn = gr.Button("Stop")
+            with gr.Accordion("Camera path: author a fly-through (nerfstudio camera_path.json)", open=False):
+                path_md = gr.Markdown(path_info(SplatSession()))
+                with gr.Row():
+                    gap = gr.Number(2.0, label="Seconds after the last keyframe")
+                    loop = gr.Checkbox(False, label="Loop")
+                    add_btn = gr.Button("Add keyframe")
+                    clear_btn = gr.Button("Clear keyframes")
+                with gr.Row():
+                    preview_btn = gr.Button("▶ Preview path")
+                    save_btn = gr.Button("Save path")
+                    path_out = gr.File(label="Saved camera_path.json", interactive=False)
+                    path_in = gr.File(label="Load a path (nerfstudio .json, SuperSplat .json / .ssproj)",
+                                      file_types=[".json", ".ssproj"], type="filepath")
 
     sliders = [azimuth, elevation, zoom, pan_x, pan_y, width, height, sh_degree, background, mode, t_slider]
 
@@ -304,6 +421,42 @@ def build_splat_tab(get_image_pipeline: Callable[[], object] | None = None) -> d
         for frame, styled, line in stylize(session, view, pth, int(n), text, st, make):
             yield frame, styled, line
 
+    def on_add(session, gp, lp, *vals):
+        if session is None or session.scene is None:
+            raise StreamStudioError("load a scene first")
+        info = add_keyframe(session, view_of(*vals), float(gp or 2.0))
+        session.path.loop = bool(lp)
+        return session, path_info(session)
+
+    def on_clear(session):
+        if session is None:
+            return session, path_info(SplatSession())
+        return session, clear_keyframes(session)
+
+    def on_loop(session, lp):
+        if session is not None and session.path is not None:
+            session.path.loop = bool(lp)
+            return path_info(session)
+        return gr.update()
+
+    def on_preview(session, *vals):
+        session = session or SplatSession()
+        for frame, line in preview_path(session, view_of(*vals)):
+            yield frame, line
+
+    def on_save(session, *vals):
+        import tempfile
+
+        session = session or SplatSession()
+        return save_path(session, view_of(*vals), tempfile.mkdtemp(prefix="streamstudio-path-"))
+
+    def on_path_upload(session, up):
+        if not up:
+            return session, gr.update(), gr.update()
+        session = session or SplatSession()
+        info = load_path(session, uploaded_path(up))
+        return session, info, session.path.loop
+
     def on_stop(session):
         if session is not None:
             session.stop_requested = True
@@ -318,8 +471,15 @@ def build_splat_tab(get_image_pipeline: Callable[[], object] | None = None) -> d
     stylize_btn.click(_guard(on_stylize), [state, path, frames, prompt, strength, *sliders],
                       [view_img, styled_img, stats])
     stop_btn.click(on_stop, [state], [state])
+    add_btn.click(_guard(on_add), [state, gap, loop, *sliders], [state, path_md])
+    clear_btn.click(_guard(on_clear), [state], [state, path_md])
+    loop.change(_guard(on_loop), [state, loop], [path_md])
+    preview_btn.click(_guard(on_preview), [state, *sliders], [view_img, stats])
+    save_btn.click(_guard(on_save), [state, *sliders], [path_out])
+    path_in.upload(_guard(on_path_upload), [state, path_in], [state, path_md, loop])
     return {"state": state, "view": view_img, "styled": styled_img, "stats": stats, "load": load_btn,
-            "stylize": stylize_btn, "play": play_btn, "time": t_slider}
+            "stylize": stylize_btn, "play": play_btn, "time": t_slider, "add_keyframe": add_btn,
+            "preview_path": preview_btn, "save_path": save_btn, "load_path": path_in}
 
 
 def _guard(fn):

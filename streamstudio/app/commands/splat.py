@@ -4,6 +4,7 @@ PNG frames, optionally stylised frame by frame through the image pipeline (--pro
     streamstudio splat sample --path orbit --frames 48 --size 512x512 --output orbit.mp4
     streamstudio splat scene.ply --path fly --output frames/ --prompt "a watercolour painting"
     streamstudio splat sample4d --time-range 0 1 --frames 60 --output moons.mp4
+    streamstudio splat scene.ply --path-file camera_path.json --fps 30 --output fly.mp4
 
     streamstudio splat convert scene.compressed.ply scene.ply
     streamstudio splat convert scene.ply scene.compressed.ply
@@ -11,7 +12,12 @@ PNG frames, optionally stylised frame by frame through the image pipeline (--pro
 SCENE is a 3DGS .ply, SuperSplat's compressed .ply, an antimatter15 .splat, a StreamStudio 4D
 .ply, or `sample` / `sample4d` for the bundled scenes. `convert IN OUT` reads any of those and
 writes OUT by its name: `*.compressed.ply` (or any .ply with --compressed) SuperSplat's compressed
-.ply, `*.ply` the 3DGS .ply (4D scenes keep their 4D properties), `*.splat` (degree-0 colour only)."""
+.ply, `*.ply` the 3DGS .ply (4D scenes keep their 4D properties), `*.splat` (degree-0 colour only).
+
+--path-file flies an authored path: nerfstudio's camera_path.json (its viewer's camera path export;
+also what the web app's Splats tab saves), SuperSplat's viewer export settings (`animTracks`), a
+SuperSplat project (`.ssproj`) or its document.json (`poseSets`). The file's size and frame rate are
+the defaults of --size and --fps; --frames spreads that many frames over the path."""
 
 from __future__ import annotations
 
@@ -42,16 +48,21 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("convert_paths", nargs="*", metavar="IN OUT",
                    help="with `convert`: the scene to read and the file to write (.ply, .compressed.ply, .splat)")
     p.add_argument("--path", choices=PATHS, default="orbit", help="camera path (default orbit)")
-    p.add_argument("--frames", type=int, default=48, help="number of frames (default 48)")
-    p.add_argument("--size", default="512x512", help="WxH in pixels (default 512x512)")
+    p.add_argument("--path-file", default=None, metavar="FILE",
+                   help="fly an authored camera path: nerfstudio camera_path.json, SuperSplat's animation "
+                        "(viewer export settings .json, or a .ssproj project); overrides --path")
+    p.add_argument("--frames", type=int, default=None,
+                   help="number of frames (default 48; with --path-file the path's seconds x fps)")
+    p.add_argument("--size", default=None, help="WxH in pixels (default 512x512, or the path file's size)")
     p.add_argument("--output", default=None,
                    help="FILE.mp4 (.mkv, .mov) or a FOLDER for PNG frames (required, but for `convert`)")
     p.add_argument("--compressed", action="store_true",
                    help="with `convert`: write SuperSplat's compressed .ply whatever OUT's name")
-    p.add_argument("--fps", type=float, default=24.0, help="video frame rate (default 24)")
+    p.add_argument("--fps", type=float, default=None, help="video frame rate (default 24, or the path file's)")
     p.add_argument("--time-range", nargs=2, type=float, metavar=("A", "B"), default=None,
                    help="4D scenes: the time of the first and the last frame (default the scene's range)")
-    p.add_argument("--fov", type=float, default=50.0, help="vertical field of view in degrees (default 50)")
+    p.add_argument("--fov", type=float, default=None,
+                   help="vertical field of view in degrees (default 50; a path file has its own)")
     p.add_argument("--elevation", type=float, default=20.0, help="orbit elevation in degrees (default 20)")
     p.add_argument("--sh-degree", type=int, default=3, help="spherical-harmonics degree 0..3 (default 3)")
     p.add_argument("--background", default="0,0,0", help="background R,G,B in 0..1 or #rrggbb (default black)")
@@ -243,27 +254,93 @@ def run(args) -> int:
     return render_scene(args)
 
 
+def read_path_file(path: str | Path, prefer: str = "frames"):
+    """A camera path file: nerfstudio's camera_path.json, SuperSplat's viewer settings / document.json,
+    or a SuperSplat project (.ssproj, a zip holding document.json). Bad files raise StreamStudioError."""
+    import json
+    import zipfile
+
+    from streamstudio.pipelines.splat_render import path_from_json
+
+    path = Path(path)
+    if not path.is_file():
+        raise StreamStudioError(f"{path}: no such camera path file")
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as z:
+                if "document.json" not in z.namelist():
+                    raise StreamStudioError(f"{path}: a zip without document.json is not a SuperSplat project")
+                data = json.loads(z.read("document.json").decode("utf-8"))
+        else:
+            data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, zipfile.BadZipFile) as exc:
+        raise StreamStudioError(f"{path}: cannot read the camera path ({exc})") from None
+    return path_from_json(data, str(path), prefer)
+
+
+def write_path_file(keyframe_path, target: str | Path, width: int, height: int, fps: float) -> Path:
+    """Write a path as nerfstudio's camera_path.json (keyframes and the rendered frames)."""
+    import json
+
+    from streamstudio.pipelines.splat_render import path_to_nerfstudio
+
+    target = Path(target)
+    try:
+        target.write_text(json.dumps(path_to_nerfstudio(keyframe_path, width, height, fps), indent=1))
+    except OSError as exc:
+        raise StreamStudioError(f"cannot write {target}: {exc.strerror or exc}") from exc
+    return target
+
+
+def scene_times(scene, path_times_: list[float | None], time_range: tuple[float, float] | None) -> list[float | None]:
+    """4D scene times of path frames whose normalised time (0..1, nerfstudio's render_time) is given;
+    frames without one are spread evenly over the range (None for a 3D scene)."""
+    if not scene.is_4d:
+        return [None] * len(path_times_)
+    lo, hi = time_range if time_range is not None else scene.time_range
+    if any(t is None for t in path_times_):
+        n = len(path_times_)
+        return [lo + (hi - lo) * i / max(n - 1, 1) for i in range(n)]
+    return [lo + (hi - lo) * float(t) for t in path_times_]
+
+
 def render_scene(args) -> int:
     from streamstudio.device import pick_device
     from streamstudio.models.gaussians import load_scene
     from streamstudio.pipelines.splat_render import SceneFit, SplatRenderConfig, camera_path, path_times, render_frame
 
-    width, height = parse_size(args.size)
-    if args.frames < 1:
+    keyed = read_path_file(args.path_file) if args.path_file else None
+    if args.size is not None:
+        width, height = parse_size(args.size)
+    elif keyed is not None and keyed.width and keyed.height:
+        width, height = parse_size(f"{keyed.width}x{keyed.height}")
+    else:
+        width, height = 512, 512
+    fps = args.fps if args.fps is not None else (keyed.fps if keyed is not None and keyed.fps else 24.0)
+    if args.frames is not None and args.frames < 1:
         raise StreamStudioError("--frames must be at least 1")
-    if not 0 < args.fps <= 1000:
-        raise StreamStudioError(f"--fps must be a positive frame rate up to 1000, got {args.fps:g}")
+    if not 0 < fps <= 1000:
+        raise StreamStudioError(f"--fps must be a positive frame rate up to 1000, got {fps:g}")
+    if keyed is not None and args.fov is not None:
+        log.warning("--fov ignored: the path file gives each camera's field of view")
     device = pick_device(args.device)
-    cfg = SplatRenderConfig(width=width, height=height, fov_y_deg=args.fov, sh_degree=args.sh_degree,
-                            background=parse_color(args.background), mode=args.mode, impl=args.renderer,
-                            device=str(device), antialiased=args.antialiased)
+    cfg = SplatRenderConfig(width=width, height=height, fov_y_deg=50.0 if args.fov is None else args.fov,
+                            sh_degree=args.sh_degree, background=parse_color(args.background), mode=args.mode,
+                            impl=args.renderer, device=str(device), antialiased=args.antialiased)
     cfg.check()
     scene = load_scene(scene_path(args.scene))
-    if args.time_range is not None and not scene.is_4d:
+    time_range = tuple(args.time_range) if args.time_range else None
+    if time_range is not None and not scene.is_4d:
         log.warning("--time-range ignored: %s is a 3D scene", args.scene)
-    cameras = camera_path(args.path, SceneFit.of(scene), cfg, args.frames, args.elevation)
-    times = path_times(scene, args.frames, tuple(args.time_range) if args.time_range else None)
-    writer = FrameWriter(Path(args.output), args.fps)  # an output that cannot be written fails here, early
+    if keyed is not None:
+        pairs = keyed.cameras(width, height, fps, args.frames)
+        cameras = [cam for cam, _ in pairs]
+        times = scene_times(scene, [t for _, t in pairs], time_range)
+    else:
+        frames = 48 if args.frames is None else args.frames
+        cameras = camera_path(args.path, SceneFit.of(scene), cfg, frames, args.elevation)
+        times = path_times(scene, frames, time_range)
+    writer = FrameWriter(Path(args.output), fps)  # an output that cannot be written fails here, early
     stylizer = Stylizer(args.prompt, width, height, args) if args.prompt else None
     renders: list[np.ndarray] = []
     start = time.perf_counter()
