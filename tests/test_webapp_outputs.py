@@ -99,7 +99,7 @@ def test_live_output_to_rtmp_is_played_back_and_ends_cleanly(nginx, manager, liv
     assert status.startswith("**running**") and "lost 0 · reconnects 0" in status, status
 
     t_stop = time.monotonic()
-    assert _stop_output(outputs, KEY) == f"Stopped after {out.frames} frame(s)."
+    assert _stop_output(outputs, KEY).startswith(f"Stopped: {out.frames} frame(s) at a constant {FPS:g} fps")
     assert KEY not in outputs and _output_status(outputs.get(KEY)) == "Not running."
     assert not out.running and out.error is None
     assert out.sink.status.closed and out.sink.status.error is None
@@ -140,7 +140,7 @@ def test_live_output_to_hls_writes_a_playable_playlist(manager, live, tmp_path):
     assert _output_status(outputs.get(KEY)).startswith("**running**")
 
     message = _stop_output(outputs, KEY)
-    assert message == f"Stopped after {out.frames} frame(s)." and out.error is None and not out.running
+    assert message.startswith(f"Stopped: {out.frames} frame(s)") and out.error is None and not out.running
     playlist = folder / "index.m3u8"
     text = playlist.read_text()
     segments = sorted(folder.glob("segment_*.ts"))
@@ -187,7 +187,7 @@ def test_rtmp_server_gone_mid_stream_stops_the_output_not_the_stream(nginx, mana
     assert session.latest().shape == (H, W, 3)
 
     stopped = _stop_output(outputs, KEY)  # Stop still answers after a failure, and repeats it
-    assert stopped.startswith("Stopped after") and "It had failed" in stopped and "RTMP" in stopped
+    assert stopped.startswith("Stopped:") and "It had failed" in stopped and "RTMP" in stopped
     assert _output_status(outputs.get(KEY)) == "Not running."
 
 
@@ -207,4 +207,29 @@ def test_live_output_finishes_when_its_live_stream_ends(manager, live, tmp_path)
     with av.open(str(tmp_path / "before-stop.mp4")) as c:  # finished: playable to the last frame
         frames = list(c.decode(video=0))
     assert len(frames) == out.frames and (frames[0].width, frames[0].height) == (W, H)
-    assert _stop_output(outputs, KEY) == f"Stopped after {out.frames} frame(s)."
+    assert _stop_output(outputs, KEY).startswith(f"Stopped: {out.frames} frame(s)")
+
+
+# ---------------------------------------------------------------------- what a recording looks like
+def test_a_recording_has_a_constant_frame_rate_and_the_tab_says_where_it_went(manager, live, tmp_path):
+    """At the 30 fps setting a recording once came out at 16.8 fps on average with
+    r_frame_rate 90000/1; now every frame is 1/fps after the last, as players expect, and the
+    status line keeps what Stop said (and what a failed Start said) instead of "Not running."."""
+    from streamstudio.app.ui import _tab_status
+
+    session = manager.get(live)
+    outputs: dict = {}
+    out = start(manager, outputs, "file", "constant.mp4", tmp_path)
+    wait_until(lambda: out.frames >= 12, 20, "frames recorded", session)
+    said = {KEY: _stop_output(outputs, KEY)}
+    assert _tab_status(outputs, said, KEY) == said[KEY] and "constant.mp4" in said[KEY]
+    with av.open(str(tmp_path / "constant.mp4")) as c:  # (a stream's fields only while it is open)
+        stream = c.streams.video[0]
+        guessed, average = float(stream.guessed_rate), float(stream.average_rate)
+        times = [float(f.pts * f.time_base) for f in c.decode(video=0)]
+    assert len(times) == out.frames
+    assert guessed == pytest.approx(FPS) and average == pytest.approx(FPS, rel=0.02)
+    steps = np.diff(times)
+    assert np.allclose(steps, 1 / FPS, atol=2e-5), steps  # constant: no wall-clock jitter in the timestamps
+    failed = {KEY: _start_output(manager, outputs, KEY, "nobody", "file", "x.mp4", FPS, tmp_path)}
+    assert _tab_status(outputs, failed, KEY) == failed[KEY] and "No live stream" in failed[KEY]

@@ -65,8 +65,8 @@ def live_id(webrtc_value) -> str | None:
 
 # ---------------------------------------------------------------------- live output
 class LiveOutput:
-    """Pushes one session's output frames to a sink in its own thread (latest frame wins),
-    so a slow network sink never slows the stream."""
+    """Pushes one session's output frames to a sink in its own thread at a constant frame rate
+    (latest frame wins), so a slow network sink never slows the stream."""
 
     def __init__(self, session, sink, fps: float = 30.0):
         self.session, self.sink, self.fps = session, sink, fps
@@ -83,19 +83,31 @@ class LiveOutput:
         self._event.set()
 
     def _run(self) -> None:
-        t0 = time.monotonic()
+        """Write the latest output every 1/fps seconds (repeated when the stream is slower, the
+        newest taken when it is faster): a constant frame rate, which players show correctly."""
+        period = 1.0 / self.fps
+        due = None
         try:
             while not self._stop.is_set():
-                if not self._event.wait(0.5):
-                    if self.session.closed:  # freed or failed: finish the sink, don't hold it open
+                if self._frame is None:  # nothing yet: wait for the first output
+                    if not self._event.wait(0.5) and self.session.closed:
                         self.ended = "the live stream ended"
                         break
+                    self._event.clear()
                     continue
-                self._event.clear()
-                frame = self._frame
-                if frame is not None:
-                    self.sink.write(frame, time.monotonic() - t0)  # wall-clock timing
-                    self.frames += 1
+                now = time.monotonic()
+                due = now if due is None else due
+                if now < due:
+                    self._stop.wait(due - now)
+                    continue
+                if self.session.closed:  # freed or failed: finish the sink, don't hold it open
+                    self.ended = "the live stream ended"
+                    break
+                self.sink.write(self._frame)  # timestamp frames / fps
+                self.frames += 1
+                due += period
+                if now - due > 1.0:  # a stall (a slow network sink): catch up, don't burst
+                    due = now
         except Exception as exc:  # the sink failed (server gone, disk full): report, stop
             self.error = str(exc)
             log.warning("live output stopped: %s", exc)
@@ -324,18 +336,22 @@ def _output_tab(manager: SessionManager, webrtc, output_dir: Path) -> None:
         stop = gr.Button("Stop")
     status = gr.Markdown("Not running.", elem_id="output-status")
     outputs: dict[str, LiveOutput] = {}
+    said: dict[str, str] = {}  # the last thing said to each browser session, kept until the next
 
     def begin(value, kind_, target_, fps_, request: gr.Request):
-        return _start_output(manager, outputs, request.session_hash, live_id(value), kind_, target_,
-                             float(fps_), output_dir)
+        said[request.session_hash] = _start_output(manager, outputs, request.session_hash, live_id(value), kind_,
+                                                   target_, float(fps_), output_dir)
+        return said[request.session_hash]
 
     def end(request: gr.Request):
-        return _stop_output(outputs, request.session_hash)
+        said[request.session_hash] = _stop_output(outputs, request.session_hash)
+        return said[request.session_hash]
 
     start.click(begin, inputs=[webrtc, kind, target, fps], outputs=[status])
     stop.click(end, outputs=[status])
+
     def refresh(request: gr.Request):
-        return _output_status(outputs.get(request.session_hash))
+        return _tab_status(outputs, said, request.session_hash)
 
     gr.Timer(1.0).tick(refresh, outputs=[status], show_progress="hidden", queue=False)
 
@@ -362,8 +378,16 @@ def _stop_output(outputs, key) -> str:
     if out is None:
         return "Not running."
     out.stop()
-    text = f"Stopped after {out.frames} frame(s)."
-    return text + (f" It had failed: {out.error}" if out.error else "")
+    where = getattr(out, "location", "")
+    text = f"Stopped: {out.frames} frame(s) at a constant {out.fps:g} fps → `{where}`"
+    return text + (f". It had failed: {out.error}" if out.error else ".")
+
+
+def _tab_status(outputs: dict, said: dict, key: str) -> str:
+    """What the status line shows each second: the running output's status, else the last
+    thing Start or Stop said (an error, where the recording went), else "Not running."."""
+    out = outputs.get(key)
+    return _output_status(out) if out is not None else said.get(key, "Not running.")
 
 
 def _output_status(out: LiveOutput | None) -> str:
