@@ -121,3 +121,12 @@ def test_lcm_lora_fuse(tiny, tmp_path):
     a = layers[key]
     b = layers[key.replace("lora_A", "lora_B")]
     torch.testing.assert_close(after, before + b @ a, atol=1e-5, rtol=1e-5)
+
+
+def test_loading_a_hub_model_prints_no_deprecation_noise(recwarn):
+    """diffusers passes huggingface_hub a deprecated argument; its warning was on every command."""
+    from streamstudio.models.loading import ModelNotFoundError, load_components
+
+    with pytest.raises(ModelNotFoundError):
+        load_components("streamstudio-test/not-a-model", local_files_only=True)
+    assert not [w for w in recwarn if "local_dir_use_symlinks" in str(w.message)]

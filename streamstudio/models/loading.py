@@ -7,10 +7,12 @@ is ever unpickled.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -116,6 +118,21 @@ def load_components(
                              step_type="lcm", is_demo=True)
         return comps.to(device, dtype)
 
+    with _quiet_hub():
+        comps = _load(model, lcm_lora, taesd, local_files_only)
+    return comps.to(device, dtype)
+
+
+@contextlib.contextmanager
+def _quiet_hub():
+    """diffusers still passes huggingface_hub an argument it has deprecated, and every command
+    printed the hub's warning about it: not the user's to act on."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*local_dir_use_symlinks.*", category=UserWarning)
+        yield
+
+
+def _load(model: str, lcm_lora, taesd, local_files_only: bool) -> SDComponents:
     path = Path(os.path.expanduser(model))
     if path.is_dir():
         comps = _load_folder(str(path), model, local_files_only=True)
@@ -134,7 +151,7 @@ def load_components(
     if taesd:
         comps.vae = _load_taesd(TAESD_SD if taesd in (True, "auto") else str(taesd), local_files_only)
         comps.notes.append("fast VAE: TAESD")
-    return comps.to(device, dtype)
+    return comps
 
 
 def _load_folder(source: str, model: str, local_files_only: bool) -> SDComponents:
