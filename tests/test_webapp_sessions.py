@@ -341,6 +341,32 @@ def test_text_to_image_ticks(manager):
     assert t2i_step(manager, "t2i-2", ("a",), (1.0,), "", 0)[2] is False  # busy: stop ticking
 
 
+def test_text_to_image_stop_holds_until_start(manager, monkeypatch):
+    """Typing while it generates, then Stop: it stops, and neither a tick already on its way nor
+    more typing brings it back; Start does."""
+    from streamstudio.app import ui
+
+    control = ui.T2IControl(manager)
+    args = (("a cat", "", ""), (1.0, 0.5, 0.5), "", 1)
+    assert control.start("b") and control.typed("b")
+    assert control.tick("b", *args)[2] is True and manager.get("t2i-b") is not None
+
+    real = ui.t2i_step
+
+    def stopped_meanwhile(*a, **k):  # Stop pressed while this tick runs
+        out = real(*a, **k)
+        control.stop("b")
+        return out
+
+    monkeypatch.setattr(ui, "t2i_step", stopped_meanwhile)
+    assert control.tick("b", *args) == (None, "Stopped.", False)
+    assert manager.get("t2i-b") is None  # what the late tick had opened is gone too
+    monkeypatch.setattr(ui, "t2i_step", real)
+    assert control.typed("b") is False  # typing after Stop does not restart it
+    assert control.tick("b", *args) == (None, "Stopped.", False) and manager.get("t2i-b") is None
+    assert control.start("b") and control.tick("b", *args)[2] is True
+
+
 def test_locked_pipeline_takes_the_model_lock(model):
     import threading
 

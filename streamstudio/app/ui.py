@@ -306,22 +306,67 @@ def _t2i_tab(manager: SessionManager) -> None:
             status = gr.Markdown("")
     timer = gr.Timer(T2I_TICK_S, active=False)
     inputs = [*prompts, *weights, negative, seed]
+    control = T2IControl(manager)
 
     def tick(p1, p2, p3, w1, w2, w3, negative, seed, request: gr.Request):
-        image, text, keep_going = t2i_step(manager, f"t2i-{request.session_hash}", (p1, p2, p3), (w1, w2, w3),
-                                           negative, seed)
+        image, text, keep_going = control.tick(request.session_hash, (p1, p2, p3), (w1, w2, w3), negative, seed)
         return (gr.update() if image is None else image), text, gr.Timer(active=keep_going)
 
+    def begin(request: gr.Request):
+        return gr.Timer(active=control.start(request.session_hash))
+
+    def typed(request: gr.Request):
+        return gr.Timer(active=control.typed(request.session_hash))
+
     def halt(request: gr.Request):
-        manager.close(f"t2i-{request.session_hash}", wait=0.0)
+        control.stop(request.session_hash)
         return gr.Timer(active=False), "Stopped."
 
     timer.tick(tick, inputs=inputs, outputs=[image, status, timer], show_progress="hidden",
                concurrency_limit=None, trigger_mode="always_last")
-    start.click(lambda: gr.Timer(active=True), outputs=[timer])
+    start.click(begin, outputs=[timer])
     for box in prompts:
-        box.input(lambda: gr.Timer(active=True), outputs=[timer], queue=False)
+        box.input(typed, outputs=[timer], queue=False)
     stop.click(halt, outputs=[timer, status])
+
+
+class T2IControl:
+    """Start, Stop and typing in the Text to image tab, per browser session. Stop holds until
+    Start is pressed again: a tick already on its way when Stop is pressed, or typing while it
+    is stopped, does not bring it back (typing into a prompt while it generated once made Stop
+    stop nothing)."""
+
+    def __init__(self, manager: SessionManager):
+        self.manager = manager
+        self.running: set[str] = set()
+        self._lock = threading.Lock()
+
+    def start(self, key: str) -> bool:
+        with self._lock:
+            self.running.add(key)
+        return True
+
+    def typed(self, key: str) -> bool:
+        """Typing keeps a running tab running; it does not start a stopped one."""
+        return key in self.running
+
+    def stop(self, key: str) -> None:
+        with self._lock:
+            self.running.discard(key)
+        self.manager.close(f"t2i-{key}", wait=0.0)
+
+    def tick(self, key: str, prompts, weights, negative: str, seed) -> tuple:
+        if key not in self.running:
+            return None, "Stopped.", False
+        image, text, keep_going = t2i_step(self.manager, f"t2i-{key}", prompts, weights, negative, seed)
+        with self._lock:
+            stopped = key not in self.running
+            if not keep_going:
+                self.running.discard(key)
+        if stopped:  # Stop came while this tick ran: what it opened goes too
+            self.manager.close(f"t2i-{key}", wait=0.0)
+            return None, "Stopped.", False
+        return image, text, keep_going
 
 
 def _output_tab(manager: SessionManager, webrtc, output_dir: Path) -> None:
