@@ -25,7 +25,7 @@ import numpy as np
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.gaussians import GaussianScene, load_scene
 from streamstudio.pipelines.splat_render import (MODES, PATHS, Keyframe, KeyframePath, SceneFit, SplatRenderConfig,
-                                                 camera_path, fitted_camera, render, to_frame)
+                                                 camera_path, fitted_camera, render, to_frame, with_camera_model)
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,7 @@ class ViewSettings:
     background: str = "#000000"
     mode: str = "rgb"
     time: float = 0.0
+    camera: str = "perspective"  # perspective | ortho | fisheye
 
     def render_config(self, device: str | None = None) -> SplatRenderConfig:
         """The renderer settings; the device is the GPU when there is one (the CUDA kernel)."""
@@ -62,7 +63,9 @@ class ViewSettings:
             import torch
             device = "cuda" if torch.cuda.is_available() else "cpu"
         return SplatRenderConfig(width=int(self.width), height=int(self.height), sh_degree=int(self.sh_degree),
-                                 background=parse_color(self.background), mode=self.mode.lower(), device=device)
+                                 background=parse_color(self.background), mode=self.mode.lower(), device=device,
+                                 camera=(self.camera or "perspective").lower(),
+                                 fov_y_deg=120.0 if (self.camera or "").lower() == "fisheye" else 50.0)
 
 
 @dataclass
@@ -230,7 +233,7 @@ def path_cameras(session: SplatSession, cfg: SplatRenderConfig, fps: float = PRE
     if session.path is None or not session.path.keyframes:
         raise StreamStudioError("the path has no keyframes: add some with Add keyframe, or load a path")
     pairs = session.path.cameras(cfg.width, cfg.height, fps, frames)
-    cams = [c for c, _ in pairs]
+    cams = [with_camera_model(c, cfg, session.fit) for c, _ in pairs]
     if not session.scene.is_4d:
         return cams, [None] * len(cams)
     lo, hi = session.scene.time_range
@@ -354,6 +357,7 @@ def build_splat_tab(get_image_pipeline: Callable[[], object] | None = None) -> d
             background = gr.ColorPicker(v.background, label="Background")
             mode = gr.Radio([m.upper() if m == "rgb" else m.capitalize() for m in MODES], value="RGB",
                             label="Render mode")
+            camera = gr.Radio(["Perspective", "Ortho", "Fisheye"], value="Perspective", label="Camera")
             t_slider = gr.Slider(0, 1, 0, step=0.01, label="Time (4D scenes)")
             play_btn = gr.Button("▶ Play")
         with gr.Column(scale=2):
@@ -383,10 +387,10 @@ def build_splat_tab(get_image_pipeline: Callable[[], object] | None = None) -> d
                     path_in = gr.File(label="Load a path (nerfstudio .json, SuperSplat .json / .ssproj)",
                                       file_types=[".json", ".ssproj"], type="filepath")
 
-    sliders = [azimuth, elevation, zoom, pan_x, pan_y, width, height, sh_degree, background, mode, t_slider]
+    sliders = [azimuth, elevation, zoom, pan_x, pan_y, width, height, sh_degree, background, mode, t_slider, camera]
 
     def view_of(*vals) -> ViewSettings:
-        return ViewSettings(*vals[:9], vals[9].lower(), vals[10])
+        return ViewSettings(*vals[:9], vals[9].lower(), vals[10], vals[11].lower())
 
     def on_load(session, up, smp, *vals):
         session, info = load_into(session or SplatSession(), uploaded_path(up), smp)
@@ -399,11 +403,11 @@ def build_splat_tab(get_image_pipeline: Callable[[], object] | None = None) -> d
             return gr.update(), "Load a scene to see it."
         return render_view(session, view_of(*vals))
 
-    def on_click(session, az, el, zm, px, py, w, h, sh, bg, md, t, evt):
+    def on_click(session, az, el, zm, px, py, w, h, sh, bg, md, t, cm, evt):
         if session is None or session.scene is None:
             raise StreamStudioError("load a scene first")
         x, y = evt.index
-        view = click_orbit(view_of(az, el, zm, px, py, w, h, sh, bg, md, t), float(x), float(y))
+        view = click_orbit(view_of(az, el, zm, px, py, w, h, sh, bg, md, t, cm), float(x), float(y))
         frame, line = render_view(session, view)
         return frame, line, view.azimuth, view.elevation
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 
 from streamstudio.kernels import splat_fast, splat_reference
-from streamstudio.kernels.splat_reference import (antialias_compensation, project_gaussians, quat_scale_to_covar,
-                                                  sh_colors)
+from streamstudio.kernels.splat_reference import (CAMERA_MODELS, antialias_compensation, project_gaussians,
+                                                  quat_scale_to_covar, sh_colors)
 
 IMPLS = ("auto", "reference", "cpp", "fast", "fast_compiled", "cuda")
 
@@ -71,7 +71,7 @@ def rasterize_gaussians(means: torch.Tensor, quats: torch.Tensor | None, scales:
                         intrinsics: tuple[float, float, float, float], width: int, height: int,
                         sh_degree: int | None = None, background: torch.Tensor | None = None,
                         covars: torch.Tensor | None = None, near: float = 0.01, far: float = 1e10,
-                        impl: str = "auto", antialiased: bool = False) -> SplatRender:
+                        impl: str = "auto", antialiased: bool = False, camera_model: str = "pinhole") -> SplatRender:
     """Render Gaussians to an image.
 
     means (N, 3); quats (N, 4) w first and linear scales (N, 3), or covars (N, 3, 3);
@@ -80,16 +80,20 @@ def rasterize_gaussians(means: torch.Tensor, quats: torch.Tensor | None, scales:
     (fx, fy, cx, cy) in pixels; background (3,) RGB added with the final transmittance.
     `antialiased`: gsplat's rasterize_mode="antialiased", each opacity times
     sqrt(det(S) / det(S + 0.3 I)) of its projected covariance S (Mip-Splatting's 2D filter), for
-    scenes trained in that mode.
+    scenes trained in that mode. `camera_model`: "pinhole" (fx, fy focal lengths in pixels),
+    "ortho" (fx, fy pixels per world unit) or "fisheye" (equidistant, r = f theta), with
+    gsplat's projections and Jacobians (`splat_reference.project_points`).
     """
     _check(means, opacities, colors, viewmat, width, height)
+    if camera_model not in CAMERA_MODELS:
+        raise ValueError(f"unknown camera model {camera_model!r}; use one of {CAMERA_MODELS}")
     device = means.device
     chosen = pick_impl(impl, device)
     if chosen == "cpp":  # the whole frame (projection, SH, binning, blending) in C++
         from streamstudio.kernels import splat_cpu
         rgb, depth, alpha, n_visible = splat_cpu.render(means, quats, scales, opacities, colors, viewmat, intrinsics,
                                                         width, height, sh_degree, background, covars, near, far,
-                                                        antialiased=antialiased)
+                                                        antialiased=antialiased, camera_model=camera_model)
         return SplatRender(rgb=rgb.float(), depth=depth.float(), alpha=alpha.float(), n_visible=n_visible,
                            impl=chosen)
     dtype = torch.float64 if means.dtype == torch.float64 else torch.float32
@@ -103,7 +107,8 @@ def rasterize_gaussians(means: torch.Tensor, quats: torch.Tensor | None, scales:
         colors = sh_colors(colors.to(dtype), means, viewmat, min(degree, 3))  # (N, 3)
     fx, fy, cx, cy = (float(v) for v in intrinsics)
     means2d, conics, depths, radii, cov2d = project_gaussians(means, covars.to(dtype), opacities, viewmat,
-                                                              fx, fy, cx, cy, width, height, near, far, antialiased)
+                                                              fx, fy, cx, cy, width, height, near, far, antialiased,
+                                                              camera_model)
     if antialiased:  # the opacities the radii were sized for
         opacities = opacities * antialias_compensation(cov2d)
     bg = None if background is None else torch.as_tensor(background, dtype=dtype, device=device)
@@ -123,4 +128,4 @@ def rasterize_gaussians(means: torch.Tensor, quats: torch.Tensor | None, scales:
 
 render = rasterize_gaussians
 
-__all__ = ["rasterize_gaussians", "render", "SplatRender", "pick_impl", "IMPLS"]
+__all__ = ["rasterize_gaussians", "render", "SplatRender", "pick_impl", "IMPLS", "CAMERA_MODELS"]

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from streamstudio.kernels.splat_reference import CAMERA_MODEL_IDS
+
 SOURCE = Path(__file__).resolve().parent / "csrc" / "splat_cpu.cpp"
 EXTENSION_NAME = "streamstudio_splat_cpu"
 DISABLE_ENV = "STREAMSTUDIO_DISABLE_CPU_SPLAT"
@@ -135,7 +137,7 @@ def reset_for_tests() -> None:
 
 def render(means, quats, scales, opacities, colors, viewmat, intrinsics, width: int, height: int,
            sh_degree: int | None = None, background=None, covars=None, near: float = 0.01, far: float = 1e10,
-           threads: int | None = None, antialiased: bool = False):
+           threads: int | None = None, antialiased: bool = False, camera_model: str = "pinhole"):
     """The whole frame in C++ (arguments as `splat.rasterize_gaussians`, CPU tensors).
 
     Returns rgb (H, W, 3), depth (H, W), alpha (H, W) in the input's float dtype (float64 stays
@@ -167,5 +169,6 @@ def render(means, quats, scales, opacities, colors, viewmat, intrinsics, width: 
     n_visible = module.render(
         prep(means), prep(None if covars is not None else quats), prep(None if covars is not None else scales),
         prep(covars), prep(opacities), colors, degree, prep(viewmat), fx, fy, cx, cy, int(width), int(height),
-        float(near), float(far), bool(antialiased), bg, int(threads or torch.get_num_threads()), rgb, depth, alpha)
+        float(near), float(far), bool(antialiased), CAMERA_MODEL_IDS[camera_model], bg,
+        int(threads or torch.get_num_threads()), rgb, depth, alpha)
     return rgb, depth, alpha, int(n_visible)

@@ -4,7 +4,8 @@ Conventions (shared by the fast CPU path and the CUDA kernel):
 * camera: `viewmat` (4, 4) world -> camera, OpenCV axes (x right, y down, z forward);
   intrinsics fx, fy, cx, cy in pixels; pixel (u, v) has its centre at (u + 0.5, v + 0.5).
 * projection (EWA, Zwicker et al. / 3DGS): cov2d = J W S W^T J^T + 0.3 I, with J the
-  Jacobian of the perspective map at the mean, x/z and y/z clamped to the image's edges
+  Jacobian of the camera's map at the mean (pinhole by default; orthographic and equidistant
+  fisheye as gsplat, see `project_points`); for the pinhole x/z and y/z clamped to the image's edges
   plus 0.3 x the half-FOV tangent, from the actual principal point (gsplat's `_persp_proj`);
   conic = cov2d^-1; Gaussians with z < near or z > far are culled.
 * extent: a Gaussian of opacity o reaches alpha >= 1/255 only inside the ellipse
@@ -97,27 +98,68 @@ def antialias_compensation(cov2d: torch.Tensor) -> torch.Tensor:
     return torch.sqrt((det_orig / safe).clamp_min(0.0))
 
 
+CAMERA_MODELS = ("pinhole", "ortho", "fisheye")
+CAMERA_MODEL_IDS = {name: i for i, name in enumerate(CAMERA_MODELS)}  # as the C++ renderer numbers them
+FISHEYE_EPS = 1e-7  # gsplat's `_fisheye_proj` eps
+
+
+def project_points(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor, fx: float, fy: float, cx: float, cy: float,
+                   width: int, height: int, camera_model: str = "pinhole"):
+    """Camera-space points (N,) x3 (z > 0; a culled point may pass z = 1) -> pixel means (N, 2) and the
+    Jacobian (N, 2, 3) of the projection at them, as gsplat's `_persp_proj` / `_ortho_proj` /
+    `_fisheye_proj` (gsplat/cuda/_torch_impl.py):
+
+    * pinhole: (fx x/z + cx, fy y/z + cy), J = [[fx/z, 0, -fx tx/z^2], [0, fy/z, -fy ty/z^2]] with
+      tx/z, ty/z clamped to the image's edges plus 0.15 W/fx (0.15 H/fy) from the actual principal point;
+    * ortho: (fx x + cx, fy y + cy), J = [[fx, 0, 0], [0, fy, 0]] (fx: pixels per world unit);
+    * fisheye (equidistant, r = f theta): theta = atan2(|xy| + eps, z + eps), means fx x theta / (|xy| + eps) + cx,
+      and gsplat's Jacobian of that map (x^2 taken as x^2 + eps, eps = 1e-7)."""
+    zero = torch.zeros_like(z)
+    if camera_model == "ortho":
+        one = torch.ones_like(z)
+        jac = torch.stack([fx * one, zero, zero, zero, fy * one, zero], -1).reshape(-1, 2, 3)
+        return torch.stack([fx * x + cx, fy * y + cy], -1), jac
+    if camera_model == "fisheye":
+        eps = FISHEYE_EPS
+        xy_len = torch.sqrt(x * x + y * y) + eps
+        theta = torch.atan2(xy_len, z + eps)
+        means2d = torch.stack([x * fx * theta / xy_len + cx, y * fy * theta / xy_len + cy], -1)
+        x2, y2, xy = x * x + eps, y * y, x * y
+        x2y2 = x2 + y2
+        x2y2z2_inv = 1.0 / (x2y2 + z * z)
+        b = torch.atan2(xy_len, z) / xy_len / x2y2
+        a = z * x2y2z2_inv / x2y2
+        jac = torch.stack([fx * (x2 * a + y2 * b), fx * xy * (a - b), -fx * x * x2y2z2_inv,
+                           fy * xy * (a - b), fy * (y2 * a + x2 * b), -fy * y * x2y2z2_inv], -1).reshape(-1, 2, 3)
+        return means2d, jac
+    if camera_model != "pinhole":
+        raise ValueError(f"unknown camera model {camera_model!r}; use one of {CAMERA_MODELS}")
+    # x/z, y/z clamped to the image's edges plus 0.15 W/fx (0.15 H/fy), as gsplat's `_persp_proj`:
+    # from the actual principal point, so an off-centre cx/cy moves the limits with it
+    lim_x_neg, lim_x_pos, lim_y_neg, lim_y_pos = frustum_limits(fx, fy, cx, cy, width, height)
+    tx = (x / z).clamp(-lim_x_neg, lim_x_pos) * z
+    ty = (y / z).clamp(-lim_y_neg, lim_y_pos) * z
+    jac = torch.stack([fx / z, zero, -fx * tx / (z * z),
+                       zero, fy / z, -fy * ty / (z * z)], -1).reshape(-1, 2, 3)  # (N, 2, 3)
+    return torch.stack([fx * x / z + cx, fy * y / z + cy], -1), jac
+
+
 def project_gaussians(means: torch.Tensor, covars: torch.Tensor, opacities: torch.Tensor,
                       viewmat: torch.Tensor, fx: float, fy: float, cx: float, cy: float,
-                      width: int, height: int, near: float = 0.01, far: float = 1e10, antialiased: bool = False):
+                      width: int, height: int, near: float = 0.01, far: float = 1e10, antialiased: bool = False,
+                      camera_model: str = "pinhole"):
     """EWA projection. Returns means2d (N, 2), conics (N, 3) = (a, b, c) of the inverse 2D
     covariance, depths (N,), radii (N, 2) float half-widths in x and y
     of the box where alpha can reach 1/255 (0 where culled) and cov2d (N, 3) = (xx, xy, yy).
     With `antialiased` the radii are those of the compensated opacity (times
-    `antialias_compensation(cov2d)`, which the caller blends with)."""
+    `antialias_compensation(cov2d)`, which the caller blends with). `camera_model`: pinhole,
+    ortho or fisheye (see `project_points`); every model culls on the camera depth z."""
     rot, trans = viewmat[:3, :3].to(means), viewmat[:3, 3].to(means)
     p = means @ rot.T + trans  # (N, 3) camera coordinates
     x, y, z = p.unbind(-1)
     in_depth = (z > near) & (z < far)
     zs = torch.where(in_depth, z, torch.ones_like(z))
-    # x/z, y/z clamped to the image's edges plus 0.15 W/fx (0.15 H/fy), as gsplat's `_persp_proj`:
-    # from the actual principal point, so an off-centre cx/cy moves the limits with it
-    lim_x_neg, lim_x_pos, lim_y_neg, lim_y_pos = frustum_limits(fx, fy, cx, cy, width, height)
-    tx = (x / zs).clamp(-lim_x_neg, lim_x_pos) * zs
-    ty = (y / zs).clamp(-lim_y_neg, lim_y_pos) * zs
-    zero = torch.zeros_like(zs)
-    jac = torch.stack([fx / zs, zero, -fx * tx / (zs * zs),
-                       zero, fy / zs, -fy * ty / (zs * zs)], -1).reshape(-1, 2, 3)  # (N, 2, 3)
+    means2d, jac = project_points(x, y, zs, fx, fy, cx, cy, width, height, camera_model)
     t = jac @ rot  # (N, 2, 3)
     cov = t @ covars @ t.transpose(1, 2)  # (N, 2, 2)
     c_xx, c_xy, c_yy = cov[:, 0, 0] + LOW_PASS, cov[:, 0, 1], cov[:, 1, 1] + LOW_PASS
@@ -130,7 +172,7 @@ def project_gaussians(means: torch.Tensor, covars: torch.Tensor, opacities: torc
     reach = 2.0 * torch.log((255.0 * opacities).clamp_min(1.0))  # 0 where o <= 1/255: never visible
     # half-widths of the box around the ellipse d^T cov2d^-1 d <= reach (alpha >= 1/255 inside)
     radii = torch.sqrt(reach[:, None] * torch.stack([c_xx, c_yy], -1).clamp_min(0))  # (N, 2)
-    means2d = torch.stack([fx * x / zs + cx, fy * y / zs + cy], -1)  # (N, 2)
+    ok = ok & torch.isfinite(means2d).all(1)
     on_screen = ((means2d + radii > 0) & (means2d - radii < torch.tensor([width, height]).to(means2d))).all(1)
     keep = ok & on_screen & (reach > 0)
     radii = torch.where(keep[:, None], radii, torch.zeros_like(radii))

@@ -1,13 +1,13 @@
 """Cameras, camera paths and frames from a Gaussian scene.
 
-Cameras are pinhole, built from a vertical field of view, with OpenCV axes (x right, y down,
-z forward). World "up" defaults to -y, the usual orientation of 3DGS (COLMAP) scenes.
+Cameras are pinhole (or orthographic, or equidistant fisheye), built from a vertical field of
+view, with OpenCV axes (x right, y down, z forward). World "up" defaults to -y, the usual orientation of 3DGS (COLMAP) scenes.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -21,18 +21,30 @@ MODES = ("rgb", "depth", "alpha")
 DEFAULT_UP = (0.0, -1.0, 0.0)
 
 
+CAMERAS = {"perspective": "pinhole", "ortho": "ortho", "fisheye": "fisheye"}  # config name -> renderer model
+
+
 @dataclass
 class Camera:
-    """A pinhole camera: world -> camera `viewmat` (4, 4) and intrinsics from the vertical FOV."""
+    """A camera: world -> camera `viewmat` (4, 4), and intrinsics by `model`: pinhole from the
+    vertical FOV (f = H/2 / tan(fov/2)), fisheye (equidistant, r = f theta) with the vertical FOV
+    across the height (f = H/2 / (fov/2)), ortho with `ortho_height` world units across the height."""
 
     viewmat: torch.Tensor  # (4, 4)
     width: int
     height: int
     fov_y_deg: float = 50.0
+    model: str = "pinhole"  # pinhole | ortho | fisheye
+    ortho_height: float = 2.0  # ortho: world units the image height spans
 
     @property
     def intrinsics(self) -> tuple[float, float, float, float]:
-        f = 0.5 * self.height / math.tan(math.radians(self.fov_y_deg) / 2)
+        if self.model == "ortho":
+            f = self.height / self.ortho_height
+        elif self.model == "fisheye":
+            f = 0.5 * self.height / (math.radians(self.fov_y_deg) / 2)
+        else:
+            f = 0.5 * self.height / math.tan(math.radians(self.fov_y_deg) / 2)
         return (f, f, self.width / 2, self.height / 2)
 
     @property
@@ -76,6 +88,8 @@ class SplatRenderConfig:
     device: str = "cpu"
     up: tuple[float, float, float] = DEFAULT_UP
     antialiased: bool | None = None  # gsplat's "antialiased" mode; None: as the scene's file says
+    camera: str = "perspective"  # perspective | ortho | fisheye (equidistant)
+    ortho_height: float | None = None  # ortho: world units across the height (None: framed like perspective)
 
     def check(self) -> None:
         if not (8 <= self.width <= 4096 and 8 <= self.height <= 4096):
@@ -86,8 +100,13 @@ class SplatRenderConfig:
             raise StreamStudioError(f"renderer {self.impl!r} is unknown; use one of {', '.join(IMPLS)}")
         if not 0 <= self.sh_degree <= 3:
             raise StreamStudioError("SH degree must be 0..3")
-        if not 1.0 <= self.fov_y_deg <= 170.0:
-            raise StreamStudioError("field of view must be 1..170 degrees")
+        if self.camera not in CAMERAS:
+            raise StreamStudioError(f"camera {self.camera!r} is unknown; use one of {', '.join(CAMERAS)}")
+        top = 180.0 if self.camera == "fisheye" else 170.0
+        if not 1.0 <= self.fov_y_deg <= top:
+            raise StreamStudioError(f"field of view must be 1..{top:g} degrees")
+        if self.ortho_height is not None and not (self.ortho_height > 0 and math.isfinite(self.ortho_height)):
+            raise StreamStudioError("the orthographic view height must be a positive number of scene units")
 
 
 @dataclass
@@ -132,7 +151,24 @@ def fitted_camera(fit: SceneFit, cfg: SplatRenderConfig, azimuth_deg: float = 0.
         shift = fit.radius * (pan[0] * cam.viewmat[0, :3] - pan[1] * cam.viewmat[1, :3])
         cam = Camera.look_at(fit.center + dist * direction + shift, fit.center + shift, cfg.width, cfg.height,
                              cfg.fov_y_deg, cfg.up)
-    return cam
+    return with_camera_model(cam, cfg, fit)
+
+
+def with_camera_model(cam: Camera, cfg: SplatRenderConfig, fit: SceneFit | None = None) -> Camera:
+    """`cam` with the configured camera model. An orthographic view spans `cfg.ortho_height`, else
+    what the perspective view spans at the depth of the scene centre (2 d tan(fov/2); the fitted
+    distance when the centre is behind the camera), so switching model keeps the framing."""
+    model = CAMERAS.get(cfg.camera, "pinhole")
+    if model == "pinhole" and cam.model == "pinhole":
+        return cam
+    height = cfg.ortho_height
+    if model == "ortho" and height is None:
+        fit = fit or SceneFit()
+        depth = float(cam.viewmat[2, :3] @ fit.center.to(cam.viewmat) + cam.viewmat[2, 3])
+        if depth <= 1e-3 * fit.radius:
+            depth = fit.distance(cam.fov_y_deg, cam.width / cam.height)
+        height = 2 * depth * math.tan(math.radians(cam.fov_y_deg) / 2)
+    return replace(cam, model=model, ortho_height=float(height or cam.ortho_height))
 
 
 def camera_path(kind: str, fit: SceneFit, cfg: SplatRenderConfig, frames: int,
@@ -164,7 +200,7 @@ def _fly_camera(fit: SceneFit, cfg: SplatRenderConfig, s: float) -> Camera:
     eye = _fly_point(fit, u, a, b, s)
     ahead = _fly_point(fit, u, a, b, s + 0.08)
     target = 0.6 * ahead + 0.4 * fit.center
-    return Camera.look_at(eye, target, cfg.width, cfg.height, cfg.fov_y_deg, cfg.up)
+    return with_camera_model(Camera.look_at(eye, target, cfg.width, cfg.height, cfg.fov_y_deg, cfg.up), cfg, fit)
 
 
 def render(scene: GaussianScene, camera: Camera, cfg: SplatRenderConfig, time: float | None = None) -> SplatRender:
@@ -181,7 +217,8 @@ def render(scene: GaussianScene, camera: Camera, cfg: SplatRenderConfig, time: f
                                    scene.opacities().to(device), scene.sh.to(device), camera.viewmat.to(device),
                                    camera.intrinsics, camera.width, camera.height, sh_degree=cfg.sh_degree,
                                    background=bg.to(device), covars=covars, impl=cfg.impl,
-                                   antialiased=scene.antialiased if cfg.antialiased is None else cfg.antialiased)
+                                   antialiased=scene.antialiased if cfg.antialiased is None else cfg.antialiased,
+                                   camera_model=camera.model)
     except (ValueError, RuntimeError) as exc:
         raise StreamStudioError(f"splat rendering failed: {exc}") from exc
 

@@ -63,6 +63,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="4D scenes: the time of the first and the last frame (default the scene's range)")
     p.add_argument("--fov", type=float, default=None,
                    help="vertical field of view in degrees (default 50; a path file has its own)")
+    p.add_argument("--camera", choices=("perspective", "ortho", "fisheye"), default="perspective",
+                   help="camera model (default perspective): ortho frames the scene centre as the perspective view "
+                        "would (or spans --ortho-height scene units); fisheye is equidistant, --fov across the "
+                        "height, up to 180")
+    p.add_argument("--ortho-height", type=float, default=None, help="ortho: scene units across the image height")
     p.add_argument("--elevation", type=float, default=20.0, help="orbit elevation in degrees (default 20)")
     p.add_argument("--sh-degree", type=int, default=3, help="spherical-harmonics degree 0..3 (default 3)")
     p.add_argument("--background", default="0,0,0", help="background R,G,B in 0..1 or #rrggbb (default black)")
@@ -307,7 +312,8 @@ def scene_times(scene, path_times_: list[float | None], time_range: tuple[float,
 def render_scene(args) -> int:
     from streamstudio.device import pick_device
     from streamstudio.models.gaussians import load_scene
-    from streamstudio.pipelines.splat_render import SceneFit, SplatRenderConfig, camera_path, path_times, render_frame
+    from streamstudio.pipelines.splat_render import (SceneFit, SplatRenderConfig, camera_path, path_times,
+                                                     render_frame, with_camera_model)
 
     keyed = read_path_file(args.path_file) if args.path_file else None
     if args.size is not None:
@@ -326,7 +332,8 @@ def render_scene(args) -> int:
     device = pick_device(args.device)
     cfg = SplatRenderConfig(width=width, height=height, fov_y_deg=50.0 if args.fov is None else args.fov,
                             sh_degree=args.sh_degree, background=parse_color(args.background), mode=args.mode,
-                            impl=args.renderer, device=str(device), antialiased=args.antialiased)
+                            impl=args.renderer, device=str(device), antialiased=args.antialiased,
+                            camera=args.camera, ortho_height=args.ortho_height)
     cfg.check()
     scene = load_scene(scene_path(args.scene))
     time_range = tuple(args.time_range) if args.time_range else None
@@ -334,7 +341,8 @@ def render_scene(args) -> int:
         log.warning("--time-range ignored: %s is a 3D scene", args.scene)
     if keyed is not None:
         pairs = keyed.cameras(width, height, fps, args.frames)
-        cameras = [cam for cam, _ in pairs]
+        fit = SceneFit.of(scene)
+        cameras = [with_camera_model(cam, cfg, fit) for cam, _ in pairs]
         times = scene_times(scene, [t for _, t in pairs], time_range)
     else:
         frames = 48 if args.frames is None else args.frames

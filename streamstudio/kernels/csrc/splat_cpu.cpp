@@ -237,8 +237,8 @@ template <typename T>
 void render_impl(const at::Tensor& means_t, const at::Tensor& quats_t, const at::Tensor& scales_t,
                  const at::Tensor& covars_t, const at::Tensor& opac_t, const at::Tensor& colors_t,
                  int64_t sh_degree, const at::Tensor& view_t, double fx, double fy, double cx, double cy,
-                 int64_t W, int64_t H, double near_, double far_, bool antialiased, const at::Tensor& bg_t,
-                 int nthreads,
+                 int64_t W, int64_t H, double near_, double far_, bool antialiased, int64_t camera_model,
+                 const at::Tensor& bg_t, int nthreads,
                  at::Tensor& rgb_t, at::Tensor& depth_t, at::Tensor& alpha_t, int64_t& n_visible) {
   const int64_t N = means_t.size(0);
   const T* means = means_t.data_ptr<T>();
@@ -314,11 +314,37 @@ void render_impl(const at::Tensor& means_t, const at::Tensor& quats_t, const at:
       for (int i = 0; i < 3; ++i)
         for (int k = 0; k < 3; ++k) S[i][k] = M[i][0] * M[k][0] + M[i][1] * M[k][1] + M[i][2] * M[k][2];
     }
-    // Jacobian of the perspective map (x/z, y/z clamped), J R, then (J R) S (J R)^T
-    const T txc = std::min(std::max(x / zs, -lim_x_neg), lim_x_pos) * zs;
-    const T tyc = std::min(std::max(y / zs, -lim_y_neg), lim_y_pos) * zs;
-    const T rz = (T)1 / zs;
-    const T J[2][3] = {{rz * Tfx, 0, txc * (-Tfx) / (zs * zs)}, {0, rz * Tfy, tyc * (-Tfy) / (zs * zs)}};
+    // Jacobian of the camera's map at the mean (gsplat's _persp_proj / _ortho_proj / _fisheye_proj),
+    // J R, then (J R) S (J R)^T; and the projected mean
+    T J[2][3];
+    T pmx, pmy;
+    if (camera_model == 1) {  // orthographic: (fx x + cx, fy y + cy)
+      J[0][0] = Tfx; J[0][1] = 0; J[0][2] = 0;
+      J[1][0] = 0; J[1][1] = Tfy; J[1][2] = 0;
+      pmx = Tfx * x + Tcx;
+      pmy = Tfy * y + Tcy;
+    } else if (camera_model == 2) {  // fisheye, equidistant: r = f theta (gsplat's eps = 1e-7)
+      const T eps = (T)1e-7;
+      const T xy_len = std::sqrt(x * x + y * y) + eps;
+      const T theta = std::atan2(xy_len, zs + eps);
+      pmx = x * Tfx * theta / xy_len + Tcx;
+      pmy = y * Tfy * theta / xy_len + Tcy;
+      const T x2 = x * x + eps, y2 = y * y, xy = x * y;
+      const T x2y2 = x2 + y2;
+      const T x2y2z2_inv = (T)1 / (x2y2 + zs * zs);
+      const T b = std::atan2(xy_len, zs) / xy_len / x2y2;
+      const T a = zs * x2y2z2_inv / x2y2;
+      J[0][0] = Tfx * (x2 * a + y2 * b); J[0][1] = Tfx * xy * (a - b); J[0][2] = -Tfx * x * x2y2z2_inv;
+      J[1][0] = Tfy * xy * (a - b); J[1][1] = Tfy * (y2 * a + x2 * b); J[1][2] = -Tfy * y * x2y2z2_inv;
+    } else {  // pinhole, x/z and y/z clamped
+      const T txc = std::min(std::max(x / zs, -lim_x_neg), lim_x_pos) * zs;
+      const T tyc = std::min(std::max(y / zs, -lim_y_neg), lim_y_pos) * zs;
+      const T rz = (T)1 / zs;
+      J[0][0] = rz * Tfx; J[0][1] = 0; J[0][2] = txc * (-Tfx) / (zs * zs);
+      J[1][0] = 0; J[1][1] = rz * Tfy; J[1][2] = tyc * (-Tfy) / (zs * zs);
+      pmx = Tfx * x / zs + Tcx;
+      pmy = Tfy * y / zs + Tcy;
+    }
     T JR[2][3], JS[2][3];
     for (int r = 0; r < 2; ++r)
       for (int c = 0; c < 3; ++c) JR[r][c] = J[r][0] * R[0][c] + J[r][1] * R[1][c] + J[r][2] * R[2][c];
@@ -343,10 +369,10 @@ void render_impl(const at::Tensor& means_t, const at::Tensor& quats_t, const at:
     g.reach = (T)2 * std::log(std::max((T)255 * g.o, (T)1));
     g.rx = std::sqrt(g.reach * std::max(c_xx, (T)0));
     g.ry = std::sqrt(g.reach * std::max(c_yy, (T)0));
-    g.mx = Tfx * x / zs + Tcx;
-    g.my = Tfy * y / zs + Tcy;
+    g.mx = pmx;
+    g.my = pmy;
     const bool on_screen = (g.mx + g.rx > 0) && (g.my + g.ry > 0) && (g.mx - g.rx < fW) && (g.my - g.ry < fH);
-    keep[n] = ok && on_screen && g.reach > 0 && g.rx > 0;
+    keep[n] = ok && on_screen && g.reach > 0 && g.rx > 0 && std::isfinite(pmx) && std::isfinite(pmy);
     if (!keep[n]) continue;
     // colour: SH in the direction camera -> mean, + 0.5, clamped at 0
     if (K == 0) {
@@ -540,10 +566,12 @@ void render_impl(const at::Tensor& means_t, const at::Tensor& quats_t, const at:
 int64_t render(at::Tensor means, at::Tensor quats, at::Tensor scales, at::Tensor covars,
                                at::Tensor opacities, at::Tensor colors, int64_t sh_degree, at::Tensor viewmat,
                                double fx, double fy, double cx, double cy, int64_t width, int64_t height,
-                               double near_, double far_, bool antialiased, at::Tensor background, int64_t threads,
+                               double near_, double far_, bool antialiased, int64_t camera_model,
+                               at::Tensor background, int64_t threads,
                                at::Tensor rgb,
                                at::Tensor depth, at::Tensor alpha) {
   TORCH_CHECK(means.device().is_cpu(), "splat_cpu: CPU tensors only");
+  TORCH_CHECK(camera_model >= 0 && camera_model <= 2, "splat_cpu: camera model 0 (pinhole), 1 (ortho) or 2 (fisheye)");
   TORCH_CHECK(means.numel() / 3 < (int64_t)1 << 31, "splat_cpu: too many Gaussians for 32-bit ids");
   TORCH_CHECK(rgb.numel() == height * width * 3 && depth.numel() == height * width && alpha.numel() == height * width,
               "splat_cpu: bad output sizes");
@@ -551,11 +579,13 @@ int64_t render(at::Tensor means, at::Tensor quats, at::Tensor scales, at::Tensor
   int nt = (int)std::max<int64_t>(1, threads);
   if (means.scalar_type() == at::kDouble) {
     render_impl<double>(means, quats, scales, covars, opacities, colors, sh_degree, viewmat, fx, fy, cx, cy, width,
-                        height, near_, far_, antialiased, background, nt, rgb, depth, alpha, n_visible);
+                        height, near_, far_, antialiased, camera_model, background, nt, rgb, depth, alpha,
+                        n_visible);
   } else {
     TORCH_CHECK(means.scalar_type() == at::kFloat, "splat_cpu: float32 or float64 tensors");
     render_impl<float>(means, quats, scales, covars, opacities, colors, sh_degree, viewmat, fx, fy, cx, cy, width,
-                       height, near_, far_, antialiased, background, nt, rgb, depth, alpha, n_visible);
+                       height, near_, far_, antialiased, camera_model, background, nt, rgb, depth, alpha,
+                        n_visible);
   }
   return n_visible;
 }
