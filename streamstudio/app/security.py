@@ -76,6 +76,12 @@ class GuardConfig:
     uploads_per_client: int = 20  # per window
     upload_window_s: float = 600.0
     max_upload_total_bytes: int = 200_000_000  # this server's uploads on disk, all clients together
+    # Routes that check their own login (WHIP/WHEP: a bearer token, as OBS sends it; app/whip.py):
+    # the guard lets them through under --auth and still caps their bodies.
+    self_auth_prefixes: tuple[str, ...] = ()
+
+    def checks_own_login(self, path: str) -> bool:
+        return any(path == p or path.startswith(p + "/") for p in self.self_auth_prefixes)
 
     def body_cap(self, path: str) -> int:
         if path == UPLOAD_PATH or path == UPLOAD_PATH + "/":
@@ -118,7 +124,8 @@ class RequestGuard:
             return await self.app(scope, receive, send)
         path = scope.get("path", "")
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        if self.config.auth is not None and not is_public(path) and not self._logged_in(headers):
+        if self.config.auth is not None and not is_public(path) and not self.config.checks_own_login(path) \
+                and not self._logged_in(headers):
             return await _refuse(scope, send, 401, "log in first (the server has --auth)",
                                  {"www-authenticate": 'Basic realm="StreamStudio"'})
         if scope["type"] == "websocket":

@@ -2,7 +2,8 @@
 
 Binds to 127.0.0.1:7860 unless --host is given. Settings from the environment:
 STREAMSTUDIO_AUTH (USER:PASS, as --auth), STREAMSTUDIO_TURN_URLS, STREAMSTUDIO_TURN_USERNAME,
-STREAMSTUDIO_TURN_CREDENTIAL and STREAMSTUDIO_STUN_URLS (ICE servers for use across networks).
+STREAMSTUDIO_TURN_CREDENTIAL and STREAMSTUDIO_STUN_URLS (ICE servers for use across networks),
+STREAMSTUDIO_WHIP_TOKEN (as --whip-token).
 """
 
 from __future__ import annotations
@@ -53,6 +54,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "engines are sized from it)")
     p.add_argument("--batch-wait-ms", type=float, default=2.0,
                    help="cross-stream batching: how long a call waits for other streams' calls (default 2 ms)")
+    p.add_argument("--whip-token", default=None, metavar="TOKEN",
+                   help="bearer token WHIP publishers (OBS) and WHEP viewers must send (default: "
+                        "$STREAMSTUDIO_WHIP_TOKEN; without either, --auth's USER:PASS; without --auth, none)")
+    p.add_argument("--max-viewers", type=int, default=32,
+                   help="WHEP viewers on the server at most, all streams together (default 32)")
+    p.add_argument("--osc-port", type=int, default=None,
+                   help="take OSC control messages on this UDP port (default: off)")
+    p.add_argument("--osc-host", default="127.0.0.1",
+                   help="address the OSC port binds (default 127.0.0.1; OSC has no login)")
     add_pipeline_arguments(p)
     return p
 
@@ -109,16 +119,23 @@ def guard_config(args):
                        uploads_per_client=getattr(args, "uploads_per_client", 20))
 
 
+def whip_token(args) -> str | None:
+    token = getattr(args, "whip_token", None)
+    token = token if token is not None else os.environ.get("STREAMSTUDIO_WHIP_TOKEN")
+    return token or None
+
+
 def build_app(args, model=None):
     """(FastAPI app, SessionManager): the Gradio UI at /, the WebRTC and JSON API beside it, all
     behind the request guard (`app/security.py`)."""
     import gradio as gr
     from fastapi import FastAPI
 
-    from streamstudio.app import security, ui, webrtc
+    from streamstudio.app import security, ui, webrtc, whip
     from streamstudio.app.sessions import SessionManager
 
     guard = guard_config(args)
+    guard.self_auth_prefixes = ("/whip", "/whep")  # they take a bearer token (app/whip.py)
     rtc = webrtc.rtc_config_from_env()
     manager = SessionManager(model or build_model(args), max_streams=args.max_streams,
                              idle_timeout=args.idle_timeout, owns_model=model is None)
@@ -127,6 +144,9 @@ def build_app(args, model=None):
     app = FastAPI(title="StreamStudio", **docs)
     stream = webrtc.build_stream(manager, rtc, host=args.host or "127.0.0.1")
     webrtc.mount_api(app, manager, stream)
+    whip.WhipServer(manager, host=args.host or "127.0.0.1", token=whip_token(args), auth=guard.auth,
+                    rtc_config=rtc, max_viewers=getattr(args, "max_viewers", 32),
+                    other_slots=lambda: set(stream.pcs)).mount(app)
     blocks = ui.build_ui(manager, rtc_config=rtc, output_dir=args.output_dir,
                          file_ttl=int(getattr(args, "upload_ttl", 300.0)), host=args.host or "127.0.0.1")
     app = gr.mount_gradio_app(app, blocks, path="/", server_name=args.host or "127.0.0.1", server_port=args.port,
@@ -134,7 +154,20 @@ def build_app(args, model=None):
                               ssr_mode=False)
     security.install(app, guard, blocks)
     app.state.manager = manager
+    app.state.osc = None
+    if getattr(args, "osc_port", None) is not None:
+        from streamstudio.app.osc import OscControl
+
+        app.state.osc = OscControl(manager, args.osc_port, args.osc_host)
     return app, manager
+
+
+def close_extras(app) -> None:
+    """Stop what build_app started beside the HTTP server (the OSC port)."""
+    osc = getattr(app.state, "osc", None)
+    if osc is not None:
+        osc.close()
+        app.state.osc = None
 
 
 @dataclass
@@ -145,10 +178,13 @@ class ServerThread:
     thread: threading.Thread
     manager: object
     url: str
+    app: object = None
 
     def close(self) -> None:
         self.server.should_exit = True
         self.thread.join(20)
+        if self.app is not None:
+            close_extras(self.app)
         self.manager.shutdown()
 
 
@@ -163,10 +199,11 @@ def start_in_thread(args, model=None, timeout: float = 60.0) -> ServerThread:
     deadline = time.monotonic() + timeout
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
+            close_extras(app)
             manager.shutdown()
             raise StreamStudioError(f"the server did not start on {host}:{args.port} (is the port in use?)")
         time.sleep(0.05)
-    return ServerThread(server, thread, manager, f"http://{host}:{args.port}")
+    return ServerThread(server, thread, manager, f"http://{host}:{args.port}", app)
 
 
 def run(args) -> int:
@@ -177,11 +214,15 @@ def run(args) -> int:
     host = bind_host(args)
     app, manager = build_app(args)
     print(f"model: {manager.model.name}" + (" (built-in demo model)" if manager.model.is_demo else ""))
-    print(f"StreamStudio on http://{host}:{args.port}  (WebRTC endpoint: POST /webrtc/offer)")
+    print(f"StreamStudio on http://{host}:{args.port}  (WebRTC endpoint: POST /webrtc/offer; "
+          f"WHIP: POST /whip/<stream>, WHEP: POST /whep/<stream>)")
+    if app.state.osc is not None:
+        print("OSC control on udp://{}:{}".format(*app.state.osc.address))
     try:
         uvicorn.run(app, host=host, port=args.port, log_level="warning")
     except OSError as exc:
         raise StreamStudioError(f"cannot serve on {host}:{args.port}: {exc}; pick another --port") from exc
     finally:
+        close_extras(app)
         manager.shutdown()
     return 0
