@@ -210,6 +210,7 @@ def _live_tab(manager: SessionManager, rtc_config: dict | None, host: str | None
                                     modality="video", rtc_configuration=rtc_config,
                                     server_rtc_configuration=rtc_config, full_screen=False, elem_id="live-webrtc")
             stats = gr.Markdown(format_stats(None), elem_id="live-stats")
+            whep = gr.Markdown("", elem_id="live-whep")
         with gr.Column(scale=2):
             controls = _live_controls(manager)
     # The component checks nothing itself beyond a generous cap; the session manager says "busy".
@@ -218,8 +219,22 @@ def _live_tab(manager: SessionManager, rtc_config: dict | None, host: str | None
     timer = gr.Timer(1.0)
     timer.tick(lambda value: format_stats(_stats(manager, live_id(value))), inputs=[webrtc], outputs=[stats],
                show_progress="hidden", queue=False)
+
+    def whep_url(value, request: gr.Request):
+        return whep_text(manager, live_id(value), request)
+
+    timer.tick(whep_url, inputs=[webrtc], outputs=[whep], show_progress="hidden", queue=False)
     _fallback(manager, controls)
     return webrtc
+
+
+def whep_text(manager: SessionManager, sid: str | None, request=None) -> str:
+    """The running stream's WHEP URL (app/whip.py): any number of players can watch its output."""
+    if not sid or manager.get(sid) is None:
+        return ""
+    base = str(getattr(request, "base_url", "") or "").rstrip("/") if request is not None else ""
+    return (f"Watch this stream in a WHEP player (any number of viewers, one model run): `{base}/whep/{sid}` "
+            "(with the server's WHIP token as the bearer token, when it has one)")
 
 
 def _stats(manager: SessionManager, sid: str | None) -> dict | None:
