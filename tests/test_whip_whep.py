@@ -392,3 +392,92 @@ def test_a_stalled_viewer_queue_is_bounded():
         live.stop()
 
     run(main(), timeout=20)
+
+
+def prefer(pc, kind: str, codec: str) -> None:
+    from aiortc import RTCRtpSender
+
+    caps = RTCRtpSender.getCapabilities(kind).codecs
+    for t in pc.getTransceivers():
+        if t.kind == kind:
+            t.setCodecPreferences([c for c in caps if c.mimeType.lower() == f"{kind}/{codec}"])
+
+
+def test_h264_with_audio_passed_through(server):
+    """An H.264 publisher with audio (as OBS sends): H.264 viewers get the processed video and
+    the publisher's audio."""
+    from aiortc import AudioStreamTrack, RTCPeerConnection, RTCSessionDescription
+    from aiortc.mediastreams import MediaStreamError
+
+    async def main():
+        pc = RTCPeerConnection()
+        pc.addTransceiver(synthetic_track(10), direction="sendonly")
+        pc.addTransceiver(AudioStreamTrack(), direction="sendonly")
+        prefer(pc, "video", "h264")
+        await pc.setLocalDescription(await pc.createOffer())
+        async with httpx.AsyncClient(timeout=20) as http:
+            r = await http.post(f"{server.url}/whip/h264show", content=pc.localDescription.sdp, headers=headers())
+            assert r.status_code == 201, r.text
+            assert "H264" in r.text
+            await pc.setRemoteDescription(RTCSessionDescription(r.text, "answer"))
+            location = r.headers["location"]
+            session = lambda: server.manager.get("h264show")  # noqa: E731
+            await wait_for(lambda: session() is not None and session().processed >= 3)
+
+            viewer = RTCPeerConnection()
+            viewer.addTransceiver("video", direction="recvonly")
+            viewer.addTransceiver("audio", direction="recvonly")
+            prefer(viewer, "video", "h264")
+            got = {"video": [], "audio": 0}
+
+            def on_track(track):
+                async def loop():
+                    while True:
+                        try:
+                            frame = await track.recv()
+                        except MediaStreamError:
+                            return
+                        if track.kind == "video":
+                            got["video"].append(frame.to_ndarray(format="rgb24"))
+                        else:
+                            got["audio"] += 1
+                asyncio.ensure_future(loop())
+
+            viewer.on("track", on_track)
+            await viewer.setLocalDescription(await viewer.createOffer())
+            r = await http.post(f"{server.url}/whep/h264show", content=viewer.localDescription.sdp,
+                                headers=headers())
+            assert r.status_code == 201, r.text
+            await viewer.setRemoteDescription(RTCSessionDescription(r.text, "answer"))
+            await wait_for(lambda: len(got["video"]) >= 5 and got["audio"] >= 20)
+            assert got["video"][-1].shape == (SIZE, SIZE, 3)
+            assert list(server.app.state.whip.status()["streams"]["h264show"]) == ["h264"]
+            r = await http.delete(server.url + location, headers={"Authorization": f"Bearer {TOKEN}"})
+            assert r.status_code == 200
+        await asyncio.gather(pc.close(), viewer.close())
+
+    run(main())
+
+
+def test_a_publisher_that_never_connects_is_freed(server):
+    whip = server.app.state.whip
+    saved, whip.pending_timeout = whip.pending_timeout, 1.5
+
+    async def main():
+        pub = Publisher(server.url, "/whip/ghost")
+        from aiortc import RTCPeerConnection
+
+        pub.pc = RTCPeerConnection()
+        pub.pc.addTransceiver(synthetic_track(10), direction="sendonly")
+        await pub.pc.setLocalDescription(await pub.pc.createOffer())
+        async with httpx.AsyncClient(timeout=20) as http:  # the answer is never applied: no ICE, no frame
+            r = await http.post(server.url + "/whip/ghost", content=pub.pc.localDescription.sdp, headers=headers())
+        assert r.status_code == 201
+        assert server.manager.get("ghost") is not None  # the stream is held while it may connect
+        await wait_for(lambda: server.manager.get("ghost") is None and not whip.resources, timeout=10)
+        await pub.close()
+
+    try:
+        run(main())
+    finally:
+        whip.pending_timeout = saved
