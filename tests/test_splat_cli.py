@@ -156,7 +156,7 @@ def test_cli_convert_4d_keeps_time_in_ply_and_refuses_compressed(tmp_path, capsy
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["convert", "sample", "x.spz"], "OUT must end in .ply"),
+    (["convert", "sample", "x.sog"], "OUT must end in .ply"),
     (["convert", "sample", "x.splat", "--compressed"], "does not end in .ply"),
     (["convert", "sample"], "usage: streamstudio splat convert IN OUT"),
     (["convert", "missing.ply", "x.ply"], "no such file"),

@@ -525,13 +525,15 @@ def test_a_mesh_element_after_the_vertices_is_skipped(tmp_path):
 
 def test_save_format_by_name_and_4d_refused(tmp_path):
     assert save_format("a/b.compressed.ply") == "compressed" and save_format("x.PLY") == "ply"
-    assert save_format("x.splat") == "splat" and save_format("x.spz") is None
+    assert save_format("x.splat") == "splat" and save_format("x.spz") == "spz" and save_format("x.sog") is None
     scene = make_scene(10, 0)
     scene.t_centers, scene.t_log_scales, scene.quats_r = torch.zeros(10), torch.zeros(10), torch.randn(10, 4)
     with pytest.raises(StreamStudioError, match="3D scenes only"):
         save_scene(scene, tmp_path / "s.compressed.ply")
-    with pytest.raises(StreamStudioError, match="saved as"):
+    with pytest.raises(StreamStudioError, match="3D scenes only"):
         save_scene(scene, tmp_path / "s.spz")
+    with pytest.raises(StreamStudioError, match="saved as"):
+        save_scene(scene, tmp_path / "s.sog")
 
 
 def test_embedded_gsplat_writer_is_gsplats():

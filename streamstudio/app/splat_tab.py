@@ -342,7 +342,8 @@ def build_splat_tab(get_image_pipeline: Callable[[], object] | None = None) -> d
     with gr.Row():
         with gr.Column(scale=1):
             sample = gr.Dropdown(list(SAMPLES), value=list(SAMPLES)[0], label="Sample scene")
-            upload = gr.File(label="…or upload a .ply / .splat", file_types=[".ply", ".splat"], type="filepath")
+            upload = gr.File(label="…or upload a .ply / .splat / .spz / .sog",
+                             file_types=[".ply", ".splat", ".spz", ".sog"], type="filepath")
             load_btn = gr.Button("Load", variant="primary")
             scene_info = gr.Markdown("No scene loaded.")
             azimuth = gr.Slider(-180, 180, v.azimuth, step=1, label="Orbit (azimuth °)")

@@ -9,10 +9,11 @@ PNG frames, optionally stylised frame by frame through the image pipeline (--pro
     streamstudio splat convert scene.compressed.ply scene.ply
     streamstudio splat convert scene.ply scene.compressed.ply
 
-SCENE is a 3DGS .ply, SuperSplat's compressed .ply, an antimatter15 .splat, a StreamStudio 4D
-.ply, or `sample` / `sample4d` for the bundled scenes. `convert IN OUT` reads any of those and
-writes OUT by its name: `*.compressed.ply` (or any .ply with --compressed) SuperSplat's compressed
-.ply, `*.ply` the 3DGS .ply (4D scenes keep their 4D properties), `*.splat` (degree-0 colour only).
+SCENE is a 3DGS .ply, SuperSplat's compressed .ply, an antimatter15 .splat, Niantic's .spz,
+PlayCanvas's .sog (or an unbundled SOG's meta.json), a StreamStudio 4D .ply, or `sample` /
+`sample4d` for the bundled scenes. `convert IN OUT` reads any of those and writes OUT by its name:
+`*.compressed.ply` (or any .ply with --compressed) SuperSplat's compressed .ply, `*.ply` the 3DGS
+.ply (4D scenes keep their 4D properties), `*.splat` (degree-0 colour only), `*.spz` (version 3).
 
 --path-file flies an authored path: nerfstudio's camera_path.json (its viewer's camera path export;
 also what the web app's Splats tab saves), SuperSplat's viewer export settings (`animTracks`), a
@@ -46,7 +47,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("scene", metavar="SCENE", help="a .ply / .splat file, or sample / sample4d; or `convert`")
     p.add_argument("convert_paths", nargs="*", metavar="IN OUT",
-                   help="with `convert`: the scene to read and the file to write (.ply, .compressed.ply, .splat)")
+                   help="with `convert`: the scene to read and the file to write (.ply, .compressed.ply, .splat, .spz)")
     p.add_argument("--path", choices=PATHS, default="orbit", help="camera path (default orbit)")
     p.add_argument("--path-file", default=None, metavar="FILE",
                    help="fly an authored camera path: nerfstudio camera_path.json, SuperSplat's animation "
@@ -218,7 +219,7 @@ def convert(args) -> int:
 
     if len(args.convert_paths) != 2:
         raise StreamStudioError("usage: streamstudio splat convert IN OUT [--compressed] (OUT: .ply, "
-                                ".compressed.ply or .splat)")
+                                ".compressed.ply, .splat or .spz)")
     source, target = scene_path(args.convert_paths[0]), Path(args.convert_paths[1])
     fmt = save_format(target)
     if args.compressed:
@@ -227,10 +228,10 @@ def convert(args) -> int:
         fmt = "compressed"
     if fmt is None:
         raise StreamStudioError(f"cannot write {target}: OUT must end in .ply (3DGS), .compressed.ply (SuperSplat's "
-                                f"compressed .ply) or .splat")
+                                f"compressed .ply), .splat or .spz")
     scene = load_scene(source)
-    if fmt == "compressed" and scene.is_4d:
-        raise StreamStudioError(f"{source} is a 4D scene; SuperSplat's compressed .ply holds 3D scenes only: "
+    if fmt in ("compressed", "spz") and scene.is_4d:
+        raise StreamStudioError(f"{source} is a 4D scene; {SAVE_FORMATS[fmt]} holds 3D scenes only: "
                                 "write it as .ply")
     if fmt == "splat" and scene.antialiased:
         log.warning("%s cannot say the scene is antialiased; render it with --antialiased", target)
