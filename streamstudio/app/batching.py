@@ -23,6 +23,12 @@ that reuses its output buffers (CUDA graphs) cannot overwrite a stream's result.
 batched call fails, each of its calls is run again alone, so a bad call fails only its own
 stream.
 
+Feature banks (temporal consistency, `models/feature_bank.py`): a stream whose feature bank is on
+hands its UNet call the bank rows it wants (`meta`); such calls join other bank calls only (their
+own key), and the joined call tells the bank processors which rows are whose (row segments), so
+every row reads and writes its own stream's bank. They run the eager UNet without padding (the
+bank's attention lengths change as the bank fills; a compiled graph or engine has fixed shapes).
+
 Fixed shapes for compiled networks and TensorRT engines: their calls are padded up to a bucket
 (1, 2, 4, 8, 16 rows for max_rows 16; the pad rows repeat the last row and are dropped), and
 the first call of a network warms every bucket up on the executor thread (where CUDA graph
@@ -47,6 +53,7 @@ from diffusers.models.unets.unet_2d_condition import UNet2DConditionOutput  # .s
 from torch import nn
 
 from streamstudio.errors import StreamStudioError
+from streamstudio.models import feature_bank
 from streamstudio.models.acceleration import BatchPlan, bucket_for, bucket_sizes, fixed_shapes
 
 log = logging.getLogger(__name__)
@@ -98,6 +105,7 @@ class _Request:
     stage: int = 0
     pad: bool = False  # pad the call's rows up to a bucket
     job: bool = False  # a function to run on the executor thread, not a network call
+    meta: object = None  # per-call data handed to fn as metas=[(first row, meta), ...] (feature-bank rows)
     done: threading.Event = field(default_factory=threading.Event)
     result: torch.Tensor | None = None
     error: BaseException | None = None
@@ -137,17 +145,19 @@ class BatchExecutor:
                 self._cond.notify_all()
 
     def run(self, name: str, fn: Callable[..., torch.Tensor], *args: torch.Tensor, stage: int = 0,
-            pad: bool = False) -> torch.Tensor:
+            pad: bool = False, meta: object = None) -> torch.Tensor:
         """fn over args batched with other calls like it; pad: pad the joined rows up to a
-        bucket (a compiled network or engine sees only the bucket sizes)."""
+        bucket (a compiled network or engine sees only the bucket sizes). meta: this call's
+        own data (not a tensor); fn then gets `metas=[(first row, meta), ...]` for the joined
+        calls (every call of a name must give one, or none)."""
         if threading.current_thread() is self._thread:  # a network calling another: no queue
-            return fn(*args)
+            return fn(*args) if meta is None else fn(*args, metas=[(0, meta)])
         rows = args[0].shape[0]
         if any(a.shape[0] != rows for a in args):
             raise StreamStudioError(f"{name}: every argument needs the same batch size, got "
                                     f"{[a.shape[0] for a in args]}")
         key = (name, tuple((tuple(a.shape[1:]), a.dtype, a.device) for a in args))
-        return self._submit(_Request(key, fn, args, rows, stage, pad=pad))
+        return self._submit(_Request(key, fn, args, rows, stage, pad=pad, meta=meta))
 
     def submit(self, fn: Callable[[], object]) -> object:
         """Run fn() on the executor thread (before any queued network call) and return its
@@ -267,7 +277,11 @@ class BatchExecutor:
             args = [_with_rows(a, size) for a in first.args]
         else:
             args = [_with_rows(torch.cat([r.args[i] for r in batch]), size) for i in range(n_args)]  # (size, ...)
-        out = first.fn(*args)
+        if first.meta is None:
+            out = first.fn(*args)
+        else:
+            starts = [sum(r.rows for r in batch[:i]) for i in range(len(batch))]
+            out = first.fn(*args, metas=[(start, r.meta) for start, r in zip(starts, batch)])
         if not isinstance(out, torch.Tensor) or out.shape[0] != size:
             raise StreamStudioError(f"a batched network returned {getattr(out, 'shape', type(out))} for {size} rows")
         start = 0
@@ -321,7 +335,11 @@ STAGE_ENCODE, STAGE_UNET, STAGE_DECODE = 0, 1, 2  # the order of a frame's netwo
 
 class BatchedUNet(nn.Module):
     """unet(sample, timestep, encoder_hidden_states) -> .sample, batched across streams.
-    Its parameters and config are the wrapped UNet's (device, dtype and shapes come from them)."""
+    Its parameters and config are the wrapped UNet's (device, dtype and shapes come from them).
+    A call made with feature-bank rows (`feature_bank.requested()`) runs with the bank calls of
+    other streams, each row with its own stream's bank."""
+
+    handles_feature_bank = True  # feature_bank.run_unet hands this module the bank rows
 
     def __init__(self, unet: nn.Module, executor: BatchExecutor):
         super().__init__()
@@ -338,6 +356,12 @@ class BatchedUNet(nn.Module):
     def _call(self, x: torch.Tensor, t: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
         return self.unet(x, t, encoder_hidden_states=text).sample
 
+    def _call_bank(self, x: torch.Tensor, t: torch.Tensor, text: torch.Tensor, metas) -> torch.Tensor:
+        """The eager UNet with each stream's rows on its own bank (metas: (first row, BankRows))."""
+        unet = feature_bank.eager_unet(self.unet)
+        with feature_bank.attending(unet, metas):
+            return unet(x, t, encoder_hidden_states=text).sample
+
     def forward(self, sample: torch.Tensor, timestep, encoder_hidden_states: torch.Tensor | None = None,
                 return_dict: bool = True, **kwargs):
         extra = sorted(k for k, v in kwargs.items() if v is not None)
@@ -347,6 +371,11 @@ class BatchedUNet(nn.Module):
         t = torch.as_tensor(timestep, device=sample.device).reshape(-1)
         t = t.expand(b) if t.numel() == 1 else t  # (B,)
         text = encoder_hidden_states.expand(b, -1, -1) if encoder_hidden_states.shape[0] == 1 else encoder_hidden_states
+        rows = feature_bank.requested()
+        if rows is not None:  # this stream's feature bank: joined with other bank calls only, never padded
+            out = self.executor.run(self._name + "-bank", self._call_bank, sample.contiguous(), t.contiguous(),
+                                    text.contiguous(), stage=STAGE_UNET, meta=rows)  # (B, 4, h, w)
+            return UNet2DConditionOutput(sample=out) if return_dict else (out,)
         # contiguous: a compiled graph's guards check strides, and an expanded view (stride 0) and a
         # joined batch of one size would otherwise compile twice
         out = self.executor.run(self._name, self._call, sample.contiguous(), t.contiguous(), text.contiguous(),

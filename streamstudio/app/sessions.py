@@ -39,6 +39,12 @@ SETTING_TYPES = {
     "seed": (int,),
     "similarity_filter": (bool,),
     "similarity_threshold": (int, float),
+    "temporal": (str,),
+    "feedback_weight": (int, float),
+    "bank_size": (int,),
+    "bank_interval": (int,),
+    "bank_threshold": (int, float),
+    "bank_fusion": (int, float),
 }
 MAX_PROMPTS = 3
 MAX_PRESETS = 64  # settings kept for streams that have not connected yet (each a few KB at most)
@@ -51,7 +57,7 @@ class BusyError(StreamStudioError):
 def parse_settings(raw: dict) -> dict:
     """Check a settings dict from a client; returns the normalized settings or raises
     StreamStudioError saying which value is wrong and what it may be."""
-    from streamstudio.pipelines.stream_diffusion import CFG_TYPES, MAX_PROMPT_CHARS, SETTING_RANGES
+    from streamstudio.pipelines.stream_diffusion import CFG_TYPES, MAX_PROMPT_CHARS, SETTING_RANGES, TEMPORAL_MODES
 
     if not isinstance(raw, dict):
         raise StreamStudioError("settings must be a JSON object")
@@ -73,10 +79,12 @@ def parse_settings(raw: dict) -> dict:
     for key, allowed in SETTING_RANGES.items():
         if key in out:
             out[key] = allowed.check(key, out[key])
-            if key != "seed":
+            if SETTING_TYPES[key] != (int,):  # whole-number settings stay ints
                 out[key] = float(out[key])
     if "cfg_type" in out and out["cfg_type"] not in CFG_TYPES:
         raise StreamStudioError(f"cfg_type must be one of {', '.join(CFG_TYPES)}")
+    if "temporal" in out and out["temporal"] not in TEMPORAL_MODES:
+        raise StreamStudioError(f"temporal must be one of {', '.join(TEMPORAL_MODES)}")
     return out
 
 

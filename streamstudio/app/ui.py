@@ -186,7 +186,7 @@ def build_ui(manager: SessionManager, rtc_config: dict | None = None, output_dir
 
 
 def _live_controls(manager: SessionManager):
-    from streamstudio.pipelines.stream_diffusion import CFG_TYPES
+    from streamstudio.pipelines.stream_diffusion import CFG_TYPES, TEMPORAL_MODES
 
     c = manager.model.config
     return [
@@ -200,6 +200,8 @@ def _live_controls(manager: SessionManager):
         gr.Number(value=c.seed, precision=0, minimum=0, label="Seed"),
         gr.Checkbox(value=c.similarity_filter, label="Skip frames that barely change (similarity filter)"),
         gr.Slider(0.5, 0.999, value=c.similarity_threshold, step=0.001, label="Similarity threshold"),
+        gr.Dropdown(list(TEMPORAL_MODES), value=c.temporal, label="Temporal consistency (less flicker: latent "
+                    "feedback, StreamV2V feature bank, or both)"),
     ]
 
 
@@ -253,9 +255,10 @@ def _fallback(manager: SessionManager, controls) -> None:
             out = gr.Image(label="StreamStudio", streaming=True, elem_id="fallback-output", height=360)
         status = gr.Markdown("")
 
-    def step(frame, prompt, negative, strength, guidance, delta, cfg, seed, filt, threshold, request: gr.Request):
+    def step(frame, prompt, negative, strength, guidance, delta, cfg, seed, filt, threshold, temporal,
+             request: gr.Request):
         # explicit parameters: Gradio passes gr.Request only to a named parameter
-        values = (prompt, negative, strength, guidance, delta, cfg, seed, filt, threshold)
+        values = (prompt, negative, strength, guidance, delta, cfg, seed, filt, threshold, temporal)
         image, text = fallback_step(manager, f"fallback-{request.session_hash}", frame, values)
         return (gr.update() if image is None else image), text
 

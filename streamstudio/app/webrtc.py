@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 # The UI's live controls, in the order the WebRTC component passes them to the handler.
 UI_SETTING_KEYS = ("prompt", "negative_prompt", "strength", "guidance_scale", "delta", "cfg_type",
-                   "seed", "similarity_filter", "similarity_threshold")
+                   "seed", "similarity_filter", "similarity_threshold", "temporal")
 
 TURN_ENV = ("STREAMSTUDIO_TURN_URLS", "STREAMSTUDIO_TURN_USERNAME", "STREAMSTUDIO_TURN_CREDENTIAL",
             "STREAMSTUDIO_STUN_URLS")

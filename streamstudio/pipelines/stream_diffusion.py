@@ -26,6 +26,33 @@ k + N - 1. The buffer is primed from the first frame (its own trajectory fills t
 the first N outputs all show frame 0 and no output is ever an empty-buffer frame. `push()`
 and `flush()` give frame-aligned output (one output per input, in order); `__call__` gives
 the latest output for live use.
+
+Temporal consistency (`temporal`, for live video-to-video; off by default):
+
+- latent feedback ("feedback"): the input latent becomes
+  `(1 - feedback_weight) * encode(frame) + feedback_weight * x0_last`, x0_last the latent of the
+  last output (with Stream Batch, the frame that left last). Costs nothing measurable.
+- feature bank ("bank", StreamV2V, arXiv 2405.15757; `models/feature_bank.py`): the UNet's
+  self-attention layers also attend to the keys and values of earlier frames' passes kept in
+  this stream's own bank (extended self-attention), and the low-resolution layers fuse each
+  token with its nearest bank feature when their cosine similarity is at least
+  `bank_threshold` (feature fusion, strength `bank_fusion`). The bank keeps `bank_size` entries
+  per layer and row key (FIFO), written every `bank_interval`-th frame.
+- "both": the two together.
+
+Stream Batch and the bank: a row's bank key is (branch, denoising step, frame of the group),
+as the reference implementation's row-wise bank (row j of its Stream Batch call attends to what
+row j held in earlier calls). At call c the slot at step j holds frame c - j and reads the bank
+of step j, which holds the features of frames c - j - 1, c - j - 2, ... at that same step: each
+slot uses the features of frames older than its own, at its own noise level, never those of the
+newer frames in the lower slots of the same call (a shared bank would hand a slot's frame
+features of up to N - 1 frames in its future, at other noise levels). The unconditional rows of
+full and initialize CFG have their own keys (branch "u"). A frame's features go into the bank
+when its index is a multiple of `bank_interval`, at every step, in whichever call computes that
+step; the primed slots (copies of frame 0 in the first N - 1 calls) neither read nor write it.
+So Stream Batch with the bank computes what sequential denoising with the bank computes, frame
+by frame (tested). Changing the steps or strength (the schedule), `reset` and `flush` empty
+the bank.
 """
 
 from __future__ import annotations
@@ -43,12 +70,14 @@ import torch
 from streamstudio import kernels
 from streamstudio.errors import StreamStudioError
 from streamstudio.kernels.reference import CFG_CODES, CFG_FULL, CFG_INITIALIZE, CFG_NONE
+from streamstudio.models import feature_bank
 from streamstudio.models.loading import SDComponents
 from streamstudio.pipelines.similarity_filter import SimilarityFilter, SimilarityFilterConfig
 
 log = logging.getLogger(__name__)
 
 CFG_TYPES = tuple(CFG_CODES)
+TEMPORAL_MODES = ("off", "feedback", "bank", "both")  # temporal consistency: none, latent feedback, feature bank, both
 PromptSpec = str | Sequence[tuple[str, float]]
 MAX_PROMPT_CHARS = 1000  # the text encoder reads 77 tokens (~300 characters); more is refused from clients
 
@@ -84,7 +113,13 @@ SETTING_RANGES = {
     "similarity_threshold": SettingRange(0.0, 0.9999, "--filter-threshold"),
     "max_skip_frame": SettingRange(1, 10_000, "--max-skip-frame"),
     "seed": SettingRange(0, 2**63 - 1, "--seed"),
+    "feedback_weight": SettingRange(0.0, 0.99, "--feedback-weight"),
+    "bank_size": SettingRange(0, 16, "--bank-size"),
+    "bank_interval": SettingRange(1, 10_000, "--bank-interval"),
+    "bank_threshold": SettingRange(0.0, 1.0, "--bank-threshold"),
+    "bank_fusion": SettingRange(0.0, 1.0, "--bank-fusion"),
 }
+INT_SETTINGS = ("max_skip_frame", "seed", "bank_size", "bank_interval")  # whole numbers only
 
 
 @dataclass
@@ -109,6 +144,13 @@ class StreamDiffusionConfig:
     similarity_threshold: float = 0.98
     max_skip_frame: int = 10
     prompt_blend: str = "linear"  # linear | slerp
+    # temporal consistency (see the module docstring): off | feedback | bank | both
+    temporal: str = "off"
+    feedback_weight: float = 0.3  # latent feedback: the previous output's share of the next input latent
+    bank_size: int = 2  # feature bank: past entries kept per layer and denoising step (0: no bank)
+    bank_interval: int = 1  # feature bank: a frame's features go in every bank_interval-th frame (FIFO)
+    bank_threshold: float = 0.98  # feature fusion: cosine similarity from which a token takes its nearest bank feature
+    bank_fusion: float = 0.8  # feature fusion strength (0: extended self-attention only)
 
     def validate(self) -> "StreamDiffusionConfig":
         for name in ("width", "height"):
@@ -127,6 +169,14 @@ class StreamDiffusionConfig:
             raise StreamStudioError(f"steps must be between 1 and {self.num_inference_steps}, got {self.steps}")
         for name, allowed in SETTING_RANGES.items():
             allowed.check(name, getattr(self, name))
+        for name in INT_SETTINGS:
+            value = getattr(self, name)
+            if isinstance(value, float) and not value.is_integer():
+                raise StreamStudioError(f"{name} must be a whole number, got {value:g} (option {SETTING_RANGES[name].flag})")
+            setattr(self, name, int(value))
+        if self.temporal not in TEMPORAL_MODES:
+            raise StreamStudioError(f"temporal must be one of {', '.join(TEMPORAL_MODES)}, got {self.temporal!r} "
+                                    "(option --temporal)")
         if self.prompt_blend not in ("linear", "slerp"):
             raise StreamStudioError(f"prompt_blend must be linear or slerp, got {self.prompt_blend!r}")
         idx = self.resolved_t_index_list()
@@ -143,6 +193,14 @@ class StreamDiffusionConfig:
         strength = 1.0 if self.mode == "txt2img" else self.strength
         first = min(total - n, int(round((1.0 - strength) * total)))
         return [first + int(round(j * (total - first) / n)) for j in range(n)]
+
+    @property
+    def uses_bank(self) -> bool:
+        return self.temporal in ("bank", "both") and self.bank_size > 0
+
+    @property
+    def uses_feedback(self) -> bool:
+        return self.temporal in ("feedback", "both") and self.feedback_weight > 0 and self.mode == "img2img"
 
 
 @dataclass
@@ -177,6 +235,9 @@ class StreamDiffusion:
         self._text = self._blend(prompt)
         self._filter = SimilarityFilter(SimilarityFilterConfig(self.config.similarity_threshold,
                                                                self.config.max_skip_frame, self.config.seed))
+        self._bank: feature_bank.FeatureBank | None = None  # this stream's own feature bank
+        self._bank_frame = 0  # the bank's index of the frame (group) now entering
+        self._configure_temporal()
         self._make_schedule()
 
     # ------------------------------------------------------------------ run-time settings
@@ -218,7 +279,8 @@ class StreamDiffusion:
     def update(self, **changes) -> None:
         """Change settings at run time: guidance_scale, delta, cfg_type, strength, steps,
         t_index_list, seed, similarity_filter, similarity_threshold, max_skip_frame,
-        prompt_blend. Size and frame_buffer_size need a new stream."""
+        prompt_blend, temporal, feedback_weight, bank_size, bank_interval, bank_threshold,
+        bank_fusion. Size and frame_buffer_size need a new stream."""
         unknown = set(changes) - set(StreamDiffusionConfig.__dataclass_fields__)
         if unknown:
             raise StreamStudioError(f"unknown setting(s): {', '.join(sorted(unknown))}")
@@ -228,7 +290,10 @@ class StreamDiffusion:
         if "strength" in changes or "steps" in changes:
             changes.setdefault("t_index_list", None)
         old = self.config
-        self.config = replace(old, **changes).validate()
+        new = replace(old, **changes).validate()
+        if new.uses_bank and not old.uses_bank:
+            feature_bank.eager_unet(self.unet)  # raises for a UNet without attention layers; nothing changed
+        self.config = new
         if self.config.resolved_t_index_list() != old.resolved_t_index_list():
             self._make_schedule()
         if self.config.seed != old.seed:
@@ -237,6 +302,24 @@ class StreamDiffusion:
             self._text = self._blend(self._prompt_spec)
         self._filter.config = SimilarityFilterConfig(self.config.similarity_threshold, self.config.max_skip_frame,
                                                      self.config.seed)
+        self._configure_temporal()
+
+    def _configure_temporal(self) -> None:
+        """Make, change or drop the feature bank after a settings change."""
+        c = self.config
+        if not c.uses_bank:
+            self._bank = None  # frees its memory; turning it on again starts empty
+            return
+        feature_bank.eager_unet(self.unet)  # a TensorRT engine cannot take a bank: say so now
+        if self._bank is None:
+            self._bank = feature_bank.FeatureBank(c.bank_size, c.bank_interval, c.bank_threshold, c.bank_fusion)
+        else:
+            self._bank.configure(c.bank_size, c.bank_interval, c.bank_threshold, c.bank_fusion)
+
+    @property
+    def bank(self) -> feature_bank.FeatureBank | None:
+        """This stream's feature bank (None when the bank is off)."""
+        return self._bank
 
     def reset(self) -> None:
         """Empty the buffer; the next frame primes it again."""
@@ -246,6 +329,9 @@ class StreamDiffusion:
         self._order: deque[str] = deque()  # frame-aligned mode: "R" processed, "C" skipped copy
         self._last_out: list[np.ndarray] | None = None
         self._last_x0_in: torch.Tensor | None = None
+        self._last_out_latent: torch.Tensor | None = None  # latent feedback: the last output's x0
+        if getattr(self, "_bank", None) is not None:
+            self._bank.clear()  # features at the old schedule's levels (or of another clip) are stale
         self._filter.reset()
 
     # ------------------------------------------------------------------ text
@@ -310,6 +396,7 @@ class StreamDiffusion:
         self._coef_slots = coef.to(self.device, torch.float32)  # (N, 6)
         self._coef = self._coef_slots.repeat_interleave(fbs, 0)  # (N*k, 6)
         self._t_rows = self._timesteps.repeat_interleave(fbs)  # (N*k,)
+        self._levels = [j for j in range(len(self._t_index)) for _ in range(fbs)]  # each row's step
         self._make_noise()
         self.reset()
 
@@ -324,32 +411,56 @@ class StreamDiffusion:
         self._txt_gen = torch.Generator(self.device).manual_seed(self.config.seed + 1)
 
     # ------------------------------------------------------------------ networks
-    def _unet(self, x: torch.Tensor, t: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+    def _unet(self, x: torch.Tensor, t: torch.Tensor, text: torch.Tensor, bank_rows=None) -> torch.Tensor:
+        """The UNet over rows x; `bank_rows` (feature_bank.BankRows: a key and a write flag per
+        row) when the feature bank is on (None: a plain call)."""
         self.stats.unet_samples += x.shape[0]
-        return self.unet(x, t, encoder_hidden_states=text).sample
+        return feature_bank.run_unet(self.unet, bank_rows, x, t, text)
 
-    def _predict_eps(self, x: torch.Tensor, t: torch.Tensor, coef: torch.Tensor, cfg: int, first_rows: int):
+    def _predict_eps(self, x: torch.Tensor, t: torch.Tensor, coef: torch.Tensor, cfg: int, first_rows: int,
+                     slots: Sequence[tuple[int, int]] | None = None):
         """UNet noise predictions for rows x (B, 4, h, w) at timesteps t (B,).
 
         Returns (eps_text, eps_uncond or None, stock override for the first rows or None).
         `first_rows` > 0 asks for the unconditional pass of the first rows ("initialize").
+        `slots`: (denoising step, frame index) of each row, for the feature bank (None: no
+        bank). A row's bank key is (branch, step, frame of the group): each slot reads the
+        features of earlier frames at its own step, never those of a newer frame (see the
+        module docstring); a row writes when its frame's index is due (`FeatureBank.writes`),
+        and a primed slot (frame index < 0, a copy of frame 0) neither reads nor writes.
         """
         b = x.shape[0]
         text = self._text.expand(b, -1, -1)
         uncond_first = None
         eps_uncond = None
+        k = self.config.frame_buffer_size
+        bank = self._bank if slots is not None else None
+        cond = None if bank is None else [("c", step, frame, r % k) for r, (step, frame) in enumerate(slots)]
+
+        def uncond(rows: int):
+            return [("u", step, frame, r % k) for r, (step, frame) in enumerate(slots[:rows])]
+
+        def unet(x_, t_, text_, rows):  # without a bank: the plain three-argument call
+            if rows is None:
+                return self._unet(x_, t_, text_)
+            keys = tuple(None if frame < 0 else (branch, step, i) for branch, step, frame, i in rows)
+            writes = tuple(bank.writes(frame) for _, _, frame, _ in rows)
+            return self._unet(x_, t_, text_, feature_bank.BankRows(bank, keys, writes))
+
         if cfg == CFG_FULL:
-            out = self._unet(torch.cat([x, x]), torch.cat([t, t]),
-                             torch.cat([self._negative.expand(b, -1, -1), text]))
+            out = unet(torch.cat([x, x]), torch.cat([t, t]),
+                       torch.cat([self._negative.expand(b, -1, -1), text]),
+                       None if cond is None else uncond(b) + cond)
             eps_uncond, eps_text = out.chunk(2)
             eps_uncond = self._to_eps(eps_uncond, x, coef)
         elif cfg == CFG_INITIALIZE and first_rows:
-            k = first_rows
-            out = self._unet(torch.cat([x[:k], x]), torch.cat([t[:k], t]),
-                             torch.cat([self._negative.expand(k, -1, -1), text]))
-            uncond_first, eps_text = self._to_eps(out[:k], x[:k], coef[:k]), out[k:]
+            n = first_rows
+            out = unet(torch.cat([x[:n], x]), torch.cat([t[:n], t]),
+                       torch.cat([self._negative.expand(n, -1, -1), text]),
+                       None if cond is None else uncond(n) + cond)
+            uncond_first, eps_text = self._to_eps(out[:n], x[:n], coef[:n]), out[n:]
         else:
-            eps_text = self._unet(x, t, text)
+            eps_text = unet(x, t, text, cond)
         return self._to_eps(eps_text, x, coef), eps_uncond, uncond_first
 
     def _to_eps(self, out: torch.Tensor, x: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
@@ -407,17 +518,18 @@ class StreamDiffusion:
         alpha, beta = self._coef_slots[0, 0].to(self.dtype), self._coef_slots[0, 1].to(self.dtype)
         return alpha * x0_in + beta * self._noise[:k]
 
-    def _step(self, x, stock, coef, t, noise_next, first_rows):
+    def _step(self, x, stock, coef, t, noise_next, first_rows, slots=None):
         cfg = self.effective_cfg
-        eps_text, eps_uncond, uncond_first = self._predict_eps(x, t, coef, cfg, first_rows)
+        eps_text, eps_uncond, uncond_first = self._predict_eps(x, t, coef, cfg, first_rows, slots)
         if uncond_first is not None:
             stock = torch.cat([uncond_first, stock[first_rows:]])
         return kernels.stream_step(x, eps_text, eps_uncond, stock, noise_next, coef,
                                    self.config.guidance_scale, self.config.delta, cfg)
 
-    def _trajectory(self, x: torch.Tensor, last: int) -> tuple[torch.Tensor, list, list]:
-        """Sequential denoising of one group of k frames through steps 0..last.
-        Returns the x0 of step `last` and the (x, stock) states entering steps 1..last+1."""
+    def _trajectory(self, x: torch.Tensor, last: int, bank: bool = True) -> tuple[torch.Tensor, list, list]:
+        """Sequential denoising of one group of k frames through steps 0..last (bank: with the
+        feature bank when it is on). Returns the x0 of step `last` and the (x, stock) states
+        entering steps 1..last+1."""
         k, n = self.config.frame_buffer_size, self.n_steps
         stock = self._noise[:k]
         xs, stocks = [], []
@@ -425,7 +537,8 @@ class StreamDiffusion:
             coef = self._coef_slots[j:j + 1].expand(k, -1)
             t = self._timesteps[j:j + 1].expand(k)
             noise_next = self._noise[((j + 1) % n) * k:((j + 1) % n + 1) * k]
-            x0, x, stock = self._step(x, stock, coef, t, noise_next, first_rows=k if j == 0 else 0)
+            x0, x, stock = self._step(x, stock, coef, t, noise_next, first_rows=k if j == 0 else 0,
+                                      slots=[(j, self._bank_frame)] * k if bank else None)
             xs.append(x)
             stocks.append(stock)
         return x0, xs, stocks
@@ -437,14 +550,17 @@ class StreamDiffusion:
             self._prime(x_first)
         x = torch.cat([x_first, self._buffer])  # (N*k, 4, h, w)
         stock = torch.cat([self._noise[:k], self._stock])
-        x0, x_next, stock_next = self._step(x, stock, self._coef, self._t_rows, self._noise_next, first_rows=k)
+        slots = [(j, self._bank_frame - j) for j in self._levels]  # slot j holds the frame that came j calls ago
+        x0, x_next, stock_next = self._step(x, stock, self._coef, self._t_rows, self._noise_next, first_rows=k,
+                                            slots=slots)
         self._buffer, self._stock = x_next[:-k], stock_next[:-k]
         return x0[-k:]
 
     def _prime(self, x_first: torch.Tensor) -> None:
         """Fill slots 1..N-1 with the first frame's own trajectory (no empty-buffer frames)."""
         n = self.n_steps
-        _, xs, stocks = self._trajectory(x_first, n - 2)
+        # without the bank: the primed slots are frame 0 again, and the bank starts with the first call
+        _, xs, stocks = self._trajectory(x_first, n - 2, bank=False)
         self._buffer = torch.cat(xs)  # slots 1..N-1
         self._stock = torch.cat(stocks)
         self._inflight = deque("P" * (n - 1))
@@ -453,16 +569,16 @@ class StreamDiffusion:
     def _advance(self, x0_in: torch.Tensor | None, tag: str) -> tuple[torch.Tensor, str]:
         """Put one group of frames in; returns the group that comes out and its tag."""
         self.stats.calls += 1
+        self._bank_frame = self._bank.next_frame() if self._bank is not None else 0
         x_first = self._first_level(x0_in)
-        if not self.config.use_denoising_batch:
-            x0, _, _ = self._trajectory(x_first, self.n_steps - 1)
-            return x0, tag
-        if self.n_steps == 1:
-            x0, _, _ = self._trajectory(x_first, 0)
-            return x0, tag
-        out = self._batch_call(x_first)
-        self._inflight.appendleft(tag)
-        return out, self._inflight.pop()
+        if not self.config.use_denoising_batch or self.n_steps == 1:
+            out, _, _ = self._trajectory(x_first, self.n_steps - 1)
+        else:
+            out = self._batch_call(x_first)
+            self._inflight.appendleft(tag)
+            tag = self._inflight.pop()
+        self._last_out_latent = out  # latent feedback: blended into the next input
+        return out, tag
 
     # ------------------------------------------------------------------ frames in and out
     def _input_latents(self, image) -> tuple[torch.Tensor | None, bool]:
@@ -483,7 +599,10 @@ class StreamDiffusion:
             self._filter.should_skip(x)  # records the first processed input
         with torch.inference_mode():
             latents = self._encode(x)
-        self._last_x0_in = latents
+            self._last_x0_in = latents
+            if self.config.uses_feedback and self._last_out_latent is not None:
+                w = self.config.feedback_weight  # latent feedback: the last output's x0 pulls the input towards it
+                latents = (1.0 - w) * latents + w * self._last_out_latent.to(latents.dtype)
         return latents, False
 
     def __call__(self, image=None) -> np.ndarray | list[np.ndarray]:

@@ -15,7 +15,7 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
 
 def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
     """The image pipeline's settings, shared by generate, render and serve."""
-    from streamstudio.pipelines.stream_diffusion import CFG_TYPES, StreamDiffusionConfig
+    from streamstudio.pipelines.stream_diffusion import CFG_TYPES, TEMPORAL_MODES, StreamDiffusionConfig
 
     d = StreamDiffusionConfig()
     g = parser.add_argument_group("image pipeline")
@@ -38,6 +38,19 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
                    help="turn the stochastic similarity filter on with this threshold (e.g. 0.98)")
     g.add_argument("--max-skip-frame", type=int, default=d.max_skip_frame, help="frames skipped in a row at most")
     g.add_argument("--sequential", action="store_true", help="denoise step by step instead of Stream Batch")
+    g.add_argument("--temporal", choices=TEMPORAL_MODES, default=d.temporal,
+                   help="temporal consistency for video: latent feedback, the StreamV2V feature bank, both, or off "
+                        f"(default {d.temporal})")
+    g.add_argument("--feedback-weight", type=float, default=d.feedback_weight,
+                   help=f"latent feedback: the last output's share of the next input latent (default {d.feedback_weight})")
+    g.add_argument("--bank-size", type=int, default=d.bank_size,
+                   help=f"feature bank: past frames kept per layer and step (default {d.bank_size})")
+    g.add_argument("--bank-interval", type=int, default=d.bank_interval,
+                   help=f"feature bank: store every n-th frame's features (default {d.bank_interval})")
+    g.add_argument("--bank-threshold", type=float, default=d.bank_threshold,
+                   help=f"feature bank: cosine similarity from which features are fused (default {d.bank_threshold})")
+    g.add_argument("--bank-fusion", type=float, default=d.bank_fusion,
+                   help=f"feature bank: fusion strength, 0 = extended attention only (default {d.bank_fusion})")
     g.add_argument("--taesd", action="store_true", help="use the TAESD fast VAE (madebyollin/taesd)")
     g.add_argument("--acceleration", choices=("none", "compile", "tensorrt"), default="none",
                    help="torch.compile or TensorRT engines for the UNet and VAE (default none)")
@@ -66,7 +79,9 @@ def build_pipeline(args, mode: str, serving: bool = False):
         guidance_scale=args.guidance if args.guidance is not None else (1.0 if turbo else 1.2),
         delta=args.delta, seed=args.seed, similarity_filter=args.filter_threshold is not None,
         similarity_threshold=args.filter_threshold if args.filter_threshold is not None else 0.98,
-        max_skip_frame=args.max_skip_frame,
+        max_skip_frame=args.max_skip_frame, temporal=args.temporal, feedback_weight=args.feedback_weight,
+        bank_size=args.bank_size, bank_interval=args.bank_interval, bank_threshold=args.bank_threshold,
+        bank_fusion=args.bank_fusion,
     ).validate()
     if getattr(args, "acceleration", "none") != "none":
         from streamstudio.models.acceleration import apply_acceleration
