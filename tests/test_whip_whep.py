@@ -263,6 +263,9 @@ def test_refusals(server):
     assert r.status_code == 400
     r = httpx.post(f"{server.url}/whep/nobody", content="v=0\r\n", headers=headers())
     assert r.status_code in (400, 404)
+    basic = {"Content-Type": "application/sdp"}
+    assert httpx.post(base, content="hello", headers=basic, auth=("obs", TOKEN)).status_code == 400  # let in
+    assert httpx.post(base, content="hello", headers=basic, auth=("obs", "nope")).status_code == 401
     r = httpx.options(base)
     assert r.status_code == 204 and r.headers["accept-post"] == "application/sdp" and "POST" in r.headers["allow"]
     assert httpx.get(f"{server.url}/studio/status").json()["streams"] == 0  # nothing held on by a refusal

@@ -37,8 +37,9 @@ tab, `/webrtc/offer`) get none. It is not delayed to match the processed video (
 behind by the model's latency).
 
 Login: a bearer token (`Authorization: Bearer ...`, as OBS sends it) equal to `--whip-token`
-(or $STREAMSTUDIO_WHIP_TOKEN); without one, `--auth`'s `USER:PASS` as the token, or HTTP basic
-auth with it; without either, no login (the server binds to loopback by default). CORS headers
+(or $STREAMSTUDIO_WHIP_TOKEN), or HTTP basic auth with the token as the password (any user name:
+for clients that only take `user:pass@host` URLs); without a token, `--auth`'s `USER:PASS` as the
+token, or HTTP basic auth with that login; without either, no login (the server binds to loopback by default). CORS headers
 go out only when a login is required (otherwise pages of other origins could publish into or
 watch a local server): `Access-Control-Allow-Origin: *`, the token being the credential.
 """
@@ -413,12 +414,17 @@ class WhipServer:
         if scheme.lower() == "bearer" and value:
             expected = self.token if self.token is not None else f"{self.auth[0]}:{self.auth[1]}"
             return secrets.compare_digest(value.encode(), expected.encode())
-        if scheme.lower() == "basic" and self.auth is not None:
+        if scheme.lower() == "basic" and value:  # clients that only know URL credentials (user:pass@host)
             try:
                 given = b64decode(value).decode("utf-8")
             except (ValueError, UnicodeDecodeError):
                 return False
-            return secrets.compare_digest(given.encode(), f"{self.auth[0]}:{self.auth[1]}".encode())
+            ok = False
+            if self.auth is not None:
+                ok |= secrets.compare_digest(given.encode(), f"{self.auth[0]}:{self.auth[1]}".encode())
+            if self.token is not None:  # any user name, the token as the password
+                ok |= secrets.compare_digest(given.partition(":")[2].encode(), self.token.encode())
+            return ok
         return False
 
     def _headers(self, extra: dict | None = None) -> dict:
@@ -497,6 +503,7 @@ class WhipServer:
         app.add_api_route("/whip/{stream}", whip_post, methods=["POST"], include_in_schema=False)
         app.add_api_route("/whep/{stream}", whep_post, methods=["POST"], include_in_schema=False)
         app.state.whip = self
+        app.router.on_shutdown.append(self.close)  # peer connections closed with the server
 
     # ------------------------------------------------------------------ POST
     async def _post(self, kind: str, request, stream: str | None):
