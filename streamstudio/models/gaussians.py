@@ -136,9 +136,15 @@ def load_scene(path: str | os.PathLike, max_gaussians: int | None = None) -> Gau
         scene = read_spz(path, max_gaussians)
     elif suffix == ".sog" or path.name.lower() == "meta.json":
         scene = read_sog(path, max_gaussians)
+    elif suffix in (".pth", ".pt"):  # a checkpoint of the reference 4D Gaussian code (tensors only)
+        from streamstudio.models.gaussians_4dgs import read_4dgs_checkpoint
+
+        scene, _ = read_4dgs_checkpoint(path)
+        _check_memory(path, len(scene), max_gaussians)
     else:
         raise _err(path, f"unknown scene format {suffix!r}; use a 3DGS .ply (or SuperSplat's compressed .ply), "
-                         "an antimatter15 .splat, Niantic's .spz or PlayCanvas's .sog (or its meta.json)")
+                         "an antimatter15 .splat, Niantic's .spz, PlayCanvas's .sog (or its meta.json) or a "
+                         "checkpoint .pth of fudan-zvg's 4D Gaussian splatting")
     return scene
 
 
