@@ -259,6 +259,19 @@ def test_duplicate_webrtc_id_is_refused(server, good_sdp):
         stream.pending_timeout = saved
 
 
+def test_an_offer_cannot_join_a_running_stream_of_another_front_end(server, good_sdp):
+    """A stream already running under that id (a WHIP publisher, the fallback webcam) is not
+    joined: two sources' frames would mix in one stream."""
+    server.manager.open("taken-by-whip")
+    try:
+        r = post(server.url, {"sdp": good_sdp, "type": "offer", "webrtc_id": "taken-by-whip"})
+        assert r.status_code == 409 and r.json()["meta"]["error"] == "connection_already_exists"
+        assert not stream_of(server).pcs
+    finally:
+        server.manager.close("taken-by-whip", wait=0.0)
+    assert_no_slot_held(server, timeout=5)
+
+
 # ---------------------------------------------------------------------- ICE on the bound address
 def candidate_hosts(sdp: str) -> list[tuple[str, int]]:
     out = []

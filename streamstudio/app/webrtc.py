@@ -219,7 +219,8 @@ class GuardedOffers:
                     raise OfferRefused("unknown_connection", f"no connection {webrtc_id!r}", 404)
                 with ice.scoped(self.ice_addresses):
                     return await answer()
-            if webrtc_id in self.pcs or webrtc_id in self.connections:
+            if webrtc_id in self.pcs or webrtc_id in self.connections or manager.get(webrtc_id) is not None:
+                # (a running stream of another front end, e.g. a WHIP publisher: its frames must not mix)
                 raise OfferRefused("connection_already_exists", f"a connection {webrtc_id!r} is already open", 409)
         except OfferRefused as exc:
             return exc.response()
