@@ -141,10 +141,14 @@ def load_scene(path: str | os.PathLike, max_gaussians: int | None = None) -> Gau
 
         scene, _ = read_4dgs_checkpoint(path)
         _check_memory(path, len(scene), max_gaussians)
+    elif suffix == ".ksplat":  # mkkellogg's GaussianSplats3D
+        from streamstudio.models.gaussians_ksplat import read_ksplat
+
+        scene = read_ksplat(path, max_gaussians)
     else:
         raise _err(path, f"unknown scene format {suffix!r}; use a 3DGS .ply (or SuperSplat's compressed .ply), "
-                         "an antimatter15 .splat, Niantic's .spz, PlayCanvas's .sog (or its meta.json) or a "
-                         "checkpoint .pth of fudan-zvg's 4D Gaussian splatting")
+                         "an antimatter15 .splat, Niantic's .spz, PlayCanvas's .sog (or its meta.json), "
+                         "GaussianSplats3D's .ksplat or a checkpoint .pth of fudan-zvg's 4D Gaussian splatting")
     return scene
 
 
