@@ -226,3 +226,21 @@ def test_uploads_are_deleted_on_a_timer():
         assert httpx.get(f"{srv.url}/studio/status").status_code == 200
     finally:
         srv.close()
+
+
+def test_the_server_terminal_has_no_gradio_debug_lines(capfd):
+    """Gradio 5.50 printed "new /" on start and "content_type ..." on every component request
+    (each Live-tab offer): not for the person running the server."""
+    srv = start()
+    try:
+        config = httpx.get(f"{srv.url}/config").json()
+        component = next(c for c in config["components"] if c.get("props", {}).get("elem_id") == "live-webrtc")
+        r = httpx.post(f"{srv.url}/gradio_api/component_server", json={
+            "component_id": component["id"], "fn_name": "offer", "data": {"sdp": "x", "type": "offer",
+                                                                          "webrtc_id": "quiet"},
+            "session_hash": "s"})
+        assert r.status_code == 400
+    finally:
+        srv.close()
+    out = capfd.readouterr().out
+    assert "content_type" not in out and "new /" not in out, out

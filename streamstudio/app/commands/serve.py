@@ -9,6 +9,8 @@ STREAMSTUDIO_WHIP_TOKEN (as --whip-token).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import logging
 import os
 import sys
@@ -125,6 +127,28 @@ def whip_token(args) -> str | None:
     return token or None
 
 
+GRADIO_DEBUG_PRINTS = ("content_type",)  # gradio 5.50 prints this for every component request
+
+
+def silence_gradio_debug_prints() -> None:
+    """Drop the debug lines Gradio 5.50 left in its routes (`print("content_type", ...)` on every
+    component request, e.g. each Live-tab WebRTC offer): the server's terminal is for what a
+    person running it needs. Only those lines: anything else gradio.routes prints goes through."""
+    import builtins
+
+    import gradio.routes
+
+    if getattr(gradio.routes, "print", builtins.print) is not builtins.print:
+        return  # already done
+
+    def quiet_print(*values, **kwargs):
+        if values and isinstance(values[0], str) and values[0] in GRADIO_DEBUG_PRINTS:
+            return
+        builtins.print(*values, **kwargs)
+
+    gradio.routes.print = quiet_print
+
+
 def build_app(args, model=None):
     """(FastAPI app, SessionManager): the Gradio UI at /, the WebRTC and JSON API beside it, all
     behind the request guard (`app/security.py`)."""
@@ -149,9 +173,11 @@ def build_app(args, model=None):
                     other_slots=lambda: set(stream.pcs)).mount(app)
     blocks = ui.build_ui(manager, rtc_config=rtc, output_dir=args.output_dir,
                          file_ttl=int(getattr(args, "upload_ttl", 300.0)), host=args.host or "127.0.0.1")
-    app = gr.mount_gradio_app(app, blocks, path="/", server_name=args.host or "127.0.0.1", server_port=args.port,
-                              show_api=False, auth=guard.auth, max_file_size=guard.max_upload_bytes,
-                              ssr_mode=False)
+    silence_gradio_debug_prints()
+    with contextlib.redirect_stdout(io.StringIO()):  # gradio prints "new /" here
+        app = gr.mount_gradio_app(app, blocks, path="/", server_name=args.host or "127.0.0.1",
+                                  server_port=args.port, show_api=False, auth=guard.auth,
+                                  max_file_size=guard.max_upload_bytes, ssr_mode=False)
     security.install(app, guard, blocks)
     app.state.manager = manager
     app.state.osc = None
