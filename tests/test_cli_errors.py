@@ -109,6 +109,7 @@ CASES = {
     "generate steps 0": lambda t: generate_cmd(t, "--steps", "0"),
     "generate guidance -5": lambda t: generate_cmd(t, "--guidance", "-5"),
     "generate filter-threshold 2": lambda t: generate_cmd(t, "--filter-threshold", "2"),
+    "generate threads 0": lambda t: generate_cmd(t, "--threads", "0"),
     # 0 is a value, not "unset" (it once ran silently at the default strength)
     "render video strength 0": lambda t: ["render", "--pipeline", "video", "--input", "pattern:32x32",
                                           "--video-strength", "0", "--max-frames", "4", "--output", str(t / "v.mp4")],

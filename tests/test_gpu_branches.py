@@ -730,3 +730,21 @@ def test_tensorrt_engine_key_names_the_gpu(fake_gpu):
                       lambda b, h, w, device, dtype, gen: {"x": torch.empty(b, 3, h, w, device=device, dtype=dtype)})
     key = engine_key(spec, ShapeRange((1, 1, 2), (64, 64, 64), (64, 64, 64)))
     assert f"{GPU_NAME} sm_90" in repr(key)
+
+
+def test_cpu_threads_leave_a_core_and_a_gpu_keeps_torchs_default(monkeypatch):
+    from streamstudio import device as dev
+
+    for cpus, want in ((1, 1), (2, 1), (4, 3), (16, 8)):
+        monkeypatch.setattr(dev, "usable_cpus", lambda cpus=cpus: cpus)
+        assert dev.pick_threads(None, torch.device("cpu")) == want
+    assert dev.pick_threads(None, CUDA) is None
+    assert dev.pick_threads(3, CUDA) == 3 and dev.pick_threads(5, torch.device("cpu")) == 5
+    with pytest.raises(StreamStudioError, match="--threads must be at least 1"):
+        dev.pick_threads(0, torch.device("cpu"))
+    before = torch.get_num_threads()
+    try:
+        assert dev.use_threads(None, CUDA) == before  # left alone on a GPU
+        assert dev.use_threads(1, torch.device("cpu")) == 1
+    finally:
+        torch.set_num_threads(before)

@@ -56,17 +56,20 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
                    help="torch.compile or TensorRT engines for the UNet and VAE (default none)")
     g.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto)")
     g.add_argument("--dtype", default="auto", help="auto (float16 on CUDA, float32 on CPU), float16, float32")
+    g.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default on the CPU: one fewer than the usable CPUs, at most 8)")
 
 
 def build_pipeline(args, mode: str, serving: bool = False):
     """Load the model named by args and build a stream with args' settings. `serving`: the
     stream is the web app's template (its networks run behind the batching executor)."""
-    from streamstudio.device import pick_device, pick_dtype
+    from streamstudio.device import pick_device, pick_dtype, use_threads
     from streamstudio.models.loading import resolve_demo_default
     from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
     device = pick_device(args.device)
     dtype = pick_dtype(device, args.dtype)
+    use_threads(getattr(args, "threads", None), device)
     comps = resolve_demo_default(args.model, device=device, dtype=dtype, taesd=args.taesd or None)
     turbo = comps.step_type == "turbo"
     default_size = 64 if comps.is_demo else 512

@@ -225,6 +225,9 @@ def run_video_render(args) -> int:
           f"loading the model...", flush=True)
     model, meta = load_video_model(getattr(args, "model", None), getattr(args, "device", None) or "auto",
                                    getattr(args, "dtype", None) or "auto")
+    from streamstudio.device import use_threads
+
+    use_threads(getattr(args, "threads", None), next(model.parameters()).device)
     strength = getattr(args, "video_strength", None)
     strength = DEFAULT_STRENGTH if strength is None else strength  # 0 is a value, not "unset"
     stream = build_stream(model, meta, getattr(args, "prompt", None) or "",
