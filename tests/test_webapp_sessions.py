@@ -90,9 +90,11 @@ def test_settings_take_effect_on_the_next_frame(manager):
     same = wait_output(session, 2).copy()
     manager.settings("a", {"seed": 123, "prompt": "a dog"})
     session.submit(frame())
-    changed = wait_output(session, 3)
-    assert np.array_equal(first, same)  # constant input, constant settings: the same output
-    assert not np.array_equal(same, changed)
+    changed = wait_output(session, 3).astype(int)
+    # constant input, constant settings: the same output, up to float rounding (the first frame
+    # fills the Stream Batch buffer, so it takes other batch rows: a pixel may round one level off)
+    assert np.abs(first.astype(int) - same).max() <= 1 and (first != same).mean() < 0.001
+    assert (same != changed).any(axis=2).mean() > 0.01  # the new seed and prompt show
     assert session.stats()["settings"] == {"prompt": "a dog", "seed": 123}
 
 

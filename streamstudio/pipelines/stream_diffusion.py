@@ -138,7 +138,7 @@ class StreamDiffusionConfig:
     cfg_type: str = "self"  # none | self | initialize | full
     guidance_scale: float = 1.2
     delta: float = 1.0
-    seed: int = 2
+    seed: int = 0
     step_type: str = "auto"  # auto (from the model) | lcm | turbo
     similarity_filter: bool = False
     similarity_threshold: float = 0.98
