@@ -188,3 +188,14 @@ def test_cli_antialiased_flag_changes_the_render(tmp_path):
     plain = np.asarray(Image.open(next(default.glob("*.png")))).astype(int)
     assert np.array_equal(plain, frames["--no-antialiased"])  # the sample's file does not say antialiased
     assert np.abs(frames["--antialiased"] - plain).max() > 3
+
+
+def test_cli_prints_a_header_and_a_progress_bar_before_and_while_rendering(tmp_path, capsys):
+    """It printed nothing for up to 47 s: the scene, its Gaussians, size, frames, device and
+    rasteriser come first, then render's tqdm bar."""
+    assert main(["splat", "sample", "--frames", "3", "--size", "32x24", "--output", str(tmp_path / "f")]) == 0
+    err = capsys.readouterr().err
+    header = err.splitlines()[0]
+    assert header.startswith("splat: sample (5000 Gaussians") and "3 frame(s) at 32x24" in header, err
+    assert "device cpu" in header and "renderer: " in err
+    assert "3/3" in err and "frame" in err  # the progress bar's last state

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,7 +86,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     style.add_argument("--model", default="auto", help="image model: auto (sd-turbo if cached, else the demo model)")
     style.add_argument("--steps", type=int, default=1, help="denoising steps (default 1)")
     style.add_argument("--strength", type=float, default=0.5, help="img2img strength (default 0.5)")
-    style.add_argument("--seed", type=int, default=2, help="noise seed (default 2)")
+    style.add_argument("--seed", type=int, default=0, help="noise seed (default 0)")
     style.add_argument("--side-by-side", action="store_true", help="write the render and the stylised frame side by side")
     return p
 
@@ -350,25 +351,54 @@ def render_scene(args) -> int:
         cameras = camera_path(args.path, SceneFit.of(scene), cfg, frames, args.elevation)
         times = path_times(scene, frames, time_range)
     writer = FrameWriter(Path(args.output), fps)  # an output that cannot be written fails here, early
+    print(render_header(args, scene, cfg, device, len(cameras), fps), file=sys.stderr, flush=True)
+    print(renderer_line(cfg, device), file=sys.stderr, flush=True)
     stylizer = Stylizer(args.prompt, width, height, args) if args.prompt else None
     renders: list[np.ndarray] = []
     start = time.perf_counter()
     try:
-        for cam, t in zip(cameras, times):
-            frame = render_frame(scene, cam, cfg, t)
-            if stylizer is None:
-                writer.write(frame)
-                continue
-            renders.append(frame)
-            _write_styled(writer, renders, stylizer.push(frame), args.side_by_side)
-        if stylizer is not None:
-            _write_styled(writer, renders, stylizer.flush(), args.side_by_side)
+        with _progress(len(cameras)) as bar:
+            for cam, t in zip(cameras, times):
+                frame = render_frame(scene, cam, cfg, t)
+                bar.update(1)
+                if stylizer is None:
+                    writer.write(frame)
+                    continue
+                renders.append(frame)
+                _write_styled(writer, renders, stylizer.push(frame), args.side_by_side)
+            if stylizer is not None:
+                _write_styled(writer, renders, stylizer.flush(), args.side_by_side)
     finally:
         writer.close()
     took = time.perf_counter() - start
     print(f"wrote {writer.count} frames of {len(scene)} Gaussians to {args.output} "
           f"({writer.count / max(took, 1e-9):.1f} frames/s)")
     return 0
+
+
+def render_header(args, scene, cfg, device, frames: int, fps: float) -> str:
+    """What splat is about to do, printed before anything slow (building the rasteriser, the
+    first frame): the scene, its Gaussians, the size, frames and device."""
+    kind = f"4D, times {scene.time_range[0]:g}..{scene.time_range[1]:g}" if scene.is_4d else "3D"
+    style = f", stylised with model {args.model} (prompt {args.prompt!r})" if args.prompt else ""
+    return (f"splat: {args.scene} ({len(scene)} Gaussians, SH degree {scene.sh_degree}, {kind}) -> {args.output}: "
+            f"{frames} frame(s) at {cfg.width}x{cfg.height} @ {fps:g} fps, {cfg.camera} camera, mode {cfg.mode}, "
+            f"device {device}{style}")
+
+
+def renderer_line(cfg, device) -> str:
+    """The rasteriser auto picks (finding it may build the C++/CUDA extension, once)."""
+    from streamstudio.kernels.splat import pick_impl
+
+    impl = pick_impl(cfg.impl, device)
+    return f"renderer: {impl}" + (" (auto)" if cfg.impl == "auto" else "")
+
+
+def _progress(total: int):
+    """render's progress bar (tqdm, on stderr)."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="frame", desc="splat", dynamic_ncols=True)
 
 
 def _write_styled(writer: FrameWriter, renders: list[np.ndarray], styled: list[np.ndarray], side: bool) -> None:
