@@ -142,8 +142,10 @@ def check_webrtc_id(webrtc_id) -> str:
     return webrtc_id
 
 
-def check_offer_sdp(sdp) -> None:
-    """Refuse an offer SDP that could not make a working stream, before it takes a slot."""
+def check_offer_sdp(sdp, kinds: tuple[str, ...] = OFFER_KINDS, rtcp_mux_kinds: tuple[str, ...] = ("video",)):
+    """Refuse an offer SDP that could not make a working stream, before it takes a slot; returns
+    it parsed. kinds: the m= sections taken (the WebRTC endpoint's: video and the data channel
+    fastrtc waits for; WHIP/WHEP's: video and audio); rtcp_mux_kinds: those that must mux RTCP."""
     from aiortc.sdp import SessionDescription
 
     if not isinstance(sdp, str) or not sdp.strip():
@@ -162,17 +164,19 @@ def check_offer_sdp(sdp) -> None:
         raise OfferRefused("bad_sdp", "the SDP has no m= line")
     if len(parsed.media) > MAX_MEDIA:
         raise OfferRefused("bad_sdp", f"the SDP has more than {MAX_MEDIA} m= lines")
+    taken = " and ".join(k if k != "application" else "a data channel" for k in kinds)
     for i, media in enumerate(parsed.media):
-        if media.kind not in OFFER_KINDS:
-            raise OfferRefused("bad_sdp", f"m= line {i} is {media.kind!r}: only video and a data channel are taken")
+        if media.kind not in kinds:
+            raise OfferRefused("bad_sdp", f"m= line {i} is {media.kind!r}: only {taken} are taken")
         if media.ice is None or not media.ice.usernameFragment or not media.ice.password:
             raise OfferRefused("bad_sdp", f"m= line {i} has no a=ice-ufrag and a=ice-pwd")
         if media.dtls is None or not media.dtls.fingerprints:
             raise OfferRefused("bad_sdp", f"m= line {i} has no a=fingerprint")
-        if media.kind == "video" and not media.rtcp_mux:
+        if media.kind in rtcp_mux_kinds and not media.rtcp_mux:
             raise OfferRefused("bad_sdp", f"m= line {i} has no a=rtcp-mux")
     if not any(media.kind == "video" for media in parsed.media):
         raise OfferRefused("bad_sdp", "the SDP has no video m= line")
+    return parsed
 
 
 def check_offer(data) -> None:

@@ -60,8 +60,8 @@ from typing import Any, Callable
 import numpy as np
 
 from streamstudio.app.sessions import BusyError, SessionManager
-from streamstudio.app.webrtc import (MAX_CANDIDATES, MAX_MEDIA, MAX_SDP_BYTES, PENDING_TIMEOUT, WEBRTC_ID,
-                                     OfferRefused)
+from streamstudio.app.webrtc import (MAX_CANDIDATES, MAX_SDP_BYTES, PENDING_TIMEOUT, WEBRTC_ID, OfferRefused,
+                                     check_offer_sdp)
 from streamstudio.errors import StreamStudioError
 
 log = logging.getLogger(__name__)
@@ -81,39 +81,12 @@ CODECS = ("vp8", "h264")  # what the shared encoders make (aiortc negotiates the
 # ---------------------------------------------------------------------- offer checks
 def check_sdp(sdp: Any, role: str) -> None:
     """Refuse an SDP offer that could not make a working WHIP (role "whip": the client sends
-    video, maybe audio) or WHEP (role "whep": the client receives) session. The checks of
-    `webrtc.check_offer_sdp`, for raw SDP without a data channel."""
-    from aiortc.sdp import SessionDescription
-
-    if not isinstance(sdp, str) or not sdp.strip():
-        raise OfferRefused("bad_sdp", "the body must be the offer's SDP text")
-    if len(sdp.encode("utf-8", "replace")) > MAX_SDP_BYTES:
-        raise OfferRefused("sdp_too_large", f"the SDP is larger than {MAX_SDP_BYTES // 1024} KB", 413)
-    if not sdp.lstrip().startswith("v=0"):
-        raise OfferRefused("bad_sdp", "the SDP must start with v=0")
-    if sum(line.startswith("a=candidate:") for line in sdp.splitlines()) > MAX_CANDIDATES:
-        raise OfferRefused("bad_sdp", f"the SDP has more than {MAX_CANDIDATES} ICE candidates")
-    try:
-        parsed = SessionDescription.parse(sdp)
-    except Exception as exc:  # noqa: BLE001 - aiortc's parser raises whatever a bad line trips over
-        raise OfferRefused("bad_sdp", f"the SDP does not parse ({type(exc).__name__}: {str(exc)[:80]})") from None
-    if not parsed.media:
-        raise OfferRefused("bad_sdp", "the SDP has no m= line")
-    if len(parsed.media) > MAX_MEDIA:
-        raise OfferRefused("bad_sdp", f"the SDP has more than {MAX_MEDIA} m= lines")
+    video, maybe audio) or WHEP (role "whep": the client receives) session: the checks of
+    `webrtc.check_offer_sdp` for audio and video without a data channel, then the direction
+    and the codecs."""
+    parsed = check_offer_sdp(sdp, kinds=("video", "audio"), rtcp_mux_kinds=("video", "audio"))
     sending = ("sendonly", "sendrecv") if role == "whip" else ("recvonly", "sendrecv")
-    for i, media in enumerate(parsed.media):
-        if media.kind not in ("video", "audio"):
-            raise OfferRefused("bad_sdp", f"m= line {i} is {media.kind!r}: only audio and video are taken")
-        if media.ice is None or not media.ice.usernameFragment or not media.ice.password:
-            raise OfferRefused("bad_sdp", f"m= line {i} has no a=ice-ufrag and a=ice-pwd")
-        if media.dtls is None or not media.dtls.fingerprints:
-            raise OfferRefused("bad_sdp", f"m= line {i} has no a=fingerprint")
-        if not media.rtcp_mux:
-            raise OfferRefused("bad_sdp", f"m= line {i} has no a=rtcp-mux")
     video = [m for m in parsed.media if m.kind == "video"]
-    if not video:
-        raise OfferRefused("bad_sdp", "the SDP has no video m= line")
     if not any((m.direction or "sendrecv") in sending for m in video):
         raise OfferRefused("bad_sdp", "the video m= line must be " + (
             "sendonly (a WHIP client publishes)" if role == "whip" else "recvonly (a WHEP client watches)"))
