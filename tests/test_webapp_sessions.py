@@ -70,6 +70,32 @@ def test_fit_frame_crops_to_the_aspect():
     out = fit_frame(img, 64, 64)
     assert out.shape == (48, 48, 3) and np.array_equal(out, img[:, 16:64])
     assert fit_frame(img, 128, 32).shape == (20, 80, 3)
+    assert fit_frame(img, 64, 64, "crop").shape == (48, 48, 3)
+
+
+def test_fit_frame_pads_to_the_aspect_keeping_the_whole_picture():
+    img = np.full((48, 80, 3), 200, np.uint8)
+    out = fit_frame(img, 64, 64, "pad")  # wide into square: black bars above and below
+    assert out.shape == (80, 80, 3) and np.array_equal(out[16:64], img)
+    assert not out[:16].any() and not out[64:].any()
+    tall = fit_frame(img, 32, 128, "pad")  # into a tall frame: bars above and below too
+    assert tall.shape == (320, 80, 3) and np.array_equal(tall[136:184], img)
+    side = fit_frame(np.full((80, 48, 3), 9, np.uint8), 64, 64, "pad")  # tall into square: bars left and right
+    assert side.shape == (80, 80, 3) and (side[:, 16:64] == 9).all() and not side[:, :16].any()
+    assert fit_frame(img, 160, 96, "pad") is img  # the aspect already: untouched
+    with pytest.raises(StreamStudioError, match="fit"):
+        fit_frame(img, 64, 64, "stretch")
+
+
+def test_fit_setting_pads_the_camera_frame_in_a_session(manager):
+    assert parse_settings({"fit": "pad"}) == {"fit": "pad"}
+    with pytest.raises(StreamStudioError, match="fit must be one of crop, pad"):
+        parse_settings({"fit": "stretch"})
+    session = manager.open("a")
+    manager.settings("a", {"fit": "pad"})
+    session.submit(frame())
+    wait_output(session)
+    assert session.fit == "pad" and session.stats()["settings"] == {"fit": "pad"}
 
 
 # ---------------------------------------------------------------------- sessions

@@ -45,6 +45,7 @@ SETTING_TYPES = {
     "bank_interval": (int,),
     "bank_threshold": (int, float),
     "bank_fusion": (int, float),
+    "fit": (str,),  # crop | pad: how a camera frame of another aspect meets the stream's size
 }
 MAX_PROMPTS = 3
 MAX_PRESETS = 64  # settings kept for streams that have not connected yet (each a few KB at most)
@@ -85,6 +86,8 @@ def parse_settings(raw: dict) -> dict:
         raise StreamStudioError(f"cfg_type must be one of {', '.join(CFG_TYPES)}")
     if "temporal" in out and out["temporal"] not in TEMPORAL_MODES:
         raise StreamStudioError(f"temporal must be one of {', '.join(TEMPORAL_MODES)}")
+    if "fit" in out and out["fit"] not in FIT_MODES:
+        raise StreamStudioError(f"fit must be one of {', '.join(FIT_MODES)}")
     return out
 
 
@@ -108,10 +111,30 @@ def _prompt_texts(settings: dict) -> list[str]:
     return texts
 
 
-def fit_frame(frame: np.ndarray, width: int, height: int) -> np.ndarray:
-    """Centre-crop an RGB frame to the aspect ratio width:height (the pipeline resizes)."""
+FIT_MODES = ("crop", "pad")  # how a frame of another aspect ratio meets the stream's size
+
+
+def fit_frame(frame: np.ndarray, width: int, height: int, fit: str = "crop") -> np.ndarray:
+    """An RGB frame brought to the aspect ratio width:height without stretching it (the pipeline
+    then resizes): "crop" cuts the longer side's ends (centred), "pad" adds black bars to the
+    shorter side (centred; the whole picture kept)."""
+    if fit not in FIT_MODES:
+        raise StreamStudioError(f"fit must be one of {', '.join(FIT_MODES)}, got {fit!r}")
     h, w = frame.shape[:2]
-    if w * height > h * width:  # too wide
+    too_wide = w * height > h * width
+    if fit == "pad":
+        if too_wide:  # bars above and below
+            new_h = max(h, round(w * height / width))
+            top = (new_h - h) // 2
+            pad = ((top, new_h - h - top), (0, 0))
+        else:  # bars left and right
+            new_w = max(w, round(h * width / height))
+            left = (new_w - w) // 2
+            pad = ((0, 0), (left, new_w - w - left))
+        if pad == ((0, 0), (0, 0)):
+            return frame
+        return np.pad(frame, (*pad, *[(0, 0)] * (frame.ndim - 2)), mode="constant")
+    if too_wide:
         new_w = max(1, round(h * width / height))
         x0 = (w - new_w) // 2
         return frame[:, x0:x0 + new_w]
@@ -256,6 +279,7 @@ class StreamSession:
         self._latency: deque[float] = deque(maxlen=30)  # submit -> output seconds
         self.frames_in = self.processed = self.dropped = 0
         self._pipe = None
+        self.fit = "crop"  # the "fit" setting: the session's own, not the pipeline's
         self._probes: deque[int | None] = deque()
         self._thread = threading.Thread(target=self._run, name=f"stream-{sid[:12]}", daemon=True)
         self._thread.start()
@@ -348,6 +372,9 @@ class StreamSession:
 
     def _apply(self, changes: dict) -> None:
         changes = {k: v for k, v in changes.items() if self._applied.get(k, _MISSING) != v}
+        if "fit" in changes:
+            self.fit = changes["fit"]
+            self._applied["fit"] = changes.pop("fit")
         if not changes:
             return
         pipe = self._pipe
@@ -371,7 +398,7 @@ class StreamSession:
         pipe = self._pipe
         probe = read_probe(frame) if self.model.latency_probe and frame is not None else None
         if frame is not None:
-            frame = fit_frame(frame, pipe.config.width, pipe.config.height)
+            frame = fit_frame(frame, pipe.config.width, pipe.config.height, self.fit)
         skipped = pipe.stats.skipped
         with self.model.frame_lock():
             out = pipe(frame)
