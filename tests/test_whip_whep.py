@@ -6,32 +6,14 @@ bad offers are refused with reasons, and ten viewers cost one model run per fram
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 
 import httpx
 import numpy as np
 import pytest
-import torch
+from test_webapp_live import SIZE, start
 
-SIZE = 64
 TOKEN = "s3cret-token"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(*extra: str):
-    from streamstudio.app.cli import build_parser
-    from streamstudio.app.commands.serve import start_in_thread
-
-    torch.set_num_threads(1)
-    args = build_parser().parse_args(["serve", "--model", "tiny", "--width", str(SIZE), "--height", str(SIZE),
-                                      "--port", str(free_port()), "--idle-timeout", "30", *extra])
-    return start_in_thread(args)
 
 
 @pytest.fixture(scope="module")
