@@ -34,7 +34,7 @@ def test_file_render_is_frame_aligned_with_audio(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "frame latency 1" in err and "12 in, 12 out" in err
     got, ref = probe(out), probe(clip)
-    assert (got.frames, got.width, got.height) == (12, 64, 64)
+    assert (got.frames, got.width, got.height) == (12, 64, 48)  # the clip's 4:3, the tiny model's 64 long side
     assert got.video_pts == pytest.approx(ref.video_pts, abs=1e-3)
     assert got.duration == pytest.approx(1.0, abs=0.03)
     assert got.audio_codec == "aac" and got.audio_duration == pytest.approx(ref.audio_duration, abs=0.03)
@@ -98,7 +98,7 @@ def test_live_pattern_with_config_and_prompt_schedule(tmp_path, capsys, monkeypa
     err = capsys.readouterr().err
     assert "(live," in err and "@ 20 fps" in err and "latency p50" in err
     m = probe(out)
-    assert 1 <= m.frames <= 10 and (m.width, m.height) == (64, 64)
+    assert 1 <= m.frames <= 10 and (m.width, m.height) == (64, 48)  # the pattern's 4:3
     assert prompts[0] == "a red circle"
     assert any(isinstance(p, list) for p in prompts) or prompts[-1] == "a blue square"
 
@@ -135,7 +135,8 @@ def test_unusual_inputs_render(tmp_path, kind):
     rc = render("--input", str(clip), "--output", str(tmp_path / "out.mp4"), "--height", "40", *TINY)
     assert rc == 0
     out = probe(tmp_path / "out.mp4")
-    assert (out.frames, out.width, out.height) == ((5, 64, 40) if kind == "gray_odd" else (3, 64, 40))
+    # --height 40 only: the width from the input's aspect, a multiple of 8 (63x47 -> 56x40, 16:9 -> 72x40)
+    assert (out.frames, out.width, out.height) == ((5, 56, 40) if kind == "gray_odd" else (3, 72, 40))
 
 
 @pytest.mark.parametrize("make_input, output, message", [
@@ -243,3 +244,60 @@ def test_similarity_filter_skips_keep_the_frame_count(tmp_path, capsys):
     skipped = int(err.split("filter-skipped ")[1].split(",")[0])
     assert skipped >= 1
     assert probe(tmp_path / "out.mkv").frames == 6
+
+
+def test_output_size_follows_the_inputs_aspect_ratio():
+    from streamstudio.app.commands.generate import output_size
+
+    assert output_size(None, None, 512, 640 / 360) == (512, 288)  # the issue's 640x360 clip, a 512 model
+    assert output_size(None, None, 512, 360 / 640) == (288, 512)  # portrait
+    assert output_size(None, 256, 512, 16 / 9) == (456, 256)  # one side given: the other from the aspect
+    assert output_size(512, None, 512, 4 / 3) == (512, 384)
+    assert output_size(96, 64, 512, 16 / 9) == (96, 64)  # both given: as given
+    assert output_size(None, None, 512, None) == (512, 512)  # no aspect known: the model's default
+
+
+@pytest.mark.parametrize("fit", ["crop", "pad"])
+def test_fit_crops_or_pads_before_the_pipeline_resizes(tmp_path, capsys, fit):
+    """A wide folder into a square stream: --fit crop hands the pipeline the centre square,
+    --fit pad the whole picture with black bars; never a stretched frame."""
+    import numpy as np
+    from PIL import Image
+
+    from streamstudio.app.commands import render as render_cmd
+
+    (tmp_path / "in").mkdir()
+    img = np.zeros((40, 80, 3), np.uint8)
+    img[:, :20] = (255, 0, 0)  # a red quarter on the left
+    Image.fromarray(img).save(tmp_path / "in" / "0.png")
+    seen = []
+    real = render_cmd.FittedFrames._fit
+
+    def spy(self, frame):
+        out = real(self, frame)
+        seen.append(out.copy())
+        return out
+
+    render_cmd.FittedFrames._fit = spy
+    try:
+        rc = render("--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--width", "64",
+                    "--height", "64", "--fit", fit, *TINY)
+    finally:
+        render_cmd.FittedFrames._fit = real
+    assert rc == 0 and f"64x64 ({fit})" in capsys.readouterr().err
+    frame = seen[0]
+    if fit == "crop":  # the centre 40x40: the red quarter cut off
+        assert frame.shape == (40, 40, 3) and not frame[..., 0].any()
+    else:  # 80x80: 20 black rows above and below, all the picture between
+        assert frame.shape == (80, 80, 3) and np.array_equal(frame[20:60], img) and not frame[:20].any()
+    assert Image.open(tmp_path / "out" / "frame_000000.png").size == (64, 64)
+
+
+def test_render_without_a_size_keeps_the_inputs_aspect(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    (tmp_path / "in").mkdir()
+    Image.fromarray(np.full((36, 64, 3), 90, np.uint8)).save(tmp_path / "in" / "0.png")  # 16:9
+    assert render("--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), *TINY) == 0
+    assert Image.open(tmp_path / "out" / "frame_000000.png").size == (64, 40)  # 64 x 36 -> a multiple of 8

@@ -32,8 +32,11 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--delta", type=float, default=d.delta, help=f"residual CFG delta (default {d.delta})")
     g.add_argument("--cfg", choices=CFG_TYPES, default=d.cfg_type, help=f"CFG type (default {d.cfg_type})")
     g.add_argument("--seed", type=int, default=d.seed, help=f"noise seed (default {d.seed})")
-    g.add_argument("--width", type=int, default=None, help="output width, a multiple of 8 (default 512, 64 for tiny)")
-    g.add_argument("--height", type=int, default=None, help="output height, a multiple of 8 (default 512, 64 for tiny)")
+    g.add_argument("--width", type=int, default=None,
+                   help="output width, a multiple of 8 (default 512, 64 for tiny; render: the input's aspect ratio "
+                        "with that long side, e.g. 512x288 for a 16:9 clip; with only --height, from the aspect)")
+    g.add_argument("--height", type=int, default=None,
+                   help="output height, a multiple of 8 (default 512, 64 for tiny; render: from the input's aspect)")
     g.add_argument("--filter-threshold", type=float, default=None,
                    help="turn the stochastic similarity filter on with this threshold (e.g. 0.98)")
     g.add_argument("--max-skip-frame", type=int, default=d.max_skip_frame, help="frames skipped in a row at most")
@@ -60,9 +63,27 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
                    help="torch CPU threads (default on the CPU: one fewer than the usable CPUs, at most 8)")
 
 
-def build_pipeline(args, mode: str, serving: bool = False):
+def output_size(width: int | None, height: int | None, default: int,
+                aspect: float | None = None) -> tuple[int, int]:
+    """The stream's (width, height): what was given; what was not, from the input's `aspect`
+    (width / height) when known, as a multiple of 8: the longer side `default` when neither is
+    given (a 640x360 clip with a 512 model: 512x288); else `default`."""
+    def multiple_of_8(value: float) -> int:
+        return max(8, int(value / 8 + 0.5) * 8)
+
+    if aspect is None or not aspect > 0 or (width is not None and height is not None):
+        return (default if width is None else width), (default if height is None else height)
+    if width is None and height is None:
+        return (default, multiple_of_8(default / aspect)) if aspect >= 1 else (multiple_of_8(default * aspect), default)
+    if width is None:
+        return multiple_of_8(height * aspect), height
+    return width, multiple_of_8(width / aspect)
+
+
+def build_pipeline(args, mode: str, serving: bool = False, aspect: float | None = None):
     """Load the model named by args and build a stream with args' settings. `serving`: the
-    stream is the web app's template (its networks run behind the batching executor)."""
+    stream is the web app's template (its networks run behind the batching executor).
+    `aspect`: the input's width / height, for the size when --width/--height are not given."""
     from streamstudio.device import pick_device, pick_dtype, use_threads
     from streamstudio.models.loading import resolve_demo_default
     from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
@@ -73,9 +94,9 @@ def build_pipeline(args, mode: str, serving: bool = False):
     comps = resolve_demo_default(args.model, device=device, dtype=dtype, taesd=args.taesd or None)
     turbo = comps.step_type == "turbo"
     default_size = 64 if comps.is_demo else 512
+    width, height = output_size(args.width, args.height, default_size, aspect)
     config = StreamDiffusionConfig(
-        width=default_size if args.width is None else args.width,
-        height=default_size if args.height is None else args.height, mode=mode,
+        width=width, height=height, mode=mode,
         steps=(1 if turbo else 2) if args.steps is None else args.steps,
         strength=args.strength, t_index_list=args.t_index,
         use_denoising_batch=not args.sequential, cfg_type=args.cfg,

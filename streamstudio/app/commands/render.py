@@ -27,6 +27,7 @@ VIDEO_ARGS = ("prompt", "input", "output", "frames", "seed", "width", "height", 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     from streamstudio.app.commands.generate import add_pipeline_arguments
+    from streamstudio.app.sessions import FIT_MODES
 
     p = subparsers.add_parser("render", help="render a video, images, a webcam or a pattern through a pipeline",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -53,6 +54,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     io.add_argument("--rtmp-timeout", type=float, default=None, metavar="SECONDS",
                     help="RTMP output: seconds to reach the server, and that one write may wait on it, before "
                          "the connection is given up and retried (default 5)")
+    io.add_argument("--fit", choices=FIT_MODES, default="crop",
+                    help="an input of another aspect ratio than the output: crop (centred, the default) or pad "
+                         "(black bars, the whole picture kept); never stretched. Without --width/--height the "
+                         "output takes the input's aspect ratio")
     io.add_argument("--pipeline", choices=("image", "video"), default="image",
                     help="image: stream-batched diffusion per frame; video: the streaming video model")
     add_pipeline_arguments(p)
@@ -212,7 +217,8 @@ def _run_image(args) -> int:
     try:
         source = resample_file(source, args.fps)
         live = source.info.live if args.mode == "auto" else args.mode == "live"
-        pipe = build_pipeline(args, "img2img")
+        aspect = source.info.width / source.info.height if source.info.width and source.info.height else None
+        pipe = FittedFrames(build_pipeline(args, "img2img", aspect=aspect), getattr(args, "fit", "crop"))
         fps = args.fps or source.info.fps
         # a file keeps its audio in live mode too: output frames carry their input's timestamps, so
         # the audio stays in step where frames were dropped (live inputs have none to copy)
@@ -223,8 +229,9 @@ def _run_image(args) -> int:
         source.close()
         raise
     on_input = (lambda pts: schedule.apply(pipe.set_prompt, pts)) if schedule else None
+    fitted = "" if aspect is None or abs(aspect - pipe.config.width / pipe.config.height) < 0.01 else f" ({args.fit})"
     print(f"render: {source.info.description} -> {args.output} ({'live' if live else 'offline'}, "
-          f"{pipe.config.width}x{pipe.config.height} @ {fps:g} fps, model {pipe.comps.name}, "
+          f"{pipe.config.width}x{pipe.config.height}{fitted} @ {fps:g} fps, model {pipe.comps.name}, "
           f"frame latency {pipe.latency_frames})", file=sys.stderr)
     runner = Runner(source, pipe, sink, RunnerConfig(live=live, max_frames=args.max_frames), on_input=on_input)
     total = _expected_frames(source.info.frame_count, args.max_frames)
@@ -243,6 +250,33 @@ def _run_image(args) -> int:
     print(f"done: {metrics.summary()}", file=sys.stderr)
     print(f"wrote {args.output}")
     return 0
+
+
+class FittedFrames:
+    """A frame processor whose input frames are first cropped or padded to the stream's aspect
+    ratio (sessions.fit_frame, the one fit/crop), so the pipeline's resize never stretches them.
+    Everything else is the pipeline's."""
+
+    def __init__(self, pipe, fit: str = "crop"):
+        self.pipe, self.fit = pipe, fit
+
+    def _fit(self, frame):
+        from streamstudio.app.sessions import fit_frame
+
+        cfg = self.pipe.config
+        return frame if frame is None else fit_frame(frame, cfg.width, cfg.height, self.fit)
+
+    def push(self, frame):
+        return self.pipe.push(self._fit(frame))
+
+    def __call__(self, frame):
+        return self.pipe(self._fit(frame))
+
+    def flush(self):
+        return self.pipe.flush()
+
+    def __getattr__(self, name: str):
+        return getattr(self.pipe, name)
 
 
 def _expected_frames(count: int | None, max_frames: int | None) -> int | None:
