@@ -17,6 +17,7 @@ COMMANDS = {
     "render": "render",
     "splat": "splat",
     "train-video": "train_video",
+    "train-image": "train_image",
     "build-engines": "build_engines",
     "bench": "bench",
 }
