@@ -43,6 +43,27 @@ def test_load_reports_counts_and_rejects_nothing(static_session, tmp_path):
         load_into(SplatSession(), str(bad), None)
 
 
+def test_a_bad_upload_is_named_by_its_file_name_not_the_server_path(tmp_path):
+    """Gradio keeps an upload as <temp folder>/<hash>/<the user's file name>: the message names
+    the file, never the server's folder."""
+    folder = tmp_path / "gradio" / "0123abcd"
+    folder.mkdir(parents=True)
+    bad = folder / "my scene.ply"
+    bad.write_text("not a ply")
+    with pytest.raises(StreamStudioError) as err:
+        load_into(SplatSession(), str(bad), None)
+    assert "my scene.ply" in str(err.value) and str(tmp_path) not in str(err.value), err.value
+
+
+def test_time_slider_range_is_rounded():
+    from streamstudio.app.splat_tab import time_slider_range
+
+    assert time_slider_range(0.0007824897766113281, 0.9997) == (0.0, 1.0, 0.01)  # the 4D sample's range
+    assert time_slider_range(0.3, 0.7) == (0.3, 0.7, 0.01)
+    assert time_slider_range(-3.3, 170.2) == (-4.0, 171.0, 1.0)
+    assert time_slider_range(0.0, 0.0) == (0.0, 1.0, 0.01)  # a 3D scene: no span
+
+
 def test_render_view_modes_background_and_stats(static_session):
     rgb, info = render_view(static_session, ViewSettings(**SMALL, background="#00ff00"))
     assert rgb.shape == (32, 48, 3) and rgb.dtype == np.uint8
@@ -116,6 +137,18 @@ def test_tab_builds_inside_blocks():
         with gr.Tab("Splats"):
             parts = splat_tab.build_splat_tab(get_image_pipeline=lambda: FakePipe())
     assert {"view", "styled", "stylize", "time"} <= set(parts)
+
+
+def test_tab_makes_enter_in_a_slider_box_re_render():
+    """Gradio 5's slider fires `release` (which re-renders) when its number box loses focus, not
+    on Enter: the tab installs, on page load, a handler that blurs the box on Enter."""
+    gr = pytest.importorskip("gradio")
+    with gr.Blocks() as demo:
+        with gr.Tab("Splats"):
+            splat_tab.build_splat_tab(get_image_pipeline=lambda: FakePipe())
+    loads = [d for d in demo.config["dependencies"] if d.get("js") == splat_tab.ENTER_RELEASES_JS]
+    assert len(loads) == 1 and loads[0]["targets"][0][1] == "load"
+    assert "release" in {t[1] for d in demo.config["dependencies"] for t in d["targets"]}
 
 
 @pytest.mark.slow  # loads diffusers and the tiny demo model

@@ -232,6 +232,26 @@ def test_handler_converts_bgr_and_returns_at_once(manager):
     assert session.stats()["settings"]["seed"] == 7
 
 
+def test_live_tab_fit_control_reaches_the_session(manager, monkeypatch):
+    """The Live tab's last control is the crop / pad choice: with "pad" the session hands the
+    pipeline the whole camera picture with black bars; the output keeps the model's size."""
+    from streamstudio.app import sessions
+    from streamstudio.app.ui import LIVE_KEYS
+    from streamstudio.app.webrtc import LiveHandler
+
+    fitted = []
+    real = sessions.fit_frame
+    monkeypatch.setattr(sessions, "fit_frame", lambda *a: fitted.append(real(*a)) or fitted[-1])
+    assert LIVE_KEYS[-1] == "fit"
+    handler = LiveHandler(manager, LIVE_KEYS, webrtc_id=lambda: "fit")
+    values = ("a cat", "", 0.6, 1.2, 1.0, "self", 7, False, 0.98, "off", "pad")
+    handler(frame(30), *values)
+    session = manager.get("fit")
+    out = wait_output(session)
+    assert session.fit == "pad" and out.shape == (64, 64, 3)
+    assert fitted[0].shape == (80, 80, 3) and not fitted[0][:16].any() and not fitted[0][64:].any()
+
+
 def test_handler_hands_the_session_rgb(manager, monkeypatch):
     from streamstudio.app.webrtc import LiveHandler
 

@@ -101,10 +101,37 @@ def load_into(session: SplatSession, upload: str | None, sample: str | None) -> 
         path = SAMPLES[sample]
     else:
         raise StreamStudioError("upload a .ply or .splat scene, or choose a sample")
-    scene = load_scene(path)
+    try:
+        scene = load_scene(path)
+    except StreamStudioError as exc:  # name the file as the user knows it, not the server's temp path
+        raise StreamStudioError(without_folders(str(exc), path)) from None
     session.scene, session.name, session.fit = scene, path.name, SceneFit.of(scene)
     kind = f"4D, t in [{scene.time_range[0]:.2f}, {scene.time_range[1]:.2f}]" if scene.is_4d else "3D"
     return session, f"Loaded **{path.name}**: {len(scene):,} Gaussians, SH degree {scene.sh_degree}, {kind}."
+
+
+def without_folders(message: str, path: Path) -> str:
+    """`message` with `path` (as given, and resolved) written as its file name only: an upload's
+    server folder (Gradio's temp folder) means nothing to the user and is not theirs to see."""
+    for form in {str(path), str(path.resolve())}:
+        message = message.replace(form, path.name)
+    return message
+
+
+def time_slider_range(lo: float, hi: float) -> tuple[float, float, float]:
+    """(minimum, maximum, step) of the time slider for a scene's time range: the range widened to
+    a round step (about a hundredth of it), so the slider's labels read 0 and 1, not
+    0.0007824897766113281."""
+    import math
+
+    if not hi - lo > 1e-6:  # no span (a 3D scene): a plain 0..1 from its time
+        lo = round(lo, 2)
+        return lo, lo + 1.0, 0.01
+    step = 10.0 ** round(math.log10((hi - lo) / 100))
+    digits = max(0, -int(math.floor(math.log10(step))))
+    minimum = round(math.floor(lo / step + 1e-6) * step, digits)
+    maximum = round(math.ceil(hi / step - 1e-6) * step, digits)
+    return minimum, max(maximum, round(minimum + step, digits)), step
 
 
 def render_view(session: SplatSession, view: ViewSettings) -> tuple[np.ndarray, str]:
@@ -339,10 +366,11 @@ def build_splat_tab(get_image_pipeline: Callable[[], object] | None = None) -> d
 
     v = ViewSettings()
     state = gr.State(None)  # a SplatSession, made on the first load
+    _enter_releases_sliders()
     with gr.Row():
-        with gr.Column(scale=1):
+        with gr.Column(scale=1, elem_id="splat-controls"):
             sample = gr.Dropdown(list(SAMPLES), value=list(SAMPLES)[0], label="Sample scene")
-            upload = gr.File(label="…or upload a .ply / .splat / .spz / .sog",
+            upload = gr.File(label="…or upload a .ply / .splat / .spz / .sog", elem_id="splat-upload",
                              file_types=[".ply", ".splat", ".spz", ".sog"], type="filepath")
             load_btn = gr.Button("Load", variant="primary")
             scene_info = gr.Markdown("No scene loaded.")
@@ -363,8 +391,10 @@ def build_splat_tab(get_image_pipeline: Callable[[], object] | None = None) -> d
             play_btn = gr.Button("▶ Play")
         with gr.Column(scale=2):
             with gr.Row():
-                view_img = gr.Image(label="Splat view (click to orbit)", type="numpy", interactive=False)
-                styled_img = gr.Image(label="Stylized", type="numpy", interactive=False)
+                view_img = gr.Image(label="Splat view (click to orbit)", type="numpy", interactive=False,
+                                    elem_id="splat-view", elem_classes=["scaled-up"])
+                styled_img = gr.Image(label="Stylized", type="numpy", interactive=False, elem_id="splat-styled",
+                                      elem_classes=["scaled-up"])
             stats = gr.Markdown("")
             with gr.Row():
                 prompt = gr.Textbox("a watercolour painting, soft light", label="Stylize prompt", scale=3)
@@ -395,9 +425,12 @@ def build_splat_tab(get_image_pipeline: Callable[[], object] | None = None) -> d
 
     def on_load(session, up, smp, *vals):
         session, info = load_into(session or SplatSession(), uploaded_path(up), smp)
-        lo, hi = session.scene.time_range
-        frame, line = render_view(session, view_of(*vals))
-        return session, info, frame, line, gr.update(minimum=lo, maximum=max(hi, lo + 1e-3), value=lo)
+        lo, hi, step = time_slider_range(*session.scene.time_range)
+        view = view_of(*vals)
+        view.time = lo
+        frame, line = render_view(session, view)
+        return session, info, frame, line, gr.update(minimum=lo, maximum=hi, step=step, value=lo,
+                                                     interactive=session.scene.is_4d)
 
     def on_change(session, *vals):
         if session is None or session.scene is None:
@@ -467,7 +500,10 @@ def build_splat_tab(get_image_pipeline: Callable[[], object] | None = None) -> d
             session.stop_requested = True
         return session
 
-    load_btn.click(_guard(on_load), [state, upload, sample, *sliders], [state, scene_info, view_img, stats, t_slider])
+    # A bad file shows one message, its toast (naming the file, not the server's temp path), not an
+    # "Error" pill over each output as well; the scene loaded before stays loaded and in view.
+    load_btn.click(_guard(on_load), [state, upload, sample, *sliders], [state, scene_info, view_img, stats, t_slider],
+                   show_progress="hidden")
     for comp in sliders:
         event = comp.release if isinstance(comp, gr.Slider) else comp.change
         event(_guard(on_change), [state, *sliders], [view_img, stats])
@@ -485,6 +521,29 @@ def build_splat_tab(get_image_pipeline: Callable[[], object] | None = None) -> d
     return {"state": state, "view": view_img, "styled": styled_img, "stats": stats, "load": load_btn,
             "stylize": stylize_btn, "play": play_btn, "time": t_slider, "add_keyframe": add_btn,
             "preview_path": preview_btn, "save_path": save_btn, "load_path": path_in}
+
+
+# Pressing Enter in a slider's number box: Gradio 5's slider fires `release` (what re-renders)
+# on the box's blur only, and nothing on Enter; so Enter blurs the box.
+ENTER_RELEASES_JS = """() => {
+  if (window.__splatEnter) return;
+  window.__splatEnter = true;
+  document.addEventListener('keydown', (e) => {
+    const box = e.target;
+    if (e.key === 'Enter' && box instanceof HTMLInputElement && box.type === 'number'
+        && box.closest('#splat-controls')) box.blur();
+  }, true);
+}"""
+
+
+def _enter_releases_sliders() -> None:
+    """Install ENTER_RELEASES_JS when the page loads (on the app the tab is built in)."""
+    from gradio.context import get_blocks_context
+
+    blocks = get_blocks_context()
+    root = getattr(blocks, "root_block", None) if blocks is not None else None
+    if root is not None:
+        root.load(None, None, None, js=ENTER_RELEASES_JS)
 
 
 def _guard(fn):

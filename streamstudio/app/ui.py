@@ -26,6 +26,45 @@ from streamstudio.pipelines.stream_diffusion import MAX_PROMPT_CHARS
 log = logging.getLogger(__name__)
 
 T2I_TICK_S = 0.2  # text-to-image refresh interval
+LIVE_KEYS = (*UI_SETTING_KEYS, "fit")  # the Live tab's controls, in order (fit: sessions.FIT_MODES)
+FIT_CHOICES = [("Crop to fill", "crop"), ("Pad: the whole picture, with bars", "pad")]
+
+# Small outputs (a 64x64 demo model, a 256 px image) are drawn at the panel's size, not as stamps.
+CSS = """
+.scaled-up img { width: 100%; height: 100%; object-fit: contain; }
+#live-camera-note:empty { display: none; }
+#live-camera-note { padding: 10px 14px; border-radius: 8px; border: 1px solid var(--error-border-color, #ef4444);
+  background: var(--error-background-fill, #fef2f2); color: var(--error-text-color, #b91c1c); }
+"""
+
+# fastrtc's webcam box calls getUserMedia and drops a failure unseen (an unhandled promise
+# rejection: no event, no toast), so a page without a camera showed nothing. This wraps
+# getUserMedia to say what went wrong under the box, and where to go instead.
+CAMERA_JS = """() => {
+  const md = navigator.mediaDevices;
+  if (!md || !md.getUserMedia || md.__streamstudio) return;
+  md.__streamstudio = true;
+  const fallback = 'If a camera works here but no picture comes back, open "No picture? Use the plain webcam '
+    + 'stream" below. Without a camera, the Text to image, Video and Splats tabs work, and '
+    + '`streamstudio render --input clip.mp4` runs a video file through the model.';
+  const say = (text) => { const el = document.getElementById('live-camera-note'); if (el) el.textContent = text; };
+  const why = (err) => {
+    const name = (err && err.name) || 'Error';
+    if (name === 'NotFoundError' || name === 'OverconstrainedError')
+      return 'No camera found: this browser has no webcam it can open. Connect one and click the box again. ';
+    if (name === 'NotAllowedError' || name === 'SecurityError')
+      return 'The camera is blocked: allow it for this page (the camera icon in the address bar; the page must be '
+        + 'served over https or from localhost) and click the box again. ';
+    if (name === 'NotReadableError' || name === 'AbortError')
+      return 'The camera is busy or failed to start (another program may be using it): close that program and '
+        + 'click the box again. ';
+    return 'The camera could not be opened (' + name + (err && err.message ? ': ' + err.message : '') + '). ';
+  };
+  const original = md.getUserMedia.bind(md);
+  md.getUserMedia = (constraints) => original(constraints).then(
+    (stream) => { if (constraints && constraints.video) say(''); return stream; },
+    (err) => { if (constraints && constraints.video) say(why(err) + fallback); throw err; });
+}"""
 HOW_TO_GET_A_MODEL = (
     f"For real images run `{download_command(DEFAULT_MODEL)}` once on a machine with network "
     "access, then restart with `streamstudio serve` (or pass `--model` with a diffusers folder or a "
@@ -168,8 +207,9 @@ def build_ui(manager: SessionManager, rtc_config: dict | None = None, output_dir
     seconds after they were made, checked every minute, and all of them when the server stops.
     `host`: the address the server binds, where the Live tab's WebRTC media go."""
     extra_tabs = optional_tabs(manager)
-    with gr.Blocks(title="StreamStudio", analytics_enabled=False,
+    with gr.Blocks(title="StreamStudio", analytics_enabled=False, css=CSS,
                    delete_cache=(min(60, file_ttl), file_ttl)) as demo:
+        demo.load(None, js=CAMERA_JS)
         gr.Markdown("# StreamStudio")
         gr.Markdown(model_banner(manager), elem_id="model-banner")
         with gr.Tabs():
@@ -202,6 +242,8 @@ def _live_controls(manager: SessionManager):
         gr.Slider(0.5, 0.999, value=c.similarity_threshold, step=0.001, label="Similarity threshold"),
         gr.Dropdown(list(TEMPORAL_MODES), value=c.temporal, label="Temporal consistency (less flicker: latent "
                     "feedback, StreamV2V feature bank, or both)"),
+        gr.Radio(FIT_CHOICES, value="crop", elem_id="live-fit",
+                 label=f"Camera picture into the model's {c.width}x{c.height}: crop its edges, or pad it with bars"),
     ]
 
 
@@ -211,12 +253,13 @@ def _live_tab(manager: SessionManager, rtc_config: dict | None, host: str | None
             webrtc = live_component(manager, host, label="Webcam → StreamStudio", mode="send-receive",
                                     modality="video", rtc_configuration=rtc_config,
                                     server_rtc_configuration=rtc_config, full_screen=False, elem_id="live-webrtc")
+            gr.HTML('<div id="live-camera-note" role="alert"></div>', elem_id="live-camera-message", padding=False)
             stats = gr.Markdown(format_stats(None), elem_id="live-stats")
             whep = gr.Markdown("", elem_id="live-whep")
         with gr.Column(scale=2):
             controls = _live_controls(manager)
     # The component checks nothing itself beyond a generous cap; the session manager says "busy".
-    webrtc.stream(LiveHandler(manager, UI_SETTING_KEYS), inputs=[webrtc, *controls], outputs=[webrtc],
+    webrtc.stream(LiveHandler(manager, LIVE_KEYS), inputs=[webrtc, *controls], outputs=[webrtc],
                   concurrency_limit=2 * manager.max_streams + 2)
     timer = gr.Timer(1.0)
     timer.tick(lambda value: format_stats(_stats(manager, live_id(value))), inputs=[webrtc], outputs=[stats],
@@ -252,13 +295,14 @@ def _fallback(manager: SessionManager, controls) -> None:
                     "WebRTC work across networks.")
         with gr.Row():
             cam = gr.Image(sources=["webcam"], streaming=True, type="numpy", label="Webcam")
-            out = gr.Image(label="StreamStudio", streaming=True, elem_id="fallback-output", height=360)
+            out = gr.Image(label="StreamStudio", streaming=True, elem_id="fallback-output", height=360,
+                           elem_classes=["scaled-up"])
         status = gr.Markdown("")
 
-    def step(frame, prompt, negative, strength, guidance, delta, cfg, seed, filt, threshold, temporal,
+    def step(frame, prompt, negative, strength, guidance, delta, cfg, seed, filt, threshold, temporal, fit,
              request: gr.Request):
         # explicit parameters: Gradio passes gr.Request only to a named parameter
-        values = (prompt, negative, strength, guidance, delta, cfg, seed, filt, threshold, temporal)
+        values = (prompt, negative, strength, guidance, delta, cfg, seed, filt, threshold, temporal, fit)
         image, text = fallback_step(manager, f"fallback-{request.session_hash}", frame, values)
         return (gr.update() if image is None else image), text
 
@@ -270,7 +314,7 @@ def fallback_step(manager: SessionManager, sid: str, frame, values) -> tuple[np.
     """One webcam snapshot of the fallback path: hand it in, return (latest output, status)."""
     try:
         session = manager.open(sid)
-        manager.settings(sid, ui_settings(UI_SETTING_KEYS, values))
+        manager.settings(sid, ui_settings(LIVE_KEYS, values))
     except StreamStudioError as exc:  # busy, or a bad setting
         return None, f"⚠️ {exc}"
     if frame is not None:
@@ -320,7 +364,8 @@ def _t2i_tab(manager: SessionManager) -> None:
                 start = gr.Button("Start", variant="primary")
                 stop = gr.Button("Stop")
         with gr.Column():
-            image = gr.Image(label="Text to image", elem_id="t2i-image", interactive=False, height=420)
+            image = gr.Image(label="Text to image", elem_id="t2i-image", interactive=False, height=420,
+                             elem_classes=["scaled-up"])
             status = gr.Markdown("")
     timer = gr.Timer(T2I_TICK_S, active=False)
     inputs = [*prompts, *weights, negative, seed]
