@@ -240,7 +240,9 @@ def test_streams_that_start_out_of_step_fall_into_step():
         for t in threads:
             t.join(30)
         assert ex.stats.requests == 15 * 3 * 2 - 2
-        assert ex.stats.requests_per_call > 1.5, f"{ex.stats.requests_per_call:.2f} streams per call"
+        # in step: about 1.5-1.9 streams per call; alternating for ever: 1.0. (1.49 was seen on a
+        # machine at load 7 on 2 cores, so the bound sits well between the two.)
+        assert ex.stats.requests_per_call > 1.3, f"{ex.stats.requests_per_call:.2f} streams per call"
     finally:
         ex.close()
 
