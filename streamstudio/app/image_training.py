@@ -111,6 +111,23 @@ def recon_loss(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return (pred - target).abs().mean() + 0.5 * ((px - tx).abs().mean() + (py - ty).abs().mean())
 
 
+def export_checkpoint(run: str | Path, dest: str | Path) -> Path:
+    """Write the shippable model of a training run: float16 weights (about 2.7 MB) and
+    config.json, without the optimizer state (what assets/image_builtin holds)."""
+    from safetensors.torch import load_file, save_file
+
+    run, dest = Path(run), Path(dest)
+    if not (run / "model.safetensors").is_file():
+        raise StreamStudioError(f"no checkpoint in {run}: train first (streamstudio train-image --output {run})")
+    dest.mkdir(parents=True, exist_ok=True)
+    state = {k: v.to(torch.float16) for k, v in load_file(str(run / "model.safetensors")).items()}
+    save_file(state, str(dest / "model.safetensors"))
+    info = json.loads((run / "config.json").read_text())
+    info["weights_dtype"] = "float16"
+    (dest / "config.json").write_text(json.dumps(info, indent=1))
+    return dest
+
+
 class ImageTrainer:
     """`ImageTrainer(cfg).train()` -> {"vae": [losses], "denoiser": [losses]} of the steps run."""
 

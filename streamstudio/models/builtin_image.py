@@ -162,11 +162,11 @@ def build_tokenizer_files(words: list[str]) -> dict[str, str]:
 def make_tokenizer(files: dict[str, str]):
     from transformers import CLIPTokenizer
 
-    folder = Path(tempfile.mkdtemp(prefix="streamstudio-builtin-tok-"))
-    for name, text in files.items():
-        (folder / Path(name).name).write_text(text, encoding="utf-8")
-    return CLIPTokenizer(os.path.join(folder, "vocab.json"), os.path.join(folder, "merges.txt"),
-                         model_max_length=MAX_TOKENS, pad_token="<|endoftext|>")
+    with tempfile.TemporaryDirectory(prefix="streamstudio-builtin-tok-") as folder:  # read in __init__
+        for name, text in files.items():
+            Path(folder, Path(name).name).write_text(text, encoding="utf-8")
+        return CLIPTokenizer(os.path.join(folder, "vocab.json"), os.path.join(folder, "merges.txt"),
+                             model_max_length=MAX_TOKENS, pad_token="<|endoftext|>")
 
 
 def text_config(vocab_size: int, vocab: dict[str, int]) -> dict:
@@ -188,10 +188,11 @@ def build(config: dict | None = None, seed: int = 0) -> dict:
         vocab = json.loads(files["vocab.json"])
         config = dict(unet=UNET_CONFIG, vae=VAE_CONFIG, text_encoder=text_config(len(vocab), vocab),
                       tokenizer=files)
-    torch.manual_seed(seed)
-    unet = UNet2DConditionModel(**config["unet"])
-    vae = PixelShuffleAutoencoder(**{k: v for k, v in config["vae"].items() if not k.startswith("_")})
-    text_encoder = CLIPTextModel(CLIPTextConfig(**config["text_encoder"]))
+    with torch.random.fork_rng(devices=[]):  # the caller's random state is left as it was
+        torch.manual_seed(seed)
+        unet = UNet2DConditionModel(**config["unet"])
+        vae = PixelShuffleAutoencoder(**{k: v for k, v in config["vae"].items() if not k.startswith("_")})
+        text_encoder = CLIPTextModel(CLIPTextConfig(**config["text_encoder"]))
     return dict(unet=unet, vae=vae, text_encoder=text_encoder, tokenizer=make_tokenizer(config["tokenizer"]),
                 config=config)
 

@@ -340,13 +340,7 @@ def test_pattern(gen, s):
     yy, xx = _grid(s)
     kind = int(torch.randint(3, (1,), generator=gen))
     if kind == 0:  # colour bars over a grey ramp
-        bars = torch.tensor([[.75, .75, .75], [.75, .75, 0], [0, .75, .75], [0, .75, 0],
-                             [.75, 0, .75], [.75, 0, 0], [0, 0, .75]])
-        idx = ((xx + 1) / 2 * 7).long().clamp(0, 6)
-        img = bars[idx].permute(2, 0, 1).clone()
-        low = yy > _uniform(gen, 0.2, 0.7)
-        img[:, low] = ((xx[low] + 1) / 2).expand(3, -1)
-        return img
+        return colour_bars(s, _uniform(gen, 0.2, 0.7))
     if kind == 1:  # grid lines over a flat field
         f = _uniform(gen, 3, 12)
         line = torch.minimum((torch.frac((xx + 1) * f / 2) - 0.5).abs(), (torch.frac((yy + 1) * f / 2) - 0.5).abs())
@@ -358,10 +352,22 @@ def test_pattern(gen, s):
     return (_colour(gen) * t + _colour(gen) * (1 - t)) * (1 - cross) + cross
 
 
+def colour_bars(s: int, ramp_from: float = 0.4) -> torch.Tensor:
+    """SMPTE-like colour bars over a grey ramp (the ramp below y = ramp_from, in [-1, 1])."""
+    yy, xx = _grid(s)
+    bars = torch.tensor([[.75, .75, .75], [.75, .75, 0], [0, .75, .75], [0, .75, 0],
+                         [.75, 0, .75], [.75, 0, 0], [0, 0, .75]])
+    idx = ((xx + 1) / 2 * 7).long().clamp(0, 6)
+    img = bars[idx].permute(2, 0, 1).clone()
+    low = yy > ramp_from
+    img[:, low] = ((xx[low] + 1) / 2).expand(3, -1)
+    return img
+
+
 SKIN = torch.tensor([[0.96, 0.8, 0.69], [0.87, 0.67, 0.52], [0.72, 0.5, 0.36], [0.55, 0.36, 0.24], [0.36, 0.23, 0.15]])
 
 
-def face_or_hand(gen, s):
+def face_or_hand(gen, s, kind: str | None = None):
     yy, xx = _grid(s)
     img = gradient(gen, s) if float(torch.rand((), generator=gen)) < 0.5 else shapes(gen, s) * 0.6 + 0.2
     skin = SKIN[int(torch.randint(len(SKIN), (1,), generator=gen))].view(3, 1, 1) * _uniform(gen, 0.85, 1.1)
@@ -374,7 +380,8 @@ def face_or_hand(gen, s):
     def ell(x0, y0, rx, ry):
         return _soft(((((xx - x0) / rx) ** 2 + ((yy - y0) / ry) ** 2).sqrt() - 1) * min(rx, ry), s)
 
-    if float(torch.rand((), generator=gen)) < 0.6:  # a face
+    face = float(torch.rand((), generator=gen)) < 0.6
+    if kind == "face" or (face and kind is None):  # a face
         put(ell(cx, cy - r * 0.35, r * 1.05, r * 0.9), _colour(gen) * 0.5)  # hair
         put(ell(cx, cy, r * 0.8, r), skin)
         for side in (-1, 1):
@@ -463,14 +470,24 @@ def styled_batch(seed: int, batch: int, size: int) -> tuple[torch.Tensor, torch.
 
 
 def test_card(size: int = 256) -> np.ndarray:
-    """A fixed camera-like test card (uint8 HxWx3): bars, ramp, shapes, a face and text; the
-    structure the tests check img2img keeps."""
-    gen = torch.Generator().manual_seed(1234)
+    """A fixed camera-like test card (uint8 HxWx3): colour bars over a grey ramp, a face and a
+    hand in circles, two shapes and a line of text; the structure the tests check img2img keeps."""
     yy, xx = _grid(size)
-    img = test_pattern(torch.Generator().manual_seed(0), size)  # colour bars and a ramp
-    m = _soft(((xx - 0.45) ** 2 + (yy + 0.35) ** 2).sqrt() - 0.28, size)
-    img = img * (1 - m) + face_or_hand(torch.Generator().manual_seed(3), size) * m
-    for _ in range(3):
+    img = colour_bars(size, 0.3)
+    half = size // 2
+    hy, hx = _grid(half)
+    disc = _soft((hx ** 2 + hy ** 2).sqrt() - 0.95, half)
+    for kind, seed, x0 in (("face", 3, size // 32), ("hand", 4, size // 2 - size // 32)):
+        sub = face_or_hand(torch.Generator().manual_seed(seed), half, kind)
+        region = img[:, size // 32:size // 32 + half, x0:x0 + half]
+        img[:, size // 32:size // 32 + half, x0:x0 + half] = region * (1 - disc) + sub * disc
+    gen = torch.Generator().manual_seed(1234)
+    for _ in range(2):
         mm = _shape_mask(gen, size, yy, xx)
         img = img * (1 - mm) + _colour(gen) * mm
+    from PIL import Image, ImageDraw
+
+    band = Image.new("RGB", (size, size // 6), (240, 240, 240))
+    ImageDraw.Draw(band).text((size // 20, size // 40), "StreamStudio 0123", fill=(20, 20, 20), font=_font(max(8, size // 10)))
+    img[:, size - size // 6:] = torch.from_numpy(np.asarray(band).copy()).permute(2, 0, 1).float() / 255
     return (img.clamp(0, 1).permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)

@@ -3,9 +3,10 @@
     streamstudio train-image --output runs/image_builtin --max-minutes 45
     streamstudio train-image --output runs/image_builtin --resume     # continue a stopped run
 
-The checkpoint folder (model.safetensors + config.json) loads as `--model PATH/model.safetensors`
-is not needed: pass the folder to `--model builtin` by copying it to streamstudio/assets/image_builtin/,
-or load it in Python with `models.loading.load_builtin(folder)`. See docs/image_model.md.
+    streamstudio train-image --output runs/image_builtin --export streamstudio/assets/image_builtin
+
+The checkpoint folder loads as `--model runs/image_builtin`; --export writes its float16 weights
+and config (what `--model builtin` loads) to another folder. See docs/image_model.md.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import dataclasses
 
 import torch
 
-from streamstudio.app.image_training import STAGES, ImageTrainConfig, ImageTrainer
+from streamstudio.app.image_training import STAGES, ImageTrainConfig, ImageTrainer, export_checkpoint
 
 DEFAULTS = ImageTrainConfig()
 
@@ -44,6 +45,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--max-minutes", type=float, default=0.0, help="stop and save after this wall time (0: no limit)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--export", default=None, metavar="DIR",
+                   help="afterwards, write the shippable model (float16 weights + config.json) to DIR")
     return p
 
 
@@ -69,4 +72,6 @@ def run(args) -> int:
         print(f"trained {'; '.join(done)}; checkpoint in {cfg.output}")
     else:
         print(f"nothing to do: {cfg.output} is already at the steps asked for")
+    if args.export:
+        print(f"exported the model to {export_checkpoint(cfg.output, args.export)}")
     return 0
