@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from streamstudio.errors import ModelNotFoundError, StreamStudioError
-from streamstudio.models.loading import (DEMO_NOTICE, load_components, resolve_demo_default,
+from streamstudio.models import loading
+from streamstudio.models.loading import (DEFAULT_MODEL, DEMO_NOTICE, load_components, resolve_demo_default,
                                          save_single_file)
 from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
@@ -84,9 +85,128 @@ def test_not_safetensors_file_rejected(tmp_path):
 
 def test_demo_default_says_so(monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", "/nonexistent-cache")
-    comps = resolve_demo_default("auto")
-    assert comps.is_demo and DEMO_NOTICE in comps.notes
+    comps = resolve_demo_default("auto", device="cpu")
+    assert comps.is_demo and comps.name == "builtin" and comps.default_size == 256
+    assert any(DEMO_NOTICE in note and "built-in image model" in note for note in comps.notes)
     assert "hf download" in DEMO_NOTICE
+
+
+# --- --model auto: each branch, with fakes for the GPU, the cache and the hub ------------------
+
+class FakeHub:
+    """sd-turbo's cache and hub as `resolve_demo_default` sees them."""
+
+    def __init__(self, monkeypatch, cached=False, size=5_200_000_000, download_fails=False):
+        self.cached, self.calls, self.downloads = cached, [], 0
+        self.sd_turbo = object()
+        real = loading.load_components
+
+        def fake_load(model, **kw):
+            self.calls.append((model, kw.get("local_files_only")))
+            if model == DEFAULT_MODEL:
+                if self.cached or not kw.get("local_files_only"):
+                    return self.sd_turbo
+                raise ModelNotFoundError("not in the cache")
+            return real(model, **kw)
+
+        def fake_download(repo=DEFAULT_MODEL, patterns=None):
+            self.downloads += 1
+            if download_fails:
+                raise OSError("connection reset")
+            self.cached = True
+            return "/cache/sd-turbo"
+
+        monkeypatch.setattr(loading, "load_components", fake_load)
+        monkeypatch.setattr(loading, "hub_download_size", lambda *a, **k: size)
+        monkeypatch.setattr(loading, "download_model", fake_download)
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+
+
+def gpu(monkeypatch, present: bool):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: present)
+
+
+def test_auto_without_gpu_is_builtin(monkeypatch):
+    gpu(monkeypatch, False)
+    hub = FakeHub(monkeypatch, cached=True)
+    comps = resolve_demo_default("auto")
+    assert comps.name == "builtin" and comps.is_demo
+    assert "no CUDA GPU" in comps.notes[-1] and DEMO_NOTICE in comps.notes[-1]
+    assert hub.downloads == 0 and all(m != DEFAULT_MODEL for m, _ in hub.calls)
+
+
+def test_auto_with_gpu_uses_cached_sd_turbo(monkeypatch):
+    gpu(monkeypatch, True)
+    hub = FakeHub(monkeypatch, cached=True)
+    assert resolve_demo_default("auto") is hub.sd_turbo
+    assert hub.downloads == 0 and hub.calls == [(DEFAULT_MODEL, True)]
+
+
+def test_auto_with_gpu_downloads_sd_turbo_with_a_size_notice(monkeypatch, caplog):
+    gpu(monkeypatch, True)
+    hub = FakeHub(monkeypatch, cached=False, size=5_200_000_000)
+    with caplog.at_level("WARNING", logger="streamstudio.models.loading"):
+        assert resolve_demo_default("auto") is hub.sd_turbo
+    assert hub.downloads == 1
+    notices = [r.getMessage() for r in caplog.records if "Downloading" in r.getMessage()]
+    assert notices == [f"Downloading {DEFAULT_MODEL} (5.2 GB) into the Hugging Face cache; this happens once."]
+
+
+def test_auto_with_gpu_offline_or_unreachable_is_builtin(monkeypatch):
+    gpu(monkeypatch, True)
+    hub = FakeHub(monkeypatch, cached=False, size=None)
+    comps = resolve_demo_default("auto")
+    assert comps.name == "builtin" and "cannot be reached" in comps.notes[-1] and hub.downloads == 0
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(loading, "hub_download_size", lambda *a, **k: pytest.fail("asked the hub while offline"))
+    comps = resolve_demo_default("auto")
+    assert comps.name == "builtin" and "HF_HUB_OFFLINE" in comps.notes[-1]
+
+
+def test_auto_with_gpu_failed_download_is_builtin(monkeypatch):
+    gpu(monkeypatch, True)
+    hub = FakeHub(monkeypatch, cached=False, download_fails=True)
+    comps = resolve_demo_default("auto")
+    assert comps.name == "builtin" and "failed (connection reset)" in comps.notes[-1] and hub.downloads == 1
+
+
+def test_auto_with_cpu_device_on_a_gpu_machine_is_builtin(monkeypatch):
+    gpu(monkeypatch, True)
+    hub = FakeHub(monkeypatch, cached=True)
+    assert resolve_demo_default("auto", device="cpu").name == "builtin" and hub.calls[0][0] == "builtin"
+
+
+def test_named_sd_turbo_always_means_sd_turbo(monkeypatch):
+    for present in (False, True):
+        gpu(monkeypatch, present)
+        hub = FakeHub(monkeypatch, cached=False)
+        assert resolve_demo_default(DEFAULT_MODEL) is hub.sd_turbo  # (the fake fetches when not local-only)
+        assert hub.calls == [(DEFAULT_MODEL, None)]
+
+    def missing(model, **kw):
+        raise ModelNotFoundError("no")
+    monkeypatch.setattr(loading, "load_components", missing)
+    with pytest.raises(ModelNotFoundError):  # no silent fallback to the built-in model
+        resolve_demo_default(DEFAULT_MODEL)
+
+
+def test_hub_download_size_counts_what_loading_fetches(monkeypatch):
+    import huggingface_hub
+    from types import SimpleNamespace as NS
+
+    files = {"unet/diffusion_pytorch_model.safetensors": 3_000, "unet/diffusion_pytorch_model.fp16.safetensors": 1_500,
+             "vae/diffusion_pytorch_model.safetensors": 300, "text_encoder/model.safetensors": 1_000,
+             "text_encoder/model.fp16.safetensors": 500, "tokenizer/vocab.json": 10, "unet/config.json": 1,
+             "sd_turbo.safetensors": 5_000, "README.md": 7}
+    info = NS(siblings=[NS(rfilename=k, size=v) for k, v in files.items()])
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", lambda self, repo, **kw: info)
+    assert loading.hub_download_size(DEFAULT_MODEL) == 3_000 + 300 + 1_000 + 10 + 1
+
+    def unreachable(self, repo, **kw):
+        raise OSError("Network is unreachable")
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", unreachable)
+    assert loading.hub_download_size(DEFAULT_MODEL) is None
 
 
 def test_tiny_taesd(tiny):

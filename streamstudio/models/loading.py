@@ -1,5 +1,6 @@
 """Load Stable Diffusion components: from a hub id, a local diffusers folder, one
-`.safetensors` file, or the built-in `tiny` model.
+`.safetensors` file, the built-in image model `builtin` (trained here, shipped in
+`assets/image_builtin/`), or the random-weight `tiny` test model.
 
 Weights load through diffusers / transformers / safetensors only: nothing a user supplies
 is ever unpickled.
@@ -40,8 +41,9 @@ class SDComponents:
     scheduler_config: dict
     name: str
     step_type: str = "lcm"  # "lcm" (c_skip, c_out) or "turbo" (x0 = F)
-    is_demo: bool = False  # the built-in tiny model, random weights
+    is_demo: bool = False  # a built-in model (builtin, or tiny with random weights), not a real one
     notes: list[str] = field(default_factory=list)
+    default_size: int | None = None  # the side the model is made for (builtin 256, tiny 64; None: 512)
 
     @property
     def prediction_type(self) -> str:
@@ -87,7 +89,7 @@ def _missing(model: str, why: str) -> ModelNotFoundError:
         f"model {model!r} could not be loaded: {why}. "
         f"To get it, run `{download_command(model)}` on a machine with network access "
         f"(it lands in the Hugging Face cache, ~/.cache/huggingface), or pass --model with a local "
-        f"diffusers folder or a .safetensors file; `--model tiny` runs the built-in demo model."
+        f"diffusers folder or a .safetensors file; `--model builtin` runs the small built-in model."
     )
 
 
@@ -102,7 +104,8 @@ def load_components(
 ) -> SDComponents:
     """Load a model's components onto `device` in `dtype`.
 
-    model: "tiny", a hub id (default sd-turbo), a diffusers folder or a .safetensors file.
+    model: "builtin", "tiny", a hub id (default sd-turbo), a diffusers folder, a train-image
+      checkpoint folder or a .safetensors file.
     lcm_lora: "auto" fuses LCM-LoRA into SD 1.5 models that are not LCM or turbo already;
       None or "none" never; any other value is a LoRA hub id or path to fuse.
     taesd: True (or "auto") for madebyollin/taesd, a hub id / folder of an AutoencoderTiny,
@@ -115,7 +118,12 @@ def load_components(
         parts = tiny.tiny_components(taesd=bool(taesd))
         comps = SDComponents(parts["unet"], parts["taesd"] or parts["vae"], parts["text_encoder"],
                              parts["tokenizer"], parts["scheduler_config"], tiny.TINY_NAME,
-                             step_type="lcm", is_demo=True)
+                             step_type="lcm", is_demo=True, default_size=64)
+        return comps.to(device, dtype)
+    if model == BUILTIN_NAME or _is_builtin_folder(model):
+        comps = load_builtin(None if model == BUILTIN_NAME else model)
+        if taesd:
+            comps.notes.append("--taesd does nothing for the built-in model: its own autoencoder is faster still")
         return comps.to(device, dtype)
 
     with _quiet_hub():
@@ -332,23 +340,152 @@ def _load_taesd(source: str, local_files_only: bool):
     return vae.eval().requires_grad_(False)
 
 
+# ---------------------------------------------------------------------------------------------
+# The built-in image model
+# ---------------------------------------------------------------------------------------------
+
+BUILTIN_NAME = "builtin"
+BUILTIN_DIR = Path(__file__).resolve().parent.parent / "assets" / "image_builtin"
+
+
+def _is_builtin_folder(model: str) -> bool:
+    """A `train-image` checkpoint folder (config.json naming the builtin model + model.safetensors)."""
+    path = Path(os.path.expanduser(model))
+    try:
+        return (path / "model.safetensors").is_file() and \
+            json.loads((path / "config.json").read_text()).get("name") == BUILTIN_NAME
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def load_builtin(folder: str | os.PathLike | None = None) -> SDComponents:
+    """The built-in image model (assets/image_builtin, or a `train-image` checkpoint folder): a
+    pixel-shuffle autoencoder, a small UNet taking sd-turbo's one-step x0 update, and its own
+    word-level tokenizer and text encoder; 256x256 by default."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from streamstudio.models import builtin_image
+
+    path = BUILTIN_DIR if folder is None else Path(os.path.expanduser(str(folder)))
+    if not (path / "model.safetensors").is_file() or not (path / "config.json").is_file():
+        raise ModelNotFoundError(
+            f"the built-in image model is missing from {path} (model.safetensors and config.json); reinstall "
+            "streamstudio, or train one with `streamstudio train-image --output DIR` and pass --model DIR")
+    try:
+        info = json.loads((path / "config.json").read_text())
+        parts = builtin_image.build(info["model"])
+        builtin_image.load_state(parts, load_file(str(path / "model.safetensors")))
+    except (SafetensorError, OSError, ValueError, KeyError, TypeError) as exc:
+        raise StreamStudioError(f"the built-in image model in {path} is damaged ({type(exc).__name__}: "
+                                f"{_first_line(exc)}); reinstall streamstudio or train it again with "
+                                "`streamstudio train-image`") from exc
+    for name in ("unet", "vae", "text_encoder"):
+        parts[name].eval().requires_grad_(False)
+    name = BUILTIN_NAME if folder is None else str(path)
+    return SDComponents(parts["unet"], parts["vae"], parts["text_encoder"], parts["tokenizer"],
+                        dict(info.get("scheduler", tiny.SCHEDULER_CONFIG)), name,
+                        step_type=info.get("step_type", "turbo"), is_demo=True,
+                        default_size=int(info.get("default_size", 256)))
+
+
+# ---------------------------------------------------------------------------------------------
+# --model auto
+# ---------------------------------------------------------------------------------------------
+
+# what diffusers reads of sd-turbo (fp32 weights; the fp16 variants are not fetched)
+SD_TURBO_FILES = ["model_index.json", "scheduler/*.json", "tokenizer/*", "text_encoder/config.json",
+                  "text_encoder/model.safetensors", "unet/config.json", "unet/diffusion_pytorch_model.safetensors",
+                  "vae/config.json", "vae/diffusion_pytorch_model.safetensors"]
+
+
+def _has_cuda(device) -> bool:
+    if device is not None and torch.device(device).type != "cuda":
+        return False
+    return torch.cuda.is_available()
+
+
+def _offline() -> bool:
+    return any(os.environ.get(k, "0") not in ("0", "", "false", "False") for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def hub_download_size(repo: str = DEFAULT_MODEL, patterns: list[str] | None = None, timeout: float = 10.0) -> int | None:
+    """Bytes of the files of `repo` that loading it fetches, or None when the hub cannot be reached."""
+    from fnmatch import fnmatch
+
+    from huggingface_hub import HfApi
+
+    patterns = SD_TURBO_FILES if patterns is None else patterns
+    try:
+        info = HfApi().model_info(repo, files_metadata=True, timeout=timeout)
+    except Exception as exc:  # no network, DNS, proxy, HTTP errors: all mean "not reachable now"
+        log.debug("the hub cannot be reached: %s", _first_line(exc))
+        return None
+    return sum(int(f.size or 0) for f in info.siblings or () if any(fnmatch(f.rfilename, p) for p in patterns))
+
+
+def download_model(repo: str = DEFAULT_MODEL, patterns: list[str] | None = None) -> str:
+    """Fetch `repo`'s files into the Hugging Face cache, with huggingface_hub's own progress bars."""
+    from huggingface_hub import snapshot_download
+
+    with _quiet_hub():
+        return snapshot_download(repo, allow_patterns=SD_TURBO_FILES if patterns is None else patterns)
+
+
 def resolve_demo_default(model: str, **kwargs) -> SDComponents:
-    """`auto`: the real default (sd-turbo) when its weights are at hand, else the tiny demo
-    model with a plain notice. Any other name loads exactly that model or fails clearly."""
+    """`auto`: with a CUDA GPU, sd-turbo (from the cache, or downloaded once when the hub can be
+    reached, after a one-line notice of its size); without a GPU (where sd-turbo takes seconds per
+    frame), offline, or when the download fails, the built-in image model with a notice saying
+    so. Any other name loads exactly that model or fails clearly."""
     if model != "auto":
         return load_components(model, **kwargs)
+    if not _has_cuda(kwargs.get("device")):
+        return _builtin_instead("there is no CUDA GPU here (on a CPU, sd-turbo takes seconds per frame; "
+                                f"`--model {DEFAULT_MODEL}` runs it anyway)", kwargs)
     try:
         return load_components(DEFAULT_MODEL, local_files_only=True, **kwargs)
     except ModelNotFoundError:
-        comps = load_components(tiny.TINY_NAME, **{k: v for k, v in kwargs.items() if k in ("device", "dtype")})
-        comps.notes.append(DEMO_NOTICE)
-        log.debug(DEMO_NOTICE)
-        return comps
+        pass
+    if _offline():
+        return _builtin_instead(f"{DEFAULT_MODEL} is not in the local cache and the hub is off (HF_HUB_OFFLINE)", kwargs)
+    size = hub_download_size(DEFAULT_MODEL)
+    if size is None:
+        return _builtin_instead(f"{DEFAULT_MODEL} is not in the local cache and the Hugging Face hub cannot be "
+                                "reached", kwargs)
+    log.warning("Downloading %s (%.1f GB) into the Hugging Face cache; this happens once.", DEFAULT_MODEL, size / 1e9)
+    try:
+        download_model(DEFAULT_MODEL)
+        return load_components(DEFAULT_MODEL, local_files_only=True, **kwargs)
+    except Exception as exc:  # a failed or interrupted download: say so and run the built-in model
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        return _builtin_instead(f"downloading {DEFAULT_MODEL} failed ({_first_line(exc)})", kwargs)
+
+
+def _builtin_instead(reason: str, kwargs: dict) -> SDComponents:
+    basic = {k: v for k, v in kwargs.items() if k in ("device", "dtype")}
+    try:
+        comps = load_components(BUILTIN_NAME, **basic)
+    except StreamStudioError as exc:  # the asset is missing or damaged: the random-weight model still runs
+        log.warning("%s", exc)
+        comps = load_components(tiny.TINY_NAME, **basic)
+    notice = demo_notice(reason, comps.name)
+    comps.notes.append(notice)
+    log.debug(notice)
+    return comps
 
 
 DEMO_NOTICE = (
-    f"Running the built-in demo model ('tiny', random weights: its images are noise-like patterns) "
-    f"because {DEFAULT_MODEL} is not in the local cache. For real images run "
-    f"`{download_command(DEFAULT_MODEL)}` once with network access, or pass --model with a "
-    f"diffusers folder or a .safetensors checkpoint."
+    f"For real images use a CUDA GPU with `--model {DEFAULT_MODEL}` (run `{download_command(DEFAULT_MODEL)}` "
+    f"once with network access), or pass --model with a diffusers folder or a .safetensors checkpoint."
 )
+
+
+def demo_notice(reason: str, name: str = BUILTIN_NAME) -> str:
+    """The one-line notice that a built-in model runs instead of a real one, why, and what to do."""
+    if name == tiny.TINY_NAME:
+        what = "the random-weight test model ('tiny': its images are noise-like patterns)"
+    else:
+        what = ("the small built-in image model ('builtin', trained on procedural images: it keeps the input's "
+                "structure and applies the colours, gradings and simple styles a prompt names, at 256x256)")
+    return f"Running {what} because {reason}. {DEMO_NOTICE}"
