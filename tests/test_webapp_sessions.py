@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -291,6 +292,10 @@ def test_model_banner_shows_the_demo_notice(manager):
 
     text = model_banner(manager)
     assert "`tiny`" in text and "Demo model" in text and "hf download" in text
+    assert "noise-like" in text  # random weights: said plainly
+    builtin = SimpleNamespace(model=SimpleNamespace(name="builtin", is_demo=True, size=(256, 256)), max_streams=2)
+    text = model_banner(builtin)
+    assert "small built-in model" in text and "noise-like" not in text and "hf download" in text
 
 
 def test_rtc_config_from_env():

@@ -75,9 +75,14 @@ def model_banner(manager: SessionManager) -> str:
     model = manager.model
     w, h = model.size
     text = f"**Model:** `{model.name}` · {w}x{h} · up to {manager.max_streams} live stream(s)"
-    if model.is_demo:
+    if model.is_demo and model.name == "tiny":
         text += ("\n\n> **Demo model.** The built-in tiny model with random weights is running (its images "
                  f"are noise-like patterns), because no real weights are available. {HOW_TO_GET_A_MODEL}")
+    elif model.is_demo:
+        text += ("\n\n> **Demo model.** The small built-in model is running (trained here on synthetic "
+                 "images: it keeps the camera's picture and applies the colours, grading and simple styles "
+                 "a prompt names, such as \"red\", \"sepia\", \"pencil sketch\"), because no real weights "
+                 f"are available or no GPU is there to run them. {HOW_TO_GET_A_MODEL}")
     return text
 
 

@@ -93,7 +93,7 @@ def plan_for(args, comps):
     """The BatchPlan of the streams the app will run with these settings."""
     from streamstudio.models.acceleration import BatchPlan
 
-    size = 64 if comps.is_demo else 512
+    size = comps.default_size or 512
     steps = args.steps if args.steps is not None else (1 if comps.step_type == "turbo" else 2)
     cfg = list(args.cfg or ["self", "none", "initialize", "full"])
     if args.max_batch_rows < 0 or args.frame_buffer_size < 1 or steps < 1:

@@ -93,7 +93,7 @@ def build_pipeline(args, mode: str, serving: bool = False, aspect: float | None 
     use_threads(getattr(args, "threads", None), device)
     comps = resolve_demo_default(args.model, device=device, dtype=dtype, taesd=args.taesd or None)
     turbo = comps.step_type == "turbo"
-    default_size = 64 if comps.is_demo else 512
+    default_size = comps.default_size or 512  # the model's own: builtin 256, tiny 64
     width, height = output_size(args.width, args.height, default_size, aspect)
     config = StreamDiffusionConfig(
         width=width, height=height, mode=mode,
