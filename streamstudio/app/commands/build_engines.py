@@ -25,8 +25,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("build-engines", help="export ONNX and build TensorRT engines into the engine cache",
                               description=__doc__)
     p.add_argument("--model", default="auto",
-                   help="tiny, a hub id, a diffusers folder or a .safetensors file; auto = stabilityai/sd-turbo "
-                        "when cached, else the built-in demo model (default: auto)")
+                   help="builtin, tiny, a hub id, a diffusers folder or a .safetensors file; auto = stabilityai/sd-turbo "
+                        "with a CUDA GPU (downloaded once), else the built-in image model (default: auto)")
     p.add_argument("--taesd", action="store_true", help="the TAESD fast VAE instead of the model's own")
     p.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="networks to export (default: all)")
     p.add_argument("--video", action="store_true", help="also the StreamDiT video model (built-in tiny checkpoint)")

@@ -20,8 +20,8 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
     d = StreamDiffusionConfig()
     g = parser.add_argument_group("image pipeline")
     g.add_argument("--model", default="auto",
-                   help="tiny, a hub id, a diffusers folder or a .safetensors file; auto = stabilityai/sd-turbo "
-                        "when cached, else the built-in demo model (default: auto)")
+                   help="builtin, tiny, a hub id, a diffusers folder or a .safetensors file; auto = stabilityai/sd-turbo "
+                        "with a CUDA GPU (downloaded once), else the built-in image model (default: auto)")
     g.add_argument("--prompt", default="", help="the prompt")
     g.add_argument("--negative-prompt", default="", help="the negative prompt (used by full and initialize CFG)")
     g.add_argument("--steps", type=int, default=None, help="denoising steps N (default 1 for turbo models, 2 otherwise)")

@@ -239,7 +239,7 @@ def run(args) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     host = bind_host(args)
     app, manager = build_app(args)
-    print(f"model: {manager.model.name}" + (" (built-in demo model)" if manager.model.is_demo else ""))
+    print(f"model: {manager.model.name}" + (" (a built-in model)" if manager.model.is_demo else ""))
     print(f"StreamStudio on http://{host}:{args.port}  (WebRTC endpoint: POST /webrtc/offer; "
           f"WHIP: POST /whip/<stream>, WHEP: POST /whep/<stream>)")
     if app.state.osc is not None:
