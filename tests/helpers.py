@@ -36,3 +36,45 @@ def random_gaussians(n: int, seed: int = 0, spread: float = 0.6, log_scale: floa
     else:
         colors = torch.rand(n, 3, generator=g, dtype=dtype)
     return means, quats, scales, opac, colors
+
+
+# ------------------------------------------------------------------ splat scenes (format tests)
+SH_C0 = 0.28209479177387814
+
+
+def random_scene(n: int, degree: int, seed: int = 0):
+    """n random Gaussians around the origin with SH of `degree`, DC colours in range."""
+    from streamstudio.models.gaussians import GaussianScene
+
+    g = torch.Generator().manual_seed(seed)
+    k = (degree + 1) ** 2
+    sh = torch.randn(n, k, 3, generator=g) * 0.2
+    sh[:, 0] = (torch.rand(n, 3, generator=g) - 0.5) / SH_C0 * 0.8
+    return GaussianScene(means=torch.randn(n, 3, generator=g) * 0.7, quats=torch.randn(n, 4, generator=g),
+                         log_scales=-3.0 + 0.4 * torch.randn(n, 3, generator=g),
+                         opacity_logits=torch.randn(n, generator=g) * 1.5 + 1.0, sh=sh)
+
+
+def render_rgb(scene, degree: int, centre: torch.Tensor | None = None) -> torch.Tensor:
+    """A 64x64 RGB view of `scene` looking at `centre` (the origin by default)."""
+    from streamstudio.pipelines.splat_render import SceneFit, SplatRenderConfig, fitted_camera, render
+
+    fit = SceneFit(torch.zeros(3) if centre is None else centre, 1.5)
+    cfg = SplatRenderConfig(width=64, height=64, sh_degree=degree)
+    return render(scene, fitted_camera(fit, cfg, 30.0, 20.0), cfg).rgb
+
+
+def assert_renders_alike(a, b, degree: int, mean_tol: float, max_tol: float = 0.15,
+                         centre: torch.Tensor | None = None, min_brightness: float = 0.05) -> None:
+    """Renders of two scenes differ by at most mean_tol on average and max_tol anywhere (and the
+    first is not an empty picture)."""
+    ra, rb = render_rgb(a, degree, centre), render_rgb(b, degree, centre)
+    assert float(ra.mean()) > min_brightness
+    diff = (ra - rb).abs()
+    assert float(diff.mean()) < mean_tol and float(diff.max()) < max_tol, (float(diff.mean()), float(diff.max()))
+
+
+def same_rotation(qa: torch.Tensor, qb: torch.Tensor) -> torch.Tensor:
+    """|cos| of the angle between quaternions: 1 for the same rotation (q and -q alike)."""
+    qa, qb = torch.nn.functional.normalize(qa, dim=-1), torch.nn.functional.normalize(qb, dim=-1)
+    return (qa * qb).sum(-1).abs()

@@ -33,19 +33,15 @@ import struct
 import zlib
 
 import numpy as np
+import helpers
 import pytest
 import torch
+from helpers import random_scene, same_rotation
 
 from streamstudio.app.cli import main
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.gaussians import GaussianScene, load_scene
 from streamstudio.models.gaussians_ksplat import read_ksplat
-from streamstudio.pipelines.splat_render import (
-    SceneFit,
-    SplatRenderConfig,
-    fitted_camera,
-    render,
-)
 
 C0 = 0.28209479177387814
 SCALE_RANGE = 32767  # SplatBuffer.CompressionLevels[1 and 2].ScaleRange
@@ -69,33 +65,9 @@ def reference_source_scene() -> GaussianScene:
     return GaussianScene(means=t(means), quats=t(quats), log_scales=t(log_scales), opacity_logits=t(opacity), sh=t(sh))
 
 
-def random_scene(n=400, degree=2, seed=0) -> GaussianScene:
-    g = torch.Generator().manual_seed(seed)
-    k = (degree + 1) ** 2
-    sh = torch.randn(n, k, 3, generator=g) * 0.2
-    sh[:, 0] = (torch.rand(n, 3, generator=g) - 0.5) / C0 * 0.8
-    return GaussianScene(means=torch.randn(n, 3, generator=g) * 0.7, quats=torch.randn(n, 4, generator=g),
-                         log_scales=-3.0 + 0.4 * torch.randn(n, 3, generator=g),
-                         opacity_logits=torch.randn(n, generator=g) * 1.5 + 1.0, sh=sh)
-
-
-def render_rgb(scene: GaussianScene, degree: int, centre: torch.Tensor) -> torch.Tensor:
-    fit = SceneFit(centre, 1.5)
-    cfg = SplatRenderConfig(width=64, height=64, sh_degree=degree)
-    return render(scene, fitted_camera(fit, cfg, 30.0, 20.0), cfg).rgb
-
-
 def assert_renders_alike(a: GaussianScene, b: GaussianScene, degree: int, mean_tol: float, max_tol: float = 0.15):
-    centre = a.means.mean(0)
-    ra, rb = render_rgb(a, degree, centre), render_rgb(b, degree, centre)
-    assert float(ra.mean()) > 0.02
-    diff = (ra - rb).abs()
-    assert float(diff.mean()) < mean_tol and float(diff.max()) < max_tol, (float(diff.mean()), float(diff.max()))
-
-
-def same_rotation(qa: torch.Tensor, qb: torch.Tensor) -> torch.Tensor:
-    qa, qb = torch.nn.functional.normalize(qa, dim=-1), torch.nn.functional.normalize(qb, dim=-1)
-    return (qa * qb).sum(-1).abs()
+    """The shared check, looking at the scene's centre (these scenes are not around the origin)."""
+    helpers.assert_renders_alike(a, b, degree, mean_tol, max_tol, centre=a.means.mean(0), min_brightness=0.02)
 
 
 # --------------------------------------------------------------------------- a writer from SplatBuffer.js

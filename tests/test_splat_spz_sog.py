@@ -16,40 +16,13 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import assert_renders_alike, random_scene, same_rotation
+
 from streamstudio.app.cli import main
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.gaussians import GaussianScene, load_scene, save_scene
-from streamstudio.pipelines.splat_render import SceneFit, SplatRenderConfig, fitted_camera, render
 
 C0 = 0.28209479177387814
-
-
-def random_scene(n=400, degree=1, seed=0) -> GaussianScene:
-    g = torch.Generator().manual_seed(seed)
-    k = (degree + 1) ** 2
-    sh = torch.randn(n, k, 3, generator=g) * 0.2
-    sh[:, 0] = (torch.rand(n, 3, generator=g) - 0.5) / C0 * 0.8
-    return GaussianScene(means=torch.randn(n, 3, generator=g) * 0.7, quats=torch.randn(n, 4, generator=g),
-                         log_scales=-3.0 + 0.4 * torch.randn(n, 3, generator=g),
-                         opacity_logits=torch.randn(n, generator=g) * 1.5 + 1.0, sh=sh)
-
-
-def render_rgb(scene: GaussianScene, degree: int) -> torch.Tensor:
-    fit = SceneFit(torch.zeros(3), 1.5)
-    cfg = SplatRenderConfig(width=64, height=64, sh_degree=degree)
-    return render(scene, fitted_camera(fit, cfg, 30.0, 20.0), cfg).rgb
-
-
-def assert_renders_alike(a: GaussianScene, b: GaussianScene, degree: int, mean_tol: float, max_tol: float = 0.15):
-    ra, rb = render_rgb(a, degree), render_rgb(b, degree)
-    assert float(ra.mean()) > 0.05
-    diff = (ra - rb).abs()
-    assert float(diff.mean()) < mean_tol and float(diff.max()) < max_tol, (float(diff.mean()), float(diff.max()))
-
-
-def same_rotation(qa: torch.Tensor, qb: torch.Tensor) -> torch.Tensor:
-    qa, qb = torch.nn.functional.normalize(qa, dim=-1), torch.nn.functional.normalize(qb, dim=-1)
-    return (qa * qb).sum(-1).abs()
 
 
 # --------------------------------------------------------------------------- .spz, written from the README
