@@ -78,3 +78,18 @@ def same_rotation(qa: torch.Tensor, qb: torch.Tensor) -> torch.Tensor:
     """|cos| of the angle between quaternions: 1 for the same rotation (q and -q alike)."""
     qa, qb = torch.nn.functional.normalize(qa, dim=-1), torch.nn.functional.normalize(qb, dim=-1)
     return (qa * qb).sum(-1).abs()
+
+
+# ------------------------------------------------------------------ image pipeline
+def capture_latents(pipe) -> list:
+    """Record the x0 latents `pipe` (a StreamDiffusion) decodes, in output order: the returned
+    list fills as the pipeline runs."""
+    seen = []
+    decode = pipe._decode
+
+    def spy(latents):
+        seen.extend(latents.clone())
+        return decode(latents)
+
+    pipe._decode = spy
+    return seen

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import capture_latents
 
 from streamstudio import kernels
 from streamstudio.errors import StreamStudioError
@@ -30,19 +31,6 @@ def make(comps, **kw):
     kw.setdefault("height", SIZE)
     prompt = kw.pop("prompt", "a red fox")
     return StreamDiffusion(comps, StreamDiffusionConfig(**kw), prompt=prompt, negative_prompt="blurry")
-
-
-def capture_latents(pipe):
-    """Record the x0 latents the pipeline decodes (output order)."""
-    seen = []
-    decode = pipe._decode
-
-    def spy(latents):
-        seen.extend(latents.clone())
-        return decode(latents)
-
-    pipe._decode = spy
-    return seen
 
 
 def run_aligned(pipe, inputs, fbs=1):

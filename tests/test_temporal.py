@@ -11,6 +11,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from helpers import capture_latents
 
 from streamstudio.errors import StreamStudioError
 from streamstudio.models import feature_bank
@@ -58,14 +59,7 @@ def still_noisy(n, seed=0, noise=8.0):
 
 def run_latents(pipe, inputs, fbs=1):
     """The x0 latents the pipeline decodes, in output order, frame-aligned, flushed."""
-    seen = []
-    decode = pipe._decode
-
-    def spy(latents):
-        seen.extend(latents.clone())
-        return decode(latents)
-
-    pipe._decode = spy
+    seen = capture_latents(pipe)
     outs = []
     for i in range(0, len(inputs), fbs):
         outs += pipe.push(inputs[i:i + fbs] if fbs > 1 else inputs[i])
