@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from streamstudio.app.batching import BatchingConfig  # noqa: E402
 from streamstudio.app.commands.bench import closed_loop, device_name  # noqa: E402
 from streamstudio.app.sessions import ServerModel, SessionManager  # noqa: E402
+from streamstudio.device import pick_device  # noqa: E402
 from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "multistream.json"
@@ -53,8 +54,7 @@ def main(argv=None) -> int:
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args(argv)
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if args.device == "auto" else args.device))
+    device = pick_device(args.device)
     if device.type == "cpu":
         torch.set_num_threads(min(2, os.cpu_count() or 1))
     warmup, window = (2.0, 4.0) if args.quick else (4.0, 10.0)

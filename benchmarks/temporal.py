@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from streamstudio.app.commands.bench import device_name  # noqa: E402
+from streamstudio.device import pick_device  # noqa: E402
 from streamstudio.models import feature_bank  # noqa: E402
 from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig  # noqa: E402
 
@@ -212,8 +213,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=1, help="denoising steps (default 1, as sd-turbo)")
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args(argv)
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if args.device == "auto" else args.device))
+    device = pick_device(args.device)
     if device.type == "cpu":
         torch.set_num_threads(min(2, os.cpu_count() or 1))
     n, repeats = (16, 1) if args.quick else (32, 3)
