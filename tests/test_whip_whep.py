@@ -11,7 +11,7 @@ import time
 import httpx
 import numpy as np
 import pytest
-from test_webapp_live import SIZE, start
+from test_webapp_live import SIZE, pattern, start, wait_for
 
 TOKEN = "s3cret-token"
 
@@ -25,23 +25,6 @@ def server():
 
 def run(coro, timeout: float = 120):
     return asyncio.run(asyncio.wait_for(coro, timeout))
-
-
-async def wait_for(predicate, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.1)
-
-
-def pattern(i: int) -> np.ndarray:
-    """A 96x128 test card with a moving bar (RGB)."""
-    img = np.zeros((96, 128, 3), np.uint8)
-    img[:, :64] = (200, 40, 40)
-    img[48:, :, 2] = 220
-    x = (4 * i) % 128
-    img[:, x:x + 8] = 255
-    return img
 
 
 # ---------------------------------------------------------------------- RFC clients
