@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import platform
 import sys
+import traceback
 
 from streamstudio.errors import StreamStudioError
 
@@ -32,11 +34,36 @@ def _chosen_command(argv: list[str] | None) -> str | None:
     return None
 
 
+VERBOSE_HELP = ("more detail: StreamStudio's debug log (device, threads, versions, stage failures) and, "
+                "for an error, the chain of causes behind its one line")
+
+
+def setup_logging(verbose: bool) -> None:
+    """INFO for everyone; with `verbose`, DEBUG for StreamStudio's own loggers only (torch's,
+    PIL's and the HTTP clients' debug output would bury ours)."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("streamstudio").setLevel(logging.DEBUG if verbose else logging.NOTSET)
+    if verbose:
+        import torch
+
+        log = logging.getLogger("streamstudio.cli")
+        log.debug("python %s, torch %s, CUDA %s, %d CPU threads", platform.python_version(), torch.__version__,
+                  torch.cuda.get_device_name(0) if torch.cuda.is_available() else "not available",
+                  torch.get_num_threads())
+
+
+def report_error(exc: StreamStudioError, verbose: bool) -> None:
+    """One `error:` line; with `verbose`, the causes and where they were raised before it."""
+    if verbose:
+        traceback.print_exception(exc, file=sys.stderr)
+    print(f"error: {exc}", file=sys.stderr)
+
+
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The parser with every command, or only the one named in `argv`."""
     parser = argparse.ArgumentParser(prog="streamstudio", description="StreamStudio: real-time generative media "
                                      "(stream-batched diffusion, streaming video, Gaussian splats)")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    parser.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     chosen = _chosen_command(argv)
     for name, module_name in COMMANDS.items():
@@ -49,6 +76,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                 continue
             raise
         sub_parser = module.add_parser(sub)
+        # `-v` after the command too (`streamstudio render -v ...`); SUPPRESS keeps one given first
+        sub_parser.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=VERBOSE_HELP)
         sub_parser.set_defaults(_run=module.run)
     return parser
 
@@ -57,15 +86,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(argv)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(levelname)s %(name)s: %(message)s")
+    setup_logging(args.verbose)
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
     try:
         return int(args._run(args) or 0)
     except StreamStudioError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        report_error(exc, args.verbose)
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
