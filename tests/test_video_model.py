@@ -36,6 +36,52 @@ def test_shift_is_half_a_window_on_odd_layers():
     assert window_shift((4, 8, 8), 0, True) == (0, 0, 0)
     assert window_shift((4, 8, 8), 1, True) == (2, 4, 4)
     assert window_shift((4, 8, 8), 1, False) == (0, 0, 0)
+    # an axis the window spans whole is not shifted (Swin): the tiny model's 8x8 tokens
+    assert window_shift((4, 8, 8), 1, True, grid=(8, 8, 8)) == (2, 0, 0)
+
+
+def test_shifted_layer_never_attends_across_the_buffer_ends():
+    """Perturb the newest frames' tokens; in a shifted layer the oldest frames' outputs stay
+    the same (with the old unmasked wrap-around they would change), while the frames inside
+    the newest frames' own shifted window do change."""
+    torch.manual_seed(0)
+    grid, window, d = (8, 2, 2), (4, 2, 2), 16
+    shift = window_shift(window, 1, True, grid)
+    assert shift == (2, 0, 0)
+    attn = WindowSelfAttention(d, heads=2).double()
+    x = torch.randn(1, *grid, d, dtype=torch.float64)  # (B, F, H, W, D), frame 0 oldest
+    y = x.clone()
+    y[:, 6:] += torch.randn_like(y[:, 6:])  # the two newest frames
+    with torch.no_grad():
+        a, b = attn(x, window, shift), attn(y, window, shift)
+    change = (a - b).abs().amax(dim=(0, 2, 3, 4))  # (F,) per frame
+    # shifted windows cut the frame axis at 2 and 6: {0, 1}, {2..5}, {6, 7}
+    assert change[:6].max() == 0
+    assert change[6:].min() > 1e-3
+    # the same perturbation of frames 4, 5 reaches frames 2..5 only
+    z = x.clone()
+    z[:, 4:6] += 1.0
+    with torch.no_grad():
+        change = (a - attn(z, window, shift)).abs().amax(dim=(0, 2, 3, 4))
+    assert change[[0, 1, 6, 7]].max() == 0 and change[2:6].min() > 1e-3
+
+
+def test_model_output_of_oldest_frames_ignores_a_newest_frame_beyond_the_windows():
+    """In the whole network (2 layers: unshifted windows {0..3}, {4..7}, then shifted {0, 1},
+    {2..5}, {6, 7}), frame 7 can reach frames 4..7 and through them 2..5, never frames 0, 1."""
+    torch.manual_seed(0)
+    model = StreamDiT(StreamDiTConfig(hidden_size=32, depth=2, num_heads=2, window=(4, 8, 8))).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+        text = model.encode_text("a red circle")
+        x = torch.randn(1, 8, 3, 16, 16)  # (B, F, C, H, W)
+        t = torch.linspace(1, 0, 8)[None]  # oldest frames nearly clean, newest pure noise
+        y = x.clone()
+        y[:, 7] = torch.randn_like(y[:, 7])
+        change = (model(x, t, text) - model(y, t, text)).abs().amax(dim=(0, 2, 3, 4))  # (F,)
+    assert change[:2].max() == 0
+    assert change[2:].min() > 1e-6
 
 
 def test_named_configs_sizes():

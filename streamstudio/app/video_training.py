@@ -45,6 +45,7 @@ class VideoTrainConfig:
     mode: str = "flow"  # "flow" (buffered flow matching) or "distill"
     teacher: str | None = None  # checkpoint folder of the teacher (distill mode)
     teacher_steps: int = 4  # the teacher's micro-steps per chunk (distill mode)
+    init: str | None = None  # start (flow mode) from the weights of this checkpoint folder, new optimizer
     steps: int = 1000
     batch_size: int = 8
     buffer_frames: int = 8  # B = N * c frames that are denoised
@@ -121,6 +122,9 @@ class VideoTrainer:
             model = StreamDiT(self.teacher.cfg)
             model.load_state_dict(self.teacher.state_dict())
             return model
+        if self.cfg.init and not self.cfg.resume:  # the architecture is the checkpoint's
+            model, _ = load_checkpoint(self.cfg.init)
+            return model.train()
         torch.manual_seed(self.cfg.seed)
         return StreamDiT(named_config(self.cfg.model))
 

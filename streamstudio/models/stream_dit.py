@@ -6,8 +6,9 @@ An adaLN DiT over a buffer of video latents (F, H, W):
 - a time embedding per frame that, with the pooled text embedding, drives each block's
   scale, shift and gate (adaLN-Zero, as DiT),
 - window self-attention over (Fw, Hw, Ww) windows of tokens, the windows shifted cyclically
-  by half a window on alternate layers (Swin-style), computed with
-  `scaled_dot_product_attention` on window-partitioned tokens (no dense mask),
+  by half a window on alternate layers (Swin-style: the wrapped part is masked, so no token
+  attends across the ends of an axis, and an axis the window spans whole is not shifted),
+  computed with `scaled_dot_product_attention` on window-partitioned tokens (a per-window mask),
 - text cross-attention to the tokens of a small self-contained text encoder (a fixed word
   vocabulary plus hashed buckets, one tiny transformer layer; no hub downloads).
 
@@ -191,11 +192,39 @@ def effective_window(window: tuple[int, int, int], grid: tuple[int, int, int]) -
     return eff  # type: ignore[return-value]
 
 
-def window_shift(window: tuple[int, int, int], layer: int, enabled: bool) -> tuple[int, int, int]:
-    """Half a window on odd layers (0 on even layers or when shifting is off)."""
+def window_shift(window: tuple[int, int, int], layer: int, enabled: bool,
+                 grid: tuple[int, int, int] | None = None) -> tuple[int, int, int]:
+    """Half a window on odd layers (0 on even layers or when shifting is off). As in Swin, an
+    axis whose window already spans the whole `grid` is not shifted (one window either way)."""
     if not enabled or layer % 2 == 0:
         return (0, 0, 0)
-    return tuple(w // 2 for w in window)  # type: ignore[return-value]
+    if grid is None:
+        return tuple(w // 2 for w in window)  # type: ignore[return-value]
+    return tuple(0 if w >= g else w // 2 for w, g in zip(window, grid))  # type: ignore[return-value]
+
+
+def shifted_window_mask(grid: tuple[int, int, int], window: tuple[int, int, int],
+                        shift: tuple[int, int, int], device: torch.device | None = None) -> torch.Tensor | None:
+    """Swin's mask for the cyclic shift: (nWindows, n, n) bool, True where two tokens of a window
+    may attend, i.e. both came from the same side of the wrap (no token attends across the
+    ends of an axis: the oldest frames never see the newest). None when nothing is shifted.
+
+    In the rolled grid each axis splits into [0, g - w), [g - w, g - s) and [g - s, g); the last
+    window holds tokens of the latter two regions, which are far apart before the roll."""
+    if not any(shift):
+        return None
+    labels = torch.zeros(grid, dtype=torch.long, device=device)  # (F, H, W) region id per rolled token
+    for axis, (g, w, s) in enumerate(zip(grid, window, shift)):
+        if not s:
+            continue
+        region = torch.zeros(g, dtype=torch.long, device=device)
+        region[g - w : g - s] = 1
+        region[g - s :] = 2
+        view = [1, 1, 1]
+        view[axis] = g
+        labels = labels * 3 + region.view(view)
+    win = window_partition(labels[None, ..., None], window)[..., 0]  # (nWindows, n)
+    return win[:, :, None] == win[:, None, :]  # (nWindows, n, n)
 
 
 class WindowSelfAttention(nn.Module):
@@ -208,12 +237,19 @@ class WindowSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, window: tuple[int, int, int], shift: tuple[int, int, int]) -> torch.Tensor:
         """x: (B, F, H, W, D) -> (B, F, H, W, D), attention inside each (shifted) window."""
         b, f, h, w, d = x.shape
+        mask = shifted_window_mask((f, h, w), window, shift, x.device)  # (nW, n, n) or None
         if any(shift):
             x = torch.roll(x, shifts=tuple(-s for s in shift), dims=(1, 2, 3))
         win = window_partition(x, window)  # (B*nW, n, D)
         qkv = self.qkv(win).view(win.shape[0], win.shape[1], 3, self.heads, d // self.heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B*nW, heads, n, hd)
-        out = F.scaled_dot_product_attention(q, k, v)  # (B*nW, heads, n, hd)
+        if mask is not None:  # wrapped tokens of the last windows are kept apart (Swin)
+            nw, n = mask.shape[0], mask.shape[1]
+            q, k, v = (a.reshape(b, nw, self.heads, n, -1) for a in (q, k, v))  # (B, nW, heads, n, hd)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None, :, None])
+            out = out.reshape(b * nw, self.heads, n, -1)  # (B*nW, heads, n, hd)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v)  # (B*nW, heads, n, hd)
         out = self.proj(out.transpose(1, 2).reshape(win.shape))  # (B*nW, n, D)
         out = window_merge(out, window, (b, f, h, w))  # (B, F, H, W, D)
         if any(shift):
@@ -223,11 +259,14 @@ class WindowSelfAttention(nn.Module):
 
 def window_attention_mask(grid: tuple[int, int, int], window: tuple[int, int, int],
                           shift: tuple[int, int, int]) -> torch.Tensor:
-    """The dense (N, N) bool mask equivalent to shifted-window attention on a flattened grid."""
+    """The dense (N, N) bool mask equivalent to shifted-window attention on a flattened grid.
+
+    Built without any roll: shifting by s cuts each axis at s, s + w, s + 2w, ..., so a token's
+    window along an axis is floor((p - s) / w) (the first s positions form a window of their own,
+    as do the last ones): what zero-padding the grid by w - s before and s after would give."""
     coords = torch.stack(torch.meshgrid(*[torch.arange(g) for g in grid], indexing="ij"), -1)  # (F, H, W, 3)
     coords = coords.reshape(-1, 3)
-    rolled = (coords - torch.tensor(shift)) % torch.tensor(grid)  # position after the cyclic shift
-    win_id = rolled // torch.tensor(window)  # (N, 3)
+    win_id = torch.div(coords - torch.tensor(shift), torch.tensor(window), rounding_mode="floor")  # (N, 3)
     return (win_id[:, None, :] == win_id[None, :, :]).all(-1)  # (N, N)
 
 
@@ -346,7 +385,7 @@ class StreamDiT(nn.Module):
         cond = cond + text.pooled[:, None, :]
         window = effective_window(self.cfg.window, (f, h, w))
         for i, block in enumerate(self.blocks):
-            tok = block(tok, cond, text, window, window_shift(window, i, self.cfg.shift_windows))
+            tok = block(tok, cond, text, window, window_shift(window, i, self.cfg.shift_windows, (f, h, w)))
         shift, scale = self.final_ada(cond).chunk(2, dim=-1)  # (B, F, D)
         out = self.final(modulate(self.final_norm(tok), shift, scale))  # (B, F, h, w, p*p*C)
         out = out.view(b, f, h, w, p, p, c).permute(0, 1, 6, 2, 4, 3, 5)  # (B, F, C, h, p, w, p)
