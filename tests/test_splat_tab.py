@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from streamstudio.app import splat_tab
-from streamstudio.app.splat_tab import (SplatSession, ViewSettings, click_orbit, load_into, parse_color, play,
+from streamstudio.app.splat_tab import (SplatSession, ViewSettings, click_orbit, load_into, play,
                                         play_times, render_view, stylize)
 from streamstudio.errors import StreamStudioError
 
@@ -22,14 +22,6 @@ def static_session():
 @pytest.fixture(scope="module")
 def dynamic_session():
     return load_into(SplatSession(), None, "4D sample (orbiting moons)")[0]
-
-
-def test_parse_color_accepts_what_pickers_give():
-    assert parse_color("#ff8000") == (1.0, 128 / 255, 0.0)
-    assert parse_color("#fff") == (1.0, 1.0, 1.0)
-    assert parse_color("rgba(255, 0, 51, 1)") == (1.0, 0.0, 0.2)
-    with pytest.raises(StreamStudioError):
-        parse_color("blue-ish")
 
 
 def test_load_reports_counts_and_rejects_nothing(static_session, tmp_path):

@@ -17,7 +17,7 @@ from test_streaming_clips import (
 )
 
 from streamstudio.errors import StreamStudioError
-from streamstudio.streaming.sinks import HlsSink, fit_frame, open_sink
+from streamstudio.streaming.sinks import HlsSink, open_sink
 from streamstudio.streaming.sources import (
     MAX_SIDE,
     ArraySource,
@@ -116,17 +116,6 @@ def test_odd_size_video_is_padded_to_even_for_yuv420(tmp_path):
     copy_through(str(clip), tmp_path / "out.mp4")
     out = probe(tmp_path / "out.mp4")
     assert (out.width, out.height, out.frames) == (64, 48, 6)
-
-
-def test_fit_frame_pads_crops_and_resizes():
-    frame = np.arange(5 * 7 * 3, dtype=np.uint8).reshape(5, 7, 3)
-    padded = fit_frame(frame, 8, 6)
-    assert padded.shape == (6, 8, 3) and np.array_equal(padded[:5, :7], frame)
-    assert np.array_equal(padded[5, :7], frame[4])  # edge repeated, not black
-    assert fit_frame(frame, 6, 4).shape == (4, 6, 3)
-    assert fit_frame(frame, 64, 40).shape == (40, 64, 3)
-    with pytest.raises(StreamStudioError):
-        fit_frame(frame.astype(np.float32), 8, 6)
 
 
 def test_very_large_frames_are_downscaled(tmp_path):

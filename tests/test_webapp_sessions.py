@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from streamstudio.app.sessions import BusyError, ServerModel, SessionManager, fit_frame, parse_settings
+from streamstudio.app.sessions import BusyError, ServerModel, SessionManager, parse_settings
 from streamstudio.errors import StreamStudioError
 from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
 
@@ -64,28 +64,6 @@ def test_parse_settings_accepts_and_normalizes():
 def test_parse_settings_rejects_with_a_message(bad, words):
     with pytest.raises(StreamStudioError, match=words):
         parse_settings(bad)
-
-
-def test_fit_frame_crops_to_the_aspect():
-    img = np.arange(48 * 80 * 3, dtype=np.uint8).reshape(48, 80, 3)
-    out = fit_frame(img, 64, 64)
-    assert out.shape == (48, 48, 3) and np.array_equal(out, img[:, 16:64])
-    assert fit_frame(img, 128, 32).shape == (20, 80, 3)
-    assert fit_frame(img, 64, 64, "crop").shape == (48, 48, 3)
-
-
-def test_fit_frame_pads_to_the_aspect_keeping_the_whole_picture():
-    img = np.full((48, 80, 3), 200, np.uint8)
-    out = fit_frame(img, 64, 64, "pad")  # wide into square: black bars above and below
-    assert out.shape == (80, 80, 3) and np.array_equal(out[16:64], img)
-    assert not out[:16].any() and not out[64:].any()
-    tall = fit_frame(img, 32, 128, "pad")  # into a tall frame: bars above and below too
-    assert tall.shape == (320, 80, 3) and np.array_equal(tall[136:184], img)
-    side = fit_frame(np.full((80, 48, 3), 9, np.uint8), 64, 64, "pad")  # tall into square: bars left and right
-    assert side.shape == (80, 80, 3) and (side[:, 16:64] == 9).all() and not side[:, :16].any()
-    assert fit_frame(img, 160, 96, "pad") is img  # the aspect already: untouched
-    with pytest.raises(StreamStudioError, match="fit"):
-        fit_frame(img, 64, 64, "stretch")
 
 
 def test_fit_setting_pads_the_camera_frame_in_a_session(manager):
@@ -241,8 +219,8 @@ def test_live_tab_fit_control_reaches_the_session(manager, monkeypatch):
     from streamstudio.app.webrtc import LiveHandler
 
     fitted = []
-    real = sessions.fit_frame
-    monkeypatch.setattr(sessions, "fit_frame", lambda *a: fitted.append(real(*a)) or fitted[-1])
+    real = sessions.fit_aspect
+    monkeypatch.setattr(sessions, "fit_aspect", lambda *a: fitted.append(real(*a)) or fitted[-1])
     assert LIVE_KEYS[-1] == "fit"
     handler = LiveHandler(manager, LIVE_KEYS, webrtc_id=lambda: "fit")
     values = ("a cat", "", 0.6, 1.2, 1.0, "self", 7, False, 0.98, "off", "pad")

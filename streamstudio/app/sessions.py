@@ -25,6 +25,7 @@ from collections.abc import Callable
 import numpy as np
 
 from streamstudio.errors import StreamStudioError
+from streamstudio.frames import FIT_MODES, fit_aspect
 
 log = logging.getLogger(__name__)
 
@@ -109,38 +110,6 @@ def _prompt_texts(settings: dict) -> list[str]:
     prompt = settings.get("prompt", "")
     texts += [prompt] if isinstance(prompt, str) else [text for text, _ in prompt]
     return texts
-
-
-FIT_MODES = ("crop", "pad")  # how a frame of another aspect ratio meets the stream's size
-
-
-def fit_frame(frame: np.ndarray, width: int, height: int, fit: str = "crop") -> np.ndarray:
-    """An RGB frame brought to the aspect ratio width:height without stretching it (the pipeline
-    then resizes): "crop" cuts the longer side's ends (centred), "pad" adds black bars to the
-    shorter side (centred; the whole picture kept)."""
-    if fit not in FIT_MODES:
-        raise StreamStudioError(f"fit must be one of {', '.join(FIT_MODES)}, got {fit!r}")
-    h, w = frame.shape[:2]
-    too_wide = w * height > h * width
-    if fit == "pad":
-        if too_wide:  # bars above and below
-            new_h = max(h, round(w * height / width))
-            top = (new_h - h) // 2
-            pad = ((top, new_h - h - top), (0, 0))
-        else:  # bars left and right
-            new_w = max(w, round(h * width / height))
-            left = (new_w - w) // 2
-            pad = ((0, 0), (left, new_w - w - left))
-        if pad == ((0, 0), (0, 0)):
-            return frame
-        return np.pad(frame, (*pad, *[(0, 0)] * (frame.ndim - 2)), mode="constant")
-    if too_wide:
-        new_w = max(1, round(h * width / height))
-        x0 = (w - new_w) // 2
-        return frame[:, x0:x0 + new_w]
-    new_h = max(1, round(w * height / width))
-    y0 = (h - new_h) // 2
-    return frame[y0:y0 + new_h]
 
 
 PROBE_BITS = 10  # latency probe: a frame counter drawn as blocks in the top band
@@ -398,7 +367,7 @@ class StreamSession:
         pipe = self._pipe
         probe = read_probe(frame) if self.model.latency_probe and frame is not None else None
         if frame is not None:
-            frame = fit_frame(frame, pipe.config.width, pipe.config.height, self.fit)
+            frame = fit_aspect(frame, pipe.config.width, pipe.config.height, self.fit)
         skipped = pipe.stats.skipped
         with self.model.frame_lock():
             out = pipe(frame)

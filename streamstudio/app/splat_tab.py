@@ -14,7 +14,6 @@ camera_path.json and "Load path" reads one (or SuperSplat's animation); Stylize 
 from __future__ import annotations
 
 import logging
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +21,9 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from streamstudio.device import pick_device
 from streamstudio.errors import StreamStudioError
+from streamstudio.frames import parse_color
 from streamstudio.models.gaussians import GaussianScene, load_scene
 from streamstudio.pipelines.splat_render import (MODES, PATHS, Keyframe, KeyframePath, SceneFit, SplatRenderConfig,
                                                  camera_path, fitted_camera, render, to_frame, with_camera_model)
@@ -59,11 +60,9 @@ class ViewSettings:
 
     def render_config(self, device: str | None = None) -> SplatRenderConfig:
         """The renderer settings; the device is the GPU when there is one (the CUDA kernel)."""
-        if device is None:
-            import torch
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+        background = parse_color(self.background, "background colour")
         return SplatRenderConfig(width=int(self.width), height=int(self.height), sh_degree=int(self.sh_degree),
-                                 background=parse_color(self.background), mode=self.mode.lower(), device=device,
+                                 background=background, mode=self.mode.lower(), device=device or str(pick_device()),
                                  camera=(self.camera or "perspective").lower(),
                                  fov_y_deg=120.0 if (self.camera or "").lower() == "fisheye" else 50.0)
 
@@ -76,21 +75,6 @@ class SplatSession:
     stop_requested: bool = False
     pipe: object = None  # the img2img stream of this session, made on the first Stylize
     path: KeyframePath | None = None  # the authored fly-through (keyframes), when there is one
-
-
-def parse_color(value: str | None) -> tuple[float, float, float]:
-    """'#rrggbb', '#rgb' or 'rgb(a)(r, g, b[, a])' (what Gradio colour pickers give) -> RGB in 0..1."""
-    text = (value or "#000000").strip().lower()
-    m = re.fullmatch(r"#([0-9a-f]{6})", text) or re.fullmatch(r"#([0-9a-f]{3})", text)
-    if m:
-        digits = m.group(1) if len(m.group(1)) == 6 else "".join(c * 2 for c in m.group(1))
-        return tuple(int(digits[i:i + 2], 16) / 255 for i in (0, 2, 4))
-    m = re.fullmatch(r"rgba?\(([^)]*)\)", text)
-    if m:
-        parts = [float(p) for p in m.group(1).split(",")[:3]]
-        if len(parts) == 3:
-            return tuple(min(max(p / 255, 0.0), 1.0) for p in parts)
-    raise StreamStudioError(f"background colour {value!r} is not a colour like #1a2b3c")
 
 
 def load_into(session: SplatSession, upload: str | None, sample: str | None) -> tuple[SplatSession, str]:

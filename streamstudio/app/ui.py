@@ -26,7 +26,7 @@ from streamstudio.pipelines.stream_diffusion import MAX_PROMPT_CHARS
 log = logging.getLogger(__name__)
 
 T2I_TICK_S = 0.2  # text-to-image refresh interval
-LIVE_KEYS = (*UI_SETTING_KEYS, "fit")  # the Live tab's controls, in order (fit: sessions.FIT_MODES)
+LIVE_KEYS = (*UI_SETTING_KEYS, "fit")  # the Live tab's controls, in order (fit: frames.FIT_MODES)
 FIT_CHOICES = [("Crop to fill", "crop"), ("Pad: the whole picture, with bars", "pad")]
 
 # Small outputs (a 64x64 demo model, a 256 px image) are drawn at the panel's size, not as stamps.

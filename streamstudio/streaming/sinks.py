@@ -29,6 +29,7 @@ from urllib.parse import urlparse
 import numpy as np
 
 from streamstudio.errors import StreamStudioError
+from streamstudio.frames import even_size, fit
 from streamstudio.streaming.sources import IMAGE_SUFFIXES, AudioTrack, as_fraction
 
 log = logging.getLogger(__name__)
@@ -52,28 +53,6 @@ class SinkStatus:
     reconnects: int = 0
     error: str | None = None
     closed: bool = False
-
-
-def even_size(width: int, height: int) -> tuple[int, int]:
-    return width + width % 2, height + height % 2
-
-
-def fit_frame(frame: np.ndarray, width: int, height: int) -> np.ndarray:
-    """(H, W, 3) uint8 -> (height, width, 3): resized when the size differs by more than the
-    odd-size padding, else padded (edge pixels repeated) or cropped to exactly that size."""
-    frame = np.asarray(frame)
-    if frame.ndim != 3 or frame.shape[2] != 3 or frame.dtype != np.uint8:
-        raise StreamStudioError(f"a sink takes RGB uint8 (H, W, 3) frames, got {frame.dtype} {frame.shape}")
-    h, w = frame.shape[:2]
-    if abs(h - height) > 1 or abs(w - width) > 1:
-        import cv2
-
-        return cv2.resize(frame, (width, height), interpolation=cv2.INTER_AREA if w > width else cv2.INTER_LINEAR)
-    if h > height or w > width:
-        frame = frame[:height, :width]
-    if h < height or w < width:
-        frame = np.pad(frame, ((0, height - frame.shape[0]), (0, width - frame.shape[1]), (0, 0)), mode="edge")
-    return np.ascontiguousarray(frame)
 
 
 def make_output_folder(folder: str | Path, what: str = "output") -> Path:
@@ -161,7 +140,7 @@ class _Encoder:
         ticks = round(pts / self.time_base)
         if self.last_pts is not None and ticks <= self.last_pts:
             ticks = self.last_pts + 1  # keep timestamps strictly increasing
-        vf = av.VideoFrame.from_ndarray(fit_frame(frame, self.width, self.height), format="rgb24")
+        vf = av.VideoFrame.from_ndarray(fit(frame, self.width, self.height), format="rgb24")
         vf.pts, vf.time_base = ticks, self.time_base
         vf.duration = self.frame_ticks
         self.last_pts = ticks
@@ -346,7 +325,7 @@ class ImageSequenceSink(Sink):
     def write(self, frame: np.ndarray, pts: float | None = None) -> None:
         from PIL import Image
 
-        Image.fromarray(fit_frame(frame, self.width, self.height)).save(self.pattern % self.status.frames_written)
+        Image.fromarray(fit(frame, self.width, self.height)).save(self.pattern % self.status.frames_written)
         self.status.frames_written += 1
 
 
@@ -608,7 +587,7 @@ class VirtualCameraSink(Sink):
                                     "OBS (Windows/macOS)") from exc
 
     def write(self, frame: np.ndarray, pts: float | None = None) -> None:
-        self._cam.send(fit_frame(frame, self.width, self.height))
+        self._cam.send(fit(frame, self.width, self.height))
         self.status.frames_written += 1
 
     def close(self) -> None:

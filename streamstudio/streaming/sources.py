@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from streamstudio.errors import StreamStudioError
+from streamstudio.frames import to_rgb
 
 log = logging.getLogger(__name__)
 
@@ -92,25 +93,9 @@ class Source:
 
 # ---------------------------------------------------------------------------- frame helpers
 def to_rgb_frame(image: np.ndarray, max_side: int = MAX_SIDE) -> np.ndarray:
-    """Any (H, W), (H, W, 1|3|4) uint8/uint16/float array -> contiguous (H, W, 3) uint8 RGB,
-    downscaled (aspect kept) so that its longer side is at most `max_side`."""
-    image = np.asarray(image)
-    if image.ndim == 2:
-        image = image[:, :, None]
-    if image.ndim != 3 or image.shape[2] not in (1, 3, 4) or 0 in image.shape[:2]:
-        raise StreamStudioError(f"expected an image of shape (H, W), (H, W, 1|3|4), got {image.shape}")
-    if image.dtype != np.uint8:
-        if image.dtype == np.uint16:
-            image = (image >> 8).astype(np.uint8)
-        elif np.issubdtype(image.dtype, np.floating):
-            image = (np.clip(image, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
-        else:
-            image = np.clip(image, 0, 255).astype(np.uint8)
-    if image.shape[2] == 1:
-        image = np.repeat(image, 3, axis=2)
-    elif image.shape[2] == 4:
-        image = image[:, :, :3]
-    return downscale(np.ascontiguousarray(image), max_side)
+    """Any image `frames.to_rgb` takes -> (H, W, 3) uint8 RGB, downscaled (aspect kept) so that
+    its longer side is at most `max_side`."""
+    return downscale(to_rgb(image), max_side)
 
 
 def downscale(image: np.ndarray, max_side: int = MAX_SIDE) -> np.ndarray:

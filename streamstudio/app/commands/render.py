@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from streamstudio.errors import StreamStudioError
+from streamstudio.frames import fit_aspect
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +28,7 @@ VIDEO_ARGS = ("prompt", "input", "output", "frames", "seed", "width", "height", 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     from streamstudio.app.commands.generate import add_pipeline_arguments
-    from streamstudio.app.sessions import FIT_MODES
+    from streamstudio.frames import FIT_MODES
 
     p = subparsers.add_parser("render", help="render a video, images, a webcam or a pattern through a pipeline",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -254,17 +255,15 @@ def _run_image(args) -> int:
 
 class FittedFrames:
     """A frame processor whose input frames are first cropped or padded to the stream's aspect
-    ratio (sessions.fit_frame, the one fit/crop), so the pipeline's resize never stretches them.
+    ratio (frames.fit_aspect, the one fit/crop), so the pipeline's resize never stretches them.
     Everything else is the pipeline's."""
 
     def __init__(self, pipe, fit: str = "crop"):
         self.pipe, self.fit = pipe, fit
 
     def _fit(self, frame):
-        from streamstudio.app.sessions import fit_frame
-
         cfg = self.pipe.config
-        return frame if frame is None else fit_frame(frame, cfg.width, cfg.height, self.fit)
+        return frame if frame is None else fit_aspect(frame, cfg.width, cfg.height, self.fit)
 
     def push(self, frame):
         return self.pipe.push(self._fit(frame))

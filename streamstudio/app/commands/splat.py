@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from streamstudio.errors import StreamStudioError
+from streamstudio.frames import parse_color
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--ortho-height", type=float, default=None, help="ortho: scene units across the image height")
     p.add_argument("--elevation", type=float, default=20.0, help="orbit elevation in degrees (default 20)")
     p.add_argument("--sh-degree", type=int, default=3, help="spherical-harmonics degree 0..3 (default 3)")
-    p.add_argument("--background", default="0,0,0", help="background R,G,B in 0..1 or #rrggbb (default black)")
+    p.add_argument("--background", default="0,0,0", help="background #rrggbb, #rgb or R,G,B in 0..1 (default black)")
     p.add_argument("--mode", choices=MODES, default="rgb", help="rgb, depth or alpha (default rgb)")
     p.add_argument("--renderer", choices=IMPLS, default="auto",
                    help="rasteriser (default auto: CUDA on a GPU, the fast CPU path otherwise; fast_compiled "
@@ -99,19 +100,6 @@ def parse_size(text: str) -> tuple[int, int]:
     if not (8 <= w <= 4096 and 8 <= h <= 4096):
         raise StreamStudioError(f"--size {text} is out of range; use 8..4096 pixels a side")
     return w, h
-
-
-def parse_color(text: str) -> tuple[float, float, float]:
-    text = text.strip()
-    try:
-        if text.startswith("#") and len(text) == 7:
-            return tuple(int(text[i:i + 2], 16) / 255 for i in (1, 3, 5))
-        values = tuple(float(v) for v in text.split(","))
-    except ValueError:
-        values = ()
-    if len(values) != 3 or not all(0 <= v <= 1 for v in values):
-        raise StreamStudioError(f"--background must be R,G,B in 0..1 or #rrggbb, got {text!r}")
-    return values
 
 
 def scene_path(name: str) -> Path:
@@ -332,8 +320,9 @@ def render_scene(args) -> int:
     if keyed is not None and args.fov is not None:
         log.warning("--fov ignored: the path file gives each camera's field of view")
     device = pick_device(args.device)
+    background = parse_color(args.background, "--background")
     cfg = SplatRenderConfig(width=width, height=height, fov_y_deg=50.0 if args.fov is None else args.fov,
-                            sh_degree=args.sh_degree, background=parse_color(args.background), mode=args.mode,
+                            sh_degree=args.sh_degree, background=background, mode=args.mode,
                             impl=args.renderer, device=str(device), antialiased=args.antialiased,
                             camera=args.camera, ortho_height=args.ortho_height)
     cfg.check()
