@@ -259,3 +259,82 @@ def test_push_source_feeds_a_live_run_from_other_code():
     assert sink.frames[-1].shape == (16, 16, 3) and int(sink.frames[-1][0, 0, 0]) == 4
     with pytest.raises(StreamStudioError):
         src.put(np.zeros((16, 16, 3), np.uint8))
+
+
+def wait_for(predicate, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_a_sink_attached_to_a_running_run_gets_frames_until_detached():
+    src = PushSource(16, 16, fps=30)
+    runner = Runner(src, IdentityProcessor(), ListSink()).start()
+    src.put(np.full((16, 16, 3), 1, np.uint8))
+    wait_for(lambda: runner.metrics().frames_out == 1)
+    late = ListSink()
+    attachment = runner.attach(late)
+    assert runner.attachments == [attachment] and late.frames == []  # only what comes after attaching
+    for value in (2, 3):
+        src.put(np.full((16, 16, 3), value, np.uint8))
+        wait_for(lambda: len(late.frames) == value - 1)
+    runner.detach(attachment)
+    assert not attachment.running and late.status.closed and runner.attachments == []
+    src.put(np.full((16, 16, 3), 4, np.uint8))
+    wait_for(lambda: runner.metrics().frames_out == 4)
+    assert [int(f[0, 0, 0]) for f in late.frames] == [2, 3] and attachment.frames == 2
+    assert not attachment.ended and attachment.error is None  # detached, not ended with the run
+    src.close()
+    assert runner.wait(5)
+
+
+def test_a_paced_attachment_writes_at_a_constant_rate_and_ends_with_the_run():
+    src = PushSource(16, 16, fps=30)
+    runner = Runner(src, IdentityProcessor(), ListSink()).start()
+    paced = ListSink()
+    attachment = runner.attach(paced, fps=50)
+    src.put(np.full((16, 16, 3), 7, np.uint8))  # one frame: repeated at 50 fps
+    wait_for(lambda: len(paced.frames) >= 10)
+    assert all(int(f[0, 0, 0]) == 7 for f in paced.frames) and set(paced.pts) == {None}  # timestamps by the sink
+    runner.stop(interrupted=False)
+    wait_for(lambda: not attachment.running)
+    assert attachment.ended and paced.status.closed and attachment.frames == len(paced.frames)
+    with pytest.raises(StreamStudioError, match="ended"):
+        runner.attach(ListSink())
+    src.close()
+    runner.wait(5)
+
+
+class FailingSink(ListSink):
+    def write(self, frame, pts=None):
+        raise OSError("disk full")
+
+
+def test_a_failing_attached_sink_ends_alone():
+    src = PushSource(16, 16, fps=30)
+    main = ListSink()
+    runner = Runner(src, IdentityProcessor(), main).start()
+    broken, good = runner.attach(FailingSink()), runner.attach(ListSink())
+    src.put(np.zeros((16, 16, 3), np.uint8))
+    wait_for(lambda: not broken.running)
+    assert "disk full" in broken.error and broken.sink.status.closed and runner.attachments == [good]
+    src.put(np.zeros((16, 16, 3), np.uint8))
+    wait_for(lambda: len(main.frames) == 2 and good.frames == 2)
+    assert runner.error is None and not runner.stopped
+    src.close()
+    assert runner.wait(5) and good.ended and good.sink.status.closed
+
+
+def test_recent_metrics_follow_a_live_run():
+    src = PushSource(16, 16, fps=30)
+    runner = Runner(src, IdentityProcessor(), ListSink()).start()
+    assert runner.metrics().recent_latency_ms is None
+    for i in range(6):
+        src.put(np.zeros((16, 16, 3), np.uint8))
+        time.sleep(0.02)
+    wait_for(lambda: runner.metrics().frames_out == 6)
+    m = runner.metrics()
+    assert 5 < m.recent_fps < 200 and m.recent_latency_ms > 0
+    src.close()
+    runner.wait(5)

@@ -8,6 +8,11 @@ Offline mode (files, folders): every frame goes through, the queues apply back-p
 the processor is driven with `push()` / `flush()`, so output frame i is the processed input
 frame i with input frame i's timestamp, whatever the processor's internal delay.
 
+Sinks attached to a running run (`attach(sink, fps)`: a recording, an RTMP push, a viewer's
+encoder) each get the newest output in their own thread, so a slow sink never holds back the run
+or the other sinks; `detach()` ends one (its sink closed), and all end with the run. A sink that
+fails ends alone, with its error kept on its `Attachment`.
+
 A stage that fails stops the run; `Runner.wait()` re-raises its error in the caller's thread.
 `stop()` (e.g. on Ctrl-C) ends the stages and the sink is always closed, so a partial file is
 complete and playable.
@@ -32,6 +37,7 @@ from streamstudio.streaming.sources import Source, VideoFrame
 log = logging.getLogger(__name__)
 
 SinkFactory = Callable[[int, int], Sink]  # (width, height) of the first output -> an open sink
+RECENT = 30  # outputs the "recent" figures of the metrics span (a live display's fps and latency)
 
 
 class Closed(Exception):
@@ -85,6 +91,98 @@ class FrameQueue:
             self._cond.notify_all()
 
 
+class Attachment:
+    """A sink fed from a running run in its own thread, the newest output first: with `fps`, at
+    that constant rate (the newest output written every 1/fps seconds, repeated when the run is
+    slower, skipped when it is faster; timestamps frames / fps, which players show correctly),
+    else each new output once, with its timestamp. It ends on `stop()`, when the run ends
+    (`ended`), or when its sink fails (`error`); its sink is closed then, by its own thread."""
+
+    STALL = 1.0  # seconds behind its schedule after which a paced sink catches up instead of bursting
+
+    def __init__(self, sink: Sink, fps: float | None = None, on_end: Callable[[Attachment], None] | None = None):
+        if fps is not None and fps <= 0:
+            raise StreamStudioError(f"an output's frame rate must be above 0, got {fps}")
+        self.sink, self.fps = sink, fps
+        self.frames = 0  # frames written to the sink
+        self.error: str | None = None  # why the sink failed
+        self.ended = False  # it stopped because the run ended
+        self._on_end = on_end
+        self._latest: tuple[np.ndarray, float] | None = None
+        self._fresh = False
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"streamstudio-sink-{sink.spec[:24]}", daemon=True)
+        self._thread.start()
+
+    def offer(self, frame: np.ndarray, pts: float) -> None:
+        """From the run's output stage: never blocks (a frame not written yet is replaced)."""
+        with self._cond:
+            self._latest, self._fresh = (frame, pts), True
+            self._cond.notify_all()
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self, ended: bool = False, wait: float | None = 10.0) -> None:
+        """End it (ended: because the run ended); wait up to `wait` s for its sink to be closed."""
+        with self._cond:
+            self.ended = self.ended or (ended and not self._stop.is_set())
+            self._stop.set()
+            self._cond.notify_all()
+        if wait and threading.current_thread() is not self._thread:
+            self._thread.join(wait)
+
+    def _run(self) -> None:
+        try:
+            self._paced() if self.fps else self._each()
+        except Exception as exc:  # the sink failed (server gone, disk full): this output alone stops
+            self.error = str(exc) if isinstance(exc, StreamStudioError) else f"{type(exc).__name__}: {exc}"
+            log.warning("output %s stopped: %s", self.sink.spec, self.error)
+        finally:
+            try:
+                self.sink.close()
+            except Exception as exc:  # already stopping: say so, keep the first error
+                log.warning("closing the output %s: %s", self.sink.spec, exc)
+            if self._on_end is not None:
+                self._on_end(self)
+
+    def _next(self, timeout: float | None) -> tuple[np.ndarray, float] | None:
+        """The newest output (None when stopped); waits up to `timeout` s for a new one when
+        there is none yet or, timeout None, until a new one comes."""
+        with self._cond:
+            while not self._stop.is_set() and (self._latest is None or (timeout is None and not self._fresh)):
+                if not self._cond.wait(0.5 if timeout is None else timeout) and timeout is not None:
+                    break
+            if self._stop.is_set():
+                return None
+            self._fresh = False
+            return self._latest
+
+    def _each(self) -> None:
+        while (item := self._next(None)) is not None:
+            self.sink.write(*item)
+            self.frames += 1
+
+    def _paced(self) -> None:
+        period, due = 1.0 / self.fps, None
+        while not self._stop.is_set():
+            now = time.monotonic()
+            item = self._next(0.5 if due is None else max(0.0, due - now))
+            if item is None:
+                continue
+            now = time.monotonic()
+            due = now if due is None else due
+            if now < due:
+                continue
+            self.sink.write(item[0])  # timestamped frames / fps by the sink
+            self.frames += 1
+            due += period
+            if now - due > self.STALL:  # a stall (a slow network sink): catch up, don't burst
+                due = now
+
+
 @dataclass
 class RunnerConfig:
     live: bool | None = None  # None: follow source.info.live
@@ -123,6 +221,8 @@ class RunMetrics:
     input_fps: float = 0.0
     output_fps: float = 0.0
     latency_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # stage -> p50/p90/p99
+    recent_fps: float = 0.0  # output fps over the last RECENT outputs (what a live display shows)
+    recent_latency_ms: float | None = None  # mean end-to-end latency of the last RECENT outputs
     warnings: list[str] = field(default_factory=list)
     interrupted: bool = False
 
@@ -140,8 +240,9 @@ class RunMetrics:
 
 class Runner:
     """Run `source` through `processor` into `sink` (a Sink, or a factory called with the first
-    output's size). `on_input(pts)` runs in the processing thread before each frame (prompt
-    schedules); `on_output(frame, pts)` after each frame is written (previews)."""
+    output's size), and into the sinks attached meanwhile (`attach`). `on_input(pts)` runs in the
+    processing thread before each frame (prompt schedules, settings changed while running);
+    `on_output(frame, pts)` after each frame is written (previews)."""
 
     def __init__(self, source: Source, processor: Any, sink: Sink | SinkFactory,
                  config: RunnerConfig | None = None, on_input: Callable[[float], None] | None = None,
@@ -162,8 +263,10 @@ class Runner:
         self._lat: dict[str, deque] = {k: deque(maxlen=20000) for k in ("capture", "process", "output", "end_to_end")}
         self._t_start = self._t_end = self._t_stop = None
         self._t_first_out = None
+        self._out_times: deque[float] = deque(maxlen=RECENT)
         self._interrupted = False
         self._finished = threading.Event()
+        self._attached: list[Attachment] = []
 
     # ------------------------------------------------------------------ control
     def start(self) -> Runner:
@@ -176,6 +279,49 @@ class Runner:
             thread.start()
         return self
 
+    def attach(self, sink: Sink, fps: float | None = None) -> Attachment:
+        """Feed `sink` this run's outputs from now on, in its own thread (see `Attachment`);
+        a StreamStudioError once the run has stopped."""
+        with self._lock:
+            if self._stop.is_set() or self._finished.is_set():
+                raise StreamStudioError("the stream has ended")
+            attachment = Attachment(sink, fps, on_end=self._forget)
+            self._attached.append(attachment)
+        return attachment
+
+    def detach(self, attachment: Attachment, wait: float | None = 10.0) -> None:
+        """Stop feeding an attached sink; it is closed (within `wait` s when wait is given)."""
+        attachment.stop(wait=wait)
+
+    @property
+    def attachments(self) -> list[Attachment]:
+        with self._lock:
+            return list(self._attached)
+
+    def _forget(self, attachment: Attachment) -> None:
+        with self._lock:
+            if attachment in self._attached:
+                self._attached.remove(attachment)
+
+    def _end_attachments(self) -> None:
+        for attachment in self.attachments:
+            attachment.stop(ended=True, wait=None)
+
+    @property
+    def stopped(self) -> bool:
+        """The run was stopped (stop(), a stage's failure) or has ended."""
+        return self._stop.is_set() or self._finished.is_set()
+
+    @property
+    def running(self) -> bool:
+        """A stage is still running."""
+        return any(t.is_alive() for t in self._threads)
+
+    @property
+    def error(self) -> StreamStudioError | None:
+        """The error that stopped the run, if one did."""
+        return self._errors[0] if self._errors else None
+
     def stop(self, interrupted: bool = True) -> None:
         """End the run early (Ctrl-C, a UI button); frames in flight are discarded."""
         self._interrupted = self._interrupted or interrupted
@@ -185,9 +331,12 @@ class Runner:
             self._q_out.abort()  # live: what is in flight is stale; offline: processed frames are written
 
     def _signal_stop(self) -> None:
-        if not self._stop.is_set():
+        with self._lock:  # (attach() checks the stop under this lock: no sink is attached after it)
+            if self._stop.is_set():
+                return
             self._t_stop = time.perf_counter()
             self._stop.set()
+        self._end_attachments()
 
     def wait(self, timeout: float | None = None) -> bool:
         """True once every stage has ended (the sink is then closed); re-raises a stage's error.
@@ -305,23 +454,29 @@ class Runner:
             self._q_out.put(_Item(_as_frame(out), item.pts, item.index, item.t_capture))
 
     def _output(self) -> None:
-        while True:
-            try:
-                item = self._q_out.get()
-            except Closed:
-                return
-            if self._stop.is_set() and self.live:
-                return
-            t0 = time.perf_counter()
-            sink = self._open_sink(item.image)
-            sink.write(item.image, item.pts)
-            if self.on_output:
-                self.on_output(item.image, item.pts)
-            now = time.perf_counter()
-            self._lat["output"].append(now - t0)
-            self._lat["end_to_end"].append(now - item.t_capture)
-            self._t_first_out = self._t_first_out or now
-            self._count("out")
+        try:
+            while True:
+                try:
+                    item = self._q_out.get()
+                except Closed:
+                    return
+                if self._stop.is_set() and self.live:
+                    return
+                t0 = time.perf_counter()
+                sink = self._open_sink(item.image)
+                sink.write(item.image, item.pts)
+                for attachment in self.attachments:
+                    attachment.offer(item.image, item.pts)
+                if self.on_output:
+                    self.on_output(item.image, item.pts)
+                now = time.perf_counter()
+                self._lat["output"].append(now - t0)
+                self._lat["end_to_end"].append(now - item.t_capture)
+                self._t_first_out = self._t_first_out or now
+                self._out_times.append(now)
+                self._count("out")
+        finally:
+            self._end_attachments()
 
     def _open_sink(self, frame: np.ndarray) -> Sink:
         if self.sink is None:
@@ -358,6 +513,8 @@ class Runner:
             return
         self._finished.set()
         self._t_end = time.perf_counter()
+        for attachment in self.attachments:  # their sinks are closed by their own threads
+            attachment.stop(ended=True, wait=self.config.join_timeout)
         try:
             if self.sink is not None:
                 self.sink.close()
@@ -381,6 +538,7 @@ class Runner:
         stats = getattr(self.processor, "stats", None)
         status = self.sink.status if self.sink is not None else None
         out_span = now - self._t_first_out if self._t_first_out else 0.0
+        times, recent_lat = list(self._out_times), list(self._lat["end_to_end"])[-RECENT:]
         return RunMetrics(
             live=self.live, frames_in=counts["in"], frames_processed=counts["processed"], frames_out=counts["out"],
             dropped_input=self._q_in.dropped, dropped_output=self._q_out.dropped,
@@ -388,6 +546,8 @@ class Runner:
             elapsed=elapsed, input_fps=counts["in"] / elapsed if elapsed > 0 else 0.0,
             output_fps=(counts["out"] - 1) / out_span if out_span > 0 and counts["out"] > 1 else 0.0,
             latency_ms={k: percentiles(list(v)) for k, v in self._lat.items()},
+            recent_fps=(len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else 0.0,
+            recent_latency_ms=1000.0 * sum(recent_lat) / len(recent_lat) if recent_lat else None,
             warnings=list(self.source.warnings), interrupted=self._interrupted,
         )
 
@@ -408,4 +568,4 @@ def run_stream(source: Source, processor: Any, sink: Sink | SinkFactory, **confi
     return Runner(source, processor, sink, RunnerConfig(**config)).run()
 
 
-__all__ = ["FrameQueue", "RunMetrics", "Runner", "RunnerConfig", "VideoFrame", "percentiles", "run_stream"]
+__all__ = ["Attachment", "FrameQueue", "RunMetrics", "Runner", "RunnerConfig", "VideoFrame", "percentiles", "run_stream"]

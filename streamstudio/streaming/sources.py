@@ -437,8 +437,9 @@ class ArraySource(Source):
 
 
 class PushSource(Source):
-    """Frames handed over by other code (a WebRTC callback, a UI) with `put(frame)`; live. Keeps
-    the newest `maxsize` frames (older ones are dropped and counted); `close()` ends `frames()`."""
+    """Frames handed over by other code (a WebRTC callback, a WHIP track, a UI) with `put(frame)`,
+    which never blocks; live. Keeps the newest `maxsize` frames (older ones are dropped and
+    counted); `close()` ends `frames()`. `received` counts the frames put."""
 
     def __init__(self, width: int, height: int, fps: float = DEFAULT_FPS, maxsize: int = 2,
                  description: str = "pushed frames"):
@@ -447,7 +448,7 @@ class PushSource(Source):
         from collections import deque
 
         self.info = SourceInfo(width=width, height=height, fps=float(fps), live=True, description=description)
-        self.dropped = 0
+        self.received = self.dropped = 0
         self._items: deque = deque(maxlen=max(1, maxsize))
         self._cond = threading.Condition()
         self._closed = False
@@ -460,6 +461,7 @@ class PushSource(Source):
                 raise StreamStudioError("this input is closed")
             now = time.monotonic()
             self._start = now if self._start is None else self._start
+            self.received += 1
             if len(self._items) == self._items.maxlen:
                 self.dropped += 1
             self._items.append((image, now - self._start if pts is None else pts))
