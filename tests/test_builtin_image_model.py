@@ -219,3 +219,27 @@ EDGE_512 = 0.30  # 512x512 "sepia", over 8x8-pixel means
 RED_MARGIN = 0.30  # redness red - blue [0.642], blueness blue - red [0.563]
 BW_RATIO = 0.30  # saturation "black and white" / "" [0.022 / 0.226 = 0.10]
 BW_MAX = 0.06  # [0.022]
+
+
+def test_style_share_raises_the_share_of_style_prompts():
+    def styled(prompts):
+        return sum(image_data.parse_prompt(p).style is not None for p in prompts) / len(prompts)
+
+    default = styled(image_data.styled_batch(11, 400, 16)[2])
+    more = styled(image_data.styled_batch(11, 400, 16, style_share=0.8)[2])
+    assert abs(default - image_data.DEFAULT_STYLE_SHARE) < 0.08 and abs(more - 0.8) < 0.08
+
+
+def test_init_starts_a_new_run_from_the_shipped_model(tmp_path):
+    from safetensors.torch import load_file
+
+    from streamstudio.app.image_training import ImageTrainConfig, ImageTrainer
+
+    trainer = ImageTrainer(ImageTrainConfig(output=str(tmp_path / "run"), stage="denoiser", init=str(BUILTIN_DIR),
+                                            cpu=True, progress=False))
+    shipped = load_file(str(BUILTIN_DIR / "model.safetensors"))
+    ours = trainer.parts["vae"].state_dict()
+    assert all(torch.equal(ours[k[len("vae."):]], v.float()) for k, v in shipped.items() if k.startswith("vae."))
+    assert trainer.state["scaled"] and trainer.state["vae_step"] == trainer.cfg.vae_steps
+    with pytest.raises(Exception, match="--init"):
+        ImageTrainer(ImageTrainConfig(output=str(tmp_path / "x"), init=str(tmp_path / "none"), cpu=True))

@@ -59,6 +59,8 @@ class ImageTrainConfig:
     pixel_weight: float = 1.0  # the denoiser's pixel-space L1 through the frozen decoder
     default_share: float = 0.5  # share of denoiser samples at the default strength's t
     txt2img_share: float = 0.15  # share at txt2img's t
+    style_share: float = image_data.DEFAULT_STYLE_SHARE  # denoiser prompts naming a style
+    init: str = ""  # start from this model folder (e.g. the shipped one): its autoencoder and denoiser
     seed: int = 0
     save_every: int = 200
     resume: bool = False
@@ -142,8 +144,12 @@ class ImageTrainer:
         self.device = torch.device("cuda" if torch.cuda.is_available() and not cfg.cpu else "cpu")
         self.state = {"vae_step": 0, "step": 0, "seconds": 0.0, "scaled": False, "losses": {}}
         config = None
+        if cfg.resume and cfg.init:
+            raise StreamStudioError("--init starts a new run from a model; --resume continues a run: use one")
         if cfg.resume:
             config = self._read_config()
+        elif cfg.init:
+            config = self._read_init_config()
         self.parts = builtin_image.build(config, seed=cfg.seed)
         for name in ("unet", "vae", "text_encoder"):
             self.parts[name].to(self.device)
@@ -152,6 +158,8 @@ class ImageTrainer:
         self.opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
         if cfg.resume:
             self._resume()
+        elif cfg.init:
+            self._init_from(Path(cfg.init))
         self.t_default, self.t_img2img, self.t_txt = pipeline_timesteps()
         self.abar = alphas_cumprod().to(self.device)
 
@@ -162,6 +170,22 @@ class ImageTrainer:
             raise StreamStudioError(f"nothing to resume in {self.out}: no trainer_state.json; "
                                     "run without --resume to start a new run")
         return json.loads(path.read_text())["model"]
+
+    def _read_init_config(self) -> dict:
+        path = Path(self.cfg.init) / "config.json"
+        if not path.is_file() or not (path.parent / "model.safetensors").is_file():
+            raise StreamStudioError(f"--init {self.cfg.init}: no model.safetensors and config.json there "
+                                    "(give a trained model folder, e.g. streamstudio/assets/image_builtin)")
+        return json.loads(path.read_text())["model"]
+
+    def _init_from(self, folder: Path) -> None:
+        """A trained model's weights (float16 ones too) as the start of a new run: its
+        autoencoder counts as trained (scaled, all --vae-steps done); the denoiser trains on."""
+        from safetensors.torch import load_file
+
+        state = {k: v.float() for k, v in load_file(str(folder / "model.safetensors")).items()}
+        builtin_image.load_state(self.parts, state)
+        self.state.update(vae_step=self.cfg.vae_steps, scaled=True)
 
     def _resume(self) -> None:
         from safetensors.torch import load_file
@@ -238,7 +262,7 @@ class ImageTrainer:
     def denoiser_loss(self, step: int) -> torch.Tensor:
         cfg = self.cfg
         seed = (cfg.seed * 1_000_003 + step) * 2 + 1
-        images, targets, prompts = image_data.styled_batch(seed, cfg.batch_size, cfg.size)
+        images, targets, prompts = image_data.styled_batch(seed, cfg.batch_size, cfg.size, cfg.style_share)
         vae, unet = self.parts["vae"], self.parts["unet"]
         scale = vae.config.scaling_factor
         x_target = targets.to(self.device) * 2 - 1

@@ -94,19 +94,35 @@ def _pick(gen: torch.Generator, items):
     return items[int(torch.randint(len(items), (1,), generator=gen))]
 
 
-def random_prompt(gen: torch.Generator) -> tuple[str, Look]:
+DEFAULT_STYLE_SHARE = 0.38  # of prompts naming a style (alone 0.28, with a colour 0.10)
+
+
+def _mix(style_share: float) -> tuple[float, float, float, float]:
+    """Upper bounds of u for (nothing, style, grading, colour); style + colour above the last.
+    A style is named with share `style_share` (0.72 of them alone); grading and colour split
+    the rest after the 12% of plain prompts evenly, as in the default mix."""
+    if style_share == DEFAULT_STYLE_SHARE:
+        return 0.12, 0.40, 0.66, 0.90  # the shipped model's mix, drawn exactly as it was
+    if not 0.0 <= style_share <= 0.88:
+        raise ValueError(f"style share must be within 0..0.88, got {style_share}")
+    rest = (0.88 - style_share) / 2
+    return 0.12, 0.12 + 0.72 * style_share, 0.12 + 0.72 * style_share + rest, 0.12 + 0.72 * style_share + 2 * rest
+
+
+def random_prompt(gen: torch.Generator, style_share: float = DEFAULT_STYLE_SHARE) -> tuple[str, Look]:
     """A prompt and its look: a style, a grading, a colour, style + colour, or nothing."""
+    plain, style, grade, colour = _mix(style_share)
     u = float(torch.rand((), generator=gen))
     subject = _pick(gen, SUBJECTS)
-    if u < 0.12:
+    if u < plain:
         return _pick(gen, IDENTITY).format(s=subject).strip(), Look()
-    if u < 0.40:
+    if u < style:
         word = _pick(gen, STYLES)
         look = Look(style=STYLES[word])
-    elif u < 0.66:
+    elif u < grade:
         word = _pick(gen, GRADES)
         look = Look(grade=GRADES[word])
-    elif u < 0.90:
+    elif u < colour:
         word = _pick(gen, COLOURS)
         look = Look(colour=COLOURS[word])
     else:
@@ -457,13 +473,14 @@ def random_images(seed: int, batch: int, size: int) -> torch.Tensor:
     return out
 
 
-def styled_batch(seed: int, batch: int, size: int) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+def styled_batch(seed: int, batch: int, size: int,
+                 style_share: float = DEFAULT_STYLE_SHARE) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
     """(inputs, targets, prompts): procedural images, the looks their prompts name, the prompts."""
     images = random_images(seed, batch, size)
     gen = torch.Generator().manual_seed(seed + 7_777_777)
     prompts, targets = [], torch.empty_like(images)
     for b in range(batch):
-        prompt, look = random_prompt(gen)
+        prompt, look = random_prompt(gen, style_share)
         prompts.append(prompt)
         targets[b] = apply_look(images[b:b + 1], look)[0]
     return images, targets, prompts

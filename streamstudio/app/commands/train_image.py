@@ -38,6 +38,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=DEFAULTS.warmup)
     p.add_argument("--pixel-weight", type=float, default=DEFAULTS.pixel_weight,
                    help="weight of the denoiser's pixel loss through the frozen decoder")
+    p.add_argument("--style-share", type=float, default=DEFAULTS.style_share,
+                   help=f"share of denoiser prompts naming a style (default {DEFAULTS.style_share})")
+    p.add_argument("--init", default="", metavar="DIR",
+                   help="start from a trained model folder (e.g. streamstudio/assets/image_builtin): "
+                        "its autoencoder is kept, the denoiser trains on (a new run, not --resume)")
     p.add_argument("--seed", type=int, default=DEFAULTS.seed)
     p.add_argument("--save-every", type=int, default=DEFAULTS.save_every)
     p.add_argument("--resume", action="store_true", help="continue the run saved in --output")
