@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from streamstudio.app import video_tab
-from streamstudio.app.commands.render_video import (add_video_arguments, build_stream, load_video_model,
-                                                    parse_prompt_changes, read_frames, run_video_render,
-                                                    text_to_video, write_mp4)
+from test_streaming_clips import make_clip, probe, recorded_runners
+
+from streamstudio.app.commands.render_video import (VideoFrames, add_video_arguments, build_stream, latent_size,
+                                                    load_video_model, parse_prompt_changes, run_video_render)
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.video_data import COLOURS, dominant_colour
 
@@ -28,16 +29,17 @@ def test_builtin_model_follows_colour_prompts(builtin):
     for i, colour in enumerate(COLOURS):
         prompt = f"a {colour} {['circle', 'square', 'triangle'][i % 3]} moving {['left', 'right', 'up', 'down'][i % 4]}"
         with torch.inference_mode():
-            frames = list(text_to_video(build_stream(model, meta, prompt, seed=i, width=32, height=32), 4))
+            frames = list(build_stream(model, meta, prompt, seed=i, width=32, height=32).frames(4))
         hits.append(dominant_colour(frames) == colour)
     assert np.mean(hits) >= 0.8, hits
 
 
 def test_builtin_prompt_change_mid_stream(builtin):
     model, meta = builtin
-    stream = build_stream(model, meta, "a red square moving up", width=32, height=32)
-    with torch.inference_mode():
-        frames = list(text_to_video(stream, 24, {8: "a blue square moving up"}))
+    processor = VideoFrames(build_stream(model, meta, "a red square moving up", width=32, height=32),
+                            {8: "a blue square moving up"})
+    frames = [frame for _ in range(24) for frame in processor.push(None)]  # text-to-video: one frame a push
+    assert len(frames) == 24 and processor.flush() == []
     assert dominant_colour(frames[:6]) == "red"
     assert dominant_colour(frames[-4:]) == "blue"
 
@@ -54,11 +56,13 @@ def make_args(tmp_path, **kw):
     return args
 
 
-def test_render_text_to_video_then_video_to_video(tmp_path, capsys):
+def test_render_text_to_video_then_video_to_video(tmp_path, capsys, monkeypatch):
+    runners = recorded_runners(monkeypatch)
     assert run_video_render(make_args(tmp_path)) == 0
-    frames, fps = read_frames(tmp_path / "out.mp4")
-    frames = list(frames)
-    assert len(frames) == 6 and frames[0].shape == (64, 64, 3) and fps == pytest.approx(8.0)
+    got = probe(tmp_path / "out.mp4")
+    assert (got.frames, got.width, got.height) == (6, 64, 64) and got.fps == pytest.approx(8.0)
+    metrics = runners[-1].metrics()  # every frame went through the one frame loop
+    assert (metrics.frames_in, metrics.frames_processed, metrics.frames_out) == (6, 6, 6)
     captured = capsys.readouterr()
     assert "wrote 6 frames" in captured.out
     # a newcomer sees at once what runs, then a progress bar (it printed nothing for up to 47 s)
@@ -67,8 +71,8 @@ def test_render_text_to_video_then_video_to_video(tmp_path, capsys):
     args = make_args(tmp_path, input=str(tmp_path / "out.mp4"), output=str(tmp_path / "v2v.mp4"),
                      prompt="a blue circle moving right", width=32, height=32, num_chunks=2, chunk_size=2)
     assert run_video_render(args) == 0
-    out, _ = read_frames(tmp_path / "v2v.mp4")
-    assert len(list(out)) == 6
+    assert probe(tmp_path / "v2v.mp4").frames == 6
+    assert (runners[-1].metrics().frames_in, runners[-1].metrics().frames_out) == (6, 6)
 
 
 def test_render_takes_device_dtype_and_acceleration(tmp_path, monkeypatch, capsys):
@@ -105,8 +109,54 @@ def test_render_errors_say_what_to_do(tmp_path):
         run_video_render(make_args(tmp_path, model=str(tmp_path / "nowhere")))
     with pytest.raises(StreamStudioError, match="FRAME:PROMPT"):
         parse_prompt_changes(["blue"])
-    with pytest.raises(StreamStudioError):
-        write_mp4(tmp_path / "empty.mp4", [], 8)
+    with pytest.raises(StreamStudioError, match="--frames must be at least 1"):
+        run_video_render(make_args(tmp_path, frames=-1))
+
+
+def test_video_to_video_keeps_the_inputs_aspect_and_audio(tmp_path, monkeypatch):
+    """Issue 18: a 318x178 clip came out 256x256, squashed, without its sound. Now the output
+    takes the input's aspect (the checkpoint's 256 as its long side, as the image render does),
+    every frame keeps its input's timestamp and the audio is copied."""
+    from streamstudio.app.cli import main
+
+    runners = recorded_runners(monkeypatch)
+    clip = make_clip(tmp_path / "in.mp4", n=8, fps=8, w=318, h=178, audio=True)
+    out = tmp_path / "out.mp4"
+    assert main(["render", "--pipeline", "video", "--input", str(clip), "--prompt", "a red circle moving left",
+                 "--output", str(out), "--num-chunks", "2", "--chunk-size", "2"]) == 0
+    got, ref = probe(out), probe(clip)
+    assert (got.frames, got.width, got.height) == (8, 256, 144)
+    assert got.video_pts == pytest.approx(ref.video_pts, abs=1e-3)
+    assert got.audio_codec == "aac" and got.audio_duration == pytest.approx(ref.audio_duration, abs=0.05)
+    assert (runners[-1].metrics().frames_in, runners[-1].metrics().frames_out) == (8, 8)
+
+
+@pytest.mark.parametrize("fit", ["crop", "pad"])
+def test_video_frames_crop_or_pad_to_the_outputs_aspect(builtin, fit):
+    """A wide frame into a square stream: crop hands the model the centre square, pad the whole
+    picture with black bars; never a stretched frame."""
+    model, meta = builtin
+    stream = build_stream(model, meta, "a red circle moving left", strength=0.6, width=32, height=32)
+    seen, push = [], stream.push
+    stream.push = lambda frame: (seen.append(frame.copy()), push(frame))[1]
+    img = np.zeros((40, 80, 3), np.uint8)
+    img[:, :20] = (255, 0, 0)  # a red quarter on the left
+    processor = VideoFrames(stream, fit=fit)
+    outs = [out for _ in range(4) for out in processor.push(img)] + processor.flush()
+    assert len(outs) == 4 and outs[0].shape == (32, 32, 3)
+    if fit == "crop":  # the centre 40x40: the red quarter cut off
+        assert seen[0].shape == (40, 40, 3) and not seen[0][..., 0].any()
+    else:  # 80x80: 20 black rows above and below, all the picture between
+        assert seen[0].shape == (80, 80, 3) and np.array_equal(seen[0][20:60], img) and not seen[0][:20].any()
+
+
+def test_latent_grid_follows_the_outputs_aspect():
+    assert latent_size((32, 32), 4, (4, 8, 8), 1.0) == (32, 32)
+    assert latent_size((32, 32), 4, (4, 8, 8), 318 / 178) == (16, 32)  # 8 / 1.79 = 4.48 tokens: 4
+    assert latent_size((32, 32), 4, (4, 8, 8), 256 / 144) == (20, 32)  # 4.5 tokens: the larger, 5
+    assert latent_size((32, 32), 4, (4, 8, 8), 144 / 256) == (32, 20)  # portrait
+    # 64 px / patch 2 = 32 tokens; 21 tokens would not tile 16-token windows: 16
+    assert latent_size((64, 64), 2, (4, 16, 16), 1.5) == (32, 64)
 
 
 def test_video_tab_callbacks():
@@ -144,12 +194,11 @@ def test_cli_train_video_then_render_video(tmp_path, capsys):
                  "--buffer-frames", "4", "--num-chunks", "2", "--cpu", "--no-progress"]) == 0
     assert (ck / "model.safetensors").is_file() and "trained 2 steps" in capsys.readouterr().out
     clip = tmp_path / "in.mp4"
-    write_mp4(clip, [np.full((32, 32, 3), 40 * i, np.uint8) for i in range(5)], 8)
+    make_clip(clip, n=5, fps=8, w=32, h=32)
     out = tmp_path / "out.mp4"
     assert main(["render", "--pipeline", "video", "--input", str(clip), "--model", str(ck), "--prompt", "red",
                  "--output", str(out), "--width", "32", "--height", "32"]) == 0
-    frames, _ = read_frames(out)
-    assert len(list(frames)) == 5
+    assert probe(out).frames == 5
     assert main(["render", "--pipeline", "video", "--input", str(clip), "--model", str(tmp_path / "none"),
                  "--output", str(out)]) == 1  # a clear error, no traceback
 

@@ -235,9 +235,9 @@ def _run_image(args) -> int:
           f"{pipe.config.width}x{pipe.config.height}{fitted} @ {fps:g} fps, model {pipe.comps.name}, "
           f"frame latency {pipe.latency_frames})", file=sys.stderr)
     runner = Runner(source, pipe, sink, RunnerConfig(live=live, max_frames=args.max_frames), on_input=on_input)
-    total = _expected_frames(source.info.frame_count, args.max_frames)
+    total = expected_frames(source.info.frame_count, args.max_frames)
     try:
-        metrics = _watch(runner, live, total)
+        metrics = watch(runner, total, live=live)
     except KeyboardInterrupt:
         runner.stop()
         try:
@@ -278,31 +278,50 @@ class FittedFrames:
         return getattr(self.pipe, name)
 
 
-def _expected_frames(count: int | None, max_frames: int | None) -> int | None:
+def expected_frames(count: int | None, max_frames: int | None) -> int | None:
+    """How many frames a run will write, for its progress bar (None: not known)."""
     if count and max_frames:
         return min(count, max_frames)
     return count or max_frames
 
 
-def _watch(runner, live: bool, total: int | None):
-    """Run with a progress bar (files) or a live stats line (live inputs)."""
+def watch(runner, total: int | None, live: bool = False, desc: str = "render", unit: str = "frame"):
+    """Run `runner` to its end and return its RunMetrics, with a progress bar of the frames
+    written (tqdm on stderr; offline runs) or a live stats line once a second (live runs). Every
+    front end's run goes through here. Ctrl-C stops the run, closing its output, then goes on."""
+    try:
+        runner.start()
+        if live:
+            _watch_live(runner)
+        else:
+            _watch_offline(runner, total, desc, unit)
+    except KeyboardInterrupt:
+        runner.stop()
+        try:
+            runner.wait(runner.config.join_timeout * 3)
+        except StreamStudioError as exc:  # the interrupt is what goes on; the stage's error is said
+            print(f"\nerror: {exc}", file=sys.stderr)
+        raise
+    return runner.metrics()
+
+
+def _watch_offline(runner, total: int | None, desc: str, unit: str) -> None:
     from tqdm import tqdm
 
-    runner.start()
-    if live:
-        last = 0.0
-        while not runner.wait(0.25):
-            if time.perf_counter() - last >= 1.0:
-                last = time.perf_counter()
-                print(f"\r{_live_line(runner.metrics())}", end="", file=sys.stderr, flush=True)
-        print(file=sys.stderr)
-        return runner.metrics()
-    with tqdm(total=total, unit="frame", desc="render", dynamic_ncols=True) as bar:
+    with tqdm(total=total, unit=unit, desc=desc, dynamic_ncols=True) as bar:
         done = False
         while not done:
             done = runner.wait(0.25)
             bar.update(runner.metrics().frames_out - bar.n)
-    return runner.metrics()
+
+
+def _watch_live(runner) -> None:
+    last = 0.0
+    while not runner.wait(0.25):
+        if time.perf_counter() - last >= 1.0:
+            last = time.perf_counter()
+            print(f"\r{_live_line(runner.metrics())}", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
 
 
 def _live_line(m) -> str:

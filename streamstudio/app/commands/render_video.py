@@ -4,22 +4,28 @@
 `streamstudio render --pipeline video --input in.mp4 --prompt "..." --output out.mp4`
 
 `run_video_render(args)` is called by `streamstudio render`; `add_video_arguments(parser)` adds
-the video-only options. Frames go to an mp4 written with PyAV as they are made.
+the video-only options. Frames take the one road every front end takes (streaming.Runner from
+`open_source` to `open_sink`): text-to-video from a clock of empty frames, video-to-video from
+any input render reads, into any output render writes, with the input's audio kept. An input of
+another aspect ratio than the output is cropped or padded to it (--fit), never stretched; without
+--width/--height the output takes the input's aspect ratio, and the network's latent grid follows
+the output's aspect to within one patch.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import time
-from fractions import Fraction
+import sys
+from collections import deque
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable
 
 import numpy as np
 import torch
 
 from streamstudio.errors import StreamStudioError
+from streamstudio.frames import fit_aspect
 from streamstudio.models.stream_dit import BUILTIN_CHECKPOINT, load_checkpoint
 from streamstudio.pipelines.stream_video import (StreamBufferConfig, StreamDiTBackbone, StreamVideoConfig,
                                                  VideoStream)
@@ -30,6 +36,7 @@ BUILTIN_NAMES = (None, "", "auto", "tiny", "builtin", "stream_dit_tiny")
 DEFAULT_FRAMES = 48
 DEFAULT_FPS = 16.0
 DEFAULT_STRENGTH = 0.6
+LATENT_SCALE = 8  # output pixels per latent pixel by default (the checkpoint's 32x32 grid -> 256x256)
 
 
 def add_video_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,13 +70,33 @@ def load_video_model(model: str | None, device: torch.device | str = "auto", dty
     return load_checkpoint(path, device, dtype)
 
 
+def latent_size(side: tuple[int, int], patch: int, window: tuple[int, int, int], aspect: float) -> tuple[int, int]:
+    """The latent (height, width) for frames of `aspect` (width / height): the checkpoint's longer
+    side kept, the other the nearest token count the attention windows tile (at most a window,
+    or a multiple of one), so the network sees the picture unstretched to within a patch."""
+    long_tokens = max(side) // patch
+
+    def tokens(target: float, win: int) -> int:
+        options = [t for t in range(1, long_tokens + 1) if t <= win or t % win == 0]
+        return min(options, key=lambda t: (abs(t - target), -t))
+
+    if aspect >= 1:
+        return tokens(long_tokens / aspect, window[1]) * patch, long_tokens * patch
+    return long_tokens * patch, tokens(long_tokens * aspect, window[2]) * patch
+
+
 def build_stream(model: torch.nn.Module, meta: dict, prompt: str, *, strength: float = 1.0, seed: int = 0,
-                 width: int | None = None, height: int | None = None, num_chunks: int | None = None,
-                 chunk_size: int | None = None, micro_steps: int | None = None,
+                 width: int | None = None, height: int | None = None, aspect: float | None = None,
+                 num_chunks: int | None = None, chunk_size: int | None = None, micro_steps: int | None = None,
                  acceleration: str = "none") -> VideoStream:
     """A VideoStream with the checkpoint's sampling defaults, overridden where given, on the
-    model's device and dtype; `acceleration` compile or tensorrt wraps the network for this
-    buffer layout (models.acceleration.apply_video_acceleration)."""
+    model's device and dtype. Its output is `width` x `height`; a side not given follows `aspect`
+    (the input's width / height; None: the checkpoint's grid) with the checkpoint's side times
+    LATENT_SCALE as the longer one, as the image render sizes its output. The latent grid follows
+    the output's aspect (`latent_size`). `acceleration` compile or tensorrt wraps the network for
+    this buffer layout (models.acceleration.apply_video_acceleration)."""
+    from streamstudio.app.commands.generate import output_size
+
     sampling = meta.get("sampling", {})
     buffer = StreamBufferConfig(
         num_chunks=num_chunks or sampling.get("num_chunks", 4),
@@ -77,16 +104,17 @@ def build_stream(model: torch.nn.Module, meta: dict, prompt: str, *, strength: f
         micro_steps=micro_steps or sampling.get("micro_steps", 2),
         ref_frames=sampling.get("ref_frames", 0),
         strength=strength, seed=seed)
-    side_h, side_w = sampling.get("height", 32), sampling.get("width", 32)
-    cfg = StreamVideoConfig(buffer, height=side_h, width=side_w, out_height=height or side_h * 8,
-                            out_width=width or side_w * 8)
+    side = (sampling.get("height", 32), sampling.get("width", 32))
+    out_w, out_h = output_size(width, height, max(side) * LATENT_SCALE, aspect or side[1] / side[0])
+    lat_h, lat_w = latent_size(side, model.cfg.patch_size, tuple(model.cfg.window), out_w / out_h)
+    cfg = StreamVideoConfig(buffer, height=lat_h, width=lat_w, out_height=out_h, out_width=out_w)
     param = next(model.parameters())
     channels = model.cfg.in_channels
     if acceleration != "none":
         from streamstudio.models.acceleration import apply_video_acceleration
 
         model = apply_video_acceleration(model, acceleration, frames=buffer.ref_frames + buffer.frames,
-                                         height=side_h, width=side_w)
+                                         height=lat_h, width=lat_w)
     return VideoStream(StreamDiTBackbone(model), cfg, prompt, latent_channels=channels, device=param.device,
                        dtype=param.dtype)
 
@@ -101,160 +129,117 @@ def parse_prompt_changes(items: Iterable[str] | None) -> dict[int, str]:
     return changes
 
 
-def text_to_video(stream: VideoStream, frames: int, changes: dict[int, str] | None = None) -> Iterator[np.ndarray]:
-    """Yield `frames` frames; a prompt change at frame i applies to the chunks made from then on."""
-    changes = dict(changes or {})
-    made = 0
-    while made < frames:
-        for at in [k for k in changes if k <= made]:
-            stream.set_prompt(changes.pop(at))
-        for frame in stream.push(None)[: frames - made]:
-            made += 1
-            yield frame
+class VideoFrames:
+    """A VideoStream as the runner's frame processor, frame-aligned (output i is input i).
 
+    Text-to-video: `push(None)` hands out the next generated frame (a chunk is made when none is
+    left). Video-to-video: `push(frame)` crops or pads the frame to the output's aspect (`fit`)
+    and hands out the frames that finished; `flush()` the rest. A prompt change at frame i
+    applies to what the model makes from frame i on. Runs in inference mode (in the runner's
+    processing thread)."""
 
-def video_to_video(stream: VideoStream, inputs: Iterable[np.ndarray], changes: dict[int, str] | None = None
-                   ) -> Iterator[np.ndarray]:
-    changes = dict(changes or {})
-    for i, frame in enumerate(inputs):
-        if i in changes:
-            stream.set_prompt(changes.pop(i))
-        yield from stream.push(frame)
-    yield from stream.flush()
+    def __init__(self, stream: VideoStream, changes: dict[int, str] | None = None, fit: str = "crop"):
+        self.stream, self.fit = stream, fit
+        self.changes = dict(changes or {})
+        self.index = 0  # the next frame's number
+        self._made: deque[np.ndarray] = deque()  # text-to-video: generated frames not handed out yet
 
+    def _apply_changes(self) -> None:
+        for at in sorted(k for k in self.changes if k <= self.index):
+            self.stream.set_prompt(self.changes.pop(at))
 
-# ---------------------------------------------------------------------------- files
+    def push(self, frame: np.ndarray | None) -> list[np.ndarray]:
+        with torch.inference_mode():
+            if frame is None:
+                while not self._made:
+                    self._apply_changes()
+                    self._made.extend(self.stream.push(None))
+                out = [self._made.popleft()]
+            else:
+                self._apply_changes()
+                height, width = self.stream.out_size
+                out = self.stream.push(fit_aspect(frame, width, height, self.fit))
+        self.index += 1
+        return out
 
-
-def read_frames(path: str | Path, max_frames: int | None = None, fps: float | None = None,
-                with_count: bool = False):
-    """(RGB uint8 frames of a video file, their frame rate[, how many there will be, or None when
-    the file does not say]). With `fps`, a file at another rate is resampled to it by timestamps
-    (frames dropped or repeated), so its duration is kept."""
-    from streamstudio.streaming.sources import VideoFileSource, resample_file
-
-    path = Path(path)
-    if not path.is_file():
-        raise StreamStudioError(f"input video {path} does not exist; give a video file for video-to-video "
-                                "or leave --input out for text-to-video")
-    source = resample_file(VideoFileSource(path), fps)  # a file that is not video: a clear error there
-
-    def frames() -> Iterator[np.ndarray]:
-        with source:
-            for frame in source.frames():
-                if max_frames is not None and frame.index >= max_frames:
-                    break
-                yield frame.image
-
-    if not with_count:
-        return frames(), source.info.fps
-    info = source.info
-    total = info.frame_count or (round(info.duration * info.fps) if info.duration else None)
-    if total is not None and max_frames is not None:
-        total = min(total, max_frames)
-    return frames(), info.fps, total
-
-
-def progress(frames: Iterable[np.ndarray], total: int | None) -> Iterator[np.ndarray]:
-    """`frames`, with a progress bar on the terminal as they are made."""
-    from tqdm import tqdm
-
-    with tqdm(total=total, unit="frame", desc="video", dynamic_ncols=True) as bar:
-        for frame in frames:
-            bar.update(1)
-            yield frame
-
-
-def _codec() -> str:
-    import av
-
-    for name in ("libx264", "h264", "mpeg4"):
-        try:
-            av.codec.Codec(name, "w")
-            return name
-        except Exception:  # not built into this PyAV
-            continue
-    raise StreamStudioError("this PyAV has no H.264 or MPEG-4 encoder; install a full PyAV wheel (pip install av)")
-
-
-def write_mp4(path: str | Path, frames: Iterable[np.ndarray], fps: float) -> int:
-    """Write RGB uint8 frames to an mp4 as they come; returns the number written."""
-    import av
-
-    from streamstudio.streaming.sinks import make_output_folder, output_error
-
-    path = Path(path)
-    make_output_folder(path.parent)
-    if path.is_dir():
-        raise StreamStudioError(f"cannot write {path}: it is a folder; give a file name for the video")
-    try:
-        out = av.open(str(path), "w")
-    except (av.error.FFmpegError, OSError) as exc:
-        raise output_error(path, exc) from exc
-    count = 0
-    with out:
-        stream = None
-        for frame in frames:
-            if stream is None:
-                stream = out.add_stream(_codec(), rate=Fraction(fps).limit_denominator(1000))
-                stream.height, stream.width = frame.shape[0] // 2 * 2, frame.shape[1] // 2 * 2
-                stream.pix_fmt = "yuv420p"
-            frame = np.ascontiguousarray(frame[: stream.height, : stream.width])
-            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
-                out.mux(packet)
-            count += 1
-        if stream is not None:
-            for packet in stream.encode():
-                out.mux(packet)
-    if count == 0:
-        raise StreamStudioError("no frames were made; ask for at least one frame")
-    return count
+    def flush(self) -> list[np.ndarray]:
+        if self.stream.mode != "video-to-video":
+            return []  # text-to-video handed out one frame per input already
+        with torch.inference_mode():
+            return self.stream.flush()
 
 
 # ---------------------------------------------------------------------------- entry point
 
 
+def open_input(spec: str, fps: float | None):
+    """The video-to-video input (anything `render --input` takes), at `fps` when given."""
+    from streamstudio.streaming.sources import open_source, resample_file
+
+    try:
+        source = open_source(spec, fps=fps, realtime=False)
+    except StreamStudioError as exc:
+        raise StreamStudioError(f"{exc} (video-to-video); or leave --input out for text-to-video") from exc
+    try:
+        return resample_file(source, fps)
+    except BaseException:
+        source.close()
+        raise
+
+
 def run_video_render(args) -> int:
+    from streamstudio.app.commands.render import expected_frames, rtmp_config, watch
+    from streamstudio.device import use_threads
+    from streamstudio.streaming.runner import Runner, RunnerConfig
+    from streamstudio.streaming.sinks import open_sink
+    from streamstudio.streaming.sources import NoInputSource
+
     output = getattr(args, "output", None)
     if not output:
-        raise StreamStudioError("--output FILE.mp4 is required")
-    if Path(output).suffix.lower() not in (".mp4", ".mov", ".mkv"):
-        raise StreamStudioError(f"--output {output}: the video pipeline writes .mp4, .mov or .mkv files")
-    source = getattr(args, "input", None)
-    print(f"video pipeline: {'video-to-video of ' + str(source) if source else 'text-to-video'}, "
+        raise StreamStudioError("--output is required: a video file, a folder, rtmp://... or hls:DIR")
+    spec, fps, max_frames = getattr(args, "input", None), getattr(args, "fps", None), getattr(args, "max_frames", None)
+    frames = getattr(args, "frames", None) or max_frames or DEFAULT_FRAMES
+    if not spec and frames < 1:
+        raise StreamStudioError("--frames must be at least 1")
+    print(f"video pipeline: {'video-to-video of ' + str(spec) if spec else 'text-to-video'}, "
           f"loading the model...", flush=True)
-    model, meta = load_video_model(getattr(args, "model", None), getattr(args, "device", None) or "auto",
-                                   getattr(args, "dtype", None) or "auto")
-    from streamstudio.device import use_threads
-
-    use_threads(getattr(args, "threads", None), next(model.parameters()).device)
-    strength = getattr(args, "video_strength", None)
-    strength = DEFAULT_STRENGTH if strength is None else strength  # 0 is a value, not "unset"
-    stream = build_stream(model, meta, getattr(args, "prompt", None) or "",
-                          strength=1.0 if not source else strength, seed=getattr(args, "seed", None) or 0,
-                          width=getattr(args, "width", None), height=getattr(args, "height", None),
-                          num_chunks=getattr(args, "num_chunks", None), chunk_size=getattr(args, "chunk_size", None),
-                          micro_steps=getattr(args, "micro_steps", None),
-                          acceleration=getattr(args, "acceleration", None) or "none")
-    changes = parse_prompt_changes(getattr(args, "prompt_change", None))
-    start = time.perf_counter()
-    if source:
-        inputs, fps, total = read_frames(source, getattr(args, "max_frames", None), getattr(args, "fps", None),
-                                         with_count=True)
-        frames = video_to_video(stream, inputs, changes)
-    else:
-        n = getattr(args, "frames", None) or getattr(args, "max_frames", None) or DEFAULT_FRAMES
-        if n < 1:
-            raise StreamStudioError("--frames must be at least 1")
-        frames, fps, total = text_to_video(stream, n, changes), DEFAULT_FPS, n
+    source = open_input(spec, fps) if spec else None
+    try:
+        model, meta = load_video_model(getattr(args, "model", None), getattr(args, "device", None) or "auto",
+                                       getattr(args, "dtype", None) or "auto")
+        use_threads(getattr(args, "threads", None), next(model.parameters()).device)
+        strength = getattr(args, "video_strength", None)
+        strength = DEFAULT_STRENGTH if strength is None else strength  # 0 is a value, not "unset"
+        aspect = source.info.width / source.info.height if source is not None else None
+        stream = build_stream(model, meta, getattr(args, "prompt", None) or "",
+                              strength=1.0 if source is None else strength, seed=getattr(args, "seed", None) or 0,
+                              width=getattr(args, "width", None), height=getattr(args, "height", None),
+                              aspect=aspect, num_chunks=getattr(args, "num_chunks", None),
+                              chunk_size=getattr(args, "chunk_size", None),
+                              micro_steps=getattr(args, "micro_steps", None),
+                              acceleration=getattr(args, "acceleration", None) or "none")
+        height, width = stream.out_size
+        if source is None:
+            source = NoInputSource(frames, fps or DEFAULT_FPS, width, height, description="text-to-video")
+        audio = None if getattr(args, "no_audio", False) or source.info.live else source.info.audio
+        sink = open_sink(output, width, height, fps or source.info.fps, audio_from=audio, rtmp=rtmp_config(args))
+    except BaseException:
+        if source is not None:
+            source.close()
+        raise
+    fit = getattr(args, "fit", None) or "crop"
+    processor = VideoFrames(stream, parse_prompt_changes(getattr(args, "prompt_change", None)), fit)
     b = stream.cfg.buffer
-    device = next(model.parameters()).device
     name = "the built-in StreamDiT" if getattr(args, "model", None) in BUILTIN_NAMES else args.model
-    print(f"model {name}, {stream.cfg.width}x{stream.cfg.height}, "
-          f"buffer {b.num_chunks} chunks x {b.chunk_size} frames, {b.micro_steps} micro-step(s), on {device}",
-          flush=True)
-    with torch.inference_mode():
-        count = write_mp4(output, progress(frames, total), getattr(args, "fps", None) or fps)
-    seconds = time.perf_counter() - start
-    print(f"wrote {count} frames to {output} ({count / seconds:.1f} fps generated)")
+    fitted = f" ({fit})" if aspect is not None and abs(aspect - width / height) >= 0.01 else ""
+    print(f"model {name}, {width}x{height}{fitted}, buffer {b.num_chunks} chunks x {b.chunk_size} frames, "
+          f"{b.micro_steps} micro-step(s), on {next(model.parameters()).device}", flush=True)
+    info = source.info
+    total = info.frame_count or (round(info.duration * info.fps) if info.duration else None)
+    runner = Runner(source, processor, sink, RunnerConfig(live=False, max_frames=max_frames))
+    metrics = watch(runner, expected_frames(total, max_frames), desc="video")
+    for warning in metrics.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    print(f"wrote {metrics.frames_out} frames to {output} "
+          f"({metrics.frames_out / max(metrics.elapsed, 1e-9):.1f} fps generated)")
     return 0
