@@ -11,7 +11,10 @@ from safetensors.torch import load_file
 
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.video_data import COLOURS, VideoFolder, random_spec, render_shape_clip, synthetic_batch
-from streamstudio.app.video_training import VideoTrainConfig, VideoTrainer, partition_levels
+from streamstudio.app.video_training import (VideoTrainConfig, VideoTrainer, distill_levels, partition_levels,
+                                             teacher_target)
+from streamstudio.models.stream_dit import StreamDiT, StreamDiTConfig
+from streamstudio.pipelines.stream_video import StreamBufferConfig, StreamDiTBackbone, StreamSampler
 
 
 def small_cfg(tmp_path, **kw) -> VideoTrainConfig:
@@ -69,11 +72,98 @@ def test_resume_continues_exactly(tmp_path):
 
 def test_distillation_runs_from_a_teacher(tmp_path):
     VideoTrainer(small_cfg(tmp_path / "t", steps=4)).train()
-    cfg = small_cfg(tmp_path / "s", steps=4, mode="distill", teacher=str(tmp_path / "t" / "run"), teacher_steps=2)
+    cfg = small_cfg(tmp_path / "s", steps=4, mode="distill", teacher=str(tmp_path / "t" / "run"), teacher_steps=2,
+                    sampling={"num_chunks": 2, "chunk_size": 2, "micro_steps": 1})
     losses = VideoTrainer(cfg).train()
     assert len(losses) == 4 and all(np.isfinite(losses))
     with pytest.raises(StreamStudioError, match="teacher"):
-        VideoTrainer(small_cfg(tmp_path / "x", mode="distill"))
+        VideoTrainer(small_cfg(tmp_path / "x", mode="distill", sampling={"num_chunks": 2, "chunk_size": 2}))
+
+
+def random_teacher(seed: int = 0) -> StreamDiT:
+    torch.manual_seed(seed)
+    model = StreamDiT(StreamDiTConfig(hidden_size=32, depth=2, num_heads=2, window=(4, 8, 8))).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return model
+
+
+class Recorder:
+    """A backbone that records the per-frame times it is called with."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, []
+
+    def encode_text(self, prompt):
+        return self.inner.encode_text(prompt)
+
+    def __call__(self, x, t, text):
+        self.calls.append(t[0].clone())
+        return self.inner(x, t, text)
+
+
+@pytest.mark.parametrize("n, c", [(4, 2), (8, 1), (2, 4)])
+def test_distill_levels_are_exactly_the_student_samplers_calls(n, c):
+    """Record the levels an s = 1 sampler of layout (N, c) calls its network with (start-up and
+    streaming); the distillation draws those buffers and no other."""
+    rec = Recorder(StreamDiTBackbone(random_teacher()))
+    sampler = StreamSampler(rec, StreamBufferConfig(num_chunks=n, chunk_size=c, micro_steps=1), (3, 16, 16), "red")
+    sampler.start()
+    for _ in range(3 * n):
+        sampler.step()
+    seen = {tuple(torch.round(t * n).long().tolist()) for t in rec.calls}
+    drawn = distill_levels(torch.Generator().manual_seed(0), 400, n, c, startup_share=0.25)  # (400, N*c)
+    assert {tuple(row.tolist()) for row in drawn} == seen
+    startup = (drawn == drawn[:, :1]).all(1).float().mean() if n > 1 else torch.tensor(0.25)
+    assert 0.15 < float(startup) < 0.35
+
+
+def test_teacher_target_is_what_the_teachers_sampler_does_over_one_segment():
+    """The target times dt, added to the state, equals the buffer the teacher's own sampler (s
+    micro-steps per chunk) makes from the same state: over s streaming calls and over the
+    start-up's uniform generation from noise."""
+    n, c, s = 4, 2, 2
+    teacher = random_teacher(1)
+    backbone = StreamDiTBackbone(teacher)
+    torch.manual_seed(2)
+    noise = torch.randn(n * c, 3, 16, 16)  # (N*c, C, H, W): frame i's noise
+    clean = torch.randn(n * c, 3, 16, 16).clamp(-1, 1)
+    text = teacher.encode_text(["a red circle"])
+    dt = torch.full((1, n * c), 1 / n)
+    # streaming: chunk j at segment start (N - 1 - j) / N on the straight path
+    k = distill_levels(torch.Generator().manual_seed(0), 1, n, c, startup_share=0.0)  # (1, N*c)
+    t_a = k / n
+    x_a = ((1 - t_a)[0, :, None, None, None] * noise + t_a[0, :, None, None, None] * clean)[None]
+    with torch.no_grad():
+        target = teacher_target(teacher, x_a, t_a, dt, s, text)
+    sampler = StreamSampler(backbone, StreamBufferConfig(num_chunks=n, chunk_size=c, micro_steps=s), (3, 16, 16),
+                            "a red circle")
+    sampler.start()
+    assert sampler.levels.tolist() == (k[0] * s).tolist()
+    sampler.x = x_a[0].clone()
+    done = None
+    for _ in range(s):
+        done = sampler.step()
+    after = torch.cat([done, sampler.x[:-c]])  # (N*c, C, H, W): the same frames, one segment later
+    torch.testing.assert_close(x_a[0] + dt[0, :, None, None, None] * target[0], after, rtol=1e-4, atol=1e-5)
+    # start-up: every frame at level 0 (noise); the sampler's chunk 2 takes the uniform state at level s
+    zero = torch.zeros(1, n * c)
+    with torch.no_grad():
+        target = teacher_target(teacher, noise[None], zero, dt, s, text)
+    sampler = StreamSampler(backbone, StreamBufferConfig(num_chunks=n, chunk_size=c, micro_steps=s), (3, 16, 16),
+                            "a red circle", noise_fn=lambda i: noise[i])
+    sampler.start()
+    j = n - 2  # chunk j is filled from level (N - 1 - j) * s = s
+    torch.testing.assert_close((noise + dt[0, :, None, None, None] * target[0])[j * c:(j + 1) * c],
+                               sampler.x[j * c:(j + 1) * c], rtol=1e-4, atol=1e-5)
+
+
+def test_distillation_refuses_a_layout_other_than_the_buffer(tmp_path):
+    VideoTrainer(small_cfg(tmp_path / "t", steps=1)).train()
+    with pytest.raises(StreamStudioError, match="layout"):
+        VideoTrainer(small_cfg(tmp_path / "s", mode="distill", teacher=str(tmp_path / "t" / "run"),
+                               sampling={"num_chunks": 4, "chunk_size": 2, "micro_steps": 1}))
 
 
 def test_video_folder_data(tmp_path):

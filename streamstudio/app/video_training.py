@@ -10,9 +10,14 @@ segment [(N-1-j)/N, (N-j)/N), so the buffer looks like the sampler's at some mom
 plain uniform generation). x_t = (1 - t) * noise + t * data, the target velocity is
 data - noise (t = 0 noise, t = 1 data).
 
-Distillation (mode "distill"): a teacher sampling with s micro-steps per chunk teaches a student
-with s = 1: for every chunk, the student's one Euler step over its segment must match the
-teacher's s steps over the same segment (both with the whole buffer in context).
+Distillation (mode "distill"), as the paper does it: "sampling distillation is performed in each
+segment of a chosen partitioning scheme". The scheme is the layout (N, c) the student will be
+sampled with (`sampling`), nothing else: every training buffer is one the student's sampler
+(s = 1, levels k / N) actually runs, either a streaming call (chunk j at level N - 1 - j) or, with
+probability `distill_startup_share`, a start-up call of its uniform generation (every frame at
+the same level k < N - 1). The student's one Euler step of 1 / N must match the teacher's s
+micro-steps over the same segment, taken as the teacher's sampler takes them (every frame moves
+together, the whole buffer in context).
 
 Every batch and noise sample is seeded by (seed, step, process), so a resumed run continues
 exactly where the stopped one would have been.
@@ -45,6 +50,7 @@ class VideoTrainConfig:
     mode: str = "flow"  # "flow" (buffered flow matching) or "distill"
     teacher: str | None = None  # checkpoint folder of the teacher (distill mode)
     teacher_steps: int = 4  # the teacher's micro-steps per chunk (distill mode)
+    distill_startup_share: float = 0.25  # share of distillation buffers from the start-up's uniform generation
     init: str | None = None  # start (flow mode) from the weights of this checkpoint folder, new optimizer
     steps: int = 1000
     batch_size: int = 8
@@ -81,6 +87,34 @@ def partition_levels(gen: torch.Generator, batch: int, frames: int) -> tuple[tor
     return t, chunk
 
 
+def distill_levels(gen: torch.Generator, batch: int, num_chunks: int, chunk_size: int,
+                   startup_share: float) -> torch.Tensor:
+    """(B, N*c) student level indices (time k / N) of buffers the s = 1 sampler runs, oldest first.
+
+    A streaming call has chunk j at level N - 1 - j; a start-up call (uniform generation) has every
+    frame at one level k in 0 .. N - 2 (probability `startup_share`, none when N = 1)."""
+    n, c = num_chunks, chunk_size
+    stream = (n - 1 - torch.arange(n * c) // c).expand(batch, n * c)  # (B, N*c)
+    startup = torch.rand(batch, generator=gen) < startup_share  # (B,)
+    k = torch.randint(max(1, n - 1), (batch,), generator=gen)  # (B,)
+    if n == 1:
+        return stream.clone()
+    return torch.where(startup[:, None], k[:, None].expand(batch, n * c), stream)
+
+
+def teacher_target(teacher, x_a: torch.Tensor, t_a: torch.Tensor, dt: torch.Tensor, steps: int,
+                   text) -> torch.Tensor:
+    """The teacher's average velocity over each frame's segment: (x after `steps` Euler steps of
+    dt / steps, all frames moving together - x_a) / dt. x_a: (B, F, C, H, W), t_a, dt: (B, F);
+    frames with dt = 0 (reference frames) stay put and get a zero target."""
+    x, t = x_a, t_a
+    h = dt / steps  # (B, F)
+    for _ in range(steps):
+        x = x + h[..., None, None, None] * teacher(x, t, text)
+        t = t + h
+    return (x - x_a) / dt.clamp_min(1e-8)[..., None, None, None]  # (B, F, C, H, W)
+
+
 def lr_at(cfg: VideoTrainConfig, step: int) -> float:
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
@@ -98,6 +132,9 @@ class VideoTrainer:
             raise StreamStudioError(f"unknown training mode {cfg.mode!r}; use flow or distill")
         if cfg.buffer_frames < 1 or cfg.buffer_frames & (cfg.buffer_frames - 1):
             raise StreamStudioError(f"--buffer-frames must be a power of two, got {cfg.buffer_frames}")
+        if cfg.mode == "distill" and cfg.sampling["num_chunks"] * cfg.sampling["chunk_size"] != cfg.buffer_frames:
+            raise StreamStudioError(f"distillation learns the layout it will sample: --num-chunks x chunk size "
+                                    f"must be --buffer-frames {cfg.buffer_frames}")
         self.cfg = cfg
         self.acc = Accelerator(cpu=cfg.cpu)
         self.out = Path(cfg.output)
@@ -169,28 +206,21 @@ class VideoTrainer:
         return (v[:, k:] - (x1 - noise)[:, k:]).pow(2).mean()
 
     def distill_loss(self, x1: torch.Tensor, caps: list[str], gen: torch.Generator) -> torch.Tensor:
-        """Student's one step per segment vs the teacher's `teacher_steps` micro-steps."""
+        """Student's one step per segment of the sampled layout vs the teacher's `teacher_steps`."""
         cfg = self.cfg
-        t_seg, chunk = partition_levels(gen, cfg.batch_size, cfg.buffer_frames)
-        n = (cfg.buffer_frames // chunk).float()[:, None]  # (B, 1) chunks per sample
-        t_a = torch.floor(t_seg * n) / n  # (B, buffer) segment starts
+        n, c = cfg.sampling["num_chunks"], cfg.sampling["chunk_size"]
+        k = distill_levels(gen, cfg.batch_size, n, c, cfg.distill_startup_share)  # (B, N*c)
         ref = torch.ones(cfg.batch_size, cfg.ref_frames)
-        t_a = torch.cat([ref, t_a], 1).to(x1.device)  # (B, F)
-        dt = torch.cat([torch.zeros_like(ref), (1 / n).expand_as(t_seg)], 1).to(x1.device)  # (B, F)
+        t_a = torch.cat([ref, k / n], 1).to(x1.device)  # (B, F) segment starts, references clean
+        dt = torch.cat([torch.zeros_like(ref), torch.full(k.shape, 1 / n)], 1).to(x1.device)  # (B, F)
         noise = torch.randn(x1.shape, generator=gen).to(x1.device)
         x_a = (1 - t_a)[..., None, None, None] * noise + t_a[..., None, None, None] * x1
         with torch.no_grad():
-            text_t = self.teacher.encode_text(caps)
-            x, t = x_a.clone(), t_a.clone()
-            for _ in range(cfg.teacher_steps):
-                h = dt / cfg.teacher_steps
-                x = x + h[..., None, None, None] * self.teacher(x, t, text_t)
-                t = t + h
-        target = (x - x_a) / dt.clamp_min(1e-8)[..., None, None, None]
+            target = teacher_target(self.teacher, x_a, t_a, dt, cfg.teacher_steps, self.teacher.encode_text(caps))
         model = self.acc.unwrap_model(self.model)
         v = self.model(x_a, t_a, model.encode_text(caps))
-        k = cfg.ref_frames
-        return (v[:, k:] - target[:, k:]).pow(2).mean()
+        kr = cfg.ref_frames
+        return (v[:, kr:] - target[:, kr:]).pow(2).mean()
 
     # ------------------------------------------------------------------ loop
     def train(self) -> list[float]:

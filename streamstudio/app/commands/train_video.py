@@ -28,6 +28,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--teacher-steps", type=int, default=DEFAULTS.teacher_steps, help="teacher micro-steps per chunk")
     p.add_argument("--init", default=None,
                    help="start from the weights of this checkpoint folder (its architecture; new optimizer)")
+    p.add_argument("--distill-startup-share", type=float, default=DEFAULTS.distill_startup_share,
+                   help="distill mode: share of buffers from the sampler's start-up (uniform generation)")
     p.add_argument("--steps", type=int, default=DEFAULTS.steps)
     p.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size)
     p.add_argument("--buffer-frames", type=int, default=DEFAULTS.buffer_frames, help="B = N*c frames (power of 2)")
