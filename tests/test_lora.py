@@ -1,0 +1,164 @@
+"""LoRAs at run time (models/lora.py): a LoRA written by the test with peft on the tiny model,
+checked against the peft model it was made from."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from streamstudio.errors import StreamStudioError
+from streamstudio.models.lora import LoraSet, LoraSpec, parse_lora
+
+TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
+TEXT_TARGETS = ["q_proj", "k_proj", "v_proj", "out_proj"]
+
+
+def make_lora(base, folder, seed=0, rank=4, alpha=8, text=False, file_name=None):
+    """A random LoRA (diffusers/peft layout, .safetensors) for `base`'s UNet (and text encoder),
+    and the peft-wrapped copies it was made from, as the reference."""
+    from diffusers import StableDiffusionPipeline
+    from peft import LoraConfig
+    from peft.utils import get_peft_model_state_dict
+
+    unet, text_encoder = copy.deepcopy(base.unet), copy.deepcopy(base.text_encoder)
+    torch.manual_seed(seed)
+    unet.add_adapter(LoraConfig(r=rank, lora_alpha=alpha, target_modules=TARGETS, init_lora_weights=False))
+    text_layers = text_meta = None
+    if text:
+        text_encoder.add_adapter(LoraConfig(r=rank, lora_alpha=alpha, target_modules=TEXT_TARGETS,
+                                            init_lora_weights=False))
+        text_layers = get_peft_model_state_dict(text_encoder)
+        text_meta = text_encoder.peft_config["default"].to_dict()
+    # the adapters' configs (rank, alpha) go into the file's metadata, as diffusers' training scripts do
+    StableDiffusionPipeline.save_lora_weights(folder, unet_lora_layers=get_peft_model_state_dict(unet),
+                                              text_encoder_lora_layers=text_layers, safe_serialization=True,
+                                              weight_name=file_name,
+                                              unet_lora_adapter_metadata=unet.peft_config["default"].to_dict(),
+                                              text_encoder_lora_adapter_metadata=text_meta)
+    return unet, text_encoder
+
+
+def inputs(seed=1):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, 4, 8, 8, generator=g)  # (B, 4, h, w)
+    t = torch.tensor([999, 500])
+    text = torch.randn(2, 7, 32, generator=g)  # (B, L, D)
+    return x, t, text
+
+
+def unet_out(unet, seed=1):
+    x, t, text = inputs(seed)
+    with torch.no_grad():
+        return unet(x, t, encoder_hidden_states=text).sample
+
+
+def text_out(comps):
+    ids = comps.tokenizer(["a red house"], padding="max_length", max_length=16, truncation=True,
+                          return_tensors="pt").input_ids
+    with torch.no_grad():
+        return comps.text_encoder(ids)[0]
+
+
+@pytest.fixture
+def comps(tiny_components_factory):
+    return tiny_components_factory()
+
+
+@pytest.mark.parametrize("text,source,scale", [
+    ("style.safetensors", "style.safetensors", 1.0), ("style.safetensors:0.7", "style.safetensors", 0.7),
+    ("/a/b:c/style:-1.5", "/a/b:c/style", -1.5), ("org/lora", "org/lora", 1.0),
+    ("C:/x/y.safetensors", "C:/x/y.safetensors", 1.0)])
+def test_parse_lora(text, source, scale):
+    assert parse_lora(text) == LoraSpec(source, scale)
+
+
+def test_parse_lora_bad_scale():
+    with pytest.raises(StreamStudioError, match="scale"):
+        parse_lora("style.safetensors:1e9")
+    with pytest.raises(StreamStudioError, match="path or hub id"):
+        parse_lora(":0.5")
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+def test_lora_equals_its_peft_model_and_removal_restores_base(comps, tmp_path, fuse):
+    ref_unet, _ = make_lora(comps, tmp_path)
+    base_state = {k: v.clone() for k, v in comps.unet.state_dict().items()}
+    base = unet_out(comps.unet)
+    loras = LoraSet(comps, fuse=fuse)
+    loras.add(str(tmp_path / "pytorch_lora_weights.safetensors"))
+    with_lora = unet_out(comps.unet)
+    assert (with_lora - base).abs().max() > 1e-2  # the LoRA changes the output
+    torch.testing.assert_close(with_lora, unet_out(ref_unet), atol=2e-5, rtol=1e-4)  # as the model it came from
+
+    loras.set_scale("pytorch_lora_weights", 0.5)
+    ref_unet.set_adapters(["default"], [0.5])
+    torch.testing.assert_close(unet_out(comps.unet), unet_out(ref_unet), atol=2e-5, rtol=1e-4)
+
+    loras.set_scale("pytorch_lora_weights", 0.0)
+    assert torch.equal(unet_out(comps.unet), base)  # scale 0 is the base model, exactly
+
+    loras.set_scale("pytorch_lora_weights", 1.0)
+    loras.remove(str(tmp_path / "pytorch_lora_weights.safetensors"))
+    assert torch.equal(unet_out(comps.unet), base)  # removed: the base model, bit for bit
+    state = comps.unet.state_dict()
+    assert state.keys() == base_state.keys() and all(torch.equal(state[k], base_state[k]) for k in state)
+    assert loras.listing() == [] and loras.version == 5  # add, three scales, remove
+
+
+def test_fused_equals_unfused_and_scale_changes_do_not_drift(comps, tiny_components_factory, tmp_path):
+    make_lora(comps, tmp_path / "a", seed=0)
+    make_lora(comps, tmp_path / "b", seed=1)
+    other = tiny_components_factory()
+    fused, unfused = LoraSet(comps, fuse=True), LoraSet(other, fuse=False)
+    for loras in (fused, unfused):
+        loras.add(f"{tmp_path / 'a'}:0.8")
+        loras.add(f"{tmp_path / 'b'}:-0.6")
+    torch.testing.assert_close(unet_out(comps.unet), unet_out(other.unet), atol=2e-5, rtol=1e-4)
+    assert fused.listing() == [(str(tmp_path / "a"), 0.8), (str(tmp_path / "b"), -0.6)]
+    first = unet_out(comps.unet)
+    for step in range(20):  # a slider dragged back and forth: the weights come back exactly each time
+        fused.set_scale("b", -0.6 + 0.05 * (step % 5 + 1))
+    fused.set_scale("b", -0.6)
+    assert torch.equal(unet_out(comps.unet), first)
+    fused.remove("a")
+    unfused.remove(str(tmp_path / "a"))
+    torch.testing.assert_close(unet_out(comps.unet), unet_out(other.unet), atol=2e-5, rtol=1e-4)
+    assert "b" in fused.identity() and "a*" not in fused.identity() and unfused.identity() == ""
+
+
+def test_text_encoder_lora_changes_embeddings_and_says_so(comps, tmp_path):
+    _, ref_text = make_lora(comps, tmp_path, text=True, file_name="with_text.safetensors")
+    base = text_out(comps)
+    loras = LoraSet(comps)
+    lora = loras.add(str(tmp_path / "with_text.safetensors"))
+    assert lora.touches_text and loras.text_version == 1
+    assert (text_out(comps) - base).abs().max() > 1e-3
+    ids = comps.tokenizer(["a red house"], padding="max_length", max_length=16, return_tensors="pt").input_ids
+    with torch.no_grad():
+        torch.testing.assert_close(text_out(comps), ref_text(ids)[0], atol=2e-5, rtol=1e-4)
+    loras.remove(lora.name)
+    assert torch.equal(text_out(comps), base) and loras.text_version == 2
+
+
+def test_lora_errors(comps, tmp_path):
+    loras = LoraSet(comps, local_files_only=True)
+    with pytest.raises(StreamStudioError, match="could not be loaded"):
+        loras.add(str(tmp_path / "missing.safetensors"))
+    (tmp_path / "x.bin").write_bytes(b"\0" * 16)
+    with pytest.raises(StreamStudioError, match="only"):
+        loras.add(str(tmp_path / "x.bin"))
+    with pytest.raises(StreamStudioError, match="no LoRA"):
+        loras.set_scale("nothing", 1.0)
+    # a LoRA for other layers than this UNet has (here: a different width) is refused and leaves nothing behind
+    from diffusers import UNet2DConditionModel
+    from streamstudio.models import tiny
+
+    other = copy.copy(comps)
+    other.unet = UNet2DConditionModel(**{**tiny.UNET_CONFIG, "block_out_channels": (16, 32), "norm_num_groups": 4})
+    make_lora(other, tmp_path / "wrong")
+    base = unet_out(comps.unet)
+    with pytest.raises(StreamStudioError):
+        loras.add(str(tmp_path / "wrong"))
+    assert loras.listing() == [] and torch.equal(unet_out(comps.unet), base)
