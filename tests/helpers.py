@@ -93,3 +93,19 @@ def capture_latents(pipe) -> list:
 
     pipe._decode = spy
     return seen
+
+
+def recorded_runners(monkeypatch) -> list:
+    """Every streaming.Runner built from now on (for the test's length), to read the metrics of
+    the runs a front end made: `runners[-1].metrics()` once the command has returned."""
+    from streamstudio.streaming.runner import Runner
+
+    runners: list = []
+    init = Runner.__init__
+
+    def record(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        runners.append(self)
+
+    monkeypatch.setattr(Runner, "__init__", record)
+    return runners

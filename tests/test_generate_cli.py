@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import recorded_runners
 from PIL import Image
 
 from streamstudio.app.cli import main
 
 
-def test_txt2img(tmp_path, capsys):
+def test_txt2img(tmp_path, capsys, monkeypatch):
+    runners = recorded_runners(monkeypatch)
     out = tmp_path / "out"
     rc = main(["generate", "--model", "tiny", "--prompt", "a cat", "--output", str(out),
                "--num-images", "3", "--steps", "2", "--width", "48", "--height", "32"])
@@ -20,9 +22,12 @@ def test_txt2img(tmp_path, capsys):
     assert all(im.shape == (32, 48, 3) for im in images)
     assert not np.array_equal(images[0], images[1])
     assert "frame latency 1" in capsys.readouterr().out
+    metrics = runners[-1].metrics()  # the images went through the one frame loop
+    assert (metrics.frames_in, metrics.frames_processed, metrics.frames_out) == (3, 3, 3)
 
 
-def test_img2img_folder_in_name_order(tmp_path):
+def test_img2img_folder_in_name_order(tmp_path, monkeypatch):
+    runners = recorded_runners(monkeypatch)
     src = tmp_path / "in"
     src.mkdir()
     rng = np.random.default_rng(0)
@@ -35,6 +40,7 @@ def test_img2img_folder_in_name_order(tmp_path):
                "--output", str(out), "--steps", "3", "--width", "32", "--height", "32"])
     assert rc == 0
     assert sorted(p.name for p in out.glob("*.png")) == ["a.png", "b.png", "c.png", "d.png"]
+    assert (runners[-1].metrics().frames_in, runners[-1].metrics().frames_out) == (4, 4)  # one stream, one loop
 
 
 def test_clear_errors(tmp_path, capsys):

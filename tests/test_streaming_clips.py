@@ -139,19 +139,3 @@ def probe(path) -> Probe:
             result.audio_codec, result.audio_duration = a.codec_context.name, samples / rate
             result.audio_start = float(frames[0].time) if frames and frames[0].time is not None else None
     return result
-
-
-def recorded_runners(monkeypatch) -> list:
-    """Every streaming.Runner built from now on (for the test's length), to read the metrics of
-    the runs a front end made: `runners[-1].metrics()` once the command has returned."""
-    from streamstudio.streaming.runner import Runner
-
-    runners: list = []
-    init = Runner.__init__
-
-    def record(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        runners.append(self)
-
-    monkeypatch.setattr(Runner, "__init__", record)
-    return runners

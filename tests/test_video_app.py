@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from streamstudio.app import video_tab
-from test_streaming_clips import make_clip, probe, recorded_runners
+from helpers import recorded_runners
+from test_streaming_clips import make_clip, probe
 
+from streamstudio.app import video_tab
 from streamstudio.app.commands.render_video import (VideoFrames, add_video_arguments, build_stream, latent_size,
                                                     load_video_model, parse_prompt_changes, run_video_render)
 from streamstudio.errors import StreamStudioError

@@ -158,3 +158,27 @@ def test_wan_adapter_per_frame_timesteps():
     sampler.start()
     out = [sampler.step() for _ in range(2)]
     assert all(o is not None and o.shape == (2, 4, 8, 8) and torch.isfinite(o).all() for o in out)
+
+
+def test_4b_benchmark_feeds_512p_latents_of_an_8x_vae():
+    """512p video through an 8x VAE of 16 channels is 64x64 latents per frame (16 frames): the
+    benchmark feeds that shape, labels it so, and the 4B model runs it (on the meta device)."""
+    import sys
+    from pathlib import Path
+
+    bench_dir = str(Path(__file__).resolve().parent.parent / "benchmarks")
+    if bench_dir not in sys.path:
+        sys.path.insert(0, bench_dir)
+    import stream_video as bench
+
+    assert bench.LATENT_4B_512P == (1, 16, 16, 512 // 8, 512 // 8)
+    assert "64x64 latents" in bench.LATENT_LABEL
+    with torch.device("meta"):
+        model = StreamDiT(named_config("4b"))
+        out = model(torch.empty(*bench.LATENT_4B_512P), torch.rand(1, 16), model.encode_text("a red circle"))
+    assert tuple(out.shape) == bench.LATENT_4B_512P
+    assert bench.TOKENS_4B_512P == (16, 64 // model.cfg.patch_size, 64 // model.cfg.patch_size)
+    if not torch.cuda.is_available():
+        g = bench.gpu_4b(1)
+        assert g["step_ms"] is None and g["paper_step_ms_h100"] == 482 and g["target_ms_h100"] == 350
+        assert "missing" in bench.step_text(g) and "482" in bench.step_text(g)

@@ -19,6 +19,7 @@ import queue
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -307,10 +308,15 @@ class FileSink(Sink):
 
 
 class ImageSequenceSink(Sink):
-    """One PNG (or JPEG, ...) per frame: DIR/frame_000000.png or a printf pattern."""
+    """One PNG (or JPEG, ...) per frame: DIR/frame_000000.png or a printf pattern; or, given
+    `names`, frame i as DIR/names[i] (generate keeps its inputs' names)."""
 
-    def __init__(self, spec: str, width: int, height: int, fps: float):
+    def __init__(self, spec: str, width: int, height: int, fps: float, names: Sequence[str] | None = None):
         super().__init__(spec, width, height, fps)
+        self.names = None if names is None else list(names)
+        if self.names is not None:
+            self.folder = make_output_folder(spec)
+            return
         if "%" in spec:
             self.pattern = spec
             make_output_folder(Path(spec).parent)
@@ -325,8 +331,15 @@ class ImageSequenceSink(Sink):
     def write(self, frame: np.ndarray, pts: float | None = None) -> None:
         from PIL import Image
 
-        Image.fromarray(fit(frame, self.width, self.height)).save(self.pattern % self.status.frames_written)
+        Image.fromarray(fit(frame, self.width, self.height)).save(self._path(self.status.frames_written))
         self.status.frames_written += 1
+
+    def _path(self, index: int) -> str:
+        if self.names is None:
+            return self.pattern % index
+        if index >= len(self.names):
+            raise StreamStudioError(f"{self.spec}: frame {index + 1} has no name ({len(self.names)} given)")
+        return str(self.folder / self.names[index])
 
 
 class HlsSink(Sink):

@@ -358,7 +358,7 @@ class ImageSequenceSource(Source):
         try:
             with Image.open(path) as im:
                 im.draft("RGB", (self.max_side, self.max_side))  # JPEG: decode big images smaller
-                return to_rgb_frame(np.asarray(im.convert("RGB")), self.max_side)
+                return to_rgb_frame(im, self.max_side)  # the one rule: RGBA composited on black
         except (UnidentifiedImageError, OSError) as exc:
             raise StreamStudioError(f"{path} is not a readable image ({exc})") from exc
 

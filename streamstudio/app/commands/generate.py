@@ -7,10 +7,9 @@ import logging
 from pathlib import Path
 
 from streamstudio.errors import StreamStudioError
+from streamstudio.streaming.sources import IMAGE_SUFFIXES
 
 log = logging.getLogger(__name__)
-
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
 
 
 def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
@@ -159,46 +158,30 @@ def list_images(path: Path) -> list[Path]:
     raise StreamStudioError(f"input {path} does not exist")
 
 
-def load_image(path: Path):
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(path) as im:
-            return im.convert("RGBA" if "A" in im.getbands() else "RGB")
-    except (UnidentifiedImageError, OSError) as exc:
-        raise StreamStudioError(f"{path} is not a readable image: {exc}") from exc
-
-
 def run(args) -> int:
-    from PIL import Image
-    from tqdm import tqdm
-
-    from streamstudio.streaming.sinks import make_output_folder
+    """txt2img: a NoInputSource of --num-images frames; img2img: the images as one stream. Both
+    run on streaming.Runner into the output folder, each image named after its input."""
+    from streamstudio.app.commands.render import watch
+    from streamstudio.streaming.runner import Runner, RunnerConfig
+    from streamstudio.streaming.sinks import ImageSequenceSink, make_output_folder
+    from streamstudio.streaming.sources import ImageSequenceSource, NoInputSource
 
     inputs = list_images(Path(args.input)) if args.input else None
     if args.num_images < 1:
         raise StreamStudioError("--num-images must be at least 1")
-    out_dir = make_output_folder(args.output, "images")
+    out_dir = make_output_folder(args.output, "images")  # before the model loads
     pipe = build_pipeline(args, "img2img" if inputs else "txt2img")
     print(f"model: {pipe.comps.name} ({pipe.step_type} step), t_index_list {pipe._t_index}, "
           f"frame latency {pipe.latency_frames}")
-    names: list[str] = []
-    written = 0
-
-    def save(images):
-        nonlocal written
-        for image in images:
-            Image.fromarray(image).save(out_dir / names[written])
-            written += 1
-
+    width, height = pipe.config.width, pipe.config.height
     if inputs is None:
+        source = NoInputSource(args.num_images, 1.0, width, height, description="txt2img")
         names = [f"image_{i:05d}.png" for i in range(args.num_images)]
-        for _ in tqdm(range(args.num_images), desc="generate", unit="img"):
-            save(pipe.push(None))
     else:
+        source = ImageSequenceSource(inputs, description=str(args.input))
         names = [f.stem + ".png" for f in inputs]
-        for f in tqdm(inputs, desc="img2img", unit="img"):
-            save(pipe.push(load_image(f)))
-    save(pipe.flush())
-    print(f"wrote {written} image(s) to {out_dir}")
+    sink = ImageSequenceSink(str(out_dir), width, height, source.info.fps, names=names)
+    runner = Runner(source, pipe, sink, RunnerConfig(live=False))
+    metrics = watch(runner, len(names), desc="img2img" if inputs else "generate", unit="img")
+    print(f"wrote {metrics.frames_out} image(s) to {out_dir}")
     return 0
