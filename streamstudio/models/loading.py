@@ -1,6 +1,6 @@
-"""Load Stable Diffusion components: from a hub id, a local diffusers folder, one
-`.safetensors` file, the built-in image model `builtin` (trained here, shipped in
-`assets/image_builtin/`), or the random-weight `tiny` test model.
+"""Load Stable Diffusion components (SD 1.5 / 2.1 and SDXL): from a hub id, a local diffusers
+folder, one `.safetensors` file, the built-in image model `builtin` (trained here, shipped in
+`assets/image_builtin/`), or the random-weight `tiny` / `tiny-sdxl` test models.
 
 Weights load through diffusers / transformers / safetensors only: nothing a user supplies
 is ever unpickled.
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from streamstudio.errors import ModelNotFoundError, StreamStudioError
-from streamstudio.models import tiny
+from streamstudio.models import sdxl, tiny
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,14 @@ class SDComponents:
     is_demo: bool = False  # a built-in model (builtin, or tiny with random weights), not a real one
     notes: list[str] = field(default_factory=list)
     default_size: int | None = None  # the side the model is made for (builtin 256, tiny 64; None: 512)
+    text_encoder_2: torch.nn.Module | None = None  # SDXL: CLIPTextModelWithProjection (pooled text)
+    tokenizer_2: object | None = None  # SDXL: the second encoder's tokenizer
+    vae_upcast: bool = False  # keep the VAE in float32 (SDXL's own VAE overflows in float16)
+
+    @property
+    def is_sdxl(self) -> bool:
+        """An SDXL-family model: two text encoders, pooled text and time ids (models/sdxl.py)."""
+        return sdxl.is_sdxl_unet(self.unet)
 
     @property
     def prediction_type(self) -> str:
@@ -54,9 +62,12 @@ class SDComponents:
         return 2 ** (len(self.vae.config.block_out_channels) - 1) if hasattr(self.vae.config, "block_out_channels") else 8
 
     def to(self, device: torch.device, dtype: torch.dtype) -> "SDComponents":
-        for module in (self.unet, self.vae, self.text_encoder):
-            if next(module.parameters()).dtype != dtype:
-                module.to(dtype=dtype)
+        for module in (self.unet, self.vae, self.text_encoder, self.text_encoder_2):
+            if module is None:
+                continue
+            want = torch.float32 if module is self.vae and self.vae_upcast else dtype
+            if next(module.parameters()).dtype != want:
+                module.to(dtype=want)
             module.to(device=device)
         tune_for_device(self, torch.device(device))
         return self
@@ -104,12 +115,14 @@ def load_components(
 ) -> SDComponents:
     """Load a model's components onto `device` in `dtype`.
 
-    model: "builtin", "tiny", a hub id (default sd-turbo), a diffusers folder, a train-image
-      checkpoint folder or a .safetensors file.
-    lcm_lora: "auto" fuses LCM-LoRA into SD 1.5 models that are not LCM or turbo already;
-      None or "none" never; any other value is a LoRA hub id or path to fuse.
-    taesd: True (or "auto") for madebyollin/taesd, a hub id / folder of an AutoencoderTiny,
-      or None for the model's own VAE.
+    model: "builtin", "tiny", "tiny-sdxl", a hub id (default sd-turbo), a diffusers folder, a
+      train-image checkpoint folder or a .safetensors file (SD 1.5 / 2.1 or SDXL).
+    lcm_lora: "auto" fuses LCM-LoRA into SD 1.5 and SDXL models that are not LCM or turbo
+      already; None or "none" never; any other value is a LoRA hub id or path to fuse.
+    taesd: True (or "auto") for madebyollin/taesd (madebyollin/taesdxl for SDXL), a hub id /
+      folder of an AutoencoderTiny, or None for the model's own VAE.
+    SDXL in float16 with its own VAE: madebyollin/sdxl-vae-fp16-fix when it can be had, else
+    the VAE stays in float32 (`vae_upcast`), with a note.
     """
     device = torch.device(device)
     if local_files_only is None:
@@ -120,6 +133,13 @@ def load_components(
                              parts["tokenizer"], parts["scheduler_config"], tiny.TINY_NAME,
                              step_type="lcm", is_demo=True, default_size=64)
         return comps.to(device, dtype)
+    if model == sdxl.TINY_SDXL_NAME:
+        parts = sdxl.tiny_sdxl_components(taesd=bool(taesd))
+        comps = SDComponents(parts["unet"], parts["taesd"] or parts["vae"], parts["text_encoder"],
+                             parts["tokenizer"], parts["scheduler_config"], sdxl.TINY_SDXL_NAME, step_type="lcm",
+                             is_demo=True, default_size=64, text_encoder_2=parts["text_encoder_2"],
+                             tokenizer_2=parts["tokenizer_2"])
+        return comps.to(device, dtype)
     if model == BUILTIN_NAME or _is_builtin_folder(model):
         comps = load_builtin(None if model == BUILTIN_NAME else model)
         if taesd:
@@ -128,6 +148,8 @@ def load_components(
 
     with _quiet_hub():
         comps = _load(model, lcm_lora, taesd, local_files_only)
+        if comps.is_sdxl and dtype == torch.float16:
+            _sdxl_fp16_vae(comps, local_files_only)
     return comps.to(device, dtype)
 
 
@@ -157,28 +179,35 @@ def _load(model: str, lcm_lora, taesd, local_files_only: bool) -> SDComponents:
     if lcm_lora not in (None, "none"):
         _maybe_fuse_lcm_lora(comps, lcm_lora, local_files_only)
     if taesd:
-        comps.vae = _load_taesd(TAESD_SD if taesd in (True, "auto") else str(taesd), local_files_only)
-        comps.notes.append("fast VAE: TAESD")
+        default = sdxl.TAESD_SDXL if comps.is_sdxl else TAESD_SD
+        comps.vae = _load_taesd(default if taesd in (True, "auto") else str(taesd), local_files_only)
+        comps.notes.append("fast VAE: TAESDXL" if comps.is_sdxl else "fast VAE: TAESD")
     return comps
 
 
 def _load_folder(source: str, model: str, local_files_only: bool) -> SDComponents:
     from diffusers import AutoencoderKL, UNet2DConditionModel
-    from transformers import CLIPTextModel, CLIPTokenizer
+    from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
 
+    text_encoder_2 = tokenizer_2 = None
     try:
         kw = dict(local_files_only=local_files_only)
         unet = UNet2DConditionModel.from_pretrained(source, subfolder="unet", **kw)
         vae = AutoencoderKL.from_pretrained(source, subfolder="vae", **kw)
         text_encoder = CLIPTextModel.from_pretrained(source, subfolder="text_encoder", **kw)
         tokenizer = CLIPTokenizer.from_pretrained(source, subfolder="tokenizer", **kw)
+        if sdxl.is_sdxl_unet(unet):  # SDXL: the second, projecting text encoder
+            text_encoder_2 = CLIPTextModelWithProjection.from_pretrained(source, subfolder="text_encoder_2", **kw)
+            tokenizer_2 = CLIPTokenizer.from_pretrained(source, subfolder="tokenizer_2", **kw)
+            text_encoder_2.eval().requires_grad_(False)
         scheduler_config = _read_scheduler_config(source, local_files_only)
     except (OSError, ValueError, EnvironmentError) as exc:  # hub errors are OSError subclasses
         raise _missing(model, _first_line(exc)) from exc
     for module in (unet, vae, text_encoder):
         module.eval().requires_grad_(False)
     return SDComponents(unet, vae, text_encoder, tokenizer, scheduler_config, model,
-                        step_type=model_step_type(model))
+                        step_type=model_step_type(model), text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2,
+                        default_size=sdxl.default_size(model) if text_encoder_2 is not None else None)
 
 
 def _read_scheduler_config(source: str, local_files_only: bool) -> dict:
@@ -206,20 +235,39 @@ def save_single_file(comps: SDComponents, path: str | os.PathLike) -> Path:
     from safetensors.torch import save_file
 
     tensors = {}
-    for prefix, module in (("unet", comps.unet), ("vae", comps.vae), ("text_encoder", comps.text_encoder)):
+    for prefix, module in _single_file_modules(comps):
         for key, value in module.state_dict().items():
             tensors[f"{prefix}.{key}"] = value.detach().to("cpu").contiguous()
-    with tempfile.TemporaryDirectory() as tmp:
-        comps.tokenizer.save_pretrained(tmp)
-        tokenizer_files = {f.name: f.read_text(encoding="utf-8") for f in Path(tmp).iterdir() if f.is_file()}
     meta = dict(
         unet=dict(comps.unet.config), vae=dict(comps.vae.config), vae_class=type(comps.vae).__name__,
         text_encoder=comps.text_encoder.config.to_dict(), scheduler=comps.scheduler_config,
-        tokenizer=tokenizer_files, name=comps.name,
+        tokenizer=_tokenizer_files(comps.tokenizer), name=comps.name,
     )
+    if comps.text_encoder_2 is not None:  # SDXL
+        meta.update(text_encoder_2=comps.text_encoder_2.config.to_dict(), tokenizer_2=_tokenizer_files(comps.tokenizer_2))
     path = Path(path)
     save_file(tensors, str(path), metadata={SINGLE_FILE_KEY: json.dumps(meta, default=list)})
     return path
+
+
+def _single_file_modules(comps: SDComponents) -> list[tuple[str, torch.nn.Module]]:
+    mods = [("unet", comps.unet), ("vae", comps.vae), ("text_encoder", comps.text_encoder)]
+    return mods + ([("text_encoder_2", comps.text_encoder_2)] if comps.text_encoder_2 is not None else [])
+
+
+def _tokenizer_files(tokenizer) -> dict[str, str]:
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer.save_pretrained(tmp)
+        return {f.name: f.read_text(encoding="utf-8") for f in Path(tmp).iterdir() if f.is_file()}
+
+
+def _tokenizer_from_files(files: dict[str, str]):
+    from transformers import CLIPTokenizer
+
+    with tempfile.TemporaryDirectory() as tok_dir:
+        for name, text in files.items():
+            Path(tok_dir, Path(name).name).write_text(text, encoding="utf-8")
+        return CLIPTokenizer.from_pretrained(tok_dir)
 
 
 def _load_single_file(path: Path, local_files_only: bool) -> SDComponents:
@@ -258,13 +306,19 @@ def _load_own_single_file(path: Path, meta: dict) -> SDComponents:
     import diffusers
     from diffusers import UNet2DConditionModel
     from safetensors.torch import load_file
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
     state = load_file(str(path))
     unet = UNet2DConditionModel.from_config(meta["unet"])
     vae = getattr(diffusers, meta.get("vae_class", "AutoencoderKL")).from_config(meta["vae"])
     text_encoder = CLIPTextModel(CLIPTextConfig.from_dict(meta["text_encoder"]))
-    for prefix, module in (("unet", unet), ("vae", vae), ("text_encoder", text_encoder)):
+    modules = [("unet", unet), ("vae", vae), ("text_encoder", text_encoder)]
+    text_encoder_2 = tokenizer_2 = None
+    if "text_encoder_2" in meta:  # SDXL
+        text_encoder_2 = CLIPTextModelWithProjection(CLIPTextConfig.from_dict(meta["text_encoder_2"]))
+        tokenizer_2 = _tokenizer_from_files(meta["tokenizer_2"])
+        modules.append(("text_encoder_2", text_encoder_2))
+    for prefix, module in modules:
         sub = {k[len(prefix) + 1:]: v for k, v in state.items() if k.startswith(prefix + ".")}
         missing, unexpected = module.load_state_dict(sub, strict=False)
         missing = [k for k in missing if "position_ids" not in k]
@@ -272,28 +326,46 @@ def _load_own_single_file(path: Path, meta: dict) -> SDComponents:
             raise StreamStudioError(f"{path}: the {prefix} weights do not match their config "
                                     f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
         module.eval().requires_grad_(False)
-    with tempfile.TemporaryDirectory() as tok_dir:
-        for name, text in meta["tokenizer"].items():
-            Path(tok_dir, Path(name).name).write_text(text, encoding="utf-8")
-        tokenizer = CLIPTokenizer.from_pretrained(tok_dir)
+    tokenizer = _tokenizer_from_files(meta["tokenizer"])
     name = str(path)
+    saved = meta.get("name", name)
+    demo = saved in (tiny.TINY_NAME, sdxl.TINY_SDXL_NAME)
     return SDComponents(unet, vae, text_encoder, tokenizer, dict(meta["scheduler"]), name,
-                        step_type=model_step_type(meta.get("name", name)),
-                        is_demo=meta.get("name") == tiny.TINY_NAME)
+                        step_type=model_step_type(saved), is_demo=demo,
+                        text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2,
+                        default_size=(64 if demo else sdxl.default_size(saved)) if text_encoder_2 is not None else None)
+
+
+SDXL_ORIGINAL_KEY = "conditioner.embedders.1.model.ln_final.weight"  # SDXL's second (OpenCLIP) text encoder
+
+
+def is_original_sdxl_file(path: Path) -> bool:
+    """An original-layout (Stability / A1111) SDXL checkpoint: it has SDXL's second text encoder."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return SDXL_ORIGINAL_KEY in set(f.keys())
 
 
 def _load_original_single_file(path: Path, local_files_only: bool) -> SDComponents:
-    """An original-layout (CompVis / A1111) checkpoint, through diffusers' single-file loader."""
-    from diffusers import StableDiffusionPipeline
+    """An original-layout (CompVis / A1111 / Stability) checkpoint, SD or SDXL, through
+    diffusers' single-file loader."""
+    from diffusers import StableDiffusionPipeline, StableDiffusionXLPipeline
 
+    is_xl = is_original_sdxl_file(path)
     try:
-        pipe = StableDiffusionPipeline.from_single_file(str(path), local_files_only=local_files_only,
-                                                        safety_checker=None)
+        if is_xl:
+            pipe = StableDiffusionXLPipeline.from_single_file(str(path), local_files_only=local_files_only)
+        else:
+            pipe = StableDiffusionPipeline.from_single_file(str(path), local_files_only=local_files_only,
+                                                            safety_checker=None)
     except Exception as exc:  # diffusers raises many types here; all mean "cannot load this file"
         raise _missing(str(path), "diffusers' single-file loader failed (" + _first_line(exc) + "); it needs "
                        "the base model's config from the hub once, or convert the file to a diffusers folder") from exc
+    extra = dict(text_encoder_2=pipe.text_encoder_2.eval(), tokenizer_2=pipe.tokenizer_2,
+                 default_size=sdxl.default_size(path.name)) if is_xl else {}
     return SDComponents(pipe.unet.eval(), pipe.vae.eval(), pipe.text_encoder.eval(), pipe.tokenizer,
-                        dict(pipe.scheduler.config), str(path), step_type=model_step_type(path.name))
+                        dict(pipe.scheduler.config), str(path), step_type=model_step_type(path.name), **extra)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -306,21 +378,29 @@ def is_sd15(comps: SDComponents) -> bool:
 
 def _maybe_fuse_lcm_lora(comps: SDComponents, lcm_lora: str, local_files_only: bool) -> None:
     if lcm_lora == "auto":
-        if not is_sd15(comps) or comps.step_type == "turbo" or "lcm" in comps.name.lower():
+        if not (is_sd15(comps) or comps.is_sdxl) or comps.step_type == "turbo" or "lcm" in comps.name.lower() \
+                or comps.is_demo:
             return
-        lcm_lora = LCM_LORA_SD15
+        lcm_lora = sdxl.LCM_LORA_SDXL if comps.is_sdxl else LCM_LORA_SD15
     fuse_lora(comps, lcm_lora, local_files_only=local_files_only)
     comps.step_type = "lcm"
     comps.notes.append(f"LCM-LoRA fused: {lcm_lora}")
 
 
 def fuse_lora(comps: SDComponents, lora: str, scale: float = 1.0, local_files_only: bool = False) -> None:
-    """Fuse a (LCM-)LoRA into the UNet weights, through diffusers' LoRA loader."""
-    from diffusers import LCMScheduler, StableDiffusionPipeline
+    """Fuse a (LCM-)LoRA into the UNet weights for good, through diffusers' LoRA loader (users'
+    LoRAs, changeable at run time, are `models/lora.LoraSet`'s)."""
+    from diffusers import LCMScheduler, StableDiffusionPipeline, StableDiffusionXLPipeline
 
-    pipe = StableDiffusionPipeline(vae=comps.vae, text_encoder=comps.text_encoder, tokenizer=comps.tokenizer,
-                                   unet=comps.unet, scheduler=LCMScheduler.from_config(comps.scheduler_config),
-                                   safety_checker=None, feature_extractor=None, requires_safety_checker=False)
+    scheduler = LCMScheduler.from_config(comps.scheduler_config)
+    if comps.is_sdxl:
+        pipe = StableDiffusionXLPipeline(vae=None, text_encoder=comps.text_encoder, text_encoder_2=comps.text_encoder_2,
+                                         tokenizer=comps.tokenizer, tokenizer_2=comps.tokenizer_2, unet=comps.unet,
+                                         scheduler=scheduler)
+    else:
+        pipe = StableDiffusionPipeline(vae=None, text_encoder=comps.text_encoder, tokenizer=comps.tokenizer,
+                                       unet=comps.unet, scheduler=scheduler, safety_checker=None,
+                                       feature_extractor=None, requires_safety_checker=False)
     try:
         pipe.load_lora_weights(lora, local_files_only=local_files_only)
     except Exception as exc:
@@ -328,6 +408,24 @@ def fuse_lora(comps: SDComponents, lora: str, scale: float = 1.0, local_files_on
     pipe.fuse_lora(lora_scale=scale)
     pipe.unload_lora_weights()
     comps.unet = pipe.unet
+
+
+def _sdxl_fp16_vae(comps: SDComponents, local_files_only: bool) -> None:
+    """SDXL's own VAE overflows in float16 (NaN images): the fp16-fix VAE when it can be had,
+    else the model's VAE kept in float32."""
+    from diffusers import AutoencoderKL
+
+    if not isinstance(comps.vae, AutoencoderKL) or not getattr(comps.vae.config, "force_upcast", False):
+        return  # TAESDXL, or a VAE that says it runs in float16
+    try:
+        vae = AutoencoderKL.from_pretrained(sdxl.VAE_FP16_FIX, local_files_only=local_files_only)
+    except (OSError, ValueError) as exc:
+        comps.vae_upcast = True
+        comps.notes.append(f"VAE kept in float32: SDXL's VAE overflows in float16 and {sdxl.VAE_FP16_FIX} could not "
+                           f"be loaded ({_first_line(exc)}); `{download_command(sdxl.VAE_FP16_FIX)}` makes it faster")
+        return
+    comps.vae = vae.eval().requires_grad_(False)
+    comps.notes.append(f"float16 VAE: {sdxl.VAE_FP16_FIX}")
 
 
 def _load_taesd(source: str, local_files_only: bool):

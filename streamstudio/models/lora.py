@@ -131,8 +131,8 @@ class LoraSet:
         try:
             with warnings.catch_warnings():  # peft warns that a second adapter is a second adapter
                 warnings.filterwarnings("ignore", message=".*Already found a `peft_config`.*")
-                pipe.load_lora_weights(*_lora_location(spec.source), adapter_name=name,
-                                       local_files_only=self.local_files_only)
+                where, kwargs = _lora_location(spec.source, self.local_files_only)
+                pipe.load_lora_weights(where, adapter_name=name, local_files_only=self.local_files_only, **kwargs)
         except Exception as exc:  # hub, file and key-conversion errors: all mean "cannot load this LoRA"
             self._drop_if_partial(name)
             self._apply()
@@ -273,15 +273,21 @@ class LoraSet:
             layer.merge(adapter_names=names)
 
 
-def _lora_location(source: str) -> tuple:
-    """(path_or_id, kwargs...) for diffusers: a file is its folder plus weight_name."""
+def _lora_location(source: str, local_files_only: bool) -> tuple[str, dict]:
+    """(path or id, keyword arguments) for diffusers' loader: a file is itself; a folder's one
+    .safetensors file (or pytorch_lora_weights.safetensors among several) is named; offline, a
+    hub id's file must be named too (diffusers cannot list the repo): the standard name."""
     path = Path(os.path.expanduser(source))
     if path.is_file():
         if path.suffix != ".safetensors":
             raise StreamStudioError(f"LoRA {source!r} is not a .safetensors file; StreamStudio loads LoRAs from "
                                     ".safetensors only (nothing is unpickled)")
-        return (str(path),)
-    return (str(path) if path.is_dir() else source,)
+        return str(path), {}
+    if path.is_dir():
+        files = sorted(f.name for f in path.glob("*.safetensors"))
+        name = LORA_FILE if LORA_FILE in files or len(files) != 1 else files[0]
+        return str(path), {"weight_name": name}
+    return source, ({"weight_name": LORA_FILE} if local_files_only else {})
 
 
 def _source_identity(source: str) -> str:
