@@ -61,6 +61,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                          "output takes the input's aspect ratio")
     io.add_argument("--pipeline", choices=("image", "video"), default="image",
                     help="image: stream-batched diffusion per frame; video: the streaming video model")
+    from streamstudio.app.cluster import add_arguments as add_batch_arguments
+
+    add_batch_arguments(io)
     add_pipeline_arguments(p)
     _add_video_arguments(p)
     p.set_defaults(_render_defaults={a.dest: a.default for a in p._actions if a.dest != "help"},
@@ -189,6 +192,10 @@ def run(args) -> int:
     if args.config:
         apply_config(args, args.config)
     _check_args(args)
+    from streamstudio.app.cluster import run_batch, wants_batch
+
+    if wants_batch(args):  # many files, or one in segments, on Ray or one after another (app/cluster.py)
+        return run_batch(args)
     if args.pipeline == "video":
         return _run_video(args)
     return _run_image(args)

@@ -1,0 +1,177 @@
+"""Batch rendering (app/cluster.py, app/segments.py): many clips and one long clip cut into
+segments, here and on a local Ray cluster; every output is compared frame by frame, bitwise,
+with a local `render` of its input (tiny model, CPU, one thread, same seed)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import av
+import numpy as np
+import pytest
+from test_streaming_clips import make_clip
+
+from streamstudio.app import cli, cluster
+
+# the similarity filter skips frames (its replay is what makes a segment's decisions the whole
+# file's) and the prompt schedule changes near the segment cuts (the tails make those frames exact)
+TINY = ["--model", "tiny", "--device", "cpu", "--threads", "1", "--steps", "3", "--prompt", "a cat",
+        "--filter-threshold", "0.9", "--max-skip-frame", "2"]
+SEGMENT = ["--segment-frames", "8"]  # the 24-frame long clip: 3 segments
+
+
+@pytest.fixture(autouse=True)
+def only_render_command(monkeypatch):
+    monkeypatch.setattr(cli, "COMMANDS", {"render": "render"})
+
+
+@pytest.fixture
+def schedule(tmp_path):
+    path = tmp_path / "prompts.txt"
+    path.write_text("0 a red circle\n0.6 a blue square\n1.3 a green field\ntransition 0.3\n")
+    return ["--prompt-schedule", str(path)]
+
+
+def make_inputs(folder, shorts: int):
+    """`shorts` short clips (libx264, one keyframe) and a 24-frame clip whose every frame is a
+    keyframe (MJPEG), with audio."""
+    folder.mkdir()
+    for i in range(shorts):
+        make_clip(folder / f"short{i}.mp4", n=5 + i, fps=12, audio=i == 0)
+    make_clip(folder / "long.mkv", n=24, fps=12, codec="mjpeg", pix_fmt="yuvj420p", audio=True)
+    return sorted(folder.iterdir())
+
+
+def decoded(path):
+    """(frame times, RGB frames, audio samples) of a file."""
+    with av.open(str(path)) as c:
+        frames = [(round(float(f.time), 4), f.to_ndarray(format="rgb24")) for f in c.decode(video=0)]
+    with av.open(str(path)) as c:
+        samples = sum(f.samples for f in c.decode(audio=0)) if c.streams.audio else 0
+    return [t for t, _ in frames], [f for _, f in frames], samples
+
+
+def local_render(clip, out, extra) -> None:
+    assert cli.main(["render", "--input", str(clip), "--output", str(out), *TINY, *extra]) == 0
+
+
+def assert_same_frames(got, want) -> None:
+    (t1, f1, a1), (t2, f2, a2) = decoded(got), decoded(want)
+    assert t1 == t2 and a1 == a2
+    assert [i for i, (x, y) in enumerate(zip(f1, f2)) if not np.array_equal(x, y)] == []
+
+
+def batch(argv, on_progress=None) -> int:
+    argv = ["render", *argv]
+    args = cli.build_parser(argv).parse_args(argv)
+    return cluster.run_batch(args, on_progress=on_progress)
+
+
+def test_batch_without_ray_matches_local_renders_and_resumes(tmp_path, capsys, monkeypatch, schedule):
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
+    clips = make_inputs(tmp_path / "in", shorts=2)
+    (tmp_path / "in" / "broken.mp4").write_text("not a video")
+    out = tmp_path / "out"
+    rc = cli.main(["render", "--input", str(tmp_path / "in"), "--output", str(out), *TINY, *SEGMENT, *schedule])
+    err = capsys.readouterr().err
+    assert rc == 1  # the broken file failed; the others were rendered
+    assert "Ray is not installed" in err and "--workers N" in err
+    assert "3 of 4 file(s) rendered (1 stitched from segments)" in err and "failed: broken.mp4:" in err
+    for clip in clips:
+        local_render(clip, tmp_path / f"ref{clip.suffix}", schedule)
+        assert_same_frames(out / clip.name, tmp_path / f"ref{clip.suffix}")
+    assert not (out / cluster.WORK_DIR / "parts" / "long.mkv").exists()  # stitched parts are removed
+
+    (tmp_path / "in" / "broken.mp4").unlink()
+    (out / "short1.mp4").unlink()
+    before = (out / "long.mkv").stat().st_mtime_ns
+    assert cli.main(["render", "--input", str(tmp_path / "in"), "--output", str(out), *TINY, *SEGMENT,
+                     *schedule]) == 0
+    err = capsys.readouterr().err
+    assert "1 job(s)" in err and "2 finished output(s) skipped" in err
+    assert (out / "long.mkv").stat().st_mtime_ns == before
+    local_render(clips[2], tmp_path / "ref1.mp4", schedule)
+    assert_same_frames(out / "short1.mp4", tmp_path / "ref1.mp4")
+
+    rc = cli.main(["render", "--input", str(tmp_path / "in"), "--output", str(out), *TINY, *SEGMENT, *schedule,
+                   "--seed", "3"])
+    assert rc == 1 and "rendered with other settings (seed)" in capsys.readouterr().err
+
+
+def test_segments_are_cut_at_keyframes_near_even_cuts():
+    from streamstudio.app.segments import plan_pieces
+
+    pieces = plan_pieces("in.mp4", "out.mp4", "parts", 100, [0, 30, 45, 70, 90], segment_frames=30)
+    assert [(p.start, p.end, p.frames) for p in pieces] == [(0, 30, 30), (30, 70, 40), (70, None, 30)]
+    assert plan_pieces("in.mp4", "out.mp4", "parts", 100, [0], segment_frames=30)[0].part is None  # no cut to make
+    short = plan_pieces("in.mp4", "out.mp4", "parts", 50, [0, 25], segment_frames=30)
+    assert len(short) == 1 and short[0].frames == 50
+    capped = plan_pieces("in.mp4", "out.mp4", "parts", 100, [0, 30, 45, 70, 90], segment_frames=30, max_frames=60)
+    assert [(p.start, p.end) for p in capped] == [(0, 30), (30, 60)]
+
+
+def test_batch_inputs_and_their_outputs(tmp_path):
+    from streamstudio.errors import StreamStudioError
+
+    (tmp_path / "imgs").mkdir()
+    (tmp_path / "imgs" / "0.png").write_bytes(b"")
+    assert cluster.batch_inputs(str(tmp_path / "imgs")) is None  # a folder of images is one clip
+    (tmp_path / "a").mkdir()
+    for name in ("x.mp4", "y.mov", "notes.txt"):
+        (tmp_path / "a" / name).write_bytes(b"")
+    assert [p.name for p in cluster.batch_inputs(str(tmp_path / "a"))] == ["x.mp4", "y.mov"]
+    listing = tmp_path / "list.txt"
+    listing.write_text(f"{tmp_path / 'a' / 'x.mp4'}  # first\n\n{tmp_path / 'a' / 'y.mov'}\n")
+    assert len(cluster.batch_inputs(f"@{listing}")) == 2
+    assert len(cluster.batch_inputs(f"{tmp_path / 'a' / 'x.mp4'},{tmp_path / 'a' / 'y.mov'}")) == 2
+    outputs, _ = cluster.output_paths(cluster.batch_inputs(str(tmp_path / "a")), str(tmp_path / "o"))
+    assert [p.name for p in outputs] == ["x.mp4", "y.mov"]
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "x.mp4").write_bytes(b"")
+    with pytest.raises(StreamStudioError, match="would both be written"):
+        cluster.output_paths([tmp_path / "a" / "x.mp4", tmp_path / "b" / "x.mp4"], str(tmp_path / "o2"))
+    with pytest.raises(StreamStudioError, match="one file for 2 inputs"):
+        cluster.output_paths([tmp_path / "a" / "x.mp4", tmp_path / "a" / "y.mov"], str(tmp_path / "o.mp4"))
+
+
+# ---------------------------------------------------------------------------- on Ray
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def run_on_ray(tmp_path, shorts: int, schedule) -> None:
+    """Render on two Ray workers, kill one mid-job (SIGKILL), and check every output."""
+    clips = make_inputs(tmp_path / "in", shorts=shorts)
+    killed = []
+
+    def kill_once(snapshot):
+        busy = [w for w in snapshot.values() if w["job"] is not None and w["frames"] > 0]
+        if busy and not killed:
+            killed.append(busy[0]["pid"])
+            os.kill(busy[0]["pid"], signal.SIGKILL)
+
+    out = tmp_path / "out"
+    rc = batch(["--input", str(tmp_path / "in"), "--output", str(out), "--workers", "2", *TINY, *SEGMENT, *schedule],
+               on_progress=kill_once)
+    assert rc == 0 and killed
+    for clip in clips:
+        local_render(clip, tmp_path / f"ref{clip.suffix}", schedule)
+        assert_same_frames(out / clip.name, tmp_path / f"ref{clip.suffix}")
+
+
+def test_ray_workers_render_like_local_and_a_killed_workers_job_completes(ray_cluster, tmp_path, capsys, schedule):
+    run_on_ray(tmp_path, shorts=1, schedule=schedule)
+    err = capsys.readouterr().err
+    assert "ray (local: 2 CPU worker(s))" in err and "1 worker(s) lost, their jobs run again" in err
+
+
+@pytest.mark.slow
+def test_ray_renders_six_clips_and_a_long_one_in_three_segments(ray_cluster, tmp_path, capsys, schedule):
+    run_on_ray(tmp_path, shorts=6, schedule=schedule)
+    assert "7 of 7 file(s) rendered (1 stitched from segments)" in capsys.readouterr().err
