@@ -46,9 +46,10 @@ class LoraSpec:
     scale: float = 1.0
 
 
-def parse_lora(text: str) -> LoraSpec:
-    """`PATH_OR_ID[:scale]` -> LoraSpec. A trailing `:number` is the scale; any other colon
-    belongs to the path."""
+def split_scale(text: str, flag: str = "--lora", form: str = "PATH_OR_ID[:scale]") -> tuple[str, float]:
+    """`PATH_OR_ID[:scale]` -> (source, scale), scale 1 when not given: a trailing `:number` is
+    the scale, any other colon belongs to the path (the one parser of --lora, --controlnet,
+    --ip-adapter)."""
     text = text.strip()
     source, scale = text, 1.0
     head, sep, tail = text.rpartition(":")
@@ -59,13 +60,18 @@ def parse_lora(text: str) -> LoraSpec:
         except ValueError:
             pass
     if not source:
-        raise StreamStudioError(f"--lora needs a path or hub id, got {text!r} (PATH_OR_ID[:scale])")
-    return LoraSpec(source, check_scale(scale))
+        raise StreamStudioError(f"{flag} needs a path or hub id, got {text!r} ({form})")
+    return source, check_scale(scale)
+
+
+def parse_lora(text: str) -> LoraSpec:
+    """`PATH_OR_ID[:scale]` -> LoraSpec."""
+    return LoraSpec(*split_scale(text))
 
 
 def check_scale(scale) -> float:
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or abs(scale) > 10:
-        raise StreamStudioError(f"a LoRA scale must be a number in [-10, 10], got {scale!r}")
+        raise StreamStudioError(f"a scale must be a number in [-10, 10], got {scale!r}")
     return float(scale)
 
 
