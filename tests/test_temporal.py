@@ -352,15 +352,16 @@ def test_a_web_session_applies_the_temporal_setting(tiny_components_factory):
     import time
 
     from streamstudio.app.sessions import ServerModel, SessionManager
-    from streamstudio.app.webrtc import UI_SETTING_KEYS, ui_settings
+    from streamstudio.app.settings import live_keys, settings_from_ui
 
-    assert UI_SETTING_KEYS[-1] == "temporal"
+    keys = live_keys()
+    assert keys[9] == "temporal"
     model = ServerModel(tiny_components_factory(), StreamDiffusionConfig(width=64, height=64, steps=2))
     manager = SessionManager(model, max_streams=2, owns_model=True)
     try:
         session = manager.open("t")
-        manager.settings("t", ui_settings(UI_SETTING_KEYS, ("a cat", "", 0.5, 1.2, 1.0, "self", 2, False, 0.98,
-                                                            "bank")))
+        manager.settings("t", settings_from_ui(keys, ("a cat", "", 0.5, 1.2, 1.0, "self", 2, False, 0.98,
+                                                      "bank")))
         deadline = time.monotonic() + 60
         frames = random_frames(40, seed=4)
         while session.processed < 3 and time.monotonic() < deadline and frames:

@@ -196,9 +196,10 @@ def test_latency_probe_round_trip_and_stream_batch_alignment(model):
 
 # ---------------------------------------------------------------------- the fastrtc handler
 def test_handler_converts_bgr_and_returns_at_once(manager):
-    from streamstudio.app.webrtc import UI_SETTING_KEYS, LiveHandler
+    from streamstudio.app.ui import LIVE_KEYS
+    from streamstudio.app.webrtc import LiveHandler
 
-    handler = LiveHandler(manager, UI_SETTING_KEYS, webrtc_id=lambda: "h")
+    handler = LiveHandler(manager, LIVE_KEYS, webrtc_id=lambda: "h")
     bgr = frame(30)
     values = ("a cat", "", 0.6, 1.2, 1.0, "self", 7, False, 0.98)
     t0 = time.perf_counter()

@@ -432,7 +432,7 @@ def stream_plan(config, batching: BatchingConfig | None, cfg_types=None) -> Batc
     """What the networks will be sent by streams of `config` (a StreamDiffusionConfig) through
     an executor of `batching` (None: no batching). cfg_types: the CFG types streams may switch
     to (default: all four, as web clients may); the config's own comes first."""
-    from streamstudio.pipelines.stream_diffusion import CFG_TYPES
+    from streamstudio.pipelines.live_settings import CFG_TYPES
 
     types = [config.cfg_type, *(t for t in (cfg_types or CFG_TYPES) if t != config.cfg_type)]
     return BatchPlan.for_streams(height=config.height, width=config.width, steps=len(config.resolved_t_index_list()),

@@ -22,17 +22,16 @@ import logging
 import math
 import threading
 
-from streamstudio.app.sessions import SETTING_TYPES, SessionManager
+from streamstudio.app.sessions import SessionManager
 from streamstudio.app.webrtc import WEBRTC_ID
 from streamstudio.errors import StreamStudioError
+from streamstudio.pipelines.live_settings import live_settings
 
 log = logging.getLogger(__name__)
 
 PREFIX = "streamstudio"
 ALIASES = {"guidance": "guidance_scale", "negative": "negative_prompt", "filter": "similarity_filter",
            "threshold": "similarity_threshold", "cfg": "cfg_type"}
-INT_SETTINGS = ("seed",)
-BOOL_SETTINGS = ("similarity_filter",)
 MAX_LOGGED = 120  # characters of a bad message shown in the log
 
 
@@ -56,16 +55,18 @@ def settings_from_message(address: str, args: tuple, current_prompt=None) -> tup
     if name == "blend":
         return stream, {"prompt": _blend(args, current_prompt)}
     key = ALIASES.get(name, name)
-    if key not in SETTING_TYPES:
-        raise StreamStudioError(f"unknown setting {name!r}; known: {', '.join(sorted([*SETTING_TYPES, *ALIASES, 'blend']))}")
+    table = {s.name: s for s in live_settings()}
+    if key not in table:
+        raise StreamStudioError(f"unknown setting {name!r}; known: {', '.join(sorted([*table, *ALIASES, 'blend']))}")
     if len(args) != 1:
         raise StreamStudioError(f"/{name} takes one value, got {len(args)}")
     value = args[0]
-    if key in INT_SETTINGS and isinstance(value, float) and value.is_integer():
+    kind = table[key].kind
+    if kind is int and isinstance(value, float) and value.is_integer():
         value = int(value)
-    if key in BOOL_SETTINGS and isinstance(value, (int, float)) and not isinstance(value, bool):
+    if kind is bool and isinstance(value, (int, float)) and not isinstance(value, bool):
         value = bool(value)
-    if key in ("strength", "guidance_scale", "delta", "similarity_threshold") and isinstance(value, bool):
+    if kind in (int, float) and isinstance(value, bool):
         raise StreamStudioError(f"/{name} takes a number")
     return stream, {key: value}
 

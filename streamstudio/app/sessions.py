@@ -24,92 +24,17 @@ from collections.abc import Callable
 
 import numpy as np
 
+from streamstudio.app.settings import parse_settings
 from streamstudio.errors import StreamStudioError
-from streamstudio.frames import FIT_MODES, fit_aspect
+from streamstudio.frames import fit_aspect
 
 log = logging.getLogger(__name__)
 
-# Settings a client may change at run time, with their types.
-SETTING_TYPES = {
-    "prompt": (str, list, tuple),
-    "negative_prompt": (str,),
-    "strength": (int, float),
-    "guidance_scale": (int, float),
-    "delta": (int, float),
-    "cfg_type": (str,),
-    "seed": (int,),
-    "similarity_filter": (bool,),
-    "similarity_threshold": (int, float),
-    "temporal": (str,),
-    "feedback_weight": (int, float),
-    "bank_size": (int,),
-    "bank_interval": (int,),
-    "bank_threshold": (int, float),
-    "bank_fusion": (int, float),
-    "fit": (str,),  # crop | pad: how a camera frame of another aspect meets the stream's size
-}
-MAX_PROMPTS = 3
 MAX_PRESETS = 64  # settings kept for streams that have not connected yet (each a few KB at most)
 
 
 class BusyError(StreamStudioError):
     """Every stream slot is taken."""
-
-
-def parse_settings(raw: dict) -> dict:
-    """Check a settings dict from a client; returns the normalized settings or raises
-    StreamStudioError saying which value is wrong and what it may be."""
-    from streamstudio.pipelines.stream_diffusion import CFG_TYPES, MAX_PROMPT_CHARS, SETTING_RANGES, TEMPORAL_MODES
-
-    if not isinstance(raw, dict):
-        raise StreamStudioError("settings must be a JSON object")
-    unknown = sorted(set(raw) - set(SETTING_TYPES))
-    if unknown:
-        raise StreamStudioError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(SETTING_TYPES)}")
-    out = {}
-    for key, value in raw.items():
-        types = SETTING_TYPES[key]
-        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-            raise StreamStudioError(f"setting {key} has the wrong type ({type(value).__name__})")
-        out[key] = value
-    if "prompt" in out and not isinstance(out["prompt"], str):
-        out["prompt"] = _parse_blend(out["prompt"])
-    for text in _prompt_texts(out):
-        if len(text) > MAX_PROMPT_CHARS:
-            raise StreamStudioError(f"a prompt may have at most {MAX_PROMPT_CHARS} characters (the text encoder "
-                                    f"reads 77 tokens), got {len(text)}")
-    for key, allowed in SETTING_RANGES.items():
-        if key in out:
-            out[key] = allowed.check(key, out[key])
-            if SETTING_TYPES[key] != (int,):  # whole-number settings stay ints
-                out[key] = float(out[key])
-    if "cfg_type" in out and out["cfg_type"] not in CFG_TYPES:
-        raise StreamStudioError(f"cfg_type must be one of {', '.join(CFG_TYPES)}")
-    if "temporal" in out and out["temporal"] not in TEMPORAL_MODES:
-        raise StreamStudioError(f"temporal must be one of {', '.join(TEMPORAL_MODES)}")
-    if "fit" in out and out["fit"] not in FIT_MODES:
-        raise StreamStudioError(f"fit must be one of {', '.join(FIT_MODES)}")
-    return out
-
-
-def _parse_blend(items) -> list[tuple[str, float]]:
-    pairs = []
-    for item in items:
-        if not (isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], str)
-                and isinstance(item[1], (int, float)) and not isinstance(item[1], bool)):
-            raise StreamStudioError('a prompt blend is a list of [prompt, weight] pairs, e.g. [["a cat", 0.7], ["a dog", 0.3]]')
-        pairs.append((item[0], float(item[1])))
-    if not 1 <= len(pairs) <= MAX_PROMPTS or any(w < 0 for _, w in pairs) or sum(w for _, w in pairs) <= 0:
-        raise StreamStudioError(f"a prompt blend takes 1 to {MAX_PROMPTS} prompts with non-negative weights, "
-                                "at least one above zero")
-    return pairs
-
-
-def _prompt_texts(settings: dict) -> list[str]:
-    texts = [settings.get("negative_prompt", "")]
-    prompt = settings.get("prompt", "")
-    texts += [prompt] if isinstance(prompt, str) else [text for text, _ in prompt]
-    return texts
 
 
 PROBE_BITS = 10  # latency probe: a frame counter drawn as blocks in the top band

@@ -18,16 +18,16 @@ import gradio as gr
 import numpy as np
 
 from streamstudio.app.sessions import BusyError, LockedPipeline, SessionManager
-from streamstudio.app.webrtc import UI_SETTING_KEYS, LiveHandler, live_component, ui_settings
+from streamstudio.app.settings import live_controls, live_keys, settings_from_ui, widget
+from streamstudio.app.webrtc import LiveHandler, live_component
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.loading import DEFAULT_MODEL, download_command
-from streamstudio.pipelines.stream_diffusion import MAX_PROMPT_CHARS
+from streamstudio.pipelines.live_settings import SETTINGS
 
 log = logging.getLogger(__name__)
 
 T2I_TICK_S = 0.2  # text-to-image refresh interval
-LIVE_KEYS = (*UI_SETTING_KEYS, "fit")  # the Live tab's controls, in order (fit: frames.FIT_MODES)
-FIT_CHOICES = [("Crop to fill", "crop"), ("Pad: the whole picture, with bars", "pad")]
+LIVE_KEYS = live_keys()  # the Live tab's controls, in order (pipelines/live_settings.py)
 
 # Small outputs (a 64x64 demo model, a 256 px image) are drawn at the panel's size, not as stamps.
 CSS = """
@@ -230,28 +230,6 @@ def build_ui(manager: SessionManager, rtc_config: dict | None = None, output_dir
     return demo
 
 
-def _live_controls(manager: SessionManager):
-    from streamstudio.pipelines.stream_diffusion import CFG_TYPES, TEMPORAL_MODES
-
-    c = manager.model.config
-    return [
-        gr.Textbox(label="Prompt", value=manager.model.prompt, lines=2, elem_id="live-prompt",
-                   max_length=MAX_PROMPT_CHARS),
-        gr.Textbox(label="Negative prompt", value=manager.model.negative_prompt, max_length=MAX_PROMPT_CHARS),
-        gr.Slider(0.05, 1.0, value=c.strength, step=0.05, label="Strength (how far from the camera image)"),
-        gr.Slider(0.0, 5.0, value=c.guidance_scale, step=0.1, label="Guidance"),
-        gr.Slider(0.0, 2.0, value=c.delta, step=0.05, label="Residual CFG delta"),
-        gr.Dropdown(list(CFG_TYPES), value=c.cfg_type, label="CFG type"),
-        gr.Number(value=c.seed, precision=0, minimum=0, label="Seed"),
-        gr.Checkbox(value=c.similarity_filter, label="Skip frames that barely change (similarity filter)"),
-        gr.Slider(0.5, 0.999, value=c.similarity_threshold, step=0.001, label="Similarity threshold"),
-        gr.Dropdown(list(TEMPORAL_MODES), value=c.temporal, label="Temporal consistency (less flicker: latent "
-                    "feedback, StreamV2V feature bank, or both)"),
-        gr.Radio(FIT_CHOICES, value="crop", elem_id="live-fit",
-                 label=f"Camera picture into the model's {c.width}x{c.height}: crop its edges, or pad it with bars"),
-    ]
-
-
 def _live_tab(manager: SessionManager, rtc_config: dict | None, host: str | None):
     with gr.Row():
         with gr.Column(scale=3):
@@ -262,9 +240,9 @@ def _live_tab(manager: SessionManager, rtc_config: dict | None, host: str | None
             stats = gr.Markdown(format_stats(None), elem_id="live-stats")
             whep = gr.Markdown("", elem_id="live-whep")
         with gr.Column(scale=2):
-            controls = _live_controls(manager)
+            controls = live_controls(manager.model.config, manager.model.prompt, manager.model.negative_prompt)
     # The component checks nothing itself beyond a generous cap; the session manager says "busy".
-    webrtc.stream(LiveHandler(manager, LIVE_KEYS), inputs=[webrtc, *controls], outputs=[webrtc],
+    webrtc.stream(LiveHandler(manager, tuple(controls)), inputs=[webrtc, *controls.values()], outputs=[webrtc],
                   concurrency_limit=2 * manager.max_streams + 2)
     timer = gr.Timer(1.0)
     timer.tick(lambda value: format_stats(_stats(manager, live_id(value))), inputs=[webrtc], outputs=[stats],
@@ -292,7 +270,7 @@ def _stats(manager: SessionManager, sid: str | None) -> dict | None:
     return session.stats() if session is not None else None
 
 
-def _fallback(manager: SessionManager, controls) -> None:
+def _fallback(manager: SessionManager, controls: dict) -> None:
     """Gradio's own streaming webcam, for networks where WebRTC cannot connect."""
     with gr.Accordion("No picture? Use the plain webcam stream (when WebRTC cannot connect)", open=False):
         gr.Markdown("This path sends webcam snapshots over Gradio's own connection: slower than WebRTC, "
@@ -304,22 +282,22 @@ def _fallback(manager: SessionManager, controls) -> None:
                            elem_classes=["scaled-up"])
         status = gr.Markdown("")
 
-    def step(frame, prompt, negative, strength, guidance, delta, cfg, seed, filt, threshold, temporal, fit,
-             request: gr.Request):
-        # explicit parameters: Gradio passes gr.Request only to a named parameter
-        values = (prompt, negative, strength, guidance, delta, cfg, seed, filt, threshold, temporal, fit)
-        image, text = fallback_step(manager, f"fallback-{request.session_hash}", frame, values)
+    def step(request: gr.Request, frame, *values):
+        # Gradio hands gr.Request to a positional parameter before *values
+        image, text = fallback_step(manager, f"fallback-{request.session_hash}", frame, values, tuple(controls))
         return (gr.update() if image is None else image), text
 
-    cam.stream(step, inputs=[cam, *controls], outputs=[out, status], stream_every=0.1,
+    cam.stream(step, inputs=[cam, *controls.values()], outputs=[out, status], stream_every=0.1,
                concurrency_limit=manager.max_streams, show_progress="hidden")
 
 
-def fallback_step(manager: SessionManager, sid: str, frame, values) -> tuple[np.ndarray | None, str]:
-    """One webcam snapshot of the fallback path: hand it in, return (latest output, status)."""
+def fallback_step(manager: SessionManager, sid: str, frame, values,
+                  keys: tuple[str, ...] = LIVE_KEYS) -> tuple[np.ndarray | None, str]:
+    """One webcam snapshot of the fallback path: hand it in (`values` of the controls `keys`),
+    return (latest output, status)."""
     try:
         session = manager.open(sid)
-        manager.settings(sid, ui_settings(LIVE_KEYS, values))
+        manager.settings(sid, settings_from_ui(keys, values))
     except StreamStudioError as exc:  # busy, or a bad setting
         return None, f"⚠️ {exc}"
     if frame is not None:
@@ -358,13 +336,12 @@ def _t2i_tab(manager: SessionManager) -> None:
             prompts, weights = [], []
             for i, default in enumerate([manager.model.prompt or "a watercolor landscape", "", ""]):
                 with gr.Row():
-                    prompts.append(gr.Textbox(label=f"Prompt {i + 1}", value=default, scale=3,
-                                              elem_id=f"t2i-prompt-{i + 1}", max_length=MAX_PROMPT_CHARS))
+                    prompts.append(widget(SETTINGS["prompt"], default, label=f"Prompt {i + 1}", scale=3, lines=1,
+                                          elem_id=f"t2i-prompt-{i + 1}"))
                     weights.append(gr.Slider(0.0, 1.0, value=1.0 if i == 0 else 0.5, step=0.05,
                                              label="weight", scale=1))
-            negative = gr.Textbox(label="Negative prompt", value=manager.model.negative_prompt,
-                                  max_length=MAX_PROMPT_CHARS)
-            seed = gr.Number(value=manager.model.config.seed, precision=0, minimum=0, label="Seed")
+            negative = widget(SETTINGS["negative_prompt"], manager.model.negative_prompt)
+            seed = widget(SETTINGS["seed"], manager.model.config.seed)
             with gr.Row():
                 start = gr.Button("Start", variant="primary")
                 stop = gr.Button("Stop")

@@ -30,13 +30,10 @@ from typing import Any, Callable
 import numpy as np
 
 from streamstudio.app.sessions import BusyError, SessionManager, StreamSession
+from streamstudio.app.settings import settings_from_ui
 from streamstudio.errors import StreamStudioError
 
 log = logging.getLogger(__name__)
-
-# The UI's live controls, in the order the WebRTC component passes them to the handler.
-UI_SETTING_KEYS = ("prompt", "negative_prompt", "strength", "guidance_scale", "delta", "cfg_type",
-                   "seed", "similarity_filter", "similarity_threshold", "temporal")
 
 TURN_ENV = ("STREAMSTUDIO_TURN_URLS", "STREAMSTUDIO_TURN_USERNAME", "STREAMSTUDIO_TURN_CREDENTIAL",
             "STREAMSTUDIO_STUN_URLS")
@@ -99,18 +96,9 @@ class LiveHandler:
             return
         session.ui_values = values
         try:
-            self.manager.settings(session.sid, ui_settings(self.arg_keys, values))
+            self.manager.settings(session.sid, settings_from_ui(self.arg_keys, values))
         except StreamStudioError as exc:
             session.notice = f"setting not applied: {exc}"
-
-
-def ui_settings(keys, values) -> dict:
-    """Settings from the UI controls' values (Gradio gives numbers as floats, may give None)."""
-    out = {}
-    for key, value in zip(keys, values):
-        if value is not None:
-            out[key] = int(value) if key == "seed" else bool(value) if key == "similarity_filter" else value
-    return out
 
 
 MAX_SDP_BYTES = 32 * 1024  # a browser's offer is 3-10 KB

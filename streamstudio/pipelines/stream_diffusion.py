@@ -72,54 +72,12 @@ from streamstudio.errors import StreamStudioError
 from streamstudio.kernels.reference import CFG_CODES, CFG_FULL, CFG_INITIALIZE, CFG_NONE
 from streamstudio.models import feature_bank
 from streamstudio.models.loading import SDComponents
+from streamstudio.pipelines.live_settings import check_config
 from streamstudio.pipelines.similarity_filter import SimilarityFilter, SimilarityFilterConfig
 
 log = logging.getLogger(__name__)
 
-CFG_TYPES = tuple(CFG_CODES)
-TEMPORAL_MODES = ("off", "feedback", "bank", "both")  # temporal consistency: none, latent feedback, feature bank, both
 PromptSpec = str | Sequence[tuple[str, float]]
-MAX_PROMPT_CHARS = 1000  # the text encoder reads 77 tokens (~300 characters); more is refused from clients
-
-
-@dataclass(frozen=True)
-class SettingRange:
-    """The allowed range of one numeric setting: the one rule the config, the CLI and the web
-    API check (`StreamDiffusionConfig.validate`, `app/sessions.parse_settings`)."""
-
-    low: float
-    high: float
-    flag: str  # the CLI option that sets it
-    low_open: bool = False
-
-    def check(self, name: str, value) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise StreamStudioError(f"{name} must be a number, got {value!r} (option {self.flag})")
-        ok = (self.low < value if self.low_open else self.low <= value) and value <= self.high
-        if not ok or math.isnan(value):
-            raise StreamStudioError(f"{name} must be in {'(' if self.low_open else '['}{_num(self.low)}, "
-                                    f"{_num(self.high)}], got {_num(value)} (option {self.flag})")
-        return value
-
-
-def _num(value) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-SETTING_RANGES = {
-    "strength": SettingRange(0.0, 1.0, "--strength", low_open=True),
-    "guidance_scale": SettingRange(0.0, 30.0, "--guidance"),
-    "delta": SettingRange(0.0, 5.0, "--delta"),
-    "similarity_threshold": SettingRange(0.0, 0.9999, "--filter-threshold"),
-    "max_skip_frame": SettingRange(1, 10_000, "--max-skip-frame"),
-    "seed": SettingRange(0, 2**63 - 1, "--seed"),
-    "feedback_weight": SettingRange(0.0, 0.99, "--feedback-weight"),
-    "bank_size": SettingRange(0, 16, "--bank-size"),
-    "bank_interval": SettingRange(1, 10_000, "--bank-interval"),
-    "bank_threshold": SettingRange(0.0, 1.0, "--bank-threshold"),
-    "bank_fusion": SettingRange(0.0, 1.0, "--bank-fusion"),
-}
-INT_SETTINGS = ("max_skip_frame", "seed", "bank_size", "bank_interval")  # whole numbers only
 
 
 @dataclass
@@ -159,24 +117,13 @@ class StreamDiffusionConfig:
                 raise StreamStudioError(f"{name} must be a positive multiple of 8, got {value}")
         if self.mode not in ("img2img", "txt2img"):
             raise StreamStudioError(f"mode must be img2img or txt2img, got {self.mode!r}")
-        if self.cfg_type not in CFG_TYPES:
-            raise StreamStudioError(f"cfg_type must be one of {', '.join(CFG_TYPES)}, got {self.cfg_type!r}")
         if self.step_type not in ("auto", "lcm", "turbo"):
             raise StreamStudioError(f"step_type must be auto, lcm or turbo, got {self.step_type!r}")
         if self.frame_buffer_size < 1:
             raise StreamStudioError("frame_buffer_size must be at least 1")
         if self.t_index_list is None and not 1 <= self.steps <= self.num_inference_steps:
             raise StreamStudioError(f"steps must be between 1 and {self.num_inference_steps}, got {self.steps}")
-        for name, allowed in SETTING_RANGES.items():
-            allowed.check(name, getattr(self, name))
-        for name in INT_SETTINGS:
-            value = getattr(self, name)
-            if isinstance(value, float) and not value.is_integer():
-                raise StreamStudioError(f"{name} must be a whole number, got {value:g} (option {SETTING_RANGES[name].flag})")
-            setattr(self, name, int(value))
-        if self.temporal not in TEMPORAL_MODES:
-            raise StreamStudioError(f"temporal must be one of {', '.join(TEMPORAL_MODES)}, got {self.temporal!r} "
-                                    "(option --temporal)")
+        check_config(self)  # the live settings' types, ranges and choices (pipelines/live_settings.py)
         if self.prompt_blend not in ("linear", "slerp"):
             raise StreamStudioError(f"prompt_blend must be linear or slerp, got {self.prompt_blend!r}")
         idx = self.resolved_t_index_list()

@@ -14,45 +14,22 @@ log = logging.getLogger(__name__)
 
 def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
     """The image pipeline's settings, shared by generate, render and serve."""
-    from streamstudio.pipelines.stream_diffusion import CFG_TYPES, TEMPORAL_MODES, StreamDiffusionConfig
+    from streamstudio.app.settings import add_setting_flags
 
-    d = StreamDiffusionConfig()
     g = parser.add_argument_group("image pipeline")
     g.add_argument("--model", default="auto",
                    help="builtin, tiny, a hub id, a diffusers folder or a .safetensors file; auto = stabilityai/sd-turbo "
                         "with a CUDA GPU (downloaded once), else the built-in image model (default: auto)")
-    g.add_argument("--prompt", default="", help="the prompt")
-    g.add_argument("--negative-prompt", default="", help="the negative prompt (used by full and initialize CFG)")
+    add_setting_flags(g)  # the live settings: --prompt, --strength, --guidance, --seed, --temporal, ...
     g.add_argument("--steps", type=int, default=None, help="denoising steps N (default 1 for turbo models, 2 otherwise)")
     g.add_argument("--t-index", type=int, nargs="+", default=None, metavar="I",
                    help="explicit indices into the 50-step LCM schedule (overrides --steps/--strength)")
-    g.add_argument("--strength", type=float, default=d.strength, help=f"img2img strength (default {d.strength})")
-    g.add_argument("--guidance", type=float, default=None, help="guidance scale (default 1.0 for turbo models, 1.2 otherwise)")
-    g.add_argument("--delta", type=float, default=d.delta, help=f"residual CFG delta (default {d.delta})")
-    g.add_argument("--cfg", choices=CFG_TYPES, default=d.cfg_type, help=f"CFG type (default {d.cfg_type})")
-    g.add_argument("--seed", type=int, default=d.seed, help=f"noise seed (default {d.seed})")
     g.add_argument("--width", type=int, default=None,
                    help="output width, a multiple of 8 (default 512, 64 for tiny; render: the input's aspect ratio "
                         "with that long side, e.g. 512x288 for a 16:9 clip; with only --height, from the aspect)")
     g.add_argument("--height", type=int, default=None,
                    help="output height, a multiple of 8 (default 512, 64 for tiny; render: from the input's aspect)")
-    g.add_argument("--filter-threshold", type=float, default=None,
-                   help="turn the stochastic similarity filter on with this threshold (e.g. 0.98)")
-    g.add_argument("--max-skip-frame", type=int, default=d.max_skip_frame, help="frames skipped in a row at most")
     g.add_argument("--sequential", action="store_true", help="denoise step by step instead of Stream Batch")
-    g.add_argument("--temporal", choices=TEMPORAL_MODES, default=d.temporal,
-                   help="temporal consistency for video: latent feedback, the StreamV2V feature bank, both, or off "
-                        f"(default {d.temporal})")
-    g.add_argument("--feedback-weight", type=float, default=d.feedback_weight,
-                   help=f"latent feedback: the last output's share of the next input latent (default {d.feedback_weight})")
-    g.add_argument("--bank-size", type=int, default=d.bank_size,
-                   help=f"feature bank: past frames kept per layer and step (default {d.bank_size})")
-    g.add_argument("--bank-interval", type=int, default=d.bank_interval,
-                   help=f"feature bank: store every n-th frame's features (default {d.bank_interval})")
-    g.add_argument("--bank-threshold", type=float, default=d.bank_threshold,
-                   help=f"feature bank: cosine similarity from which features are fused (default {d.bank_threshold})")
-    g.add_argument("--bank-fusion", type=float, default=d.bank_fusion,
-                   help=f"feature bank: fusion strength, 0 = extended attention only (default {d.bank_fusion})")
     g.add_argument("--taesd", action="store_true", help="use the TAESD fast VAE (madebyollin/taesd)")
     g.add_argument("--acceleration", choices=("none", "compile", "tensorrt"), default="none",
                    help="torch.compile or TensorRT engines for the UNet and VAE (default none)")

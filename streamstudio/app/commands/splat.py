@@ -42,6 +42,7 @@ VIDEO_SUFFIXES = (".mp4", ".mkv", ".mov")
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
+    from streamstudio.app.settings import add_setting_flags
     from streamstudio.kernels.splat import IMPLS
     from streamstudio.pipelines.splat_render import MODES, PATHS
 
@@ -86,8 +87,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     style.add_argument("--prompt", default=None, help="stylise each frame with this prompt")
     style.add_argument("--model", default="auto", help="image model: auto (sd-turbo if cached, else the demo model)")
     style.add_argument("--steps", type=int, default=1, help="denoising steps (default 1)")
-    style.add_argument("--strength", type=float, default=0.5, help="img2img strength (default 0.5)")
-    style.add_argument("--seed", type=int, default=0, help="noise seed (default 0)")
+    add_setting_flags(style, ("strength", "seed"))
     style.add_argument("--side-by-side", action="store_true", help="write the render and the stylised frame side by side")
     return p
 

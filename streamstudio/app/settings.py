@@ -1,0 +1,126 @@
+"""The live settings table (`pipelines/live_settings.py`) turned into what each front end takes:
+the web API's check (`parse_settings`, also behind OSC and the Live tab), the Live tab's
+controls (`live_controls`, `settings_from_ui`) and the command-line flags (`add_setting_flags`;
+the render config file is read through those flags). Nothing here declares a setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from streamstudio.errors import StreamStudioError
+from streamstudio.pipelines import live_settings
+from streamstudio.pipelines.live_settings import MAX_PROMPTS, LiveSetting
+
+_TYPES = {str: (str,), int: (int,), float: (int, float), bool: (bool,)}  # what a JSON client may send
+
+
+# ---------------------------------------------------------------------------- the web API
+def parse_settings(raw: dict) -> dict:
+    """Check a settings dict from a client; returns the normalized settings or raises
+    StreamStudioError saying which value is wrong and what it may be."""
+    if not isinstance(raw, dict):
+        raise StreamStudioError("settings must be a JSON object")
+    table = {s.name: s for s in live_settings.live_settings()}
+    unknown = sorted(set(raw) - set(table))
+    if unknown:
+        raise StreamStudioError(f"unknown setting(s) {', '.join(map(str, unknown))}; known: {', '.join(table)}")
+    return {key: _parse_one(table[key], value) for key, value in raw.items()}
+
+
+def _parse_one(setting: LiveSetting, value):
+    if setting.name == "prompt" and isinstance(value, (list, tuple)):
+        pairs = _parse_blend(value)
+        for text, _ in pairs:
+            _check_length(setting, text)
+        return pairs
+    types = _TYPES[setting.kind]
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+        raise StreamStudioError(f"setting {setting.name} has the wrong type ({type(value).__name__}); "
+                                f"it takes {setting.kind_words()}")
+    if setting.max_chars is not None:
+        _check_length(setting, value)
+    return setting.check(value)
+
+
+def _check_length(setting: LiveSetting, text: str) -> None:
+    if len(text) > setting.max_chars:
+        raise StreamStudioError(f"a prompt may have at most {setting.max_chars} characters (the text encoder "
+                                f"reads 77 tokens), got {len(text)}")
+
+
+def _parse_blend(items) -> list[tuple[str, float]]:
+    pairs = []
+    for item in items:
+        if not (isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], str)
+                and isinstance(item[1], (int, float)) and not isinstance(item[1], bool)):
+            raise StreamStudioError('a prompt blend is a list of [prompt, weight] pairs, e.g. [["a cat", 0.7], ["a dog", 0.3]]')
+        pairs.append((item[0], float(item[1])))
+    if not 1 <= len(pairs) <= MAX_PROMPTS or any(w < 0 for _, w in pairs) or sum(w for _, w in pairs) <= 0:
+        raise StreamStudioError(f"a prompt blend takes 1 to {MAX_PROMPTS} prompts with non-negative weights, "
+                                "at least one above zero")
+    return pairs
+
+
+# ---------------------------------------------------------------------------- the Live tab
+def live_keys() -> tuple[str, ...]:
+    """The Live tab's settings, in the order its controls hand their values to a handler."""
+    return tuple(s.name for s in live_settings.tab_settings())
+
+
+def settings_from_ui(keys, values) -> dict:
+    """Settings from the UI controls' values (Gradio gives numbers as floats, may give None)."""
+    table = live_settings.SETTINGS
+    out = {}
+    for key, value in zip(keys, values):
+        if value is not None:
+            kind = table[key].kind
+            out[key] = int(value) if kind is int else bool(value) if kind is bool else value
+    return out
+
+
+def widget(setting: LiveSetting, value, **change):
+    """The Gradio component of one setting (`change`: its arguments to override, e.g. a label)."""
+    import gradio as gr
+
+    s = setting
+    kw = dict(label=s.label or s.name, value=value, elem_id=s.elem_id)
+    if s.widget == "text":
+        return gr.Textbox(**kw | dict(max_length=s.max_chars, lines=s.lines) | change)
+    if s.widget == "slider":
+        low = s.low + s.step if s.low_open else s.low
+        high = round(s.step * int(s.high / s.step + 1e-9), 9)  # the last step inside the range
+        return gr.Slider(low, high, **kw | dict(step=s.step) | change)
+    if s.widget == "number":
+        return gr.Number(**kw | dict(precision=0 if s.kind is int else None, minimum=s.low, maximum=s.high) | change)
+    if s.widget == "checkbox":
+        return gr.Checkbox(**kw | change)
+    if s.widget in ("dropdown", "radio"):
+        choices = list(zip(s.choice_labels, s.choices)) if s.choice_labels else list(s.choices)
+        return (gr.Dropdown if s.widget == "dropdown" else gr.Radio)(choices, **kw | change)
+    raise ValueError(f"setting {s.name}: unknown widget {s.widget!r}; known: {', '.join(live_settings.WIDGETS)}")
+
+
+def live_controls(config, prompt: str = "", negative_prompt: str = "") -> dict:
+    """The Live tab's controls {name: component}, in order, showing `config`'s values (the
+    table's default for a setting the config lacks). Call inside a Gradio Blocks."""
+    now = {"prompt": prompt, "negative_prompt": negative_prompt}
+    size = {"width": config.width, "height": config.height}
+    return {s.name: widget(s, now.get(s.name, getattr(config, s.name, s.default)), label=s.label.format(**size))
+            for s in live_settings.tab_settings()}
+
+
+# ---------------------------------------------------------------------------- the command line
+def add_setting_flags(parser, names=None) -> None:
+    """The table's command-line options (all that have one, or those of `names`) on `parser` (a
+    parser or an argument group). Values are checked where the pipeline's config is."""
+    chosen = [live_settings.SETTINGS[n] for n in names] if names else list(live_settings.SETTINGS.values())
+    for s in chosen:
+        if s.flag is None:
+            continue
+        default = None if s.cli_optional else s.default
+        text = s.help if s.cli_optional else f"{s.help} (default {s.default})"
+        if s.kind is bool:
+            parser.add_argument(s.flag, action=argparse.BooleanOptionalAction, default=default, help=text)
+        else:
+            parser.add_argument(s.flag, type=s.kind, choices=s.choices or None, default=default, help=text)

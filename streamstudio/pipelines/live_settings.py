@@ -1,0 +1,148 @@
+"""The image stream's live settings, each declared once: name, type, range or choices, default,
+help, the Live tab's widget and the CLI flag. Pure data and checks (no Gradio, no argparse):
+`StreamDiffusionConfig.validate`, the web API (`app/settings.py`), the Live tab and the
+command-line flags (`app/settings.py`) and the render config file (built from those flags) all
+read this table, so changing a range or adding a setting is one edit here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from streamstudio.errors import StreamStudioError
+from streamstudio.frames import FIT_MODES
+
+CFG_TYPES = ("none", "self", "initialize", "full")  # the names of kernels.reference.CFG_CODES (no torch here)
+TEMPORAL_MODES = ("off", "feedback", "bank", "both")  # temporal consistency: none, latent feedback, feature bank, both
+MAX_PROMPT_CHARS = 1000  # the text encoder reads 77 tokens (~300 characters); more is refused from clients
+MAX_PROMPTS = 3  # prompts in one blend
+WIDGETS = ("text", "slider", "number", "dropdown", "checkbox", "radio")
+
+
+@dataclass(frozen=True)
+class LiveSetting:
+    """One setting. `low`/`high` bound a number (`low_open`: the low end itself is refused),
+    `choices` a string. `widget` None: not a Live tab control; `flag` None: no CLI option;
+    `live` False: set at start only (config and CLI), not changeable through the web API;
+    `cli_optional`: the flag defaults to None and the command picks the value (`help` says how);
+    `pipeline` False: a session's setting, not a `StreamDiffusionConfig` field."""
+
+    name: str
+    kind: type  # str, int, float or bool
+    default: object
+    help: str
+    flag: str | None = None
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    choices: tuple[str, ...] = ()
+    choice_labels: tuple[str, ...] = ()  # the UI's words for `choices`, in their order
+    widget: str | None = None
+    label: str = ""  # the UI's label; `{width}`, `{height}` name the stream's size
+    step: float | None = None  # a slider's step
+    max_chars: int | None = None  # text settings
+    lines: int = 1  # a text box's height
+    elem_id: str | None = None  # the UI element's id, for pages and tests that find it
+    live: bool = True
+    cli_optional: bool = False
+    pipeline: bool = True
+
+    def check(self, value):
+        """`value` checked against the type, range and choices; whole numbers come back as int,
+        other numbers as float. A bad value is a StreamStudioError of one line naming the setting."""
+        where = f" (option {self.flag})" if self.flag else ""
+        if self.kind in (int, float):
+            return self._number(value, where)
+        if not isinstance(value, self.kind) or (isinstance(value, bool) and self.kind is not bool):
+            raise StreamStudioError(f"{self.name} must be {self.kind_words()}, got {value!r}{where}")
+        if self.choices and value not in self.choices:
+            raise StreamStudioError(f"{self.name} must be one of {', '.join(self.choices)}, got {value!r}{where}")
+        if self.max_chars is not None and len(value) > self.max_chars:
+            raise StreamStudioError(f"{self.name} may have at most {self.max_chars} characters, got {len(value)}")
+        return value
+
+    def _number(self, value, where: str):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise StreamStudioError(f"{self.name} must be {self.kind_words()}, got {value!r}{where}")
+        if math.isnan(value) or (self.low is not None and (value <= self.low if self.low_open else value < self.low)) \
+                or (self.high is not None and value > self.high):
+            raise StreamStudioError(f"{self.name} must be in {'(' if self.low_open else '['}{_num(self.low)}, "
+                                    f"{_num(self.high)}], got {_num(value)}{where}")
+        if self.kind is int:
+            if isinstance(value, float) and not value.is_integer():
+                raise StreamStudioError(f"{self.name} must be a whole number, got {value:g}{where}")
+            return int(value)
+        return float(value)
+
+    def kind_words(self) -> str:
+        return {int: "a whole number", float: "a number", bool: "true or false", str: "text"}[self.kind]
+
+
+def _num(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _table(*settings: LiveSetting) -> dict[str, LiveSetting]:
+    return {s.name: s for s in settings}
+
+
+# In the Live tab's order (the widgets), then the settings the tab does not show.
+SETTINGS: dict[str, LiveSetting] = _table(
+    LiveSetting("prompt", str, "", "the prompt", flag="--prompt", widget="text", label="Prompt",
+                max_chars=MAX_PROMPT_CHARS, lines=2, elem_id="live-prompt", pipeline=False),
+    LiveSetting("negative_prompt", str, "", "the negative prompt (used by full and initialize CFG)",
+                flag="--negative-prompt", widget="text", label="Negative prompt", max_chars=MAX_PROMPT_CHARS,
+                pipeline=False),
+    LiveSetting("strength", float, 0.5, "img2img strength: how far from the input (1 = pure noise start)",
+                flag="--strength", low=0.0, high=1.0, low_open=True, widget="slider", step=0.05,
+                label="Strength (how far from the camera image)"),
+    LiveSetting("guidance_scale", float, 1.2, "guidance scale (default 1.0 for turbo models, 1.2 otherwise)",
+                flag="--guidance", low=0.0, high=30.0, widget="slider", step=0.1, label="Guidance", cli_optional=True),
+    LiveSetting("delta", float, 1.0, "residual CFG delta", flag="--delta", low=0.0, high=5.0, widget="slider",
+                step=0.05, label="Residual CFG delta"),
+    LiveSetting("cfg_type", str, "self", "CFG type", flag="--cfg", choices=CFG_TYPES, widget="dropdown",
+                label="CFG type"),
+    LiveSetting("seed", int, 0, "noise seed", flag="--seed", low=0, high=2**63 - 1, widget="number", label="Seed"),
+    LiveSetting("similarity_filter", bool, False, "skip frames that barely change (stochastic similarity filter)",
+                widget="checkbox", label="Skip frames that barely change (similarity filter)"),
+    LiveSetting("similarity_threshold", float, 0.98,
+                "turn the stochastic similarity filter on with this threshold (e.g. 0.98)", flag="--filter-threshold",
+                low=0.0, high=0.9999, widget="slider", step=0.001, label="Similarity threshold", cli_optional=True),
+    LiveSetting("temporal", str, "off", "temporal consistency for video: latent feedback, the StreamV2V feature "
+                "bank, both, or off", flag="--temporal", choices=TEMPORAL_MODES, widget="dropdown",
+                label="Temporal consistency (less flicker: latent feedback, StreamV2V feature bank, or both)"),
+    LiveSetting("fit", str, "crop", "a camera frame of another aspect ratio: crop it, or pad it with bars",
+                choices=FIT_MODES, choice_labels=("Crop to fill", "Pad: the whole picture, with bars"),
+                widget="radio", elem_id="live-fit", pipeline=False,
+                label="Camera picture into the model's {width}x{height}: crop its edges, or pad it with bars"),
+    LiveSetting("feedback_weight", float, 0.3, "latent feedback: the last output's share of the next input latent",
+                flag="--feedback-weight", low=0.0, high=0.99),
+    LiveSetting("bank_size", int, 2, "feature bank: past frames kept per layer and step", flag="--bank-size",
+                low=0, high=16),
+    LiveSetting("bank_interval", int, 1, "feature bank: store every n-th frame's features", flag="--bank-interval",
+                low=1, high=10_000),
+    LiveSetting("bank_threshold", float, 0.98, "feature bank: cosine similarity from which features are fused",
+                flag="--bank-threshold", low=0.0, high=1.0),
+    LiveSetting("bank_fusion", float, 0.8, "feature bank: fusion strength, 0 = extended attention only",
+                flag="--bank-fusion", low=0.0, high=1.0),
+    LiveSetting("max_skip_frame", int, 10, "frames skipped in a row at most", flag="--max-skip-frame",
+                low=1, high=10_000, live=False),
+)
+
+
+def live_settings() -> list[LiveSetting]:
+    """The settings the web API may change on a running stream."""
+    return [s for s in SETTINGS.values() if s.live]
+
+
+def tab_settings() -> list[LiveSetting]:
+    """The Live tab's controls, in order."""
+    return [s for s in SETTINGS.values() if s.widget is not None]
+
+
+def check_config(config) -> None:
+    """Check every table setting a pipeline config has, and store whole numbers as int."""
+    for s in SETTINGS.values():
+        if s.pipeline and hasattr(config, s.name):
+            setattr(config, s.name, s.check(getattr(config, s.name)))

@@ -1,0 +1,120 @@
+"""One settings table (pipelines/live_settings.py): a setting declared there reaches the web API's
+check, the Live tab, the command line and the render config file, and all of them apply the
+same range."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from streamstudio.app import settings as app_settings
+from streamstudio.errors import StreamStudioError
+from streamstudio.pipelines import live_settings
+from streamstudio.pipelines.live_settings import SETTINGS, LiveSetting
+from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+
+DUMMY = LiveSetting("dummy_knob", float, 0.25, "a knob only this test has", flag="--dummy-knob", low=0.0, high=2.0,
+                    widget="slider", step=0.25, label="Dummy knob", pipeline=False)
+
+
+@pytest.fixture
+def with_dummy(monkeypatch):
+    monkeypatch.setattr(live_settings, "SETTINGS", {**SETTINGS, DUMMY.name: DUMMY})
+    return DUMMY
+
+
+def render_parser() -> argparse.ArgumentParser:
+    from streamstudio.app.commands import render
+
+    parser = argparse.ArgumentParser()
+    render.add_parser(parser.add_subparsers(dest="command"))
+    return parser
+
+
+def test_a_new_setting_reaches_the_api(with_dummy):
+    assert app_settings.parse_settings({"dummy_knob": 1}) == {"dummy_knob": 1.0}
+    with pytest.raises(StreamStudioError, match=r"^dummy_knob must be in \[0, 2\], got 3 \(option --dummy-knob\)$"):
+        app_settings.parse_settings({"dummy_knob": 3})
+    with pytest.raises(StreamStudioError, match="wrong type"):
+        app_settings.parse_settings({"dummy_knob": "loud"})
+
+
+def test_a_new_setting_reaches_the_live_tab(with_dummy):
+    import gradio as gr
+
+    with gr.Blocks():
+        controls = app_settings.live_controls(StreamDiffusionConfig(width=64, height=48))
+    knob = controls["dummy_knob"]
+    assert isinstance(knob, gr.Slider) and (knob.minimum, knob.maximum, knob.value) == (0.0, 2.0, 0.25)
+    assert knob.label == "Dummy knob"
+    assert app_settings.live_keys()[-1] == "dummy_knob"
+    values = [None] * (len(controls) - 1) + [0.5]
+    assert app_settings.settings_from_ui(tuple(controls), values) == {"dummy_knob": 0.5}
+
+
+def test_a_new_setting_reaches_the_command_line_and_the_config_file(with_dummy, tmp_path):
+    from streamstudio.app.commands import render
+
+    parser = render_parser()
+    assert parser.parse_args(["render"]).dummy_knob == 0.25
+    assert parser.parse_args(["render", "--dummy-knob", "1.5"]).dummy_knob == 1.5
+    args = parser.parse_args(["render"])
+    config = tmp_path / "render.yaml"
+    config.write_text("dummy-knob: '0.75'\n")
+    render.apply_config(args, config)
+    assert args.dummy_knob == 0.75
+
+
+def test_one_range_for_the_api_the_ui_and_the_pipeline():
+    """Guidance once took 30 through the API and at most 5 on the Live tab's slider."""
+    import gradio as gr
+
+    with gr.Blocks():
+        controls = app_settings.live_controls(StreamDiffusionConfig(width=64, height=64))
+    guidance = controls["guidance_scale"]
+    assert app_settings.parse_settings({"guidance_scale": guidance.maximum}) == {"guidance_scale": guidance.maximum}
+    StreamDiffusionConfig(guidance_scale=guidance.maximum).validate()
+    too_high = guidance.maximum + 0.5
+    with pytest.raises(StreamStudioError, match="guidance_scale must be in"):
+        app_settings.parse_settings({"guidance_scale": too_high})
+    with pytest.raises(StreamStudioError, match="guidance_scale must be in"):
+        StreamDiffusionConfig(guidance_scale=too_high).validate()
+    strength = controls["strength"]
+    assert strength.minimum > 0  # strength 0 is refused everywhere: the slider starts one step above
+
+
+def test_table_defaults_are_the_pipeline_defaults():
+    """The CLI and the UI show the table's defaults; a pipeline built without them must match."""
+    config = StreamDiffusionConfig()
+    for s in SETTINGS.values():
+        if s.pipeline:
+            assert getattr(config, s.name) == s.default, s.name
+
+
+def test_cfg_types_are_the_kernels_codes():
+    from streamstudio.kernels.reference import CFG_CODES
+
+    assert live_settings.CFG_TYPES == tuple(CFG_CODES)
+
+
+@pytest.mark.parametrize("raw, words", [
+    ({"seed": 2.5}, "seed"), ({"bank_size": 99}, r"^bank_size must be in \[0, 16\], got 99 \(option --bank-size\)$"),
+    ({"temporal": "blur"}, r"^temporal must be one of off, feedback, bank, both, got 'blur' \(option --temporal\)$"),
+    ({"max_skip_frame": 3}, "unknown setting"),  # set at start only, not on a running stream
+    ({"prompt": "x" * 1001}, "at most 1000 characters"),
+    ({"prompt": [["x" * 1001, 1.0]]}, "at most 1000 characters"),
+])
+def test_api_errors_are_one_line_naming_the_setting(raw, words):
+    with pytest.raises(StreamStudioError, match=words) as err:
+        app_settings.parse_settings(raw)
+    assert "\n" not in str(err.value)
+
+
+def test_osc_takes_its_types_from_the_table():
+    from streamstudio.app.osc import settings_from_message
+
+    assert settings_from_message("/streamstudio/s1/seed", (7.0,)) == ("s1", {"seed": 7})
+    assert settings_from_message("/streamstudio/s1/filter", (1,)) == ("s1", {"similarity_filter": True})
+    with pytest.raises(StreamStudioError, match="takes a number"):
+        settings_from_message("/streamstudio/s1/strength", (True,))
