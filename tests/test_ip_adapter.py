@@ -1,0 +1,112 @@
+"""IP-Adapter (models/ip_adapter.py) with a tiny image encoder and projection written by the test in
+h94/IP-Adapter's file layout, loaded through diffusers' loader."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from streamstudio.errors import ModelNotFoundError, StreamStudioError
+from streamstudio.models.ip_adapter import IPAdapter, IPAdapterSpec, locate, parse_ip_adapter
+
+EMBED_DIM = 32
+
+
+def write_tiny_ip_adapter(unet, folder, seed=0):
+    """ip-adapter.safetensors (image_proj.* and ip_adapter.* keys, as h94/IP-Adapter's files) and
+    image_encoder/ (a tiny CLIPVisionModelWithProjection) in `folder`; returns the file."""
+    from diffusers.models.attention_processor import IPAdapterAttnProcessor
+    from diffusers.models.embeddings import ImageProjection
+    from safetensors.torch import save_file
+    from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection
+
+    torch.manual_seed(seed)
+    tensors, key_id = {}, 1
+    cross = unet.config.cross_attention_dim
+    for name in unet.attn_processors:  # the adapter numbers the cross-attention layers 1, 3, 5, ...
+        if not name.endswith("attn1.processor"):
+            if name.startswith("mid_block"):
+                hidden = unet.config.block_out_channels[-1]
+            elif name.startswith("up_blocks"):
+                hidden = list(reversed(unet.config.block_out_channels))[int(name[len("up_blocks.")])]
+            else:
+                hidden = unet.config.block_out_channels[int(name[len("down_blocks.")])]
+            sd = IPAdapterAttnProcessor(hidden_size=hidden, cross_attention_dim=cross, scale=1.0).state_dict()
+            tensors[f"ip_adapter.{key_id}.to_k_ip.weight"] = sd["to_k_ip.0.weight"]
+            tensors[f"ip_adapter.{key_id}.to_v_ip.weight"] = sd["to_v_ip.0.weight"]
+            key_id += 2
+    proj = ImageProjection(cross_attention_dim=cross, image_embed_dim=EMBED_DIM, num_image_text_embeds=4).state_dict()
+    tensors.update({"image_proj.proj.weight": proj["image_embeds.weight"], "image_proj.proj.bias": proj["image_embeds.bias"],
+                    "image_proj.norm.weight": proj["norm.weight"], "image_proj.norm.bias": proj["norm.bias"]})
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "ip-adapter_tiny.safetensors"
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
+    encoder = CLIPVisionModelWithProjection(CLIPVisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=32,
+        patch_size=8, projection_dim=EMBED_DIM))
+    encoder.save_pretrained(folder / "image_encoder")
+    return path
+
+
+def unet_out(unet, embeds=None, rows=2):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(rows, 4, 8, 8, generator=g)
+    text = torch.randn(rows, 7, 32, generator=g)
+    added = None if embeds is None else {"image_embeds": [embeds.expand(rows, -1, -1)]}
+    with torch.no_grad():
+        return unet(x, torch.tensor([800, 200][:rows]), encoder_hidden_states=text, added_cond_kwargs=added).sample
+
+
+@pytest.fixture
+def comps(tiny_components_factory):
+    return tiny_components_factory()
+
+
+def reference_image(seed=0):
+    return torch.from_numpy(np.random.default_rng(seed).random((3, 32, 32), dtype=np.float32))
+
+
+def test_parse_and_locate(tmp_path):
+    assert parse_ip_adapter("h94/IP-Adapter:0.6") == IPAdapterSpec("h94/IP-Adapter", 0.6)
+    assert locate("h94/IP-Adapter", False) == ("h94/IP-Adapter", "models", "ip-adapter_sd15.safetensors")
+    assert locate("h94/IP-Adapter", True) == ("h94/IP-Adapter", "sdxl_models", "ip-adapter_sdxl.safetensors")
+    assert locate("h94/IP-Adapter/models/ip-adapter-plus_sd15.safetensors", False) == \
+        ("h94/IP-Adapter", "models", "ip-adapter-plus_sd15.safetensors")
+    (tmp_path / "a.bin").write_bytes(b"0")
+    with pytest.raises(StreamStudioError, match="not a .safetensors"):
+        locate(str(tmp_path / "a.bin"), False)
+
+
+def test_scale_zero_is_the_plain_unet_and_removal_restores_it(comps, tmp_path):
+    path = write_tiny_ip_adapter(comps.unet, tmp_path / "ip")
+    base = unet_out(comps.unet)
+    ip = IPAdapter(comps, f"{path}:0")
+    embeds = ip.set_reference(reference_image())
+    assert embeds.shape == (1, 1, EMBED_DIM)
+    torch.testing.assert_close(unet_out(comps.unet, embeds), base, rtol=0, atol=1e-6)
+    ip.set_scale(1.0)
+    assert (unet_out(comps.unet, embeds) - base).abs().max() > 1e-3
+    assert (unet_out(comps.unet, embeds) - unet_out(comps.unet, ip.set_reference(reference_image(1)))).abs().max() > 1e-4
+    ip.remove()
+    assert torch.equal(unet_out(comps.unet), base)
+
+
+def test_embedding_once_per_reference_and_equal_to_diffusers(comps, tmp_path):
+    path = write_tiny_ip_adapter(comps.unet, tmp_path / "ip")
+    ip = IPAdapter(comps, str(path))
+    image = reference_image()
+    first = ip.set_reference(image)
+    assert ip.set_reference(image.clone()) is first and ip.encodes == 1  # same picture: no new encoding
+    ip.set_reference(reference_image(1))
+    assert ip.encodes == 2
+    # diffusers' own preprocessing (CLIPImageProcessor) and encoder call on the same picture
+    pil = (image.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
+    ours = ip.set_reference(torch.from_numpy(pil).permute(2, 0, 1).float() / 255)
+    theirs, _ = ip._pipe.encode_image(pil, torch.device("cpu"), 1)
+    torch.testing.assert_close(ours[0], theirs, atol=1e-5, rtol=1e-4)
+
+
+def test_missing_adapter_is_a_clear_error(comps, tmp_path):
+    with pytest.raises(ModelNotFoundError, match="hf download h94/IP-Adapter"):
+        IPAdapter(comps, "h94/IP-Adapter", local_files_only=True)
