@@ -162,3 +162,20 @@ def test_lora_errors(comps, tmp_path):
     with pytest.raises(StreamStudioError):
         loras.add(str(tmp_path / "wrong"))
     assert loras.listing() == [] and torch.equal(unet_out(comps.unet), base)
+
+
+def test_engine_cache_identity_follows_the_fused_loras(comps, tmp_path):
+    """A TensorRT engine holds the weights: its cache key (the UNet's model_identity) changes with a
+    fused LoRA and its scale, so a change rebuilds instead of loading a stale engine, and comes back
+    when the LoRA is removed (the base engine is found again)."""
+    from streamstudio.kernels.tensorrt.cache import model_identity
+
+    make_lora(comps, tmp_path)
+    base = model_identity(comps.unet)
+    loras = LoraSet(comps)
+    loras.add(str(tmp_path))
+    with_lora = model_identity(comps.unet)
+    loras.set_scale(loras.loras[0].name, 0.5)
+    assert len({base, with_lora, model_identity(comps.unet)}) == 3
+    loras.clear()
+    assert model_identity(comps.unet) == base
