@@ -111,14 +111,18 @@ def build_video_tab() -> None:
     """The Video tab's components and events, inside an open `gr.Tab`."""
     import gradio as gr
 
+    from streamstudio.app.settings import widget
+    from streamstudio.pipelines.live_settings import SETTINGS
+
     state = gr.State(lambda: VideoSession())
     gr.Markdown("Streaming video diffusion (StreamDiT-style buffer). The built-in model is tiny (32x32 pixels, "
                 "trained on CPU on moving coloured shapes): try *a blue square moving up*, then change the colour "
                 "while it plays.")
     with gr.Row():
         with gr.Column():
-            prompt = gr.Textbox(DEFAULT_PROMPT, label="Prompt (press Enter to change it mid-stream)")
-            seed = gr.Number(0, label="Seed", precision=0)
+            prompt = widget(SETTINGS["prompt"], DEFAULT_PROMPT, label="Prompt (press Enter to change it mid-stream)",
+                            lines=1, elem_id=None)
+            seed = widget(SETTINGS["seed"], 0)
             with gr.Row():
                 start_btn = gr.Button("Generate", variant="primary")
                 stop_btn = gr.Button("Stop")
