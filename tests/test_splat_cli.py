@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import recorded_runners
 
 from streamstudio.app.cli import main
 from streamstudio.errors import StreamStudioError
@@ -62,9 +63,12 @@ def test_fitted_camera_sees_the_whole_bounding_sphere():
     assert half_x > math.radians(20)
 
 
-def test_cli_writes_an_h264_video(tmp_path):
+def test_cli_writes_an_h264_video(tmp_path, monkeypatch):
+    runners = recorded_runners(monkeypatch)
     out = tmp_path / "orbit.mp4"
     assert main(["splat", "sample", "--frames", "3", "--size", "48x32", "--output", str(out)]) == 0
+    metrics = runners[-1].metrics()  # the renders went through the one frame loop
+    assert (metrics.frames_in, metrics.frames_processed, metrics.frames_out) == (3, 3, 3)
     av = pytest.importorskip("av", reason="PyAV is not installed (the GPU image has none)")
 
     with av.open(str(out)) as container:
@@ -82,7 +86,7 @@ def test_cli_writes_4d_frames_to_a_folder_that_change_with_time(tmp_path):
     from PIL import Image
 
     files = sorted(out.glob("*.png"))
-    assert len(files) == 2
+    assert [f.name for f in files] == ["frame_00000.png", "frame_00001.png"]
     a, b = (np.asarray(Image.open(f)) for f in files)
     assert a.shape == (40, 40, 3) and (a[0, 0] == 255).all() and np.abs(a.astype(int) - b).max() > 50
 

@@ -334,3 +334,24 @@ def test_only_video_files_at_another_rate_are_resampled(tmp_path):
     Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "a.png")
     folder = open_source(str(tmp_path / "*.png"), fps=5)
     assert isinstance(folder, ImageSequenceSource) and resample_file(folder, 5) is folder
+
+
+def test_splat_path_source_renders_each_camera_at_its_time_in_order():
+    from streamstudio.streaming.sources import SplatPathSource
+
+    calls = []
+
+    def render(camera, t):
+        calls.append((camera, t))
+        return np.full((6, 8, 3), camera, np.uint8)
+
+    source = SplatPathSource(render, [10, 20, 30], [None, 0.5, 1.0], fps=4, width=8, height=6)
+    frames = list(source.frames())
+    assert calls == [(10, None), (20, 0.5), (30, 1.0)]
+    assert [(f.index, f.pts, int(f.image[0, 0, 0])) for f in frames] == [(0, 0.0, 10), (1, 0.25, 20), (2, 0.5, 30)]
+    assert (source.info.frame_count, source.info.duration, source.info.live) == (3, 0.75, False)
+    wrong = SplatPathSource(lambda camera, t: np.zeros((6, 6, 3), np.uint8), [1], [None], fps=4, width=8, height=6)
+    with pytest.raises(StreamStudioError, match="expected uint8"):
+        list(wrong.frames())
+    with pytest.raises(StreamStudioError, match="one time per camera"):
+        SplatPathSource(render, [1, 2], [None], fps=4, width=8, height=6)

@@ -25,8 +25,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import time
-from dataclasses import dataclass
+from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -106,99 +105,58 @@ def scene_path(name: str) -> Path:
     return ASSETS / SAMPLES[name] if name in SAMPLES else Path(name)
 
 
-@dataclass
-class FrameWriter:
-    """PNG frames into a folder, or an H.264 video (PyAV, libx264, yuv420p)."""
+def output_sink(output: str | Path, fps: float):
+    """The sink factory for --output (a FILE.mp4/.mkv/.mov, or a FOLDER of frame_00000.png, ...),
+    for the runner to open at the first frame's size. A bad or unwritable output fails here, before
+    anything is rendered (and no empty file is left behind when the run fails before its first frame)."""
+    from streamstudio.streaming.sinks import make_output_folder, open_sink
 
-    output: Path
-    fps: float
-    count: int = 0
-    _container: object = None
-    _stream: object = None
-
-    def __post_init__(self):
-        from streamstudio.streaming.sinks import make_output_folder
-
-        self.is_video = self.output.suffix.lower() in VIDEO_SUFFIXES
-        if not self.is_video:
-            if self.output.suffix:
-                raise StreamStudioError(f"--output {self.output}: use a .mp4/.mkv/.mov file or a folder name")
-            make_output_folder(self.output)
-        else:
-            make_output_folder(self.output.parent)
-            if self.output.is_dir():
-                raise StreamStudioError(f"--output {self.output} is a folder; give a file name for the video")
-
-    def write(self, frame: np.ndarray) -> None:
-        """One RGB uint8 (H, W, 3) frame."""
-        if self.is_video:
-            self._write_video(frame)
-        else:
-            from PIL import Image
-            Image.fromarray(frame).save(self.output / f"frame_{self.count:05d}.png")
-        self.count += 1
-
-    def _write_video(self, frame: np.ndarray) -> None:
-        import av
-        from fractions import Fraction
-
-        if self._container is None:
-            h, w = frame.shape[:2]
-            if w % 2 or h % 2:
-                raise StreamStudioError(f"H.264 needs an even width and height, got {w}x{h}; change --size")
-            try:
-                self._container = av.open(str(self.output), mode="w")
-            except (av.error.FFmpegError, OSError) as exc:
-                from streamstudio.streaming.sinks import output_error
-
-                raise output_error(self.output, exc) from exc
-            self._stream = self._container.add_stream("libx264", rate=Fraction(self.fps).limit_denominator(1001))
-            self._stream.width, self._stream.height, self._stream.pix_fmt = w, h, "yuv420p"
-            self._stream.options = {"crf": "18", "preset": "veryfast"}
-        video_frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")
-        for packet in self._stream.encode(video_frame):
-            self._container.mux(packet)
-
-    def close(self) -> None:
-        if self._container is not None:
-            for packet in self._stream.encode():
-                self._container.mux(packet)
-            self._container.close()
-            self._container = None
+    path = Path(output)
+    if path.suffix.lower() in VIDEO_SUFFIXES:
+        make_output_folder(path.parent)
+        if path.is_dir():
+            raise StreamStudioError(f"--output {path} is a folder; give a file name for the video")
+        spec = str(path)
+    elif path.suffix:
+        raise StreamStudioError(f"--output {path}: use a .mp4/.mkv/.mov file or a folder name")
+    else:
+        make_output_folder(path)
+        spec = str(path / "frame_%05d.png")
+    return lambda width, height: open_sink(spec, width, height, fps)
 
 
-class Stylizer:
-    """Rendered frames -> stylised frames through the stream-batched img2img pipeline, in order."""
+def stylizer(args, width: int, height: int):
+    """The frame processor for --prompt: the image pipeline (generate.build_pipeline) with the
+    stylise options over the image pipeline's defaults, at the render's size; with
+    --side-by-side each render is written beside its stylised frame."""
+    from streamstudio.app.commands.generate import add_pipeline_arguments, build_pipeline
 
-    def __init__(self, prompt: str, width: int, height: int, args):
-        import torch
+    defaults = argparse.ArgumentParser(add_help=False)
+    add_pipeline_arguments(defaults)
+    settings = defaults.parse_args([])
+    for name in ("model", "prompt", "steps", "strength", "seed", "device"):
+        setattr(settings, name, getattr(args, name))
+    settings.width, settings.height = width, height
+    pipe = build_pipeline(settings, "img2img")
+    return SideBySide(pipe) if args.side_by_side else pipe
 
-        from streamstudio.device import pick_device, pick_dtype
-        from streamstudio.models.loading import resolve_demo_default
-        from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
-        if width % 8 or height % 8:
-            raise StreamStudioError(f"stylising needs a size that is a multiple of 8, got {width}x{height}")
-        device = pick_device(args.device)
-        comps = resolve_demo_default(args.model, device=device, dtype=pick_dtype(device))
-        for note in comps.notes:
-            log.warning(note)
-        cfg = StreamDiffusionConfig(width=width, height=height, steps=args.steps, strength=args.strength,
-                                    seed=args.seed)
-        with torch.inference_mode():
-            self.pipe = StreamDiffusion(comps, cfg, prompt=prompt)
+class SideBySide:
+    """A frame processor that hands out each input frame with its processed frame to its right."""
+
+    def __init__(self, pipe):
+        self.pipe = pipe
+        self._inputs: deque[np.ndarray] = deque()  # inputs whose outputs have not come out yet
 
     def push(self, frame: np.ndarray) -> list[np.ndarray]:
-        import torch
-
-        with torch.inference_mode():
-            return self.pipe.push(frame)
+        self._inputs.append(frame)
+        return self._beside(self.pipe.push(frame))
 
     def flush(self) -> list[np.ndarray]:
-        import torch
+        return self._beside(self.pipe.flush())
 
-        with torch.inference_mode():
-            return self.pipe.flush()
+    def _beside(self, outs: list[np.ndarray]) -> list[np.ndarray]:
+        return [np.concatenate([self._inputs.popleft(), out], axis=1) for out in outs]
 
 
 def convert(args) -> int:
@@ -300,10 +258,14 @@ def scene_times(scene, path_times_: list[float | None], time_range: tuple[float,
 
 
 def render_scene(args) -> int:
+    from streamstudio.app.commands.render import watch
     from streamstudio.device import pick_device
     from streamstudio.models.gaussians import load_scene
     from streamstudio.pipelines.splat_render import (SceneFit, SplatRenderConfig, camera_path, path_times,
                                                      render_frame, with_camera_model)
+    from streamstudio.streaming.processor import IdentityProcessor
+    from streamstudio.streaming.runner import Runner, RunnerConfig
+    from streamstudio.streaming.sources import SplatPathSource
 
     keyed = read_path_file(args.path_file) if args.path_file else None
     if args.size is not None:
@@ -339,29 +301,16 @@ def render_scene(args) -> int:
         frames = 48 if args.frames is None else args.frames
         cameras = camera_path(args.path, SceneFit.of(scene), cfg, frames, args.elevation)
         times = path_times(scene, frames, time_range)
-    writer = FrameWriter(Path(args.output), fps)  # an output that cannot be written fails here, early
+    open_output = output_sink(args.output, fps)  # an output that cannot be written fails here, early
     print(render_header(args, scene, cfg, device, len(cameras), fps), file=sys.stderr, flush=True)
     print(renderer_line(cfg, device), file=sys.stderr, flush=True)
-    stylizer = Stylizer(args.prompt, width, height, args) if args.prompt else None
-    renders: list[np.ndarray] = []
-    start = time.perf_counter()
-    try:
-        with _progress(len(cameras)) as bar:
-            for cam, t in zip(cameras, times):
-                frame = render_frame(scene, cam, cfg, t)
-                bar.update(1)
-                if stylizer is None:
-                    writer.write(frame)
-                    continue
-                renders.append(frame)
-                _write_styled(writer, renders, stylizer.push(frame), args.side_by_side)
-            if stylizer is not None:
-                _write_styled(writer, renders, stylizer.flush(), args.side_by_side)
-    finally:
-        writer.close()
-    took = time.perf_counter() - start
-    print(f"wrote {writer.count} frames of {len(scene)} Gaussians to {args.output} "
-          f"({writer.count / max(took, 1e-9):.1f} frames/s)")
+    processor = stylizer(args, width, height) if args.prompt else IdentityProcessor()
+    source = SplatPathSource(lambda camera, t: render_frame(scene, camera, cfg, t), cameras, times, fps, width,
+                             height, description=f"{args.scene} along its camera path")
+    runner = Runner(source, processor, open_output, RunnerConfig(live=False))
+    metrics = watch(runner, len(cameras), desc="splat")
+    print(f"wrote {metrics.frames_out} frames of {len(scene)} Gaussians to {args.output} "
+          f"({metrics.frames_out / max(metrics.elapsed, 1e-9):.1f} frames/s)")
     return 0
 
 
@@ -381,17 +330,3 @@ def renderer_line(cfg, device) -> str:
 
     impl = pick_impl(cfg.impl, device)
     return f"renderer: {impl}" + (" (auto)" if cfg.impl == "auto" else "")
-
-
-def _progress(total: int):
-    """render's progress bar (tqdm, on stderr)."""
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="frame", desc="splat", dynamic_ncols=True)
-
-
-def _write_styled(writer: FrameWriter, renders: list[np.ndarray], styled: list[np.ndarray], side: bool) -> None:
-    """Write finished stylised frames (in input order), next to their render when `side`."""
-    for out in styled:
-        src = renders.pop(0) if renders else None
-        writer.write(np.concatenate([src, out], axis=1) if side and src is not None else out)
