@@ -369,7 +369,7 @@ def test_a_web_session_applies_the_temporal_setting(tiny_components_factory):
             time.sleep(0.05)
         assert session.error is None and session.notice is None
         assert session.stats()["settings"]["temporal"] == "bank"
-        assert session._pipe.bank is not None
+        assert session.processor.pipe.bank is not None
     finally:
         manager.shutdown()
 

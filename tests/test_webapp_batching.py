@@ -401,10 +401,12 @@ def test_a_stream_whose_network_call_fails_stops_alone(tiny_components_factory):
     try:
         good, bad = manager.open("good"), manager.open("bad")
         deadline = time.monotonic() + 30
-        while bad._pipe is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-        bad._pipe._text = bad._pipe._text[..., :5]  # a text embedding of the wrong width: the UNet raises
         frames = _frames(9, n=3)
+        while bad.processor.pipe is None and time.monotonic() < deadline:  # built at its first frame
+            bad.submit(frames[0])
+            time.sleep(0.01)
+        pipe = bad.processor.pipe
+        pipe._text = pipe._text[..., :5]  # a text embedding of the wrong width: the UNet raises
         while (good.processed < 3 or bad.error is None) and time.monotonic() < deadline:
             good.submit(frames[good.processed % 3])
             if not bad.closed:

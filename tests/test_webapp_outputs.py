@@ -89,7 +89,7 @@ def test_live_output_to_rtmp_is_played_back_and_ends_cleanly(nginx, manager, liv
     outputs: dict = {}
     out = start(manager, outputs, "rtmp", nginx.url("studio"), tmp_path)
     assert nginx.url("studio") in out.location
-    wait_until(lambda: out.frames >= 5, 20, "the first frames sent", session)
+    wait_until(lambda: out.attachment.frames >= 5, 20, "the first frames sent", session)
 
     played: dict = {}
     viewer = threading.Thread(target=read_stream, args=(nginx.url("studio"), played, 5.0), daemon=True)
@@ -99,11 +99,13 @@ def test_live_output_to_rtmp_is_played_back_and_ends_cleanly(nginx, manager, liv
     assert status.startswith("**running**") and "lost 0 · reconnects 0" in status, status
 
     t_stop = time.monotonic()
-    assert _stop_output(outputs, KEY).startswith(f"Stopped: {out.frames} frame(s) at a constant {FPS:g} fps")
+    stopped = _stop_output(outputs, KEY)
+    assert stopped.startswith(f"Stopped: {out.attachment.frames} frame(s) at a constant {FPS:g} fps")
     assert KEY not in outputs and _output_status(outputs.get(KEY)) == "Not running."
-    assert not out.running and out.error is None
-    assert out.sink.status.closed and out.sink.status.error is None
-    assert out.sink.status.frames_written == out.frames and out.sink.status.frames_lost == 0
+    assert not out.attachment.running and out.attachment.error is None
+    assert out.attachment.sink.status.closed and out.attachment.sink.status.error is None
+    sent = out.attachment
+    assert sent.sink.status.frames_written == sent.frames and sent.sink.status.frames_lost == 0
     # The publisher unpublished (deleteStream) before it hung up (a reset after that is the
     # socket closing with nginx's last status reply unread: harmless), and nginx then ended the
     # stream for its viewers at once (nginx-rtmp drops them: PyAV says EIO), well before the
@@ -124,7 +126,7 @@ def test_live_output_to_rtmp_is_played_back_and_ends_cleanly(nginx, manager, liv
     time.sleep(0.3)  # nginx finishes the recording file when the publisher leaves
     with av.open(str(nginx.recording("studio"))) as c:
         frames = list(c.decode(video=0))
-    assert len(frames) == out.frames  # every frame sent arrived, the encoder flushed on stop
+    assert len(frames) == out.attachment.frames  # every frame sent arrived, the encoder flushed on stop
     assert {(f.width, f.height) for f in frames} == {(W, H)}
     assert frames[0].key_frame
 
@@ -136,11 +138,12 @@ def test_live_output_to_hls_writes_a_playable_playlist(manager, live, tmp_path):
     out = start(manager, outputs, "hls", "../my stream", tmp_path)  # a cleaned name, inside the output folder
     folder = tmp_path / "hls" / "my_stream"
     assert out.location == str(folder / "index.m3u8")
-    wait_until(lambda: out.frames >= 8, 20, "frames sent", session)
+    wait_until(lambda: out.attachment.frames >= 8, 20, "frames sent", session)
     assert _output_status(outputs.get(KEY)).startswith("**running**")
 
     message = _stop_output(outputs, KEY)
-    assert message.startswith(f"Stopped: {out.frames} frame(s)") and out.error is None and not out.running
+    assert message.startswith(f"Stopped: {out.attachment.frames} frame(s)")
+    assert out.attachment.error is None and not out.attachment.running
     playlist = folder / "index.m3u8"
     text = playlist.read_text()
     segments = sorted(folder.glob("segment_*.ts"))
@@ -149,7 +152,7 @@ def test_live_output_to_hls_writes_a_playable_playlist(manager, live, tmp_path):
 
     with av.open(str(playlist)) as c:
         frames = list(c.decode(video=0))
-    assert len(frames) == out.frames
+    assert len(frames) == out.attachment.frames
     assert {(f.width, f.height) for f in frames} == {(W, H)}
     assert frames[0].to_ndarray(format="rgb24").shape == (H, W, 3)
     assert session.error is None and not session.closed
@@ -160,25 +163,25 @@ def test_rtmp_server_gone_mid_stream_stops_the_output_not_the_stream(nginx, mana
     session = manager.get(live)
     outputs: dict = {}
     out = start(manager, outputs, "rtmp", nginx.url("gone"), tmp_path)
-    wait_until(lambda: out.frames >= 5, 20, "the first frames sent", session)
-    sent = out.frames
+    wait_until(lambda: out.attachment.frames >= 5, 20, "the first frames sent", session)
+    sent = out.attachment.frames
 
     nginx.stop()  # the server crashes mid-stream; the sink retries, then gives up (a few seconds)
     seen = []  # what the tab's status timer shows meanwhile
 
     def failed() -> bool:
         seen.append(_output_status(outputs.get(KEY)))
-        return out.error is not None
+        return out.attachment.error is not None
 
     wait_until(failed, 20, "the output to report the lost server", session)
-    wait_until(lambda: not out.running, 5, "the output thread to end")
+    wait_until(lambda: not out.attachment.running, 5, "the output thread to end")
     retrying = [s for s in seen if s.startswith("**running**") and "last error: RTMP" in s]
     assert retrying and "lost 0" not in retrying[-1], seen[-3:]  # while it retries, the tab says so
     status = _output_status(outputs.get(KEY))
     assert status.startswith("❌ Stopped:") and "RTMP" in status and nginx.url("gone") in status, status
-    assert "reconnect attempts failed" in out.error and out.sink.status.frames_lost >= 1
-    assert out.sink.status.closed and out.frames >= sent
-    assert out._offer not in session._listeners  # the broken output no longer hangs on the stream
+    assert "reconnect attempts failed" in out.attachment.error and out.attachment.sink.status.frames_lost >= 1
+    assert out.attachment.sink.status.closed and out.attachment.frames >= sent
+    assert out.attachment not in session.runner.attachments  # the broken output no longer hangs on the stream
 
     # the live session never stopped: it keeps producing frames for the page (and other outputs)
     assert session.error is None and not session.closed
@@ -198,16 +201,16 @@ def test_live_output_finishes_when_its_live_stream_ends(manager, live, tmp_path)
     session = manager.get(live)
     outputs: dict = {}
     out = start(manager, outputs, "file", "before-stop.mp4", tmp_path)
-    wait_until(lambda: out.frames >= 5, 20, "frames recorded", session)
+    wait_until(lambda: out.attachment.frames >= 5, 20, "frames recorded", session)
     manager.close(live)
-    wait_until(lambda: not out.running, 5, "the output to end with its stream")
-    assert out.sink.status.closed and out.error is None
+    wait_until(lambda: not out.attachment.running, 5, "the output to end with its stream")
+    assert out.attachment.sink.status.closed and out.attachment.error is None
     status = _output_status(outputs.get(KEY))
     assert status.startswith("**stopped**") and "the live stream ended" in status, status
     with av.open(str(tmp_path / "before-stop.mp4")) as c:  # finished: playable to the last frame
         frames = list(c.decode(video=0))
-    assert len(frames) == out.frames and (frames[0].width, frames[0].height) == (W, H)
-    assert _stop_output(outputs, KEY).startswith(f"Stopped: {out.frames} frame(s)")
+    assert len(frames) == out.attachment.frames and (frames[0].width, frames[0].height) == (W, H)
+    assert _stop_output(outputs, KEY).startswith(f"Stopped: {out.attachment.frames} frame(s)")
 
 
 # ---------------------------------------------------------------------- what a recording looks like
@@ -220,14 +223,14 @@ def test_a_recording_has_a_constant_frame_rate_and_the_tab_says_where_it_went(ma
     session = manager.get(live)
     outputs: dict = {}
     out = start(manager, outputs, "file", "constant.mp4", tmp_path)
-    wait_until(lambda: out.frames >= 12, 20, "frames recorded", session)
+    wait_until(lambda: out.attachment.frames >= 12, 20, "frames recorded", session)
     said = {KEY: _stop_output(outputs, KEY)}
     assert _tab_status(outputs, said, KEY) == said[KEY] and "constant.mp4" in said[KEY]
     with av.open(str(tmp_path / "constant.mp4")) as c:  # (a stream's fields only while it is open)
         stream = c.streams.video[0]
         guessed, average = float(stream.guessed_rate), float(stream.average_rate)
         times = [float(f.pts * f.time_base) for f in c.decode(video=0)]
-    assert len(times) == out.frames
+    assert len(times) == out.attachment.frames
     assert guessed == pytest.approx(FPS) and average == pytest.approx(FPS, rel=0.02)
     steps = np.diff(times)
     assert np.allclose(steps, 1 / FPS, atol=2e-5), steps  # constant: no wall-clock jitter in the timestamps

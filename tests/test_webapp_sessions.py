@@ -87,6 +87,45 @@ def test_session_processes_frames_at_the_model_size(manager):
     assert stats["processed"] == 1 and stats["model"] == "tiny" and stats["latency_ms"] > 0
 
 
+def test_a_web_sessions_frames_pass_through_its_runner(manager):
+    """The session is a streaming.Runner over a push source: its frames and its stats are the
+    runner's metrics."""
+    session = manager.open("a")
+    for i in range(3):
+        session.submit(frame(40 * i))
+        wait_output(session, i + 1)
+    m = session.runner.metrics()
+    assert m.live and (m.frames_in, m.frames_processed, m.frames_out) == (3, 3, 3)
+    assert m.latency_ms["process"]["p50"] > 0 and m.recent_fps > 0
+    stats = session.stats()
+    assert (stats["frames_in"], stats["processed"], stats["dropped"]) == (3, 3, 0)
+    assert stats["fps"] == round(m.recent_fps, 2) and stats["latency_ms"] == round(m.recent_latency_ms, 1)
+    assert session.processor.stats is session.processor.pipe.stats  # the filter's skips, read by the metrics
+
+
+def test_a_sink_attached_to_a_running_session_gets_its_outputs_until_detached(manager):
+    from streamstudio.streaming.sinks import NullSink
+
+    session = manager.open("a")
+    session.submit(frame())
+    wait_output(session)
+    sink = NullSink("collect", 64, 64, 30)
+    attachment = session.attach(sink)
+    for i in (2, 3):
+        session.submit(frame(50 * i))
+        out = wait_output(session, i)
+        deadline = time.monotonic() + 10
+        while sink.status.frames_written < i - 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sink.status.frames_written == i - 1 and np.array_equal(sink.last, out)
+    session.detach(attachment)
+    assert sink.status.closed and not attachment.running and session.runner.attachments == []
+    session.submit(frame(200))
+    wait_output(session, 4)
+    time.sleep(0.1)
+    assert sink.status.frames_written == 2 and attachment.frames == 2
+
+
 def test_settings_take_effect_on_the_next_frame(manager):
     session = manager.open("a")
     session.submit(frame())
@@ -123,10 +162,10 @@ def test_busy_beyond_max_streams_and_free_again(manager):
 def test_an_error_in_one_session_leaves_the_others_alone(manager, monkeypatch):
     good, bad = manager.open("good"), manager.open("bad")
 
-    def boom(frame, t):
+    def boom(frame):
         raise RuntimeError("kaput")
 
-    monkeypatch.setattr(bad, "_process", boom)
+    monkeypatch.setattr(bad.processor, "_step", boom)
     bad.submit(frame())
     good.submit(frame())
     wait_output(good)
@@ -151,7 +190,7 @@ def test_close_and_idle_free_the_session(model):
         wait_output(session)
         time.sleep(0.5)
         assert manager.reap() == 1 and manager.get("x") is None
-        assert not session._thread.is_alive() and session._pipe is None
+        assert not session.runner.running
     finally:
         manager.shutdown()
 
@@ -325,14 +364,14 @@ def test_live_output_records_the_stream_to_a_file(manager, tmp_path):
         wait_output(session, i + 1)
     out = outputs.pop("browser")
     deadline = time.monotonic() + 10
-    while out.frames < 3 and time.monotonic() < deadline:
+    while out.attachment.frames < 3 and time.monotonic() < deadline:
         time.sleep(0.02)
     assert "running" in _output_status(out)
     out.stop()
-    assert out.frames >= 3 and out.error is None and not out.running
+    assert out.attachment.frames >= 3 and out.attachment.error is None and not out.attachment.running
     with av.open(str(tmp_path / "clip.mp4")) as container:
         decoded = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
-    assert len(decoded) == out.frames and decoded[0].shape == (64, 64, 3)
+    assert len(decoded) == out.attachment.frames and decoded[0].shape == (64, 64, 3)
 
 
 def test_live_output_refuses_a_bad_rtmp_url(manager, tmp_path):
@@ -399,19 +438,19 @@ def test_text_to_image_stop_holds_until_start(manager, monkeypatch):
     assert control.start("b") and control.tick("b", *args)[2] is True
 
 
-def test_locked_pipeline_takes_the_model_lock(model):
+def test_guarded_pipeline_takes_the_model_guard(model):
     import threading
 
-    from streamstudio.app.sessions import LockedPipeline
+    from streamstudio.app.sessions import GuardedPipeline
 
-    pipe = LockedPipeline(model.build("img2img"), model.lock)
+    pipe = GuardedPipeline(model.build("img2img"), model.guard)
     held = []
     real_set_prompt = pipe._pipe.set_prompt
-    pipe._pipe.set_prompt = lambda p: (held.append(model.lock.locked()), real_set_prompt(p))
+    pipe._pipe.set_prompt = lambda p: (held.append(model.guard._lock.locked()), real_set_prompt(p))
     pipe.set_prompt("a boat")
-    assert held == [True] and not model.lock.locked()
+    assert held == [True] and not model.guard._lock.locked()
     assert pipe(frame()).shape == (64, 64, 3) and pipe.config.width == 64
-    with model.lock:  # another stream is busy with the model: this call waits for it
+    with model.guard.text():  # another stream is busy with the model (no batching): this frame waits for it
         t = threading.Thread(target=pipe, args=(frame(),))
         t.start()
         t.join(0.3)
@@ -419,12 +458,20 @@ def test_locked_pipeline_takes_the_model_lock(model):
     t.join(30)
 
 
-def test_handler_ends_a_failed_stream_with_its_error(manager):
+def test_handler_ends_a_failed_stream_with_its_error(manager, monkeypatch):
     CloseStream = pytest.importorskip("fastrtc").CloseStream
 
     from streamstudio.app.webrtc import LiveHandler
 
     session = manager.open("f")
-    session.error = "the GPU ran out of memory; lower --width/--height"
+
+    def out_of_memory(frame):
+        raise StreamStudioError("the GPU ran out of memory; lower --width/--height")
+
+    monkeypatch.setattr(session.processor, "_step", out_of_memory)
+    session.submit(frame())
+    deadline = time.monotonic() + 10
+    while session.error is None and time.monotonic() < deadline:
+        time.sleep(0.01)
     out = LiveHandler(manager, webrtc_id=lambda: "f")(frame())
     assert isinstance(out, CloseStream) and "ran out of memory" in out.msg

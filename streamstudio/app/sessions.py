@@ -2,14 +2,15 @@
 
 The model's modules are loaded once and shared; every session builds its own StreamDiffusion
 over them (the pipeline object holds per-stream state only: buffer, prompt, seed, filter).
-With cross-stream batching (the default; `app/batching.py`) one executor thread runs every
-UNet and VAE call, and the calls of several sessions that arrive together run as one batch;
-the text encoder and tokenizer stay behind the model's lock. Without it, each session's whole
-frame runs under that lock, so sessions take turns on the model.
+One `ModelGuard` says who may use the model when: with cross-stream batching (the default;
+`app/batching.py`) one executor thread runs every UNet and VAE call, and the calls of several
+sessions that arrive together run as one batch; the text encoder and tokenizer stay behind the
+guard's lock. Without it, each session's whole frame runs under that lock, so sessions take
+turns on the model.
 
-A session takes frames with `submit()` (never blocks: a newer frame replaces one that is
-still waiting) and hands back `latest()` at once; its worker thread does the inference. A
-session that fails stops alone; the manager frees sessions that disconnect or go idle.
+A session is a `streaming.Runner` over a `PushSource`: it takes frames with `submit()` (never
+blocks: a newer frame replaces one that is still waiting) and hands back `latest()` at once.
+A session that fails stops alone; the manager frees sessions that disconnect or go idle.
 """
 
 from __future__ import annotations
@@ -19,14 +20,16 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field, replace
-from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from streamstudio.app.settings import parse_settings
 from streamstudio.errors import StreamStudioError
 from streamstudio.frames import fit_aspect
+from streamstudio.streaming.runner import Runner, RunnerConfig
+from streamstudio.streaming.sinks import NullSink
+from streamstudio.streaming.sources import DEFAULT_FPS, PushSource
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +69,8 @@ def read_probe(frame: np.ndarray) -> int | None:
 
 @dataclass
 class ServerModel:
-    """The one loaded model and the defaults every new stream starts from."""
+    """The one loaded model, the defaults every new stream starts from, and the one guard of
+    the model (`guard`)."""
 
     comps: object  # SDComponents
     config: object  # StreamDiffusionConfig: size, steps, guidance, ...
@@ -74,7 +78,6 @@ class ServerModel:
     negative_prompt: str = ""
     latency_probe: bool = False  # copy the input's probe counter onto the output (benchmarks)
     batching: object | None = None  # BatchingConfig: batch the sessions' network calls; None: take turns
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self):
         self.executor = None
@@ -88,6 +91,7 @@ class ServerModel:
                 from streamstudio.app.batching import warm_up
 
                 warm_up(self._stream_comps, self.config.height, self.config.width)
+        self.guard = ModelGuard(self.executor)
 
     @property
     def name(self) -> str:
@@ -105,19 +109,9 @@ class ServerModel:
         """A new stream (per-session state) over the shared modules."""
         from streamstudio.pipelines.stream_diffusion import StreamDiffusion
 
-        with self.lock:
+        with self.guard.text():
             return StreamDiffusion(self._stream_comps, replace(self.config, mode=mode),
                                    prompt=self.prompt, negative_prompt=self.negative_prompt)
-
-    def frame_lock(self):
-        """What a session holds while its frame runs: the model lock, or nothing when the
-        executor batches (and serializes) the network calls."""
-        return contextlib.nullcontext() if self.executor is not None else self.lock
-
-    def stream_client(self):
-        """Held by a session while its frame runs: the executor waits (briefly) for as many
-        calls as there are such sessions before it runs a batch."""
-        return self.executor.client() if self.executor is not None else contextlib.nullcontext()
 
     def close(self) -> None:
         if self.executor is not None:
@@ -131,15 +125,41 @@ class ServerModel:
                 "requests_per_call": round(s.requests_per_call, 2), "largest": s.largest}
 
 
-class LockedPipeline:
-    """A stream over the shared model whose every call takes the model's lock: for tabs that
-    drive a pipeline themselves (the Splats tab) next to the sessions."""
+class ModelGuard:
+    """The one guard of the shared model, with two contexts:
 
-    def __init__(self, pipe, lock: threading.Lock):
-        self._pipe, self._lock = pipe, lock
+    - `frame()`: held while a stream runs a frame. With cross-stream batching the stream counts
+      as a caller of the executor (whose one thread runs every UNet and VAE call, and waits
+      briefly for the calls of the streams inside a frame to batch them); without it, the
+      model's lock, so streams take turns.
+    - `text()`: held while the text encoder and tokenizer run (prompt changes) and while a
+      stream is built: always the lock, as they run in the caller's thread."""
+
+    def __init__(self, executor=None):
+        self._executor = executor  # app.batching.BatchExecutor, or None: take turns
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def frame(self):
+        with self._executor.client() if self._executor is not None else self._lock:
+            yield
+
+    @contextlib.contextmanager
+    def text(self):
+        with self._lock:
+            yield
+
+
+class GuardedPipeline:
+    """A stream over the shared model for a tab that drives a pipeline itself (the Splats tab),
+    next to the sessions: its frames run in the guard's frame context, every other call
+    (prompt, settings) in its text context."""
+
+    def __init__(self, pipe, guard: ModelGuard):
+        self._pipe, self._guard = pipe, guard
 
     def __call__(self, *args, **kwargs):
-        with self._lock:
+        with self._guard.frame():
             return self._pipe(*args, **kwargs)
 
     def __getattr__(self, name: str):
@@ -147,180 +167,217 @@ class LockedPipeline:
         if not callable(attr):
             return attr
 
-        def locked(*args, **kwargs):
-            with self._lock:
+        def guarded(*args, **kwargs):
+            with self._guard.text():
                 return attr(*args, **kwargs)
 
-        return locked
+        return guarded
 
 
-class StreamSession:
-    """One user's stream: latest-frame input slot, worker thread, latest output."""
+@contextlib.contextmanager
+def _reported(sid: str):
+    """Log why stream `sid` stops (a traceback only for a bug), then let the error stop it."""
+    try:
+        yield
+    except StreamStudioError as exc:
+        log.warning("stream %s stopped: %s", sid, exc)
+        raise
+    except Exception:
+        log.exception("stream %s stopped", sid)
+        raise
 
-    def __init__(self, sid: str, model: ServerModel, mode: str = "img2img", settings: dict | None = None):
-        self.sid, self.model, self.mode = sid, model, mode
-        self.created = self.last_seen = time.monotonic()
-        self.error: str | None = None  # the stream stopped on this
-        self.notice: str | None = None  # a rejected setting; the stream goes on
-        self._cond = threading.Condition()
-        self._input: tuple[np.ndarray | None, float] | None = None
-        self._pending: dict = dict(settings or {})
-        self._applied: dict = {}
-        self._output: np.ndarray | None = None
-        self._listeners: list[Callable[[np.ndarray], None]] = []
-        self._closed = False
-        self._times: deque[float] = deque(maxlen=60)  # output times
-        self._latency: deque[float] = deque(maxlen=30)  # submit -> output seconds
-        self.frames_in = self.processed = self.dropped = 0
-        self._pipe = None
-        self.fit = "crop"  # the "fit" setting: the session's own, not the pipeline's
+
+class StreamProcessor:
+    """A web stream's frame step, the processor of its runner (live: `processor(frame)`): the
+    camera frame brought to the model's aspect (the `fit` setting: crop or pad), the stream's
+    own pipeline over the shared model run in the guard's frame context and, with the latency
+    probe, the probe of the input each output came from drawn onto it. txt2img streams ignore
+    the frame (it only asks for the next image)."""
+
+    def __init__(self, model: ServerModel, mode: str, sid: str):
+        self.model, self.mode, self.sid = model, mode, sid
+        self.pipe = None  # built by open(), in the runner's thread (the text encoder runs)
+        self.fit = "crop"  # the session's own setting, not the pipeline's
         self._probes: deque[int | None] = deque()
-        self._thread = threading.Thread(target=self._run, name=f"stream-{sid[:12]}", daemon=True)
-        self._thread.start()
 
-    # ------------------------------------------------------------------ caller side (never blocks)
-    def submit(self, frame: np.ndarray | None) -> None:
-        """Hand in the newest frame (RGB uint8, None for txt2img); replaces a waiting one."""
-        with self._cond:
-            if self._closed:
-                return
-            self.last_seen = time.monotonic()
-            self.frames_in += 1
-            if self._input is not None:
-                self.dropped += 1
-            self._input = (frame, time.perf_counter())
-            self._cond.notify()
-
-    def latest(self) -> np.ndarray | None:
-        return self._output
-
-    def request(self, settings: dict) -> None:
-        """Change settings; they apply before the next frame."""
-        with self._cond:
-            self._pending.update(settings)
-            self._cond.notify()
-
-    def add_listener(self, fn: Callable[[np.ndarray], None]) -> None:
-        self._listeners.append(fn)
-
-    def remove_listener(self, fn: Callable[[np.ndarray], None]) -> None:
-        if fn in self._listeners:
-            self._listeners.remove(fn)
+    def open(self) -> None:
+        if self.pipe is None:
+            with _reported(self.sid):
+                self.pipe = self.model.build(self.mode)
 
     @property
-    def closed(self) -> bool:
-        return self._closed
+    def stats(self):
+        """The pipeline's similarity-filter counts (the runner's metrics read `skipped`)."""
+        return None if self.pipe is None else self.pipe.stats
 
-    def close(self, wait: float = 5.0) -> None:
-        with self._cond:
-            self._closed = True
-            self._input = None
-            self._cond.notify_all()
-        if threading.current_thread() is not self._thread:
-            self._thread.join(wait)
-        self._listeners.clear()
-
-    def stats(self) -> dict:
-        times = list(self._times)
-        fps = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else 0.0
-        lat = list(self._latency)
-        pipe = self._pipe
-        return {
-            "id": self.sid, "mode": self.mode, "model": self.model.name,
-            "fps": round(fps, 2), "latency_ms": round(1000 * sum(lat) / len(lat), 1) if lat else None,
-            "skip_rate": round(float(pipe.skip_rate), 3) if pipe is not None else 0.0,
-            "frame_latency": pipe.latency_frames if pipe is not None else None,
-            "frames_in": self.frames_in, "processed": self.processed, "dropped": self.dropped,
-            "settings": _jsonable(self._applied), "error": self.error, "notice": self.notice,
-            "batching": self.model.batching_stats(),
-        }
-
-    # ------------------------------------------------------------------ worker
-    def _run(self) -> None:
-        try:
-            self._pipe = self.model.build(self.mode)
-            while True:
-                item, changes = self._next()
-                if item is None:
-                    return
-                self._apply(changes)
-                with self.model.stream_client():  # in a frame: the executor may wait for this stream
-                    self._process(*item)
-        except Exception as exc:  # one broken stream never takes the server down
-            self.error = str(exc) if isinstance(exc, StreamStudioError) else f"{type(exc).__name__}: {exc}"
-            log.exception("stream %s stopped", self.sid) if not isinstance(exc, StreamStudioError) else \
-                log.warning("stream %s stopped: %s", self.sid, exc)
-        finally:
-            self._closed = True
-            self._pipe = None  # free the per-stream buffers now
-
-    def _next(self):
-        with self._cond:
-            while self._input is None and not self._closed:
-                self._cond.wait(1.0)
-            if self._closed:
-                return None, {}
-            item, self._input = self._input, None
-            changes, self._pending = self._pending, {}
-            return item, changes
-
-    def _apply(self, changes: dict) -> None:
-        changes = {k: v for k, v in changes.items() if self._applied.get(k, _MISSING) != v}
-        if "fit" in changes:
-            self.fit = changes["fit"]
-            self._applied["fit"] = changes.pop("fit")
+    def apply(self, changes: dict) -> None:
+        """Checked settings (`parse_settings`); a StreamStudioError when the pipeline refuses one."""
+        changes = dict(changes)
+        self.fit = changes.pop("fit", self.fit)
+        if self.mode == "txt2img":
+            changes.pop("strength", None)
         if not changes:
             return
-        pipe = self._pipe
-        try:
-            with self.model.lock:
-                if "prompt" in changes:
-                    pipe.set_prompt(changes["prompt"])
-                if "negative_prompt" in changes:
-                    pipe.set_negative_prompt(changes["negative_prompt"])
-                rest = {k: v for k, v in changes.items() if k not in ("prompt", "negative_prompt")}
-                if self.mode == "txt2img":
-                    rest.pop("strength", None)
-                if rest:
-                    pipe.update(**rest)
-            self._applied.update(changes)
-            self.notice = None
-        except StreamStudioError as exc:
-            self.notice = f"setting not applied: {exc}"
+        with self.model.guard.text():
+            if "prompt" in changes:
+                self.pipe.set_prompt(changes.pop("prompt"))
+            if "negative_prompt" in changes:
+                self.pipe.set_negative_prompt(changes.pop("negative_prompt"))
+            if changes:
+                self.pipe.update(**changes)
 
-    def _process(self, frame: np.ndarray | None, t_submit: float) -> None:
-        pipe = self._pipe
-        probe = read_probe(frame) if self.model.latency_probe and frame is not None else None
-        if frame is not None:
+    def __call__(self, frame: np.ndarray) -> np.ndarray:
+        with _reported(self.sid), self.model.guard.frame():
+            return self._step(frame)
+
+    def _step(self, frame: np.ndarray) -> np.ndarray:
+        pipe, txt2img = self.pipe, self.mode == "txt2img"
+        probe = read_probe(frame) if self.model.latency_probe and not txt2img else None
+        if not txt2img:
             frame = fit_aspect(frame, pipe.config.width, pipe.config.height, self.fit)
         skipped = pipe.stats.skipped
-        with self.model.frame_lock():
-            out = pipe(frame)
+        out = pipe(None if txt2img else frame)
         if isinstance(out, list):
             out = out[-1]
         if self.model.latency_probe:
             out = self._stamp(out, probe, skipped != pipe.stats.skipped)
-        self._output = out
-        now = time.perf_counter()
-        self._latency.append(now - t_submit)
-        self._times.append(now)
-        self.processed += 1
-        for fn in list(self._listeners):
-            try:
-                fn(out)
-            except Exception:  # a broken listener (a sink) must not stop the stream
-                log.exception("output listener of stream %s failed; removed", self.sid)
-                self.remove_listener(fn)
-
+        return out
 
     def _stamp(self, out: np.ndarray, probe: int | None, skipped: bool) -> np.ndarray:
         """Draw the probe of the input this output came from (Stream Batch: N - 1 calls ago)."""
         if not skipped:
             self._probes.append(probe)
-            while len(self._probes) > self._pipe.latency_frames + 1:
+            while len(self._probes) > self.pipe.latency_frames + 1:
                 self._probes.popleft()
         source = self._probes[0] if self._probes else None
         return out if source is None else draw_probe(out.copy(), source)
+
+
+class StreamSession:
+    """One user's live stream: a `streaming.Runner` over a `PushSource` (frames handed in with
+    `submit`), the stream's `StreamProcessor`, and the browser's view as its sink (the
+    latest-result slot `latest()` reads). Settings asked for with `request` apply between frames
+    (the runner's on_input hook). A recording, an RTMP or HLS push and WHEP viewers are sinks
+    attached to the running session (`attach`, `detach`)."""
+
+    def __init__(self, sid: str, model: ServerModel, mode: str = "img2img", settings: dict | None = None):
+        self.sid, self.model, self.mode = sid, model, mode
+        self.created = self.last_seen = time.monotonic()
+        self.notice: str | None = None  # a rejected setting; the stream goes on
+        self._pending: dict = dict(settings or {})
+        self._applied: dict = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        width, height = model.size
+        self._tick = np.zeros((height, width, 3), np.uint8) if mode == "txt2img" else None  # txt2img: "next image"
+        self._source = PushSource(width, height, maxsize=1, description=f"stream {sid}")
+        self._view = NullSink("the page's view", width, height, DEFAULT_FPS)  # keeps the latest output
+        self.processor = StreamProcessor(model, mode, sid)
+        self.runner = Runner(self._source, self.processor, self._view, RunnerConfig(live=True, queue_size=1),
+                             on_input=self._between_frames).start()
+
+    # ------------------------------------------------------------------ caller side (never blocks)
+    def submit(self, frame: np.ndarray | None) -> None:
+        """Hand in the newest frame (RGB uint8; None asks a txt2img stream for its next image);
+        it replaces one still waiting."""
+        if self.closed:
+            return
+        self.last_seen = time.monotonic()
+        try:
+            self._source.put(self._tick if frame is None else frame)
+        except StreamStudioError:
+            if not self.closed:  # (closed meanwhile: the frame is not wanted)
+                raise
+
+    def latest(self) -> np.ndarray | None:
+        return self._view.last
+
+    def request(self, settings: dict) -> None:
+        """Change settings (checked by `parse_settings`); they apply before the next frame."""
+        with self._lock:
+            self._pending.update(settings)
+
+    def refused(self, exc: StreamStudioError) -> None:
+        """A setting asked for was refused: said in the stream's stats; the stream goes on."""
+        self.notice = f"setting not applied: {exc}"
+
+    def attach(self, sink, fps: float | None = None):
+        """Feed `sink` this stream's outputs from now on (`streaming.runner.Attachment`)."""
+        return self.runner.attach(sink, fps)
+
+    def detach(self, attachment, wait: float | None = 10.0) -> None:
+        """Stop feeding an attached sink; it is closed (within `wait` s when wait is given)."""
+        self.runner.detach(attachment, wait)
+
+    @property
+    def frames_in(self) -> int:
+        return self._source.received
+
+    @property
+    def processed(self) -> int:
+        """Outputs that reached the page's view."""
+        return self.runner.counts["out"]
+
+    @property
+    def fit(self) -> str:
+        return self.processor.fit
+
+    @property
+    def error(self) -> str | None:
+        """Why the stream stopped, when it failed."""
+        return None if self.runner.error is None else str(self.runner.error)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed or self.runner.stopped
+
+    def close(self, wait: float = 5.0) -> None:
+        """Stop the stream; wait=0 returns at once (from the event loop) and its threads end by
+        themselves."""
+        self._closed = True
+        self._source.close()
+        self.runner.stop(interrupted=False)
+        if wait:
+            try:
+                self.runner.wait(wait)
+            except StreamStudioError:
+                pass  # a failure was logged when it happened
+
+    def metrics(self):
+        """The stream's `streaming.runner.RunMetrics`: frames in, processed, out, drops, latency."""
+        return self.runner.metrics()
+
+    def stats(self) -> dict:
+        """What the page and `GET /studio/sessions/{id}` show, from the runner's metrics."""
+        m, pipe = self.metrics(), self.processor.pipe
+        return {
+            "id": self.sid, "mode": self.mode, "model": self.model.name,
+            "fps": round(m.recent_fps, 2),
+            "latency_ms": None if m.recent_latency_ms is None else round(m.recent_latency_ms, 1),
+            "skip_rate": round(float(pipe.skip_rate), 3) if pipe is not None else 0.0,
+            "frame_latency": pipe.latency_frames if pipe is not None else None,
+            "frames_in": self._source.received, "processed": m.frames_out, "dropped": self._source.dropped + m.dropped,
+            "settings": _jsonable(self._applied), "error": self.error, "notice": self.notice,
+            "batching": self.model.batching_stats(),
+        }
+
+    # ------------------------------------------------------------------ the runner's thread
+    def _between_frames(self, pts: float) -> None:
+        """The runner's on_input hook: the stream's pipeline built at the first frame, then the
+        settings asked for since the last frame applied."""
+        self.processor.open()
+        with self._lock:
+            changes, self._pending = self._pending, {}
+        changes = {k: v for k, v in changes.items() if self._applied.get(k, _MISSING) != v}
+        if not changes:
+            return
+        try:
+            self.processor.apply(changes)
+        except StreamStudioError as exc:
+            self.refused(exc)
+            return
+        self._applied.update(changes)
+        self.notice = None
 
 
 _MISSING = object()

@@ -11,17 +11,19 @@ from __future__ import annotations
 import logging
 import re
 import threading
-import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import gradio as gr
 import numpy as np
 
-from streamstudio.app.sessions import BusyError, LockedPipeline, SessionManager
+from streamstudio.app.sessions import BusyError, GuardedPipeline, SessionManager, StreamSession
 from streamstudio.app.settings import live_controls, live_keys, settings_from_ui, widget
 from streamstudio.app.webrtc import LiveHandler, live_component
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.loading import DEFAULT_MODEL, download_command
+from streamstudio.streaming.runner import Attachment
+from streamstudio.streaming.sinks import open_sink
 from streamstudio.pipelines.live_settings import SETTINGS
 
 log = logging.getLogger(__name__)
@@ -108,72 +110,18 @@ def live_id(webrtc_value) -> str | None:
 
 
 # ---------------------------------------------------------------------- live output
+@dataclass
 class LiveOutput:
-    """Pushes one session's output frames to a sink in its own thread at a constant frame rate
-    (latest frame wins), so a slow network sink never slows the stream."""
+    """One of the Live output tab's outputs: a sink attached to a live session. Its attachment
+    (`streaming.runner.Attachment`) writes the stream's newest output at a constant frame rate
+    from its own thread, so a slow network sink never slows the stream."""
 
-    def __init__(self, session, sink, fps: float = 30.0):
-        self.session, self.sink, self.fps = session, sink, fps
-        self.frames, self.error = 0, None
-        self.ended: str | None = None  # why it stopped by itself, when not on an error
-        self._frame: np.ndarray | None = None
-        self._event, self._stop = threading.Event(), threading.Event()
-        self._thread = threading.Thread(target=self._run, name="live-output", daemon=True)
-        session.add_listener(self._offer)
-        self._thread.start()
-
-    def _offer(self, frame: np.ndarray) -> None:
-        self._frame = frame
-        self._event.set()
-
-    def _run(self) -> None:
-        """Write the latest output every 1/fps seconds (repeated when the stream is slower, the
-        newest taken when it is faster): a constant frame rate, which players show correctly."""
-        period = 1.0 / self.fps
-        due = None
-        try:
-            while not self._stop.is_set():
-                if self._frame is None:  # nothing yet: wait for the first output
-                    if not self._event.wait(0.5) and self.session.closed:
-                        self.ended = "the live stream ended"
-                        break
-                    self._event.clear()
-                    continue
-                now = time.monotonic()
-                due = now if due is None else due
-                if now < due:
-                    self._stop.wait(due - now)
-                    continue
-                if self.session.closed:  # freed or failed: finish the sink, don't hold it open
-                    self.ended = "the live stream ended"
-                    break
-                self.sink.write(self._frame)  # timestamp frames / fps
-                self.frames += 1
-                due += period
-                if now - due > 1.0:  # a stall (a slow network sink): catch up, don't burst
-                    due = now
-        except Exception as exc:  # the sink failed (server gone, disk full): report, stop
-            self.error = str(exc)
-            log.warning("live output stopped: %s", exc)
-        finally:
-            self.session.remove_listener(self._offer)
-            _close_quietly(self.sink)
-
-    @property
-    def running(self) -> bool:
-        return self._thread.is_alive()
+    session: StreamSession
+    attachment: Attachment
+    location: str  # where it goes: a file, an RTMP URL, an HLS playlist
 
     def stop(self) -> None:
-        self._stop.set()
-        self._event.set()
-        self._thread.join(10)
-
-
-def _close_quietly(sink) -> None:
-    try:
-        sink.close()
-    except Exception as exc:  # pragma: no cover - already stopping
-        log.warning("closing the sink: %s", exc)
+        self.session.detach(self.attachment)
 
 
 def clean_name(name: str, default: str) -> str:
@@ -182,27 +130,23 @@ def clean_name(name: str, default: str) -> str:
     return stem[:80]
 
 
-def open_sink(kind: str, target: str, output_dir: Path, size: tuple[int, int], fps: float):
-    """A sink for the Live output tab: kind file | rtmp | hls (streamstudio.streaming.sinks).
-    Returns (sink, where it goes)."""
-    from streamstudio.streaming.sinks import open_sink as open_spec
-
+def output_location(kind: str, target: str, output_dir: Path) -> str:
+    """Where a Live output tab's output goes (a `streaming.sinks.open_sink` spec): kind file |
+    rtmp | hls; files and HLS playlists go under `output_dir`, under a cleaned name."""
     if kind == "rtmp":
         if not re.match(r"^rtmps?://[^\s/]+/\S+$", target or ""):
             raise StreamStudioError("give an RTMP URL like rtmp://host/live/streamkey")
-        location = target
-    elif kind == "hls":
+        return target
+    if kind == "hls":
         folder = output_dir / "hls" / clean_name(target, "live")
         folder.mkdir(parents=True, exist_ok=True)
-        location = str(folder / "index.m3u8")
-    elif kind == "file":
+        return str(folder / "index.m3u8")
+    if kind == "file":
         name = clean_name(target, "recording.mp4")
         suffix_ok = Path(name).suffix.lower() in (".mp4", ".mkv", ".webm", ".mov")
-        location = str(output_dir / (name if suffix_ok else name + ".mp4"))
         output_dir.mkdir(parents=True, exist_ok=True)
-    else:
-        raise StreamStudioError(f"unknown output kind {kind!r}; use file, rtmp or hls")
-    return open_spec(location, size[0], size[1], fps), location
+        return str(output_dir / (name if suffix_ok else name + ".mp4"))
+    raise StreamStudioError(f"unknown output kind {kind!r}; use file, rtmp or hls")
 
 
 # ---------------------------------------------------------------------- the app
@@ -448,18 +392,22 @@ def _output_tab(manager: SessionManager, webrtc, output_dir: Path) -> None:
 
 def _start_output(manager, outputs, key, sid, kind, target, fps, output_dir) -> str:
     session = manager.get(sid) if sid else None
-    if session is None:
+    if session is None or session.closed:
         return "⚠️ No live stream: start the Live tab's camera first."
     old = outputs.pop(key, None)
     if old is not None:
         old.stop()
     try:
-        sink, location = open_sink(kind, target, output_dir, manager.model.size, fps)
+        location = output_location(kind, target, output_dir)
+        sink = open_sink(location, *manager.model.size, fps)
     except Exception as exc:  # StreamStudioError, or the encoder library's own error
         return f"⚠️ Could not start the output: {exc}"
-    out = LiveOutput(session, sink, fps)
-    out.location = location
-    outputs[key] = out
+    try:
+        attachment = session.attach(sink, fps)
+    except StreamStudioError:  # the stream ended meanwhile
+        sink.close()
+        return "⚠️ No live stream: start the Live tab's camera first."
+    outputs[key] = LiveOutput(session, attachment, location)
     return f"Started: {kind} → `{location}`"
 
 
@@ -468,9 +416,9 @@ def _stop_output(outputs, key) -> str:
     if out is None:
         return "Not running."
     out.stop()
-    where = getattr(out, "location", "")
-    text = f"Stopped: {out.frames} frame(s) at a constant {out.fps:g} fps → `{where}`"
-    return text + (f". It had failed: {out.error}" if out.error else ".")
+    a = out.attachment
+    text = f"Stopped: {a.frames} frame(s) at a constant {a.fps:g} fps → `{out.location}`"
+    return text + (f". It had failed: {a.error}" if a.error else ".")
 
 
 def _tab_status(outputs: dict, said: dict, key: str) -> str:
@@ -483,18 +431,17 @@ def _tab_status(outputs: dict, said: dict, key: str) -> str:
 def _output_status(out: LiveOutput | None) -> str:
     if out is None:
         return "Not running."
-    where = getattr(out, "location", "")
-    if out.error:
-        return f"❌ Stopped: {out.error} ({where})"
-    state = "running" if out.running else "stopped"
-    st = getattr(out.sink, "status", None)
-    text = f"**{state}** → `{where}` · {out.frames} frame(s) written"
-    if out.ended and not out.running:
-        text += f" · {out.ended}"
-    if st is not None:
-        text += f" · lost {st.frames_lost} · reconnects {st.reconnects}"
-        if st.error:
-            text += f" · last error: {st.error}"
+    a = out.attachment
+    if a.error:
+        return f"❌ Stopped: {a.error} ({out.location})"
+    state = "running" if a.running else "stopped"
+    st = a.sink.status
+    text = f"**{state}** → `{out.location}` · {a.frames} frame(s) written"
+    if a.ended and not a.running:
+        text += " · the live stream ended"
+    text += f" · lost {st.frames_lost} · reconnects {st.reconnects}"
+    if st.error:
+        text += f" · last error: {st.error}"
     return text
 
 
@@ -513,7 +460,7 @@ def optional_tabs(manager: SessionManager) -> list[tuple[str, str, object]]:
     except ImportError:
         pass
     else:
-        shared = lambda: LockedPipeline(manager.model.build("img2img"), manager.model.lock)  # noqa: E731
+        shared = lambda: GuardedPipeline(manager.model.build("img2img"), manager.model.guard)  # noqa: E731
         tabs.append(("Splats", "splats", lambda: build_splat_tab(get_image_pipeline=shared)))
     return [tab for tab in tabs if _builds(tab[0], tab[2])]
 

@@ -3,7 +3,8 @@ settings, TURN settings from the environment, and a small aiortc client for scri
 
 fastrtc calls the handler on the event loop with each received frame (BGR). The handler
 never waits on inference: it hands the frame to the stream's session (RGB) and returns the
-session's latest output (back to BGR) at once.
+session's latest output (back to BGR) at once. That handler is the one place where frames
+change colour order (`swap_rb`): everything behind it is RGB.
 
 Endpoints (same server as the UI; under --auth, HTTP basic auth or the UI's login):
     POST   /webrtc/offer                {sdp, type: "offer", webrtc_id}  -> {sdp, type: "answer"}
@@ -25,6 +26,7 @@ import os
 import re
 import secrets
 import time
+import weakref
 from typing import Any, Callable
 
 import numpy as np
@@ -64,6 +66,11 @@ def current_webrtc_id() -> str:
     return get_current_context().webrtc_id
 
 
+def swap_rb(frame: np.ndarray) -> np.ndarray:
+    """BGR <-> RGB (fastrtc's colour order <-> StreamStudio's), contiguous."""
+    return np.ascontiguousarray(frame[:, :, ::-1])
+
+
 class LiveHandler:
     """The fastrtc video handler: `handler(frame_bgr, *ui_values) -> frame_bgr` at once."""
 
@@ -75,6 +82,7 @@ class LiveHandler:
         self.manager, self.arg_keys, self._webrtc_id = manager, arg_keys, webrtc_id
         w, h = manager.model.size
         self._waiting = np.zeros((h, w, 3), np.uint8)  # shown until the first output
+        self._ui_values: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # session -> last UI values
 
     def __call__(self, frame: np.ndarray, *args):
         sid = self._webrtc_id()
@@ -86,19 +94,19 @@ class LiveHandler:
             return self._close(f"the stream stopped: {session.error}")
         if args:
             self._settings_from_ui(session, args)
-        session.submit(np.ascontiguousarray(frame[:, :, ::-1]))  # fastrtc's BGR -> RGB
+        session.submit(swap_rb(frame))
         out = session.latest()
-        return self._waiting if out is None else np.ascontiguousarray(out[:, :, ::-1])
+        return self._waiting if out is None else swap_rb(out)
 
     def _settings_from_ui(self, session: StreamSession, args) -> None:
         values = tuple(args[:len(self.arg_keys)])
-        if getattr(session, "ui_values", None) == values:
+        if self._ui_values.get(session) == values:
             return
-        session.ui_values = values
+        self._ui_values[session] = values
         try:
             self.manager.settings(session.sid, settings_from_ui(self.arg_keys, values))
         except StreamStudioError as exc:
-            session.notice = f"setting not applied: {exc}"
+            session.refused(exc)
 
 
 MAX_SDP_BYTES = 32 * 1024  # a browser's offer is 3-10 KB
@@ -188,12 +196,20 @@ class GuardedOffers:
     and the Live tab's `WebRTC` component, both fastrtc's WebRTCConnectionMixin): offers checked
     before they take a slot, every failure freeing what fastrtc registered, a bounded wait for
     connections, ICE on the bound address, and the session freed with its connection.
-
-    Set by `guard_offers`: `manager`, `ice_addresses`, `pending_timeout`."""
+    `guard()` sets them up, once the fastrtc object is made."""
 
     manager: SessionManager
     ice_addresses: list
     pending_timeout: float
+
+    def guard(self, manager: SessionManager, host: str | None, pending_timeout: float = PENDING_TIMEOUT):
+        """Take offers for `manager`'s streams, with ICE on `host`'s addresses; returns self."""
+        from streamstudio.app import ice
+
+        ice.install()
+        self.manager, self.ice_addresses = manager, ice.ice_addresses(host)
+        self.pending_timeout = pending_timeout
+        return self
 
     async def guarded_offer(self, data: dict, answer: Callable[[], Any]):
         """Check `data` ({sdp, type, webrtc_id}), then `await answer()` (fastrtc's own offer)."""
@@ -282,17 +298,6 @@ class GuardedOffers:
         return super().clean_up(webrtc_id)
 
 
-def guard_offers(front_end: GuardedOffers, manager: SessionManager, host: str | None,
-                 pending_timeout: float = PENDING_TIMEOUT) -> GuardedOffers:
-    """Give a GuardedOffers front end its session manager, ICE addresses and bound."""
-    from streamstudio.app import ice
-
-    ice.install()
-    front_end.manager, front_end.ice_addresses = manager, ice.ice_addresses(host)
-    front_end.pending_timeout = pending_timeout
-    return front_end
-
-
 def build_stream(manager: SessionManager, rtc_config: dict | None = None, host: str | None = None,
                  pending_timeout: float = PENDING_TIMEOUT):
     """The fastrtc Stream behind POST /webrtc/offer (non-browser clients).
@@ -319,13 +324,13 @@ def build_stream(manager: SessionManager, rtc_config: dict | None = None, host: 
     stream = StudioStream(LiveHandler(manager), mode="send-receive", modality="video",
                           concurrency_limit=manager.max_streams, rtc_configuration=rtc_config,
                           server_rtc_configuration=rtc_config, verbose=False)
-    return guard_offers(stream, manager, host, pending_timeout)
+    return stream.guard(manager, host, pending_timeout)
 
 
 def live_component(manager: SessionManager, host: str | None, pending_timeout: float = PENDING_TIMEOUT, **kwargs):
     """The Live tab's fastrtc WebRTC component with GuardedOffers' checks on its offer route
     (Gradio's /gradio_api/component_server, fn_name "offer")."""
-    return guard_offers(_studio_webrtc_class()(**kwargs), manager, host, pending_timeout)
+    return _studio_webrtc_class()(**kwargs).guard(manager, host, pending_timeout)
 
 
 @functools.cache
@@ -428,12 +433,16 @@ async def read_json(request, limit: int):
 
 
 def status_payload(manager: SessionManager, stream=None) -> dict:
-    """`streams`: sessions running (any front end); `peer_connections` / `pending`: the WebRTC
-    connections /webrtc/offer holds / those without a session yet (not connected, or no frame);
-    `in_use`: the streams these take together, what `max_streams` is checked against."""
+    """`streams`: sessions running (any front end); `fps` and `frames_out`: their output frame
+    rates together and the frames they have put out (their runners' metrics); `peer_connections`
+    / `pending`: the WebRTC connections /webrtc/offer holds / those without a session yet (not
+    connected, or no frame); `in_use`: the streams these take together, what `max_streams` is
+    checked against."""
     model = manager.model
+    metrics = [s.metrics() for s in map(manager.get, manager.ids()) if s is not None]
     out = {"model": model.name, "demo": model.is_demo, "size": list(model.size),
-           "max_streams": manager.max_streams, "streams": len(manager)}
+           "max_streams": manager.max_streams, "streams": len(manager),
+           "fps": round(sum(m.recent_fps for m in metrics), 2), "frames_out": sum(m.frames_out for m in metrics)}
     if stream is not None:
         out.update(peer_connections=len(stream.pcs), pending=len(stream.pending()), in_use=stream.slots_in_use())
     return out

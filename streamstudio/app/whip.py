@@ -22,9 +22,9 @@ the newest waiting frame.
 
 Fan-out. aiortc encodes in each `RTCRtpSender`, once per viewer, unless the track hands it
 already-encoded `av.Packet`s (then the sender only packetizes). So a stream's viewers share one
-`Broadcaster`: a session output listener (the model runs once per frame, whatever the number of
-viewers) hands each processed frame to one encoder thread per codec in use (VP8, H.264), and
-the encoded packets go to every viewer of that codec through its own bounded queue. A viewer
+`Broadcaster`: one encoder per codec in use (VP8, H.264), each a sink attached to the stream's
+session (the model runs once per frame, whatever the number of viewers; each encoder writes the
+newest processed frame in its own thread), and the encoded packets go to every viewer of that codec through its own bounded queue. A viewer
 that stalls fills only its queue: it is then emptied and the viewer waits for the next key
 frame (one is asked for), so it never holds back the encoder or the others. Key frames: when a
 viewer joins or sends a PLI/FIR (at most one forced every KEYFRAME_MIN_INTERVAL s), and every
@@ -52,7 +52,6 @@ import fractions
 import hashlib
 import logging
 import secrets
-import threading
 import time
 from base64 import b64decode
 from typing import Any, Callable
@@ -63,6 +62,8 @@ from streamstudio.app.sessions import BusyError, SessionManager
 from streamstudio.app.webrtc import (MAX_CANDIDATES, MAX_SDP_BYTES, PENDING_TIMEOUT, WEBRTC_ID, OfferRefused,
                                      check_offer_sdp)
 from streamstudio.errors import StreamStudioError
+from streamstudio.streaming.runner import Attachment
+from streamstudio.streaming.sinks import Sink
 
 log = logging.getLogger(__name__)
 
@@ -111,58 +112,40 @@ def _etag(sdp: str) -> str:
 
 
 # ---------------------------------------------------------------------- shared encoding
-class SharedEncoder:
-    """One codec's encoder for one stream's viewers, in its own thread: the newest processed
-    frame is encoded once and every packet handed to `deliver` on the event loop."""
+class SharedEncoder(Sink):
+    """One codec's encoder for one stream's viewers: a sink attached to the stream's session
+    (the attachment's thread hands it the newest processed frame; one waiting is replaced),
+    which encodes each frame once and hands every packet to `deliver` on the event loop."""
 
-    def __init__(self, codec: str, loop: asyncio.AbstractEventLoop, deliver: Callable[[Any, bool], None]):
+    def __init__(self, codec: str, loop: asyncio.AbstractEventLoop, deliver: Callable[[Any, bool], None],
+                 width: int, height: int):
+        super().__init__(f"whep-{codec}", width, height, 30.0)
         self.codec, self._loop, self._deliver = codec, loop, deliver
-        self._frame: np.ndarray | None = None
-        self._event, self._stop = threading.Event(), threading.Event()
         self._keyframe = True
         self._last_forced = 0.0
         self._t0 = time.monotonic()
         self._last_pts = -1
         self._ctx = None
         self._since_key = self._frame_index = 0
-        self.frames = self.packets = self.skipped = 0  # encoded / sent / replaced while waiting
-        self._thread = threading.Thread(target=self._run, name=f"whep-{codec}", daemon=True)
-        self._thread.start()
-
-    def offer(self, frame: np.ndarray) -> None:
-        """From the session's worker thread: never blocks (a waiting frame is replaced)."""
-        if self._frame is not None:
-            self.skipped += 1
-        self._frame = frame
-        self._event.set()
+        self.frames = self.packets = 0  # encoded / sent
 
     def request_keyframe(self) -> None:
         self._keyframe = True
 
-    def close(self) -> None:
-        self._stop.set()
-        self._event.set()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            if not self._event.wait(0.5):
-                continue
-            self._event.clear()
-            frame, self._frame = self._frame, None
-            if frame is None or self._stop.is_set():
-                continue
+    def write(self, frame: np.ndarray, pts: float | None = None) -> None:
+        try:
+            packets = self._encode(frame)
+        except Exception:  # a broken encoder loses this frame; the next starts a new encoder
+            log.exception("WHEP %s encoder failed", self.codec)
+            self._ctx = None
+            return
+        for packet, key in packets:
             try:
-                packets = self._encode(frame)
-            except Exception:  # a broken encoder stops only this codec's viewers' picture
-                log.exception("WHEP %s encoder failed", self.codec)
-                self._ctx = None
-                continue
-            for packet, key in packets:
-                try:
-                    self._loop.call_soon_threadsafe(self._deliver, packet, key)
-                except RuntimeError:  # the event loop has closed: the server is stopping
-                    return
-                self.packets += 1
+                self._loop.call_soon_threadsafe(self._deliver, packet, key)
+            except RuntimeError:  # the event loop has closed: the server is stopping
+                return
+            self.packets += 1
+        self.status.frames_written += 1
 
     def _encode(self, rgb: np.ndarray) -> list:
         import av
@@ -276,38 +259,42 @@ def _viewer_track_class():
 
 
 class Broadcaster:
-    """One stream's viewers: a listener on its session, one SharedEncoder per codec in use, and
-    the publisher's audio (a WHIP stream's) fanned out as it arrives."""
+    """One stream's viewers (on the event loop): one SharedEncoder per codec in use, each a sink
+    attached to the stream's session, and the publisher's audio (a WHIP stream's) fanned out as
+    it arrives."""
 
     def __init__(self, sid: str, session, loop: asyncio.AbstractEventLoop):
         self.sid, self.session, self._loop = sid, session, loop
         self.encoders: dict[str, SharedEncoder] = {}
+        self._feeds: dict[str, Attachment] = {}  # codec -> its encoder's attachment to the session
         self.video: dict[str, set] = {codec: set() for codec in CODECS}
         self.audio: set = set()
         self.has_audio = False
-        session.add_listener(self._on_output)
-
-    def _on_output(self, frame: np.ndarray) -> None:  # the session's worker thread
-        for encoder in list(self.encoders.values()):
-            encoder.offer(frame)
 
     def add_video(self, codec: str, track) -> None:
         if codec not in self.encoders:
-            self.encoders[codec] = SharedEncoder(codec, self._loop, lambda p, k, c=codec: self._deliver(c, p, k))
+            encoder = SharedEncoder(codec, self._loop, lambda p, k, c=codec: self._deliver(c, p, k),
+                                    *self.session.model.size)
+            self._feeds[codec] = self.session.attach(encoder)
+            self.encoders[codec] = encoder
         encoder = self.encoders[codec]
         track._need_key = encoder.request_keyframe
         self.video[codec].add(track)
         encoder.request_keyframe()
         latest = self.session.latest()
         if latest is not None:  # a still stream (similarity filter, paused source) shows at once
-            encoder.offer(latest)
+            self._feeds[codec].offer(latest, 0.0)
 
     def remove(self, track) -> None:
         self.audio.discard(track)
         for codec, tracks in self.video.items():
             tracks.discard(track)
             if not tracks and codec in self.encoders:
-                self.encoders.pop(codec).close()
+                self._stop_encoder(codec)
+
+    def _stop_encoder(self, codec: str) -> None:
+        self.encoders.pop(codec)
+        self.session.detach(self._feeds.pop(codec), wait=None)  # (on the event loop: no waiting)
 
     def _deliver(self, codec: str, packet, key: bool) -> None:  # the event loop
         for track in list(self.video[codec]):
@@ -322,10 +309,8 @@ class Broadcaster:
         return sum(len(t) for t in self.video.values())
 
     def close(self) -> None:
-        self.session.remove_listener(self._on_output)
-        for encoder in self.encoders.values():
-            encoder.close()
-        self.encoders.clear()
+        for codec in list(self.encoders):
+            self._stop_encoder(codec)
         for track in [t for ts in self.video.values() for t in ts] + list(self.audio):
             track.stop()
 

@@ -308,6 +308,12 @@ class Runner:
             attachment.stop(ended=True, wait=None)
 
     @property
+    def counts(self) -> dict[str, int]:
+        """Frames in, processed and out so far (cheaper than `metrics()`)."""
+        with self._lock:
+            return dict(self._counts)
+
+    @property
     def stopped(self) -> bool:
         """The run was stopped (stop(), a stage's failure) or has ended."""
         return self._stop.is_set() or self._finished.is_set()
