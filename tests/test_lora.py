@@ -179,3 +179,25 @@ def test_engine_cache_identity_follows_the_fused_loras(comps, tmp_path):
     assert len({base, with_lora, model_identity(comps.unet)}) == 3
     loras.clear()
     assert model_identity(comps.unet) == base
+
+
+def test_generate_with_lora_flag(tmp_path, capsys, tiny_components_factory):
+    """--lora on the shared pipeline flags: generate's images change with it, and a missing LoRA is
+    a clear error."""
+    import numpy as np
+    from PIL import Image
+
+    from streamstudio.app.cli import main
+
+    make_lora(tiny_components_factory(), tmp_path / "lora")
+    outs = {}
+    for name, extra in (("base", []), ("lora", ["--lora", f"{tmp_path / 'lora'}:1.5"])):
+        rc = main(["generate", "--model", "tiny", "--prompt", "a cat", "--output", str(tmp_path / name),
+                   "--num-images", "1", "--steps", "1", "--width", "32", "--height", "32", *extra])
+        assert rc == 0
+        outs[name] = np.asarray(Image.open(sorted((tmp_path / name).glob("*.png"))[0])).astype(int)
+    assert np.abs(outs["base"] - outs["lora"]).max() > 0
+    assert "LoRA: " in capsys.readouterr().out
+    assert main(["generate", "--model", "tiny", "--output", str(tmp_path / "x"), "--lora",
+                 str(tmp_path / "missing.safetensors")]) == 1
+    assert "could not be loaded" in capsys.readouterr().err

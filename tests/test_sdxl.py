@@ -162,3 +162,10 @@ def test_taesdxl_and_fp16_vae_choices(tiny_xl, tmp_path, monkeypatch):
     fixed = load_components(str(tmp_path / "xl"), lcm_lora=None, dtype=torch.float16, local_files_only=True)
     assert not fixed.vae_upcast and next(fixed.vae.parameters()).dtype == torch.float16
     assert not fixed.vae.config.force_upcast
+
+
+def test_generate_says_sdxl_is_not_in_the_stream_pipeline_yet(tmp_path, capsys):
+    from streamstudio.app.cli import main
+
+    assert main(["generate", "--model", "tiny-sdxl", "--output", str(tmp_path)]) == 1
+    assert "SDXL" in capsys.readouterr().err

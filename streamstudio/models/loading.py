@@ -47,6 +47,7 @@ class SDComponents:
     text_encoder_2: torch.nn.Module | None = None  # SDXL: CLIPTextModelWithProjection (pooled text)
     tokenizer_2: object | None = None  # SDXL: the second encoder's tokenizer
     vae_upcast: bool = False  # keep the VAE in float32 (SDXL's own VAE overflows in float16)
+    loras: object | None = None  # the users' LoRAs on these networks (models/lora.LoraSet), changeable live
 
     @property
     def is_sdxl(self) -> bool:

@@ -31,6 +31,8 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
                    help="output height, a multiple of 8 (default 512, 64 for tiny; render: from the input's aspect)")
     g.add_argument("--sequential", action="store_true", help="denoise step by step instead of Stream Batch")
     g.add_argument("--taesd", action="store_true", help="use the TAESD fast VAE (madebyollin/taesd)")
+    g.add_argument("--lora", action="append", default=[], metavar="PATH_OR_ID[:scale]",
+                   help="a LoRA (.safetensors file, folder or hub id; SD 1.5/2.1 or SDXL), fused; repeatable")
     g.add_argument("--acceleration", choices=("none", "compile", "tensorrt"), default="none",
                    help="torch.compile or TensorRT engines for the UNet and VAE (default none)")
     g.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto)")
@@ -68,6 +70,15 @@ def build_pipeline(args, mode: str, serving: bool = False, aspect: float | None 
     dtype = pick_dtype(device, args.dtype)
     use_threads(getattr(args, "threads", None), device)
     comps = resolve_demo_default(args.model, device=device, dtype=dtype, taesd=args.taesd or None)
+    if comps.is_sdxl:
+        raise StreamStudioError(f"{comps.name} is an SDXL model: it loads (see docs/models.md), but the stream pipeline "
+                                "does not run SDXL yet; use an SD 1.5 / 2.1 model")
+    if getattr(args, "lora", None):  # before acceleration: engines and compiled graphs see the fused weights
+        from streamstudio.models.lora import LoraSet
+
+        comps.loras = LoraSet(comps)
+        for spec in args.lora:
+            comps.notes.append(f"LoRA: {comps.loras.add(spec).source}")
     turbo = comps.step_type == "turbo"
     default_size = comps.default_size or 512  # the model's own: builtin 256, tiny 64
     width, height = output_size(args.width, args.height, default_size, aspect)
