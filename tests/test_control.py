@@ -202,3 +202,20 @@ def test_preprocessors_on_the_gpu_equal_the_cpu():
             assert torch.equal(gpu.cpu(), cpu)
         else:
             torch.testing.assert_close(gpu.cpu(), cpu, atol=1e-4, rtol=1e-4)
+
+
+def test_control_inputs_run_each_preprocessor_once_per_group_and_give_row_scales():
+    from streamstudio.pipelines.control import ControlInputs, ControlUnit
+
+    inputs = ControlInputs([ControlUnit(Preprocessor("canny"), 0.8), ControlUnit(Preprocessor("none"), 0.3)])
+    frames = torch.cat([to_tensor(step(column=10)), to_tensor(step(column=30))])  # (2, 3, H, W)
+    canny_images, frame_images = inputs.images(frames)
+    assert inputs.runs == 1 and canny_images.shape == frames.shape
+    assert torch.equal(canny_images, Preprocessor("canny")(frames)) and torch.equal(frame_images, frames)
+    assert inputs.scales(3, torch.device("cpu")).tolist() == [[0.800000011920929, 0.30000001192092896]] * 3
+    inputs.set_scale(1, 0.0)
+    assert inputs.scales(1, torch.device("cpu"))[0, 1] == 0
+    with pytest.raises(StreamStudioError, match="no ControlNet 2"):
+        inputs.set_scale(2, 1.0)
+    with pytest.raises(StreamStudioError, match="scale"):
+        inputs.set_scale(0, float("nan"))

@@ -281,3 +281,44 @@ def soft_edge(frames: torch.Tensor, sigma: float = 1.0) -> torch.Tensor:
     g = blur(gray(frames), sigma)
     dx, dy = sobel(g)
     return torch.sqrt(normalise(torch.sqrt(dx * dx + dy * dy)))
+
+
+# --------------------------------------------------------------------- a stream's control inputs
+
+@dataclass
+class ControlUnit:
+    """One ControlNet's input in a stream: its preprocessor and conditioning scale."""
+
+    preprocessor: Preprocessor
+    scale: float = 1.0
+
+
+class ControlInputs:
+    """The control inputs of one stream, one unit per ControlNet of the model (in the model's
+    order). `images` runs every preprocessor once on a group of input frames; the stream keeps
+    the result with those frames (a Stream Batch slot holding an older frame gets that frame's
+    control images); `scales` gives the per-row conditioning scales of a call."""
+
+    def __init__(self, units: list[ControlUnit]):
+        self.units = list(units)
+        self.runs = 0  # preprocessor passes over a group of frames
+
+    def __len__(self) -> int:
+        return len(self.units)
+
+    def images(self, frames: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """frames (k, 3, H, W) in [0, 1] -> one (k, 3, H, W) control image batch per net."""
+        self.runs += 1
+        return tuple(unit.preprocessor(frames) for unit in self.units)
+
+    def set_scale(self, index: int, scale: float) -> None:
+        if not 0 <= index < len(self.units):
+            raise StreamStudioError(f"there is no ControlNet {index}; the model has {len(self.units)} (0-based)")
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not -10 <= scale <= 10:
+            raise StreamStudioError(f"a ControlNet conditioning scale must be a number in [-10, 10], got {scale!r}")
+        self.units[index].scale = float(scale)
+
+    def scales(self, rows: int, device: torch.device) -> torch.Tensor:
+        """(rows, n_nets) float32: every row at the current scales."""
+        values = torch.tensor([u.scale for u in self.units], dtype=torch.float32, device=device)
+        return values.expand(rows, -1).contiguous()
