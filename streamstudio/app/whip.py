@@ -217,6 +217,14 @@ def _viewer_track_class():
             self._waiting_key = kind == "video"
             self.received = self.dropped = self.resets = 0
 
+        def send_through(self, pc) -> None:
+            """Add this track to the peer connection `pc`; its sender's key frame requests
+            (the viewer's PLI/FIR) come back here."""
+            self.sender = pc.addTrack(self)
+
+        def ask_keyframes_of(self, request_keyframe: Callable[[], None]) -> None:
+            self._need_key = request_keyframe
+
         def push(self, item, key: bool = False) -> None:  # on the event loop
             if self.readyState != "live":
                 return
@@ -278,7 +286,7 @@ class Broadcaster:
             self._feeds[codec] = self.session.attach(encoder)
             self.encoders[codec] = encoder
         encoder = self.encoders[codec]
-        track._need_key = encoder.request_keyframe
+        track.ask_keyframes_of(encoder.request_keyframe)
         self.video[codec].add(track)
         encoder.request_keyframe()
         latest = self.session.latest()
@@ -607,7 +615,7 @@ class WhipServer:
         b = self._broadcaster(res.sid)
         kinds = [t.kind for t in res.pc.getTransceivers()]
         video = Track("video")
-        video.sender = res.pc.addTrack(video)
+        video.send_through(res.pc)
         res.tracks.append(video)
         if b.has_audio and "audio" in kinds:
             audio = Track("audio")
