@@ -9,6 +9,7 @@ import time
 import types
 
 import pytest
+from helpers import recorded_runners
 from test_streaming_clips import make_clip, make_no_frames_clip, probe
 
 from streamstudio.app import cli
@@ -103,16 +104,19 @@ def test_live_pattern_with_config_and_prompt_schedule(tmp_path, capsys, monkeypa
     assert any(isinstance(p, list) for p in prompts) or prompts[-1] == "a blue square"
 
 
-def test_offline_folder_to_image_sequence(tmp_path):
+def test_offline_folder_to_image_sequence(tmp_path, monkeypatch):
     import numpy as np
     from PIL import Image
 
+    runners = recorded_runners(monkeypatch)
     (tmp_path / "in").mkdir()
     for i in range(3):
         Image.fromarray(np.full((40, 56, 3), 60 * i, np.uint8)).save(tmp_path / "in" / f"{i}.png")
     rc = render("--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), *TINY)
     assert rc == 0
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [f"frame_{i:06d}.png" for i in range(3)]
+    metrics = runners[-1].metrics()  # the frames went through the one frame loop
+    assert (metrics.frames_in, metrics.frames_processed, metrics.frames_out, metrics.live) == (3, 3, 3, False)
 
 
 def test_truncated_input_renders_what_it_can(tmp_path, capsys):
