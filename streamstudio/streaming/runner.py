@@ -112,7 +112,7 @@ class Attachment:
         self._fresh = False
         self._cond = threading.Condition()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"streamstudio-sink-{sink.spec[:24]}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="streamstudio-attached-sink", daemon=True)
         self._thread.start()
 
     def offer(self, frame: np.ndarray, pts: float) -> None:
@@ -139,12 +139,12 @@ class Attachment:
             self._paced() if self.fps else self._each()
         except Exception as exc:  # the sink failed (server gone, disk full): this output alone stops
             self.error = str(exc) if isinstance(exc, StreamStudioError) else f"{type(exc).__name__}: {exc}"
-            log.warning("output %s stopped: %s", self.sink.spec, self.error)
+            log.warning("%s output stopped: %s", type(self.sink).__name__, self.error)  # (no URL: it may hold a key)
         finally:
             try:
                 self.sink.close()
             except Exception as exc:  # already stopping: say so, keep the first error
-                log.warning("closing the output %s: %s", self.sink.spec, exc)
+                log.warning("closing the %s output: %s", type(self.sink).__name__, exc)
             if self._on_end is not None:
                 self._on_end(self)
 
