@@ -440,7 +440,7 @@ def make_executor(args, settings: dict):
         return RayExecutor(settings, os.environ["RAY_ADDRESS"], args.workers)
     import torch
 
-    if args.workers is not None or torch.cuda.device_count() > 1:
+    if (args.workers or 1) > 1 or torch.cuda.device_count() > 1:
         return RayExecutor(settings, None, args.workers)
     print(f"note: one worker, so the jobs run one after another here; {SCALE_OUT}", file=sys.stderr)
     return LocalExecutor(settings)
@@ -490,7 +490,6 @@ def run_batch(args, on_progress: Callable[[dict], None] | None = None) -> int:
     """`render` with --cluster/--workers or several inputs. Returns the exit code (1 when a
     file failed). `on_progress` gets each progress snapshot (worker name -> frames, busy
     seconds, job, pid)."""
-    import threading
     from concurrent.futures import ThreadPoolExecutor
 
     from tqdm import tqdm
@@ -512,30 +511,18 @@ def run_batch(args, on_progress: Callable[[dict], None] | None = None) -> int:
     for job in jobs:
         job.done = {p.key for p in job.pieces if p.part is not None and part_done(p.part)}
         pending += [p for p in job.pieces if p.key not in job.done]
-    by_output = {str(job.output): job for job in jobs}
-    size = {str(job.output): sum(p.frames or 0 for p in job.pieces) for job in jobs}
-    # longest files first (the last jobs to finish are short), a file's segments in order (its stitch follows them)
-    pending.sort(key=lambda p: (-size[p.output], p.index))
+    pending.sort(key=lambda p: -(p.frames or 0))  # longest first: the last jobs to finish are short
     executor = make_executor(args, settings) if pending else None
     print(f"render: {len(inputs)} input(s), {len(pending)} job(s) ({sum(j.pieces[0].count > 1 for j in jobs)} "
           f"file(s) in segments), {len(skipped)} finished output(s) skipped, on "
           f"{executor.name if executor else 'nothing'}", file=sys.stderr)
+    by_output = {str(job.output): job for job in jobs}
     rendered: list[FileJob] = []
     t0, finished_frames, board = time.perf_counter(), [0], {}
     bar = tqdm(total=sum(p.frames or 0 for p in pending) or None, unit="frame", desc="render", dynamic_ncols=True,
                disable=executor is None)
-    changed = threading.Condition()  # a piece finished or failed, or the run ended
-    ended = [False]
-
-    def ready(piece: Piece) -> bool:
-        job = by_output[piece.output]
-        with changed:
-            changed.wait_for(lambda: piece.key in job.done or job.input.name in failed or ended[0])
-            return piece.key in job.done
-
-    stitcher = ThreadPoolExecutor(1, thread_name_prefix="streamstudio-stitch")  # follows the rendering
-    stitches = {job.input.name: (job, stitcher.submit(_stitch, job, work, args, ready))
-                for job in jobs if job.pieces[0].count > 1}
+    stitcher = ThreadPoolExecutor(1, thread_name_prefix="streamstudio-stitch")  # scheduling goes on meanwhile
+    stitches = {}
 
     def on_tick(snapshot: dict) -> None:
         board.clear()
@@ -548,37 +535,35 @@ def run_batch(args, on_progress: Callable[[dict], None] | None = None) -> int:
 
     def on_result(result: PieceResult) -> None:
         job = by_output[result.key.rsplit("#", 1)[0]]
-        with changed:
-            if result.error is not None:
-                failed[job.input.name] = result.error
+        if result.error is not None:
+            failed[job.input.name] = result.error
+            return
+        finished_frames[0] += result.frames
+        job.done.add(result.key)
+        if len(job.done) == len(job.pieces) and job.input.name not in failed:
+            if job.pieces[0].count > 1:
+                stitches[job.input.name] = (job, stitcher.submit(_stitch, job, work, args))
             else:
-                finished_frames[0] += result.frames
-                job.done.add(result.key)
-            changed.notify_all()
-        if result.error is None and job.pieces[0].count == 1:
-            joblist.record(job.output, result.frames)
-            rendered.append(job)
+                joblist.record(job.output, result.frames)
+                rendered.append(job)
 
     outcome = Outcome()
     try:
         if executor is not None:
             outcome = executor.run(pending, work, on_result, on_tick)
+        for name, (job, future) in stitches.items():
+            try:
+                joblist.record(job.output, future.result())
+                rendered.append(job)
+            except StreamStudioError as exc:
+                failed[name] = f"stitching its segments: {exc}"
     finally:
-        with changed:
-            for key, why in outcome.failed.items():
-                failed[by_output[key.rsplit("#", 1)[0]].input.name] = why
-            ended[0] = True  # stitches still waiting for a part stop
-            changed.notify_all()
         stitcher.shutdown(wait=True)
         bar.close()
         if executor is not None:
             executor.close()
-    for name, (job, future) in stitches.items():
-        try:
-            joblist.record(job.output, future.result())
-            rendered.append(job)
-        except (StreamStudioError, OSError) as exc:
-            failed.setdefault(name, f"stitching its segments: {exc}")
+    for key, why in outcome.failed.items():
+        failed[by_output[key.rsplit("#", 1)[0]].input.name] = why
     return _summary(inputs, rendered, skipped, failed, outcome, board, t0)
 
 
@@ -586,10 +571,10 @@ def _worker_fps(board: dict) -> str:
     return ", ".join(f"{n} {w['frames'] / w['busy']:.1f} fps" for n, w in sorted(board.items()) if w["busy"] > 0)
 
 
-def _stitch(job: FileJob, work: Path, args, ready: Callable[[Piece], bool]) -> int:
+def _stitch(job: FileJob, work: Path, args) -> int:
     target = work / "partial" / job.output.name
     target.parent.mkdir(parents=True, exist_ok=True)
-    frames = stitch(job.pieces, target, args, ready)
+    frames = stitch(job.pieces, target, args)
     os.replace(target, job.output)
     remove_parts(job.pieces)
     return frames
