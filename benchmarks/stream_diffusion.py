@@ -75,10 +75,8 @@ class NetworkTimer:
     def __init__(self, pipe: StreamDiffusion):
         self.seconds = 0.0
         self.device = pipe.device
-        unet_call, enc, dec = pipe._unet, pipe.vae.encode, pipe.vae.decode
-        pipe._unet = self._wrap(unet_call)
-        pipe.vae.encode = self._wrap(enc)
-        pipe.vae.decode = self._wrap(dec)
+        net = pipe.net  # the image seam: every UNet and VAE call
+        net.eps, net.encode, net.decode = self._wrap(net.eps), self._wrap(net.encode), self._wrap(net.decode)
 
     def _sync(self):
         if self.device.type == "cuda":

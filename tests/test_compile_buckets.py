@@ -107,7 +107,7 @@ def test_no_compilation_while_the_number_of_streams_changes(tiny_components_fact
     comps, backend, executor, shared = _compiled_shared(tiny_components_factory, pad=None, small_unet=small_unet,
                                                         max_rows=16 if not small_unet else 8)
     try:
-        assert shared.unet.pad and shared.vae.pad  # compiled networks: padded to buckets by default
+        assert shared.net.pad  # compiled networks: padded to buckets by default
         warm_up(shared, 64, 64)  # start-up: every bucket of the UNet, the VAE encoder and decoder
         assert executor.stats.warmup_calls == 3 * len(executor.config.buckets)
         compiled = backend.graphs
@@ -156,18 +156,22 @@ def test_without_buckets_a_new_stream_count_compiles_again(tiny_components_facto
         executor.close()
 
 
-def test_compiled_unet_sees_contiguous_text_and_timesteps(monkeypatch):
+def test_compiled_net_sees_contiguous_text_and_timesteps(monkeypatch):
+    from streamstudio.models.image_net import DiffusersImageNet, ImageCond
+
     seen = []
 
-    def fake_compile(module, **kwargs):
-        def run(x, t, **kw):
-            seen.append((t, kw["encoder_hidden_states"]))
-            return module(x, t, **kw)
+    def fake_compile(fn, **kwargs):
+        def run(*args):
+            seen.append(args)
+            return fn(*args)
         return run
 
     monkeypatch.setattr(torch, "compile", fake_compile)
-    unet = acceleration.CompiledUNet(SmallUNet(32))
+    vae = SimpleNamespace(config=SimpleNamespace(scaling_factor=1.0))
+    net = acceleration.CompiledImageNet(DiffusersImageNet(SmallUNet(32), vae))
     text = torch.randn(1, 77, 32)
-    unet(torch.randn(3, 4, 8, 8), torch.tensor(999), encoder_hidden_states=text.expand(3, -1, -1))
-    t, text_in = seen[0]
+    out = net.eps(torch.randn(3, 4, 8, 8), torch.tensor(999), ImageCond(text=text.expand(3, -1, -1)))
+    layout, _, t, text_in = seen[0]
+    assert layout == (("text", -1),) and out.shape == (3, 4, 8, 8)
     assert t.shape == (3,) and t.is_contiguous() and text_in.shape[0] == 3 and text_in.is_contiguous()

@@ -384,6 +384,7 @@ class FakeTRTEngine:
 def test_tensorrt_on_a_gpu_wraps_each_engine(tiny, monkeypatch, tmp_path, cuda_on_cpu):
     from streamstudio.kernels.tensorrt import runtime
     from streamstudio.models import acceleration
+    from streamstudio.models.export_specs import EngineImageNet
 
     built = []
 
@@ -402,16 +403,17 @@ def test_tensorrt_on_a_gpu_wraps_each_engine(tiny, monkeypatch, tmp_path, cuda_o
     with pytest.warns(RuntimeWarning, match="vae_encoder failed"):
         fast = acceleration.apply_acceleration(comps, "tensorrt", engine_dir=tmp_path)
     assert built == [("unet", "fp16"), ("vae_decoder", "fp16")]
-    assert isinstance(fast.unet, runtime.UNetEngine) and fast.unet.engine.device == CUDA
-    assert fast.unet.engine.cuda_graphs
-    assert isinstance(fast.vae, runtime.VAEEngine)
-    assert fast.vae.encoder_engine is None and fast.vae.decoder_engine.path.name == "vae_decoder.engine"
+    net = fast.net
+    assert isinstance(net, EngineImageNet) and net.unet_engine.device == CUDA and net.unet_engine.cuda_graphs
+    assert net.encoder_engine is None and net.decoder_engine.path.name == "vae_decoder.engine"
+    assert fast.unet is comps.unet and net.inner.unet is comps.unet  # the torch path stays underneath
     assert "tensorrt fp16 (unet, vae_decoder)" in fast.notes[-1]
 
 
 def test_video_tensorrt_on_a_gpu(monkeypatch, tmp_path, cuda_on_cpu):
     from streamstudio.kernels.tensorrt import runtime
     from streamstudio.models import acceleration
+    from streamstudio.models.export_specs import VideoEngine
 
     shapes = []
     monkeypatch.setattr(acceleration.trt_kernels, "tensorrt_available", lambda: True)
@@ -423,7 +425,7 @@ def test_video_tensorrt_on_a_gpu(monkeypatch, tmp_path, cuda_on_cpu):
     inner.cfg = SimpleNamespace(text=SimpleNamespace(max_tokens=7))
     model = OnCuda(inner)
     out = acceleration.apply_video_acceleration(model, "tensorrt", frames=4, height=8, width=16, max_batch=2)
-    assert isinstance(out, runtime.VideoEngine) and out.engine.device == CUDA
+    assert isinstance(out, VideoEngine) and out.engine.device == CUDA
     assert shapes[0].batch == (1, 1, 2) and shapes[0].height == (8, 8, 8) and shapes[0].width == (16, 16, 16)
 
 

@@ -14,8 +14,10 @@ import torch
 from streamstudio.kernels import tensorrt as trt_kernels
 from streamstudio.kernels.tensorrt.build import ShapeRange, engine_key, profile_for
 from streamstudio.kernels.tensorrt.cache import EngineCache, EngineKey, model_identity
-from streamstudio.kernels.tensorrt.export import check_onnx, export_onnx, unet_spec, vae_decoder_spec, vae_encoder_spec
+from streamstudio.kernels.tensorrt.export import check_onnx, export_onnx
 from streamstudio.models import acceleration
+from streamstudio.models.export_specs import EngineImageNet, eps_spec, vae_decoder_spec, vae_encoder_spec
+from streamstudio.models.image_net import DiffusersImageNet, ImageCond
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
@@ -34,9 +36,11 @@ def comps():
 
 @pytest.fixture(scope="module")
 def taesd():
+    """The image seam over the tiny UNet and a tiny TAESD."""
     from streamstudio.models import tiny
 
-    return tiny.tiny_components(taesd=True)["taesd"]
+    parts = tiny.tiny_components(taesd=True)
+    return DiffusersImageNet(parts["unet"], parts["taesd"])
 
 
 def _export_and_check(spec, tmp_path):
@@ -51,14 +55,14 @@ def _export_and_check(spec, tmp_path):
 
 
 def test_unet_onnx_matches_onnxruntime(comps, tmp_path):
-    result = _export_and_check(unet_spec(comps.unet), tmp_path)
+    result = _export_and_check(eps_spec(comps.net), tmp_path)
     assert result.shapes["sample"] == (1, 4, 12, 16)
 
 
 @pytest.mark.parametrize("part", ["vae_encoder", "vae_decoder"])
 def test_vae_onnx_matches_onnxruntime(comps, part, tmp_path):
     make = vae_encoder_spec if part == "vae_encoder" else vae_decoder_spec
-    _export_and_check(make(comps.vae), tmp_path)
+    _export_and_check(make(comps.net), tmp_path)
 
 
 @pytest.mark.parametrize("part", ["vae_encoder", "vae_decoder"])
@@ -69,7 +73,7 @@ def test_taesd_onnx_matches_onnxruntime(taesd, part, tmp_path):
 
 def test_export_refuses_old_opset(comps, tmp_path):
     with pytest.raises(ValueError, match="opset"):
-        export_onnx(vae_decoder_spec(comps.vae), tmp_path / "x.onnx", opset=17)
+        export_onnx(vae_decoder_spec(comps.net), tmp_path / "x.onnx", opset=17)
 
 
 def test_video_model_onnx_matches_onnxruntime(tmp_path):
@@ -139,19 +143,19 @@ def test_cache_lookup_needs_the_exact_key(tmp_path):
 
 
 def test_profiles_cover_batch_and_resolution(comps):
-    spec = unet_spec(comps.unet)
+    spec = eps_spec(comps.net)
     prof = profile_for(spec, ShapeRange(batch=(1, 2, 4), height=(256, 512, 1024), width=(256, 512, 1024)))
     assert prof["sample"] == ((1, 4, 32, 32), (2, 4, 64, 64), (4, 4, 128, 128))
     assert prof["timestep"] == ((1,), (2,), (4,))
-    assert prof["encoder_hidden_states"][2] == (4, 77, 32)
-    dec = profile_for(vae_decoder_spec(comps.vae), ShapeRange())
+    assert prof["text"][2] == (4, 77, 32)
+    dec = profile_for(vae_decoder_spec(comps.net), ShapeRange())
     assert dec["latents"][0] == (1, 4, 32, 32) and dec["latents"][2] == (4, 4, 128, 128)
     with pytest.raises(ValueError):
         ShapeRange(batch=(2, 1, 4))
 
 
 def test_engine_key_of_a_spec_tracks_the_model(comps):
-    spec = vae_decoder_spec(comps.vae)
+    spec = vae_decoder_spec(comps.net)
     key = engine_key(spec, ShapeRange())
     assert key.model_id == model_identity(comps.vae)
     assert key.trt_version == trt_kernels.tensorrt_version()
@@ -165,7 +169,7 @@ def test_tensorrt_mode_without_tensorrt_falls_back_once(comps):
     acceleration._said.clear()
     with pytest.warns(RuntimeWarning, match="TensorRT is not installed"):
         out = acceleration.apply_acceleration(comps, "tensorrt")
-    assert out.unet is comps.unet and out.vae is comps.vae
+    assert out.network is None and out.unet is comps.unet and out.vae is comps.vae
     assert any("tensorrt unavailable" in n for n in out.notes)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -183,17 +187,18 @@ def test_none_mode_and_bad_mode(comps):
 
 
 def _check_compiled(comps, fast):
-    assert fast.unet is not comps.unet and fast.unet.config.in_channels == comps.unet.config.in_channels
+    assert isinstance(fast.net, acceleration.CompiledImageNet) and fast.unet is comps.unet
     gen = torch.Generator().manual_seed(0)
     x, text = torch.randn(2, 4, 8, 8, generator=gen), torch.randn(2, 77, 32, generator=gen)
     t = torch.tensor([999, 500])
+    images = torch.rand(1, 3, 64, 64, generator=gen) * 2 - 1
     with torch.no_grad():
         want = comps.unet(x, t, encoder_hidden_states=text).sample
-        got = fast.unet(x, t, encoder_hidden_states=text).sample
+        got = fast.net.eps(x, t, ImageCond(text=text))
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
         z = torch.randn(1, 4, 8, 8, generator=gen)
-        torch.testing.assert_close(fast.vae.decode(z).sample, comps.vae.decode(z).sample, rtol=1e-4, atol=1e-4)
-    assert fast.vae.config.scaling_factor == comps.vae.config.scaling_factor
+        torch.testing.assert_close(fast.net.decode(z), comps.net.decode(z), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(fast.net.encode(images), comps.net.encode(images), rtol=1e-4, atol=1e-4)
     assert comps.unet.__class__.__name__ == "UNet2DConditionModel"  # the input is untouched
 
 
@@ -223,30 +228,30 @@ def test_export_onnx_models_writes_and_checks(comps, tmp_path):
 def test_tensorrt_engines_match_torch(tmp_path):
     pytest.importorskip("tensorrt")
     from streamstudio.kernels.tensorrt.build import ensure_engine
-    from streamstudio.kernels.tensorrt.runtime import TRTEngine, UNetEngine, VAEEngine
+    from streamstudio.kernels.tensorrt.runtime import TRTEngine
     from streamstudio.models.loading import load_components
 
     comps = load_components("tiny", device="cuda", dtype=torch.float16, taesd=True)
     shapes = ShapeRange(batch=(1, 2, 4), height=(64, 64, 128), width=(64, 64, 128))
     cache = EngineCache(tmp_path)
-    unet_path = ensure_engine(unet_spec(comps.unet), cache, shapes)
-    assert ensure_engine(unet_spec(comps.unet), cache, shapes) == unet_path  # cache hit
-    dec_path = ensure_engine(vae_decoder_spec(comps.vae), cache, shapes)
-    unet = UNetEngine(TRTEngine(unet_path, "cuda", cuda_graphs=True), comps.unet)
-    vae = VAEEngine(comps.vae, None, TRTEngine(dec_path, "cuda", cuda_graphs=False))
+    unet_path = ensure_engine(eps_spec(comps.net), cache, shapes)
+    assert ensure_engine(eps_spec(comps.net), cache, shapes) == unet_path  # cache hit
+    dec_path = ensure_engine(vae_decoder_spec(comps.net), cache, shapes)
+    net = EngineImageNet(comps.net, TRTEngine(unet_path, "cuda", cuda_graphs=True), None,
+                         TRTEngine(dec_path, "cuda", cuda_graphs=False))
     x = torch.randn(3, 4, 12, 16, device="cuda", dtype=torch.float16)
     text = torch.randn(3, 77, 32, device="cuda", dtype=torch.float16)
     t = torch.tensor([999, 500, 10], device="cuda")
     with torch.no_grad():
         want = comps.unet(x, t, encoder_hidden_states=text).sample.float()
         for _ in range(2):  # capture, then replay
-            got = unet(x, t, encoder_hidden_states=text).sample.float()
+            got = net.eps(x, t, ImageCond(text=text)).float()
             assert (got - want).abs().max() / want.abs().max() < 2e-2
-        want = comps.vae.decode(x).sample.float()
-        got = vae.decode(x).sample.float()
+        want = comps.vae.decode(x / comps.vae.config.scaling_factor).sample.float()
+        got = net.decode(x).float()
         assert (got - want).abs().max() / want.abs().max().clamp_min(1e-3) < 2e-2
     fast = acceleration.apply_acceleration(comps, "tensorrt", engine_dir=tmp_path, shapes=shapes)
-    assert isinstance(fast.unet, UNetEngine) and isinstance(fast.vae, VAEEngine)
+    assert isinstance(fast.net, EngineImageNet) and fast.net.unet_engine is not None
 
 
 @pytest.mark.skipif(trt_kernels.tensorrt_available(), reason="TensorRT is installed")
@@ -323,34 +328,35 @@ def test_compile_mode_pipeline_on_gpu_matches_eager(tiny_components_factory):
         assert np.abs(a.astype(np.int16) - b.astype(np.int16)).max() <= 2
 
 
-# ------------------------------------------------------------------------------ drop-in wrappers (CPU)
+# ------------------------------------------------------------------------------ engine wrappers (CPU)
 class FakeEngine:
     """Stands in for TRTEngine: named tensors in, {output: tensor} out, computed by an export
-    wrapper (so the drop-in modules' plumbing is tested without TensorRT)."""
+    wrapper (so the engine wrappers' plumbing is tested without TensorRT)."""
 
     def __init__(self, spec):
         self.spec = spec
         self.calls = 0
+        self.shapes = []
 
     def __call__(self, **inputs):
         self.calls += 1
+        self.shapes.append({n: tuple(t.shape) for n, t in inputs.items()})
         with torch.no_grad():
             out = self.spec.module(*(inputs[n] for n in self.spec.input_names))
         return {self.spec.output_names[0]: out}
 
 
-def test_engine_modules_drop_into_the_pipeline(tiny_components_factory):
+def test_engine_net_drops_into_the_pipeline(tiny_components_factory):
     import dataclasses
 
     import numpy as np
 
-    from streamstudio.kernels.tensorrt.runtime import UNetEngine, VAEEngine
     from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
     comps = tiny_components_factory(taesd=True)
-    unet_engine = FakeEngine(unet_spec(comps.unet))
-    enc, dec = FakeEngine(vae_encoder_spec(comps.vae)), FakeEngine(vae_decoder_spec(comps.vae))
-    wrapped = dataclasses.replace(comps, unet=UNetEngine(unet_engine, comps.unet), vae=VAEEngine(comps.vae, enc, dec))
+    unet_engine = FakeEngine(eps_spec(comps.net))
+    enc, dec = FakeEngine(vae_encoder_spec(comps.net)), FakeEngine(vae_decoder_spec(comps.net))
+    wrapped = dataclasses.replace(comps, network=EngineImageNet(comps.net, unet_engine, enc, dec))
     config = StreamDiffusionConfig(width=64, height=64, steps=2, cfg_type="initialize", guidance_scale=1.3)
     frames = [np.random.default_rng(i).integers(0, 256, (64, 64, 3), dtype=np.uint8) for i in range(3)]
 
@@ -363,18 +369,17 @@ def test_engine_modules_drop_into_the_pipeline(tiny_components_factory):
     assert len(got) == len(want) == len(frames)
     for a, b in zip(got, want):
         assert np.abs(a.astype(np.int16) - b.astype(np.int16)).max() <= 1
-    out = wrapped.unet(torch.zeros(2, 4, 8, 8), 999, torch.zeros(2, 77, 32), return_dict=False)
-    assert isinstance(out, tuple) and out[0].shape == (2, 4, 8, 8)  # scalar timestep, tuple output
-    with pytest.raises(TypeError, match="takes no"):
-        wrapped.unet(torch.zeros(1, 4, 8, 8), 1, torch.zeros(1, 77, 32), added_cond_kwargs={"x": 1})
-    torch_only = VAEEngine(comps.vae, None, None)  # missing engines fall back to the torch VAE
+    with torch.no_grad():  # one timestep and one condition row serve every row
+        out = wrapped.net.eps(torch.zeros(2, 4, 8, 8), 999, ImageCond(text=torch.zeros(1, 77, 32)))
+    assert out.shape == (2, 4, 8, 8) and unet_engine.shapes[-1]["timestep"] == (2,)
+    torch_only = EngineImageNet(comps.net)  # missing engines fall back to the torch path
     z = torch.randn(1, 4, 8, 8)
     with torch.no_grad():
-        torch.testing.assert_close(torch_only.decode(z).sample, comps.vae.decode(z).sample)
+        torch.testing.assert_close(torch_only.decode(z), comps.net.decode(z))
 
 
 def test_video_engine_pads_text_tokens():
-    from streamstudio.kernels.tensorrt.runtime import VideoEngine
+    from streamstudio.models.export_specs import VideoEngine
     from streamstudio.models.stream_dit import StreamDiT, named_config
 
     torch.manual_seed(0)
@@ -473,7 +478,7 @@ def test_engine_build_sets_the_profile_and_precision_for_each_tensorrt(comps, tm
     from streamstudio.kernels.tensorrt.build import ensure_engine
 
     fake = fake_trt(generation)
-    spec = unet_spec(comps.unet)  # a float32 model: its ONNX graph is fp32
+    spec = eps_spec(comps.net)  # a float32 model: its ONNX graph is fp32
     shapes = ShapeRange(batch=(1, 2, 4), height=(64, 64, 128), width=(64, 64, 128))
     cache = EngineCache(tmp_path)
     if generation <= 10:  # weak typing: the FP16 flag lets TensorRT pick half kernels
@@ -496,5 +501,5 @@ def test_engine_build_sets_the_profile_and_precision_for_each_tensorrt(comps, tm
 def test_onnx_float_type_reads_the_graph(comps, tmp_path):
     from streamstudio.kernels.tensorrt.build import onnx_float_type
 
-    path = export_onnx(vae_decoder_spec(comps.vae), tmp_path / "dec.onnx", batch=1, height=64, width=64)
+    path = export_onnx(vae_decoder_spec(comps.net), tmp_path / "dec.onnx", batch=1, height=64, width=64)
     assert onnx_float_type(path) == "fp32"

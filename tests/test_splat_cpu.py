@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from streamstudio.kernels import splat_cpu
+from streamstudio.kernels import cuda_build, splat_cpu
 from streamstudio.kernels.splat import pick_impl, rasterize_gaussians
 from streamstudio.kernels.splat_reference import quat_scale_to_covar
 from helpers import random_gaussians
@@ -151,11 +151,10 @@ def test_cpp_thread_counts_agree(cpp_module):
 
 @pytest.fixture
 def forget_cpp_state():
-    """Run a test with a fresh load state, and put the real one back afterwards."""
-    saved = dict(splat_cpu._state)
+    """Run a test with a fresh load state; afterwards the next load imports the built one again."""
     splat_cpu.reset_for_tests()
     yield
-    splat_cpu._state.update(saved)
+    splat_cpu.reset_for_tests()
 
 
 def test_build_failure_warns_once_and_auto_runs_the_torch_path(tmp_path, monkeypatch, forget_cpp_state):
@@ -192,7 +191,7 @@ def test_build_without_ninja(tmp_path, monkeypatch, forget_cpp_state):
     from torch.utils import cpp_extension
 
     monkeypatch.setattr(cpp_extension, "is_ninja_available", lambda: False)
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setenv(cuda_build.CACHE_ENV, str(tmp_path))
     module = splat_cpu.load()
     assert module is not None, splat_cpu.failure_reason()
     assert list(tmp_path.glob("*/*.so"))

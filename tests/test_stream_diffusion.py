@@ -115,7 +115,7 @@ def manual_frame(pipe, frame, cfg, g, step_type="lcm"):
     """The whole trajectory of one frame, written out from the paper's formulas (none / full:
     no stock; the stock update of self / initialize is checked against StreamDiffusion's own
     unet_step in test_rcfg_reference.py)."""
-    unet, text, neg = pipe.unet, pipe._text, pipe._negative
+    unet, text, neg = pipe.comps.unet, pipe._text, pipe._negative
     co = lcm_coefs(pipe._t_index, step_type)
     n = len(co)
     noise = pipe._noise  # (N, 4, h, w), one per slot
@@ -208,11 +208,11 @@ def test_filter_keeps_alignment(comps):
 # ------------------------------------------------------------------ run-time changes
 def test_prompt_change_only_reruns_text_encoder(comps):
     pipe = make(comps, steps=2)
-    unet_id, encodes = id(pipe.unet), pipe.stats.text_encodes
+    net_id, encodes = id(pipe.net), pipe.stats.text_encodes
     before = pipe._text.clone()
     pipe.set_prompt("a blue whale")
     assert pipe.stats.text_encodes == encodes + 1
-    assert id(pipe.unet) == unet_id
+    assert id(pipe.net) == net_id
     assert not torch.allclose(before, pipe._text)
     pipe.set_prompt("a red fox")  # seen before: cached, no new encoder run
     assert pipe.stats.text_encodes == encodes + 1

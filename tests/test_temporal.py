@@ -314,17 +314,13 @@ def test_settings_change_live(comps):
 
 
 def test_the_bank_needs_a_torch_unet(comps):
-    class Engine(torch.nn.Module):  # like the TensorRT UNet engine: no attention layers inside
-        def __init__(self, unet):
-            super().__init__()
-            self.anchor = torch.nn.Parameter(torch.empty(0))
-            self.config = unet.config
-            self._unet = [unet]
+    from streamstudio.models.export_specs import EngineImageNet
+    from streamstudio.models.image_net import ImageCond
 
-        def forward(self, x, t, encoder_hidden_states=None):
-            return self._unet[0](x, t, encoder_hidden_states=encoder_hidden_states)
+    def engine(sample, timestep, text):  # like a TensorRT UNet engine: no attention layers to extend
+        return {"latent": comps.net.eps(sample, timestep, ImageCond(text=text))}
 
-    engine_comps = replace(comps, unet=Engine(comps.unet))
+    engine_comps = replace(comps, network=EngineImageNet(comps.net, unet=engine))
     with pytest.raises(StreamStudioError, match="feedback"):
         make(engine_comps, temporal="bank")
     pipe = make(engine_comps, temporal="feedback")

@@ -388,15 +388,13 @@ def test_tensorrt_acceleration_sizes_engines_from_the_plan_and_captures_every_si
         SimpleNamespace(name=p, input_shapes=lambda b, h, w: {"batch": b, "size": (h, w)}) for p in parts])
     monkeypatch.setattr(acceleration, "ensure_engine", ensure_engine)
     monkeypatch.setattr(runtime, "TRTEngine", RecordingEngine)
-    monkeypatch.setattr(runtime, "UNetEngine", lambda engine, unet: SimpleNamespace(engine=engine))
-    monkeypatch.setattr(runtime, "VAEEngine", lambda vae, enc, dec: SimpleNamespace(enc=enc, dec=dec))
     comps = replace(tiny, unet=CudaParam(tiny.unet), notes=[])
     plan = BatchPlan.for_streams(height=64, width=64, steps=2, cfg_types=["full"], max_rows=16)
     fast = acceleration.apply_acceleration(comps, "tensorrt", engine_dir=tmp_path, plan=plan)
     assert built["unet"].batch == (1, 4, 16) and built["unet"].height == (64, 64, 64)
     assert built["vae_decoder"].batch == (1, 1, 16)
     assert [e.captured for e in made] == [list(plan.sizes[p]) for p in ("unet", "vae_encoder", "vae_decoder")]
-    assert fast.unet.engine is made[0] and "unet batches (1, 2, 4, 8, 16)" in fast.notes[-1]
+    assert fast.net.unet_engine is made[0] and "unet batches (1, 2, 4, 8, 16)" in fast.notes[-1]
 
 
 def test_build_engines_asks_for_the_same_profiles_as_the_app(tiny, monkeypatch, tmp_path):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from streamstudio.app.batching import BatchExecutor, BatchingConfig, BatchedUNet, BatchedVAE, batched_components
+from streamstudio.app.batching import BatchExecutor, BatchingConfig, BatchedImageNet, batched_components
 from streamstudio.errors import StreamStudioError
 
 
@@ -295,7 +295,7 @@ def _batched_equals_alone(comps, tolerance: int, config: BatchingConfig | None =
     executor = BatchExecutor(config or BatchingConfig(max_wait_ms=500))
     try:
         shared = batched_components(comps, executor)
-        assert isinstance(shared.unet, BatchedUNet) and isinstance(shared.vae, BatchedVAE)
+        assert isinstance(shared.net, BatchedImageNet) and shared.unet is comps.unet
         streams = [_stream(shared, prompt, seed, cfg) for prompt, seed, cfg, _ in specs]
         batched: list[list] = [[], []]
         barrier = threading.Barrier(2)

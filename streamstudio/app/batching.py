@@ -23,9 +23,11 @@ that reuses its output buffers (CUDA graphs) cannot overwrite a stream's result.
 batched call fails, each of its calls is run again alone, so a bad call fails only its own
 stream.
 
-Feature banks (temporal consistency, `models/feature_bank.py`): a stream whose feature bank is on
-hands its UNet call the bank rows it wants (`meta`); such calls join other bank calls only (their
-own key), and the joined call tells the bank processors which rows are whose (row segments), so
+The streams' calls arrive through the image seam (`models/image_net.py`): `BatchedImageNet`
+wraps the shared model's seam (eager, compiled or TensorRT) and runs its eps, encode and decode
+here. Feature banks (temporal consistency, `models/feature_bank.py`): a stream whose feature bank
+is on hands its eps call its bank rows (`meta`); such calls join other bank calls only (their own
+key), and the joined call tells the bank processors which rows are whose (row segments), so
 every row reads and writes its own stream's bank. They run the eager UNet without padding (the
 bank's attention lengths change as the bank fills; a compiled graph or engine has fixed shapes).
 
@@ -44,17 +46,14 @@ import time
 from collections import deque
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 
 import torch
-from diffusers.models.autoencoders.autoencoder_tiny import AutoencoderTinyOutput  # .latents
-from diffusers.models.autoencoders.vae import DecoderOutput  # .sample
-from diffusers.models.unets.unet_2d_condition import UNet2DConditionOutput  # .sample
-from torch import nn
 
 from streamstudio.errors import StreamStudioError
-from streamstudio.models import feature_bank
-from streamstudio.models.acceleration import BatchPlan, bucket_for, bucket_sizes, fixed_shapes
+from streamstudio.models.acceleration import BatchPlan, bucket_for, bucket_sizes
+from streamstudio.models.image_net import ImageCond, ImageNet, WrappedImageNet, broadcast, check_bank
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +63,7 @@ class BatchingConfig:
     max_rows: int = 16  # batch rows per network call at most
     max_wait_ms: float = 2.0  # wait for other streams' calls this long at most, once one is in
     pad_to_buckets: bool | None = None  # pad calls to bucket_sizes(max_rows); None: when the network is
-    #                                     compiled or a TensorRT engine (acceleration.fixed_shapes)
+    #                                     compiled or a TensorRT engine (ImageNet.fixed_shapes)
     warm_up: bool = True  # with padding: the first call of a network runs every bucket once first
 
     @property
@@ -333,98 +332,57 @@ def _with_rows(a: torch.Tensor, rows: int) -> torch.Tensor:
 
 STAGE_ENCODE, STAGE_UNET, STAGE_DECODE = 0, 1, 2  # the order of a frame's network calls
 
-class BatchedUNet(nn.Module):
-    """unet(sample, timestep, encoder_hidden_states) -> .sample, batched across streams.
-    Its parameters and config are the wrapped UNet's (device, dtype and shapes come from them).
-    A call made with feature-bank rows (`feature_bank.requested()`) runs with the bank calls of
-    other streams, each row with its own stream's bank."""
 
-    handles_feature_bank = True  # feature_bank.run_unet hands this module the bank rows
+class BatchedImageNet(WrappedImageNet):
+    """The image seam with eps, encode and decode run by `executor`, batched across streams.
+    The condition's tensors travel as rows like x (`ImageCond.flatten`); calls join only calls
+    with the same condition fields. A call with feature-bank rows runs with the bank calls of
+    other streams, each row on its own stream's bank."""
 
-    def __init__(self, unet: nn.Module, executor: BatchExecutor):
-        super().__init__()
-        self.unet = unet
+    def __init__(self, inner: ImageNet, executor: BatchExecutor):
+        super().__init__(inner)
         self.executor = executor
-        self._name = f"unet-{id(unet)}"
+        self._name = f"net-{id(self)}"
         pad = executor.config.pad_to_buckets
-        self.pad = fixed_shapes(unet) if pad is None else pad
+        self.pad = inner.fixed_shapes if pad is None else pad
 
     @property
-    def config(self):
-        return self.unet.config
+    def fixed_shapes(self) -> bool:
+        return self.inner.fixed_shapes
 
-    def _call(self, x: torch.Tensor, t: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
-        return self.unet(x, t, encoder_hidden_states=text).sample
-
-    def _call_bank(self, x: torch.Tensor, t: torch.Tensor, text: torch.Tensor, metas) -> torch.Tensor:
-        """The eager UNet with each stream's rows on its own bank (metas: (first row, BankRows))."""
-        unet = feature_bank.eager_unet(self.unet)
-        with feature_bank.attending(unet, metas):
-            return unet(x, t, encoder_hidden_states=text).sample
-
-    def forward(self, sample: torch.Tensor, timestep, encoder_hidden_states: torch.Tensor | None = None,
-                return_dict: bool = True, **kwargs):
-        extra = sorted(k for k, v in kwargs.items() if v is not None)
-        if extra or encoder_hidden_states is None:
-            raise TypeError(f"the batched UNet takes sample, timestep and encoder_hidden_states only (got {extra})")
-        b = sample.shape[0]  # (B, 4, h, w)
-        t = torch.as_tensor(timestep, device=sample.device).reshape(-1)
-        t = t.expand(b) if t.numel() == 1 else t  # (B,)
-        text = encoder_hidden_states.expand(b, -1, -1) if encoder_hidden_states.shape[0] == 1 else encoder_hidden_states
-        rows = feature_bank.requested()
-        if rows is not None:  # this stream's feature bank: joined with other bank calls only, never padded
-            out = self.executor.run(self._name + "-bank", self._call_bank, sample.contiguous(), t.contiguous(),
-                                    text.contiguous(), stage=STAGE_UNET, meta=rows)  # (B, 4, h, w)
-            return UNet2DConditionOutput(sample=out) if return_dict else (out,)
+    def eps(self, x, t, cond, bank=None):
+        t, cond = broadcast(x.shape[0], t, cond, x.device)  # (B,), B rows
+        layout, tensors = cond.flatten()
         # contiguous: a compiled graph's guards check strides, and an expanded view (stride 0) and a
         # joined batch of one size would otherwise compile twice
-        out = self.executor.run(self._name, self._call, sample.contiguous(), t.contiguous(), text.contiguous(),
-                                stage=STAGE_UNET, pad=self.pad)  # (B, 4, h, w)
-        return UNet2DConditionOutput(sample=out) if return_dict else (out,)
+        args = [a.contiguous() for a in (x, t, *tensors)]
+        if bank:  # feature banks: joined with other bank calls only, never padded
+            check_bank(self)
+            return self.executor.run(f"{self._name}-eps-bank-{layout}", partial(self._eps_bank, layout), *args,
+                                     stage=STAGE_UNET, meta=tuple(bank))  # (B, 4, h, w)
+        return self.executor.run(f"{self._name}-eps-{layout}", partial(self._eps, layout), *args,
+                                 stage=STAGE_UNET, pad=self.pad)  # (B, 4, h, w)
 
+    def _eps(self, layout, x, t, *cond):
+        return self.inner.eps(x, t, ImageCond.unflatten(layout, cond))
 
-class BatchedVAE(nn.Module):
-    """vae.encode(images).latents and vae.decode(latents).sample, batched across streams
-    (AutoencoderKL gives its latent mean, as the pipeline uses; AutoencoderTiny its latents)."""
+    def _eps_bank(self, layout, x, t, *cond, metas):
+        """metas: (first row, that call's bank segments) of each joined call."""
+        segments = [(start + first, rows) for start, bank in metas for first, rows in bank]
+        return self.inner.eps(x, t, ImageCond.unflatten(layout, cond), segments)
 
-    def __init__(self, vae: nn.Module, executor: BatchExecutor):
-        super().__init__()
-        self.vae = vae
-        self.executor = executor
-        self._names = (f"vae-encode-{id(vae)}", f"vae-decode-{id(vae)}")
-        pad = executor.config.pad_to_buckets
-        self.pad = fixed_shapes(vae) if pad is None else pad
+    def encode(self, images):
+        return self.executor.run(f"{self._name}-encode", self.inner.encode, images.contiguous(), stage=STAGE_ENCODE,
+                                 pad=self.pad)  # (B, 4, H/8, W/8)
 
-    @property
-    def config(self):
-        return self.vae.config
-
-    def _encode(self, images: torch.Tensor) -> torch.Tensor:
-        enc = self.vae.encode(images)
-        return enc.latents if hasattr(enc, "latents") else enc.latent_dist.mean
-
-    def _decode(self, latents: torch.Tensor) -> torch.Tensor:
-        return self.vae.decode(latents).sample
-
-    def encode(self, images: torch.Tensor, return_dict: bool = True):
-        latents = self.executor.run(self._names[0], self._encode, images.contiguous(), stage=STAGE_ENCODE,
-                                    pad=self.pad)  # (B, 4, H/8, W/8)
-        return AutoencoderTinyOutput(latents=latents) if return_dict else (latents,)
-
-    def decode(self, latents: torch.Tensor, return_dict: bool = True):
-        images = self.executor.run(self._names[1], self._decode, latents.contiguous(), stage=STAGE_DECODE,
-                                   pad=self.pad)  # (B, 3, H, W)
-        return DecoderOutput(sample=images) if return_dict else (images,)
-
-    def forward(self, images: torch.Tensor):
-        return self.decode(self.encode(images).latents)
+    def decode(self, latents):
+        return self.executor.run(f"{self._name}-decode", self.inner.decode, latents.contiguous(),
+                                 stage=STAGE_DECODE, pad=self.pad)  # (B, 3, H, W)
 
 
 def batched_components(comps, executor: BatchExecutor):
-    """SDComponents whose UNet and VAE run through `executor` (the text encoder stays as is)."""
-    from dataclasses import replace
-
-    return replace(comps, unet=BatchedUNet(comps.unet, executor), vae=BatchedVAE(comps.vae, executor),
+    """SDComponents whose image networks run through `executor` (the text encoder stays as is)."""
+    return replace(comps, network=BatchedImageNet(comps.net, executor),
                    notes=[*comps.notes, f"cross-stream batching (up to {executor.config.max_rows} rows a call)"])
 
 
@@ -448,7 +406,7 @@ def warm_up(shared, height: int, width: int) -> int:
     (see BatchExecutor._warm_up). Returns the executor's warm-up calls."""
     from streamstudio.models import acceleration
 
-    executor = shared.unet.executor
+    executor = shared.net.executor
     one = BatchPlan({"unet": (1,), "vae_encoder": (1,), "vae_decoder": (1,)},
                     {"unet": 1, "vae_encoder": 1, "vae_decoder": 1}, height, width)
     before = executor.stats.warmup_calls

@@ -87,7 +87,7 @@ class ServerModel:
 
             self.executor = BatchExecutor(self.batching)
             self._stream_comps = batched_components(self.comps, self.executor)
-            if self._stream_comps.unet.pad:  # compiled / TensorRT: every bucket warmed up now, not mid-stream
+            if self._stream_comps.net.pad:  # compiled / TensorRT: every bucket warmed up now, not mid-stream
                 from streamstudio.app.batching import warm_up
 
                 warm_up(self._stream_comps, self.config.height, self.config.width)

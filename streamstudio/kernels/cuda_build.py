@@ -1,10 +1,13 @@
-"""Build machinery for the CUDA sources in `kernels/csrc/`, shared by every fused op.
+"""The one extension builder for the C++ and CUDA sources in `kernels/csrc/`, shared by every
+fused op and the C++ CPU splat renderer.
 
 `load_extension(name, sources)` builds a torch C++/CUDA extension on first use with
-`torch.utils.cpp_extension.load`, caches it for the process (and on disk, in a folder keyed
-by the sources' contents, torch's version and CUDA's version, so an edit rebuilds), and returns
-None with ONE warning per extension when it cannot be had (no GPU, no nvcc, a build error,
-or STREAMSTUDIO_DISABLE_CUDA_KERNELS=1). Callers then use their pure-torch reference.
+`torch.utils.cpp_extension.load` (a C++-only one without ninja: one call of the compiler with
+the same flags), caches it for the process (and on disk, in a folder keyed by the sources'
+contents, the flags, torch's version and CUDA's version, so an edit rebuilds), and returns None
+with ONE warning per extension when it cannot be had (no GPU, no nvcc, a build error). Its
+disable variable (STREAMSTUDIO_DISABLE_CUDA_KERNELS=1 for the CUDA ones) also gives None,
+without a warning. Callers then use their pure-torch path.
 
 `nvcc_check(source)` compiles one .cu file for given architectures with torch's own nvcc
 flags and `-Xptxas -v`, and reports compile errors and register spills; `binding_check(cpp)`
@@ -49,8 +52,8 @@ _reasons: dict[str, str] = {}
 
 def unavailable_reason() -> str | None:
     """Why no CUDA extension can be built here, or None when one can be tried."""
-    if os.environ.get(DISABLE_ENV, "") not in ("", "0", "false", "False"):
-        return f"{DISABLE_ENV} is set"
+    if _disabled(DISABLE_ENV):
+        return _disabled(DISABLE_ENV)
     if torch.version.cuda is None:
         return "this torch build has no CUDA support"
     if not torch.cuda.is_available():
@@ -68,15 +71,20 @@ def cache_root() -> Path:
     return Path(root)
 
 
-def source_digest(paths: Sequence[Path]) -> str:
-    """Hash of the sources, the headers beside them, torch's and CUDA's versions."""
+def source_digest(paths: Sequence[Path], flags: Sequence[str] = ()) -> str:
+    """Hash of the sources, the headers beside them, the flags, torch's and CUDA's versions."""
     h = hashlib.sha256()
     headers = sorted({p for src in paths for p in src.parent.glob("*.h")})
     for path in [*paths, *headers]:
         h.update(path.name.encode())
         h.update(path.read_bytes())
     h.update(f"torch={torch.__version__} cuda={torch.version.cuda} py={sys.version_info[:2]}".encode())
+    h.update(" ".join(flags).encode())
     return h.hexdigest()[:16]
+
+
+def _disabled(env: str) -> str | None:
+    return f"{env} is set" if os.environ.get(env, "") not in ("", "0", "false", "False") else None
 
 
 def _resolve(sources: Sequence[str | os.PathLike]) -> list[Path]:
@@ -87,26 +95,68 @@ def _resolve(sources: Sequence[str | os.PathLike]) -> list[Path]:
     return paths
 
 
-def _build(name: str, paths: list[Path], extra_cuda_cflags: Sequence[str], verbose: bool) -> ModuleType:
-    from torch.utils.cpp_extension import load
+@dataclass(frozen=True)
+class Flags:
+    cflags: tuple[str, ...] = ()
+    cuda_cflags: tuple[str, ...] = ()
+    ldflags: tuple[str, ...] = ()
 
-    digest = source_digest(paths)
+
+def _build(name: str, paths: list[Path], flags: Flags, verbose: bool) -> ModuleType:
+    from torch.utils import cpp_extension
+
+    cflags, cuda_cflags = ["-O3", *flags.cflags], [*DEFAULT_CUDA_FLAGS, *flags.cuda_cflags]
+    digest = source_digest(paths, [*cflags, "|", *cuda_cflags, "|", *flags.ldflags])
     build_dir = cache_root() / f"{name}-{digest}"
     build_dir.mkdir(parents=True, exist_ok=True)
-    return load(
+    if not any(p.suffix == ".cu" for p in paths) and not cpp_extension.is_ninja_available():
+        return _build_without_ninja(f"{name}_{digest}", paths, cflags, list(flags.ldflags), build_dir, verbose)
+    return cpp_extension.load(
         name=f"{name}_{digest}",
         sources=[str(p) for p in paths],
-        extra_cflags=["-O3"],
-        extra_cuda_cflags=[*DEFAULT_CUDA_FLAGS, *extra_cuda_cflags],
+        extra_cflags=cflags,
+        extra_cuda_cflags=cuda_cflags,
+        extra_ldflags=list(flags.ldflags),
         extra_include_paths=[str(p.parent) for p in paths[:1]],
         build_directory=str(build_dir),
         verbose=verbose,
     )
 
 
-def load_extension(name: str, sources: Sequence[str | os.PathLike], *,
-                   extra_cuda_cflags: Sequence[str] = (), verbose: bool = False) -> ModuleType | None:
+def _build_without_ninja(name: str, paths: list[Path], cflags: list[str], ldflags: list[str], build_dir: Path,
+                         verbose: bool) -> ModuleType:
+    """A C++ extension as torch's load() builds it (its defines, headers and libraries), with one
+    call of the C++ compiler: torch's load() needs ninja."""
+    import importlib.util
+
+    from torch.utils import cpp_extension
+
+    so_path = build_dir / f"{name}.so"
+    if not so_path.is_file():
+        cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or "c++"
+        tmp = build_dir / f"{name}.{os.getpid()}.tmp.so"
+        cmd = [cxx, "-shared", "-fPIC", "-std=c++20", *cflags, f"-DTORCH_EXTENSION_NAME={name}",
+               "-DTORCH_API_INCLUDE_EXTENSION_H",
+               f"-D_GLIBCXX_USE_CXX11_ABI={int(getattr(torch._C, '_GLIBCXX_USE_CXX11_ABI', True))}",
+               *(f"-isystem{p}" for p in cpp_extension.include_paths()), f"-I{paths[0].parent}",
+               f"-isystem{sysconfig.get_paths()['include']}", *map(str, paths), "-o", str(tmp),
+               *(f"-L{p}" for p in cpp_extension.library_paths()), "-lc10", "-ltorch_cpu", "-ltorch", "-ltorch_python",
+               *ldflags]
+        proc = subprocess.run(cmd, capture_output=not verbose, text=True, timeout=600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"building {paths[0].name} failed:\n{proc.stderr}")
+        os.replace(tmp, so_path)  # atomic: a concurrent process sees the whole file or none
+    spec = importlib.util.spec_from_file_location(name, so_path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_extension(name: str, sources: Sequence[str | os.PathLike], *, cuda: bool = True,
+                   disable_env: str = DISABLE_ENV, flags: Flags = Flags(), what: str = "fused CUDA kernels",
+                   fallback: str = "the pure-torch reference", verbose: bool = False) -> ModuleType | None:
     """The built extension `name` from `sources` (paths relative to csrc/ or absolute), or None.
+    `cuda` False: a C++-only extension, which needs no GPU. `what` and `fallback` word the warning.
 
     Built at most once per process; a failure warns once and is remembered (no retry).
     """
@@ -114,17 +164,21 @@ def load_extension(name: str, sources: Sequence[str | os.PathLike], *,
         if name in _loaded:
             return _loaded[name]
         module = None
-        reason = unavailable_reason()
+        disabled = _disabled(disable_env)
+        reason = disabled or (unavailable_reason() if cuda else None)
         if reason is None:
             try:
-                module = _build(name, _resolve(sources), extra_cuda_cflags, verbose)
+                module = _build(name, _resolve(sources), flags, verbose)
             except Exception as exc:  # compiler errors arrive as RuntimeError, OSError, ImportError...
                 reason = "the build failed: " + _first_lines(str(exc))
         if module is None:
             _reasons[name] = reason
-            msg = f"streamstudio: fused CUDA kernels '{name}' are not available ({reason}); using the pure-torch reference"
-            warnings.warn(msg, RuntimeWarning, stacklevel=3)
-            log.warning(msg)
+            msg = f"streamstudio: {what} '{name}' not available ({reason}); using {fallback}"
+            if disabled:  # disabling on purpose is not worth a warning
+                log.info(msg)
+            else:
+                warnings.warn(msg, RuntimeWarning, stacklevel=3)
+                log.warning(msg)
         _loaded[name] = module
         return module
 

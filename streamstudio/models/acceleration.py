@@ -1,11 +1,14 @@
 """Acceleration of a model's networks: `apply_acceleration(comps, mode)` with mode
 
 - "none":     the components as they are;
-- "compile":  torch.compile of the UNet and of the VAE's encode/decode (CUDA graphs through
+- "compile":  torch.compile of the image seam's eps, encode and decode (CUDA graphs through
               mode="reduce-overhead" on a GPU; plain inductor on CPU);
-- "tensorrt": fp16 TensorRT engines of the UNet and the VAE encoder / decoder (TAESD too), built
-              once into the engine cache and wrapped as drop-in modules. Without TensorRT (or a
-              GPU) it says so once and keeps the torch path.
+- "tensorrt": fp16 TensorRT engines of the seam's three calls (TAESD too), built once into the
+              engine cache (`models/export_specs.py`). Without TensorRT (or a GPU) it says so
+              once and keeps the torch path.
+
+Either way the result is SDComponents whose `net` (the seam, `models/image_net.py`) is the
+accelerated variant; `unet` and `vae` stay the diffusers modules.
 
 What the networks will be sent is planned once (`BatchPlan`): the UNet's batch follows the CFG
 type, the steps N and frame_buffer_size k (N*k rows for none/self, (N+1)*k for initialize, 2*N*k
@@ -31,17 +34,17 @@ from torch import nn
 
 from streamstudio.errors import StreamStudioError
 from streamstudio.kernels import tensorrt as trt_kernels
+from streamstudio.kernels.reference import CFG_CODES
 from streamstudio.kernels.tensorrt.build import PRECISIONS, ShapeRange, ensure_engine
 from streamstudio.kernels.tensorrt.cache import EngineCache
-from streamstudio.kernels.reference import CFG_CODES
-from streamstudio.kernels.tensorrt.export import (ExportSpec, OnnxCheck, check_onnx, export_onnx, unet_spec,
-                                                  vae_decoder_spec, vae_encoder_spec, video_spec)
+from streamstudio.kernels.tensorrt.export import ExportSpec, OnnxCheck, check_onnx, export_onnx
+from streamstudio.models.export_specs import IMAGE_PARTS, EngineImageNet, VideoEngine, image_specs, video_export_spec
+from streamstudio.models.image_net import ImageCond, ImageNet, WrappedImageNet, broadcast
 from streamstudio.models.loading import SDComponents
 
 log = logging.getLogger(__name__)
 
 MODES = ("none", "compile", "tensorrt")
-IMAGE_PARTS = ("unet", "vae_encoder", "vae_decoder")
 _said: set[str] = set()
 
 
@@ -218,17 +221,15 @@ def text_shape(comps: SDComponents) -> tuple[int, int]:
 
 def warm_up(comps: SDComponents, plan: BatchPlan, *, repeats: int | None = None,
             run: "callable | None" = None) -> int:
-    """Run the UNet and the VAE once (CUDA: three times, so CUDA graphs are recorded) at every
-    batch size of the plan, so that no size is compiled or captured for the first time while
-    streams run. The inputs are contiguous, as every call's are. `run(fn)` runs a job where
-    the networks run (the batching executor's thread: CUDA graph trees are per thread).
-    Returns the number of network calls made."""
-    param = next(comps.unet.parameters())
-    device, dtype = param.device, param.dtype
+    """Run the seam's eps, encode and decode once (CUDA: three times, so CUDA graphs are
+    recorded) at every batch size of the plan, so that no size is compiled or captured for the
+    first time while streams run. The inputs are contiguous, as every call's are. `run(fn)`
+    runs a job where the networks run (the batching executor's thread: CUDA graph trees are
+    per thread). Returns the number of network calls made."""
+    net = comps.net
+    device, dtype = net.device, net.dtype
     repeats = repeats if repeats is not None else (3 if device.type == "cuda" else 1)
-    scale = comps.vae_scale_factor
-    channels = int(comps.unet.config.in_channels)
-    h, w = plan.height // scale, plan.width // scale
+    h, w = plan.height // net.latent_scale, plan.width // net.latent_scale
     tokens, width = text_shape(comps)
     calls = 0
 
@@ -236,21 +237,21 @@ def warm_up(comps: SDComponents, plan: BatchPlan, *, repeats: int | None = None,
         nonlocal calls
         with torch.inference_mode():
             for b in plan.sizes["unet"]:
-                x = torch.zeros((b, channels, h, w), device=device, dtype=dtype)  # (B, 4, h, w)
+                x = torch.zeros((b, net.latent_channels, h, w), device=device, dtype=dtype)  # (B, 4, h, w)
                 t = torch.full((b,), 999, device=device, dtype=torch.long)  # (B,)
-                text = torch.zeros((b, tokens, width), device=device, dtype=dtype)  # (B, L, D)
+                cond = ImageCond(text=torch.zeros((b, tokens, width), device=device, dtype=dtype))  # (B, L, D)
                 for _ in range(repeats):
-                    comps.unet(x, t, encoder_hidden_states=text)
+                    net.eps(x, t, cond)
                     calls += 1
             for b in plan.sizes["vae_encoder"]:
                 images = torch.zeros((b, 3, plan.height, plan.width), device=device, dtype=dtype)  # (B, 3, H, W)
                 for _ in range(repeats):
-                    comps.vae.encode(images)
+                    net.encode(images)
                     calls += 1
             for b in plan.sizes["vae_decoder"]:
-                latents = torch.zeros((b, channels, h, w), device=device, dtype=dtype)  # (B, 4, h, w)
+                latents = torch.zeros((b, net.latent_channels, h, w), device=device, dtype=dtype)  # (B, 4, h, w)
                 for _ in range(repeats):
-                    comps.vae.decode(latents)
+                    net.decode(latents)
                     calls += 1
 
     (run or (lambda fn: fn()))(job)
@@ -263,54 +264,6 @@ def warm_up(comps: SDComponents, plan: BatchPlan, *, repeats: int | None = None,
 # torch.compile
 # ---------------------------------------------------------------------------------------------
 
-class CompiledVAE(nn.Module):
-    """A VAE whose encode / decode run through torch.compile; config and other attributes
-    are the wrapped VAE's.
-
-    encode never uses CUDA graphs: the stream keeps the input latents across calls (flush
-    feeds the last input again), and a graph replay would overwrite them; decode's images are
-    converted to frames at once, so it may."""
-
-    def __init__(self, vae: nn.Module, **compile_kwargs):
-        super().__init__()
-        self.vae = vae
-        encode_kwargs = {k: v for k, v in compile_kwargs.items() if not (k == "mode" and v == "reduce-overhead")}
-
-        # functions of their own: diffusers' encode and decode share one decorator's code object, and
-        # dynamo's recompile limit counts the compiled shapes of a code object (5 buckets each would pass it)
-        def encode(images, *args, **kwargs):
-            return vae.encode(images, *args, **kwargs)
-
-        def decode(latents, *args, **kwargs):
-            return vae.decode(latents, *args, **kwargs)
-
-        self._encode = torch.compile(encode, **encode_kwargs)
-        self._decode = torch.compile(decode, **compile_kwargs)
-
-    @property
-    def config(self):
-        return self.vae.config
-
-    def encode(self, images: torch.Tensor, *args, **kwargs):
-        return self._encode(images, *args, **kwargs)
-
-    def decode(self, latents: torch.Tensor, *args, **kwargs):
-        return self._decode(latents, *args, **kwargs)
-
-    def forward(self, *args, **kwargs):
-        return self.vae(*args, **kwargs)
-
-
-def fixed_shapes(module: nn.Module) -> bool:
-    """True for networks that should see a fixed set of batch sizes: compiled (each new shape
-    compiles, or records a CUDA graph) or TensorRT engines (a CUDA graph per shape)."""
-    from torch._dynamo.eval_frame import OptimizedModule
-
-    from streamstudio.kernels.tensorrt.runtime import _EngineModule
-
-    return isinstance(module, (CompiledUNet, CompiledVAE, OptimizedModule, _EngineModule))
-
-
 def compile_kwargs(device: torch.device, cuda_graphs: bool) -> dict:
     """reduce-overhead (CUDA graphs) on a GPU when asked; inductor's default elsewhere."""
     if device.type == "cuda" and cuda_graphs:
@@ -318,29 +271,47 @@ def compile_kwargs(device: torch.device, cuda_graphs: bool) -> dict:
     return {}
 
 
-class CompiledUNet(nn.Module):
-    """A UNet run through torch.compile, fed contiguous inputs: the pipeline's text embeddings
-    and timesteps are often expanded views (stride 0 over the batch), and a compiled graph's
-    guards check strides, so an expanded and a contiguous call of one size would compile twice."""
+class CompiledImageNet(WrappedImageNet):
+    """The image seam with eps, encode and decode through torch.compile, fed contiguous
+    inputs: the pipeline's text embeddings and timesteps are often expanded views (stride 0
+    over the batch), and a compiled graph's guards check strides, so an expanded and a
+    contiguous call of one size would compile twice. Feature-bank calls run eagerly on `inner`.
 
-    def __init__(self, unet: nn.Module, **compile_kwargs):
-        super().__init__()
-        self.unet = unet
-        self._compiled = torch.compile(unet, **compile_kwargs)
+    encode never uses CUDA graphs: the stream keeps the input latents across calls (flush
+    feeds the last input again), and a graph replay would overwrite them; decode's images are
+    converted to frames at once, so it may."""
 
-    @property
-    def config(self):
-        return self.unet.config
+    fixed_shapes = True
 
-    def forward(self, sample, timestep, encoder_hidden_states=None, *args, **kwargs):
-        b = sample.shape[0]  # (B, 4, h, w)
-        t = torch.as_tensor(timestep, device=sample.device).reshape(-1)
-        t = (t.expand(b) if t.numel() == 1 else t).contiguous()  # (B,)
-        if encoder_hidden_states is not None:
-            text = encoder_hidden_states
-            text = (text.expand(b, -1, -1) if text.shape[0] == 1 else text).contiguous()  # (B, L, D)
-            kwargs["encoder_hidden_states"] = text
-        return self._compiled(sample.contiguous(), t, *args, **kwargs)
+    def __init__(self, inner: ImageNet, **compile_kwargs):
+        super().__init__(inner)
+        encode_kwargs = {k: v for k, v in compile_kwargs.items() if not (k == "mode" and v == "reduce-overhead")}
+        # three functions of their own: dynamo's recompile limit counts the compiled shapes per code object
+        self._eps = torch.compile(self._eps_flat, **compile_kwargs)
+        self._encode = torch.compile(self._encode_eager, **encode_kwargs)
+        self._decode = torch.compile(self._decode_eager, **compile_kwargs)
+
+    def _eps_flat(self, layout, x, t, *cond):  # (B, 4, h, w), (B,), the condition's tensors
+        return self.inner.eps(x, t, ImageCond.unflatten(layout, cond))
+
+    def _encode_eager(self, images):
+        return self.inner.encode(images)
+
+    def _decode_eager(self, latents):
+        return self.inner.decode(latents)
+
+    def eps(self, x, t, cond, bank=None):
+        if bank:
+            return self.inner.eps(x, t, cond, bank)
+        t, cond = broadcast(x.shape[0], t, cond, x.device)  # (B,), B rows
+        layout, tensors = cond.flatten()
+        return self._eps(layout, x.contiguous(), t.contiguous(), *(c.contiguous() for c in tensors))
+
+    def encode(self, images):
+        return self._encode(images)
+
+    def decode(self, latents):
+        return self._decode(latents)
 
 
 RECOMPILE_LIMIT = 32  # compiled shapes per function: every bucket (and the odd priming size) fits
@@ -357,39 +328,25 @@ def _allow_recompiles(limit: int = RECOMPILE_LIMIT) -> None:
 
 def _compiled(comps: SDComponents, cuda_graphs: bool, options: dict) -> SDComponents:
     _allow_recompiles()
-    device = next(comps.unet.parameters()).device
-    kw = {**compile_kwargs(device, cuda_graphs), **options}
-    unet = CompiledUNet(comps.unet, **kw)
-    vae = CompiledVAE(comps.vae, **kw)
+    kw = {**compile_kwargs(comps.net.device, cuda_graphs), **options}
     note = f"acceleration: torch.compile ({', '.join(f'{k}={v}' for k, v in kw.items()) or 'default'})"
-    return replace(comps, unet=unet, vae=vae, notes=[*comps.notes, note])
+    return replace(comps, network=CompiledImageNet(comps.net, **kw), notes=[*comps.notes, note])
 
 
 # ---------------------------------------------------------------------------------------------
 # TensorRT
 # ---------------------------------------------------------------------------------------------
 
-def image_specs(comps: SDComponents, parts: tuple[str, ...] = IMAGE_PARTS) -> list[ExportSpec]:
-    """Export specs of the image model's networks (UNet, VAE encoder, VAE decoder)."""
-    text_len = int(getattr(comps.tokenizer, "model_max_length", 77))
-    makers = {"unet": lambda: unet_spec(comps.unet, text_len=text_len, latent_scale=comps.vae_scale_factor),
-              "vae_encoder": lambda: vae_encoder_spec(comps.vae), "vae_decoder": lambda: vae_decoder_spec(comps.vae)}
-    unknown = [p for p in parts if p not in makers]
-    if unknown:
-        raise StreamStudioError(f"unknown network(s) {unknown}; choose from {', '.join(makers)}")
-    return [makers[p]() for p in parts]
-
-
 def _tensorrt(comps: SDComponents, engine_dir, shapes: ShapeRange | None, precision: str, cuda_graphs: bool,
               parts: tuple[str, ...], plan: BatchPlan | None = None) -> SDComponents:
     if not trt_kernels.tensorrt_available():
         say_once(f"{trt_kernels.INSTALL_HINT}; acceleration 'tensorrt' falls back to the torch path")
         return replace(comps, notes=[*comps.notes, "acceleration: tensorrt unavailable, torch path"])
-    device = next(comps.unet.parameters()).device
+    device = comps.net.device
     if device.type != "cuda":
         say_once("TensorRT engines need the model on a CUDA GPU; acceleration 'tensorrt' falls back to the torch path")
         return replace(comps, notes=[*comps.notes, "acceleration: tensorrt needs a GPU, torch path"])
-    from streamstudio.kernels.tensorrt.runtime import TRTEngine, UNetEngine, VAEEngine
+    from streamstudio.kernels.tensorrt.runtime import TRTEngine
 
     cache = EngineCache(engine_dir)
     engines: dict[str, TRTEngine] = {}
@@ -404,14 +361,11 @@ def _tensorrt(comps: SDComponents, engine_dir, shapes: ShapeRange | None, precis
         if plan is not None and cuda_graphs:  # every shape that will be sent, captured before streams run
             engines[spec.name].capture_all([spec.input_shapes(b, plan.height, plan.width)
                                             for b in plan.sizes[spec.name]])
-    unet = UNetEngine(engines["unet"], comps.unet) if "unet" in engines else comps.unet
-    vae = comps.vae
-    if "vae_encoder" in engines or "vae_decoder" in engines:
-        vae = VAEEngine(comps.vae, engines.get("vae_encoder"), engines.get("vae_decoder"))
+    net = EngineImageNet(comps.net, engines.get("unet"), engines.get("vae_encoder"), engines.get("vae_decoder"))
     note = f"acceleration: tensorrt {precision} ({', '.join(engines) or 'no engines'}) from {cache.root}"
     if plan is not None:
         note += f"; unet batches {plan.sizes['unet']}"
-    return replace(comps, unet=unet, vae=vae, notes=[*comps.notes, note])
+    return replace(comps, network=net, notes=[*comps.notes, note])
 
 
 def engine_shapes(part: str, plan: BatchPlan | None, shapes: ShapeRange | None = None) -> ShapeRange:
@@ -459,17 +413,6 @@ def build_engines(specs: list[ExportSpec], engine_dir: str | Path | None = None,
     return [ensure_engine(spec, cache, engine_shapes(spec.name, plan, shapes), precision=precision) for spec in specs]
 
 
-def video_export_spec(model: nn.Module, frames: int, height: int, width: int) -> tuple[ExportSpec, tuple[int, int]]:
-    """The StreamDiT video network's spec (fixed buffer length and frame size, dynamic batch)
-    and the (height, width) to export it at."""
-    from streamstudio.models.stream_dit import TextCondition
-
-    cfg = model.cfg
-    spec = video_spec(model, TextCondition, frames=frames, channels=cfg.in_channels,
-                      text_len=cfg.text.max_tokens + 1, text_dim=cfg.hidden_size)
-    return spec, (height, width)
-
-
 def apply_video_acceleration(model: nn.Module, mode: str, *, frames: int, height: int, width: int,
                              max_batch: int = 1, engine_dir: str | Path | None = None, precision: str = "fp16",
                              cuda_graphs: bool = True, compile_options: dict | None = None) -> nn.Module:
@@ -489,7 +432,7 @@ def apply_video_acceleration(model: nn.Module, mode: str, *, frames: int, height
     if device.type != "cuda":
         say_once("TensorRT engines need the model on a CUDA GPU; acceleration 'tensorrt' falls back to the torch path")
         return model
-    from streamstudio.kernels.tensorrt.runtime import TRTEngine, VideoEngine
+    from streamstudio.kernels.tensorrt.runtime import TRTEngine
 
     spec, _ = video_export_spec(model, frames, height, width)
     shapes = ShapeRange((1, 1, max_batch), (height,) * 3, (width,) * 3)

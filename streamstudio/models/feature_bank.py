@@ -27,11 +27,12 @@ one batch).
 Many streams share one UNet: the bank is the stream's own (`FeatureBank`), and the processor
 reads the rows of the current call from a context (`attending`), a list of row segments each
 naming its bank, so one batched UNet call can serve several streams with their own banks.
-`install`/`attending` put the bank processors on the UNet's `attn1` layers only for the
-duration of a bank call and put the previous processors back afterwards: calls without a bank
+`attending` puts the bank processors on the UNet's `attn1` layers only for the
+duration of a bank call and puts the previous processors back afterwards: calls without a bank
 run the original processors untouched (bit-exact), and compiled graphs or TensorRT engines of
-the same UNet never see the bank code. The UNet's calls must be serialized (one executor
-thread, or the model lock), as they are everywhere in StreamStudio.
+the same UNet never see the bank code. Bank calls reach it through the image seam,
+`models/image_net.ImageNet.eps(..., bank=segments)`. The UNet's calls must be serialized (one
+executor thread, or the model lock), as they are everywhere in StreamStudio.
 """
 
 from __future__ import annotations
@@ -44,8 +45,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-
-from streamstudio.errors import StreamStudioError
 
 FUSION_LAYERS = ("mid_block", "up_blocks.0", "up_blocks.1")  # the reference's feature-injection layers
 
@@ -132,30 +131,6 @@ class BankRows:
 # (start row, BankRows) segments of the batch of the UNet call now running on this thread
 _ATTENDING: contextvars.ContextVar[tuple[tuple[int, BankRows], ...] | None] = contextvars.ContextVar(
     "streamstudio_feature_bank_attending", default=None)
-# the BankRows a pipeline asks of the UNet it calls (read by a UNet wrapper that runs elsewhere)
-_REQUESTED: contextvars.ContextVar[BankRows | None] = contextvars.ContextVar(
-    "streamstudio_feature_bank_requested", default=None)
-
-
-def requested() -> BankRows | None:
-    """The bank rows the calling pipeline asks for (see `run_unet`); None when none."""
-    return _REQUESTED.get()
-
-
-def eager_unet(unet: torch.nn.Module) -> torch.nn.Module:
-    """The diffusers UNet under a compile wrapper (`.unet`); raises when there is none (a
-    TensorRT engine has no attention layers to extend)."""
-    seen = 0
-    while not hasattr(unet, "attn_processors"):
-        inner = getattr(unet, "unet", None)
-        if not isinstance(inner, torch.nn.Module) or seen > 4:
-            raise StreamStudioError(
-                "the feature bank needs the torch UNet (its self-attention layers); this UNet is "
-                f"{type(unet).__name__} (a TensorRT engine?): use --temporal feedback, or --acceleration none/compile")
-        unet, seen = inner, seen + 1
-    return unet
-
-
 def self_attention_layers(unet: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     """(name, Attention) of every self-attention layer (`attn1`) of a diffusers UNet."""
     return [(name, module) for name, module in unet.named_modules() if name.endswith("attn1")
@@ -183,26 +158,6 @@ def attending(unet: torch.nn.Module, segments: Sequence[tuple[int, BankRows]]):
             for module, processor in saved:
                 module.set_processor(processor)
         _ATTENDING.reset(token)
-
-
-def run_unet(unet: torch.nn.Module, rows: BankRows | None, x: torch.Tensor, t: torch.Tensor,
-             text: torch.Tensor) -> torch.Tensor:
-    """unet(x, t, text).sample, with the feature bank for `rows` (None: a plain call).
-
-    A UNet wrapper that runs the network elsewhere (the cross-stream batching executor) says so
-    with `handles_feature_bank = True` and reads the rows with `requested()`; otherwise the
-    diffusers UNet under the wrapper runs here, eagerly, with the bank processors."""
-    if rows is None:
-        return unet(x, t, encoder_hidden_states=text).sample
-    if getattr(unet, "handles_feature_bank", False):
-        token = _REQUESTED.set(rows)
-        try:
-            return unet(x, t, encoder_hidden_states=text).sample
-        finally:
-            _REQUESTED.reset(token)
-    eager = eager_unet(unet)
-    with attending(eager, [(0, rows)]):
-        return eager(x, t, encoder_hidden_states=text).sample
 
 
 class BankAttnProcessor:

@@ -21,6 +21,7 @@ import torch
 
 from streamstudio.errors import ModelNotFoundError, StreamStudioError
 from streamstudio.models import sdxl, tiny
+from streamstudio.models.image_net import DiffusersImageNet, ImageNet, latent_scale
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,7 @@ class SDComponents:
     tokenizer_2: object | None = None  # SDXL: the second encoder's tokenizer
     vae_upcast: bool = False  # keep the VAE in float32 (SDXL's own VAE overflows in float16)
     loras: object | None = None  # the users' LoRAs on these networks (models/lora.LoraSet), changeable live
+    network: ImageNet | None = None  # an accelerated or batched variant of the seam (None: eager)
 
     @property
     def is_sdxl(self) -> bool:
@@ -55,12 +57,18 @@ class SDComponents:
         return sdxl.is_sdxl_unet(self.unet)
 
     @property
+    def net(self) -> ImageNet:
+        """The seam every UNet and VAE call goes through (`models/image_net.py`): `network`, or
+        the eager diffusers adapter of `unet` and `vae`."""
+        return self.network if self.network is not None else DiffusersImageNet(self.unet, self.vae)
+
+    @property
     def prediction_type(self) -> str:
         return self.scheduler_config.get("prediction_type", "epsilon")
 
     @property
     def vae_scale_factor(self) -> int:
-        return 2 ** (len(self.vae.config.block_out_channels) - 1) if hasattr(self.vae.config, "block_out_channels") else 8
+        return latent_scale(self.vae)
 
     def to(self, device: torch.device, dtype: torch.dtype) -> "SDComponents":
         for module in (self.unet, self.vae, self.text_encoder, self.text_encoder_2):

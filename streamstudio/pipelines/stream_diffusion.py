@@ -71,6 +71,7 @@ from streamstudio import kernels
 from streamstudio.errors import StreamStudioError
 from streamstudio.kernels.reference import CFG_CODES, CFG_FULL, CFG_INITIALIZE, CFG_NONE
 from streamstudio.models import feature_bank
+from streamstudio.models.image_net import ImageCond, check_bank
 from streamstudio.models.loading import SDComponents
 from streamstudio.pipelines.live_settings import check_config
 from streamstudio.pipelines.similarity_filter import SimilarityFilter, SimilarityFilterConfig
@@ -166,9 +167,8 @@ class StreamDiffusion:
                  prompt: PromptSpec = "", negative_prompt: str = ""):
         self.comps = components
         self.config = (config or StreamDiffusionConfig()).validate()
-        self.unet, self.vae = components.unet, components.vae
-        param = next(self.unet.parameters())
-        self.device, self.dtype = param.device, param.dtype
+        self.net = components.net  # the image seam: every UNet and VAE call goes through it
+        self.device, self.dtype = self.net.device, self.net.dtype
         self.stats = StreamStats()
         self._host_buffers: dict[str, torch.Tensor] = {}  # pinned staging buffers (GPU only)
         self._embed_cache: dict[str, torch.Tensor] = {}
@@ -176,7 +176,6 @@ class StreamDiffusion:
 
         self.scheduler = LCMScheduler.from_config(components.scheduler_config)
         self.scheduler.set_timesteps(self.config.num_inference_steps)
-        self._vae_scale = float(getattr(self.vae.config, "scaling_factor", 1.0))
         self._negative = self._encode_text(negative_prompt)
         self._prompt_spec: PromptSpec = prompt
         self._text = self._blend(prompt)
@@ -239,7 +238,7 @@ class StreamDiffusion:
         old = self.config
         new = replace(old, **changes).validate()
         if new.uses_bank and not old.uses_bank:
-            feature_bank.eager_unet(self.unet)  # raises for a UNet without attention layers; nothing changed
+            check_bank(self.net)  # raises for a network without self-attention layers; nothing changed
         self.config = new
         if self.config.resolved_t_index_list() != old.resolved_t_index_list():
             self._make_schedule()
@@ -257,7 +256,7 @@ class StreamDiffusion:
         if not c.uses_bank:
             self._bank = None  # frees its memory; turning it on again starts empty
             return
-        feature_bank.eager_unet(self.unet)  # a TensorRT engine cannot take a bank: say so now
+        check_bank(self.net)  # a TensorRT engine cannot take a bank: say so now
         if self._bank is None:
             self._bank = feature_bank.FeatureBank(c.bank_size, c.bank_interval, c.bank_threshold, c.bank_fusion)
         else:
@@ -349,8 +348,8 @@ class StreamDiffusion:
 
     def _make_noise(self) -> None:
         k, n = self.config.frame_buffer_size, len(self.config.resolved_t_index_list())
-        h, w = self.config.height // self.comps.vae_scale_factor, self.config.width // self.comps.vae_scale_factor
-        self._latent_shape = (self.unet.config.in_channels, h, w)
+        h, w = self.config.height // self.net.latent_scale, self.config.width // self.net.latent_scale
+        self._latent_shape = (self.net.latent_channels, h, w)
         gen = torch.Generator("cpu").manual_seed(self.config.seed)
         self._noise = torch.randn((n * k, *self._latent_shape), generator=gen).to(self.device, self.dtype)  # (N*k, 4, h, w)
         self._noise_next = torch.roll(self._noise, -k, dims=0)  # row of slot j gets slot j+1's noise
@@ -362,7 +361,7 @@ class StreamDiffusion:
         """The UNet over rows x; `bank_rows` (feature_bank.BankRows: a key and a write flag per
         row) when the feature bank is on (None: a plain call)."""
         self.stats.unet_samples += x.shape[0]
-        return feature_bank.run_unet(self.unet, bank_rows, x, t, text)
+        return self.net.eps(x, t, ImageCond(text=text), None if bank_rows is None else [(0, bank_rows)])
 
     def _predict_eps(self, x: torch.Tensor, t: torch.Tensor, coef: torch.Tensor, cfg: int, first_rows: int,
                      slots: Sequence[tuple[int, int]] | None = None):
@@ -418,12 +417,10 @@ class StreamDiffusion:
 
     def _encode(self, images: torch.Tensor) -> torch.Tensor:
         """(k, 3, H, W) in [-1, 1] -> (k, 4, H/8, W/8) scaled latents."""
-        enc = self.vae.encode(images.to(self.device, self.dtype))
-        latents = enc.latents if hasattr(enc, "latents") else enc.latent_dist.mean
-        return latents * self._vae_scale
+        return self.net.encode(images.to(self.device, self.dtype))
 
     def _decode(self, latents: torch.Tensor) -> list[np.ndarray]:
-        images = self.vae.decode(latents / self._vae_scale).sample  # (k, 3, H, W)
+        images = self.net.decode(latents)  # (k, 3, H, W)
         return list(self._download(kernels.postprocess(images)))  # k x (H, W, 3) uint8
 
     # ------------------------------------------------------------------ host <-> device

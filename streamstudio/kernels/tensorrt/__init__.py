@@ -1,6 +1,7 @@
 """TensorRT acceleration: ONNX export (checked against onnxruntime), fp16 engine build with
 dynamic batch / resolution profiles, an engine cache keyed by everything that makes an engine
-valid, and runtime wrappers with the torch modules' call signatures.
+valid, and the engine runtime. Generic machinery only: the specs and engine wrappers of the
+project's networks are in `models/export_specs.py`.
 
 TensorRT is optional (`pip install streamstudio[tensorrt]`): without it `tensorrt_available()`
 is False, `require_tensorrt()` raises `TensorRTUnavailable`, and callers keep the torch path.
@@ -57,12 +58,10 @@ def require_tensorrt() -> ModuleType:
 
 
 from streamstudio.kernels.tensorrt.cache import EngineCache, EngineKey, gpu_identity, model_identity  # noqa: E402
-from streamstudio.kernels.tensorrt.export import (  # noqa: E402
-    ExportSpec, OnnxCheck, check_onnx, export_onnx, unet_spec, vae_decoder_spec, vae_encoder_spec, video_spec,
-)
+from streamstudio.kernels.tensorrt.export import ExportSpec, OnnxCheck, check_onnx, export_onnx  # noqa: E402
 
 __all__ = [
     "TensorRTUnavailable", "tensorrt_available", "tensorrt_version", "require_tensorrt", "INSTALL_HINT",
     "EngineCache", "EngineKey", "gpu_identity", "model_identity", "ExportSpec", "OnnxCheck", "check_onnx",
-    "export_onnx", "unet_spec", "vae_encoder_spec", "vae_decoder_spec", "video_spec",
+    "export_onnx",
 ]

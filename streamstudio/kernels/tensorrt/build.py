@@ -53,7 +53,7 @@ def engine_key(spec: ExportSpec, shapes: ShapeRange, precision: str = "fp16", mo
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     return EngineKey.make(spec.name, model_id or model_identity(spec.source), profile_for(spec, shapes), precision,
                           tensorrt_version(), gpu_identity(spec.param().device if spec.param().is_cuda else None),
-                          opset=DEFAULT_OPSET)
+                          opset=DEFAULT_OPSET, export=type(spec.module).__qualname__)  # what the graph computes
 
 
 def onnx_float_type(onnx_path: str | Path) -> str | None:

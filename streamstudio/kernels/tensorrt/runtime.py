@@ -1,7 +1,6 @@
 """Running TensorRT engines from torch: `TRTEngine` (named CUDA tensors in and out, on torch's
-current stream, optionally replayed from a CUDA graph per input shape), and modules with the
-call signatures of the torch modules they replace (`UNetEngine` for diffusers' UNet,
-`VAEEngine` for AutoencoderKL / AutoencoderTiny)."""
+current stream, optionally replayed from a CUDA graph per input shape). The networks that run
+on engines wrap it in `models/export_specs.py`."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from streamstudio.kernels.tensorrt import require_tensorrt
 
@@ -191,116 +189,3 @@ class TRTEngine:
         self._graphs[key] = entry
         log.debug("captured a CUDA graph of %s for %s", self.path.name, key)
         return entry
-
-
-# ---------------------------------------------------------------------------------------------
-# Drop-in modules
-# ---------------------------------------------------------------------------------------------
-
-@dataclass
-class UNetOutput:
-    sample: torch.Tensor
-
-
-@dataclass
-class EncoderOutput:
-    latents: torch.Tensor
-
-
-@dataclass
-class DecoderOutput:
-    sample: torch.Tensor
-
-
-class _EngineModule(nn.Module):
-    """Keeps the replaced module's config and reports its device and dtype through one empty
-    parameter (callers use next(module.parameters()) for those)."""
-
-    def __init__(self, like: nn.Module):
-        super().__init__()
-        param = next(like.parameters())
-        self.config = getattr(like, "config", None)
-        self.anchor = nn.Parameter(torch.empty(0, device=param.device, dtype=param.dtype), requires_grad=False)
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.anchor.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.anchor.device
-
-
-class UNetEngine(_EngineModule):
-    """unet(sample, timestep, encoder_hidden_states, return_dict=True) -> .sample, as diffusers."""
-
-    def __init__(self, engine: TRTEngine, unet: nn.Module):
-        super().__init__(unet)
-        self.engine = engine
-
-    def forward(self, sample, timestep, encoder_hidden_states=None, return_dict: bool = True, **kwargs):
-        extra = [k for k, v in kwargs.items() if v is not None]
-        if extra:
-            raise TypeError(f"the UNet engine takes no {extra}; use the torch UNet for them")
-        b = sample.shape[0]  # (B, 4, h, w)
-        t = torch.as_tensor(timestep, device=sample.device).reshape(-1)  # (B,) or (1,)
-        t = t.expand(b) if t.numel() == 1 else t
-        out = self.engine(sample=sample, timestep=t, encoder_hidden_states=encoder_hidden_states)["latent"]
-        out = out.to(sample.dtype)  # (B, 4, h, w)
-        return UNetOutput(out) if return_dict else (out,)
-
-
-class VAEEngine(_EngineModule):
-    """vae.encode(images).latents and vae.decode(latents).sample through engines; a missing
-    engine (None) falls back to the torch VAE kept inside."""
-
-    def __init__(self, vae: nn.Module, encoder: TRTEngine | None, decoder: TRTEngine | None):
-        super().__init__(vae)
-        self.vae = vae
-        self.encoder_engine = encoder
-        self.decoder_engine = decoder
-
-    def encode(self, images: torch.Tensor, return_dict: bool = True):
-        if self.encoder_engine is None:
-            return self.vae.encode(images, return_dict=return_dict)
-        latents = self.encoder_engine(images=images)["latents"].to(images.dtype)  # (B, 4, H/8, W/8)
-        return EncoderOutput(latents) if return_dict else (latents,)
-
-    def decode(self, latents: torch.Tensor, return_dict: bool = True, **kwargs):
-        if self.decoder_engine is None:
-            return self.vae.decode(latents, return_dict=return_dict, **kwargs)
-        images = self.decoder_engine(latents=latents)["images"].to(latents.dtype)  # (B, 3, H, W)
-        return DecoderOutput(images) if return_dict else (images,)
-
-    def forward(self, images: torch.Tensor):
-        return self.decode(self.encode(images).latents)
-
-
-class VideoEngine(_EngineModule):
-    """model(x, t, text) -> velocity for a video network exported with `video_spec`.
-
-    `text` is any object with tokens (B, L, D), mask (B, L) and pooled (B, D) (StreamDiT's
-    TextCondition); tokens are padded with masked-out zeros to the engine's text length.
-    Everything else (encode_text, cfg) is the wrapped torch model's.
-    """
-
-    def __init__(self, engine: TRTEngine, model: nn.Module, text_len: int):
-        super().__init__(model)
-        self.engine = engine
-        self.model = model
-        self.text_len = text_len
-        self.cfg = getattr(model, "cfg", None)
-
-    def encode_text(self, prompts):
-        return self.model.encode_text(prompts)
-
-    def forward(self, x: torch.Tensor, t: torch.Tensor, text) -> torch.Tensor:
-        tokens, mask = text.tokens, text.mask  # (B, L, D), (B, L)
-        pad = self.text_len - tokens.shape[1]
-        if pad < 0:
-            raise ValueError(f"the video engine takes at most {self.text_len} text tokens, got {tokens.shape[1]}")
-        if pad:
-            tokens = torch.nn.functional.pad(tokens, (0, 0, 0, pad))
-            mask = torch.nn.functional.pad(mask, (0, pad), value=False)
-        out = self.engine(x=x, t=t, text_tokens=tokens, text_mask=mask, text_pooled=text.pooled)["velocity"]
-        return out.to(x.dtype)  # (B, F, C, H, W)

@@ -1,0 +1,247 @@
+"""Export specs of the project's networks, and the networks that run on their engines.
+
+Image: the three calls of the image seam (`models/image_net.py`) are exported as they are, so
+an engine computes exactly what the eager call does (the VAE's scaling included):
+
+    unet          (sample (B, 4, h, w), timestep (B,), one input per ImageCond tensor) -> latent (B, 4, h, w)
+    vae_encoder   images (B, 3, H, W) in [-1, 1] -> latents (B, 4, H/8, W/8), scaled
+    vae_decoder   latents (B, 4, h, w), scaled -> images (B, 3, H, W)
+
+The condition's inputs are named after its fields (`cond_feeds`): the spec and `EngineImageNet`
+feed them by the same names. `height`/`width` of the image specs are pixels.
+
+Video: the StreamDiT velocity network at a fixed buffer length and latent frame size (window
+attention's layout depends on them), with a dynamic batch; `height`/`width` are latent pixels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from streamstudio.errors import StreamStudioError
+from streamstudio.kernels.tensorrt.export import ExportSpec, random_normal, random_uniform
+from streamstudio.kernels.tensorrt.runtime import TRTEngine
+from streamstudio.models.image_net import (DiffusersImageNet, ImageCond, ImageNet, Layout, WrappedImageNet, broadcast,
+                                          check_bank)
+
+IMAGE_PARTS = ("unet", "vae_encoder", "vae_decoder")
+
+
+def cond_feeds(cond: ImageCond) -> dict[str, torch.Tensor]:
+    """The condition's tensors by input name: a field's own name, or name_i for a tuple's i-th."""
+    layout, tensors = cond.flatten()
+    names = [n for name, count in layout for n in ([name] if count < 0 else [f"{name}_{i}" for i in range(count)])]
+    return dict(zip(names, tensors))
+
+
+# ---------------------------------------------------------------------------------------------
+# Image: the seam's calls as tensors-in, tensor-out modules
+# ---------------------------------------------------------------------------------------------
+
+class EpsExport(nn.Module):
+    def __init__(self, net: DiffusersImageNet, layout: Layout):
+        super().__init__()
+        self.unet = net.unet  # registered: its weights are the graph's
+        self.net, self.layout = net, layout
+
+    def forward(self, sample, timestep, *cond):  # (B, 4, h, w), (B,), ImageCond's tensors
+        return self.net.eps(sample, timestep, ImageCond.unflatten(self.layout, cond))
+
+
+class EncodeExport(nn.Module):
+    def __init__(self, net: DiffusersImageNet):
+        super().__init__()
+        self.vae, self.net = net.vae, net
+
+    def forward(self, images):  # (B, 3, H, W) in [-1, 1] -> (B, 4, H/8, W/8), scaled
+        return self.net.encode(images)
+
+
+class DecodeExport(nn.Module):
+    def __init__(self, net: DiffusersImageNet):
+        super().__init__()
+        self.vae, self.net = net.vae, net
+
+    def forward(self, latents):  # (B, 4, h, w), scaled -> (B, 3, 8h, 8w)
+        return self.net.decode(latents)
+
+
+def _text_dim(unet: nn.Module) -> int:
+    dim = getattr(unet.config, "cross_attention_dim", 768)
+    return int(dim[0] if isinstance(dim, (list, tuple)) else dim)
+
+
+def eps_spec(net: DiffusersImageNet, text_len: int = 77) -> ExportSpec:
+    channels, scale, text_dim = net.latent_channels, net.latent_scale, _text_dim(net.unet)
+
+    def example_cond(b, device, dtype, gen) -> ImageCond:
+        return ImageCond(text=random_normal((b, text_len, text_dim), device, dtype, gen))
+
+    def make(b, h, w, device, dtype, gen):
+        return {"sample": random_normal((b, channels, h // scale, w // scale), device, dtype, gen),
+                "timestep": random_uniform((b,), 0.0, 999.0, device, torch.float32, gen),
+                **cond_feeds(example_cond(b, device, dtype, gen))}
+
+    meta = torch.device("meta")
+    layout = example_cond(1, meta, torch.float32, None).flatten()[0]
+    names = list(make(1, 8 * scale, 8 * scale, meta, torch.float32, None))
+    latent_axes = {0: "batch", 2: "latent_height", 3: "latent_width"}
+    axes = {name: {0: "batch"} for name in names} | {"sample": latent_axes, "latent": latent_axes}
+    return ExportSpec("unet", EpsExport(net, layout).eval(), net.unet, names, ["latent"], axes, make)
+
+
+def vae_encoder_spec(net: DiffusersImageNet) -> ExportSpec:
+    def make(b, h, w, device, dtype, gen):
+        return {"images": random_uniform((b, 3, h, w), -1.0, 1.0, device, dtype, gen)}
+
+    axes = {"images": {0: "batch", 2: "height", 3: "width"},
+            "latents": {0: "batch", 2: "latent_height", 3: "latent_width"}}
+    return ExportSpec("vae_encoder", EncodeExport(net).eval(), net.vae, ["images"], ["latents"], axes, make)
+
+
+def vae_decoder_spec(net: DiffusersImageNet) -> ExportSpec:
+    channels = int(getattr(net.vae.config, "latent_channels", 4))
+    scale = net.latent_scale
+
+    def make(b, h, w, device, dtype, gen):
+        return {"latents": random_normal((b, channels, h // scale, w // scale), device, dtype, gen)}
+
+    axes = {"latents": {0: "batch", 2: "latent_height", 3: "latent_width"},
+            "images": {0: "batch", 2: "height", 3: "width"}}
+    return ExportSpec("vae_decoder", DecodeExport(net).eval(), net.vae, ["latents"], ["images"], axes, make)
+
+
+def image_specs(comps, parts: tuple[str, ...] = IMAGE_PARTS) -> list[ExportSpec]:
+    """Export specs of an SDComponents' image networks (UNet, VAE encoder, VAE decoder)."""
+    net = comps.net.eager
+    text_len = int(getattr(comps.tokenizer, "model_max_length", 77))
+    makers = {"unet": lambda: eps_spec(net, text_len), "vae_encoder": lambda: vae_encoder_spec(net),
+              "vae_decoder": lambda: vae_decoder_spec(net)}
+    unknown = [p for p in parts if p not in makers]
+    if unknown:
+        raise StreamStudioError(f"unknown network(s) {unknown}; choose from {', '.join(makers)}")
+    return [makers[p]() for p in parts]
+
+
+class EngineImageNet(WrappedImageNet):
+    """The image seam on TensorRT engines exported from it; a call without an engine (None)
+    stays on `inner`. Engines take no feature bank (no attention layers to extend)."""
+
+    fixed_shapes = True
+
+    def __init__(self, inner: ImageNet, unet: TRTEngine | None = None, encoder: TRTEngine | None = None,
+                 decoder: TRTEngine | None = None):
+        super().__init__(inner)
+        self.unet_engine, self.encoder_engine, self.decoder_engine = unet, encoder, decoder
+
+    @property
+    def takes_bank(self) -> bool:
+        return self.unet_engine is None and self.inner.takes_bank
+
+    def eps(self, x, t, cond, bank=None):
+        if bank:
+            check_bank(self)
+        if self.unet_engine is None:
+            return self.inner.eps(x, t, cond, bank)
+        t, cond = broadcast(x.shape[0], t, cond, x.device)  # (B,), B rows
+        return self.unet_engine(sample=x, timestep=t, **cond_feeds(cond))["latent"].to(x.dtype)  # (B, 4, h, w)
+
+    def encode(self, images):
+        if self.encoder_engine is None:
+            return self.inner.encode(images)
+        return self.encoder_engine(images=images)["latents"].to(images.dtype)  # (B, 4, H/8, W/8)
+
+    def decode(self, latents):
+        if self.decoder_engine is None:
+            return self.inner.decode(latents)
+        return self.decoder_engine(latents=latents)["images"].to(latents.dtype)  # (B, 3, H, W)
+
+
+# ---------------------------------------------------------------------------------------------
+# Video
+# ---------------------------------------------------------------------------------------------
+
+class VideoExport(nn.Module):
+    """A video velocity network model(x, t, condition) whose text condition is built from
+    three tensors by `make_condition(tokens, mask, pooled)` (e.g. StreamDiT's TextCondition)."""
+
+    def __init__(self, model: nn.Module, make_condition: Callable):
+        super().__init__()
+        self.model = model
+        self.make_condition = make_condition
+
+    def forward(self, x, t, text_tokens, text_mask, text_pooled):  # (B, F, C, H, W), (B, F), (B, L, D), (B, L), (B, D)
+        return self.model(x, t, self.make_condition(text_tokens, text_mask, text_pooled))
+
+
+def video_spec(model: nn.Module, make_condition: Callable, *, frames: int, channels: int, text_len: int,
+               text_dim: int) -> ExportSpec:
+    """The video network at a fixed buffer length and frame size, with a dynamic batch."""
+
+    def make(b, h, w, device, dtype, gen):
+        mask = torch.ones((b, text_len), dtype=torch.bool, device=device)  # (B, L)
+        if device.type != "meta":
+            mask[:, text_len // 2 + 1:] = False  # padded prompts, as the runtime wrapper feeds them
+        return {"x": random_normal((b, frames, channels, h, w), device, dtype, gen),
+                "t": random_uniform((b, frames), 0.0, 1.0, device, dtype, gen),
+                "text_tokens": random_normal((b, text_len, text_dim), device, dtype, gen),
+                "text_mask": mask,
+                "text_pooled": random_normal((b, text_dim), device, dtype, gen)}
+
+    names = ["x", "t", "text_tokens", "text_mask", "text_pooled"]
+    axes = {n: {0: "batch"} for n in names + ["velocity"]}
+    return ExportSpec("video", VideoExport(model, make_condition).eval(), model, names, ["velocity"], axes, make)
+
+
+def video_export_spec(model: nn.Module, frames: int, height: int, width: int) -> tuple[ExportSpec, tuple[int, int]]:
+    """The StreamDiT video network's spec (fixed buffer length and frame size, dynamic batch)
+    and the (height, width) to export it at."""
+    from streamstudio.models.stream_dit import TextCondition
+
+    cfg = model.cfg
+    spec = video_spec(model, TextCondition, frames=frames, channels=cfg.in_channels,
+                      text_len=cfg.text.max_tokens + 1, text_dim=cfg.hidden_size)
+    return spec, (height, width)
+
+
+class VideoEngine(nn.Module):
+    """model(x, t, text) -> velocity for a video network exported with `video_spec`.
+
+    `text` is any object with tokens (B, L, D), mask (B, L) and pooled (B, D) (StreamDiT's
+    TextCondition); tokens are padded with masked-out zeros to the engine's text length.
+    Everything else (encode_text, cfg, config) is the wrapped torch model's; one empty
+    parameter reports its device and dtype (callers use next(module.parameters())).
+    """
+
+    def __init__(self, engine: TRTEngine, model: nn.Module, text_len: int):
+        super().__init__()
+        param = next(model.parameters())
+        self.anchor = nn.Parameter(torch.empty(0, device=param.device, dtype=param.dtype), requires_grad=False)
+        self.engine, self.model, self.text_len = engine, model, text_len
+        self.config = getattr(model, "config", None)
+        self.cfg = getattr(model, "cfg", None)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.anchor.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.anchor.device
+
+    def encode_text(self, prompts):
+        return self.model.encode_text(prompts)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor, text) -> torch.Tensor:
+        tokens, mask = text.tokens, text.mask  # (B, L, D), (B, L)
+        pad = self.text_len - tokens.shape[1]
+        if pad < 0:
+            raise ValueError(f"the video engine takes at most {self.text_len} text tokens, got {tokens.shape[1]}")
+        if pad:
+            tokens = torch.nn.functional.pad(tokens, (0, 0, 0, pad))
+            mask = torch.nn.functional.pad(mask, (0, pad), value=False)
+        out = self.engine(x=x, t=t, text_tokens=tokens, text_mask=mask, text_pooled=text.pooled)["velocity"]
+        return out.to(x.dtype)  # (B, F, C, H, W)
