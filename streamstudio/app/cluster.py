@@ -32,13 +32,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from streamstudio.app.segments import (Piece, keyframe_indices, open_input, part_done, plan_pieces, remove_parts,
+from streamstudio.app.segments import (MIN_SEGMENT, Piece, keyframe_indices, open_input, part_done, plan_pieces, remove_parts,
                                        render_piece, split_allowed, stitch, write_json)
 from streamstudio.errors import StreamStudioError
 
 VIDEO_SUFFIXES = (".mp4", ".mkv", ".mov", ".webm", ".avi", ".m4v", ".flv", ".ts", ".mpg", ".mpeg", ".wmv")
 WORK_DIR = ".streamstudio-batch"  # the job list, segment parts and unfinished outputs, beside the outputs
-SEGMENT_FRAMES = 3000  # default frames per segment (100 s at 30 fps): a file of two or more is split
 MAX_ATTEMPTS = 3  # a job whose worker died this many times is reported as failed
 SCALE_OUT = ("to render on several GPUs or machines: pip install 'streamstudio[ray]', then --workers N "
              "(this machine) or --cluster ray://HEAD:10001 (docs/cluster.md)")
@@ -54,9 +53,10 @@ def add_arguments(group) -> None:
                             "when --workers or several GPUs ask for one) or here, one job after another (local)")
     group.add_argument("--workers", type=int, default=None,
                        help="batch workers: starts a local Ray with N workers (default: one per GPU, else one)")
-    group.add_argument("--segment-frames", type=int, default=SEGMENT_FRAMES,
-                       help=f"batch: a file of at least twice this many frames is cut into segments of about "
-                            f"this many, rendered in parallel and stitched (default {SEGMENT_FRAMES})")
+    group.add_argument("--segment-frames", type=int, default=None,
+                       help="batch: a file of at least twice this many frames is cut into segments of about this "
+                            "many, rendered in parallel and stitched (default: one segment per worker for files of "
+                            f"at least {MIN_SEGMENT} frames per worker)")
 
 
 # ---------------------------------------------------------------------------- inputs and outputs
@@ -440,7 +440,7 @@ def make_executor(args, settings: dict):
         return RayExecutor(settings, os.environ["RAY_ADDRESS"], args.workers)
     import torch
 
-    if (args.workers or 1) > 1 or torch.cuda.device_count() > 1:
+    if args.workers is not None or torch.cuda.device_count() > 1:
         return RayExecutor(settings, None, args.workers)
     print(f"note: one worker, so the jobs run one after another here; {SCALE_OUT}", file=sys.stderr)
     return LocalExecutor(settings)
@@ -455,15 +455,13 @@ class FileJob:
     done: set[str] = field(default_factory=set)
 
 
-def plan(args, inputs: list[Path], outputs: list[Path], work: Path) -> tuple[list[FileJob], dict[str, str]]:
+def plan(args, inputs: list[Path], outputs: list[Path], work: Path, workers: int) -> tuple[list[FileJob], dict[str, str]]:
     """Each input's pieces; inputs that cannot be read are failures (name -> why), not jobs."""
     from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
 
     config = StreamDiffusionConfig(temporal=args.temporal, feedback_weight=args.feedback_weight,
                                    bank_size=args.bank_size)
     whole = split_allowed(config)
-    if args.segment_frames < 1:
-        raise StreamStudioError("--segment-frames must be at least 1")
     jobs, failed = [], {}
     for src, dst in zip(inputs, outputs):
         try:
@@ -477,11 +475,13 @@ def plan(args, inputs: list[Path], outputs: list[Path], work: Path) -> tuple[lis
         except StreamStudioError as exc:
             failed[src.name] = str(exc)
             continue
-        segment = args.segment_frames if whole is None else 0
-        pieces = plan_pieces(str(src), str(dst), str(work / "parts" / dst.name), frames, keys, segment,
-                             args.max_frames, rate)
-        if whole is not None and segment == 0 and args.segment_frames != SEGMENT_FRAMES:
-            print(f"note: {src.name} is rendered whole: {whole}", file=sys.stderr)
+        if whole is None:
+            pieces = plan_pieces(str(src), str(dst), str(work / "parts" / dst.name), frames, keys,
+                                 args.segment_frames, workers, args.max_frames, rate)
+        else:
+            pieces = plan_pieces(str(src), str(dst), "", frames, [], 0, 1, args.max_frames, rate)
+            if args.segment_frames:
+                print(f"note: {src.name} is rendered whole: {whole}", file=sys.stderr)
         jobs.append(FileJob(src, dst, pieces))
     return jobs, failed
 
@@ -490,6 +490,7 @@ def run_batch(args, on_progress: Callable[[dict], None] | None = None) -> int:
     """`render` with --cluster/--workers or several inputs. Returns the exit code (1 when a
     file failed). `on_progress` gets each progress snapshot (worker name -> frames, busy
     seconds, job, pid)."""
+    import threading
     from concurrent.futures import ThreadPoolExecutor
 
     from tqdm import tqdm
@@ -504,25 +505,39 @@ def run_batch(args, on_progress: Callable[[dict], None] | None = None) -> int:
     outputs, work = output_paths(inputs, args.output)
     settings = settings_of(args)
     joblist = JobList(work, settings)
-    jobs, failed = plan(args, inputs, outputs, work)
-    skipped = [job for job in jobs if joblist.finished(job.output)]
-    jobs = [job for job in jobs if job not in skipped]
+    if args.segment_frames is not None and args.segment_frames < 1:
+        raise StreamStudioError("--segment-frames must be at least 1")
+    todo = [(src, dst) for src, dst in zip(inputs, outputs) if not joblist.finished(dst)]
+    executor = make_executor(args, settings) if todo else None  # its worker count sets the default cuts
+    jobs, failed = plan(args, [s for s, _ in todo], [d for _, d in todo], work, executor.workers if executor else 1)
+    skipped = len(inputs) - len(todo)
     pending = []
     for job in jobs:
         job.done = {p.key for p in job.pieces if p.part is not None and part_done(p.part)}
         pending += [p for p in job.pieces if p.key not in job.done]
-    pending.sort(key=lambda p: -(p.frames or 0))  # longest first: the last jobs to finish are short
-    executor = make_executor(args, settings) if pending else None
-    print(f"render: {len(inputs)} input(s), {len(pending)} job(s) ({sum(j.pieces[0].count > 1 for j in jobs)} "
-          f"file(s) in segments), {len(skipped)} finished output(s) skipped, on "
-          f"{executor.name if executor else 'nothing'}", file=sys.stderr)
     by_output = {str(job.output): job for job in jobs}
+    size = {str(job.output): sum(p.frames or 0 for p in job.pieces) for job in jobs}
+    # longest files first (the last jobs to finish are short), a file's segments in order (its stitch follows them)
+    pending.sort(key=lambda p: (-size[p.output], p.index))
+    print(f"render: {len(inputs)} input(s), {len(pending)} job(s) ({sum(j.pieces[0].count > 1 for j in jobs)} "
+          f"file(s) in segments), {skipped} finished output(s) skipped, on "
+          f"{executor.name if executor else 'nothing'}", file=sys.stderr)
     rendered: list[FileJob] = []
     t0, finished_frames, board = time.perf_counter(), [0], {}
     bar = tqdm(total=sum(p.frames or 0 for p in pending) or None, unit="frame", desc="render", dynamic_ncols=True,
-               disable=executor is None)
-    stitcher = ThreadPoolExecutor(1, thread_name_prefix="streamstudio-stitch")  # scheduling goes on meanwhile
-    stitches = {}
+               disable=not pending)
+    changed = threading.Condition()  # a piece finished or failed, or the run ended
+    ended = [False]
+
+    def ready(piece: Piece) -> bool:
+        job = by_output[piece.output]
+        with changed:
+            changed.wait_for(lambda: piece.key in job.done or job.input.name in failed or ended[0])
+            return piece.key in job.done
+
+    stitcher = ThreadPoolExecutor(1, thread_name_prefix="streamstudio-stitch")  # follows the rendering
+    stitches = {job.input.name: (job, stitcher.submit(_stitch, job, work, args, ready))
+                for job in jobs if job.pieces[0].count > 1}
 
     def on_tick(snapshot: dict) -> None:
         board.clear()
@@ -535,35 +550,37 @@ def run_batch(args, on_progress: Callable[[dict], None] | None = None) -> int:
 
     def on_result(result: PieceResult) -> None:
         job = by_output[result.key.rsplit("#", 1)[0]]
-        if result.error is not None:
-            failed[job.input.name] = result.error
-            return
-        finished_frames[0] += result.frames
-        job.done.add(result.key)
-        if len(job.done) == len(job.pieces) and job.input.name not in failed:
-            if job.pieces[0].count > 1:
-                stitches[job.input.name] = (job, stitcher.submit(_stitch, job, work, args))
+        with changed:
+            if result.error is not None:
+                failed[job.input.name] = result.error
             else:
-                joblist.record(job.output, result.frames)
-                rendered.append(job)
+                finished_frames[0] += result.frames
+                job.done.add(result.key)
+            changed.notify_all()
+        if result.error is None and job.pieces[0].count == 1:
+            joblist.record(job.output, result.frames)
+            rendered.append(job)
 
     outcome = Outcome()
     try:
-        if executor is not None:
+        if pending:
             outcome = executor.run(pending, work, on_result, on_tick)
-        for name, (job, future) in stitches.items():
-            try:
-                joblist.record(job.output, future.result())
-                rendered.append(job)
-            except StreamStudioError as exc:
-                failed[name] = f"stitching its segments: {exc}"
     finally:
+        with changed:
+            for key, why in outcome.failed.items():
+                failed[by_output[key.rsplit("#", 1)[0]].input.name] = why
+            ended[0] = True  # stitches still waiting for a part stop
+            changed.notify_all()
         stitcher.shutdown(wait=True)
         bar.close()
         if executor is not None:
             executor.close()
-    for key, why in outcome.failed.items():
-        failed[by_output[key.rsplit("#", 1)[0]].input.name] = why
+    for name, (job, future) in stitches.items():
+        try:
+            joblist.record(job.output, future.result())
+            rendered.append(job)
+        except (StreamStudioError, OSError) as exc:
+            failed.setdefault(name, f"stitching its segments: {exc}")
     return _summary(inputs, rendered, skipped, failed, outcome, board, t0)
 
 
@@ -571,23 +588,23 @@ def _worker_fps(board: dict) -> str:
     return ", ".join(f"{n} {w['frames'] / w['busy']:.1f} fps" for n, w in sorted(board.items()) if w["busy"] > 0)
 
 
-def _stitch(job: FileJob, work: Path, args) -> int:
+def _stitch(job: FileJob, work: Path, args, ready: Callable[[Piece], bool]) -> int:
     target = work / "partial" / job.output.name
     target.parent.mkdir(parents=True, exist_ok=True)
-    frames = stitch(job.pieces, target, args)
+    frames = stitch(job.pieces, target, args, ready)
     os.replace(target, job.output)
     remove_parts(job.pieces)
     return frames
 
 
-def _summary(inputs, rendered, skipped, failed, outcome: Outcome, board: dict, t0: float) -> int:
+def _summary(inputs, rendered, skipped: int, failed, outcome: Outcome, board: dict, t0: float) -> int:
     seconds = time.perf_counter() - t0
     frames = sum(r.frames for r in outcome.results)
     fps = _worker_fps(board)
     stitched = sum(job.pieces[0].count > 1 for job in rendered)
     lost = f"; {outcome.workers_lost} worker(s) lost, their jobs run again" if outcome.workers_lost else ""
     print(f"done: {len(rendered)} of {len(inputs)} file(s) rendered ({stitched} stitched from segments), "
-          f"{len(skipped)} skipped as finished, {len(failed)} failed; {frames} frames in {seconds:.1f}s"
+          f"{skipped} skipped as finished, {len(failed)} failed; {frames} frames in {seconds:.1f}s"
           f"{f' ({fps})' if fps else ''}{lost}", file=sys.stderr)
     for name, why in sorted(failed.items()):
         print(f"failed: {name}: {why}", file=sys.stderr)
