@@ -159,7 +159,7 @@ def test_busy_beyond_max_streams_and_free_again(manager):
     assert manager.open("c") is not None
 
 
-def test_an_error_in_one_session_leaves_the_others_alone(manager, monkeypatch):
+def test_an_error_in_one_session_leaves_the_others_alone(manager, monkeypatch, caplog):
     good, bad = manager.open("good"), manager.open("bad")
 
     def boom(frame):
@@ -173,6 +173,8 @@ def test_an_error_in_one_session_leaves_the_others_alone(manager, monkeypatch):
     while bad.error is None and time.monotonic() < deadline:
         time.sleep(0.01)
     assert "kaput" in bad.error and bad.closed
+    bug = [r for r in caplog.records if "stream bad stopped" in r.getMessage()]
+    assert len(bug) == 1 and bug[0].exc_info is not None  # a bug: logged once, with its traceback
     good.submit(frame(90))
     wait_output(good, 2)
     assert good.error is None
@@ -458,7 +460,7 @@ def test_guarded_pipeline_takes_the_model_guard(model):
     t.join(30)
 
 
-def test_handler_ends_a_failed_stream_with_its_error(manager, monkeypatch):
+def test_handler_ends_a_failed_stream_with_its_error(manager, monkeypatch, caplog):
     CloseStream = pytest.importorskip("fastrtc").CloseStream
 
     from streamstudio.app.webrtc import LiveHandler
@@ -475,3 +477,5 @@ def test_handler_ends_a_failed_stream_with_its_error(manager, monkeypatch):
         time.sleep(0.01)
     out = LiveHandler(manager, webrtc_id=lambda: "f")(frame())
     assert isinstance(out, CloseStream) and "ran out of memory" in out.msg
+    said = [r for r in caplog.records if "stream f stopped" in r.getMessage()]
+    assert len(said) == 1 and said[0].exc_info is None  # a user's error: one line, no traceback

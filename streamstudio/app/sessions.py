@@ -202,8 +202,7 @@ class StreamProcessor:
 
     def open(self) -> None:
         if self.pipe is None:
-            with _reported(self.sid):
-                self.pipe = self.model.build(self.mode)
+            self.pipe = self.model.build(self.mode)
 
     @property
     def stats(self):
@@ -364,18 +363,20 @@ class StreamSession:
     # ------------------------------------------------------------------ the runner's thread
     def _between_frames(self, pts: float) -> None:
         """The runner's on_input hook: the stream's pipeline built at the first frame, then the
-        settings asked for since the last frame applied."""
-        self.processor.open()
+        settings asked for since the last frame applied (one the pipeline refuses is said in the
+        stats; the stream goes on)."""
         with self._lock:
             changes, self._pending = self._pending, {}
         changes = {k: v for k, v in changes.items() if self._applied.get(k, _MISSING) != v}
-        if not changes:
-            return
-        try:
-            self.processor.apply(changes)
-        except StreamStudioError as exc:
-            self.refused(exc)
-            return
+        with _reported(self.sid):
+            self.processor.open()
+            if not changes:
+                return
+            try:
+                self.processor.apply(changes)
+            except StreamStudioError as exc:
+                self.refused(exc)
+                return
         self._applied.update(changes)
         self.notice = None
 
