@@ -15,6 +15,11 @@ class FrameProcessor(Protocol):
       call, in input order (possibly none while a pipeline's buffer fills).
     - `flush()`: returns the outputs of every input still inside, then resets.
     - `__call__(frame)`: live; returns the latest output at once.
+
+    A live run (`Runner` with a live source) calls only `__call__`, an offline run only `push`
+    and `flush`: a processor made for one kind of run (a web stream's) may have only those.
+    The runner's metrics read the similarity filter's skips from `stats.skipped` when the
+    processor has `stats`.
     """
 
     def push(self, frame: np.ndarray) -> list[np.ndarray]: ...
