@@ -178,3 +178,16 @@ def test_ray_workers_render_like_local_and_a_killed_workers_job_completes(ray_cl
 def test_ray_renders_six_clips_and_a_long_one_in_three_segments(ray_cluster, tmp_path, capsys, schedule):
     run_on_ray(tmp_path, shorts=6, schedule=schedule)
     assert "7 of 7 file(s) rendered (1 stitched from segments)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--cluster", "slurm"], "--cluster 'slurm': use auto, local or ray://HOST:PORT"),
+    (["--workers", "0"], "--workers must be at least 1"),
+    (["--segment-frames", "0"], "--segment-frames must be at least 1"),
+    (["--cluster", "local", "--pipeline", "video"], "--cluster and batch inputs take --pipeline image"),
+])
+def test_batch_option_mistakes_are_one_error_line(tmp_path, capsys, argv, message):
+    clips = f"{tmp_path / 'a.mp4'},{tmp_path / 'b.mp4'}"
+    assert cli.main(["render", "--input", clips, "--output", str(tmp_path / "out"), *argv, "--model", "tiny"]) == 1
+    err = capsys.readouterr().err
+    assert err.strip() == f"error: {message}"

@@ -524,8 +524,10 @@ def run_batch(args, on_progress: Callable[[dict], None] | None = None) -> int:
           f"{executor.name if executor else 'nothing'}", file=sys.stderr)
     rendered: list[FileJob] = []
     t0, finished_frames, board = time.perf_counter(), [0], {}
-    bar = tqdm(total=sum(p.frames or 0 for p in pending) or None, unit="frame", desc="render", dynamic_ncols=True,
-               disable=not pending)
+    split = [job for job in jobs if job.pieces[0].count > 1]
+    # frames to render, then to stitch: the bar reaches its end when the last output is written
+    total = sum(p.frames or 0 for p in pending) + sum(size[str(job.output)] for job in split)
+    bar = tqdm(total=total or None, unit="frame", desc="render", dynamic_ncols=True, disable=not (pending or split))
     changed = threading.Condition()  # a piece finished or failed, or the run ended
     ended = [False]
 
@@ -536,13 +538,19 @@ def run_batch(args, on_progress: Callable[[dict], None] | None = None) -> int:
             return piece.key in job.done
 
     stitcher = ThreadPoolExecutor(1, thread_name_prefix="streamstudio-stitch")  # follows the rendering
-    stitches = {job.input.name: (job, stitcher.submit(_stitch, job, work, args, ready))
-                for job in jobs if job.pieces[0].count > 1}
+    stitched = [0]  # frames the stitches wrote
+
+    def count_stitched() -> None:
+        stitched[0] += 1
+
+    stitches = {job.input.name: (job, stitcher.submit(_stitch, job, work, args, ready, count_stitched))
+                for job in split}
 
     def on_tick(snapshot: dict) -> None:
         board.clear()
         board.update(snapshot)
-        done = finished_frames[0] + sum(w.get("job_frames", 0) for w in snapshot.values() if w["job"] is not None)
+        done = finished_frames[0] + stitched[0] + sum(w.get("job_frames", 0) for w in snapshot.values()
+                                                      if w["job"] is not None)
         bar.update(max(0, done - bar.n))
         bar.set_postfix_str(_worker_fps(snapshot), refresh=False)
         if on_progress is not None:
@@ -571,6 +579,9 @@ def run_batch(args, on_progress: Callable[[dict], None] | None = None) -> int:
                 failed[by_output[key.rsplit("#", 1)[0]].input.name] = why
             ended[0] = True  # stitches still waiting for a part stop
             changed.notify_all()
+        while not all(future.done() for _, future in stitches.values()):  # the last stitch, with its progress
+            time.sleep(0.25)
+            on_tick(board.copy())
         stitcher.shutdown(wait=True)
         bar.close()
         if executor is not None:
@@ -588,10 +599,10 @@ def _worker_fps(board: dict) -> str:
     return ", ".join(f"{n} {w['frames'] / w['busy']:.1f} fps" for n, w in sorted(board.items()) if w["busy"] > 0)
 
 
-def _stitch(job: FileJob, work: Path, args, ready: Callable[[Piece], bool]) -> int:
+def _stitch(job: FileJob, work: Path, args, ready: Callable[[Piece], bool], on_frame: Callable[[], None]) -> int:
     target = work / "partial" / job.output.name
     target.parent.mkdir(parents=True, exist_ok=True)
-    frames = stitch(job.pieces, target, args, ready)
+    frames = stitch(job.pieces, target, args, ready, on_frame)
     os.replace(target, job.output)
     remove_parts(job.pieces)
     return frames

@@ -311,7 +311,8 @@ def part_done(part: str | Path) -> bool:
 
 
 # ---------------------------------------------------------------------------- stitching
-def stitch(pieces: list[Piece], target: Path, args, ready: Callable[[Piece], bool] = lambda piece: True) -> int:
+def stitch(pieces: list[Piece], target: Path, args, ready: Callable[[Piece], bool] = lambda piece: True,
+           on_frame: Callable[[], None] | None = None) -> int:
     """Encode the pieces' parts, in order, into `target` with the input's audio (as a local render
     of the whole file writes it). `ready(piece)` waits until the piece's part is finished (False:
     it never will be, and the stitch stops), so a stitch can follow the rendering. Returns the
@@ -333,6 +334,8 @@ def stitch(pieces: list[Piece], target: Path, args, ready: Callable[[Piece], boo
             for frame, pts in read_part(folder):
                 sink.write(frame, pts)
                 written += 1
+                if on_frame is not None:
+                    on_frame()
     finally:
         if sink is not None:
             sink.close()
