@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from streamstudio.models.image_net import WrappedImageNet
+
 
 def half_points(step: int = 7) -> np.ndarray:
     """float32 inputs v with fl(fl(v + 1) * 127.5) exactly k + 0.5, for k = 0, step, 2 step...
@@ -81,6 +83,28 @@ def same_rotation(qa: torch.Tensor, qb: torch.Tensor) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------ image pipeline
+class RecordingNet(WrappedImageNet):
+    """An image seam (`models/image_net.ImageNet`) over `inner` that records every call going
+    through it as (call, rows, timestep rows, condition rows, with a bank)."""
+
+    def __init__(self, inner):
+        super().__init__(inner)
+        self.calls = []
+
+    def eps(self, x, t, cond, bank=None):
+        t_rows = torch.as_tensor(t).reshape(-1).shape[0]
+        self.calls.append(("eps", x.shape[0], t_rows, cond.rows, bool(bank)))
+        return self.inner.eps(x, t, cond, bank)
+
+    def encode(self, images):
+        self.calls.append(("encode", images.shape[0], 0, 0, False))
+        return self.inner.encode(images)
+
+    def decode(self, latents):
+        self.calls.append(("decode", latents.shape[0], 0, 0, False))
+        return self.inner.decode(latents)
+
+
 def capture_latents(pipe) -> list:
     """Record the x0 latents `pipe` (a StreamDiffusion) decodes, in output order: the returned
     list fills as the pipeline runs."""

@@ -213,7 +213,7 @@ def run_both(comps, steps, cfg, turbo=False, guidance=2.5, delta=0.8, calls=6):
                                    frame_buffer_size=1, step_type="turbo" if turbo else "lcm", seed=7)
     stream = StreamDiffusion(comps, config, prompt=PROMPT, negative_prompt=NEGATIVE)
     gen = torch.Generator().manual_seed(100 + steps)
-    shape = (1, *stream._latent_shape)
+    shape = (1, *stream.sampler.latent_shape)
     latents = [0.8 * torch.randn(shape, generator=gen) for _ in range(calls)]  # the frames' VAE latents
     feed = iter(latents)
     ours: list[torch.Tensor] = []
@@ -224,7 +224,7 @@ def run_both(comps, steps, cfg, turbo=False, guidance=2.5, delta=0.8, calls=6):
 
     scheduler = LCMScheduler.from_config(comps.scheduler_config)  # as the reference's __init__ / prepare
     scheduler.set_timesteps(config.num_inference_steps)
-    ref = ReferenceStream(comps.unet, scheduler, T_INDEX[steps], cfg, stream._noise,
+    ref = ReferenceStream(comps.unet, scheduler, T_INDEX[steps], cfg, stream.sampler._noise,
                           encode_prompt(comps, PROMPT), encode_prompt(comps, NEGATIVE), guidance, delta, turbo)
     theirs, states = [], []
     image = np.zeros((SIZE, SIZE, 3), np.uint8)
@@ -232,7 +232,7 @@ def run_both(comps, steps, cfg, turbo=False, guidance=2.5, delta=0.8, calls=6):
         for z in latents:
             stream(image)
             theirs.append(ref.predict_x0_batch(ref.encode_image(z)))
-            states.append(((stream._buffer.clone(), stream._stock.clone()),
+            states.append(((stream.sampler._buffer.clone(), stream.sampler._stock.clone()),
                            (ref.x_t_latent_buffer.clone(), ref.stock_noise[:-1].clone())))
     return ours, theirs, states
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import capture_latents
+from helpers import RecordingNet, capture_latents
 
 from streamstudio import kernels
 from streamstudio.errors import StreamStudioError
@@ -60,15 +60,19 @@ def test_stream_batch_equals_sequential(comps, steps, fbs, cfg):
 
 
 def test_stream_batch_one_unet_call_per_frame(comps):
-    pipe = make(comps, steps=3, cfg_type="none")
-    calls = []
-    original = pipe._unet
-    pipe._unet = lambda x, t, text: (calls.append(x.shape[0]), original(x, t, text))[1]
+    from dataclasses import replace
+
+    net = RecordingNet(comps.net)
+    pipe = make(replace(comps, network=net), steps=3, cfg_type="none")
     pipe.push(frames(1)[0])  # primes (2 sequential calls) + 1 batch call
-    calls.clear()
+    assert [c[:2] for c in net.calls] == [("encode", 1), ("eps", 1), ("eps", 1), ("eps", 3)]
+    net.calls.clear()
     for f in frames(4, seed=1):
         pipe.push(f)
-    assert calls == [3, 3, 3, 3]  # one call per frame denoising all three slots
+    # one call per frame denoising all three slots; frames 0, 1, 2 leave (decoded) at pushes 3, 4, 5
+    assert [c[0] for c in net.calls if c[0] == "eps"] == ["eps"] * 4
+    assert all(c[1:4] == (3, 3, 3) for c in net.calls if c[0] == "eps")
+    assert [c[:2] for c in net.calls if c[0] == "decode"] == [("decode", 1)] * 3
 
 
 def test_first_outputs_are_primed_not_empty(comps):
@@ -115,10 +119,10 @@ def manual_frame(pipe, frame, cfg, g, step_type="lcm"):
     """The whole trajectory of one frame, written out from the paper's formulas (none / full:
     no stock; the stock update of self / initialize is checked against StreamDiffusion's own
     unet_step in test_rcfg_reference.py)."""
-    unet, text, neg = pipe.comps.unet, pipe._text, pipe._negative
-    co = lcm_coefs(pipe._t_index, step_type)
+    unet, text, neg = pipe.comps.unet, pipe._text.text, pipe._negative.text
+    co = lcm_coefs(pipe.t_index, step_type)
     n = len(co)
-    noise = pipe._noise  # (N, 4, h, w), one per slot
+    noise = pipe.sampler._noise  # (N, 4, h, w), one per slot
     with torch.no_grad():
         z = pipe._encode(kernels.preprocess(torch.from_numpy(frame), SIZE, SIZE))
         x = co[0]["a"] * z + co[0]["b"] * noise[0:1]
@@ -209,23 +213,23 @@ def test_filter_keeps_alignment(comps):
 def test_prompt_change_only_reruns_text_encoder(comps):
     pipe = make(comps, steps=2)
     net_id, encodes = id(pipe.net), pipe.stats.text_encodes
-    before = pipe._text.clone()
+    before = pipe._text.text.clone()
     pipe.set_prompt("a blue whale")
     assert pipe.stats.text_encodes == encodes + 1
     assert id(pipe.net) == net_id
-    assert not torch.allclose(before, pipe._text)
+    assert not torch.allclose(before, pipe._text.text)
     pipe.set_prompt("a red fox")  # seen before: cached, no new encoder run
     assert pipe.stats.text_encodes == encodes + 1
-    torch.testing.assert_close(pipe._text, before)
+    torch.testing.assert_close(pipe._text.text, before)
 
 
 def test_prompt_blend_linear_and_slerp(comps):
     pipe = make(comps, steps=1)
-    a, b = pipe._encode_text("a cat"), pipe._encode_text("a dog")
+    a, b = pipe.prompts.encode("a cat").text, pipe.prompts.encode("a dog").text
     pipe.set_prompt([("a cat", 3.0), ("a dog", 1.0)])
-    torch.testing.assert_close(pipe._text, 0.75 * a + 0.25 * b)
+    torch.testing.assert_close(pipe._text.text, 0.75 * a + 0.25 * b)
     pipe.set_prompt([("a cat", 1.0), ("a dog", 1.0)], blend="slerp")
-    mid = pipe._text
+    mid = pipe._text.text
     torch.testing.assert_close(mid, slerp(a, b, 0.5))
     # slerp keeps the angle halfway: cos(mid, a) == cos(mid, b) token by token
     cos = lambda u, v: torch.nn.functional.cosine_similarity(u, v, dim=-1)
@@ -236,12 +240,12 @@ def test_prompt_blend_linear_and_slerp(comps):
 
 def test_update_strength_seed_guidance(comps):
     pipe = make(comps, steps=2, strength=0.5)
-    first = list(pipe._t_index)
+    first = list(pipe.t_index)
     pipe.update(strength=0.9)
-    assert pipe._t_index != first and pipe._t_index[0] < first[0]
-    noise = pipe._noise.clone()
+    assert pipe.t_index != first and pipe.t_index[0] < first[0]
+    noise = pipe.sampler._noise.clone()
     pipe.update(seed=123)
-    assert not torch.allclose(noise, pipe._noise)
+    assert not torch.allclose(noise, pipe.sampler._noise)
     pipe.update(guidance_scale=3.0, delta=0.5, cfg_type="full")
     assert pipe.effective_cfg == kernels.CFG_CODES["full"]
     pipe(frames(1)[0])
@@ -332,6 +336,6 @@ def test_empty_and_overlong_prompts(comps):
     assert pipe(frames(1)[0]).shape == (SIZE, SIZE, 3)
     with pytest.warns(UserWarning, match="truncated"):
         pipe.set_prompt("a very long prompt " * 40)
-    assert pipe._text.shape == (1, 77, 32)
+    assert pipe._text.text.shape == (1, 77, 32)
     with pytest.raises(StreamStudioError):
         pipe.set_prompt(42)

@@ -1,5 +1,12 @@
 """StreamDiffusion (arXiv 2312.12491) on diffusers components.
 
+Three parts, as the video pipeline: the Stream Batch sampler (`pipelines/stream_batch.py`:
+schedule coefficients, noise, buffer and priming, one step with residual CFG), the prompt
+encoder (`pipelines/prompt_encoder.py`: encoding, cache, blends), and here the frame API
+(`StreamDiffusionConfig`, `StreamDiffusion`: frames in and out, the similarity filter,
+temporal consistency, run-time settings). Every network call goes through the image seam
+(`models/image_net.py`); the LCM arithmetic is the scheduler's (diffusers' LCMScheduler).
+
 The buffer holds N slots (one per denoising step in `t_index_list`), each of
 `frame_buffer_size` frames. With Stream Batch, one UNet call advances every slot by one
 step: a new frame enters slot 0, every slot moves to the next level, and the frame in the
@@ -57,28 +64,24 @@ the bank.
 
 from __future__ import annotations
 
-import logging
 import math
-import warnings
 from collections import deque
 from dataclasses import dataclass, replace
-from typing import Sequence
 
 import numpy as np
 import torch
 
 from streamstudio import kernels
 from streamstudio.errors import StreamStudioError
-from streamstudio.kernels.reference import CFG_CODES, CFG_FULL, CFG_INITIALIZE, CFG_NONE
+from streamstudio.frames import to_pixels
+from streamstudio.kernels.reference import CFG_CODES, CFG_NONE
 from streamstudio.models import feature_bank
 from streamstudio.models.image_net import ImageCond, check_bank
 from streamstudio.models.loading import SDComponents
 from streamstudio.pipelines.live_settings import check_config
+from streamstudio.pipelines.prompt_encoder import PromptEncoder, PromptSpec, slerp  # noqa: F401 - slerp: re-exported
 from streamstudio.pipelines.similarity_filter import SimilarityFilter, SimilarityFilterConfig
-
-log = logging.getLogger(__name__)
-
-PromptSpec = str | Sequence[tuple[str, float]]
+from streamstudio.pipelines.stream_batch import PRIMED, Guidance, Schedule, StreamBatchSampler
 
 
 @dataclass
@@ -161,7 +164,10 @@ class StreamStats:
 
 
 class StreamDiffusion:
-    """A stream of frames through Stable Diffusion with Stream Batch and residual CFG."""
+    """A stream of frames through Stable Diffusion with Stream Batch and residual CFG: the
+    frame API over a prompt encoder (`pipelines/prompt_encoder.py`) and a Stream Batch sampler
+    (`pipelines/stream_batch.py`). Input frames get integer ids in arrival order; the sampler
+    says whose output leaves, so `push`/`flush` hand outputs back in input order."""
 
     def __init__(self, components: SDComponents, config: StreamDiffusionConfig | None = None,
                  prompt: PromptSpec = "", negative_prompt: str = ""):
@@ -171,25 +177,28 @@ class StreamDiffusion:
         self.device, self.dtype = self.net.device, self.net.dtype
         self.stats = StreamStats()
         self._host_buffers: dict[str, torch.Tensor] = {}  # pinned staging buffers (GPU only)
-        self._embed_cache: dict[str, torch.Tensor] = {}
+        self.prompts = PromptEncoder(components.tokenizer, components.text_encoder, self.device, self.dtype)
         from diffusers import LCMScheduler
 
         self.scheduler = LCMScheduler.from_config(components.scheduler_config)
         self.scheduler.set_timesteps(self.config.num_inference_steps)
-        self._negative = self._encode_text(negative_prompt)
+        self._negative = self._encoded(self.prompts.encode, negative_prompt)
         self._prompt_spec: PromptSpec = prompt
-        self._text = self._blend(prompt)
+        self._text = self._encoded(self.prompts.blend, prompt, self.config.prompt_blend)
         self._filter = SimilarityFilter(SimilarityFilterConfig(self.config.similarity_threshold,
                                                                self.config.max_skip_frame, self.config.seed))
-        self._bank: feature_bank.FeatureBank | None = None  # this stream's own feature bank
-        self._bank_frame = 0  # the bank's index of the frame (group) now entering
-        self._configure_temporal()
-        self._make_schedule()
+        self.sampler: StreamBatchSampler | None = None
+        self._make_sampler()
 
     # ------------------------------------------------------------------ run-time settings
     @property
+    def t_index(self) -> list[int]:
+        """The steps in use: indices into the num_inference_steps LCM schedule."""
+        return self.config.resolved_t_index_list()
+
+    @property
     def n_steps(self) -> int:
-        return len(self._t_index)
+        return len(self.t_index)
 
     @property
     def latency_frames(self) -> int:
@@ -211,16 +220,26 @@ class StreamDiffusion:
     def skip_rate(self) -> float:
         return self._filter.skip_rate
 
+    @property
+    def bank(self) -> feature_bank.FeatureBank | None:
+        """This stream's feature bank (None when the bank is off)."""
+        return self.sampler.bank
+
+    def _encoded(self, encode, *args) -> ImageCond:
+        cond = encode(*args)
+        self.stats.text_encodes = self.prompts.encodes
+        return cond
+
     def set_prompt(self, prompt: PromptSpec, blend: str | None = None) -> None:
         """A prompt, or [(prompt, weight), ...] blended linearly or by slerp. Only the text
         encoder reruns (and only for prompts it has not seen)."""
         if blend is not None:
             self.config = replace(self.config, prompt_blend=blend).validate()
         self._prompt_spec = prompt
-        self._text = self._blend(prompt)
+        self._text = self._encoded(self.prompts.blend, prompt, self.config.prompt_blend)
 
     def set_negative_prompt(self, negative_prompt: str) -> None:
-        self._negative = self._encode_text(negative_prompt)
+        self._negative = self._encoded(self.prompts.encode, negative_prompt)
 
     def update(self, **changes) -> None:
         """Change settings at run time: guidance_scale, delta, cfg_type, strength, steps,
@@ -240,181 +259,52 @@ class StreamDiffusion:
         if new.uses_bank and not old.uses_bank:
             check_bank(self.net)  # raises for a network without self-attention layers; nothing changed
         self.config = new
-        if self.config.resolved_t_index_list() != old.resolved_t_index_list():
-            self._make_schedule()
-        if self.config.seed != old.seed:
-            self._make_noise()
-        if self.config.prompt_blend != old.prompt_blend:
-            self._text = self._blend(self._prompt_spec)
-        self._filter.config = SimilarityFilterConfig(self.config.similarity_threshold, self.config.max_skip_frame,
-                                                     self.config.seed)
+        if new.resolved_t_index_list() != old.resolved_t_index_list() or new.use_denoising_batch != old.use_denoising_batch:
+            self._make_sampler()
+        elif new.seed != old.seed:
+            self.sampler.reseed(new.seed)
+        if new.prompt_blend != old.prompt_blend:
+            self._text = self._encoded(self.prompts.blend, self._prompt_spec, new.prompt_blend)
+        self._filter.config = SimilarityFilterConfig(new.similarity_threshold, new.max_skip_frame, new.seed)
         self._configure_temporal()
+
+    def _make_sampler(self) -> None:
+        """A sampler for the config's steps (its buffer starts empty)."""
+        c, scale = self.config, self.net.latent_scale
+        schedule = Schedule.lcm(self.scheduler, c.resolved_t_index_list(), self.step_type, self.device)
+        bank = self.sampler.bank if self.sampler is not None else None
+        self.sampler = StreamBatchSampler(
+            self.net, schedule, frames=c.frame_buffer_size, stream_batch=c.use_denoising_batch,
+            latent_shape=(self.net.latent_channels, c.height // scale, c.width // scale), seed=c.seed,
+            v_prediction=self.comps.prediction_type == "v_prediction")
+        self.sampler.bank = bank
+        self._configure_temporal()
+        self.reset()
 
     def _configure_temporal(self) -> None:
         """Make, change or drop the feature bank after a settings change."""
         c = self.config
         if not c.uses_bank:
-            self._bank = None  # frees its memory; turning it on again starts empty
+            self.sampler.bank = None  # frees its memory; turning it on again starts empty
             return
         check_bank(self.net)  # a TensorRT engine cannot take a bank: say so now
-        if self._bank is None:
-            self._bank = feature_bank.FeatureBank(c.bank_size, c.bank_interval, c.bank_threshold, c.bank_fusion)
+        if self.sampler.bank is None:
+            self.sampler.bank = feature_bank.FeatureBank(c.bank_size, c.bank_interval, c.bank_threshold, c.bank_fusion)
         else:
-            self._bank.configure(c.bank_size, c.bank_interval, c.bank_threshold, c.bank_fusion)
-
-    @property
-    def bank(self) -> feature_bank.FeatureBank | None:
-        """This stream's feature bank (None when the bank is off)."""
-        return self._bank
+            self.sampler.bank.configure(c.bank_size, c.bank_interval, c.bank_threshold, c.bank_fusion)
 
     def reset(self) -> None:
-        """Empty the buffer; the next frame primes it again."""
-        self._buffer = None  # (N-1)*k latents at levels 1..N-1
-        self._stock = None  # their residual-CFG stock noise
-        self._inflight: deque[str] = deque()  # tags of the buffer's slots, newest first
-        self._order: deque[str] = deque()  # frame-aligned mode: "R" processed, "C" skipped copy
+        """Empty the buffer and the feature bank; the next frame primes the buffer again."""
+        self.sampler.reset()
+        self._next_id = 0  # the id the next input frame (group) gets
+        self._waiting: deque[int] = deque()  # frame-aligned mode: ids of the processed inputs not yet out
+        self._copies: dict[int, int] = {}  # id -> inputs after it that the filter skipped (they get its output)
         self._last_out: list[np.ndarray] | None = None
         self._last_x0_in: torch.Tensor | None = None
         self._last_out_latent: torch.Tensor | None = None  # latent feedback: the last output's x0
-        if getattr(self, "_bank", None) is not None:
-            self._bank.clear()  # features at the old schedule's levels (or of another clip) are stale
         self._filter.reset()
 
-    # ------------------------------------------------------------------ text
-    def _encode_text(self, prompt: str) -> torch.Tensor:
-        if not isinstance(prompt, str):
-            raise StreamStudioError(f"a prompt must be a string, got {type(prompt).__name__}")
-        if prompt in self._embed_cache:
-            return self._embed_cache[prompt]
-        tok = self.comps.tokenizer
-        max_len = tok.model_max_length
-        n_tokens = len(tok(prompt, truncation=False)["input_ids"])
-        if n_tokens > max_len:
-            msg = f"prompt is {n_tokens} tokens; the text encoder takes {max_len}, so it was truncated"
-            warnings.warn(msg, stacklevel=3)
-            log.warning(msg)
-        ids = tok(prompt, padding="max_length", max_length=max_len, truncation=True, return_tensors="pt").input_ids
-        with torch.inference_mode():
-            embeds = self.comps.text_encoder(ids.to(self.device))[0].to(self.dtype)  # (1, L, D)
-        self.stats.text_encodes += 1
-        if len(self._embed_cache) > 64:
-            self._embed_cache.clear()
-        self._embed_cache[prompt] = embeds
-        return embeds
-
-    def _blend(self, spec: PromptSpec) -> torch.Tensor:
-        if isinstance(spec, str):
-            return self._encode_text(spec)
-        try:
-            pairs = [(p, float(w)) for p, w in spec]
-        except (TypeError, ValueError) as exc:
-            raise StreamStudioError("a prompt is a string or a list of (prompt, weight) pairs") from exc
-        if not pairs or any(w < 0 for _, w in pairs) or sum(w for _, w in pairs) <= 0:
-            raise StreamStudioError("a prompt blend needs at least one prompt and non-negative weights with a positive sum")
-        embeds = [self._encode_text(p) for p, _ in pairs]
-        weights = [w for _, w in pairs]
-        if self.config.prompt_blend == "linear":
-            total = sum(weights)
-            return sum(w / total * e for w, e in zip(weights, embeds))
-        out, acc = embeds[0], weights[0]
-        for e, w in zip(embeds[1:], weights[1:]):
-            if acc + w > 0:
-                out = slerp(out, e, w / (acc + w))
-            acc += w
-        return out
-
-    # ------------------------------------------------------------------ schedule and noise
-    def _make_schedule(self) -> None:
-        fbs = self.config.frame_buffer_size
-        self._t_index = self.config.resolved_t_index_list()
-        timesteps = self.scheduler.timesteps[self._t_index].to(torch.long)  # (N,)
-        abar = self.scheduler.alphas_cumprod[timesteps].to(torch.float64)  # (N,)
-        alpha, beta = abar.sqrt(), (1 - abar).sqrt()
-        if self.step_type == "lcm":
-            scal = [self.scheduler.get_scalings_for_boundary_condition_discrete(t) for t in timesteps]
-            c_skip = torch.tensor([float(s[0]) for s in scal], dtype=torch.float64)
-            c_out = torch.tensor([float(s[1]) for s in scal], dtype=torch.float64)
-        else:  # sd-turbo: x0 = F
-            c_skip, c_out = torch.zeros_like(alpha), torch.ones_like(alpha)
-        one = torch.ones(1, dtype=torch.float64)
-        coef = torch.stack([alpha, beta, c_skip, c_out, torch.cat([alpha[1:], one]), torch.cat([beta[1:], one])], 1)
-        self._timesteps = timesteps.to(self.device)  # (N,)
-        self._coef_slots = coef.to(self.device, torch.float32)  # (N, 6)
-        self._coef = self._coef_slots.repeat_interleave(fbs, 0)  # (N*k, 6)
-        self._t_rows = self._timesteps.repeat_interleave(fbs)  # (N*k,)
-        self._levels = [j for j in range(len(self._t_index)) for _ in range(fbs)]  # each row's step
-        self._make_noise()
-        self.reset()
-
-    def _make_noise(self) -> None:
-        k, n = self.config.frame_buffer_size, len(self.config.resolved_t_index_list())
-        h, w = self.config.height // self.net.latent_scale, self.config.width // self.net.latent_scale
-        self._latent_shape = (self.net.latent_channels, h, w)
-        gen = torch.Generator("cpu").manual_seed(self.config.seed)
-        self._noise = torch.randn((n * k, *self._latent_shape), generator=gen).to(self.device, self.dtype)  # (N*k, 4, h, w)
-        self._noise_next = torch.roll(self._noise, -k, dims=0)  # row of slot j gets slot j+1's noise
-        # txt2img draws each frame's noise on the device, from a generator there (no upload per frame)
-        self._txt_gen = torch.Generator(self.device).manual_seed(self.config.seed + 1)
-
     # ------------------------------------------------------------------ networks
-    def _unet(self, x: torch.Tensor, t: torch.Tensor, text: torch.Tensor, bank_rows=None) -> torch.Tensor:
-        """The UNet over rows x; `bank_rows` (feature_bank.BankRows: a key and a write flag per
-        row) when the feature bank is on (None: a plain call)."""
-        self.stats.unet_samples += x.shape[0]
-        return self.net.eps(x, t, ImageCond(text=text), None if bank_rows is None else [(0, bank_rows)])
-
-    def _predict_eps(self, x: torch.Tensor, t: torch.Tensor, coef: torch.Tensor, cfg: int, first_rows: int,
-                     slots: Sequence[tuple[int, int]] | None = None):
-        """UNet noise predictions for rows x (B, 4, h, w) at timesteps t (B,).
-
-        Returns (eps_text, eps_uncond or None, stock override for the first rows or None).
-        `first_rows` > 0 asks for the unconditional pass of the first rows ("initialize").
-        `slots`: (denoising step, frame index) of each row, for the feature bank (None: no
-        bank). A row's bank key is (branch, step, frame of the group): each slot reads the
-        features of earlier frames at its own step, never those of a newer frame (see the
-        module docstring); a row writes when its frame's index is due (`FeatureBank.writes`),
-        and a primed slot (frame index < 0, a copy of frame 0) neither reads nor writes.
-        """
-        b = x.shape[0]
-        text = self._text.expand(b, -1, -1)
-        uncond_first = None
-        eps_uncond = None
-        k = self.config.frame_buffer_size
-        bank = self._bank if slots is not None else None
-        cond = None if bank is None else [("c", step, frame, r % k) for r, (step, frame) in enumerate(slots)]
-
-        def uncond(rows: int):
-            return [("u", step, frame, r % k) for r, (step, frame) in enumerate(slots[:rows])]
-
-        def unet(x_, t_, text_, rows):  # without a bank: the plain three-argument call
-            if rows is None:
-                return self._unet(x_, t_, text_)
-            keys = tuple(None if frame < 0 else (branch, step, i) for branch, step, frame, i in rows)
-            writes = tuple(bank.writes(frame) for _, _, frame, _ in rows)
-            return self._unet(x_, t_, text_, feature_bank.BankRows(bank, keys, writes))
-
-        if cfg == CFG_FULL:
-            out = unet(torch.cat([x, x]), torch.cat([t, t]),
-                       torch.cat([self._negative.expand(b, -1, -1), text]),
-                       None if cond is None else uncond(b) + cond)
-            eps_uncond, eps_text = out.chunk(2)
-            eps_uncond = self._to_eps(eps_uncond, x, coef)
-        elif cfg == CFG_INITIALIZE and first_rows:
-            n = first_rows
-            out = unet(torch.cat([x[:n], x]), torch.cat([t[:n], t]),
-                       torch.cat([self._negative.expand(n, -1, -1), text]),
-                       None if cond is None else uncond(n) + cond)
-            uncond_first, eps_text = self._to_eps(out[:n], x[:n], coef[:n]), out[n:]
-        else:
-            eps_text = unet(x, t, text, cond)
-        return self._to_eps(eps_text, x, coef), eps_uncond, uncond_first
-
-    def _to_eps(self, out: torch.Tensor, x: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
-        if self.comps.prediction_type != "v_prediction":
-            return out
-        alpha, beta = coef[:, 0].view(-1, 1, 1, 1), coef[:, 1].view(-1, 1, 1, 1)
-        return (alpha * out + beta * x).to(out.dtype)  # eps = alpha * v + beta * x_t
-
     def _encode(self, images: torch.Tensor) -> torch.Tensor:
         """(k, 3, H, W) in [-1, 1] -> (k, 4, H/8, W/8) scaled latents."""
         return self.net.encode(images.to(self.device, self.dtype))
@@ -452,79 +342,18 @@ class StreamDiffusion:
             self._host_buffers[name] = buf
         return buf
 
-    # ------------------------------------------------------------------ denoising
-    def _first_level(self, x0_in: torch.Tensor | None) -> torch.Tensor:
-        """The frame's latents at level 0: img2img noises the input, txt2img draws noise."""
-        k = self.config.frame_buffer_size
-        if x0_in is None:
-            return torch.randn((k, *self._latent_shape), generator=self._txt_gen, device=self.device,
-                               dtype=self.dtype)
-        alpha, beta = self._coef_slots[0, 0].to(self.dtype), self._coef_slots[0, 1].to(self.dtype)
-        return alpha * x0_in + beta * self._noise[:k]
-
-    def _step(self, x, stock, coef, t, noise_next, first_rows, slots=None):
-        cfg = self.effective_cfg
-        eps_text, eps_uncond, uncond_first = self._predict_eps(x, t, coef, cfg, first_rows, slots)
-        if uncond_first is not None:
-            stock = torch.cat([uncond_first, stock[first_rows:]])
-        return kernels.stream_step(x, eps_text, eps_uncond, stock, noise_next, coef,
-                                   self.config.guidance_scale, self.config.delta, cfg)
-
-    def _trajectory(self, x: torch.Tensor, last: int, bank: bool = True) -> tuple[torch.Tensor, list, list]:
-        """Sequential denoising of one group of k frames through steps 0..last (bank: with the
-        feature bank when it is on). Returns the x0 of step `last` and the (x, stock) states
-        entering steps 1..last+1."""
-        k, n = self.config.frame_buffer_size, self.n_steps
-        stock = self._noise[:k]
-        xs, stocks = [], []
-        for j in range(last + 1):
-            coef = self._coef_slots[j:j + 1].expand(k, -1)
-            t = self._timesteps[j:j + 1].expand(k)
-            noise_next = self._noise[((j + 1) % n) * k:((j + 1) % n + 1) * k]
-            x0, x, stock = self._step(x, stock, coef, t, noise_next, first_rows=k if j == 0 else 0,
-                                      slots=[(j, self._bank_frame)] * k if bank else None)
-            xs.append(x)
-            stocks.append(stock)
-        return x0, xs, stocks
-
-    def _batch_call(self, x_first: torch.Tensor) -> torch.Tensor:
-        """One Stream Batch call: every slot advances one step; returns the last slot's x0."""
-        k = self.config.frame_buffer_size
-        if self._buffer is None:
-            self._prime(x_first)
-        x = torch.cat([x_first, self._buffer])  # (N*k, 4, h, w)
-        stock = torch.cat([self._noise[:k], self._stock])
-        slots = [(j, self._bank_frame - j) for j in self._levels]  # slot j holds the frame that came j calls ago
-        x0, x_next, stock_next = self._step(x, stock, self._coef, self._t_rows, self._noise_next, first_rows=k,
-                                            slots=slots)
-        self._buffer, self._stock = x_next[:-k], stock_next[:-k]
-        return x0[-k:]
-
-    def _prime(self, x_first: torch.Tensor) -> None:
-        """Fill slots 1..N-1 with the first frame's own trajectory (no empty-buffer frames)."""
-        n = self.n_steps
-        # without the bank: the primed slots are frame 0 again, and the bank starts with the first call
-        _, xs, stocks = self._trajectory(x_first, n - 2, bank=False)
-        self._buffer = torch.cat(xs)  # slots 1..N-1
-        self._stock = torch.cat(stocks)
-        self._inflight = deque("P" * (n - 1))
-
-    @torch.inference_mode()
-    def _advance(self, x0_in: torch.Tensor | None, tag: str) -> tuple[torch.Tensor, str]:
-        """Put one group of frames in; returns the group that comes out and its tag."""
-        self.stats.calls += 1
-        self._bank_frame = self._bank.next_frame() if self._bank is not None else 0
-        x_first = self._first_level(x0_in)
-        if not self.config.use_denoising_batch or self.n_steps == 1:
-            out, _, _ = self._trajectory(x_first, self.n_steps - 1)
-        else:
-            out = self._batch_call(x_first)
-            self._inflight.appendleft(tag)
-            tag = self._inflight.pop()
-        self._last_out_latent = out  # latent feedback: blended into the next input
-        return out, tag
-
     # ------------------------------------------------------------------ frames in and out
+    def _advance(self, x0_in: torch.Tensor | None, group: int) -> tuple[torch.Tensor, int]:
+        """One sampler call; returns the x0 latents that leave and their group's id."""
+        self.stats.calls += 1
+        before = self.sampler.unet_rows
+        guidance = Guidance(self._text, self._negative, self.effective_cfg, self.config.guidance_scale,
+                            self.config.delta)
+        out, group = self.sampler.advance(x0_in, group, guidance)
+        self.stats.unet_samples += self.sampler.unet_rows - before
+        self._last_out_latent = out  # latent feedback: blended into the next input
+        return out, group
+
     def _input_latents(self, image) -> tuple[torch.Tensor | None, bool]:
         """Convert the input; returns (latents or None for txt2img, skipped by the filter)."""
         if self.config.mode == "txt2img":
@@ -554,7 +383,7 @@ class StreamDiffusion:
         (a list of k frames when frame_buffer_size k > 1)."""
         latents, skipped = self._input_latents(image)
         if not skipped:
-            out, _ = self._advance(latents, "L")
+            out, _ = self._advance(latents, PRIMED)  # live outputs are not matched to inputs
             with torch.inference_mode():
                 self._last_out = self._decode(out)
         return self._last_out[0] if len(self._last_out) == 1 else list(self._last_out)
@@ -564,38 +393,34 @@ class StreamDiffusion:
         in input order (none for the first N-1 calls; see `flush`)."""
         latents, skipped = self._input_latents(image)
         if skipped:
-            if not self._order:
+            if not self._waiting:  # every earlier input is out: this one is a copy of the last output
                 return [f.copy() for f in self._last_out]
-            self._order.append("C")
+            self._copies[self._waiting[-1]] = self._copies.get(self._waiting[-1], 0) + 1
             return []
-        self._order.append("R")
-        out, tag = self._advance(latents, "R")
-        return self._emit(out) if tag == "R" else []
+        group, self._next_id = self._next_id, self._next_id + 1
+        self._waiting.append(group)
+        out, done = self._advance(latents, group)
+        return self._emit(out, done) if done != PRIMED else []
 
     def flush(self) -> list[np.ndarray]:
         """Push out every frame still in the buffer (feeding the last input again), then reset."""
         results: list[np.ndarray] = []
-        while "R" in self._inflight:
+        while self.sampler.in_flight:
             x_in = self._last_x0_in if self.config.mode == "img2img" else None
-            out, tag = self._advance(x_in, "D")
-            if tag == "R":
-                results += self._emit(out)
-        while self._order:  # copies after the last processed frame
-            self._order.popleft()
-            results += [f.copy() for f in self._last_out]
+            out, done = self._advance(x_in, PRIMED)  # a filler: its own output is never emitted
+            if done != PRIMED:
+                results += self._emit(out, done)
         self.reset()
         return results
 
-    def _emit(self, out: torch.Tensor) -> list[np.ndarray]:
+    def _emit(self, out: torch.Tensor, group: int) -> list[np.ndarray]:
+        """The outputs of input `group` (and of the skipped inputs after it), decoded."""
         with torch.inference_mode():
             self._last_out = self._decode(out)
-        assert self._order and self._order[0] == "R", "frame order out of step"
-        self._order.popleft()
-        results = list(self._last_out)
-        while self._order and self._order[0] == "C":
-            self._order.popleft()
-            results += [f.copy() for f in self._last_out]
-        return results
+        assert self._waiting and self._waiting[0] == group, "frame order out of step"
+        self._waiting.popleft()
+        copies = self._copies.pop(group, 0)
+        return list(self._last_out) + [f.copy() for _ in range(copies) for f in self._last_out]
 
     def generate(self, count: int) -> list[np.ndarray]:
         """txt2img: `count` new images (frame-aligned, flushed at the end)."""
@@ -607,63 +432,17 @@ class StreamDiffusion:
         return images[:count]
 
 
-def slerp(a: torch.Tensor, b: torch.Tensor, t: float) -> torch.Tensor:
-    """Spherical interpolation of token embeddings (..., D), per token; linear when parallel."""
-    a32, b32 = a.float(), b.float()
-    an = a32 / a32.norm(dim=-1, keepdim=True).clamp_min(1e-8)
-    bn = b32 / b32.norm(dim=-1, keepdim=True).clamp_min(1e-8)
-    dot = (an * bn).sum(-1, keepdim=True).clamp(-1.0, 1.0)
-    omega = torch.arccos(dot)
-    so = torch.sin(omega)
-    linear = so.abs() < 1e-4
-    safe = torch.where(linear, torch.ones_like(so), so)
-    wa = torch.where(linear, 1.0 - t, torch.sin((1.0 - t) * omega) / safe)
-    wb = torch.where(linear, torch.full_like(so, t), torch.sin(t * omega) / safe)
-    return (wa * a32 + wb * b32).to(a.dtype)
-
-
 def to_frames(image, count: int = 1) -> torch.Tensor:
     """Any supported image(s) -> uint8 (count, H, W, 3) RGB, or (count, H, W, 4) RGBA when one
-    of them has alpha (the preprocess kernel composites it on black).
-
-    Takes numpy arrays (H, W), (H, W, 1), (H, W, 3) or (H, W, 4) of uint8 or floats in [0, 1],
-    PIL images, uint8 torch tensors (H, W, C), or a list of `count` of these.
-    """
+    of them has alpha (the preprocess kernel composites it on black). Each image goes through
+    the one frame converter (`streamstudio.frames.to_pixels`); `image` is one image or a list
+    of `count` of them."""
     items = list(image) if isinstance(image, (list, tuple)) else [image]
     if len(items) != count:
         raise StreamStudioError(f"expected {count} frame(s) per call (frame_buffer_size), got {len(items)}")
-    frames = [_one_frame(item) for item in items]
+    frames = [to_pixels(item) for item in items]
     if len({f.shape[2] for f in frames}) > 1:  # RGB beside RGBA: opaque alpha for the RGB ones
         frames = [f if f.shape[2] == 4 else np.dstack([f, np.full(f.shape[:2], 255, np.uint8)]) for f in frames]
     if len({f.shape for f in frames}) > 1:
         raise StreamStudioError("all frames of one call must have the same size")
     return torch.from_numpy(np.stack(frames))
-
-
-def _one_frame(image) -> np.ndarray:
-    try:
-        from PIL import Image
-
-        if isinstance(image, Image.Image):
-            image = np.asarray(image.convert("RGBA" if "A" in image.getbands() else "RGB"))
-    except ImportError:  # pragma: no cover
-        pass
-    if isinstance(image, torch.Tensor):
-        image = image.detach().cpu().numpy()
-    if not isinstance(image, np.ndarray):
-        raise StreamStudioError(f"expected an image (numpy array, PIL image or tensor), got {type(image).__name__}")
-    if image.ndim == 2:
-        image = image[:, :, None]
-    if image.ndim != 3 or image.shape[2] not in (1, 3, 4):
-        raise StreamStudioError(f"expected an image of shape (H, W), (H, W, 1), (H, W, 3) or (H, W, 4), got {image.shape}")
-    if image.shape[0] < 1 or image.shape[1] < 1:
-        raise StreamStudioError(f"the image is empty (shape {image.shape})")
-    if image.dtype != np.uint8:
-        if not np.issubdtype(image.dtype, np.floating):
-            raise StreamStudioError(f"expected uint8 pixels (or floats in [0, 1]), got {image.dtype}")
-        if not np.isfinite(image).all() or image.min() < 0.0 or image.max() > 1.0:
-            raise StreamStudioError("float images must be finite and in [0, 1]")
-        image = (image * 255.0).round().astype(np.uint8)
-    if image.shape[2] == 1:
-        image = np.repeat(image, 3, axis=2)
-    return np.ascontiguousarray(image)  # RGBA stays: the preprocess kernel composites it on black

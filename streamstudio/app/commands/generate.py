@@ -159,7 +159,7 @@ def run(args) -> int:
         raise StreamStudioError("--num-images must be at least 1")
     out_dir = make_output_folder(args.output, "images")  # before the model loads
     pipe = build_pipeline(args, "img2img" if inputs else "txt2img")
-    print(f"model: {pipe.comps.name} ({pipe.step_type} step), t_index_list {pipe._t_index}, "
+    print(f"model: {pipe.comps.name} ({pipe.step_type} step), t_index_list {pipe.t_index}, "
           f"frame latency {pipe.latency_frames}")
     width, height = pipe.config.width, pipe.config.height
     if inputs is None:

@@ -1,0 +1,94 @@
+"""Prompts to the UNet's condition: the text encoder, a cache of the prompts seen, and blends
+of several weighted prompts (linear, or spherical per token)."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Sequence
+
+import torch
+
+from streamstudio.errors import StreamStudioError
+from streamstudio.models.image_net import ImageCond
+
+log = logging.getLogger(__name__)
+
+PromptSpec = str | Sequence[tuple[str, float]]
+CACHE_SIZE = 64  # prompts kept; the cache is emptied when it grows past this
+
+
+class PromptEncoder:
+    """A prompt, or [(prompt, weight), ...], -> an `ImageCond` of one row. The text encoder
+    runs only for prompts it has not seen (`encodes` counts its runs)."""
+
+    def __init__(self, tokenizer, text_encoder: torch.nn.Module, device: torch.device, dtype: torch.dtype):
+        self.tokenizer, self.text_encoder = tokenizer, text_encoder
+        self.device, self.dtype = device, dtype
+        self.encodes = 0
+        self._cache: dict[str, ImageCond] = {}
+
+    def encode(self, prompt: str) -> ImageCond:
+        if not isinstance(prompt, str):
+            raise StreamStudioError(f"a prompt must be a string, got {type(prompt).__name__}")
+        if prompt in self._cache:
+            return self._cache[prompt]
+        tok = self.tokenizer
+        max_len = tok.model_max_length
+        n_tokens = len(tok(prompt, truncation=False)["input_ids"])
+        if n_tokens > max_len:
+            msg = f"prompt is {n_tokens} tokens; the text encoder takes {max_len}, so it was truncated"
+            warnings.warn(msg, stacklevel=3)
+            log.warning(msg)
+        ids = tok(prompt, padding="max_length", max_length=max_len, truncation=True, return_tensors="pt").input_ids
+        with torch.inference_mode():
+            embeds = self.text_encoder(ids.to(self.device))[0].to(self.dtype)  # (1, L, D)
+        self.encodes += 1
+        if len(self._cache) > CACHE_SIZE:
+            self._cache.clear()
+        self._cache[prompt] = cond = ImageCond(text=embeds)
+        return cond
+
+    def blend(self, spec: PromptSpec, mode: str = "linear") -> ImageCond:
+        """A prompt's condition, or the weighted blend of several (weights need not sum to 1),
+        linear or (mode "slerp") spherical, field by field."""
+        if isinstance(spec, str):
+            return self.encode(spec)
+        try:
+            pairs = [(p, float(w)) for p, w in spec]
+        except (TypeError, ValueError) as exc:
+            raise StreamStudioError("a prompt is a string or a list of (prompt, weight) pairs") from exc
+        if not pairs or any(w < 0 for _, w in pairs) or sum(w for _, w in pairs) <= 0:
+            raise StreamStudioError("a prompt blend needs at least one prompt and non-negative weights with a positive sum")
+        conds = [self.encode(p) for p, _ in pairs]
+        weights = [w for _, w in pairs]
+        layout = conds[0].flatten()[0]
+        fields = zip(*(c.flatten()[1] for c in conds))  # each field's tensors, one per prompt
+        return ImageCond.unflatten(layout, [_blend(list(parts), weights, mode) for parts in fields])
+
+
+def _blend(parts: list[torch.Tensor], weights: list[float], mode: str) -> torch.Tensor:
+    if mode == "linear":
+        total = sum(weights)
+        return sum(w / total * e for w, e in zip(weights, parts))
+    out, acc = parts[0], weights[0]
+    for e, w in zip(parts[1:], weights[1:]):  # slerp towards each next prompt by its share so far
+        if acc + w > 0:
+            out = slerp(out, e, w / (acc + w))
+        acc += w
+    return out
+
+
+def slerp(a: torch.Tensor, b: torch.Tensor, t: float) -> torch.Tensor:
+    """Spherical interpolation of token embeddings (..., D), per token; linear when parallel."""
+    a32, b32 = a.float(), b.float()
+    an = a32 / a32.norm(dim=-1, keepdim=True).clamp_min(1e-8)
+    bn = b32 / b32.norm(dim=-1, keepdim=True).clamp_min(1e-8)
+    dot = (an * bn).sum(-1, keepdim=True).clamp(-1.0, 1.0)
+    omega = torch.arccos(dot)
+    so = torch.sin(omega)
+    linear = so.abs() < 1e-4
+    safe = torch.where(linear, torch.ones_like(so), so)
+    wa = torch.where(linear, 1.0 - t, torch.sin((1.0 - t) * omega) / safe)
+    wb = torch.where(linear, torch.full_like(so, t), torch.sin(t * omega) / safe)
+    return (wa * a32 + wb * b32).to(a.dtype)
