@@ -224,14 +224,6 @@ class VideoEngine(nn.Module):
         self.config = getattr(model, "config", None)
         self.cfg = getattr(model, "cfg", None)
 
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.anchor.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.anchor.device
-
     def encode_text(self, prompts):
         return self.model.encode_text(prompts)
 

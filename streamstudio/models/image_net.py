@@ -127,21 +127,11 @@ class ImageNet:
     def eager(self) -> "DiffusersImageNet":
         raise NotImplementedError
 
-    @property
-    def device(self) -> torch.device:
-        return self.eager.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.eager.dtype
-
-    @property
-    def latent_channels(self) -> int:
-        return self.eager.latent_channels
-
-    @property
-    def latent_scale(self) -> int:
-        return self.eager.latent_scale
+    # the device, dtype, latent channels and pixels per latent of the eager network underneath
+    device = property(lambda self: self.eager.device)
+    dtype = property(lambda self: self.eager.dtype)
+    latent_channels = property(lambda self: self.eager.latent_channels)
+    latent_scale = property(lambda self: self.eager.latent_scale)
 
     def eps(self, x: torch.Tensor, t: torch.Tensor | float, cond: ImageCond,
             bank: BankSegments | None = None) -> torch.Tensor:
