@@ -681,7 +681,7 @@ class WhipServer:
             self.manager.close(res.sid, wait=0.0)
 
     def _prune(self, sid: str) -> None:
-        """Drop `sid`'s broadcaster once it has no viewer (its listener and encoders go with it)."""
+        """Drop `sid`'s broadcaster once it has no viewer (its encoders detached from the stream)."""
         b = self.broadcasters.get(sid)
         if b is not None and b.viewers == 0 and not b.audio:
             self.broadcasters.pop(sid, None)
