@@ -100,6 +100,25 @@ def test_batch_without_ray_matches_local_renders_and_resumes(tmp_path, capsys, m
     assert rc == 1 and "rendered with other settings (seed)" in capsys.readouterr().err
 
 
+def test_a_run_stopped_before_its_stitch_restarts_with_the_stitch_only(tmp_path, capsys, monkeypatch):
+    clip = make_inputs(tmp_path / "in", shorts=0)[0]
+    out = tmp_path / "out"
+    argv = ["render", "--input", str(clip), "--output", str(out / "long.mkv"), "--cluster", "local", *TINY, *SEGMENT]
+
+    def stopped(*args):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(cluster, "stitch", stopped)
+        with pytest.raises(KeyboardInterrupt):
+            cluster.run_batch(cli.build_parser(argv).parse_args(argv))
+    assert not (out / "long.mkv").exists()
+    assert cli.main(argv) == 0
+    assert "0 job(s) (1 file(s) in segments)" in capsys.readouterr().err  # the three parts were kept
+    local_render(clip, tmp_path / "ref.mkv", [])
+    assert_same_frames(out / "long.mkv", tmp_path / "ref.mkv")
+
+
 def test_segments_are_cut_at_keyframes_near_even_cuts():
     from streamstudio.app.segments import plan_pieces
 

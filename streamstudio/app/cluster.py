@@ -313,9 +313,12 @@ class RayExecutor:
                 self.started = True
         resources = ray.cluster_resources()
         self.gpus = int(resources.get("GPU", 0))
-        self.workers = workers or self.gpus or max(1, int(resources.get("CPU", 1)) // 4)
+        cpus = int(resources.get("CPU", 1))
+        self.workers = workers or self.gpus or max(1, cpus // 4)
         self.name = f"ray ({address or 'local'}: {self.workers} {'GPU' if self.gpus else 'CPU'} worker(s))"
-        self.settings = settings
+        # a CPU worker takes its share of the cores, and as many torch threads (not every core of its machine)
+        self.cpus = 1 if self.gpus else max(1, cpus // self.workers)
+        self.settings = settings if self.gpus or settings.get("threads") else {**settings, "threads": self.cpus}
         self.board = ray.remote(num_cpus=0)(ProgressBoard).remote()
         self._actor_class = ray.remote(RenderWorker)
         self._count = 0
@@ -325,7 +328,7 @@ class RayExecutor:
     def _new_actor(self):
         name = f"w{self._count}"
         self._count += 1
-        options = {"num_gpus": 1} if self.gpus else {"num_cpus": 1}
+        options = {"num_gpus": 1} if self.gpus else {"num_cpus": self.cpus}
         actor = self._actor_class.options(max_restarts=0, **options).remote(self.settings, name,
                                                                              _RemoteBoard(self.board))
         self.names[actor] = name
