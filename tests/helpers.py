@@ -105,6 +105,24 @@ class RecordingNet(WrappedImageNet):
         return self.inner.decode(latents)
 
 
+class SpecEngine:
+    """Stands in for TRTEngine: named tensors in, {output: tensor} out, computed by the export
+    spec's own module (the engine wrappers' plumbing without TensorRT); `shapes` records each
+    call's input shapes by name."""
+
+    def __init__(self, spec):
+        self.spec = spec
+        self.calls = 0
+        self.shapes = []
+
+    def __call__(self, **inputs):
+        self.calls += 1
+        self.shapes.append({n: tuple(t.shape) for n, t in inputs.items()})
+        with torch.no_grad():
+            out = self.spec.module(*(inputs[n] for n in self.spec.input_names))
+        return {self.spec.output_names[0]: out}
+
+
 def capture_latents(pipe) -> list:
     """Record the x0 latents `pipe` (a StreamDiffusion) decodes, in output order: the returned
     list fills as the pipeline runs."""

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 import torch
+from helpers import SpecEngine
 
 from streamstudio.app.batching import BatchedImageNet, BatchExecutor, BatchingConfig
 from streamstudio.errors import StreamStudioError
@@ -144,21 +145,9 @@ def test_the_diffusers_adapter_is_diffusers_with_scaled_latents(tiny):
     assert net.latent_scale == 8 and net.latent_channels == 4 and net.takes_bank
 
 
-class FakeEngine:
-    """Named tensors in, {output: tensor} out, computed by the spec's export module."""
-
-    def __init__(self, spec):
-        self.spec, self.seen = spec, []
-
-    def __call__(self, **inputs):
-        self.seen.append(sorted(inputs))
-        with torch.no_grad():
-            return {self.spec.output_names[0]: self.spec.module(*(inputs[n] for n in self.spec.input_names))}
-
-
 def test_the_engine_variant_feeds_its_engines_the_seams_inputs(tiny):
     eager = tiny.net
-    unet, enc, dec = FakeEngine(eps_spec(eager)), FakeEngine(vae_encoder_spec(eager)), FakeEngine(vae_decoder_spec(eager))
+    unet, enc, dec = SpecEngine(eps_spec(eager)), SpecEngine(vae_encoder_spec(eager)), SpecEngine(vae_decoder_spec(eager))
     net = EngineImageNet(eager, unet, enc, dec)
     gen = torch.Generator().manual_seed(4)
     x, text, images = torch.randn(2, 4, 8, 8, generator=gen), torch.randn(2, 77, 32, generator=gen), torch.rand(1, 3, 64, 64)
@@ -166,7 +155,8 @@ def test_the_engine_variant_feeds_its_engines_the_seams_inputs(tiny):
         torch.testing.assert_close(net.eps(x, 500, ImageCond(text=text)), eager.eps(x, 500, ImageCond(text=text)))
         torch.testing.assert_close(net.encode(images), eager.encode(images))
         torch.testing.assert_close(net.decode(x), eager.decode(x))
-    assert unet.seen == [["sample", "text", "timestep"]] and enc.seen == [["images"]] and dec.seen == [["latents"]]
+    assert [sorted(c) for c in unet.shapes] == [["sample", "text", "timestep"]] and unet.shapes[0]["timestep"] == (2,)
+    assert [list(c) for c in enc.shapes] == [["images"]] and [list(c) for c in dec.shapes] == [["latents"]]
     assert not net.takes_bank and net.fixed_shapes
     with pytest.raises(StreamStudioError, match="feedback"):
         net.eps(x, 500, ImageCond(text=text), bank=[(0, object())])
