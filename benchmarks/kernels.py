@@ -29,10 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as dt
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -42,13 +39,14 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from common import RESULTS as RESULTS_DIR, bench_device, utc_now, write_json  # puts the package on sys.path
 
-from streamstudio import kernels  # noqa: E402
-from streamstudio.kernels import reference  # noqa: E402
-from streamstudio.kernels.reference import CFG_FULL, CFG_NONE, CFG_SELF  # noqa: E402
+from streamstudio import kernels
+from streamstudio.app.commands.bench import device_name
+from streamstudio.kernels import reference
+from streamstudio.kernels.reference import CFG_FULL, CFG_NONE, CFG_SELF
 
-RESULTS = Path(__file__).resolve().parent / "results" / "kernels.json"
+RESULTS = RESULTS_DIR / "kernels.json"
 TARGET_FLOOR_PCT = 70.0  # each fused op at >= 70 % of the copy bandwidth
 L2_MULTIPLE = 4  # each op moves >= 4x the L2 cache
 H100_L2 = 50 * 2**20  # the L2 assumed when the device does not report one
@@ -421,12 +419,6 @@ def bench_pipeline(device: torch.device, quick: bool, on_row: Callable[[list[dic
 
 
 # ------------------------------------------------------------------------------ main
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
-
-
 def _fmt(v, f: str) -> str:
     return (f % v) if v is not None else "-"
 
@@ -489,11 +481,8 @@ def main(argv=None) -> int:
     parser.add_argument("--no-pipeline", action="store_true", help="ops only")
     parser.add_argument("--out", default=str(RESULTS), help=f"JSON output (default {RESULTS})")
     args = parser.parse_args(argv)
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if args.device == "auto" else args.device))
+    device = bench_device(args.device)
     gpu = device.type == "cuda"
-    if not gpu:
-        torch.set_num_threads(min(2, os.cpu_count() or 1))
     out = Path(args.out)
     previous = _previous(out)
     notes = []
@@ -507,15 +496,14 @@ def main(argv=None) -> int:
         notes.append(f"fused kernels unavailable: {kernels.cuda_build.failure_reason(kernels.EXTENSION)}")
     l2 = l2_bytes(device)
     t = timing(gpu, args.quick)
-    run = dict(device=device_name(device), date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    run = dict(device=device_name(device), date=utc_now(),
                torch=torch.__version__, cuda=torch.version.cuda, quick=args.quick, l2_bytes=l2,
                target_floor_pct=TARGET_FLOOR_PCT, launches=t.launches, replays=t.replays,
                copy_bandwidth_GBps=None, copy_timing=None, ops=[], pipeline=[], notes=notes)
 
     def write() -> None:
         result = dict(run, **_sections(previous, run, "gpu" if gpu else "cpu", missing_gpu))
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=1))
+        write_json(out, result, indent=1)
 
     write()
     bandwidth, copy_how = copy_bandwidth(device, args.quick)

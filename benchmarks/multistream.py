@@ -15,25 +15,16 @@ Writes benchmarks/results/multistream.json (device name and date inside).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
-import os
-import sys
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from common import RESULTS, bench_device, utc_now, write_json  # puts the package on sys.path
 
-from streamstudio.app.batching import BatchingConfig  # noqa: E402
-from streamstudio.app.commands.bench import closed_loop, device_name  # noqa: E402
-from streamstudio.app.sessions import ServerModel, SessionManager  # noqa: E402
-from streamstudio.device import pick_device  # noqa: E402
-from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig  # noqa: E402
-
-RESULTS = ROOT / "benchmarks" / "results" / "multistream.json"
+from streamstudio.app.batching import BatchingConfig
+from streamstudio.app.commands.bench import closed_loop, device_name
+from streamstudio.app.sessions import ServerModel, SessionManager
+from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
 
 
 def components(device: torch.device):
@@ -52,11 +43,9 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="shorter windows")
     parser.add_argument("--device", default="auto", help="auto, cuda or cpu")
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--out", default=str(RESULTS / "multistream.json"))
     args = parser.parse_args(argv)
-    device = pick_device(args.device)
-    if device.type == "cpu":
-        torch.set_num_threads(min(2, os.cpu_count() or 1))
+    device = bench_device(args.device)
     warmup, window = (2.0, 4.0) if args.quick else (4.0, 10.0)
     comps, size, name = components(device)
     config = StreamDiffusionConfig(width=size, height=size, steps=1, strength=0.5, cfg_type="none",
@@ -67,7 +56,6 @@ def main(argv=None) -> int:
                 for mode in ("turns", "batched")}
     rows = []
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
 
     def save() -> dict:  # after each row: a run killed at its time limit keeps what it measured
         ratios = {}
@@ -77,9 +65,9 @@ def main(argv=None) -> int:
             if turns and batched:
                 ratios[str(k)] = batched["total_fps"] / turns["total_fps"] if turns["total_fps"] else None
         result = {"benchmark": "multistream", "model": name, "device": device_name(device),
-                  "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "quick": args.quick,
+                  "date": utc_now(), "quick": args.quick,
                   "window_s": window, "rows": rows, "batched_over_turns": ratios}
-        out.write_text(json.dumps(result, indent=1))
+        write_json(out, result, indent=1)
         return ratios
 
     try:

@@ -16,23 +16,19 @@ frame of this process is reported too.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from common import RESULTS, synchronizer, timed, write_json  # puts the package on sys.path
 
-from streamstudio.kernels.splat import rasterize_gaussians  # noqa: E402
-from streamstudio.pipelines.splat_render import SceneFit, SplatRenderConfig, camera_path  # noqa: E402
-from streamstudio.models.gaussians import GaussianScene  # noqa: E402
+from streamstudio.kernels.splat import rasterize_gaussians
+from streamstudio.pipelines.splat_render import SceneFit, SplatRenderConfig, camera_path
+from streamstudio.models.gaussians import GaussianScene
 
 TARGETS_FPS = {(10_000, 256): 60.0, (100_000, 256): 10.0}
 GSPLAT_PUBLISHED = "gsplat: 172 fps, 2.8M Gaussians, 1080p, TITAN RTX (published)"
@@ -123,9 +119,7 @@ def build_cpp() -> dict:
     """Load (or build, the first time on a machine) the C++ renderer; seconds it took."""
     from streamstudio.kernels import splat_cpu
 
-    t0 = time.perf_counter()
-    module = splat_cpu.load()
-    took = time.perf_counter() - t0
+    module, took = timed(splat_cpu.load)
     if module is None:
         raise SystemExit(f"the C++ CPU splat renderer did not build: {splat_cpu.failure_reason()}")
     info = {"load_or_build_s": took, "openmp": bool(module.has_openmp())}
@@ -141,7 +135,7 @@ def gpu_row() -> dict:
     if splat_cuda.load() is None:
         return {"status": "missing: the CUDA kernel did not build", "compare": GSPLAT_PUBLISHED}
     args = frame_args(synthetic_scene(1_000_000), 1080, 10, device="cuda", width=1920)
-    t = time_frames(args, "cuda", sync=torch.cuda.synchronize)
+    t = time_frames(args, "cuda", sync=synchronizer(torch.device("cuda")))
     return {"status": "measured", "gaussians": 1_000_000, "size": "1920x1080", "fps": 1 / t["wall_s"],
             "device": torch.cuda.get_device_name(), "compare": GSPLAT_PUBLISHED}
 
@@ -165,9 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cuda_only:
         gpu = gpu_row()
         print(f"CUDA 1M / 1920x1080: {gpu.get('fps', gpu['status'])}  ({gpu['compare']})")
-        out = Path(args.out or ROOT / "benchmarks" / "results" / "splats_cuda.json")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"benchmark": "splats", "torch": torch.__version__, "cuda": gpu}, indent=2))
+        out = write_json(args.out or RESULTS / "splats_cuda.json",
+                         {"benchmark": "splats", "torch": torch.__version__, "cuda": gpu})
         print(f"wrote {out}")
         return 0 if gpu["status"] == "measured" else 1
     threads = max(1, min(args.threads, 2))
@@ -185,9 +178,7 @@ def main(argv: list[str] | None = None) -> int:
               "machine": platform.processor() or platform.machine(), "torch": torch.__version__,
               "load_average": os.getloadavg(), "cpu_count": os.cpu_count(),
               "cpp_build": build, "cpu": rows, "reference_vs_cpu": ratio, "cuda": gpu}
-    out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / ("splats_quick.json" if args.quick else "splats.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    out = write_json(args.out or RESULTS / ("splats_quick.json" if args.quick else "splats.json"), result)
     print(f"wrote {out}")
     return 0
 

@@ -11,20 +11,18 @@ except frames per second, which mean something only on a GPU.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import platform
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from common import RESULTS, bench_device, synchronizer, timed, utc_now, write_json  # puts the package on sys.path
+
+from streamstudio.app.commands.bench import device_name
 from streamstudio.models.loading import SDComponents, load_components
 from streamstudio.models.tiny import SCHEDULER_CONFIG, tiny_tokenizer
 from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
-RESULTS = Path(__file__).parent / "results" / "stream_diffusion.json"
 
 SD_TURBO_UNET = dict(
     sample_size=64, in_channels=4, out_channels=4, layers_per_block=2,
@@ -78,20 +76,13 @@ class NetworkTimer:
         net = pipe.net  # the image seam: every UNet and VAE call
         net.eps, net.encode, net.decode = self._wrap(net.eps), self._wrap(net.encode), self._wrap(net.decode)
 
-    def _sync(self):
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-
     def _wrap(self, fn):
-        def timed(*args, **kwargs):
-            self._sync()
-            start = time.perf_counter()
-            out = fn(*args, **kwargs)
-            self._sync()
-            self.seconds += time.perf_counter() - start
+        def timed_call(*args, **kwargs):
+            out, seconds = timed(lambda: fn(*args, **kwargs), synchronizer(self.device))
+            self.seconds += seconds
             return out
 
-        return timed
+        return timed_call
 
 
 class Timed:
@@ -106,14 +97,9 @@ class Timed:
         self.best_total = self.best_net = float("inf")
 
     def round(self) -> None:
-        sync = torch.cuda.synchronize if self.pipe.device.type == "cuda" else (lambda: None)
         net_before = self.timer.seconds
-        sync()
-        start = time.perf_counter()
-        for f in self.frames:
-            self.pipe(f)
-        sync()
-        total = (time.perf_counter() - start) / len(self.frames)
+        _, seconds = timed(lambda: [self.pipe(f) for f in self.frames], synchronizer(self.pipe.device))
+        total = seconds / len(self.frames)
         if total < self.best_total:
             self.best_total = total
             self.best_net = (self.timer.seconds - net_before) / len(self.frames)
@@ -160,24 +146,22 @@ def ssf_static_rate(comps: SDComponents, frames: int = 110) -> float:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a few frames, 256x256 for the full-size model (< 60 s on CPU)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default="auto", help="auto, cuda or cpu")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", default=None, help=f"JSON output (default {RESULTS})")
+    parser.add_argument("--out", default=None, help=f"JSON output (default {RESULTS / 'stream_diffusion.json'})")
     args = parser.parse_args(argv)
+    device = bench_device(args.device, cpu_threads=None)
     torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
     dtype = torch.float16 if device.type == "cuda" else torch.float32
 
-    name = RESULTS if not args.quick else RESULTS.with_name("stream_diffusion_quick.json")
+    name = RESULTS / ("stream_diffusion_quick.json" if args.quick else "stream_diffusion.json")
     name = Path(args.out) if args.out else name
-    name.parent.mkdir(parents=True, exist_ok=True)
 
     def save() -> None:  # after each measurement: a run killed at its time limit keeps what it measured
-        name.write_text(json.dumps(results, indent=2))
+        write_json(name, results)
 
     tiny = load_components("tiny", device=device, dtype=dtype)
-    results: dict = {"device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
-                     "date": datetime.date.today().isoformat(), "quick": args.quick, "threads": args.threads}
+    results: dict = {"device": device_name(device), "date": utc_now(), "quick": args.quick, "threads": args.threads}
     results["tiny"] = measure(tiny, 64, 8, 4, full=True, rounds=3 if args.quick else 10)
     save()
     results["ssf_skip_rate_static"] = ssf_static_rate(tiny)

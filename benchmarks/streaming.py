@@ -18,31 +18,32 @@ figures are this machine's (CPU); the overhead is a difference measured in one r
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import os
 import platform
-import sys
 import tempfile
-import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from common import RESULTS, timed, utc_now, write_json  # puts the package on sys.path
 
 from streamstudio.streaming.processor import IdentityProcessor
 from streamstudio.streaming.runner import Runner, RunnerConfig
 from streamstudio.streaming.sinks import NullSink, open_sink
 from streamstudio.streaming.sources import ArraySource, PatternSource
 
-RESULTS = Path(__file__).resolve().parent / "results" / "streaming.json"
 OVERHEAD_TARGET_MS = 2.0
 
 
 def frames_512(n: int) -> list[np.ndarray]:
     src = PatternSource(512, 512, fps=30, count=n, realtime=False)
     return [f.image for f in src.frames()]
+
+
+def plain_loop(src, proc, sink) -> None:
+    """What the runner does, as a bare loop: read, process, write."""
+    for f in src.frames():
+        for out in proc.push(f.image):
+            sink.write(out, f.pts)
 
 
 def runner_overhead(n: int, repeats: int) -> dict:
@@ -52,21 +53,22 @@ def runner_overhead(n: int, repeats: int) -> dict:
     for _ in range(repeats):
         sink = NullSink("null", 512, 512, 30)
         src = ArraySource(frames, fps=30)
-        t0 = time.perf_counter()
-        for f in src.frames():
-            for out in proc.push(f.image):
-                sink.write(out, f.pts)
-        loop_times.append(time.perf_counter() - t0)
+        loop_times.append(timed(lambda: plain_loop(src, proc, sink))[1])
         src, sink = ArraySource(frames, fps=30), NullSink("null", 512, 512, 30)
-        t0 = time.perf_counter()
-        metrics = Runner(src, proc, sink, RunnerConfig(live=False)).run()
-        runner_times.append(time.perf_counter() - t0)
+        metrics, seconds = timed(Runner(src, proc, sink, RunnerConfig(live=False)).run)
+        runner_times.append(seconds)
         assert metrics.frames_out == n
     loop, runner = min(loop_times), min(runner_times)
     overhead = (runner - loop) / n * 1000
     return {"frames": n, "size": "512x512", "loop_ms_per_frame": loop / n * 1000,
             "runner_ms_per_frame": runner / n * 1000, "overhead_ms_per_frame": overhead,
             "target_ms": OVERHEAD_TARGET_MS, "meets_target": overhead < OVERHEAD_TARGET_MS}
+
+
+def write_all(spec: str, frames: list[np.ndarray]) -> None:
+    with open_sink(spec, 512, 512, 30) as sink:
+        for i, frame in enumerate(frames):
+            sink.write(frame, i / 30)
 
 
 def encode_throughput(n: int) -> dict:
@@ -76,11 +78,7 @@ def encode_throughput(n: int) -> dict:
         specs = {"mp4 (H.264)": f"{tmp}/o.mp4", "mkv (H.264)": f"{tmp}/o.mkv", "webm (VP9)": f"{tmp}/o.webm",
                  "HLS (H.264)": f"hls:{tmp}/hls", "PNG sequence": f"{tmp}/png"}
         for name, spec in specs.items():
-            t0 = time.perf_counter()
-            with open_sink(spec, 512, 512, 30) as sink:
-                for i, frame in enumerate(frames):
-                    sink.write(frame, i / 30)
-            elapsed = time.perf_counter() - t0
+            _, elapsed = timed(lambda: write_all(spec, frames))
             results[name] = {"frames": n, "fps": n / elapsed, "ms_per_frame": elapsed / n * 1000}
     return results
 
@@ -128,11 +126,12 @@ def print_table(result: dict) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer frames")
-    parser.add_argument("--output", default=str(RESULTS), help=f"JSON path (default {RESULTS})")
+    default = RESULTS / "streaming.json"
+    parser.add_argument("--output", default=str(default), help=f"JSON path (default {default})")
     args = parser.parse_args(argv)
     n_over, reps, n_enc, n_live = (150, 2, 30, 40) if args.quick else (500, 3, 120, 120)
     result = {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": utc_now(),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
         "quick": args.quick,
         "runner_overhead": runner_overhead(n_over, reps),
@@ -140,10 +139,7 @@ def main(argv=None) -> int:
         "live_latency": live_latency(n_live),
     }
     print_table(result)
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    print(f"\nwrote {out}")
+    print(f"\nwrote {write_json(args.output, result)}")
     return 0
 
 

@@ -30,26 +30,17 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime as dt
-import json
-import os
-import sys
-import time
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from common import RESULTS, bench_device, synchronizer, timed, utc_now, write_json  # puts the package on sys.path
 
-from streamstudio.app.commands.bench import device_name  # noqa: E402
-from streamstudio.device import pick_device  # noqa: E402
-from streamstudio.models import feature_bank  # noqa: E402
-from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig  # noqa: E402
+from streamstudio.app.commands.bench import device_name
+from streamstudio.models import feature_bank
+from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
-RESULTS = ROOT / "benchmarks" / "results" / "temporal.json"
 MODES = {
     "plain": dict(temporal="off"),
     "feedback": dict(temporal="feedback"),
@@ -124,14 +115,12 @@ def run_clip(comps, config: StreamDiffusionConfig, frames: list[np.ndarray], pro
     """Frame-aligned outputs and the seconds each push took (after the warm-up frames)."""
     pipe = StreamDiffusion(comps, config, prompt=prompt)
     outs, times = [], []
-    sync = torch.cuda.synchronize if pipe.device.type == "cuda" else (lambda: None)
+    sync = synchronizer(pipe.device)
     for i, f in enumerate(frames):
-        sync()
-        t0 = time.perf_counter()
-        outs += pipe.push(f)
-        sync()
+        pushed, seconds = timed(lambda: pipe.push(f), sync)
+        outs += pushed
         if i >= SKIP:
-            times.append(time.perf_counter() - t0)
+            times.append(seconds)
     outs += pipe.flush()
     return outs, times
 
@@ -211,11 +200,9 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="shorter clips, one repeat")
     parser.add_argument("--device", default="auto", help="auto, cuda or cpu")
     parser.add_argument("--steps", type=int, default=1, help="denoising steps (default 1, as sd-turbo)")
-    parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--out", default=str(RESULTS / "temporal.json"))
     args = parser.parse_args(argv)
-    device = pick_device(args.device)
-    if device.type == "cpu":
-        torch.set_num_threads(min(2, os.cpu_count() or 1))
+    device = bench_device(args.device)
     n, repeats = (16, 1) if args.quick else (32, 3)
     from streamstudio.models.loading import load_components
 
@@ -235,7 +222,7 @@ def main(argv=None) -> int:
         print(f"GPU / sd-turbo figures missing: {missing}")
     result = {
         "benchmark": "temporal", "device": device_name(device), "torch": torch.__version__,
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "quick": args.quick,
+        "date": utc_now(), "quick": args.quick,
         "steps": args.steps, "clip_frames": n, "warm_up_frames_skipped": SKIP, "repeats": repeats,
         "settings": {mode: {**StreamDiffusionConfig(**s).__dict__} for mode, s in MODES.items() if mode != "plain"},
         "target": {"bank_flicker_vs_plain_still": TARGET_FLICKER, "bank_time_vs_plain": TARGET_TIME,
@@ -253,10 +240,7 @@ def main(argv=None) -> int:
         settings[mode] = {k: v for k, v in settings[mode].items()
                           if k in ("temporal", "feedback_weight", "bank_size", "bank_interval", "bank_threshold",
                                    "bank_fusion")}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    print(f"wrote {out}")
+    print(f"wrote {write_json(args.out, result, indent=1)}")
     return 0
 
 

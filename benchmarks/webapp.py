@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import socket
@@ -32,11 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from common import RESULTS, ROOT, write_json  # puts the package on sys.path
 
-from streamstudio.app.sessions import PROBE_BITS, draw_probe, read_probe  # noqa: E402
-from streamstudio.app.webrtc import StudioClient  # noqa: E402
+from streamstudio.app.sessions import PROBE_BITS, draw_probe, read_probe
+from streamstudio.app.webrtc import StudioClient
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -197,7 +195,7 @@ def parse_args(argv=None):
     p.add_argument("--fps", type=float, default=20.0, help="input fps per client (default 20)")
     p.add_argument("--frame-width", type=int, default=160)
     p.add_argument("--frame-height", type=int, default=120)
-    p.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "webapp.json"))
+    p.add_argument("--output", default=str(RESULTS / "webapp.json"))
     args = p.parse_args(argv)
     args.seconds, args.frames, args.warmup = (4.0, 300, 2.0) if args.quick else (10.0, 2000, 3.0)
     return args
@@ -221,8 +219,7 @@ def main(argv=None) -> int:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.output, result)
     print(table(result))
     print(f"wrote {args.output}")
     return 0

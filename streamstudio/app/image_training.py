@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from streamstudio.device import pick_device
 from streamstudio.errors import StreamStudioError
 from streamstudio.models import builtin_image, image_data
 from streamstudio.models.tiny import SCHEDULER_CONFIG
@@ -141,7 +142,7 @@ class ImageTrainer:
                 raise StreamStudioError(f"--{name.replace('_', '-')} must be a multiple of 8, at least 16")
         self.cfg = cfg
         self.out = Path(cfg.output)
-        self.device = torch.device("cuda" if torch.cuda.is_available() and not cfg.cpu else "cpu")
+        self.device = pick_device("cpu" if cfg.cpu else "auto")
         self.state = {"vae_step": 0, "step": 0, "seconds": 0.0, "scaled": False, "losses": {}}
         config = None
         if cfg.resume and cfg.init:
