@@ -103,20 +103,24 @@ def test_batch_without_ray_matches_local_renders_and_resumes(tmp_path, capsys, m
 def test_a_run_stopped_before_its_stitch_restarts_with_the_stitch_only(tmp_path, capsys, monkeypatch):
     clip = make_inputs(tmp_path / "in", shorts=0)[0]
     out = tmp_path / "out"
-    argv = ["render", "--input", str(clip), "--output", str(out / "long.mkv"), "--cluster", "local", *TINY, *SEGMENT]
+    argv = ["render", "--input", str(clip), "--output", str(out / "long.mkv"), "--cluster", "local", *TINY]
 
     def stopped(*args):
         raise KeyboardInterrupt
 
-    with monkeypatch.context() as patch:
-        patch.setattr(cluster, "stitch", stopped)
-        with pytest.raises(KeyboardInterrupt):
-            cluster.run_batch(cli.build_parser(argv).parse_args(argv))
+    for cut in ("8", "12"):  # two runs stopped before their stitch, cut in 3 and in 2 segments
+        with monkeypatch.context() as patch:
+            patch.setattr(cluster, "stitch", stopped)
+            with pytest.raises(KeyboardInterrupt):
+                run = [*argv, "--segment-frames", cut]
+                cluster.run_batch(cli.build_parser(run).parse_args(run))
+    assert f"{2} job(s) (1 file(s) in segments)" in capsys.readouterr().err  # the second cut reused none of the first's
     assert not (out / "long.mkv").exists()
-    assert cli.main(argv) == 0
-    assert "0 job(s) (1 file(s) in segments)" in capsys.readouterr().err  # the three parts were kept
+    assert cli.main([*argv, *SEGMENT]) == 0
+    assert "0 job(s) (1 file(s) in segments)" in capsys.readouterr().err  # the first run's three parts were kept
     local_render(clip, tmp_path / "ref.mkv", [])
     assert_same_frames(out / "long.mkv", tmp_path / "ref.mkv")
+    assert not (out / cluster.WORK_DIR / "parts").exists() or not any((out / cluster.WORK_DIR / "parts").iterdir())
 
 
 def test_segments_are_cut_at_keyframes_near_even_cuts():

@@ -42,7 +42,8 @@ MAX_ATTEMPTS = 3  # a job whose worker died this many times is reported as faile
 SCALE_OUT = ("to render on several GPUs or machines: pip install 'streamstudio[ray]', then --workers N "
              "(this machine) or --cluster ray://HEAD:10001 (docs/cluster.md)")
 # settings that do not change what a job renders (left out of the job list's fingerprint)
-NOT_RENDERING = ("input", "output", "cluster", "workers", "config", "device", "threads", "command", "func")
+NOT_RENDERING = ("input", "output", "cluster", "workers", "segment_frames", "config", "device", "threads", "verbose",
+                 "command", "func")
 
 
 def add_arguments(group) -> None:

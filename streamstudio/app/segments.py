@@ -114,7 +114,8 @@ def plan_pieces(input: str, output: str, parts: str, frames: int, keyframes: lis
         return [Piece(input, output, frames=total or None)]
     ends = starts[1:] + [max_frames]  # the last segment runs to the file's end (or --max-frames)
     count = len(starts)
-    return [Piece(input, output, i, count, s, e, str(Path(parts) / f"{i:04d}"),
+    # a part is named by its frames, so a run again with other cuts (other workers) never takes it for one of its own
+    return [Piece(input, output, i, count, s, e, str(Path(parts) / f"{s:09d}-{'end' if e is None else f'{e:09d}'}"),
                   frames=(e if e is not None else total) - s) for i, (s, e) in enumerate(zip(starts, ends))]
 
 
@@ -343,16 +344,9 @@ def stitch(pieces: list[Piece], target: Path, args, ready: Callable[[Piece], boo
 
 
 def remove_parts(pieces: list[Piece]) -> None:
-    """The pieces' part folders, and their file's folder of parts."""
-    parents = {Path(p.part).parent for p in pieces if p.part is not None}
-    for piece in pieces:
-        if piece.part is not None:
-            shutil.rmtree(piece.part, ignore_errors=True)
-    for parent in parents:
-        try:
-            parent.rmdir()
-        except OSError:  # not empty (something else is in it) or gone
-            pass
+    """The file's folder of parts (its pieces' parts and any left by a run cut otherwise)."""
+    for parent in {Path(p.part).parent for p in pieces if p.part is not None}:
+        shutil.rmtree(parent, ignore_errors=True)
 
 
 def write_json(path: Path, data) -> None:
