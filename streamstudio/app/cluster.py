@@ -106,7 +106,7 @@ def output_paths(inputs: list[Path], output: str) -> tuple[list[Path], Path]:
         if len(inputs) > 1:
             raise StreamStudioError(f"--output {output} is one file for {len(inputs)} inputs; give a folder")
         make_output_folder(out.parent)
-        return [out], out.parent / WORK_DIR
+        return [out], out.parent / WORK_DIR / out.name  # its own job list: other files in the folder are not its
     if out.suffix:
         raise StreamStudioError(f"--output {output}: a batch writes video files; give a folder or an .mp4/.mkv/.mov/.webm")
     make_output_folder(out)
@@ -138,9 +138,9 @@ class JobList:
             if data.get("settings") != self.fingerprint:
                 changed = sorted(k for k in set(data.get("settings", {})) | set(self.fingerprint)
                                  if data.get("settings", {}).get(k) != self.fingerprint.get(k))
-                raise StreamStudioError(f"{work.parent} holds a batch rendered with other settings "
-                                        f"({', '.join(changed)}); use another --output folder, or delete {work} "
-                                        "and the outputs to render them again")
+                raise StreamStudioError(f"this --output holds a batch rendered with other settings "
+                                        f"({', '.join(changed)}); use another --output, or delete {work} "
+                                        "and its outputs to render them again")
             self.done = dict(data.get("done", {}))
         work.mkdir(parents=True, exist_ok=True)
 
