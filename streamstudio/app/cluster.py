@@ -319,7 +319,10 @@ class RayExecutor:
         self.name = f"ray ({address or 'local'}: {self.workers} {'GPU' if self.gpus else 'CPU'} worker(s))"
         # a CPU worker takes its share of the cores, and as many torch threads (not every core of its machine)
         self.cpus = 1 if self.gpus else max(1, cpus // self.workers)
-        self.settings = settings if self.gpus or settings.get("threads") else {**settings, "threads": self.cpus}
+        if self.gpus:  # an actor sees its one GPU as cuda:0, whichever --device named
+            self.settings = {**settings, "device": "cuda"} if str(settings.get("device")).startswith("cuda") else settings
+        else:
+            self.settings = settings if settings.get("threads") else {**settings, "threads": self.cpus}
         self.board = ray.remote(num_cpus=0)(ProgressBoard).remote()
         self._actor_class = ray.remote(RenderWorker)
         self._count = 0
