@@ -286,6 +286,7 @@ class LocalExecutor:
     def run(self, pieces: list[Piece], work: Path, on_result: Callable[[PieceResult], None],
             on_tick: Callable[[dict], None]) -> Outcome:
         outcome = Outcome()
+        self.worker.ready()  # a model that does not load is one error, not one per job
         for piece in pieces:
             result = self.worker.render(piece, str(work))
             outcome.results.append(result)
