@@ -3,6 +3,9 @@ diffusers' own MultiControlNetModel."""
 
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
 import pytest
 import torch
 
@@ -12,15 +15,18 @@ from streamstudio.models.controlnet import ControlNetSpec, load_controlnet, pars
 
 
 def tiny_controlnet(unet, seed=0):
-    """ControlNetModel.from_unet with random zero convolutions (a trained net's are not zero)."""
+    """ControlNetModel.from_unet with random zero convolutions (a trained net's are not zero), the
+    control image's embedding strong enough that its content shows in the output."""
     from diffusers import ControlNetModel
 
     net = ControlNetModel.from_unet(unet, conditioning_embedding_out_channels=(8, 8, 8, 8))
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for module in list(net.controlnet_down_blocks) + [net.controlnet_mid_block, net.controlnet_cond_embedding.conv_out]:
+        for module in list(net.controlnet_down_blocks) + [net.controlnet_mid_block]:
             for p in module.parameters():
                 p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+        for p in net.controlnet_cond_embedding.conv_out.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 2.0)
     return net.eval().requires_grad_(False)
 
 
@@ -108,3 +114,109 @@ def test_load_controlnet_from_folder_and_clear_errors(sd, tmp_path):
         load_controlnet(str(tmp_path / "net.ckpt"))
     with pytest.raises(StreamStudioError, match="as many control images"):
         controlnet.residuals(nets, *inputs()[:3], inputs()[3][:1], torch.ones(2, 2))
+
+
+# ------------------------------------------------------------------ ControlNets in the stream pipeline
+SIZE = 32
+
+
+def stream_frames(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8) for _ in range(n)]
+
+
+def make_pipe(comps, nets, scales=None, preprocessor="none", **kw):
+    from streamstudio.pipelines.control import ControlInputs, ControlUnit, Preprocessor
+    from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+
+    with_nets = dataclasses.replace(comps, controlnets=list(nets))
+    control = ControlInputs([ControlUnit(Preprocessor(preprocessor), s) for s in (scales or [1.0] * len(nets))]) \
+        if nets else None
+    kw = {"width": SIZE, "height": SIZE, "steps": 3, "strength": 0.7, **kw}
+    return StreamDiffusion(with_nets, StreamDiffusionConfig(**kw), prompt="a red fox", negative_prompt="blurry",
+                           control=control)
+
+
+def aligned(pipe, inputs):
+    outs = []
+    for image in inputs:
+        outs += pipe.push(image)
+    return outs + pipe.flush()
+
+
+def test_each_slot_gets_its_own_frames_control_image(sd):
+    """Frames of distinct flat colours through Stream Batch (3 steps): the ControlNet call's rows
+    for slots 0, 1, 2 carry the control images of frames i, i-1, i-2 (the first frame's while
+    the primed slots hold it)."""
+    comps, nets = sd
+    pipe = make_pipe(comps, nets[:1], cfg_type="none")
+    seen = []
+    nets[0].register_forward_pre_hook(lambda m, a, kw: seen.append(kw["controlnet_cond"][:, 0, 0, 0].clone()),
+                                      with_kwargs=True)
+    levels = [20, 60, 100, 140, 180]
+    for level in levels:
+        pipe.push(np.full((SIZE, SIZE, 3), level, np.uint8))
+        assert pipe.control.runs == levels.index(level) + 1  # one preprocessor pass per input frame
+    batch_calls = [rows for rows in seen if rows.shape[0] == 3]  # the priming trajectory's calls have one row
+    assert len(batch_calls) == len(levels)
+    for i, rows in enumerate(batch_calls):
+        want = [levels[max(i - j, 0)] / 255 for j in range(3)]
+        torch.testing.assert_close(rows, torch.tensor(want), atol=1e-6, rtol=0)
+    nets[0]._forward_pre_hooks.clear()
+
+
+@pytest.mark.parametrize("cfg", ["none", "initialize", "full"])
+def test_stream_batch_equals_sequential_with_controlnets(sd, cfg):
+    from helpers import capture_latents
+
+    comps, nets = sd
+    inputs = stream_frames(5)
+    kw = dict(cfg_type=cfg, guidance_scale=1.5)
+    batch, seq = make_pipe(comps, nets, [0.7, 0.4], **kw), make_pipe(comps, nets, [0.7, 0.4], use_denoising_batch=False, **kw)
+    lat_b, lat_s = capture_latents(batch), capture_latents(seq)
+    aligned(batch, inputs), aligned(seq, inputs)
+    assert len(lat_b) == len(lat_s) == len(inputs)
+    # equal to float rounding (~3e-6); every slot given the newest frame's control images is ~4e-4 off
+    for a, b in zip(lat_b, lat_s):
+        torch.testing.assert_close(a, b, atol=3e-5, rtol=0)
+
+
+def test_scale_zero_stream_is_the_plain_stream_and_scale_is_live(sd):
+    comps, nets = sd
+    inputs = stream_frames(4, seed=1)
+    plain = aligned(make_pipe(comps, []), inputs)
+    zero = aligned(make_pipe(comps, nets, [0.0, 0.0], preprocessor="canny"), inputs)
+    assert all(np.array_equal(a, b) for a, b in zip(plain, zero))
+    live = make_pipe(comps, nets, [0.0, 0.0], preprocessor="canny")
+    live.set_control_scale(0, 1.5)
+    assert any(not np.array_equal(a, b) for a, b in zip(plain, aligned(live, inputs)))
+    with pytest.raises(StreamStudioError, match="no ControlNet"):
+        make_pipe(comps, []).set_control_scale(0, 1.0)
+    with pytest.raises(StreamStudioError, match="img2img"):
+        make_pipe(comps, nets, mode="txt2img").push(None)
+
+
+def test_generate_with_controlnet_flags(sd, tmp_path, capsys):
+    from PIL import Image
+
+    from streamstudio.app.cli import main
+
+    comps, nets = sd
+    nets[0].save_pretrained(tmp_path / "canny_net")
+    src = tmp_path / "in"
+    src.mkdir()
+    for i, image in enumerate(stream_frames(2, seed=4)):
+        Image.fromarray(image).save(src / f"{i}.png")
+    common = ["generate", "--model", "tiny", "--input", str(src), "--prompt", "a fox", "--width", "32", "--height", "32"]
+    assert main([*common, "--output", str(tmp_path / "plain")]) == 0
+    assert main([*common, "--output", str(tmp_path / "cn"), "--controlnet", f"{tmp_path / 'canny_net'}:1.5",
+                 "--control-preprocessor", "softedge"]) == 0
+    assert "ControlNet: " in capsys.readouterr().out
+    plain = [np.asarray(Image.open(f)) for f in sorted((tmp_path / "plain").glob("*.png"))]
+    controlled = [np.asarray(Image.open(f)) for f in sorted((tmp_path / "cn").glob("*.png"))]
+    assert len(controlled) == 2 and any(not np.array_equal(a, b) for a, b in zip(plain, controlled))
+    assert main([*common, "--output", str(tmp_path / "x"), "--control-preprocessor", "canny"]) == 1
+    assert "one per net" in capsys.readouterr().err
+    assert main([*common, "--output", str(tmp_path / "x"), "--controlnet", str(tmp_path / "canny_net"),
+                 "--control-preprocessor", "hed"]) == 1
+    assert "--control-preprocessor" in capsys.readouterr().err

@@ -110,3 +110,46 @@ def test_embedding_once_per_reference_and_equal_to_diffusers(comps, tmp_path):
 def test_missing_adapter_is_a_clear_error(comps, tmp_path):
     with pytest.raises(ModelNotFoundError, match="hf download h94/IP-Adapter"):
         IPAdapter(comps, "h94/IP-Adapter", local_files_only=True)
+
+
+def test_ip_adapter_in_the_stream(comps, tmp_path):
+    """Through the stream pipeline: scale 0 is the stream without the adapter, the reference is
+    encoded once however many frames run, a reference changes the output at scale 1."""
+    import dataclasses
+
+    from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+
+    frames = [np.random.default_rng(i).integers(0, 256, (32, 32, 3), dtype=np.uint8) for i in range(4)]
+
+    def run(pipe):
+        outs = [o for f in frames for o in pipe.push(f)]
+        return outs + pipe.flush()
+
+    config = StreamDiffusionConfig(width=32, height=32, steps=2, strength=0.7, cfg_type="full", guidance_scale=1.5)
+    plain = run(StreamDiffusion(comps, config, prompt="a fox"))
+    path = write_tiny_ip_adapter(comps.unet, tmp_path / "ip")
+    with_ip = dataclasses.replace(comps, ip_adapter=IPAdapter(comps, f"{path}:0"))
+    pipe = StreamDiffusion(with_ip, config, prompt="a fox")
+    pipe.set_reference((reference_image().permute(1, 2, 0).numpy() * 255).astype(np.uint8))
+    zero = run(pipe)
+    assert with_ip.ip_adapter.encodes == 1  # once per reference, not per frame
+    assert all(np.abs(a.astype(int) - b.astype(int)).max() <= 1 for a, b in zip(plain, zero))
+    pipe.set_ip_adapter_scale(1.0)
+    assert any(np.abs(a.astype(int) - b.astype(int)).max() > 1 for a, b in zip(plain, run(pipe)))
+    with pytest.raises(StreamStudioError, match="no IP-Adapter"):
+        StreamDiffusion(comps, config).set_reference(frames[0])
+
+
+def test_generate_with_ip_adapter_flags(comps, tmp_path, capsys):
+    from PIL import Image
+
+    from streamstudio.app.cli import main
+
+    path = write_tiny_ip_adapter(comps.unet, tmp_path / "ip")
+    Image.fromarray((reference_image().permute(1, 2, 0).numpy() * 255).astype(np.uint8)).save(tmp_path / "ref.png")
+    common = ["generate", "--model", "tiny", "--prompt", "a fox", "--width", "32", "--height", "32", "--num-images", "1"]
+    assert main([*common, "--output", str(tmp_path / "a"), "--ip-adapter", str(path), "--ip-image",
+                 str(tmp_path / "ref.png")]) == 0
+    assert "IP-Adapter: " in capsys.readouterr().out and len(list((tmp_path / "a").glob("*.png"))) == 1
+    assert main([*common, "--output", str(tmp_path / "b"), "--ip-adapter", str(path)]) == 1
+    assert "--ip-image" in capsys.readouterr().err

@@ -164,8 +164,64 @@ def test_taesdxl_and_fp16_vae_choices(tiny_xl, tmp_path, monkeypatch):
     assert not fixed.vae.config.force_upcast
 
 
-def test_generate_says_sdxl_is_not_in_the_stream_pipeline_yet(tmp_path, capsys):
+def test_generate_runs_an_sdxl_model(tmp_path):
+    import numpy as np
+    from PIL import Image
+
     from streamstudio.app.cli import main
 
-    assert main(["generate", "--model", "tiny-sdxl", "--output", str(tmp_path)]) == 1
-    assert "SDXL" in capsys.readouterr().err
+    assert main(["generate", "--model", "tiny-sdxl", "--prompt", "a cat", "--output", str(tmp_path), "--num-images", "2",
+                 "--width", "48", "--height", "32"]) == 0
+    images = [np.asarray(Image.open(f)) for f in sorted(tmp_path.glob("*.png"))]
+    assert len(images) == 2 and images[0].shape == (32, 48, 3) and not np.array_equal(images[0], images[1])
+
+
+# ------------------------------------------------------------------ SDXL through the stream pipeline
+def stream(comps, **kw):
+    from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+
+    kw = {"width": 32, "height": 32, "steps": 3, "strength": 0.7, **kw}
+    return StreamDiffusion(comps, StreamDiffusionConfig(**kw), prompt="a red fox", negative_prompt=kw.pop("neg", ""))
+
+
+@pytest.mark.parametrize("cfg", ["none", "self", "full"])
+def test_sdxl_stream_batch_equals_sequential(tiny_xl, cfg):
+    import numpy as np
+    from helpers import capture_latents
+
+    inputs = [np.random.default_rng(i).integers(0, 256, (32, 32, 3), dtype=np.uint8) for i in range(5)]
+    kw = dict(cfg_type=cfg, guidance_scale=1.5)
+    batch, seq = stream(tiny_xl, **kw), stream(tiny_xl, use_denoising_batch=False, **kw)
+    lat_b, lat_s = capture_latents(batch), capture_latents(seq)
+    for pipe in (batch, seq):
+        for image in inputs:
+            pipe.push(image)
+        pipe.flush()
+    assert len(lat_b) == len(lat_s) == len(inputs)
+    for a, b in zip(lat_b, lat_s):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(lat_b[0], lat_b[-1])
+
+
+def test_sdxl_stream_conditions_like_diffusers(tiny_xl):
+    """The UNet call of an SDXL stream gets what diffusers' SDXL pipeline gives its UNet: both
+    encoders' states, the pooled text, the time ids of the output size, zeros for the empty
+    negative prompt."""
+    pipe = diffusers_pipe(tiny_xl)
+    embeds, negative, pooled, negative_pooled = pipe.encode_prompt("a red fox", device=torch.device("cpu"),
+                                                                   do_classifier_free_guidance=True)
+    ids = pipe._get_add_time_ids((32, 48), (0, 0), (32, 48), torch.float32, text_encoder_projection_dim=32)
+    seen = []
+    tiny_xl.unet.register_forward_pre_hook(lambda m, a, kw: seen.append(kw), with_kwargs=True)
+    try:
+        s = stream(tiny_xl, width=48, height=32, cfg_type="full", guidance_scale=2.0, mode="txt2img")
+        s.push(None)
+    finally:
+        tiny_xl.unet._forward_pre_hooks.clear()
+    kw = seen[-1]  # rows: the negative's, then the prompt's
+    rows = kw["encoder_hidden_states"].shape[0] // 2
+    torch.testing.assert_close(kw["encoder_hidden_states"][rows:], embeds.expand(rows, -1, -1))
+    torch.testing.assert_close(kw["encoder_hidden_states"][:rows], negative.expand(rows, -1, -1))
+    torch.testing.assert_close(kw["added_cond_kwargs"]["text_embeds"][rows:], pooled.expand(rows, -1))
+    torch.testing.assert_close(kw["added_cond_kwargs"]["text_embeds"][:rows], negative_pooled.expand(rows, -1))
+    torch.testing.assert_close(kw["added_cond_kwargs"]["time_ids"], ids.expand(2 * rows, -1))

@@ -49,6 +49,11 @@ class ImageCond:
     first (B, ...), a tuple of such tensors, or None (not given)."""
 
     text: torch.Tensor  # (B, L, D) text embeddings
+    text_embeds: torch.Tensor | None = None  # SDXL: (B, P) pooled text of the second encoder
+    time_ids: torch.Tensor | None = None  # SDXL: (B, 6) original size, crop corner, target size
+    image_embeds: torch.Tensor | None = None  # IP-Adapter: (B, 1, D) the reference image's CLIP embedding
+    control: tuple[torch.Tensor, ...] | None = None  # ControlNets: one (B, 3, H, W) image in [0, 1] per net
+    control_scale: torch.Tensor | None = None  # ControlNets: (B, n_nets) conditioning scales
 
     @property
     def rows(self) -> int:
@@ -147,8 +152,9 @@ class ImageNet:
 class DiffusersImageNet(ImageNet):
     """The seam over diffusers' UNet and VAE, eager."""
 
-    def __init__(self, unet: nn.Module, vae: nn.Module):
+    def __init__(self, unet: nn.Module, vae: nn.Module, controlnets: Sequence[nn.Module] = ()):
         self.unet, self.vae = unet, vae
+        self.controlnets = tuple(controlnets)  # their residuals join the UNet's when the cond has control images
         self.scaling_factor = float(getattr(vae.config, "scaling_factor", 1.0))  # TAESD: 1
 
     @property
@@ -175,18 +181,35 @@ class DiffusersImageNet(ImageNet):
     def latent_scale(self) -> int:
         return latent_scale(self.vae)
 
-    @staticmethod
-    def unet_kwargs(cond: ImageCond) -> dict:
-        """The condition as diffusers' UNet2DConditionModel takes it."""
-        return {"encoder_hidden_states": cond.text}
+    def unet_kwargs(self, x: torch.Tensor, t: torch.Tensor, cond: ImageCond) -> dict:
+        """The condition as diffusers' UNet2DConditionModel takes it: SDXL's pooled text and
+        time ids and IP-Adapter's image embedding as added conditioning, the ControlNets'
+        summed residuals (models/controlnet.py) for their skip connections."""
+        added = {}
+        if cond.text_embeds is not None:
+            added.update(text_embeds=cond.text_embeds, time_ids=cond.time_ids)
+        kwargs = {"encoder_hidden_states": cond.text}
+        if cond.control is not None:
+            from streamstudio.models import controlnet
+
+            if len(cond.control) != len(self.controlnets):
+                raise StreamStudioError(f"{len(cond.control)} control images for {len(self.controlnets)} ControlNets")
+            down, mid = controlnet.residuals(self.controlnets, x, t, cond.text, cond.control, cond.control_scale,
+                                             added or None)
+            kwargs.update(down_block_additional_residuals=down, mid_block_additional_residual=mid)
+        if cond.image_embeds is not None:
+            added["image_embeds"] = [cond.image_embeds]
+        if added:
+            kwargs["added_cond_kwargs"] = added
+        return kwargs
 
     def eps(self, x, t, cond, bank=None):
         t, cond = broadcast(x.shape[0], t, cond, x.device)  # (B,), B rows
         if not bank:
-            return self.unet(x, t, **self.unet_kwargs(cond), return_dict=False)[0]  # (B, 4, h, w)
+            return self.unet(x, t, **self.unet_kwargs(x, t, cond), return_dict=False)[0]  # (B, 4, h, w)
         check_bank(self)
         with feature_bank.attending(self.unet, bank):
-            return self.unet(x, t, **self.unet_kwargs(cond), return_dict=False)[0]
+            return self.unet(x, t, **self.unet_kwargs(x, t, cond), return_dict=False)[0]
 
     def encode(self, images):
         out = self.vae.encode(images.to(self._vae_dtype()))  # a VAE kept in float32 (SDXL's) takes float32

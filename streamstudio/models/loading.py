@@ -49,6 +49,8 @@ class SDComponents:
     tokenizer_2: object | None = None  # SDXL: the second encoder's tokenizer
     vae_upcast: bool = False  # keep the VAE in float32 (SDXL's own VAE overflows in float16)
     loras: object | None = None  # the users' LoRAs on these networks (models/lora.LoraSet), changeable live
+    controlnets: list = field(default_factory=list)  # ControlNetModels (models/controlnet.py), in --controlnet order
+    ip_adapter: object | None = None  # models/ip_adapter.IPAdapter installed in the UNet, or None
     network: ImageNet | None = None  # an accelerated or batched variant of the seam (None: eager)
 
     @property
@@ -60,7 +62,7 @@ class SDComponents:
     def net(self) -> ImageNet:
         """The seam every UNet and VAE call goes through (`models/image_net.py`): `network`, or
         the eager diffusers adapter of `unet` and `vae`."""
-        return self.network if self.network is not None else DiffusersImageNet(self.unet, self.vae)
+        return self.network if self.network is not None else DiffusersImageNet(self.unet, self.vae, self.controlnets)
 
     @property
     def prediction_type(self) -> str:

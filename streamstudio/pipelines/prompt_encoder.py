@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import torch
 
 from streamstudio.errors import StreamStudioError
+from streamstudio.models import sdxl
 from streamstudio.models.image_net import ImageCond
 
 log = logging.getLogger(__name__)
@@ -22,8 +23,10 @@ class PromptEncoder:
     """A prompt, or [(prompt, weight), ...], -> an `ImageCond` of one row. The text encoder
     runs only for prompts it has not seen (`encodes` counts its runs)."""
 
-    def __init__(self, tokenizer, text_encoder: torch.nn.Module, device: torch.device, dtype: torch.dtype):
+    def __init__(self, tokenizer, text_encoder: torch.nn.Module, device: torch.device, dtype: torch.dtype,
+                 tokenizer_2=None, text_encoder_2: torch.nn.Module | None = None):
         self.tokenizer, self.text_encoder = tokenizer, text_encoder
+        self.tokenizer_2, self.text_encoder_2 = tokenizer_2, text_encoder_2  # SDXL's second encoder (pooled text)
         self.device, self.dtype = device, dtype
         self.encodes = 0
         self._cache: dict[str, ImageCond] = {}
@@ -40,14 +43,32 @@ class PromptEncoder:
             msg = f"prompt is {n_tokens} tokens; the text encoder takes {max_len}, so it was truncated"
             warnings.warn(msg, stacklevel=3)
             log.warning(msg)
-        ids = tok(prompt, padding="max_length", max_length=max_len, truncation=True, return_tensors="pt").input_ids
-        with torch.inference_mode():
-            embeds = self.text_encoder(ids.to(self.device))[0].to(self.dtype)  # (1, L, D)
+        if self.text_encoder_2 is not None:  # SDXL: both encoders' penultimate states and the pooled text
+            with torch.inference_mode():
+                xl = sdxl.encode_prompts([prompt], [tok, self.tokenizer_2], [self.text_encoder, self.text_encoder_2],
+                                         self.device, self.dtype)
+            cond = ImageCond(text=xl.embeds, text_embeds=xl.pooled)  # (1, 77, D1 + D2), (1, P)
+        else:
+            ids = tok(prompt, padding="max_length", max_length=max_len, truncation=True, return_tensors="pt").input_ids
+            with torch.inference_mode():
+                embeds = self.text_encoder(ids.to(self.device))[0].to(self.dtype)  # (1, L, D)
+            cond = ImageCond(text=embeds)
         self.encodes += 1
         if len(self._cache) > CACHE_SIZE:
             self._cache.clear()
-        self._cache[prompt] = cond = ImageCond(text=embeds)
+        self._cache[prompt] = cond
         return cond
+
+    def negative(self, prompt: str) -> ImageCond:
+        """The unconditional condition: an empty negative prompt is zeros for SDXL (as diffusers'
+        pipeline does for SDXL's force_zeros_for_empty_prompt), the encoded prompt otherwise."""
+        if self.text_encoder_2 is not None and prompt == "":
+            return self.encode(prompt).map(torch.zeros_like)
+        return self.encode(prompt)
+
+    def clear(self) -> None:
+        """Forget the encoded prompts (the text encoders changed: a LoRA with text weights)."""
+        self._cache.clear()
 
     def blend(self, spec: PromptSpec, mode: str = "linear") -> ImageCond:
         """A prompt's condition, or the weighted blend of several (weights need not sum to 1),

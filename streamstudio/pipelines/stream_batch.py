@@ -9,12 +9,17 @@ back to back. Each group carries an integer id through the buffer, and `advance`
 leaves: `PRIMED` (-1) for the first N - 1 calls, whose slots the first group's own trajectory
 filled, and for every filler group the caller puts in with that id (flush).
 
+Per-frame condition fields (`FrameFields`: ControlNet images, computed once per input group)
+travel with their group through the slots: a slot holding an older group's latents gets that
+group's fields, the primed slots the first group's, a filler the fields it was given.
+
 The scheduler's arithmetic stays the scheduler's (diffusers' LCMScheduler): `Schedule.lcm` only
 asks it for the timesteps, alphas_cumprod and the LCM boundary scalings of the chosen steps.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,6 +32,28 @@ from streamstudio.models import feature_bank
 from streamstudio.models.image_net import ImageCond, ImageNet
 
 PRIMED = -1  # the id of a group that is no input's: a primed slot, or a filler
+FrameFields = dict  # ImageCond fields of one group's k frames: name -> (k, ...) tensor or tuple of them
+
+
+def join_fields(parts: Sequence[FrameFields | None]) -> FrameFields | None:
+    """The fields of several groups, rows in order (None when the groups have none)."""
+    if not parts or parts[0] is None:
+        return None
+    out = {}
+    for name, value in parts[0].items():
+        if isinstance(value, tuple):
+            out[name] = tuple(torch.cat([p[name][i] for p in parts]) for i in range(len(value)))
+        else:
+            out[name] = torch.cat([p[name] for p in parts])
+    return out
+
+
+def with_fields(cond: ImageCond, fields: FrameFields | None, rows: slice = slice(None)) -> ImageCond:
+    """`cond` (already of the right rows) with the per-row fields of `rows` set."""
+    if fields is None:
+        return cond
+    return dataclasses.replace(cond, **{name: tuple(v[rows] for v in value) if isinstance(value, tuple) else value[rows]
+                                        for name, value in fields.items()})
 
 
 @dataclass(frozen=True)
@@ -102,6 +129,7 @@ class StreamBatchSampler:
         self._buffer: torch.Tensor | None = None  # (N-1)*k latents at levels 1..N-1
         self._stock: torch.Tensor | None = None  # their residual-CFG stock noise
         self._ids: deque[int] = deque()  # the ids of the buffer's groups, newest first
+        self._fields: deque[FrameFields | None] = deque()  # the buffer's groups' frame fields, newest first
         self._bank_frame = 0  # the bank's index of the group now entering
         if self.bank is not None:
             self.bank.clear()  # features at the old schedule's levels (or of another clip) are stale
@@ -121,41 +149,46 @@ class StreamBatchSampler:
         return alpha * x0_in + beta * self._noise[:self.k]
 
     @torch.inference_mode()
-    def advance(self, x0_in: torch.Tensor | None, group: int, guidance: Guidance) -> tuple[torch.Tensor, int]:
-        """Put group `group` (its x0 latents (k, 4, h, w), None for txt2img) in; returns the
-        x0 latents (k, 4, h, w) of the group that leaves and that group's id."""
+    def advance(self, x0_in: torch.Tensor | None, group: int, guidance: Guidance,
+                fields: FrameFields | None = None) -> tuple[torch.Tensor, int]:
+        """Put group `group` (its x0 latents (k, 4, h, w), None for txt2img, and its frame
+        fields) in; returns the x0 latents (k, 4, h, w) of the group that leaves and that group's id."""
         self._bank_frame = self.bank.next_frame() if self.bank is not None else 0
         x_first = self.first_level(x0_in)
         if not self.stream_batch:
-            out, _, _ = self._trajectory(x_first, self.schedule.steps - 1, guidance)
+            out, _, _ = self._trajectory(x_first, self.schedule.steps - 1, guidance, fields=fields)
             return out, group
         if self._buffer is None:
-            self._prime(x_first, guidance)
-        out = self._batch_call(x_first, guidance)
+            self._prime(x_first, guidance, fields)
+        out = self._batch_call(x_first, guidance, fields)
         self._ids.appendleft(group)
         return out, self._ids.pop()
 
-    def _batch_call(self, x_first: torch.Tensor, guidance: Guidance) -> torch.Tensor:
+    def _batch_call(self, x_first: torch.Tensor, guidance: Guidance, fields: FrameFields | None) -> torch.Tensor:
         """Every slot advances one step; returns the last slot's x0."""
         k = self.k
         x = torch.cat([x_first, self._buffer])  # (N*k, 4, h, w)
         stock = torch.cat([self._noise[:k], self._stock])
         slots = [(j, self._bank_frame - j) for j in self._levels]  # slot j holds the group that came j calls ago
+        rows = join_fields([fields, *self._fields])  # each slot's own group's fields
         x0, x_next, stock_next = self._step(x, stock, self._coef, self._t_rows, self._noise_next, guidance,
-                                            first_rows=k, slots=slots)
+                                            first_rows=k, slots=slots, fields=rows)
         self._buffer, self._stock = x_next[:-k], stock_next[:-k]
+        self._fields.appendleft(fields)
+        self._fields.pop()
         return x0[-k:]
 
-    def _prime(self, x_first: torch.Tensor, guidance: Guidance) -> None:
+    def _prime(self, x_first: torch.Tensor, guidance: Guidance, fields: FrameFields | None = None) -> None:
         """Fill slots 1..N-1 with the first group's own trajectory (no empty-buffer frames)."""
         n = self.schedule.steps
         # without the bank: the primed slots are group 0 again, and the bank starts with the first call
-        _, xs, stocks = self._trajectory(x_first, n - 2, guidance, bank=False)
+        _, xs, stocks = self._trajectory(x_first, n - 2, guidance, bank=False, fields=fields)
         self._buffer, self._stock = torch.cat(xs), torch.cat(stocks)  # slots 1..N-1
         self._ids = deque([PRIMED] * (n - 1))
+        self._fields = deque([fields] * (n - 1))
 
     def _trajectory(self, x: torch.Tensor, last: int, guidance: Guidance,
-                    bank: bool = True) -> tuple[torch.Tensor, list, list]:
+                    bank: bool = True, fields: FrameFields | None = None) -> tuple[torch.Tensor, list, list]:
         """Sequential denoising of one group through steps 0..last (bank: with the feature bank
         when it is on). Returns the x0 of step `last` and the (x, stock) states entering steps
         1..last+1."""
@@ -167,13 +200,13 @@ class StreamBatchSampler:
             t = s.timesteps[j:j + 1].expand(k)  # (k,)
             noise_next = self._noise[((j + 1) % n) * k:((j + 1) % n + 1) * k]
             x0, x, stock = self._step(x, stock, coef, t, noise_next, guidance, first_rows=k if j == 0 else 0,
-                                      slots=[(j, self._bank_frame)] * k if bank else None)
+                                      slots=[(j, self._bank_frame)] * k if bank else None, fields=fields)
             xs.append(x)
             stocks.append(stock)
         return x0, xs, stocks
 
-    def _step(self, x, stock, coef, t, noise_next, guidance: Guidance, first_rows: int, slots=None):
-        eps_text, eps_uncond, uncond_first = self._predict_eps(x, t, coef, guidance, first_rows, slots)
+    def _step(self, x, stock, coef, t, noise_next, guidance: Guidance, first_rows: int, slots=None, fields=None):
+        eps_text, eps_uncond, uncond_first = self._predict_eps(x, t, coef, guidance, first_rows, slots, fields)
         if uncond_first is not None:
             stock = torch.cat([uncond_first, stock[first_rows:]])
         return kernels.stream_step(x, eps_text, eps_uncond, stock, noise_next, coef, guidance.scale, guidance.delta,
@@ -181,7 +214,8 @@ class StreamBatchSampler:
 
     # ------------------------------------------------------------------ the network
     def _predict_eps(self, x: torch.Tensor, t: torch.Tensor, coef: torch.Tensor, guidance: Guidance,
-                     first_rows: int, slots: Sequence[tuple[int, int]] | None = None):
+                     first_rows: int, slots: Sequence[tuple[int, int]] | None = None,
+                     fields: FrameFields | None = None):
         """Noise predictions for rows x (B, 4, h, w) at timesteps t (B,).
 
         Returns (eps_text, eps_uncond or None, stock override for the first rows or None).
@@ -193,7 +227,7 @@ class StreamBatchSampler:
         copy of group 0) neither reads nor writes.
         """
         b, cfg = x.shape[0], guidance.cfg
-        text = guidance.text.expand(b)
+        text = with_fields(guidance.text.expand(b), fields)  # (B rows), each with its group's frame fields
         bank = self.bank if slots is not None else None
         rows = None if bank is None else [(step, frame, r % self.k) for r, (step, frame) in enumerate(slots)]
 
@@ -207,14 +241,16 @@ class StreamBatchSampler:
             return self.net.eps(x_, t_, cond, [(0, feature_bank.BankRows(bank, keys, writes))])
 
         if cfg == CFG_FULL:
-            out = eps(torch.cat([x, x]), torch.cat([t, t]), ImageCond.cat([guidance.negative.expand(b), text]),
+            out = eps(torch.cat([x, x]), torch.cat([t, t]),
+                      ImageCond.cat([with_fields(guidance.negative.expand(b), fields), text]),
                       [("u", b), ("c", b)])
             eps_uncond, eps_text = out.chunk(2)
             return self._to_eps(eps_text, x, coef), self._to_eps(eps_uncond, x, coef), None
         if cfg == CFG_INITIALIZE and first_rows:
             n = first_rows
             out = eps(torch.cat([x[:n], x]), torch.cat([t[:n], t]),
-                      ImageCond.cat([guidance.negative.expand(n), text]), [("u", n), ("c", b)])
+                      ImageCond.cat([with_fields(guidance.negative.expand(n), fields, slice(0, n)), text]),
+                      [("u", n), ("c", b)])
             return self._to_eps(out[n:], x, coef), None, self._to_eps(out[:n], x[:n], coef[:n])
         return self._to_eps(eps(x, t, text, [("c", b)]), x, coef), None, None
 

@@ -75,9 +75,10 @@ from streamstudio import kernels
 from streamstudio.errors import StreamStudioError
 from streamstudio.frames import to_pixels
 from streamstudio.kernels.reference import CFG_CODES, CFG_NONE
-from streamstudio.models import feature_bank
+from streamstudio.models import feature_bank, sdxl
 from streamstudio.models.image_net import ImageCond, check_bank
 from streamstudio.models.loading import SDComponents
+from streamstudio.pipelines.control import ControlInputs, ControlUnit, Preprocessor
 from streamstudio.pipelines.live_settings import check_config
 from streamstudio.pipelines.prompt_encoder import PromptEncoder, PromptSpec, slerp  # noqa: F401 - slerp: re-exported
 from streamstudio.pipelines.similarity_filter import SimilarityFilter, SimilarityFilterConfig
@@ -170,19 +171,30 @@ class StreamDiffusion:
     says whose output leaves, so `push`/`flush` hand outputs back in input order."""
 
     def __init__(self, components: SDComponents, config: StreamDiffusionConfig | None = None,
-                 prompt: PromptSpec = "", negative_prompt: str = ""):
+                 prompt: PromptSpec = "", negative_prompt: str = "", control: ControlInputs | None = None):
         self.comps = components
         self.config = (config or StreamDiffusionConfig()).validate()
         self.net = components.net  # the image seam: every UNet and VAE call goes through it
         self.device, self.dtype = self.net.device, self.net.dtype
         self.stats = StreamStats()
         self._host_buffers: dict[str, torch.Tensor] = {}  # pinned staging buffers (GPU only)
-        self.prompts = PromptEncoder(components.tokenizer, components.text_encoder, self.device, self.dtype)
+        self.prompts = PromptEncoder(components.tokenizer, components.text_encoder, self.device, self.dtype,
+                                     components.tokenizer_2, components.text_encoder_2)
+        nets = len(components.controlnets)
+        if control is None and nets:
+            control = ControlInputs([ControlUnit(Preprocessor("canny")) for _ in range(nets)])
+        if control is not None and len(control) != nets:
+            raise StreamStudioError(f"{len(control)} control preprocessors for the model's {nets} ControlNets; give "
+                                    "one --control-preprocessor per --controlnet")
+        self.control = control  # ControlNets' inputs: preprocessors (once per input group) and scales
+        self._fields: dict | None = None  # the last input group's frame fields (ControlNet images)
+        self._text_version = self._lora_text_version()
         from diffusers import LCMScheduler
 
         self.scheduler = LCMScheduler.from_config(components.scheduler_config)
         self.scheduler.set_timesteps(self.config.num_inference_steps)
-        self._negative = self._encoded(self.prompts.encode, negative_prompt)
+        self._negative_prompt = negative_prompt
+        self._negative = self._encoded(self.prompts.negative, negative_prompt)
         self._prompt_spec: PromptSpec = prompt
         self._text = self._encoded(self.prompts.blend, prompt, self.config.prompt_blend)
         self._filter = SimilarityFilter(SimilarityFilterConfig(self.config.similarity_threshold,
@@ -239,7 +251,65 @@ class StreamDiffusion:
         self._text = self._encoded(self.prompts.blend, prompt, self.config.prompt_blend)
 
     def set_negative_prompt(self, negative_prompt: str) -> None:
-        self._negative = self._encoded(self.prompts.encode, negative_prompt)
+        self._negative_prompt = negative_prompt
+        self._negative = self._encoded(self.prompts.negative, negative_prompt)
+
+    # ------------------------------------------------------------------ ControlNet, IP-Adapter, LoRA
+    def set_control_scale(self, index: int, scale: float) -> None:
+        """ControlNet `index`'s conditioning scale, from the next call on (0: as without it)."""
+        if self.control is None:
+            raise StreamStudioError("this model has no ControlNet (--controlnet)")
+        self.control.set_scale(index, scale)
+
+    def set_reference(self, image) -> None:
+        """IP-Adapter's reference image (HxWx3 uint8 RGB, or (3, H, W) float in [0, 1]); its
+        embedding is computed here, once, not per frame."""
+        ip = self._ip_adapter()
+        if isinstance(image, torch.Tensor) and image.dtype.is_floating_point:
+            ip.set_reference(image.to(self.device))
+        else:
+            frames = to_frames(image)  # (1, H, W, 3) uint8
+            ip.set_reference(frames[0, ..., :3].permute(2, 0, 1).to(self.device).float() / 255.0)
+
+    def set_ip_adapter_scale(self, scale: float) -> None:
+        self._ip_adapter().set_scale(scale)
+
+    def _ip_adapter(self):
+        if self.comps.ip_adapter is None:
+            raise StreamStudioError("this model has no IP-Adapter (--ip-adapter)")
+        return self.comps.ip_adapter
+
+    def set_lora_scale(self, name_or_source: str, scale: float) -> None:
+        """A loaded LoRA's scale (models/lora.py: unfused, rescaled, fused again); prompts are
+        encoded again when the LoRA changes the text encoders."""
+        if self.comps.loras is None:
+            raise StreamStudioError("no LoRA is loaded (--lora)")
+        self.comps.loras.set_scale(name_or_source, scale)
+        self._refresh_text()
+
+    def _lora_text_version(self) -> int:
+        return self.comps.loras.text_version if self.comps.loras is not None else 0
+
+    def _refresh_text(self) -> None:
+        """Encode the prompts again when a LoRA changed what the text encoders compute."""
+        if self._lora_text_version() != self._text_version:
+            self._text_version = self._lora_text_version()
+            self.prompts.clear()
+            self._negative = self._encoded(self.prompts.negative, self._negative_prompt)
+            self._text = self._encoded(self.prompts.blend, self._prompt_spec, self.config.prompt_blend)
+
+    def _stream_cond(self, cond: ImageCond, negative: bool) -> ImageCond:
+        """The prompt's condition with the stream's own fields: SDXL's time ids, the ControlNet
+        scales, IP-Adapter's reference embedding (zeros for the unconditional rows)."""
+        extra = {}
+        if self.comps.is_sdxl:
+            extra["time_ids"] = sdxl.time_ids(self.config.height, self.config.width, 1, self.device, self.dtype)
+        if self.control is not None:
+            extra["control_scale"] = self.control.scales(1, self.device)
+        ip = self.comps.ip_adapter
+        if ip is not None:
+            extra["image_embeds"] = ip.zeros(1) if negative or ip.embeds is None else ip.embeds
+        return replace(cond, **extra) if extra else cond
 
     def update(self, **changes) -> None:
         """Change settings at run time: guidance_scale, delta, cfg_type, strength, steps,
@@ -347,9 +417,10 @@ class StreamDiffusion:
         """One sampler call; returns the x0 latents that leave and their group's id."""
         self.stats.calls += 1
         before = self.sampler.unet_rows
-        guidance = Guidance(self._text, self._negative, self.effective_cfg, self.config.guidance_scale,
-                            self.config.delta)
-        out, group = self.sampler.advance(x0_in, group, guidance)
+        self._refresh_text()
+        guidance = Guidance(self._stream_cond(self._text, False), self._stream_cond(self._negative, True),
+                            self.effective_cfg, self.config.guidance_scale, self.config.delta)
+        out, group = self.sampler.advance(x0_in, group, guidance, self._fields)
         self.stats.unet_samples += self.sampler.unet_rows - before
         self._last_out_latent = out  # latent feedback: blended into the next input
         return out, group
@@ -359,6 +430,8 @@ class StreamDiffusion:
         if self.config.mode == "txt2img":
             if image is not None:
                 raise StreamStudioError("this stream is txt2img; it takes no input image")
+            if self.control is not None:
+                raise StreamStudioError("ControlNets take their control images from the input frames: use img2img")
             return None, False
         if image is None:
             raise StreamStudioError("this stream is img2img; give it an image")
@@ -371,6 +444,8 @@ class StreamDiffusion:
         if self.config.similarity_filter and self._last_out is None:
             self._filter.should_skip(x)  # records the first processed input
         with torch.inference_mode():
+            if self.control is not None:  # once per input group; the group's slots reuse them
+                self._fields = {"control": self.control.images((x.float() + 1) / 2)}  # n x (k, 3, H, W) in [0, 1]
             latents = self._encode(x)
             self._last_x0_in = latents
             if self.config.uses_feedback and self._last_out_latent is not None:

@@ -33,6 +33,16 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--taesd", action="store_true", help="use the TAESD fast VAE (madebyollin/taesd)")
     g.add_argument("--lora", action="append", default=[], metavar="PATH_OR_ID[:scale]",
                    help="a LoRA (.safetensors file, folder or hub id; SD 1.5/2.1 or SDXL), fused; repeatable")
+    g.add_argument("--controlnet", action="append", default=[], metavar="ID_OR_PATH[:scale]",
+                   help="a ControlNet (hub id or diffusers folder, e.g. lllyasviel/control_v11p_sd15_canny) with its "
+                        "conditioning scale; repeatable; img2img only (the control image comes from each input frame)")
+    g.add_argument("--control-preprocessor", action="append", default=[], metavar="NAME",
+                   help="the preprocessor of each --controlnet, in the same order: canny (default), depth, lineart, "
+                        "softedge or none (the frame itself)")
+    g.add_argument("--ip-adapter", default=None, metavar="ID_OR_PATH[:scale]",
+                   help="an IP-Adapter (h94/IP-Adapter, or a .safetensors file with image_encoder/ beside it); "
+                        "needs --ip-image")
+    g.add_argument("--ip-image", default=None, metavar="FILE", help="the IP-Adapter's reference image")
     g.add_argument("--acceleration", choices=("none", "compile", "tensorrt"), default="none",
                    help="torch.compile or TensorRT engines for the UNet and VAE (default none)")
     g.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto)")
@@ -70,15 +80,13 @@ def build_pipeline(args, mode: str, serving: bool = False, aspect: float | None 
     dtype = pick_dtype(device, args.dtype)
     use_threads(getattr(args, "threads", None), device)
     comps = resolve_demo_default(args.model, device=device, dtype=dtype, taesd=args.taesd or None)
-    if comps.is_sdxl:
-        raise StreamStudioError(f"{comps.name} is an SDXL model: it loads (see docs/models.md), but the stream pipeline "
-                                "does not run SDXL yet; use an SD 1.5 / 2.1 model")
     if getattr(args, "lora", None):  # before acceleration: engines and compiled graphs see the fused weights
         from streamstudio.models.lora import LoraSet
 
         comps.loras = LoraSet(comps)
         for spec in args.lora:
             comps.notes.append(f"LoRA: {comps.loras.add(spec).source}")
+    control = _add_control_networks(args, comps, device, dtype)
     turbo = comps.step_type == "turbo"
     default_size = comps.default_size or 512  # the model's own: builtin 256, tiny 64
     width, height = output_size(args.width, args.height, default_size, aspect)
@@ -100,7 +108,53 @@ def build_pipeline(args, mode: str, serving: bool = False, aspect: float | None 
         comps = apply_acceleration(comps, args.acceleration, plan=acceleration_plan(args, config, serving))
     for note in comps.notes:
         print(f"note: {note}")
-    return StreamDiffusion(comps, config, prompt=args.prompt, negative_prompt=args.negative_prompt)
+    pipe = StreamDiffusion(comps, config, prompt=args.prompt, negative_prompt=args.negative_prompt, control=control)
+    if getattr(args, "ip_image", None):
+        import numpy as np
+        from PIL import Image, UnidentifiedImageError
+
+        try:
+            with Image.open(args.ip_image) as im:
+                pipe.set_reference(np.asarray(im.convert("RGB")))
+        except (OSError, UnidentifiedImageError) as exc:
+            raise StreamStudioError(f"--ip-image {args.ip_image!r} is not a readable image ({exc})") from exc
+    return pipe
+
+
+def _add_control_networks(args, comps, device, dtype):
+    """--controlnet / --control-preprocessor / --ip-adapter: the networks go into `comps` (before
+    acceleration); returns the stream's ControlInputs (None without ControlNets)."""
+    from streamstudio.pipelines.control import ControlInputs, ControlUnit, Preprocessor
+
+    nets, preps = getattr(args, "controlnet", []) or [], getattr(args, "control_preprocessor", []) or []
+    if len(preps) > len(nets):
+        raise StreamStudioError(f"{len(preps)} --control-preprocessor for {len(nets)} --controlnet; give one per net")
+    accelerated = getattr(args, "acceleration", "none") == "tensorrt"
+    if accelerated and (nets or getattr(args, "ip_adapter", None)):
+        raise StreamStudioError("TensorRT engines do not take ControlNet residuals or IP-Adapter embeddings yet; use "
+                                "--acceleration none or compile with --controlnet / --ip-adapter")
+    control = None
+    if nets:
+        from streamstudio.models.controlnet import check_fits, load_controlnet, parse_controlnet
+
+        specs = [parse_controlnet(text) for text in nets]
+        comps.controlnets = [load_controlnet(spec.source, device, dtype) for spec in specs]
+        for net in comps.controlnets:
+            check_fits(net, comps.unet)
+        control = ControlInputs([ControlUnit(Preprocessor(preps[i] if i < len(preps) else "canny"), spec.scale)
+                                 for i, spec in enumerate(specs)])
+        comps.notes += [f"ControlNet: {spec.source} ({preps[i] if i < len(preps) else 'canny'}, scale {spec.scale:g})"
+                        for i, spec in enumerate(specs)]
+    if getattr(args, "ip_adapter", None):
+        from streamstudio.models.ip_adapter import IPAdapter
+
+        if not getattr(args, "ip_image", None):
+            raise StreamStudioError("--ip-adapter needs a reference image: --ip-image FILE")
+        comps.ip_adapter = IPAdapter(comps, args.ip_adapter)
+        comps.notes.append(f"IP-Adapter: {comps.ip_adapter.source} (scale {comps.ip_adapter.scale:g})")
+    elif getattr(args, "ip_image", None):
+        raise StreamStudioError("--ip-image is the reference of an IP-Adapter: give --ip-adapter too")
+    return control
 
 
 def acceleration_plan(args, config, serving: bool):
