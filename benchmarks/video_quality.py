@@ -207,6 +207,32 @@ def data_clip(prompt: str, seed: int, size: int = 32, frames: int = FRAMES) -> l
     return list(x)
 
 
+def render_distance(model_a, steps_a: int, model_b, steps_b: int, meta: dict, num_chunks: int, chunk_size: int,
+                    pairs: list[tuple[str, int]], frames: int = 16) -> float:
+    """Mean absolute difference (grey levels, 0-255) of the videos two models make with the same
+    prompts, seeds (so the same noise per frame) and layout (N, c), at s = steps_a and steps_b."""
+    diffs = []
+    for prompt, seed in pairs:
+        a = render_model(model_a, meta, prompt, seed, (num_chunks, chunk_size, steps_a), frames)
+        b = render_model(model_b, meta, prompt, seed, (num_chunks, chunk_size, steps_b), frames)
+        diffs.append(np.abs(np.stack(a).astype(np.float64) - np.stack(b).astype(np.float64)).mean())
+    return float(np.mean(diffs))
+
+
+def distillation_figures(teacher_dir: str, student_dir: str, teacher_steps: int,
+                         pairs: list[tuple[str, int]], frames: int = 16) -> dict:
+    """Video-level check of a distilled student (s = 1) against its teacher at s = teacher_steps,
+    beside the teacher's own s = 1 videos, in the student's layout (N, c)."""
+    from streamstudio.models.stream_dit import load_checkpoint
+
+    teacher, _ = load_checkpoint(teacher_dir)
+    student, meta = load_checkpoint(student_dir)
+    n, c = meta["sampling"]["num_chunks"], meta["sampling"]["chunk_size"]
+    return {"layout": f"N={n} c={c}", "teacher_steps": teacher_steps, "videos": len(pairs), "frames": frames,
+            "student_s1_vs_teacher": render_distance(student, 1, teacher, teacher_steps, meta, n, c, pairs, frames),
+            "teacher_s1_vs_teacher": render_distance(teacher, 1, teacher, teacher_steps, meta, n, c, pairs, frames)}
+
+
 def table(label: str, result: dict) -> str:
     s = result["summary"]
     n = s["videos"]
