@@ -38,7 +38,8 @@ from streamstudio.kernels.reference import CFG_CODES
 from streamstudio.kernels.tensorrt.build import PRECISIONS, ShapeRange, ensure_engine
 from streamstudio.kernels.tensorrt.cache import EngineCache
 from streamstudio.kernels.tensorrt.export import ExportSpec, OnnxCheck, check_onnx, export_onnx
-from streamstudio.models.export_specs import IMAGE_PARTS, EngineImageNet, VideoEngine, image_specs, video_export_spec
+from streamstudio.models.export_specs import (IMAGE_PARTS, EngineImageNet, VideoEngine, image_specs, text_dim,
+                                             video_export_spec)
 from streamstudio.models.image_net import ImageCond, ImageNet, WrappedImageNet, broadcast
 from streamstudio.models.loading import SDComponents
 
@@ -212,11 +213,8 @@ def apply_acceleration(comps: SDComponents, mode: str, *, engine_dir: str | Path
 
 def text_shape(comps: SDComponents) -> tuple[int, int]:
     """(tokens, width) of the text embeddings the UNet takes."""
-    length = int(getattr(comps.tokenizer, "model_max_length", 77))
-    width = getattr(comps.unet.config, "cross_attention_dim", None)
-    if width is None:
-        width = comps.text_encoder.config.hidden_size
-    return length, int(width[0] if isinstance(width, (list, tuple)) else width)
+    tokens = int(getattr(comps.tokenizer, "model_max_length", 77))
+    return tokens, text_dim(comps.unet, comps.text_encoder.config.hidden_size)
 
 
 def warm_up(comps: SDComponents, plan: BatchPlan, *, repeats: int | None = None,

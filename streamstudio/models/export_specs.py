@@ -69,16 +69,17 @@ class DecodeExport(nn.Module):
         return self.net.decode(latents)
 
 
-def _text_dim(unet: nn.Module) -> int:
-    dim = getattr(unet.config, "cross_attention_dim", 768)
+def text_dim(unet: nn.Module, default: int = 768) -> int:
+    """The width of the text embeddings a diffusers UNet takes (its cross-attention dim)."""
+    dim = getattr(unet.config, "cross_attention_dim", None) or default
     return int(dim[0] if isinstance(dim, (list, tuple)) else dim)
 
 
 def eps_spec(net: DiffusersImageNet, text_len: int = 77) -> ExportSpec:
-    channels, scale, text_dim = net.latent_channels, net.latent_scale, _text_dim(net.unet)
+    channels, scale, width = net.latent_channels, net.latent_scale, text_dim(net.unet)
 
     def example_cond(b, device, dtype, gen) -> ImageCond:
-        return ImageCond(text=random_normal((b, text_len, text_dim), device, dtype, gen))
+        return ImageCond(text=random_normal((b, text_len, width), device, dtype, gen))
 
     def make(b, h, w, device, dtype, gen):
         return {"sample": random_normal((b, channels, h // scale, w // scale), device, dtype, gen),
