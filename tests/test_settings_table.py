@@ -118,3 +118,11 @@ def test_osc_takes_its_types_from_the_table():
     assert settings_from_message("/streamstudio/s1/filter", (1,)) == ("s1", {"similarity_filter": True})
     with pytest.raises(StreamStudioError, match="takes a number"):
         settings_from_message("/streamstudio/s1/strength", (True,))
+
+
+@pytest.mark.parametrize("bad", [
+    dict(kind=list), dict(widget="knob"), dict(widget="slider", step=None), dict(choices=("a", "b"), choice_labels=("A",)),
+])
+def test_a_slip_in_a_declaration_fails_at_once(bad):
+    with pytest.raises(TypeError, match="setting x"):
+        LiveSetting(**{**dict(name="x", kind=float, default=0.0, help="x", low=0.0, high=1.0, step=0.1), **bad})

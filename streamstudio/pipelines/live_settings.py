@@ -48,6 +48,14 @@ class LiveSetting:
     cli_optional: bool = False
     pipeline: bool = True
 
+    def __post_init__(self):  # a slip in the table fails at import, not in a user's session
+        if self.kind not in (str, int, float, bool) or (self.widget is not None and self.widget not in WIDGETS):
+            raise TypeError(f"setting {self.name}: kind must be str, int, float or bool and widget one of {WIDGETS}")
+        if self.widget == "slider" and None in (self.low, self.high, self.step):
+            raise TypeError(f"setting {self.name}: a slider needs low, high and step")
+        if self.choice_labels and len(self.choice_labels) != len(self.choices):
+            raise TypeError(f"setting {self.name}: one label per choice")
+
     def check(self, value):
         """`value` checked against the type, range and choices; whole numbers come back as int,
         other numbers as float. A bad value is a StreamStudioError of one line naming the setting."""
