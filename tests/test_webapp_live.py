@@ -89,16 +89,19 @@ def test_client_gets_processed_frames(server):
         session = lambda: server.manager.get(client.webrtc_id)  # noqa: E731
         await wait_for(lambda: len(got.processed()) >= 5 and session() is not None and session().processed >= 5)
         stats = await client.stats()
+        async with httpx.AsyncClient() as http:
+            status = (await http.get(f"{server.url}/studio/status")).json()
         await client.close()
-        return got.processed()[-1], stats
+        return got.processed()[-1], stats, status
 
-    out, stats = run(main())
+    out, stats, status = run(main())
     assert out.shape == (SIZE, SIZE, 3)
     idx = np.arange(SIZE) * 96 // SIZE
     small_input = pattern(0)[:, 16:112][idx][:, idx]  # the centre crop at the output size
     assert np.abs(out.astype(int) - small_input.astype(int)).mean() > 20
     assert stats["processed"] >= 5 and stats["model"] == "tiny"
     assert stats["settings"]["prompt"] == "a cat"
+    assert status["frames_out"] >= 5 and status["fps"] > 0  # the streams' runner metrics, server-wide
 
 
 def test_two_clients_keep_their_own_prompts(server):
