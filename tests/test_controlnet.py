@@ -220,3 +220,15 @@ def test_generate_with_controlnet_flags(sd, tmp_path, capsys):
     assert main([*common, "--output", str(tmp_path / "x"), "--controlnet", str(tmp_path / "canny_net"),
                  "--control-preprocessor", "hed"]) == 1
     assert "--control-preprocessor" in capsys.readouterr().err
+
+
+def test_update_changes_control_scales_live(sd):
+    comps, nets = sd
+    inputs = stream_frames(3, seed=2)
+    plain = aligned(make_pipe(comps, []), inputs)
+    pipe = make_pipe(comps, nets, [0.9, 0.9])
+    pipe.update(control_scales=[0.0, 0.0], guidance_scale=1.2)
+    assert [u.scale for u in pipe.control.units] == [0.0, 0.0] and pipe.config.guidance_scale == 1.2
+    assert all(np.array_equal(a, b) for a, b in zip(plain, aligned(pipe, inputs)))
+    with pytest.raises(StreamStudioError, match="one scale per ControlNet"):
+        pipe.update(control_scales=[1.0])

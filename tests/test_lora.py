@@ -201,3 +201,29 @@ def test_generate_with_lora_flag(tmp_path, capsys, tiny_components_factory):
     assert main(["generate", "--model", "tiny", "--output", str(tmp_path / "x"), "--lora",
                  str(tmp_path / "missing.safetensors")]) == 1
     assert "could not be loaded" in capsys.readouterr().err
+
+
+def test_stream_update_lora_scale_reencodes_prompts(comps, tiny_components_factory, tmp_path):
+    """A stream's update(lora_scales=...) rescales a LoRA without reloading anything; a LoRA with
+    text-encoder weights makes the stream encode its prompts again: at scale 0 the stream's
+    output is the base model's exactly."""
+    import numpy as np
+
+    from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+
+    make_lora(comps, tmp_path, text=True, file_name="t.safetensors")
+    frames = [np.random.default_rng(i).integers(0, 256, (32, 32, 3), dtype=np.uint8) for i in range(3)]
+    config = StreamDiffusionConfig(width=32, height=32, steps=2, strength=0.7)
+
+    def run(pipe):
+        return [o for f in frames for o in pipe.push(f)] + pipe.flush()
+
+    base = run(StreamDiffusion(tiny_components_factory(), config, prompt="a fox"))
+    comps.loras = LoraSet(comps)
+    lora = comps.loras.add(str(tmp_path / "t.safetensors"))
+    pipe = StreamDiffusion(comps, config, prompt="a fox")
+    assert any(not np.array_equal(a, b) for a, b in zip(base, run(pipe)))
+    encodes = pipe.stats.text_encodes
+    pipe.update(lora_scales={lora.name: 0.0})
+    assert pipe.stats.text_encodes > encodes  # the prompts went through the changed text encoder again
+    assert all(np.array_equal(a, b) for a, b in zip(base, run(pipe)))

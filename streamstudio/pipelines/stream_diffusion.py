@@ -84,6 +84,8 @@ from streamstudio.pipelines.prompt_encoder import PromptEncoder, PromptSpec, sle
 from streamstudio.pipelines.similarity_filter import SimilarityFilter, SimilarityFilterConfig
 from streamstudio.pipelines.stream_batch import PRIMED, Guidance, Schedule, StreamBatchSampler
 
+ADDON_SETTINGS = ("control_scales", "ip_adapter_scale", "lora_scales")  # update()'s keys for the model's add-ons
+
 
 @dataclass
 class StreamDiffusionConfig:
@@ -315,7 +317,9 @@ class StreamDiffusion:
         """Change settings at run time: guidance_scale, delta, cfg_type, strength, steps,
         t_index_list, seed, similarity_filter, similarity_threshold, max_skip_frame,
         prompt_blend, temporal, feedback_weight, bank_size, bank_interval, bank_threshold,
-        bank_fusion. Size and frame_buffer_size need a new stream."""
+        bank_fusion; and the model's add-ons: control_scales (one per ControlNet), ip_adapter_scale,
+        lora_scales ({name or source: scale}). Size and frame_buffer_size need a new stream."""
+        addons = {k: changes.pop(k) for k in ADDON_SETTINGS if k in changes}
         unknown = set(changes) - set(StreamDiffusionConfig.__dataclass_fields__)
         if unknown:
             raise StreamStudioError(f"unknown setting(s): {', '.join(sorted(unknown))}")
@@ -337,6 +341,19 @@ class StreamDiffusion:
             self._text = self._encoded(self.prompts.blend, self._prompt_spec, new.prompt_blend)
         self._filter.config = SimilarityFilterConfig(new.similarity_threshold, new.max_skip_frame, new.seed)
         self._configure_temporal()
+        self._update_addons(**addons)
+
+    def _update_addons(self, control_scales=None, ip_adapter_scale=None, lora_scales=None) -> None:
+        if control_scales is not None:
+            if self.control is None or len(control_scales) != len(self.control):
+                raise StreamStudioError(f"control_scales needs one scale per ControlNet "
+                                        f"({0 if self.control is None else len(self.control)}), got {control_scales!r}")
+            for i, scale in enumerate(control_scales):
+                self.set_control_scale(i, scale)
+        if ip_adapter_scale is not None:
+            self.set_ip_adapter_scale(ip_adapter_scale)
+        for name, scale in (lora_scales or {}).items():
+            self.set_lora_scale(name, scale)
 
     def _make_sampler(self) -> None:
         """A sampler for the config's steps (its buffer starts empty)."""
