@@ -440,6 +440,36 @@ def test_text_to_image_stop_holds_until_start(manager, monkeypatch):
     assert control.start("b") and control.tick("b", *args)[2] is True
 
 
+def test_model_guard_frame_and_text_contexts():
+    import threading
+
+    from streamstudio.app.batching import BatchExecutor
+    from streamstudio.app.sessions import ModelGuard
+
+    def enters(context) -> bool:  # can another thread enter `context` now?
+        inside = threading.Event()
+
+        def go():
+            with context():
+                inside.set()
+
+        threading.Thread(target=go, daemon=True).start()
+        return inside.wait(0.3)
+
+    turns = ModelGuard()
+    with turns.frame():  # no batching: a frame holds the lock, prompt changes and other frames wait
+        assert not enters(turns.text) and not enters(turns.frame)
+    executor = BatchExecutor()
+    try:
+        batched = ModelGuard(executor)
+        with batched.frame():  # batching: the executor runs the networks; text and frames go on meanwhile
+            assert enters(batched.text) and enters(batched.frame)
+        with batched.text():
+            assert not enters(batched.text) and enters(batched.frame)
+    finally:
+        executor.close()
+
+
 def test_guarded_pipeline_takes_the_model_guard(model):
     import threading
 
