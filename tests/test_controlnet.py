@@ -232,3 +232,44 @@ def test_update_changes_control_scales_live(sd):
     assert all(np.array_equal(a, b) for a, b in zip(plain, aligned(pipe, inputs)))
     with pytest.raises(StreamStudioError, match="one scale per ControlNet"):
         pipe.update(control_scales=[1.0])
+
+
+def test_streams_with_different_control_scales_share_calls_and_get_their_own_frames(sd):
+    """Cross-stream batching: two ControlNet streams at different conditioning scales (per-row
+    scales) and CFG types run at the same time through one executor; their UNet calls are joined
+    and each stream gets the frames it gets alone."""
+    import threading
+
+    from streamstudio.app.batching import BatchExecutor, BatchingConfig, batched_components
+
+    comps, nets = sd
+    with_nets = dataclasses.replace(comps, controlnets=list(nets))
+    specs = [([0.7, 0.4], "self", stream_frames(3, seed=5)), ([0.1, 1.2], "initialize", stream_frames(3, seed=6))]
+    alone = []
+    for scales, cfg, inputs in specs:
+        pipe = make_pipe(with_nets, nets, scales, steps=2, cfg_type=cfg, guidance_scale=1.3)
+        alone.append([pipe(f) for f in inputs])
+    executor = BatchExecutor(BatchingConfig(max_wait_ms=500))
+    try:
+        shared = batched_components(with_nets, executor)
+        pipes = [make_pipe(shared, nets, scales, steps=2, cfg_type=cfg, guidance_scale=1.3) for scales, cfg, _ in specs]
+        got: list[list] = [[], []]
+        barrier = threading.Barrier(2)
+
+        def worker(i):
+            with executor.client():
+                for frame in specs[i][2]:
+                    barrier.wait()  # both streams in the same frame: their calls meet
+                    got[i].append(pipes[i](frame))
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert executor.stats.batched_calls > 0, "no call served both streams"
+        for want, have in zip(alone, got):
+            assert len(have) == len(want)
+            assert all(np.abs(a.astype(np.int16) - b.astype(np.int16)).max() <= 1 for a, b in zip(want, have))
+    finally:
+        executor.close()
