@@ -1,16 +1,17 @@
 """What the benchmark scripts share: the device they run on, timing with the device's
-synchronisation, the run's date and writing the results JSON. The scripts run with this folder
-on sys.path (`python benchmarks/NAME.py`), so they `from common import ...`."""
+synchronisation, the run's date, writing the results JSON and printing tables. The scripts run
+with this folder on sys.path (`python benchmarks/NAME.py`), so they `from common import ...`."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable, Sequence
 
 import torch
 
@@ -58,3 +59,20 @@ def write_json(path: str | Path, result: dict, indent: int = 2) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=indent) + "\n")
     return path
+
+
+def table(columns: Sequence[tuple[str, str | Callable[[dict], object], str]], rows: Iterable[dict]) -> str:
+    """Rows (dicts) as aligned text under a header and a rule. A column is (header, the row's key
+    or a function of the row, a format spec that starts with the alignment and width: "<34",
+    ">8.3f", ">9,"); text longer than its column is cut, a missing value (None) prints as "-"."""
+    widths = [int(re.match(r"[<>^](\d+)", spec).group(1)) for _, _, spec in columns]
+    head = " ".join(f"{name:{spec[0]}{w}}" for (name, _, spec), w in zip(columns, widths)).rstrip()
+    lines = [head, "-" * len(head)]
+    for row in rows:
+        cells = []
+        for (_, get, spec), w in zip(columns, widths):
+            value = get(row) if callable(get) else row.get(get)
+            value = value[:w] if isinstance(value, str) else value
+            cells.append(f"{'-':>{w}}" if value is None else f"{value:{spec}}")
+        lines.append(" ".join(cells).rstrip())
+    return "\n".join(lines)

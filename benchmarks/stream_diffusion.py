@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import RESULTS, bench_device, synchronizer, timed, utc_now, write_json  # puts the package on sys.path
+from common import RESULTS, bench_device, synchronizer, table, timed, utc_now, write_json  # puts the package on sys.path
 
 from streamstudio.app.commands.bench import device_name
 from streamstudio.models.loading import SDComponents, load_components
@@ -191,9 +191,9 @@ def print_table(r: dict) -> None:
         ("ssf_skip_rate_static", r["ssf_skip_rate_static"], "10/11 = 0.909 at max_skip_frame 10", "tiny"),
         ("tiny overhead_ratio", r["tiny"]["overhead_ratio"], "(tiny nets: overhead dominates)", "tiny"),
     ]
-    print(f"{'figure':28s} {'value':>8s}  {'target':38s} model")
-    for name, value, target, model in rows:
-        print(f"{name:28s} {value:8.3f}  {target:38s} {model}")
+    columns = [("figure", "figure", "<28"), ("value", "value", ">8.3f"), ("target", "target", "<38"),
+               ("model", "model", "<13")]
+    print(table(columns, [dict(zip(("figure", "value", "target", "model"), row)) for row in rows]))
     big = r["sd_turbo_arch"]
     print(f"sd-turbo arch {big['size']}x{big['size']}: {big['seconds_per_frame_1step']:.3f} s/frame at 1 step on {r['device']}")
 

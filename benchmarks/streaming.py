@@ -24,7 +24,7 @@ import tempfile
 
 import numpy as np
 
-from common import RESULTS, timed, utc_now, write_json  # puts the package on sys.path
+from common import RESULTS, table, timed, utc_now, write_json  # puts the package on sys.path
 
 from streamstudio.streaming.processor import IdentityProcessor
 from streamstudio.streaming.runner import Runner, RunnerConfig
@@ -112,9 +112,8 @@ def print_table(result: dict) -> None:
     print(f"  overhead       {o['overhead_ms_per_frame']:8.3f} ms/frame   (target < {o['target_ms']} ms: "
           f"{'met' if o['meets_target'] else 'NOT met'})")
     print("\nencode throughput at 512x512")
-    print(f"  {'sink':<16}{'fps':>10}{'ms/frame':>12}")
-    for name, r in result["encode"].items():
-        print(f"  {name:<16}{r['fps']:>10.1f}{r['ms_per_frame']:>12.2f}")
+    rows = [{"sink": name, **r} for name, r in result["encode"].items()]
+    print(table([("sink", "sink", "<16"), ("fps", "fps", ">9.1f"), ("ms/frame", "ms_per_frame", ">11.2f")], rows))
     lat = result["live_latency"]
     e2e, proc = lat["end_to_end_ms"], lat["process_ms"]
     print(f"\nlive, tiny model {lat['size']}, {lat['steps']} steps, pattern at {lat['source_fps']} fps")

@@ -35,7 +35,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from common import RESULTS, bench_device, synchronizer, timed, utc_now, write_json  # puts the package on sys.path
+from common import RESULTS, bench_device, synchronizer, table, timed, utc_now, write_json  # puts the package on sys.path
 
 from streamstudio.app.commands.bench import device_name
 from streamstudio.models import feature_bank
@@ -177,15 +177,10 @@ def gpu_models(device) -> tuple[list, str | None]:
     return [(comps, "sd-turbo, TAESD, fp16", 512)], None
 
 
-def table(rows: list[dict]) -> str:
-    head = f"{'model':<34} {'clip':<6} {'mode':<9} {'flicker':>8} {'vs plain':>8} {'warp err':>9} {'vs plain':>8} " \
-           f"{'ms/frame':>9} {'time x':>7}"
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        lines.append(f"{r['model'][:34]:<34} {r['clip']:<6} {r['mode']:<9} {r['flicker_ratio']:>8.3f} "
-                     f"{r['flicker_vs_plain']:>8.3f} {r['warp_error']:>9.3f} {r['warp_error_vs_plain']:>8.3f} "
-                     f"{r['ms_per_frame']:>9.2f} {r['time_vs_plain']:>7.2f}")
-    return "\n".join(lines)
+COLUMNS = [("model", "model", "<34"), ("clip", "clip", "<6"), ("mode", "mode", "<9"),
+           ("flicker", "flicker_ratio", ">8.3f"), ("vs plain", "flicker_vs_plain", ">8.3f"),
+           ("warp err", "warp_error", ">9.3f"), ("vs plain", "warp_error_vs_plain", ">8.3f"),
+           ("ms/frame", "ms_per_frame", ">9.2f"), ("time x", "time_vs_plain", ">7.2f")]
 
 
 def verdict(rows: list[dict], model: str) -> dict:
@@ -212,7 +207,7 @@ def main(argv=None) -> int:
     rows: list[dict] = []
     for comps, name, size in models + gpu:
         rows += measure(comps, name, size, args.steps, n, repeats, prompt="an oil painting")
-    print(table(rows))
+    print(table(COLUMNS, rows))
     verdicts = [verdict(rows, name) for _, name, _ in models + gpu]
     for v in verdicts:
         print(f"{v['model']}: bank/plain flicker on still content {v['bank_flicker_vs_plain_still']:.3f} "
