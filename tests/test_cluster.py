@@ -214,3 +214,11 @@ def test_batch_option_mistakes_are_one_error_line(tmp_path, capsys, argv, messag
     assert cli.main(["render", "--input", clips, "--output", str(tmp_path / "out"), *argv, "--model", "tiny"]) == 1
     err = capsys.readouterr().err
     assert err.strip() == f"error: {message}"
+
+
+def test_cuts_count_output_frames_when_fps_resamples(tmp_path):
+    clip = make_inputs(tmp_path / "in", shorts=0)[0]  # 24 frames at 12 fps
+    argv = ["render", "--input", str(clip), "--output", str(tmp_path / "out"), "--fps", "8", *SEGMENT]
+    args = cli.build_parser(argv).parse_args(argv)
+    (job,), failed = cluster.plan(args, [clip], [tmp_path / "out" / clip.name], tmp_path / "work", workers=1)
+    assert not failed and [(p.start, p.end, p.frames) for p in job.pieces] == [(0, 8, 8), (8, None, 8)]

@@ -32,9 +32,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from streamstudio.app.segments import (MIN_SEGMENT, Piece, keyframe_indices, open_input, part_done, plan_pieces, remove_parts,
+from streamstudio.app.segments import (MIN_SEGMENT, Piece, keyframe_indices, part_done, plan_pieces, remove_parts,
                                        render_piece, split_allowed, stitch, write_json)
 from streamstudio.errors import StreamStudioError
+from streamstudio.streaming.sources import open_source
 
 VIDEO_SUFFIXES = (".mp4", ".mkv", ".mov", ".webm", ".avi", ".m4v", ".flv", ".ts", ".mpg", ".mpeg", ".wmv")
 WORK_DIR = ".streamstudio-batch"  # the job list, segment parts and unfinished outputs, beside the outputs
@@ -475,8 +476,8 @@ def plan(args, inputs: list[Path], outputs: list[Path], work: Path, workers: int
         try:
             if not src.is_file():
                 raise StreamStudioError(f"{src} does not exist")
-            with open_input(str(src), args) as source:  # a file that opens and decodes a first frame
-                rate = (args.fps / source.info.fps) if args.fps and source.info.fps else 1.0
+            with open_source(str(src), realtime=False) as source:  # a file that opens and decodes a first frame
+                rate = (args.fps / source.info.fps) if args.fps and source.info.fps else 1.0  # --fps resamples it
             frames, keys = keyframe_indices(src)
             if not frames:
                 raise StreamStudioError(f"{src} has a video stream but no frames")
