@@ -273,3 +273,21 @@ def test_streams_with_different_control_scales_share_calls_and_get_their_own_fra
             assert all(np.abs(a.astype(np.int16) - b.astype(np.int16)).max() <= 1 for a, b in zip(want, have))
     finally:
         executor.close()
+
+
+def test_web_sessions_start_from_the_clis_control_settings(sd, tmp_path):
+    """serve's sessions are built by ServerModel over the shared model: each gets its own control
+    inputs with the --control-preprocessor and --controlnet scales given on the command line."""
+    from streamstudio.app.sessions import ServerModel
+    from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+
+    comps, nets = sd
+    shared = dataclasses.replace(comps, controlnets=list(nets), control_defaults=[("softedge", 0.6), ("none", 0.2)])
+    model = ServerModel(shared, StreamDiffusionConfig(width=SIZE, height=SIZE, steps=2), prompt="a cat")
+    try:
+        a, b = model.build("img2img"), model.build("img2img")
+        assert [(u.preprocessor.config.kind, u.scale) for u in a.control.units] == [("softedge", 0.6), ("none", 0.2)]
+        a.set_control_scale(0, 1.5)  # one session's change is its own
+        assert b.control.units[0].scale == 0.6
+    finally:
+        model.close()

@@ -50,6 +50,7 @@ class SDComponents:
     vae_upcast: bool = False  # keep the VAE in float32 (SDXL's own VAE overflows in float16)
     loras: object | None = None  # the users' LoRAs on these networks (models/lora.LoraSet), changeable live
     controlnets: list = field(default_factory=list)  # ControlNetModels (models/controlnet.py), in --controlnet order
+    control_defaults: list = field(default_factory=list)  # per ControlNet: (preprocessor, scale) new streams start at
     ip_adapter: object | None = None  # models/ip_adapter.IPAdapter installed in the UNet, or None
     network: ImageNet | None = None  # an accelerated or batched variant of the seam (None: eager)
 

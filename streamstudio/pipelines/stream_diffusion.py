@@ -183,8 +183,9 @@ class StreamDiffusion:
         self.prompts = PromptEncoder(components.tokenizer, components.text_encoder, self.device, self.dtype,
                                      components.tokenizer_2, components.text_encoder_2)
         nets = len(components.controlnets)
-        if control is None and nets:
-            control = ControlInputs([ControlUnit(Preprocessor("canny")) for _ in range(nets)])
+        if control is None and nets:  # each stream its own inputs, from the model's defaults (the CLI's)
+            defaults = components.control_defaults or [("canny", 1.0)] * nets
+            control = ControlInputs([ControlUnit(Preprocessor(kind), scale) for kind, scale in defaults])
         if control is not None and len(control) != nets:
             raise StreamStudioError(f"{len(control)} control preprocessors for the model's {nets} ControlNets; give "
                                     "one --control-preprocessor per --controlnet")

@@ -86,7 +86,7 @@ def build_pipeline(args, mode: str, serving: bool = False, aspect: float | None 
         comps.loras = LoraSet(comps)
         for spec in args.lora:
             comps.notes.append(f"LoRA: {comps.loras.add(spec).source}")
-    control = _add_control_networks(args, comps, device, dtype)
+    _add_control_networks(args, comps, device, dtype)
     turbo = comps.step_type == "turbo"
     default_size = comps.default_size or 512  # the model's own: builtin 256, tiny 64
     width, height = output_size(args.width, args.height, default_size, aspect)
@@ -108,7 +108,7 @@ def build_pipeline(args, mode: str, serving: bool = False, aspect: float | None 
         comps = apply_acceleration(comps, args.acceleration, plan=acceleration_plan(args, config, serving))
     for note in comps.notes:
         print(f"note: {note}")
-    pipe = StreamDiffusion(comps, config, prompt=args.prompt, negative_prompt=args.negative_prompt, control=control)
+    pipe = StreamDiffusion(comps, config, prompt=args.prompt, negative_prompt=args.negative_prompt)
     if getattr(args, "ip_image", None):
         import numpy as np
         from PIL import Image, UnidentifiedImageError
@@ -123,8 +123,9 @@ def build_pipeline(args, mode: str, serving: bool = False, aspect: float | None 
 
 def _add_control_networks(args, comps, device, dtype):
     """--controlnet / --control-preprocessor / --ip-adapter: the networks go into `comps` (before
-    acceleration); returns the stream's ControlInputs (None without ControlNets)."""
-    from streamstudio.pipelines.control import ControlInputs, ControlUnit, Preprocessor
+    acceleration), with the preprocessors and scales every stream on them starts from (a web
+    session's too)."""
+    from streamstudio.pipelines.control import Preprocessor
 
     nets, preps = getattr(args, "controlnet", []) or [], getattr(args, "control_preprocessor", []) or []
     if len(preps) > len(nets):
@@ -133,18 +134,18 @@ def _add_control_networks(args, comps, device, dtype):
     if accelerated and (nets or getattr(args, "ip_adapter", None)):
         raise StreamStudioError("TensorRT engines do not take ControlNet residuals or IP-Adapter embeddings yet; use "
                                 "--acceleration none or compile with --controlnet / --ip-adapter")
-    control = None
     if nets:
         from streamstudio.models.controlnet import check_fits, load_controlnet, parse_controlnet
 
         specs = [parse_controlnet(text) for text in nets]
+        kinds = [preps[i] if i < len(preps) else "canny" for i in range(len(specs))]
+        for kind in kinds:
+            Preprocessor(kind)  # a wrong name fails here, before any network loads
         comps.controlnets = [load_controlnet(spec.source, device, dtype) for spec in specs]
         for net in comps.controlnets:
             check_fits(net, comps.unet)
-        control = ControlInputs([ControlUnit(Preprocessor(preps[i] if i < len(preps) else "canny"), spec.scale)
-                                 for i, spec in enumerate(specs)])
-        comps.notes += [f"ControlNet: {spec.source} ({preps[i] if i < len(preps) else 'canny'}, scale {spec.scale:g})"
-                        for i, spec in enumerate(specs)]
+        comps.control_defaults = [(kind, spec.scale) for kind, spec in zip(kinds, specs)]
+        comps.notes += [f"ControlNet: {spec.source} ({kind}, scale {spec.scale:g})" for kind, spec in zip(kinds, specs)]
     if getattr(args, "ip_adapter", None):
         from streamstudio.models.ip_adapter import IPAdapter
 
@@ -154,7 +155,6 @@ def _add_control_networks(args, comps, device, dtype):
         comps.notes.append(f"IP-Adapter: {comps.ip_adapter.source} (scale {comps.ip_adapter.scale:g})")
     elif getattr(args, "ip_image", None):
         raise StreamStudioError("--ip-image is the reference of an IP-Adapter: give --ip-adapter too")
-    return control
 
 
 def acceleration_plan(args, config, serving: bool):
