@@ -119,7 +119,9 @@ def add_setting_flags(parser, names=None) -> None:
         if s.flag is None:
             continue
         default = None if s.cli_optional else s.default
-        text = s.help if s.cli_optional else f"{s.help} (default {s.default})"
+        notes = [] if s.cli_optional or s.default in ("", None) else [f"default {s.default}"]
+        notes += [f"range {s.range_words()}"] if s.low is not None and s.high is not None and s.high < 2**31 else []
+        text = f"{s.help} ({'; '.join(notes)})" if notes else s.help
         if s.kind is bool:
             parser.add_argument(s.flag, action=argparse.BooleanOptionalAction, default=default, help=text)
         else:

@@ -75,13 +75,16 @@ class LiveSetting:
             raise StreamStudioError(f"{self.name} must be {self.kind_words()}, got {value!r}{where}")
         if math.isnan(value) or (self.low is not None and (value <= self.low if self.low_open else value < self.low)) \
                 or (self.high is not None and value > self.high):
-            raise StreamStudioError(f"{self.name} must be in {'(' if self.low_open else '['}{_num(self.low)}, "
-                                    f"{_num(self.high)}], got {_num(value)}{where}")
+            raise StreamStudioError(f"{self.name} must be in {self.range_words()}, got {_num(value)}{where}")
         if self.kind is int:
             if isinstance(value, float) and not value.is_integer():
                 raise StreamStudioError(f"{self.name} must be a whole number, got {value:g}{where}")
             return int(value)
         return float(value)
+
+    def range_words(self) -> str:
+        """The range as intervals are written: "(0, 1]", "[0, 30]"."""
+        return f"{'(' if self.low_open else '['}{_num(self.low)}, {_num(self.high)}]"
 
     def kind_words(self) -> str:
         return {int: "a whole number", float: "a number", bool: "true or false", str: "text"}[self.kind]
