@@ -291,3 +291,28 @@ def test_web_sessions_start_from_the_clis_control_settings(sd, tmp_path):
         assert b.control.units[0].scale == 0.6
     finally:
         model.close()
+
+
+def test_no_upload_or_extra_sync_per_frame(sd):
+    """The per-call scales stay on the device until a scale changes (an upload is a host sync on a
+    GPU), and a ControlNet frame makes as many sync calls as a plain one (test_hot_path's count)."""
+    from test_hot_path import CountSyncs
+
+    comps, nets = sd
+    pipe = make_pipe(comps, nets[:1], cfg_type="none")
+    frames = stream_frames(4, seed=8)
+    pipe(frames[0])
+    first = pipe.control.scales(1, pipe.device)
+    pipe(frames[1])
+    assert pipe.control.scales(1, pipe.device) is first
+    pipe.set_control_scale(0, 0.5)
+    assert pipe.control.scales(1, pipe.device) is not first
+
+    def syncs(p, frame):
+        with CountSyncs() as counter:
+            p(frame)
+        return sum(counter.counts.values())
+
+    plain = make_pipe(comps, [], cfg_type="none")
+    plain(frames[0]), plain(frames[1])
+    assert syncs(pipe, frames[2]) == syncs(plain, frames[2])

@@ -185,15 +185,22 @@ def canny(frames: torch.Tensor, low: float = 100.0, high: float = 200.0, blur_si
     return hysteresis(edges, candidate).to(frames.dtype)
 
 
-def hysteresis(strong: torch.Tensor, candidate: torch.Tensor, check_every: int = 8) -> torch.Tensor:
-    """The candidates 8-connected (through candidates) to a strong pixel. (B, 1, H, W) bool."""
+def hysteresis(strong: torch.Tensor, candidate: torch.Tensor, check_every: int | None = None) -> torch.Tensor:
+    """The candidates 8-connected (through candidates) to a strong pixel. (B, 1, H, W) bool.
+
+    The edges grow one pixel a step until a step adds nothing. Whether the last step added
+    anything is read every `check_every` steps (a host sync on a GPU): 64 there, so a frame
+    usually costs one sync (chains longer than 64 pixels a few); 4 on the CPU, where a step
+    costs more than a check."""
+    if check_every is None:
+        check_every = 64 if strong.device.type == "cuda" else 4
     edges = strong & candidate
     cand = candidate.float()
     while True:
-        before = edges
-        for _ in range(check_every):  # grow a few pixels between the (synchronising) checks
+        for _ in range(check_every):
+            before = edges
             edges = (F.max_pool2d(edges.float(), 3, stride=1, padding=1) * cand) > 0
-        if torch.equal(edges, before):
+        if torch.equal(edges, before):  # the last step added nothing: a fixed point
             return edges
 
 
@@ -302,6 +309,7 @@ class ControlInputs:
     def __init__(self, units: list[ControlUnit]):
         self.units = list(units)
         self.runs = 0  # preprocessor passes over a group of frames
+        self._scales: tuple[tuple, torch.Tensor] | None = None  # (key, tensor): made again only on a change
 
     def __len__(self) -> int:
         return len(self.units)
@@ -319,6 +327,10 @@ class ControlInputs:
         self.units[index].scale = float(scale)
 
     def scales(self, rows: int, device: torch.device) -> torch.Tensor:
-        """(rows, n_nets) float32: every row at the current scales."""
-        values = torch.tensor([u.scale for u in self.units], dtype=torch.float32, device=device)
-        return values.expand(rows, -1).contiguous()
+        """(rows, n_nets) float32: every row at the current scales. Kept on the device until a
+        scale changes (an upload per call would be a host sync per frame on a GPU)."""
+        key = (rows, str(device), tuple(u.scale for u in self.units))
+        if self._scales is None or self._scales[0] != key:
+            values = torch.tensor(key[2], dtype=torch.float32, device=device)
+            self._scales = (key, values.expand(rows, -1).contiguous())
+        return self._scales[1]

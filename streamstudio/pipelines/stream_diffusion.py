@@ -191,6 +191,7 @@ class StreamDiffusion:
                                     "one --control-preprocessor per --controlnet")
         self.control = control  # ControlNets' inputs: preprocessors (once per input group) and scales
         self._fields: dict | None = None  # the last input group's frame fields (ControlNet images)
+        self._time_ids: torch.Tensor | None = None  # SDXL: (1, 6) of the stream's size
         self._text_version = self._lora_text_version()
         from diffusers import LCMScheduler
 
@@ -305,8 +306,10 @@ class StreamDiffusion:
         """The prompt's condition with the stream's own fields: SDXL's time ids, the ControlNet
         scales, IP-Adapter's reference embedding (zeros for the unconditional rows)."""
         extra = {}
-        if self.comps.is_sdxl:
-            extra["time_ids"] = sdxl.time_ids(self.config.height, self.config.width, 1, self.device, self.dtype)
+        if self.comps.is_sdxl:  # the stream's size is fixed: made once (an upload per call would sync)
+            if self._time_ids is None:
+                self._time_ids = sdxl.time_ids(self.config.height, self.config.width, 1, self.device, self.dtype)
+            extra["time_ids"] = self._time_ids
         if self.control is not None:
             extra["control_scale"] = self.control.scales(1, self.device)
         ip = self.comps.ip_adapter
