@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
+import time
 
 import av
 import numpy as np
@@ -63,10 +65,9 @@ def assert_same_frames(got, want) -> None:
     assert [i for i, (x, y) in enumerate(zip(f1, f2)) if not np.array_equal(x, y)] == []
 
 
-def batch(argv, on_progress=None) -> int:
+def batch(argv) -> int:
     argv = ["render", *argv]
-    args = cli.build_parser(argv).parse_args(argv)
-    return cluster.run_batch(args, on_progress=on_progress)
+    return cluster.run_batch(cli.build_parser(argv).parse_args(argv))
 
 
 def test_batch_without_ray_matches_local_renders_and_resumes(tmp_path, capsys, monkeypatch, schedule):
@@ -171,35 +172,51 @@ def ray_cluster():
     ray.shutdown()
 
 
-def run_on_ray(tmp_path, shorts: int, schedule) -> None:
-    """Render on two Ray workers, kill one mid-job (SIGKILL), and check every output."""
+def run_on_ray(tmp_path, monkeypatch, ray, shorts: int, schedule) -> None:
+    """Render on two Ray workers, kill one (SIGKILL) as soon as it starts a job, and check every output."""
     clips = make_inputs(tmp_path / "in", shorts=shorts)
-    killed = []
+    executors, killed, done = [], [], threading.Event()
+    start = cluster.RayExecutor.__init__
 
-    def kill_once(snapshot):
-        busy = [w for w in snapshot.values() if w["job"] is not None and w["frames"] > 0]
-        if busy and not killed:
-            killed.append(busy[0]["pid"])
-            os.kill(busy[0]["pid"], signal.SIGKILL)
+    def keep(self, *args, **kwargs):
+        start(self, *args, **kwargs)
+        executors.append(self)
 
+    def kill_one_mid_job():  # the board every 20 ms: a job's first frames take far longer
+        while not done.is_set() and not killed:
+            if executors:
+                busy = [w for w in ray.get(executors[0].board.snapshot.remote()).values() if w["job"] is not None]
+                if busy:
+                    killed.append(busy[0]["job"])
+                    os.kill(busy[0]["pid"], signal.SIGKILL)
+            time.sleep(0.02)
+
+    monkeypatch.setattr(cluster.RayExecutor, "__init__", keep)
+    killer = threading.Thread(target=kill_one_mid_job, daemon=True)
+    killer.start()
     out = tmp_path / "out"
-    rc = batch(["--input", str(tmp_path / "in"), "--output", str(out), "--workers", "2", *TINY, *SEGMENT, *schedule],
-               on_progress=kill_once)
+    try:
+        rc = batch(["--input", str(tmp_path / "in"), "--output", str(out), "--workers", "2", *TINY, *SEGMENT,
+                    *schedule])
+    finally:
+        done.set()
+        killer.join(5)
     assert rc == 0 and killed
     for clip in clips:
         local_render(clip, tmp_path / f"ref{clip.suffix}", schedule)
         assert_same_frames(out / clip.name, tmp_path / f"ref{clip.suffix}")
 
 
-def test_ray_workers_render_like_local_and_a_killed_workers_job_completes(ray_cluster, tmp_path, capsys, schedule):
-    run_on_ray(tmp_path, shorts=1, schedule=schedule)
+def test_ray_workers_render_like_local_and_a_killed_workers_job_completes(ray_cluster, tmp_path, capsys, monkeypatch,
+                                                                          schedule):
+    run_on_ray(tmp_path, monkeypatch, ray_cluster, shorts=1, schedule=schedule)
     err = capsys.readouterr().err
     assert "ray (local: 2 CPU worker(s))" in err and "1 worker(s) lost, their jobs run again" in err
 
 
 @pytest.mark.slow
-def test_ray_renders_six_clips_and_a_long_one_in_three_segments(ray_cluster, tmp_path, capsys, schedule):
-    run_on_ray(tmp_path, shorts=6, schedule=schedule)
+def test_ray_renders_six_clips_and_a_long_one_in_three_segments(ray_cluster, tmp_path, capsys, monkeypatch, schedule):
+    run_on_ray(tmp_path, monkeypatch, ray_cluster, shorts=6, schedule=schedule)
     assert "7 of 7 file(s) rendered (1 stitched from segments)" in capsys.readouterr().err
 
 

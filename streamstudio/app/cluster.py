@@ -356,7 +356,7 @@ class RayExecutor:
                 running[actor.render.remote(piece, str(work))] = (actor, piece)
             if not running and not starting:
                 raise StreamStudioError("every batch worker failed to start; see the Ray logs")
-            ready, _ = ray.wait(list(running) + list(starting), num_returns=1, timeout=0.5)
+            ready, _ = ray.wait(list(running) + list(starting), num_returns=1, timeout=0.25)
             on_tick(ray.get(self.board.snapshot.remote()))
             for ref in ready:
                 if ref in starting:
