@@ -335,15 +335,23 @@ def _compiled(comps: SDComponents, cuda_graphs: bool, options: dict) -> SDCompon
 # TensorRT
 # ---------------------------------------------------------------------------------------------
 
-def _tensorrt(comps: SDComponents, engine_dir, shapes: ShapeRange | None, precision: str, cuda_graphs: bool,
-              parts: tuple[str, ...], plan: BatchPlan | None = None) -> SDComponents:
+def _tensorrt_missing(device: torch.device) -> str | None:
+    """Why TensorRT engines cannot run here (said once), or None when they can."""
     if not trt_kernels.tensorrt_available():
         say_once(f"{trt_kernels.INSTALL_HINT}; acceleration 'tensorrt' falls back to the torch path")
-        return replace(comps, notes=[*comps.notes, "acceleration: tensorrt unavailable, torch path"])
-    device = comps.net.device
+        return "acceleration: tensorrt unavailable, torch path"
     if device.type != "cuda":
         say_once("TensorRT engines need the model on a CUDA GPU; acceleration 'tensorrt' falls back to the torch path")
-        return replace(comps, notes=[*comps.notes, "acceleration: tensorrt needs a GPU, torch path"])
+        return "acceleration: tensorrt needs a GPU, torch path"
+    return None
+
+
+def _tensorrt(comps: SDComponents, engine_dir, shapes: ShapeRange | None, precision: str, cuda_graphs: bool,
+              parts: tuple[str, ...], plan: BatchPlan | None = None) -> SDComponents:
+    device = comps.net.device
+    missing = _tensorrt_missing(device)
+    if missing:
+        return replace(comps, notes=[*comps.notes, missing])
     from streamstudio.kernels.tensorrt.runtime import TRTEngine
 
     cache = EngineCache(engine_dir)
@@ -424,11 +432,7 @@ def apply_video_acceleration(model: nn.Module, mode: str, *, frames: int, height
     device = next(model.parameters()).device
     if mode == "compile":
         return torch.compile(model, **{**compile_kwargs(device, cuda_graphs), **(compile_options or {})})
-    if not trt_kernels.tensorrt_available():
-        say_once(f"{trt_kernels.INSTALL_HINT}; acceleration 'tensorrt' falls back to the torch path")
-        return model
-    if device.type != "cuda":
-        say_once("TensorRT engines need the model on a CUDA GPU; acceleration 'tensorrt' falls back to the torch path")
+    if _tensorrt_missing(device):
         return model
     from streamstudio.kernels.tensorrt.runtime import TRTEngine
 
