@@ -126,3 +126,34 @@ def test_osc_takes_its_types_from_the_table():
 def test_a_slip_in_a_declaration_fails_at_once(bad):
     with pytest.raises(TypeError, match="setting x"):
         LiveSetting(**{**dict(name="x", kind=float, default=0.0, help="x", low=0.0, high=1.0, step=0.1), **bad})
+
+
+def test_the_fallback_webcam_gets_every_control_and_the_request(monkeypatch):
+    """The plain-webcam fallback takes the Live tab's controls as *values, so Gradio must still
+    hand it the request (it does so only to a positional parameter before *values)."""
+    import gradio as gr
+    from gradio.helpers import special_args
+
+    from streamstudio.app import ui
+
+    class Model:
+        config = StreamDiffusionConfig(width=64, height=64)
+        prompt, negative_prompt = "a cat", ""
+
+    class Manager:
+        model, max_streams = Model(), 2
+
+    got = []
+    monkeypatch.setattr(ui, "fallback_step", lambda manager, sid, frame, values, keys: got.append(
+        (sid, frame, dict(zip(keys, values)))) or (None, "ok"))
+    with gr.Blocks() as demo:
+        controls = app_settings.live_controls(Model.config, Model.prompt)
+        ui._fallback(Manager(), controls)
+    step = next(block.fn for block in demo.fns.values() if getattr(block.fn, "__name__", "") == "step")
+    values = [c.value for c in controls.values()]
+    request = gr.Request(username="u")
+    request.session_hash = "abc"
+    inputs, _, _ = special_args(step, ["frame", *values], request)
+    step(*inputs)
+    assert got == [("fallback-abc", "frame", dict(zip(controls, values)))]
+    assert got[0][2]["prompt"] == "a cat" and got[0][2]["fit"] == "crop"
