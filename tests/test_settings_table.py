@@ -157,3 +157,16 @@ def test_the_fallback_webcam_gets_every_control_and_the_request(monkeypatch):
     step(*inputs)
     assert got == [("fallback-abc", "frame", dict(zip(controls, values)))]
     assert got[0][2]["prompt"] == "a cat" and got[0][2]["fit"] == "crop"
+
+
+def test_a_config_file_may_name_live_settings_as_the_api_does(tmp_path):
+    from streamstudio.app.commands import render
+
+    config = tmp_path / "render.yaml"
+    config.write_text("guidance_scale: 2.5\ncfg_type: full\nsimilarity_threshold: 0.9\nguidance-scale-typo: 1\n")
+    args = render_parser().parse_args(["render"])
+    with pytest.raises(StreamStudioError, match="unknown setting.*guidance-scale-typo"):
+        render.apply_config(args, config)
+    config.write_text("guidance_scale: 2.5\ncfg_type: full\nsimilarity_threshold: 0.9\n")
+    render.apply_config(args, config)
+    assert (args.guidance, args.cfg, args.filter_threshold) == (2.5, "full", 0.9)

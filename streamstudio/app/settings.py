@@ -126,3 +126,11 @@ def add_setting_flags(parser, names=None) -> None:
             parser.add_argument(s.flag, action=argparse.BooleanOptionalAction, default=default, help=text)
         else:
             parser.add_argument(s.flag, type=s.kind, choices=s.choices or None, default=default, help=text)
+
+
+def flag_dests() -> dict[str, str]:
+    """{setting name: the argparse destination of its flag} where the two differ
+    (guidance_scale: guidance), so a config file may use either name."""
+    table = live_settings.SETTINGS.values()
+    dests = {s.name: s.flag.lstrip("-").replace("-", "_") for s in table if s.flag is not None}
+    return {name: dest for name, dest in dests.items() if name != dest}

@@ -93,8 +93,12 @@ def _video_module():
 
 # ---------------------------------------------------------------------------- settings
 def apply_config(args, path: str | Path) -> None:
-    """Settings from a YAML file; options given on the command line win."""
+    """Settings from a YAML file, by option name (dashes or underscores) or, for the live
+    settings, by their name in the table and the web API (guidance_scale for --guidance); options
+    given on the command line win."""
     import yaml
+
+    from streamstudio.app.settings import flag_dests
 
     path = Path(path)
     if not path.is_file():
@@ -107,6 +111,8 @@ def apply_config(args, path: str | Path) -> None:
         raise StreamStudioError(f"config file {path} must be a mapping of setting: value")
     defaults = getattr(args, "_render_defaults", {})
     known = {k for k in defaults if not k.startswith("_") and k != "config"}
+    aliases = flag_dests()
+    data = {aliases.get(k, k): v for k, v in data.items()}
     unknown = sorted(k for k in data if str(k).replace("-", "_") not in known)
     if unknown:
         raise StreamStudioError(f"unknown setting(s) in {path}: {', '.join(map(str, unknown))}; "
