@@ -327,7 +327,7 @@ def _with_rows(a: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------
-# Drop-in modules: what StreamDiffusion calls, routed through the executor
+# The image seam, its calls run by the executor
 # ---------------------------------------------------------------------------------------------
 
 STAGE_ENCODE, STAGE_UNET, STAGE_DECODE = 0, 1, 2  # the order of a frame's network calls

@@ -83,7 +83,7 @@ def bucket_for(rows: int, buckets: Iterable[int]) -> int:
 
 
 def unet_call_rows(cfg_type: str, steps: int, frame_buffer_size: int = 1, stream_batch: bool = True) -> tuple[int, ...]:
-    """Every UNet batch one stream sends (StreamDiffusion._predict_eps), ascending.
+    """Every UNet batch one stream sends (StreamBatchSampler._predict_eps), ascending.
 
     With Stream Batch and N > 1 steps the frame's call has N*k rows (none, self), N*k + k
     (initialize: the new frame's unconditional pass too) or 2*N*k (full); the first frame primes
