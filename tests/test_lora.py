@@ -9,34 +9,13 @@ import pytest
 import torch
 
 from streamstudio.errors import StreamStudioError
-from streamstudio.models.lora import LoraSet, LoraSpec, parse_lora
-
-TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
-TEXT_TARGETS = ["q_proj", "k_proj", "v_proj", "out_proj"]
-
+from streamstudio.models.lora import LoraSet, LoraSpec, parse_lora, save_random_lora
 
 def make_lora(base, folder, seed=0, rank=4, alpha=8, text=False, file_name=None):
     """A random LoRA (diffusers/peft layout, .safetensors) for `base`'s UNet (and text encoder),
     and the peft-wrapped copies it was made from, as the reference."""
-    from diffusers import StableDiffusionPipeline
-    from peft import LoraConfig
-    from peft.utils import get_peft_model_state_dict
-
-    unet, text_encoder = copy.deepcopy(base.unet), copy.deepcopy(base.text_encoder)
-    torch.manual_seed(seed)
-    unet.add_adapter(LoraConfig(r=rank, lora_alpha=alpha, target_modules=TARGETS, init_lora_weights=False))
-    text_layers = text_meta = None
-    if text:
-        text_encoder.add_adapter(LoraConfig(r=rank, lora_alpha=alpha, target_modules=TEXT_TARGETS,
-                                            init_lora_weights=False))
-        text_layers = get_peft_model_state_dict(text_encoder)
-        text_meta = text_encoder.peft_config["default"].to_dict()
-    # the adapters' configs (rank, alpha) go into the file's metadata, as diffusers' training scripts do
-    StableDiffusionPipeline.save_lora_weights(folder, unet_lora_layers=get_peft_model_state_dict(unet),
-                                              text_encoder_lora_layers=text_layers, safe_serialization=True,
-                                              weight_name=file_name,
-                                              unet_lora_adapter_metadata=unet.peft_config["default"].to_dict(),
-                                              text_encoder_lora_adapter_metadata=text_meta)
+    _, unet, text_encoder = save_random_lora(base, folder, rank=rank, alpha=alpha, seed=seed, text=text,
+                                             file_name=file_name)
     return unet, text_encoder
 
 

@@ -311,3 +311,33 @@ def _source_identity(source: str) -> str:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
+
+
+def save_random_lora(comps, folder: str | os.PathLike, rank: int = 4, alpha: float | None = None, seed: int = 0,
+                     text: bool = False, file_name: str | None = None):
+    """Write a LoRA of random low-rank weights for `comps`' UNet (and text encoder) into
+    `folder`, in diffusers' layout with its adapter configs in the metadata, as diffusers'
+    training scripts save them; for tests and benchmarks. Returns (path, unet, text_encoder):
+    peft-wrapped copies with the LoRA active, the reference of what loading it must give."""
+    import copy
+
+    from diffusers import StableDiffusionPipeline
+    from peft import LoraConfig
+    from peft.utils import get_peft_model_state_dict
+
+    unet, text_encoder = copy.deepcopy(comps.unet), copy.deepcopy(comps.text_encoder)
+    state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(seed)
+        config = dict(r=rank, lora_alpha=alpha or rank, init_lora_weights=False)
+        unet.add_adapter(LoraConfig(target_modules=["to_q", "to_k", "to_v", "to_out.0"], **config))
+        if text:
+            text_encoder.add_adapter(LoraConfig(target_modules=["q_proj", "k_proj", "v_proj", "out_proj"], **config))
+    finally:
+        torch.random.set_rng_state(state)
+    StableDiffusionPipeline.save_lora_weights(
+        folder, unet_lora_layers=get_peft_model_state_dict(unet), safe_serialization=True, weight_name=file_name,
+        text_encoder_lora_layers=get_peft_model_state_dict(text_encoder) if text else None,
+        unet_lora_adapter_metadata=unet.peft_config["default"].to_dict(),
+        text_encoder_lora_adapter_metadata=text_encoder.peft_config["default"].to_dict() if text else None)
+    return Path(folder) / (file_name or LORA_FILE), unet, text_encoder
