@@ -5,7 +5,7 @@ across streams) reaching the network through the same three calls."""
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import pytest
 import torch
@@ -18,35 +18,28 @@ from streamstudio.models.export_specs import EngineImageNet, eps_spec, vae_decod
 from streamstudio.models.image_net import DiffusersImageNet, ImageCond, ImageNet
 
 
-@dataclass(frozen=True)
-class WideCond(ImageCond):
-    """A condition with the kinds of field issue 15 adds: one more tensor, and a tuple of them."""
-
-    pooled: torch.Tensor | None = None  # (B, P)
-    residuals: tuple[torch.Tensor, ...] | None = None  # each (B, C, h, w)
-
-
-def _wide(rows: int, seed: int = 0) -> WideCond:
+def _wide(rows: int, seed: int = 0) -> ImageCond:
+    """A condition with a field of each kind: tensors, and a tuple of them (ControlNet images)."""
     gen = torch.Generator().manual_seed(seed)
-    return WideCond(text=torch.randn(rows, 5, 8, generator=gen), pooled=torch.randn(rows, 3, generator=gen),
-                    residuals=(torch.randn(rows, 2, 4, 4, generator=gen), torch.randn(rows, 2, 2, 2, generator=gen)))
+    return ImageCond(text=torch.randn(rows, 5, 8, generator=gen), text_embeds=torch.randn(rows, 3, generator=gen),
+                     control=(torch.rand(rows, 3, 8, 8, generator=gen), torch.rand(rows, 3, 8, 8, generator=gen)))
 
 
 def test_condition_fields_are_joined_sliced_and_broadcast_row_by_row():
     a, b = _wide(2, seed=1), _wide(3, seed=2)
     layout, tensors = a.flatten()
-    assert layout == (("text", -1), ("pooled", -1), ("residuals", 2)) and len(tensors) == 4
-    joined = WideCond.cat([a, b])
-    assert isinstance(joined, WideCond) and joined.rows == 5
+    assert layout == (("text", -1), ("text_embeds", -1), ("control", 2)) and len(tensors) == 4
+    joined = ImageCond.cat([a, b])
+    assert joined.rows == 5
     back = joined[2:5]  # the second condition's rows, every field
     for got, want in zip(back.flatten()[1], b.flatten()[1]):
         assert torch.equal(got, want)
     one = _wide(1)
     wide = one.expand(4)
-    assert wide.residuals[1].shape == (4, 2, 2, 2) and torch.equal(wide.pooled[3], one.pooled[0])
+    assert wide.control[1].shape == (4, 3, 8, 8) and torch.equal(wide.text_embeds[3], one.text_embeds[0])
     assert ImageCond(text=torch.zeros(1, 5, 8)).flatten()[0] == (("text", -1),)  # unset fields are left out
     with pytest.raises(StreamStudioError, match="different fields"):
-        WideCond.cat([a, WideCond(text=a.text)])
+        ImageCond.cat([a, ImageCond(text=a.text)])
     with pytest.raises(StreamStudioError, match="cannot serve"):
         a.expand(3)
 
