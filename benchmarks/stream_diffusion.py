@@ -1,4 +1,5 @@
-"""Benchmark of the StreamDiffusion pipeline: Stream Batch, RCFG, overhead, similarity filter.
+"""Benchmark of the StreamDiffusion pipeline: Stream Batch, RCFG, overhead, similarity filter,
+and the cost of the add-ons (1 and 2 ControlNets, a LoRA fused and unfused, the SDXL UNet).
 
 Runs the tiny model and a full-size sd-turbo UNet architecture (SD 2.1 config, random
 weights: they cost the same time as real ones) with TAESD. Prints a table and writes
@@ -11,6 +12,9 @@ except frames per second, which mean something only on a GPU.
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -105,6 +109,79 @@ class Timed:
             self.best_net = (self.timer.seconds - net_before) / len(self.frames)
 
 
+SDXL_UNET = dict(  # stabilityai/stable-diffusion-xl-base-1.0's UNet (2.6B parameters)
+    sample_size=128, in_channels=4, out_channels=4, layers_per_block=2,
+    down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
+    up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
+    block_out_channels=(320, 640, 1280), transformer_layers_per_block=(1, 2, 10), attention_head_dim=(5, 10, 20),
+    cross_attention_dim=2048, use_linear_projection=True, addition_embed_type="text_time",
+    addition_time_embed_dim=256, projection_class_embeddings_input_dim=2816,
+)
+
+
+def sdxl_architecture(big: SDComponents, device, dtype) -> SDComponents:
+    """SDXL's UNet (random weights) with the tiny SDXL model's text encoders widened to SDXL's
+    widths (768 + 1280, pooled 1280; they run only when the prompt changes) and TAESD."""
+    from diffusers import UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+
+    with torch.device("meta"):
+        unet = UNet2DConditionModel(**SDXL_UNET)
+    unet = _fast_random_init(unet.to_empty(device="cpu"))
+    tok = big.tokenizer
+    base = dict(vocab_size=len(tok), intermediate_size=512, num_hidden_layers=1, num_attention_heads=8,
+                max_position_embeddings=77, bos_token_id=len(tok) - 2, eos_token_id=len(tok) - 1,
+                pad_token_id=len(tok) - 1)
+    text = _fast_random_init(CLIPTextModel(CLIPTextConfig(hidden_size=768, **base)))
+    text_2 = _fast_random_init(CLIPTextModelWithProjection(CLIPTextConfig(hidden_size=1280, projection_dim=1280, **base)))
+    comps = SDComponents(unet, big.vae, text, tok, dict(SCHEDULER_CONFIG), "sdxl-arch", step_type="turbo",
+                         text_encoder_2=text_2, tokenizer_2=tok)
+    return comps.to(device, dtype)
+
+
+def addon_variants(comps: SDComponents, folder: str) -> dict[str, SDComponents]:
+    """The model with each add-on: 1 and 2 ControlNets (made from its UNet, canny and soft-edge
+    preprocessors), a rank-16 LoRA on the attention projections fused and unfused (copies of the
+    UNet and text encoder, so every variant runs side by side)."""
+    from diffusers import ControlNetModel
+
+    from streamstudio.models.lora import LoraSet, save_random_lora
+
+    param = next(comps.unet.parameters())
+    nets = [_fast_random_init(ControlNetModel.from_unet(comps.unet)).to(param.device, param.dtype) for _ in range(2)]
+    out = {"controlnet_1": dataclasses.replace(comps, controlnets=nets[:1], control_defaults=[("canny", 1.0)]),
+           "controlnet_2": dataclasses.replace(comps, controlnets=nets,
+                                               control_defaults=[("canny", 1.0), ("softedge", 1.0)])}
+    path, _, _ = save_random_lora(comps, folder, rank=16)
+    for fuse in (True, False):
+        variant = dataclasses.replace(comps, unet=copy.deepcopy(comps.unet), text_encoder=copy.deepcopy(comps.text_encoder))
+        variant.loras = LoraSet(variant, fuse=fuse)
+        variant.loras.add(str(path))
+        out["lora_fused" if fuse else "lora_unfused"] = variant
+    return out
+
+
+def measure_addons(comps: SDComponents, size: int, frames: int, rounds: int, sdxl: SDComponents | None = None) -> dict:
+    """Seconds per frame (1 step, img2img) of the plain model and of each add-on, in the same
+    rounds; the costs are ratios to the plain frame (target on a GPU: one ControlNet <= 1.5x,
+    a fused LoRA ~1.0x)."""
+    base = dict(width=size, height=size, strength=0.9, seed=1, steps=1, cfg_type="none")
+    data = make_frames(frames, size)
+    with tempfile.TemporaryDirectory() as folder:
+        variants = {"plain": comps, **addon_variants(comps, folder)}
+        if sdxl is not None:
+            variants["sdxl_arch"] = sdxl
+        runs = {name: Timed(c, data, **base) for name, c in variants.items()}
+        for _ in range(rounds):
+            for run in runs.values():
+                run.round()
+    plain = runs["plain"].best_total
+    out = {"size": size, "frames": frames, "rounds": rounds,
+           "seconds_per_frame": {name: run.best_total for name, run in runs.items()}}
+    out.update({f"{name}_cost": run.best_total / plain for name, run in runs.items() if name != "plain"})
+    return out
+
+
 def make_frames(n: int, size: int, seed: int = 0) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     return [rng.integers(0, 256, (size, size, 3), dtype=np.uint8) for _ in range(n)]
@@ -173,6 +250,20 @@ def main(argv=None) -> None:
                                        rounds=2 if device.type != "cuda" else 3)
     if device.type == "cuda":
         results["sd_turbo_arch"]["fps_1step_512"] = 1.0 / results["sd_turbo_arch"]["seconds_per_frame_1step"]
+    save()
+    # the add-ons: on the tiny model always; on the full-size architectures (and SDXL's 2.6B UNet)
+    # on a GPU, or on the CPU without --quick (minutes a frame for SDXL there)
+    results["addons_tiny"] = measure_addons(tiny, 64, 8, rounds=3 if args.quick else 10)
+    save()
+    if device.type == "cuda" or not args.quick:
+        sdxl = sdxl_architecture(big, device, dtype)
+        results["addons"] = measure_addons(big, size, frames, rounds=2 if device.type != "cuda" else 3, sdxl=sdxl)
+        del sdxl
+    addons = results.get("addons", results["addons_tiny"])
+    results["addons_measured_on"] = "sd_turbo_arch" if "addons" in results else "tiny"
+    for key in ("controlnet_1_cost", "controlnet_2_cost", "lora_fused_cost", "lora_unfused_cost", "sdxl_arch_cost"):
+        if key in addons:
+            results[key] = addons[key]
     main_model = results["sd_turbo_arch"] if "stream_batch_speedup" in results["sd_turbo_arch"] else results["tiny"]
     results["stream_batch_speedup"] = main_model["stream_batch_speedup"]
     results["rcfg_self_speedup"] = main_model["rcfg_self_speedup"]
@@ -190,7 +281,13 @@ def print_table(r: dict) -> None:
         ("overhead_ratio", r["overhead_ratio"], "<= 1.10 (full-size arch)", "sd_turbo_arch"),
         ("ssf_skip_rate_static", r["ssf_skip_rate_static"], "10/11 = 0.909 at max_skip_frame 10", "tiny"),
         ("tiny overhead_ratio", r["tiny"]["overhead_ratio"], "(tiny nets: overhead dominates)", "tiny"),
+        ("controlnet_1_cost", r["controlnet_1_cost"], "<= 1.5 (GPU, one ControlNet)", r["addons_measured_on"]),
+        ("controlnet_2_cost", r["controlnet_2_cost"], "(two ControlNets)", r["addons_measured_on"]),
+        ("lora_fused_cost", r["lora_fused_cost"], "~1.0 (fused: the plain weights)", r["addons_measured_on"]),
+        ("lora_unfused_cost", r["lora_unfused_cost"], "(low-rank products per call)", r["addons_measured_on"]),
     ]
+    if "sdxl_arch_cost" in r:
+        rows.append(("sdxl_arch_cost", r["sdxl_arch_cost"], "(SDXL UNet / sd-turbo UNet, same size)", "sdxl_arch"))
     columns = [("figure", "figure", "<28"), ("value", "value", ">8.3f"), ("target", "target", "<38"),
                ("model", "model", "<13")]
     print(table(columns, [dict(zip(("figure", "value", "target", "model"), row)) for row in rows]))
