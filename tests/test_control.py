@@ -219,3 +219,26 @@ def test_control_inputs_run_each_preprocessor_once_per_group_and_give_row_scales
         inputs.set_scale(2, 1.0)
     with pytest.raises(StreamStudioError, match="scale"):
         inputs.set_scale(0, float("nan"))
+
+
+@pytest.mark.parametrize("check_every", [1, 4, 64])
+def test_hysteresis_follows_chains_longer_than_a_check_block(check_every):
+    """A weak spiral chain of ~300 pixels hanging off one strong pixel is kept whole whatever the
+    check interval (64 is the GPU's: one sync a frame for short chains, more blocks for long ones)."""
+    from streamstudio.pipelines.control import hysteresis
+
+    cand = torch.zeros(1, 1, 40, 40, dtype=torch.bool)
+    top, left, bottom, right = 2, 2, 37, 37
+    while top < bottom and left < right:  # a spiral path, 3 pixels between its turns
+        cand[0, 0, top, left:right + 1] = True
+        cand[0, 0, top:bottom + 1, right] = True
+        cand[0, 0, bottom, left:right + 1] = True
+        cand[0, 0, top + 3:bottom + 1, left] = True
+        cand[0, 0, top + 3, left:left + 4] = True  # on into the next, inner ring
+        top, left, bottom, right = top + 3, left + 3, bottom - 3, right - 3
+    strong = torch.zeros_like(cand)
+    strong[0, 0, 2, 2] = True
+    isolated = cand.clone()
+    isolated[0, 0, 0, 0] = True  # a candidate touching nothing strong
+    edges = hysteresis(strong, isolated, check_every)
+    assert torch.equal(edges, cand) and int(cand.sum()) > 300
