@@ -54,9 +54,9 @@ def load_controlnet(source: str, device: torch.device | str = "cpu", dtype: torc
         if path.is_file():
             if path.suffix != ".safetensors":
                 raise StreamStudioError(f"ControlNet {source!r} is not a .safetensors file or a diffusers folder")
-            net = ControlNetModel.from_single_file(str(path), local_files_only=local_files_only)
+            net = ControlNetModel.from_single_file(str(path), local_files_only=local_files_only, torch_dtype=dtype)
         else:
-            net = ControlNetModel.from_pretrained(str(path) if path.is_dir() else source,
+            net = ControlNetModel.from_pretrained(str(path) if path.is_dir() else source, torch_dtype=dtype,
                                                   local_files_only=local_files_only or path.is_dir())
     except StreamStudioError:
         raise
@@ -64,7 +64,7 @@ def load_controlnet(source: str, device: torch.device | str = "cpu", dtype: torc
         raise ModelNotFoundError(
             f"ControlNet {source!r} could not be loaded ({_first_line(exc)}); fetch it once with "
             f"`hf download {source}` on a machine with network access, or pass a local diffusers folder") from exc
-    return net.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    return net.to(device=device).eval().requires_grad_(False)
 
 
 def check_fits(net, unet) -> None:
