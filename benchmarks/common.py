@@ -64,7 +64,7 @@ def write_json(path: str | Path, result: dict, indent: int = 2) -> Path:
 def table(columns: Sequence[tuple[str, str | Callable[[dict], object], str]], rows: Iterable[dict]) -> str:
     """Rows (dicts) as aligned text under a header and a rule. A column is (header, the row's key
     or a function of the row, a format spec that starts with the alignment and width: "<34",
-    ">8.3f", ">9,"); text longer than its column is cut, a missing value (None) prints as "-"."""
+    ">8.3f", ">9,"); a missing value (None) prints as "-", a longer one widens its row."""
     widths = [int(re.match(r"[<>^](\d+)", spec).group(1)) for _, _, spec in columns]
     head = " ".join(f"{name:{spec[0]}{w}}" for (name, _, spec), w in zip(columns, widths)).rstrip()
     lines = [head, "-" * len(head)]
@@ -72,7 +72,6 @@ def table(columns: Sequence[tuple[str, str | Callable[[dict], object], str]], ro
         cells = []
         for (_, get, spec), w in zip(columns, widths):
             value = get(row) if callable(get) else row.get(get)
-            value = value[:w] if isinstance(value, str) else value
             cells.append(f"{'-':>{w}}" if value is None else f"{value:{spec}}")
         lines.append(" ".join(cells).rstrip())
     return "\n".join(lines)

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from common import RESULTS as RESULTS_DIR, bench_device, utc_now, write_json  # puts the package on sys.path
+from common import RESULTS as RESULTS_DIR, bench_device, table, utc_now, write_json  # puts the package on sys.path
 
 from streamstudio import kernels
 from streamstudio.app.commands.bench import device_name
@@ -419,8 +419,12 @@ def bench_pipeline(device: torch.device, quick: bool, on_row: Callable[[list[dic
 
 
 # ------------------------------------------------------------------------------ main
-def _fmt(v, f: str) -> str:
-    return (f % v) if v is not None else "-"
+OP_COLUMNS = [("op", "op", "<38"), ("MB", lambda r: r["bytes"] / 1e6, ">7.1f"), ("xL2", "l2_multiple", ">5.1f"),
+              ("eager us", "eager_us", ">10.1f"), ("fused us", "fused_us", ">10.1f"), ("floor us", "floor_us", ">10.1f"),
+              ("fused GB/s", "fused_GBps", ">10.1f"), ("floor %", "floor_pct", ">8.1f"),
+              ("eager %", "eager_floor_pct", ">8.1f"), ("f/eager", "fused_over_eager", ">8.3f"),
+              ("target", lambda r: {True: "ok", False: "MISS", None: "-"}[r.get("meets_target")], ">6"),
+              ("", lambda r: f" ({r['error']})" if r.get("error") else "", "<0")]
 
 
 def print_table(ops: list[dict], pipe: list[dict], bandwidth: float, copy_how: str = "", l2: int | None = None) -> None:
@@ -428,15 +432,7 @@ def print_table(ops: list[dict], pipe: list[dict], bandwidth: float, copy_how: s
         print(f"copy bandwidth: {bandwidth / 1e9:.1f} GB/s" + (f" ({copy_how})" if copy_how else ""))
         print(f"target: each fused op >= {TARGET_FLOOR_PCT:.0f} % of the copy bandwidth (floor %)"
               + (f"; L2 {l2 / 1e6:.1f} MB" if l2 else ""))
-        print(f"{'op':38s} {'MB':>7s} {'xL2':>5s} {'eager us':>10s} {'fused us':>10s} {'floor us':>10s} "
-              f"{'fused GB/s':>10s} {'floor %':>8s} {'eager %':>8s} {'f/eager':>8s} {'target':>6s}")
-    for r in ops:
-        target = {True: "ok", False: "MISS", None: "-"}[r.get("meets_target")]
-        print(f"{r['op']:38s} {r['bytes'] / 1e6:7.1f} {_fmt(r.get('l2_multiple'), '%5.1f'):>5s} "
-              f"{_fmt(r['eager_us'], '%10.1f'):>10s} {_fmt(r['fused_us'], '%10.1f'):>10s} {r['floor_us']:10.1f} "
-              f"{_fmt(r.get('fused_GBps'), '%10.1f'):>10s} {_fmt(r['floor_pct'], '%7.1f'):>8s} "
-              f"{_fmt(r.get('eager_floor_pct'), '%7.1f'):>8s} {_fmt(r.get('fused_over_eager'), '%8.3f'):>8s} "
-              f"{target:>6s}" + (f"  ({r['error']})" if r.get("error") else ""))
+        print(table(OP_COLUMNS, ops))
     for r in pipe:
         print(f"pipeline {r['mode']:24s} {r['fps']:8.2f} fps   ({r['model']})")
 
