@@ -1,5 +1,6 @@
 """The running server on 127.0.0.1 with headless aiortc clients: processed frames come back at
-the model's size and differ from the input, two clients keep their own prompts, leaving frees
+the camera's aspect with the model's longer side (a 4:3 camera 4:3, a square one square) and
+differ from the input, two clients keep their own prompts, leaving frees
 the stream, the busy limit speaks clearly, bad settings are refused, --auth guards the API."""
 
 from __future__ import annotations
@@ -95,13 +96,28 @@ def test_client_gets_processed_frames(server):
         return got.processed()[-1], stats, status
 
     out, stats, status = run(main())
-    assert out.shape == (SIZE, SIZE, 3)
-    idx = np.arange(SIZE) * 96 // SIZE
-    small_input = pattern(0)[:, 16:112][idx][:, idx]  # the centre crop at the output size
+    assert out.shape == (48, SIZE, 3)  # the 128x96 (4:3) camera's aspect, the model's 64 as the longer side
+    rows, cols = np.arange(48) * 96 // 48, np.arange(SIZE) * 128 // SIZE
+    small_input = pattern(0)[rows][:, cols]  # the whole picture at the output size
     assert np.abs(out.astype(int) - small_input.astype(int)).mean() > 20
     assert stats["processed"] >= 5 and stats["model"] == "tiny"
     assert stats["settings"]["prompt"] == "a cat"
     assert status["frames_out"] >= 5 and status["fps"] > 0  # the streams' runner metrics, server-wide
+
+
+def test_a_square_camera_gets_a_square_stream(server):
+    square = lambda i: pattern(i)[:, 16:112]  # noqa: E731 - 96x96
+
+    async def main():
+        client, got = await connected(server.url, "a cat", square)
+        await wait_for(lambda: len(got.processed()) >= 3)
+        session = server.manager.get(client.webrtc_id)
+        size, out = session.size, got.processed()[-1]
+        await client.close()
+        return size, out
+
+    size, out = run(main())
+    assert size == (SIZE, SIZE) and out.shape == (SIZE, SIZE, 3)
 
 
 def test_two_clients_keep_their_own_prompts(server):

@@ -80,11 +80,64 @@ def test_fit_setting_pads_the_camera_frame_in_a_session(manager):
 # ---------------------------------------------------------------------- sessions
 def test_session_processes_frames_at_the_model_size(manager):
     session = manager.open("a")
-    session.submit(frame())
+    session.submit(frame(h=64, w=64))
     out = wait_output(session)
-    assert out.shape == (64, 64, 3) and out.dtype == np.uint8
+    assert out.shape == (64, 64, 3) and out.dtype == np.uint8  # a square camera: the model's square
     stats = session.stats()
     assert stats["processed"] == 1 and stats["model"] == "tiny" and stats["latency_ms"] > 0
+
+
+@pytest.mark.parametrize("h, w, size", [(480, 640, (64, 48)), (360, 640, (64, 40)), (640, 480, (48, 64)),
+                                        (48, 80, (64, 40)), (100, 100, (64, 64))])
+def test_a_session_takes_its_first_frames_aspect(manager, h, w, size):
+    """The stream's size follows the camera: the configured longer side (64), the frame's aspect,
+    multiples of 8 (4:3 -> 64x48, 16:9 -> 64x40, portrait 3:4 -> 48x64); square stays square."""
+    session = manager.open("a")
+    assert session.size == (64, 64)  # before any frame: the configured size
+    session.submit(frame(h=h, w=w))
+    out = wait_output(session)
+    assert session.size == size and out.shape == (size[1], size[0], 3)
+    assert (session.processor.pipe.config.width, session.processor.pipe.config.height) == size
+
+
+def test_a_later_frame_of_another_aspect_is_fitted_to_the_stream(manager, monkeypatch):
+    """The first frame decides the size (the outputs, a recording and WHEP viewers keep it); a
+    later frame of another aspect is cropped (the default) or padded (fit "pad") to it, never
+    stretched, and the stream is not rebuilt."""
+    from streamstudio.app import sessions
+
+    fitted = []
+    real = sessions.fit_aspect
+    monkeypatch.setattr(sessions, "fit_aspect", lambda *a: fitted.append(real(*a)) or fitted[-1])
+    session = manager.open("a")
+    session.submit(frame(h=48, w=64))  # 4:3: the stream is 64x48
+    wait_output(session)
+    pipe = session.processor.pipe
+    square = np.full((60, 60, 3), 255, np.uint8)
+    session.submit(square)  # crop: the middle 60x45 (top and bottom cut)
+    out = wait_output(session, 2)
+    assert fitted[-1].shape == (45, 60, 3) and fitted[-1].all()
+    manager.settings("a", {"fit": "pad"})
+    session.submit(square)  # pad: 80x60 with black bars left and right of the whole picture
+    out = wait_output(session, 3)
+    assert fitted[-1].shape == (60, 80, 3) and not fitted[-1][:, :10].any() and not fitted[-1][:, 70:].any()
+    assert fitted[-1][:, 10:70].all()
+    assert out.shape == (48, 64, 3) and session.size == (64, 48) and session.processor.pipe is pipe
+
+
+def test_accelerated_networks_keep_the_configured_size(model):
+    """Compiled and TensorRT networks take only the shapes they were built and warmed up for:
+    their streams stay at the configured size whatever the camera (frames are fitted to it)."""
+    from dataclasses import replace as dc_replace
+
+    from streamstudio.models.image_net import ImageNet
+
+    class FixedNet(ImageNet):
+        fixed_shapes = True
+
+    assert model.stream_size(4 / 3) == (64, 48) and model.stream_size(None) == (64, 64)
+    fixed = ServerModel(dc_replace(model.comps, network=FixedNet()), model.config)
+    assert fixed.stream_size(4 / 3) == (64, 64) and fixed.stream_size(0.5) == (64, 64)
 
 
 def test_a_web_sessions_frames_pass_through_its_runner(manager):
@@ -254,8 +307,9 @@ def test_handler_converts_bgr_and_returns_at_once(manager):
 
 
 def test_live_tab_fit_control_reaches_the_session(manager, monkeypatch):
-    """The Live tab's last control is the crop / pad choice: with "pad" the session hands the
-    pipeline the whole camera picture with black bars; the output keeps the model's size."""
+    """The Live tab's last control is the crop / pad choice: with "pad" a frame of another aspect
+    than the stream's reaches the pipeline whole, with black bars; the output keeps the stream's
+    size (the first frame's aspect)."""
     from streamstudio.app import sessions
     from streamstudio.app.ui import LIVE_KEYS
     from streamstudio.app.webrtc import LiveHandler
@@ -266,11 +320,13 @@ def test_live_tab_fit_control_reaches_the_session(manager, monkeypatch):
     assert LIVE_KEYS[-1] == "fit"
     handler = LiveHandler(manager, LIVE_KEYS, webrtc_id=lambda: "fit")
     values = ("a cat", "", 0.6, 1.2, 1.0, "self", 7, False, 0.98, "off", "pad")
-    handler(frame(30), *values)
+    handler(frame(30, h=64, w=64), *values)  # a square camera: a 64x64 stream
     session = manager.get("fit")
-    out = wait_output(session)
+    wait_output(session)
+    handler(frame(30), *values)  # then an 80x48 frame: padded to 80x80
+    out = wait_output(session, 2)
     assert session.fit == "pad" and out.shape == (64, 64, 3)
-    assert fitted[0].shape == (80, 80, 3) and not fitted[0][:16].any() and not fitted[0][64:].any()
+    assert fitted[-1].shape == (80, 80, 3) and not fitted[-1][:16].any() and not fitted[-1][64:].any()
 
 
 def test_handler_hands_the_session_rgb(manager, monkeypatch):
@@ -357,11 +413,13 @@ def test_live_output_records_the_stream_to_a_file(manager, tmp_path):
     from streamstudio.app.ui import _output_status, _start_output
 
     session = manager.open("rec")
+    session.submit(frame())  # the camera's first frame (80x48) makes it a 64x40 stream
+    wait_output(session)
     outputs: dict = {}
     assert "start the Live tab" in _start_output(manager, outputs, "browser", None, "file", "x.mp4", 10, tmp_path)
     message = _start_output(manager, outputs, "browser", "rec", "file", "../../clip", 10, tmp_path)
     assert message.startswith("Started") and str(tmp_path / "clip.mp4") in message
-    for i in range(6):
+    for i in range(1, 7):
         session.submit(frame(20 * i))
         wait_output(session, i + 1)
     out = outputs.pop("browser")
@@ -373,7 +431,7 @@ def test_live_output_records_the_stream_to_a_file(manager, tmp_path):
     assert out.attachment.frames >= 3 and out.attachment.error is None and not out.attachment.running
     with av.open(str(tmp_path / "clip.mp4")) as container:
         decoded = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
-    assert len(decoded) == out.attachment.frames and decoded[0].shape == (64, 64, 3)
+    assert len(decoded) == out.attachment.frames and decoded[0].shape == (40, 64, 3)  # the stream's size
 
 
 def test_live_output_refuses_a_bad_rtmp_url(manager, tmp_path):
@@ -392,7 +450,7 @@ def test_fallback_webcam_path(manager):
     assert image is None and "processed 0" in text  # returns at once, before any output
     wait_output(manager.get("fb"))
     image, text = fallback_step(manager, "fb", frame(), values)
-    assert image.shape == (64, 64, 3) and "fps" in text
+    assert image.shape == (40, 64, 3) and "fps" in text  # the webcam's aspect (80x48 -> 64x40)
     assert manager.get("fb").stats()["settings"]["seed"] == 4
     bad = values[:2] + (7.0,) + values[3:]
     assert "strength must be in" in fallback_step(manager, "fb", frame(), bad)[1]

@@ -10,6 +10,9 @@ turns on the model.
 
 A session is a `streaming.Runner` over a `PushSource`: it takes frames with `submit()` (never
 blocks: a newer frame replaces one that is still waiting) and hands back `latest()` at once.
+Its size follows its first frame's aspect ratio (`ServerModel.stream_size`: a 4:3 camera on a
+256 model streams at 256x192); later frames of another aspect are cropped or padded to it (the
+session's `fit` setting), so the outputs, and the recordings and viewers fed from them, keep one size.
 A session that fails stops alone; the manager frees sessions that disconnect or go idle.
 """
 
@@ -24,6 +27,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from streamstudio.app.commands.generate import output_size
 from streamstudio.app.settings import parse_settings
 from streamstudio.errors import StreamStudioError
 from streamstudio.frames import fit_aspect
@@ -103,14 +107,27 @@ class ServerModel:
 
     @property
     def size(self) -> tuple[int, int]:
+        """The configured (width, height): text-to-image streams' size, and the longer side of
+        camera streams (`stream_size`)."""
         return self.config.width, self.config.height
 
-    def build(self, mode: str):
-        """A new stream (per-session state) over the shared modules."""
+    def stream_size(self, aspect: float | None) -> tuple[int, int]:
+        """A camera stream's (width, height) for frames of `aspect` (width / height): that aspect
+        with the configured longer side, multiples of 8 (`output_size`; 4:3 on a 256 model:
+        256x192). The configured size when the aspect is not known, or when the networks take
+        only the shapes they were built and warmed up for (compiled, TensorRT)."""
+        if aspect is None or self._stream_comps.net.fixed_shapes:
+            return self.size
+        return output_size(None, None, max(self.size), aspect)
+
+    def build(self, mode: str, size: tuple[int, int] | None = None):
+        """A new stream (per-session state) over the shared modules, at `size` (width, height;
+        default the configured size)."""
         from streamstudio.pipelines.stream_diffusion import StreamDiffusion
 
+        width, height = size or self.size
         with self.guard.text():
-            return StreamDiffusion(self._stream_comps, replace(self.config, mode=mode),
+            return StreamDiffusion(self._stream_comps, replace(self.config, mode=mode, width=width, height=height),
                                    prompt=self.prompt, negative_prompt=self.negative_prompt)
 
     def close(self) -> None:
@@ -189,7 +206,7 @@ def _reported(sid: str):
 
 class StreamProcessor:
     """A web stream's frame step, the processor of its runner (live: `processor(frame)`): the
-    camera frame brought to the model's aspect (the `fit` setting: crop or pad), the stream's
+    camera frame brought to the stream's aspect (the `fit` setting: crop or pad), the stream's
     own pipeline over the shared model run in the guard's frame context and, with the latency
     probe, the probe of the input each output came from drawn onto it. txt2img streams ignore
     the frame (it only asks for the next image)."""
@@ -200,9 +217,10 @@ class StreamProcessor:
         self.fit = "crop"  # the session's own setting, not the pipeline's
         self._probes: deque[int | None] = deque()
 
-    def open(self) -> None:
+    def open(self, size: tuple[int, int]) -> None:
+        """Build the stream's pipeline at `size` (width, height), once."""
         if self.pipe is None:
-            self.pipe = self.model.build(self.mode)
+            self.pipe = self.model.build(self.mode, size)
 
     @property
     def stats(self):
@@ -255,9 +273,10 @@ class StreamProcessor:
 class StreamSession:
     """One user's live stream: a `streaming.Runner` over a `PushSource` (frames handed in with
     `submit`), the stream's `StreamProcessor`, and the browser's view as its sink (the
-    latest-result slot `latest()` reads). Settings asked for with `request` apply between frames
-    (the runner's on_input hook). A recording, an RTMP or HLS push and WHEP viewers are sinks
-    attached to the running session (`attach`, `detach`)."""
+    latest-result slot `latest()` reads). Its `size` is decided by the first frame handed in (see
+    the module's docstring; text-to-image: the configured size). Settings asked for with `request`
+    apply between frames (the runner's on_input hook). A recording, an RTMP or HLS push and WHEP
+    viewers are sinks attached to the running session (`attach`, `detach`)."""
 
     def __init__(self, sid: str, model: ServerModel, mode: str = "img2img", settings: dict | None = None):
         self.sid, self.model, self.mode = sid, model, mode
@@ -269,6 +288,7 @@ class StreamSession:
         self._closed = False
         width, height = model.size
         self._tick = np.zeros((height, width, 3), np.uint8) if mode == "txt2img" else None  # txt2img: "next image"
+        self._size: tuple[int, int] | None = model.size if mode == "txt2img" else None  # camera: the first frame's
         self._source = PushSource(width, height, maxsize=1, description=f"stream {sid}")
         self._view = NullSink("the page's view", width, height, DEFAULT_FPS)  # keeps the latest output
         self.processor = StreamProcessor(model, mode, sid)
@@ -282,6 +302,11 @@ class StreamSession:
         if self.closed:
             return
         self.last_seen = time.monotonic()
+        if self._size is None:
+            with self._lock:  # (set before the frame goes in: the runner builds the pipeline at this size)
+                if self._size is None:
+                    h, w = frame.shape[:2]
+                    self._size = self.model.stream_size(w / h)
         try:
             self._source.put(self._tick if frame is None else frame)
         except StreamStudioError:
@@ -307,6 +332,11 @@ class StreamSession:
     def detach(self, attachment, wait: float | None = 10.0) -> None:
         """Stop feeding an attached sink; it is closed (within `wait` s when wait is given)."""
         self.runner.detach(attachment, wait)
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """The stream's output (width, height); before its first frame, the configured size."""
+        return self._size or self.model.size
 
     @property
     def frames_in(self) -> int:
@@ -362,14 +392,15 @@ class StreamSession:
 
     # ------------------------------------------------------------------ the runner's thread
     def _between_frames(self, pts: float) -> None:
-        """The runner's on_input hook: the stream's pipeline built at the first frame, then the
+        """The runner's on_input hook: the stream's pipeline built at the first frame (at the size
+        that frame decided in `submit`), then the
         settings asked for since the last frame applied (one the pipeline refuses is said in the
         stats; the stream goes on)."""
         with self._lock:
             changes, self._pending = self._pending, {}
         changes = {k: v for k, v in changes.items() if self._applied.get(k, _MISSING) != v}
         with _reported(self.sid):
-            self.processor.open()
+            self.processor.open(self.size)
             if not changes:
                 return
             try:

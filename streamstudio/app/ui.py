@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 
 T2I_TICK_S = 0.2  # text-to-image refresh interval
 LIVE_KEYS = live_keys()  # the Live tab's controls, in order (pipelines/live_settings.py)
+# What the Live tab asks of the camera: 480 lines, its own aspect ratio (fastrtc's default asks
+# for 500x500, which Chrome crops every camera to; the stream's size follows the camera's aspect).
+CAMERA_CONSTRAINTS = {"facingMode": "user", "height": {"ideal": 480}, "frameRate": {"ideal": 30}}
 
 # Small outputs (a 64x64 demo model, a 256 px image) are drawn at the panel's size, not as stamps.
 CSS = """
@@ -179,7 +182,8 @@ def _live_tab(manager: SessionManager, rtc_config: dict | None, host: str | None
         with gr.Column(scale=3):
             webrtc = live_component(manager, host, label="Webcam → StreamStudio", mode="send-receive",
                                     modality="video", rtc_configuration=rtc_config,
-                                    server_rtc_configuration=rtc_config, full_screen=False, elem_id="live-webrtc")
+                                    server_rtc_configuration=rtc_config, full_screen=False, elem_id="live-webrtc",
+                                    track_constraints=CAMERA_CONSTRAINTS)
             gr.HTML('<div id="live-camera-note" role="alert"></div>', elem_id="live-camera-message", padding=False)
             stats = gr.Markdown(format_stats(None), elem_id="live-stats")
             whep = gr.Markdown("", elem_id="live-whep")
@@ -399,7 +403,7 @@ def _start_output(manager, outputs, key, sid, kind, target, fps, output_dir) -> 
         old.stop()
     try:
         location = output_location(kind, target, output_dir)
-        sink = open_sink(location, *manager.model.size, fps)
+        sink = open_sink(location, *session.size, fps)
     except Exception as exc:  # StreamStudioError, or the encoder library's own error
         return f"⚠️ Could not start the output: {exc}"
     try:

@@ -282,7 +282,7 @@ class Broadcaster:
     def add_video(self, codec: str, track) -> None:
         if codec not in self.encoders:
             encoder = SharedEncoder(codec, self._loop, lambda p, k, c=codec: self._deliver(c, p, k),
-                                    *self.session.model.size)
+                                    *self.session.size)
             self._feeds[codec] = self.session.attach(encoder)
             self.encoders[codec] = encoder
         encoder = self.encoders[codec]

@@ -126,7 +126,8 @@ SETTINGS: dict[str, LiveSetting] = _table(
     LiveSetting("fit", str, "crop", "a camera frame of another aspect ratio: crop it, or pad it with bars",
                 choices=FIT_MODES, choice_labels=("Crop to fill", "Pad: the whole picture, with bars"),
                 widget="radio", elem_id="live-fit", pipeline=False,
-                label="Camera picture into the model's {width}x{height}: crop its edges, or pad it with bars"),
+                label="A camera picture of another shape than the stream's (which takes the camera's "
+                      "first picture's): crop its edges, or pad it with bars"),
     LiveSetting("feedback_weight", float, 0.3, "latent feedback: the last output's share of the next input latent",
                 flag="--feedback-weight", low=0.0, high=0.99),
     LiveSetting("bank_size", int, 2, "feature bank: past frames kept per layer and step", flag="--bank-size",
