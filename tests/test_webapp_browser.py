@@ -1,8 +1,10 @@
 """A real browser: Debian's chromium (headless, Playwright) with a fake webcam opens the app,
-starts the Live tab and must show a non-blank processed frame (the model's size, not the
-camera's), then walks the other tabs as a person would (Text to image's Stop after typing, Live
-output's error message, the Splats tab's slider boxes and a bad upload); without a camera the
-Live tab says so. Screenshots are kept in test-artifacts/."""
+starts the Live tab and must show the camera's picture through the built-in image model (the
+stream at the camera's 4:3 aspect with the model's 256 as the longer side, drawn scaled up, and
+the fake camera's test pattern recognisable in it), then walks the other tabs as a person would
+(Text to image's Stop after typing, Live output's error message, the Splats tab's slider boxes
+and a bad upload); without a camera the Live tab says so. Screenshots, and the camera and output
+frames compared, are kept in test-artifacts/."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 CHROMIUM = "/usr/bin/chromium"
@@ -20,9 +23,11 @@ ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream"]
-SIZE = 64
+SIZE = 64  # the tiny model's side (the login test's server)
+BUILTIN = (256, 192)  # the built-in model's 256 as the longer side, at the fake camera's 640x480 (4:3)
 
-# The <video> of the WebRTC component (the only playing one) as seen by the page: its size and pixel spread.
+# The <video> of the WebRTC component (the only playing one) as seen by the page: its size, the
+# size it is drawn at, and its pixel spread.
 VIDEO_STATS_JS = """() => {
   const videos = [...document.querySelectorAll('video')].filter(v => v.videoWidth && v.readyState >= 2);
   if (!videos.length) return null;
@@ -35,8 +40,74 @@ VIDEO_STATS_JS = """() => {
   let sum = 0, sq = 0, n = 0;
   for (let i = 0; i < d.length; i += 4) { const y = (d[i] + d[i + 1] + d[i + 2]) / 3; sum += y; sq += y * y; n++; }
   const mean = sum / n;
-  return {w: v.videoWidth, h: v.videoHeight, mean: mean, std: Math.sqrt(Math.max(0, sq / n - mean * mean))};
+  const r = v.getBoundingClientRect();
+  return {w: v.videoWidth, h: v.videoHeight, shown_w: r.width, shown_h: r.height, mean: mean,
+          std: Math.sqrt(Math.max(0, sq / n - mean * mean))};
 }"""
+
+# The Live output <video>'s current frame drawn at [w, h] (RGB, row-major).
+OUTPUT_FRAME_JS = """([w, h]) => {
+  const v = [...document.querySelectorAll('#live-webrtc video')].filter(v => v.videoWidth && v.readyState >= 2).pop();
+  if (!v) return null;
+  const c = document.createElement('canvas'); c.width = w; c.height = h;
+  const g = c.getContext('2d'); g.drawImage(v, 0, 0, w, h);
+  const d = g.getImageData(0, 0, w, h).data, rgb = [];
+  for (let i = 0; i < d.length; i += 4) rgb.push(d[i], d[i + 1], d[i + 2]);
+  return rgb;
+}"""
+
+# Chromium's own fake camera draws a moving pattern (a sector sweeping round like a clock hand,
+# a frame counter), so a frame of it taken in the page is never the one the output came from.
+# The structure check feeds the fake camera a still test card instead (a Y4M file, looped).
+# Block-edge correlation of the Live output with the card, measured here (2-core CPU, built-in
+# model, strength 0.5, prompt "a painting", through VP8 both ways): 0.90 on every sample; the
+# same output against the card mirrored 0.27, the tiny random-weight model's output -0.04.
+STRUCTURE_KEPT = 0.7
+
+
+def card_picture(width: int = 640, height: int = 480) -> np.ndarray:
+    """A still camera picture with coarse structure: a checkerboard, a disc, colour blocks, a ramp."""
+    img = np.zeros((height, width, 3), np.uint8)
+    img[:] = np.linspace(40, 120, width).astype(np.uint8)[None, :, None]
+    sq = width // 8
+    for y in range(0, height // 2, sq):
+        for x in range(0, width // 2, sq):
+            if (x // sq + y // sq) % 2 == 0:
+                img[y:y + sq, x:x + sq] = 230
+    yy, xx = np.mgrid[:height, :width]
+    img[(yy - height // 3) ** 2 + (xx - 3 * width // 4) ** 2 < (height // 5) ** 2] = (250, 220, 60)
+    img[3 * height // 4:, :width // 2] = (20, 20, 160)
+    img[height // 2:, 5 * width // 8:] = (200, 40, 40)
+    return img
+
+
+def write_y4m(path: Path, rgb: np.ndarray, frames: int = 2) -> Path:
+    """`rgb` as a still Y4M clip (4:2:0), what Chromium's --use-file-for-fake-video-capture plays."""
+    import cv2
+
+    h, w = rgb.shape[:2]
+    yuv = cv2.cvtColor(rgb, cv2.COLOR_RGB2YUV_I420).tobytes()
+    with open(path, "wb") as f:
+        f.write(f"YUV4MPEG2 W{w} H{h} F30:1 Ip A1:1 C420jpeg\n".encode())
+        for _ in range(frames):
+            f.write(b"FRAME\n" + yuv)
+    return path
+
+
+def block_edges(rgb: np.ndarray, across: int = 16) -> np.ndarray:
+    """The edge strength between neighbouring block means of a frame's brightness (`across`
+    blocks side to side): its structure at a coarse scale (what a recognisable picture keeps
+    through the model and a video codec)."""
+    grey = rgb.astype(np.float32).mean(axis=2)
+    block = grey.shape[1] // across
+    h, w = grey.shape[0] // block, grey.shape[1] // block
+    means = grey[:h * block, :w * block].reshape(h, block, w, block).mean(axis=(1, 3))
+    return np.hypot(np.diff(means, axis=1)[:-1], np.diff(means, axis=0)[:, :-1]).ravel()
+
+
+def structure_kept(camera: np.ndarray, output: np.ndarray) -> float:
+    """Correlation of the two frames' block edges (1: the same structure, ~0: unrelated)."""
+    return float(np.corrcoef(block_edges(camera), block_edges(output))[0, 1])
 
 
 def free_port() -> int:
@@ -47,14 +118,15 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def server():
+    """The built-in image model at its own size (256, real time on this CPU)."""
     import torch
 
     from streamstudio.app.cli import build_parser
     from streamstudio.app.commands.serve import start_in_thread
 
     torch.set_num_threads(1)
-    args = build_parser().parse_args(["serve", "--model", "tiny", "--width", str(SIZE), "--height", str(SIZE),
-                                      "--port", str(free_port()), "--prompt", "a painting"])
+    args = build_parser().parse_args(["serve", "--model", "builtin", "--port", str(free_port()),
+                                      "--prompt", "a painting"])
     srv = start_in_thread(args)
     yield srv
     srv.close()
@@ -79,19 +151,37 @@ def chromium_page(flags: list[str] | None = None):
 
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (apt-get install chromium)")
-def test_browser_live_tab_shows_processed_frames(server):
+def test_browser_live_tab_shows_the_camera_through_the_model(server, tmp_path):
+    """A camera showing a still test card: the Live output is 256x192 (the camera's 4:3), drawn
+    scaled up, and keeps the card's structure; then Stop frees the stream and Text to image draws."""
+    from PIL import Image
+
     ARTIFACTS.mkdir(exist_ok=True)
-    with chromium_page() as page:
-        stats = _stream_in_page(page, server)
+    card = card_picture()
+    camera = write_y4m(tmp_path / "card.y4m", card)
+    with chromium_page(FLAGS + [f"--use-file-for-fake-video-capture={camera}"]) as page:
+        stats = _stream_in_page(page, server, BUILTIN)
+        frames = []
+        for _ in range(3):  # three moments of the output
+            rgb = page.evaluate(OUTPUT_FRAME_JS, list(BUILTIN))
+            frames.append(np.asarray(rgb, np.uint8).reshape(BUILTIN[1], BUILTIN[0], 3))
+            page.wait_for_timeout(300)
         freed = _stop_in_page(page, server)
         t2i_src = _text_to_image_in_page(page)
-    assert (stats["w"], stats["h"]) == (SIZE, SIZE), stats  # the processed stream, not the camera
-    assert stats["std"] > 3.0 and 5.0 < stats["mean"] < 250.0, stats  # a picture, not a blank frame
+    Image.fromarray(card).save(ARTIFACTS / "webapp_live_camera_card.png")
+    Image.fromarray(frames[-1]).save(ARTIFACTS / "webapp_live_output_frame.png")
+    assert (stats["w"], stats["h"]) == BUILTIN, stats  # the camera's aspect, the model's side
+    assert stats["shown_w"] >= 2 * stats["w"] and abs(stats["shown_w"] / stats["shown_h"] - 4 / 3) < 0.02, stats
+    small = np.asarray(Image.fromarray(card).resize(BUILTIN, Image.BOX))
+    kept = [structure_kept(small, frame) for frame in frames]
+    assert min(kept) > STRUCTURE_KEPT, kept
+    assert structure_kept(small[:, ::-1], frames[-1]) < STRUCTURE_KEPT  # (the check tells pictures apart)
     assert freed, "stopping the stream in the page did not free its session"
     assert t2i_src, "the text-to-image tab showed no image"
 
 
-def _stream_in_page(page, server, navigate: bool = True) -> dict:
+def _stream_in_page(page, server, size: tuple[int, int], navigate: bool = True) -> dict:
+    """Start the Live tab's camera; wait for the processed stream at `size` (width, height)."""
     if navigate:
         page.goto(server.url, timeout=90_000)
     page.get_by_text("Demo model").first.wait_for(timeout=90_000)  # the notice is shown
@@ -102,7 +192,7 @@ def _stream_in_page(page, server, navigate: bool = True) -> dict:
     stats = None
     while time.monotonic() < deadline:
         stats = page.evaluate(VIDEO_STATS_JS)
-        if stats and stats["w"] == SIZE and stats["std"] > 3.0:
+        if stats and (stats["w"], stats["h"]) == size and stats["std"] > 3.0:
             break
         page.wait_for_timeout(500)
     page.wait_for_timeout(1500)  # a few more frames, and the stats line
@@ -152,10 +242,10 @@ def test_browser_login_then_live_under_auth():
             page.get_by_label("username").fill("ann", timeout=60_000)
             page.get_by_label("password").fill("secret")
             page.get_by_role("button", name="Login").click()
-            stats = _stream_in_page(page, srv, navigate=False)  # the page reloads into the app
+            stats = _stream_in_page(page, srv, (SIZE, 48), navigate=False)  # the page reloads into the app
     finally:
         srv.close()
-    assert (stats["w"], stats["h"]) == (SIZE, SIZE), stats
+    assert (stats["w"], stats["h"]) == (SIZE, 48), stats  # the fake camera's 640x480 at the model's 64
 
 
 NO_CAMERA_FLAGS = [f for f in FLAGS if f != "--use-fake-device-for-media-stream"]  # permission granted, no device
@@ -192,7 +282,7 @@ VISIBLE_ERROR_PILLS_JS = """() => [...document.querySelectorAll('*')].filter(el 
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (apt-get install chromium)")
 def test_browser_walks_the_tabs(server, tmp_path):
-    """The Live tab's output at the model's size and aspect, Text to image stopping on Stop after
+    """The Live tab's output at the camera's aspect (Chromium's moving pattern), Text to image stopping on Stop after
     typing, Live output keeping its error, Splats re-rendering on Enter in a slider box, its time
     slider's round labels and one clear message for a bad upload; a screenshot of each tab."""
     ARTIFACTS.mkdir(exist_ok=True)
@@ -202,7 +292,7 @@ def test_browser_walks_the_tabs(server, tmp_path):
     for sid in server.manager.ids():  # an earlier test's text-to-image stream, left to its idle timeout
         server.manager.close(sid)
     with chromium_page() as page:
-        stats = _stream_in_page(page, server)
+        stats = _stream_in_page(page, server, BUILTIN)
         _stop_in_page(page, server)
         stopped = _t2i_stop_after_typing(page)
         output_status = _live_output_keeps_its_error(page)
@@ -210,7 +300,7 @@ def test_browser_walks_the_tabs(server, tmp_path):
         page.wait_for_timeout(500)
         page.screenshot(path=str(ARTIFACTS / "webapp_video_tab.png"), full_page=True)
         splats = _splats_in_page(page, bad)
-    assert (stats["w"], stats["h"]) == (SIZE, SIZE) and stats["w"] / stats["h"] == 1.0, stats  # the model's
+    assert (stats["w"], stats["h"]) == BUILTIN and stats["w"] / stats["h"] == 4 / 3, stats  # the camera's 640x480
     assert stopped["status"] == "Stopped." and stopped["src_before"] == stopped["src_after"], stopped
     assert all("No live stream" in text for text in output_status), output_status
     assert splats["enter_rerendered"], "Enter in the azimuth box did not re-render the view"
