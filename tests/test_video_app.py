@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 
 import numpy as np
 import pytest
@@ -172,12 +173,19 @@ def test_video_tab_callbacks():
     assert "stopped" in video_tab.stop(session)
     with pytest.raises(StreamStudioError):
         next(video_tab.generate(session, "  "))
-    outs = [video_tab.webcam_frame(session, np.full((48, 64, 3), 200, np.uint8), "a red circle", 0.5)
-            for _ in range(12)]
+    outs = []
+    for i in range(12):  # each webcam frame once the one before went through (a newer one replaces a waiting one)
+        outs.append(video_tab.webcam_frame(session, np.full((48, 64, 3), 200, np.uint8), "a red circle", 0.5))
+        runner = session.v2v.runner
+        deadline = time.monotonic() + 30
+        while runner.counts["out"] < i + 1 and runner.error is None and time.monotonic() < deadline:
+            time.sleep(0.01)
     assert outs[0] is None  # the buffer fills first (N*c frames)
     assert outs[-1] is not None and outs[-1].shape == (video_tab.DISPLAY_SIDE, video_tab.DISPLAY_SIDE, 3)
 
 
+    assert session.t2v.applied == "a yellow circle moving left"  # changed mid-stream
+    assert session.t2v.runner.metrics().frames_out == 12  # the frames went through a streaming.Runner
 @pytest.mark.slow  # importing gradio takes a while here
 def test_video_tab_builds():
     gr = pytest.importorskip("gradio")
@@ -185,6 +193,11 @@ def test_video_tab_builds():
         with gr.Tab("Video"):
             video_tab.build_video_tab()
     assert demo is not None
+    assert session.prompt == "a red circle" and session.v2v.applied == "a red circle"
+    m = session.v2v.runner.metrics()  # the webcam's frames went through a streaming.Runner
+    assert m.live and (m.frames_in, m.frames_out) == (12, 12)
+    video_tab.stop(session)
+    session.v2v.close()
 
 
 def test_cli_train_video_then_render_video(tmp_path, capsys):

@@ -1,52 +1,166 @@
 """The web app's Video tab: streaming text-to-video with mid-stream prompt changes, and
 video-to-video from the webcam, on the StreamDiT-style model (the built-in tiny one by default).
 
-`build_video_tab()` fills an open `gr.Tab`. The callbacks are plain functions over a
-`VideoSession` (one per browser session, kept in a `gr.State`) so they are tested without a UI.
+Each of the tab's streams is a `streaming.Runner` over a `PushSource`, as a web session of the
+image model is: the webcam's frames are handed in (the newest replaces one still waiting) and the
+newest output comes back at once; text to video hands in one request at a time and gets each
+frame in order. Their frames run in the loaded model's `ModelGuard` frame context and prompt
+changes, applied between frames, in its text context. `build_video_tab()` fills an open `gr.Tab`.
+The callbacks are plain functions over a `VideoSession` (one per browser session, kept in a
+`gr.State`) so they are tested without a UI.
 """
 
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Iterator
 
 import numpy as np
-import torch
 
-from streamstudio.app.commands.render_video import build_stream, load_video_model
+from streamstudio.app.commands.render_video import VideoFrames, build_stream, load_video_model
+from streamstudio.app.sessions import ModelGuard
 from streamstudio.errors import StreamStudioError
-from streamstudio.pipelines.stream_video import VideoStream
+from streamstudio.streaming.runner import Runner, RunnerConfig
+from streamstudio.streaming.sinks import NullSink
+from streamstudio.streaming.sources import DEFAULT_FPS, PushSource
 
 DEFAULT_PROMPT = "a red circle moving left"
 DISPLAY_SIDE = 256
 MAX_FRAMES = 2000
 
 
+@dataclass(frozen=True)
+class VideoModel:
+    """A loaded video model, shared by every session's streams (only read), and its one guard."""
+
+    model: object  # the StreamDiT network
+    meta: dict
+    guard: ModelGuard = field(default_factory=ModelGuard, compare=False)
+
+
 @lru_cache(maxsize=4)
-def cached_model(model: str | None = None):
-    """The model is loaded once per process and shared by sessions (it is only read)."""
-    return load_video_model(model)
+def cached_model(model: str | None = None) -> VideoModel:
+    """The model is loaded once per process and shared by sessions."""
+    return VideoModel(*load_video_model(model))
+
+
+class GuardedFrames(VideoFrames):
+    """A tab stream's processor (`processor(frame)`, one output per input): `VideoFrames` with its
+    network calls in the model guard's frame context. Text to video (`text`): the handed-in frame
+    only asks for the next frame. Video to video: the newest finished frame, black until the
+    buffer has filled (`finished` counts the frames made)."""
+
+    def __init__(self, stream, guard: ModelGuard, text: bool):
+        super().__init__(stream)
+        self.guard, self.text = guard, text
+        self.finished = 0
+        self._last: np.ndarray | None = None
+
+    def push(self, frame: np.ndarray | None) -> list[np.ndarray]:
+        with self.guard.frame():
+            out = super().push(frame)
+        self.finished += len(out)
+        return out
+
+    def __call__(self, frame: np.ndarray) -> np.ndarray:
+        out = self.push(None if self.text else frame)
+        if out:
+            self._last = out[-1]
+        if self._last is None:
+            height, width = self.stream.out_size
+            return np.zeros((height, width, 3), np.uint8)
+        return self._last
+
+    def set_prompt(self, prompt: str) -> None:
+        with self.guard.text():
+            self.stream.set_prompt(prompt)
+
+
+class TabStream:
+    """One stream of the tab: a Runner over a `PushSource` (`submit`) with the stream's
+    `GuardedFrames`, the session's prompt (`prompt()`) applied between frames when it changed,
+    and the newest output kept by its view (`latest()`, `wait(count)`)."""
+
+    def __init__(self, vm: VideoModel, prompt: Callable[[], str], *, strength: float, seed: int, text: bool):
+        self.prompt, self.applied = prompt, prompt()
+        stream = build_stream(vm.model, vm.meta, self.applied, strength=strength, seed=seed, width=DISPLAY_SIDE,
+                              height=DISPLAY_SIDE)
+        self.frames = GuardedFrames(stream, vm.guard, text)
+        self._tick = np.zeros((DISPLAY_SIDE, DISPLAY_SIDE, 3), np.uint8)  # text to video: "the next frame"
+        self._source = PushSource(DISPLAY_SIDE, DISPLAY_SIDE, maxsize=1, description="the Video tab")
+        self._view = NullSink("the page's view", DISPLAY_SIDE, DISPLAY_SIDE, DEFAULT_FPS)
+        self._outputs = 0
+        self._made = threading.Condition()
+        self.runner = Runner(self._source, self.frames, self._view, RunnerConfig(live=True, queue_size=1),
+                             on_input=self._between_frames, on_output=self._output).start()
+
+    def submit(self, frame: np.ndarray | None = None) -> None:
+        """Hand in a webcam frame (RGB uint8), or ask a text-to-video stream for its next frame
+        (nothing once the stream was closed)."""
+        try:
+            self._source.put(self._tick if frame is None else frame)
+        except StreamStudioError:
+            if self.running:  # (closed meanwhile: the frame is not wanted)
+                raise
+
+    def wait(self, count: int, timeout: float | None = None) -> bool:
+        """Wait until `count` outputs have come out in all; False when the stream stopped first
+        (or `timeout` s passed)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._made:
+            while self._outputs < count and not self.runner.stopped:  # (a failure stops it unannounced)
+                left = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
+                if left <= 0:
+                    break
+                self._made.wait(left)
+            return self._outputs >= count
+
+    def latest(self) -> np.ndarray | None:
+        """The newest finished frame (None until the stream's buffer has filled)."""
+        return self._view.last if self.frames.finished else None
+
+    @property
+    def running(self) -> bool:
+        return not self.runner.stopped
+
+    def close(self) -> None:
+        self._source.close()
+        self.runner.stop(interrupted=False)
+        with self._made:
+            self._made.notify_all()
+
+    def _between_frames(self, pts: float) -> None:  # the runner's processing thread
+        prompt = self.prompt()
+        if prompt != self.applied:  # a prompt change made while streaming: from the next chunk on
+            self.frames.set_prompt(prompt)
+            self.applied = prompt
+
+    def _output(self, frame: np.ndarray, pts: float) -> None:  # the runner's output thread
+        with self._made:
+            self._outputs += 1
+            self._made.notify_all()
 
 
 @dataclass
 class VideoSession:
     model: str | None = None  # None = the built-in tiny model
     prompt: str = DEFAULT_PROMPT
-    stop_requested: bool = False
-    t2v: VideoStream | None = None
-    v2v: VideoStream | None = None
+    t2v: TabStream | None = None
+    v2v: TabStream | None = None
     v2v_strength: float = 0.0
-    last_frame: np.ndarray | None = None  # newest text-to-video frame
-    cam_frame: np.ndarray | None = None  # newest video-to-video frame
     frames_made: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def stream(self, strength: float, seed: int) -> VideoStream:
-        model, meta = cached_model(self.model)
-        return build_stream(model, meta, self.prompt, strength=strength, seed=seed, width=DISPLAY_SIDE,
-                            height=DISPLAY_SIDE)
+    def stream(self, strength: float, seed: int, text: bool) -> TabStream:
+        return TabStream(cached_model(self.model), lambda: self.prompt, strength=strength, seed=seed, text=text)
+
+    def close(self) -> None:
+        """End the session's streams (the browser session is gone)."""
+        for stream in (self.t2v, self.v2v):
+            if stream is not None:
+                stream.close()
 
 
 def generate(session: VideoSession, prompt: str, seed: int = 0, max_frames: int = MAX_FRAMES
@@ -55,20 +169,22 @@ def generate(session: VideoSession, prompt: str, seed: int = 0, max_frames: int 
     prompt = (prompt or "").strip()
     if not prompt:
         raise StreamStudioError("write a prompt first, e.g. 'a blue square moving up'")
-    session.prompt, session.stop_requested = prompt, False
-    session.t2v = session.stream(1.0, int(seed))
+    session.prompt = prompt
+    if session.t2v is not None:
+        session.t2v.close()
+    session.t2v = t2v = session.stream(1.0, int(seed), text=True)
     session.frames_made = 0
-    applied = prompt
-    while not session.stop_requested and session.frames_made < max_frames:
-        if session.prompt != applied:  # a prompt change made while streaming
-            applied = session.prompt
-            session.t2v.set_prompt(applied)
-        with torch.inference_mode():
-            chunk = session.t2v.push(None)
-        for frame in chunk[: max_frames - session.frames_made]:
+    try:
+        while session.frames_made < max_frames:
+            t2v.submit()
+            if not t2v.wait(session.frames_made + 1):
+                break  # stopped (Stop, or a failure: raised below)
             session.frames_made += 1
-            session.last_frame = frame
-            yield frame, f"frame {session.frames_made} · {applied}"
+            yield t2v.latest(), f"frame {session.frames_made} · {t2v.applied}"
+        if t2v.runner.error is not None:
+            raise t2v.runner.error
+    finally:
+        t2v.close()
 
 
 def change_prompt(session: VideoSession, prompt: str) -> str:
@@ -77,34 +193,28 @@ def change_prompt(session: VideoSession, prompt: str) -> str:
     if not prompt:
         return "prompt unchanged (empty)"
     session.prompt = prompt
-    if session.v2v is not None:
-        session.v2v.set_prompt(prompt)
     return f"prompt: {prompt}"
 
 
 def stop(session: VideoSession) -> str:
-    session.stop_requested = True
+    if session.t2v is not None:
+        session.t2v.close()
     return f"stopped after {session.frames_made} frames"
 
 
 def webcam_frame(session: VideoSession, frame: np.ndarray | None, prompt: str, strength: float,
                  seed: int = 0) -> np.ndarray | None:
-    """Video-to-video: one webcam frame in, the newest finished frame out (None until the buffer
-    has filled). A new strength restarts the stream."""
-    if frame is None:
-        return session.cam_frame
+    """Video-to-video: hand in one webcam frame, get the newest finished frame back at once (None
+    until the buffer has filled). A new strength restarts the stream."""
     if prompt and prompt.strip() and prompt.strip() != session.prompt:
         change_prompt(session, prompt)
-    with session.lock:
-        if session.v2v is None or abs(session.v2v_strength - strength) > 1e-6:
-            session.v2v = session.stream(float(strength), int(seed))
-            session.v2v_strength, session.cam_frame = strength, None
-        frame = np.ascontiguousarray(frame[..., :3]).astype(np.uint8, copy=False)
-        with torch.inference_mode():
-            out = session.v2v.push(frame)
-    if out:
-        session.cam_frame = out[-1]
-    return session.cam_frame
+    if frame is not None:
+        if session.v2v is None or not session.v2v.running or abs(session.v2v_strength - strength) > 1e-6:
+            if session.v2v is not None:
+                session.v2v.close()
+            session.v2v, session.v2v_strength = session.stream(float(strength), int(seed), text=False), strength
+        session.v2v.submit(np.ascontiguousarray(frame[..., :3]).astype(np.uint8, copy=False))
+    return None if session.v2v is None else session.v2v.latest()
 
 
 def build_video_tab() -> None:
@@ -114,7 +224,7 @@ def build_video_tab() -> None:
     from streamstudio.app.settings import widget
     from streamstudio.pipelines.live_settings import SETTINGS
 
-    state = gr.State(lambda: VideoSession())
+    state = gr.State(lambda: VideoSession(), delete_callback=VideoSession.close)  # its threads end with the page
     gr.Markdown("Streaming video diffusion (StreamDiT-style buffer). The built-in model is tiny (32x32 pixels, "
                 "trained on CPU on moving coloured shapes): try *a blue square moving up*, then change the colour "
                 "while it plays.")
