@@ -170,6 +170,8 @@ def test_video_tab_callbacks():
     assert "yellow" in video_tab.change_prompt(session, "a yellow circle moving left")
     rest = [f for f, s in gen]
     assert len(rest) == 11 and session.prompt == "a yellow circle moving left"
+    assert session.t2v.applied == "a yellow circle moving left"  # changed mid-stream
+    assert session.t2v.runner.metrics().frames_out == 12  # the frames went through a streaming.Runner
     assert "stopped" in video_tab.stop(session)
     with pytest.raises(StreamStudioError):
         next(video_tab.generate(session, "  "))
@@ -182,10 +184,13 @@ def test_video_tab_callbacks():
             time.sleep(0.01)
     assert outs[0] is None  # the buffer fills first (N*c frames)
     assert outs[-1] is not None and outs[-1].shape == (video_tab.DISPLAY_SIDE, video_tab.DISPLAY_SIDE, 3)
+    assert session.prompt == "a red circle" and session.v2v.applied == "a red circle"
+    m = session.v2v.runner.metrics()  # the webcam's frames went through a streaming.Runner
+    assert m.live and (m.frames_in, m.frames_out) == (12, 12)
+    video_tab.stop(session)
+    session.v2v.close()
 
 
-    assert session.t2v.applied == "a yellow circle moving left"  # changed mid-stream
-    assert session.t2v.runner.metrics().frames_out == 12  # the frames went through a streaming.Runner
 @pytest.mark.slow  # importing gradio takes a while here
 def test_video_tab_builds():
     gr = pytest.importorskip("gradio")
@@ -193,11 +198,6 @@ def test_video_tab_builds():
         with gr.Tab("Video"):
             video_tab.build_video_tab()
     assert demo is not None
-    assert session.prompt == "a red circle" and session.v2v.applied == "a red circle"
-    m = session.v2v.runner.metrics()  # the webcam's frames went through a streaming.Runner
-    assert m.live and (m.frames_in, m.frames_out) == (12, 12)
-    video_tab.stop(session)
-    session.v2v.close()
 
 
 def test_cli_train_video_then_render_video(tmp_path, capsys):
