@@ -675,11 +675,16 @@ def test_benchmark_stream_diffusion_on_a_gpu(fake_gpu, monkeypatch, tmp_path, ti
     monkeypatch.setattr(bench, "sd_turbo_architecture", lambda device, dtype: (sizes.append(dtype), tiny)[1])
     monkeypatch.setattr(bench, "measure", lambda comps, size, frames, steps, full, rounds: (sizes.append(size), dict(one))[1])
     monkeypatch.setattr(bench, "ssf_static_rate", lambda comps: 0.5)
+    addons = {k: 1.1 for k in ("controlnet_1_cost", "controlnet_2_cost", "lora_fused_cost", "lora_unfused_cost")}
+    monkeypatch.setattr(bench, "sdxl_architecture", lambda big, device, dtype: (sizes.append("sdxl"), tiny)[1])
+    monkeypatch.setattr(bench, "measure_addons", lambda comps, size, frames, rounds, sdxl=None:
+                        dict(addons, **({"sdxl_arch_cost": 2.0} if sdxl is not None else {})))
     out = tmp_path / "sd.json"
     bench.main(["--device", "cuda", "--threads", str(torch.get_num_threads()), "--out", str(out)])
     result = json.loads(out.read_text())
     assert result["device"] == GPU_NAME and result["sd_turbo_arch"]["fps_1step_512"] == pytest.approx(100.0)
-    assert sizes == [64, torch.float16, 512]
+    assert sizes == [64, torch.float16, 512, "sdxl"]  # the SDXL add-on row runs on a GPU
+    assert result["addons_measured_on"] == "sd_turbo_arch" and result["sdxl_arch_cost"] == 2.0
 
 
 def test_benchmark_splats_on_a_gpu(fake_gpu, monkeypatch, tmp_path):
