@@ -34,9 +34,11 @@ LIVE_KEYS = live_keys()  # the Live tab's controls, in order (pipelines/live_set
 # for 500x500, which Chrome crops every camera to; the stream's size follows the camera's aspect).
 CAMERA_CONSTRAINTS = {"facingMode": "user", "height": {"ideal": 480}, "frameRate": {"ideal": 30}}
 
-# Small outputs (a 64x64 demo model, a 256 px image) are drawn at the panel's size, not as stamps.
+# Small outputs (a 64x64 demo model, a 256 px image) are drawn at the panel's size, not as stamps
+# (the Live tab's video fills the panel's width; a portrait camera's stays within the window).
 CSS = """
 .scaled-up img { width: 100%; height: 100%; object-fit: contain; }
+#live-webrtc video { max-height: 75vh; object-fit: contain; }
 #live-camera-note:empty { display: none; }
 #live-camera-note { padding: 10px 14px; border-radius: 8px; border: 1px solid var(--error-border-color, #ef4444);
   background: var(--error-background-fill, #fef2f2); color: var(--error-text-color, #b91c1c); }
