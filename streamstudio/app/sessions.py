@@ -302,7 +302,7 @@ class StreamSession:
         if self.closed:
             return
         self.last_seen = time.monotonic()
-        if self._size is None:
+        if self._size is None and frame is not None:
             with self._lock:  # (set before the frame goes in: the runner builds the pipeline at this size)
                 if self._size is None:
                     h, w = frame.shape[:2]
