@@ -200,6 +200,24 @@ def test_video_tab_callbacks():
     session.v2v.close()
 
 
+def test_video_tab_stop_and_a_failure(monkeypatch):
+    """Stop ends a text-to-video stream (its runner stops; the generator ends within a frame or
+    two); a failure in a stream's runner reaches the page as a StreamStudioError."""
+    session = video_tab.VideoSession()
+    gen = video_tab.generate(session, "a blue square moving up", max_frames=500)
+    next(gen)
+    assert "stopped after 1 frames" in video_tab.stop(session)
+    assert len(list(gen)) <= 2 and not session.t2v.running
+
+    def boom(self, frame):
+        raise RuntimeError("kaput")
+
+    monkeypatch.setattr(video_tab.GuardedFrames, "push", boom)
+    with pytest.raises(StreamStudioError, match="kaput"):
+        list(video_tab.generate(session, "a blue square moving up", max_frames=3))
+    assert not session.t2v.running
+
+
 @pytest.mark.slow  # importing gradio takes a while here
 def test_video_tab_builds():
     gr = pytest.importorskip("gradio")
