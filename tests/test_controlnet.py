@@ -316,3 +316,35 @@ def test_no_upload_or_extra_sync_per_frame(sd):
     plain = make_pipe(comps, [], cfg_type="none")
     plain(frames[0]), plain(frames[1])
     assert syncs(pipe, frames[2]) == syncs(plain, frames[2])
+
+
+def test_warm_up_feeds_every_field_the_model_takes(tmp_path):
+    """The acceleration warm-up's example condition (SDComponents.example_cond) carries SDXL's
+    pooled text and time ids, the ControlNets' images and scales and IP-Adapter's embedding:
+    the UNet takes it (an SDXL UNet refuses a call without them) and its fields are the ones a
+    stream's calls have, so a compiled graph is not compiled again at the first frame."""
+    from test_ip_adapter import write_tiny_ip_adapter
+
+    from streamstudio.models.acceleration import BatchPlan, warm_up
+    from streamstudio.models.ip_adapter import IPAdapter
+    from streamstudio.models.loading import load_components
+
+    xl = load_components("tiny-sdxl")
+    xl.controlnets = [tiny_controlnet(xl.unet)]
+    xl.ip_adapter = IPAdapter(xl, str(write_tiny_ip_adapter(xl.unet, tmp_path / "ip")))
+    plan = BatchPlan.for_streams(height=SIZE, width=SIZE, steps=2, cfg_types=["self"])
+    assert warm_up(xl, plan) > 0
+    pipe = make_pipe(xl, xl.controlnets, steps=2)
+    seen = []
+    recorder = lambda m, a, kw: seen.append(kw)  # noqa: E731
+    handle = xl.unet.register_forward_pre_hook(recorder, with_kwargs=True)
+    try:
+        pipe(stream_frames(1)[0])
+        stream_calls = len(seen)
+        warm_up(xl, plan)
+    finally:
+        handle.remove()
+    stream_call, warm_call = seen[stream_calls - 1], seen[-1]  # the stream's last UNet call, a warm-up call
+    assert stream_call["added_cond_kwargs"].keys() == warm_call["added_cond_kwargs"].keys() == \
+        {"text_embeds", "time_ids", "image_embeds"}
+    assert len(stream_call["down_block_additional_residuals"]) == len(warm_call["down_block_additional_residuals"])

@@ -38,7 +38,7 @@ from streamstudio.kernels.reference import CFG_CODES
 from streamstudio.kernels.tensorrt.build import PRECISIONS, ShapeRange, ensure_engine
 from streamstudio.kernels.tensorrt.cache import EngineCache
 from streamstudio.kernels.tensorrt.export import ExportSpec, OnnxCheck, check_onnx, export_onnx
-from streamstudio.models.export_specs import (IMAGE_PARTS, EngineImageNet, VideoEngine, image_specs, text_dim,
+from streamstudio.models.export_specs import (IMAGE_PARTS, EngineImageNet, VideoEngine, image_specs,
                                              video_export_spec)
 from streamstudio.models.image_net import ImageCond, ImageNet, WrappedImageNet, broadcast
 from streamstudio.models.loading import SDComponents
@@ -211,12 +211,6 @@ def apply_acceleration(comps: SDComponents, mode: str, *, engine_dir: str | Path
     return _tensorrt(comps, engine_dir, shapes, precision, cuda_graphs, parts, plan)
 
 
-def text_shape(comps: SDComponents) -> tuple[int, int]:
-    """(tokens, width) of the text embeddings the UNet takes."""
-    tokens = int(getattr(comps.tokenizer, "model_max_length", 77))
-    return tokens, text_dim(comps.unet, comps.text_encoder.config.hidden_size)
-
-
 def warm_up(comps: SDComponents, plan: BatchPlan, *, repeats: int | None = None,
             run: "callable | None" = None) -> int:
     """Run the seam's eps, encode and decode once (CUDA: three times, so CUDA graphs are
@@ -228,7 +222,6 @@ def warm_up(comps: SDComponents, plan: BatchPlan, *, repeats: int | None = None,
     device, dtype = net.device, net.dtype
     repeats = repeats if repeats is not None else (3 if device.type == "cuda" else 1)
     h, w = plan.height // net.latent_scale, plan.width // net.latent_scale
-    tokens, width = text_shape(comps)
     calls = 0
 
     def job():
@@ -237,7 +230,7 @@ def warm_up(comps: SDComponents, plan: BatchPlan, *, repeats: int | None = None,
             for b in plan.sizes["unet"]:
                 x = torch.zeros((b, net.latent_channels, h, w), device=device, dtype=dtype)  # (B, 4, h, w)
                 t = torch.full((b,), 999, device=device, dtype=torch.long)  # (B,)
-                cond = ImageCond(text=torch.zeros((b, tokens, width), device=device, dtype=dtype))  # (B, L, D)
+                cond = comps.example_cond(b, plan.height, plan.width, device, dtype)  # every field the model takes
                 for _ in range(repeats):
                     net.eps(x, t, cond)
                     calls += 1

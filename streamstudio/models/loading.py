@@ -73,6 +73,29 @@ class SDComponents:
     def vae_scale_factor(self) -> int:
         return latent_scale(self.vae)
 
+    def example_cond(self, rows: int, height: int, width: int, device: torch.device, dtype: torch.dtype):
+        """A condition of `rows` rows (zeros) with every field this model's UNet call takes: the
+        text embeddings, SDXL's pooled text and time ids, the ControlNets' images and scales,
+        IP-Adapter's image embedding (what warm-ups and exports feed the seam)."""
+        from streamstudio.models.image_net import ImageCond
+
+        def zeros(*shape, kind=dtype):
+            return torch.zeros((rows, *shape), device=device, dtype=kind)
+
+        tokens = int(getattr(self.tokenizer, "model_max_length", 77))
+        dim = getattr(getattr(self.unet, "config", None), "cross_attention_dim", None) \
+            or self.text_encoder.config.hidden_size  # the built-in UNet: its text encoder's width
+        fields = {"text": zeros(tokens, int(dim[0] if isinstance(dim, (list, tuple)) else dim))}  # (B, L, D)
+        if self.is_sdxl:
+            fields["text_embeds"] = zeros(int(self.text_encoder_2.config.projection_dim))  # (B, P)
+            fields["time_ids"] = zeros(6)  # (B, 6)
+        if self.controlnets:
+            fields["control"] = tuple(zeros(3, height, width) for _ in self.controlnets)  # n x (B, 3, H, W)
+            fields["control_scale"] = zeros(len(self.controlnets), kind=torch.float32)  # (B, n)
+        if self.ip_adapter is not None:
+            fields["image_embeds"] = zeros(1, int(self.ip_adapter.image_encoder.config.projection_dim))  # (B, 1, D)
+        return ImageCond(**fields)
+
     def to(self, device: torch.device, dtype: torch.dtype) -> "SDComponents":
         for module in (self.unet, self.vae, self.text_encoder, self.text_encoder_2):
             if module is None:
