@@ -348,3 +348,28 @@ def test_warm_up_feeds_every_field_the_model_takes(tmp_path):
     assert stream_call["added_cond_kwargs"].keys() == warm_call["added_cond_kwargs"].keys() == \
         {"text_embeds", "time_ids", "image_embeds"}
     assert len(stream_call["down_block_additional_residuals"]) == len(warm_call["down_block_additional_residuals"])
+
+
+@pytest.mark.slow
+def test_unet_export_with_sdxl_fields_and_a_controlnet_matches_onnxruntime(tmp_path):
+    """The TensorRT path's ONNX export of the UNet call (models/export_specs.image_specs) takes
+    every field of the model's condition as an input (SDXL's pooled text and time ids, the
+    ControlNet's image at pixel size and its scale) and computes what the eager call does
+    (onnxruntime at another batch and size); the engine's cache identity covers the ControlNet."""
+    pytest.importorskip("onnxruntime")
+    from streamstudio.kernels.tensorrt.cache import model_identity
+    from streamstudio.kernels.tensorrt.export import check_onnx, export_onnx
+    from streamstudio.models.export_specs import image_specs
+    from streamstudio.models.loading import load_components
+
+    xl = load_components("tiny-sdxl")
+    xl.controlnets = [tiny_controlnet(xl.unet)]
+    spec = image_specs(xl, ("unet",))[0]
+    path = export_onnx(spec, tmp_path / "unet" / "model.onnx", batch=2, height=64, width=64)
+    result = check_onnx(spec, path, batch=1, height=96, width=128)
+    assert result.rel_error < 1e-3
+    assert result.shapes["control_0"] == (1, 3, 96, 128) and result.shapes["time_ids"] == (1, 6)
+    before = model_identity(spec.source)
+    with torch.no_grad():
+        xl.controlnets[0].controlnet_mid_block.weight.mul_(2)
+    assert model_identity(image_specs(xl, ("unet",))[0].source) != before

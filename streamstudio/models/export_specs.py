@@ -45,6 +45,7 @@ class EpsExport(nn.Module):
     def __init__(self, net: DiffusersImageNet, layout: Layout):
         super().__init__()
         self.unet = net.unet  # registered: its weights are the graph's
+        self.controlnets = nn.ModuleList(net.controlnets)  # and the ControlNets' (their residuals are in the call)
         self.net, self.layout = net, layout
 
     def forward(self, sample, timestep, *cond):  # (B, 4, h, w), (B,), ImageCond's tensors
@@ -75,23 +76,32 @@ def text_dim(unet: nn.Module, default: int = 768) -> int:
     return int(dim[0] if isinstance(dim, (list, tuple)) else dim)
 
 
-def eps_spec(net: DiffusersImageNet, text_len: int = 77) -> ExportSpec:
+def eps_spec(net: DiffusersImageNet, text_len: int = 77, cond: Callable | None = None) -> ExportSpec:
+    """The UNet call's spec. `cond(b, h, w, device, dtype)`: a condition of b rows with every
+    field the model takes at h x w pixels (`SDComponents.example_cond`: SDXL's pooled text and
+    time ids, ControlNet images and scales, IP-Adapter's embedding); None: text only. The
+    engine's identity (its cache key) covers the ControlNets' weights with the UNet's."""
     channels, scale, width = net.latent_channels, net.latent_scale, text_dim(net.unet)
 
-    def example_cond(b, device, dtype, gen) -> ImageCond:
-        return ImageCond(text=random_normal((b, text_len, width), device, dtype, gen))
+    def example_cond(b, h, w, device, dtype, gen) -> ImageCond:
+        if cond is None:
+            return ImageCond(text=random_normal((b, text_len, width), device, dtype, gen))
+        return cond(b, h, w, device, dtype).map(lambda t: random_normal(tuple(t.shape), device, t.dtype, gen))
 
     def make(b, h, w, device, dtype, gen):
         return {"sample": random_normal((b, channels, h // scale, w // scale), device, dtype, gen),
                 "timestep": random_uniform((b,), 0.0, 999.0, device, torch.float32, gen),
-                **cond_feeds(example_cond(b, device, dtype, gen))}
+                **cond_feeds(example_cond(b, h, w, device, dtype, gen))}
 
     meta = torch.device("meta")
-    layout = example_cond(1, meta, torch.float32, None).flatten()[0]
+    layout = example_cond(1, 8 * scale, 8 * scale, meta, torch.float32, None).flatten()[0]
     names = list(make(1, 8 * scale, 8 * scale, meta, torch.float32, None))
     latent_axes = {0: "batch", 2: "latent_height", 3: "latent_width"}
-    axes = {name: {0: "batch"} for name in names} | {"sample": latent_axes, "latent": latent_axes}
-    return ExportSpec("unet", EpsExport(net, layout).eval(), net.unet, names, ["latent"], axes, make)
+    image_axes = {0: "batch", 2: "height", 3: "width"}  # the ControlNets' images are pixels
+    axes = {name: {0: "batch"} for name in names} | {"sample": latent_axes, "latent": latent_axes} | \
+        {name: image_axes for name in names if name.startswith("control_") and name != "control_scale"}
+    source = nn.ModuleList([net.unet, *net.controlnets]) if net.controlnets else net.unet
+    return ExportSpec("unet", EpsExport(net, layout).eval(), source, names, ["latent"], axes, make)
 
 
 def vae_encoder_spec(net: DiffusersImageNet) -> ExportSpec:
@@ -119,7 +129,7 @@ def image_specs(comps, parts: tuple[str, ...] = IMAGE_PARTS) -> list[ExportSpec]
     """Export specs of an SDComponents' image networks (UNet, VAE encoder, VAE decoder)."""
     net = comps.net.eager
     text_len = int(getattr(comps.tokenizer, "model_max_length", 77))
-    makers = {"unet": lambda: eps_spec(net, text_len), "vae_encoder": lambda: vae_encoder_spec(net),
+    makers = {"unet": lambda: eps_spec(net, text_len, comps.example_cond), "vae_encoder": lambda: vae_encoder_spec(net),
               "vae_decoder": lambda: vae_decoder_spec(net)}
     unknown = [p for p in parts if p not in makers]
     if unknown:
