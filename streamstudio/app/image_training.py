@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from streamstudio.device import pick_device
 from streamstudio.errors import StreamStudioError
 from streamstudio.models import builtin_image, image_data
+from streamstudio.models.image_net import DiffusersImageNet, ImageCond
 from streamstudio.models.tiny import SCHEDULER_CONFIG
 
 log = logging.getLogger(__name__)
@@ -264,24 +265,23 @@ class ImageTrainer:
         cfg = self.cfg
         seed = (cfg.seed * 1_000_003 + step) * 2 + 1
         images, targets, prompts = image_data.styled_batch(seed, cfg.batch_size, cfg.size, cfg.style_share)
-        vae, unet = self.parts["vae"], self.parts["unet"]
-        scale = vae.config.scaling_factor
+        net = DiffusersImageNet(self.parts["unet"], self.parts["vae"])  # the pipeline's seam (scaled latents)
         x_target = targets.to(self.device) * 2 - 1
         with torch.no_grad():
-            z_in = vae.encode(images.to(self.device) * 2 - 1).latents * scale  # (B, 4, s, s)
-            z_out = vae.encode(x_target).latents * scale
+            z_in = net.encode(images.to(self.device) * 2 - 1)  # (B, 4, s, s)
+            z_out = net.encode(x_target)
         gen = torch.Generator().manual_seed(seed + 1)
         t = self._timesteps(gen, cfg.batch_size).to(self.device)
         noise = torch.randn(z_in.shape, generator=gen).to(self.device)
         abar = self.abar[t].view(-1, 1, 1, 1)
         alpha, beta = abar.sqrt(), (1 - abar).sqrt()
         x = alpha * z_in + beta * noise
-        eps = unet(x, t, encoder_hidden_states=self.encode_text(prompts)).sample
+        eps = net.eps(x, t, ImageCond(text=self.encode_text(prompts)))
         x0 = (x - beta * eps) / alpha  # the pipeline's turbo step
         w = (abar / self.abar[self.t_default]).clamp(0.05, 1.0)  # txt2img's x0 is 14x the eps error
         loss = ((x0 - z_out).pow(2) * w).mean()
         if cfg.pixel_weight:
-            rec = vae.decode(x0 / scale).sample
+            rec = net.decode(x0)  # through the frozen decoder
             loss = loss + cfg.pixel_weight * (w * (rec - x_target).abs()).mean()
         return loss
 
