@@ -373,3 +373,27 @@ def test_unet_export_with_sdxl_fields_and_a_controlnet_matches_onnxruntime(tmp_p
     with torch.no_grad():
         xl.controlnets[0].controlnet_mid_block.weight.mul_(2)
     assert model_identity(image_specs(xl, ("unet",))[0].source) != before
+
+
+def test_web_api_control_scales_reach_the_session_stream(sd):
+    """The web API's settings check takes control_scales (the session's own scales, per row) and
+    a session applies them to its stream; wrong values are one clear error."""
+    from streamstudio.app.settings import parse_settings
+    from streamstudio.app.sessions import ServerModel
+    from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+
+    comps, nets = sd
+    assert parse_settings({"control_scales": [0.8, 1]}) == {"control_scales": [0.8, 1.0]}
+    for bad in ([], [True], ["1"], [11.0], 0.5):
+        with pytest.raises(StreamStudioError, match="control_scales is a list"):
+            parse_settings({"control_scales": bad})
+    shared = dataclasses.replace(comps, controlnets=list(nets), control_defaults=[("canny", 1.0), ("none", 1.0)])
+    model = ServerModel(shared, StreamDiffusionConfig(width=SIZE, height=SIZE, steps=2), prompt="a cat")
+    try:
+        pipe = model.build("img2img")
+        pipe.update(**parse_settings({"control_scales": [0.25, 0.0], "guidance_scale": 1.1}))
+        assert [u.scale for u in pipe.control.units] == [0.25, 0.0] and pipe.config.guidance_scale == 1.1
+        with pytest.raises(StreamStudioError, match="one scale per ControlNet"):
+            pipe.update(**parse_settings({"control_scales": [0.5]}))
+    finally:
+        model.close()

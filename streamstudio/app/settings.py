@@ -22,10 +22,26 @@ def parse_settings(raw: dict) -> dict:
     if not isinstance(raw, dict):
         raise StreamStudioError("settings must be a JSON object")
     table = {s.name: s for s in live_settings.live_settings()}
-    unknown = sorted(set(raw) - set(table))
+    unknown = sorted(set(raw) - set(table) - {CONTROL_SCALES})
     if unknown:
-        raise StreamStudioError(f"unknown setting(s) {', '.join(map(str, unknown))}; known: {', '.join(table)}")
-    return {key: _parse_one(table[key], value) for key, value in raw.items()}
+        raise StreamStudioError(f"unknown setting(s) {', '.join(map(str, unknown))}; known: {', '.join(table)}, "
+                                f"{CONTROL_SCALES}")
+    return {key: _parse_control_scales(value) if key == CONTROL_SCALES else _parse_one(table[key], value)
+            for key, value in raw.items()}
+
+
+CONTROL_SCALES = "control_scales"  # a session's ControlNet conditioning scales, one per --controlnet
+MAX_CONTROLNETS = 8
+
+
+def _parse_control_scales(value) -> list[float]:
+    """A list of numbers in [-10, 10], one per ControlNet of the model (the stream checks the
+    count); they are the session's own (per-row scales), not the shared model's."""
+    if not isinstance(value, (list, tuple)) or not 1 <= len(value) <= MAX_CONTROLNETS or any(
+            isinstance(v, bool) or not isinstance(v, (int, float)) or not -10 <= v <= 10 for v in value):
+        raise StreamStudioError(f"{CONTROL_SCALES} is a list of 1 to {MAX_CONTROLNETS} numbers in [-10, 10], one per "
+                                f"ControlNet, e.g. [0.8, 0.5]; got {value!r}")
+    return [float(v) for v in value]
 
 
 def _parse_one(setting: LiveSetting, value):
