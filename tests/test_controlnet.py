@@ -192,7 +192,7 @@ def test_scale_zero_stream_is_the_plain_stream_and_scale_is_live(sd):
     assert any(not np.array_equal(a, b) for a, b in zip(plain, aligned(live, inputs)))
     with pytest.raises(StreamStudioError, match="no ControlNet"):
         make_pipe(comps, []).set_control_scale(0, 1.0)
-    with pytest.raises(StreamStudioError, match="img2img"):
+    with pytest.raises(StreamStudioError, match="control picture"):
         make_pipe(comps, nets, mode="txt2img").push(None)
 
 
@@ -397,3 +397,36 @@ def test_web_api_control_scales_reach_the_session_stream(sd):
             pipe.update(**parse_settings({"control_scales": [0.5]}))
     finally:
         model.close()
+
+
+def test_txt2img_with_a_control_picture(sd, tmp_path, capsys):
+    """txt2img with ControlNets: one control picture, preprocessed once, controls every image;
+    through generate's --control-image too."""
+    from PIL import Image
+
+    from streamstudio.app.cli import main
+
+    comps, nets = sd
+    picture = np.zeros((48, 48, 3), np.uint8)
+    picture[:, 24:] = 255  # a step: fitted to the stream's 32x32, then its canny edges
+    pipe = make_pipe(comps, nets[:1], preprocessor="canny", mode="txt2img", steps=2)
+    pipe.set_control_image(picture)
+    images = pipe.generate(3)
+    assert len(images) == 3 and pipe.control.runs == 1
+    zero = make_pipe(comps, nets[:1], [0.0], preprocessor="canny", mode="txt2img", steps=2)
+    zero.set_control_image(picture)
+    plain = make_pipe(comps, [], mode="txt2img", steps=2).generate(3)
+    assert all(np.array_equal(a, b) for a, b in zip(plain, zero.generate(3)))
+    assert any(not np.array_equal(a, b) for a, b in zip(plain, images))
+    with pytest.raises(StreamStudioError, match="img2img stream takes"):
+        make_pipe(comps, nets[:1]).set_control_image(picture)
+
+    nets[0].save_pretrained(tmp_path / "net")
+    Image.fromarray(picture).save(tmp_path / "edges.png")
+    common = ["generate", "--model", "tiny", "--prompt", "a fox", "--width", "32", "--height", "32",
+              "--controlnet", str(tmp_path / "net")]
+    assert main([*common, "--output", str(tmp_path / "out"), "--num-images", "2", "--control-image",
+                 str(tmp_path / "edges.png")]) == 0
+    assert len(list((tmp_path / "out").glob("*.png"))) == 2
+    assert main([*common, "--output", str(tmp_path / "x")]) == 1
+    assert "control picture" in capsys.readouterr().err

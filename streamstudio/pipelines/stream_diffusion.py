@@ -259,6 +259,18 @@ class StreamDiffusion:
         self._negative = self._encoded(self.prompts.negative, negative_prompt)
 
     # ------------------------------------------------------------------ ControlNet, IP-Adapter, LoRA
+    def set_control_image(self, image) -> None:
+        """txt2img with ControlNets: the picture (HxWx3 uint8 RGB) every frame is controlled by,
+        fitted to the stream's size and preprocessed once, here."""
+        if self.control is None:
+            raise StreamStudioError("this model has no ControlNet (--controlnet)")
+        if self.config.mode != "txt2img":
+            raise StreamStudioError("an img2img stream takes its control images from its input frames")
+        frames = to_frames(image, self.config.frame_buffer_size)  # (k, H, W, 3) uint8
+        x = kernels.preprocess(self._upload(frames), self.config.height, self.config.width, self.dtype)
+        with torch.inference_mode():
+            self._fields = {"control": self.control.images((x.float() + 1) / 2)}  # n x (k, 3, H, W) in [0, 1]
+
     def set_control_scale(self, index: int, scale: float) -> None:
         """ControlNet `index`'s conditioning scale, from the next call on (0: as without it)."""
         if self.control is None:
@@ -451,8 +463,9 @@ class StreamDiffusion:
         if self.config.mode == "txt2img":
             if image is not None:
                 raise StreamStudioError("this stream is txt2img; it takes no input image")
-            if self.control is not None:
-                raise StreamStudioError("ControlNets take their control images from the input frames: use img2img")
+            if self.control is not None and self._fields is None:
+                raise StreamStudioError("a txt2img stream with ControlNets needs a control picture (set_control_image, "
+                                        "--control-image); img2img takes the input frames'")
             return None, False
         if image is None:
             raise StreamStudioError("this stream is img2img; give it an image")

@@ -39,6 +39,8 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--control-preprocessor", action="append", default=[], metavar="NAME",
                    help="the preprocessor of each --controlnet, in the same order: canny (default), depth, lineart, "
                         "softedge or none (the frame itself)")
+    g.add_argument("--control-image", default=None, metavar="FILE",
+                   help="txt2img with --controlnet: the picture every image is controlled by (preprocessed once)")
     g.add_argument("--ip-adapter", default=None, metavar="ID_OR_PATH[:scale]",
                    help="an IP-Adapter (h94/IP-Adapter, or a .safetensors file with image_encoder/ beside it); "
                         "needs --ip-image")
@@ -110,15 +112,25 @@ def build_pipeline(args, mode: str, serving: bool = False, aspect: float | None 
         print(f"note: {note}")
     pipe = StreamDiffusion(comps, config, prompt=args.prompt, negative_prompt=args.negative_prompt)
     if getattr(args, "ip_image", None):
-        import numpy as np
-        from PIL import Image, UnidentifiedImageError
-
-        try:
-            with Image.open(args.ip_image) as im:
-                pipe.set_reference(np.asarray(im.convert("RGB")))
-        except (OSError, UnidentifiedImageError) as exc:
-            raise StreamStudioError(f"--ip-image {args.ip_image!r} is not a readable image ({exc})") from exc
+        pipe.set_reference(_read_picture(args.ip_image, "--ip-image"))
+    if getattr(args, "control_image", None):
+        if mode != "txt2img":
+            raise StreamStudioError("--control-image is for txt2img (no --input); img2img controls each input frame "
+                                    "by itself")
+        pipe.set_control_image(_read_picture(args.control_image, "--control-image"))
     return pipe
+
+
+def _read_picture(path: str, flag: str):
+    """An image file as HxWx3 uint8 RGB, or a clear error naming the flag."""
+    import numpy as np
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as im:
+            return np.asarray(im.convert("RGB"))
+    except (OSError, UnidentifiedImageError) as exc:
+        raise StreamStudioError(f"{flag} {path!r} is not a readable image ({exc})") from exc
 
 
 def _add_control_networks(args, comps, device, dtype):
