@@ -225,3 +225,20 @@ def test_sdxl_stream_conditions_like_diffusers(tiny_xl):
     torch.testing.assert_close(kw["added_cond_kwargs"]["text_embeds"][rows:], pooled.expand(rows, -1))
     torch.testing.assert_close(kw["added_cond_kwargs"]["text_embeds"][:rows], negative_pooled.expand(rows, -1))
     torch.testing.assert_close(kw["added_cond_kwargs"]["time_ids"], ids.expand(2 * rows, -1))
+
+
+def test_sdxl_prompt_blend_blends_the_pooled_text_too(tiny_xl):
+    """A blend of prompts is field by field: SDXL's pooled text is blended like its token states."""
+    from streamstudio.pipelines.prompt_encoder import PromptEncoder
+
+    enc = PromptEncoder(tiny_xl.tokenizer, tiny_xl.text_encoder, torch.device("cpu"), torch.float32,
+                        tiny_xl.tokenizer_2, tiny_xl.text_encoder_2)
+    a, b = enc.encode("a red fox"), enc.encode("a blue lake")
+    mix = enc.blend([("a red fox", 3.0), ("a blue lake", 1.0)])
+    torch.testing.assert_close(mix.text, 0.75 * a.text + 0.25 * b.text)
+    torch.testing.assert_close(mix.text_embeds, 0.75 * a.text_embeds + 0.25 * b.text_embeds)
+    ref = sdxl.encode_prompts(["a red fox"], [tiny_xl.tokenizer, tiny_xl.tokenizer_2],
+                              [tiny_xl.text_encoder, tiny_xl.text_encoder_2], torch.device("cpu"), torch.float32)
+    assert torch.equal(a.text, ref.embeds) and torch.equal(a.text_embeds, ref.pooled)
+    assert torch.equal(enc.negative("").text_embeds, torch.zeros_like(a.text_embeds))
+    assert torch.equal(enc.negative("blurry").text, enc.encode("blurry").text)
