@@ -206,3 +206,21 @@ def test_stream_update_lora_scale_reencodes_prompts(comps, tiny_components_facto
     pipe.update(lora_scales={lora.name: 0.0})
     assert pipe.stats.text_encodes > encodes  # the prompts went through the changed text encoder again
     assert all(np.array_equal(a, b) for a, b in zip(base, run(pipe)))
+
+
+def test_the_page_lists_the_loaded_loras_with_their_scales(comps, tmp_path):
+    from streamstudio.app.sessions import ServerModel, SessionManager
+    from streamstudio.app.ui import model_banner
+    from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+
+    make_lora(comps, tmp_path / "style")
+    comps.loras = LoraSet(comps)
+    comps.loras.add(f"{tmp_path / 'style'}:0.7")
+    manager = SessionManager(ServerModel(comps, StreamDiffusionConfig(width=32, height=32), prompt="a cat"),
+                             max_streams=1, owns_model=True)
+    try:
+        assert f"LoRA `{tmp_path / 'style'}` × 0.7" in model_banner(manager)
+        comps.loras.set_scale("style", 0.25)
+        assert "× 0.25" in model_banner(manager)
+    finally:
+        manager.shutdown()

@@ -82,6 +82,9 @@ def model_banner(manager: SessionManager) -> str:
     model = manager.model
     w, h = model.size
     text = f"**Model:** `{model.name}` · {w}x{h} · up to {manager.max_streams} live stream(s)"
+    comps = getattr(model, "comps", None)  # a served model's networks (stand-ins in tests have none)
+    for line in comps.addon_lines() if comps is not None else []:  # LoRAs, ControlNets, IP-Adapter, scales
+        text += f" · {line}"
     if model.is_demo and model.name == "tiny":
         text += ("\n\n> **Demo model.** The built-in tiny model with random weights is running (its images "
                  f"are noise-like patterns), because no real weights are available. {HOW_TO_GET_A_MODEL}")

@@ -73,6 +73,18 @@ class SDComponents:
     def vae_scale_factor(self) -> int:
         return latent_scale(self.vae)
 
+    def addon_lines(self) -> list[str]:
+        """What is plugged into the model, one line each (the UI lists them): the LoRAs with their
+        scales, the ControlNets with the preprocessors and scales streams start from, the IP-Adapter."""
+        lines = [f"LoRA `{source}` × {scale:g}" for source, scale in (self.loras.listing() if self.loras else [])]
+        defaults = self.control_defaults or [("canny", 1.0)] * len(self.controlnets)
+        for net, (kind, scale) in zip(self.controlnets, defaults):
+            name = getattr(net.config, "_name_or_path", "") or type(net).__name__
+            lines.append(f"ControlNet `{name}` ({kind}) × {scale:g}")
+        if self.ip_adapter is not None:
+            lines.append(f"IP-Adapter `{self.ip_adapter.source}` × {self.ip_adapter.scale:g}")
+        return lines
+
     def example_cond(self, rows: int, height: int, width: int, device: torch.device, dtype: torch.dtype):
         """A condition of `rows` rows (zeros) with every field this model's UNet call takes: the
         text embeddings, SDXL's pooled text and time ids, the ControlNets' images and scales,
