@@ -153,3 +153,27 @@ def test_generate_with_ip_adapter_flags(comps, tmp_path, capsys):
     assert "IP-Adapter: " in capsys.readouterr().out and len(list((tmp_path / "a").glob("*.png"))) == 1
     assert main([*common, "--output", str(tmp_path / "b"), "--ip-adapter", str(path)]) == 1
     assert "--ip-image" in capsys.readouterr().err
+
+
+def test_ip_adapter_on_sdxl(tmp_path):
+    """SDXL: the adapter installs in the SDXL UNet (its image embedding joins the pooled text and
+    time ids in the added conditioning); scale 0 is the stream without it."""
+    import dataclasses
+
+    from streamstudio.models.loading import load_components
+    from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+
+    xl = load_components("tiny-sdxl")
+    frames = [np.random.default_rng(i).integers(0, 256, (32, 32, 3), dtype=np.uint8) for i in range(3)]
+    config = StreamDiffusionConfig(width=32, height=32, steps=2, strength=0.7)
+
+    def run(pipe):
+        return [o for f in frames for o in pipe.push(f)] + pipe.flush()
+
+    plain = run(StreamDiffusion(xl, config, prompt="a fox"))
+    ip = IPAdapter(xl, f"{write_tiny_ip_adapter(xl.unet, tmp_path / 'ip')}:0")
+    pipe = StreamDiffusion(dataclasses.replace(xl, ip_adapter=ip), config, prompt="a fox")
+    pipe.set_reference(reference_image())
+    assert all(np.abs(a.astype(int) - b.astype(int)).max() <= 1 for a, b in zip(plain, run(pipe)))
+    pipe.update(ip_adapter_scale=1.0)
+    assert any(np.abs(a.astype(int) - b.astype(int)).max() > 1 for a, b in zip(plain, run(pipe)))
