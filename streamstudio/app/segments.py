@@ -289,7 +289,7 @@ def render_piece(pipe_for: Callable[[float | None], object], args, piece: Piece,
         raise
     sink = WindowSink(inner, window, on_frame)
     schedule = load_schedule(args.prompt_schedule, args.transition) if args.prompt_schedule else None
-    on_input = (lambda pts: schedule.apply(pipe.set_prompt, pts)) if schedule else None
+    on_input = (lambda pts: schedule.apply_to(pipe, pts)) if schedule else None  # prompt and scales
     limit = None if args.max_frames is None else args.max_frames - window.first  # counted from the warm-up's start
     Runner(WindowSource(source, window), fitted, sink, RunnerConfig(live=False, max_frames=limit),
            on_input=on_input).run()

@@ -40,7 +40,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                          "hls:DIR, virtualcam or null")
     io.add_argument("--config", default=None, help="a YAML file with any of these settings (dashes or underscores)")
     io.add_argument("--prompt-schedule", default=None,
-                    help="a file of prompts at timestamps, blended over --transition seconds (see docs/streaming.md)")
+                    help="a file of prompts (and ControlNet / IP-Adapter scales) at timestamps, blended over --transition "
+                         "seconds (see docs/streaming.md)")
     io.add_argument("--transition", type=float, default=None, help="prompt-schedule blend seconds (default 1)")
     io.add_argument("--fps", type=float, default=None,
                     help="output frame rate (default: the input's). A video file at another rate is resampled "
@@ -233,6 +234,8 @@ def _run_image(args) -> int:
         live = source.info.live if args.mode == "auto" else args.mode == "live"
         aspect = source.info.width / source.info.height if source.info.width and source.info.height else None
         pipe = FittedFrames(build_pipeline(args, "img2img", aspect=aspect), getattr(args, "fit", "crop"))
+        if schedule is not None:
+            schedule.check(pipe)  # its scales fit the model's ControlNets and IP-Adapter
         fps = args.fps or source.info.fps
         # a file keeps its audio in live mode too: output frames carry their input's timestamps, so
         # the audio stays in step where frames were dropped (live inputs have none to copy)
@@ -242,7 +245,7 @@ def _run_image(args) -> int:
     except BaseException:
         source.close()
         raise
-    on_input = (lambda pts: schedule.apply(pipe.set_prompt, pts)) if schedule else None
+    on_input = (lambda pts: schedule.apply_to(pipe, pts)) if schedule else None  # prompt and scales
     fitted = "" if aspect is None or abs(aspect - pipe.config.width / pipe.config.height) < 0.01 else f" ({args.fit})"
     print(f"render: {source.info.description} -> {args.output} ({'live' if live else 'offline'}, "
           f"{pipe.config.width}x{pipe.config.height}{fitted} @ {fps:g} fps, model {pipe.comps.name}, "
