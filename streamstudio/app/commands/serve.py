@@ -36,6 +36,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--auth", default=None, metavar="USER:PASS",
                    help="require this login (default: $STREAMSTUDIO_AUTH when set)")
     p.add_argument("--max-streams", type=int, default=4, help="concurrent live streams at most (default 4)")
+    p.add_argument("--gpus", type=int, default=1,
+                   help="model replicas, one per GPU (cuda:0 .. N-1; with --device cpu, N CPU replicas), each with "
+                        "its own batching and --max-streams streams; a new stream goes to the least-loaded one "
+                        "(app/replicas.py)")
     p.add_argument("--idle-timeout", type=float, default=20.0,
                    help="free a stream that sent no frame for this many seconds (default 20)")
     p.add_argument("--max-upload-size", default="20mb", help="largest upload accepted (default 20mb)")
@@ -161,8 +165,13 @@ def build_app(args, model=None):
     guard = guard_config(args)
     guard.self_auth_prefixes = ("/whip", "/whep")  # they take a bearer token (app/whip.py)
     rtc = webrtc.rtc_config_from_env()
-    manager = SessionManager(model or build_model(args), max_streams=args.max_streams,
-                             idle_timeout=args.idle_timeout, owns_model=model is None)
+    if model is None and getattr(args, "gpus", 1) != 1:  # N replicas of the model (app/replicas.py)
+        from streamstudio.app.replicas import build_manager
+
+        manager = build_manager(args)
+    else:
+        manager = SessionManager(model or build_model(args), max_streams=args.max_streams,
+                                 idle_timeout=args.idle_timeout, owns_model=model is None)
     # With a login, the API's docs are not served at all (FastAPI would serve them to anyone).
     docs = {} if guard.auth is None else {"docs_url": None, "redoc_url": None, "openapi_url": None}
     app = FastAPI(title="StreamStudio", **docs)

@@ -1,0 +1,97 @@
+"""`serve --gpus N` (app/replicas.py): sessions over N model replicas (CPU replicas of the tiny
+model here): least-loaded placement, busy only when every replica is full, a failed replica's
+sessions stop with a clear error while the others keep streaming, reconnects go elsewhere."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from test_webapp_sessions import frame, wait_output
+
+from streamstudio.app.batching import BatchingConfig
+from streamstudio.app.replicas import ReplicaModel, ReplicaSessionManager, replica_devices
+from streamstudio.app.sessions import BusyError
+from streamstudio.errors import StreamStudioError
+from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+
+
+@pytest.fixture
+def manager(tiny_components_factory):
+    torch.set_num_threads(1)
+    models = [ReplicaModel(tiny_components_factory(), StreamDiffusionConfig(width=64, height=64, steps=2),
+                           prompt="a cat", batching=BatchingConfig()) for _ in range(2)]
+    m = ReplicaSessionManager(models, ["cpu", "cpu"], max_streams=2, idle_timeout=30.0, owns_model=True)
+    yield m
+    m.shutdown()
+
+
+def test_sessions_go_to_the_least_loaded_replica_and_busy_only_when_all_are_full(manager):
+    sessions = [manager.open(f"s{i}") for i in range(4)]
+    assert [manager.replica_of(s.sid).index for s in sessions] == [0, 1, 0, 1]
+    assert not manager.has_capacity()
+    with pytest.raises(BusyError, match="all 2 model replica"):
+        manager.open("s4")
+    manager.close("s1")
+    assert manager.replica_of(manager.open("s5").sid).index == 1  # the replica with room
+    for s in sessions[:1]:
+        s.submit(frame())
+        wait_output(s)
+
+
+def test_a_failed_replica_ends_only_its_own_sessions(manager, monkeypatch):
+    a, b, c = (manager.open(sid) for sid in ("a", "b", "c"))  # replicas 0, 1, 0
+    broken = manager.replicas[1].model.comps.unet
+
+    def fault(*args, **kwargs):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(broken, "forward", fault)
+    for s in (a, b, c):
+        s.submit(frame())
+    wait_output(a)
+    deadline = time.monotonic() + 20
+    while b.error is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert "model replica 1 (cpu) failed (RuntimeError: CUDA error" in b.error and "reconnect" in b.error
+    for n, value in enumerate((40, 80, 120), start=2):  # the other replica's sessions go on
+        a.submit(frame(value))
+        c.submit(frame(value))
+        wait_output(a, n)
+    wait_output(c, 2)
+    assert a.error is None and c.error is None
+    with pytest.raises(BusyError, match="all 1 model replica"):
+        manager.open("d")  # replica 0 is full and the failed replica takes nobody
+    manager.close("b")
+    manager.close("c")
+    d = manager.open("d")  # a reconnect: on the healthy replica
+    assert manager.replica_of("d").index == 0
+    d.submit(frame())
+    wait_output(d)
+
+
+def test_replica_devices(monkeypatch):
+    from types import SimpleNamespace
+
+    assert replica_devices(SimpleNamespace(gpus=3, device="cpu")) == ["cpu"] * 3
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert replica_devices(SimpleNamespace(gpus=2, device="auto")) == ["cuda:0", "cuda:1"]
+    with pytest.raises(StreamStudioError, match="--gpus 4, but this machine has 2 CUDA GPU"):
+        replica_devices(SimpleNamespace(gpus=4, device="auto"))
+
+
+def test_serve_gpus_builds_a_replica_per_device():
+    from streamstudio.app.cli import build_parser
+    from streamstudio.app.replicas import build_manager
+
+    args = build_parser(["serve"]).parse_args(["serve", "--model", "tiny", "--gpus", "2", "--device", "cpu",
+                                               "--width", "64", "--height", "64", "--max-streams", "3"])
+    manager = build_manager(args)
+    try:
+        a, b = manager.replicas
+        assert (a.device, b.device, manager.per_replica, manager.max_streams) == ("cpu", "cpu", 3, 6)
+        assert a.model.comps is not b.model.comps and a.model.executor is not b.model.executor  # own model, own batching
+        assert manager.model is a.model
+    finally:
+        manager.shutdown()
