@@ -69,6 +69,10 @@ def test_a_failed_replica_ends_only_its_own_sessions(manager, monkeypatch):
     assert manager.replica_of("d").index == 0
     d.submit(frame())
     wait_output(d)
+    manager.replicas[0].model.executor.close()  # the last replica's executor ends: nothing takes streams
+    manager.close("a")
+    with pytest.raises(BusyError, match="every model replica failed"):
+        manager.open("f")
 
 
 def test_replica_devices(monkeypatch):

@@ -97,16 +97,28 @@ class ReplicaSessionManager(SessionManager):
                          preset_ttl=preset_ttl, owns_model=owns_model)
 
     def busy_message(self) -> str:
-        healthy = [r for r in self.replicas if r.failed is None]
+        healthy = self._healthy()
+        if not healthy:
+            return ("StreamStudio cannot take live streams: every model replica failed "
+                    f"({self.replicas[0].failed}); the server's admin must restart it.")
         return (f"StreamStudio is busy: all {len(healthy)} model replica(s) are full ({self.per_replica} live "
                 f"stream(s) each). Try again in a minute (the server's admin can raise --max-streams or --gpus).")
+
+    def _healthy(self) -> list[Replica]:
+        """Replicas that take streams; one whose batching executor has stopped is failed too."""
+        for replica in self.replicas:
+            executor = replica.model.executor
+            if replica.failed is None and executor is not None and executor.closed:
+                replica.failed = (f"{replica.name} stopped (its batching executor ended); reconnect to continue "
+                                  "on another replica")
+        return [r for r in self.replicas if r.failed is None]
 
     def has_capacity(self) -> bool:
         with self._lock:
             return self._pick() is not None
 
     def _pick(self) -> Replica | None:
-        room = [r for r in self.replicas if r.failed is None and len(r.sessions) < self.per_replica]
+        room = [r for r in self._healthy() if len(r.sessions) < self.per_replica]
         return min(room, key=lambda r: (len(r.sessions), r.index), default=None)
 
     def open(self, sid: str, mode: str = "img2img") -> StreamSession:
