@@ -282,6 +282,7 @@ class StreamSession:
         self.sid, self.model, self.mode = sid, model, mode
         self.created = self.last_seen = time.monotonic()
         self.notice: str | None = None  # a rejected setting; the stream goes on
+        self.last_frame: np.ndarray | None = None  # the newest frame handed in (RGB uint8)
         self._pending: dict = dict(settings or {})
         self._applied: dict = {}
         self._lock = threading.Lock()
@@ -302,6 +303,8 @@ class StreamSession:
         if self.closed:
             return
         self.last_seen = time.monotonic()
+        if frame is not None:
+            self.last_frame = frame  # the camera's newest picture (the Live tab's "use as reference")
         if self._size is None and frame is not None:
             with self._lock:  # (set before the frame goes in: the runner builds the pipeline at this size)
                 if self._size is None:

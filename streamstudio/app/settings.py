@@ -84,14 +84,28 @@ def live_keys() -> tuple[str, ...]:
     return tuple(s.name for s in live_settings.tab_settings())
 
 
+def control_scale_key(index: int) -> str:
+    """The Live tab's key of ControlNet `index`'s scale slider ("control_scales.0"); the sliders'
+    values are handed on as one `control_scales` list."""
+    return f"{CONTROL_SCALES}.{index}"
+
+
 def settings_from_ui(keys, values) -> dict:
-    """Settings from the UI controls' values (Gradio gives numbers as floats, may give None)."""
+    """Settings from the UI controls' values (Gradio gives numbers as floats, may give None); the
+    ControlNet sliders' (`control_scale_key`) become one control_scales list, in net order."""
     table = live_settings.SETTINGS
-    out = {}
+    out, scales = {}, {}
     for key, value in zip(keys, values):
-        if value is not None:
-            kind = table[key].kind
-            out[key] = int(value) if kind is int else bool(value) if kind is bool else value
+        if value is None:
+            continue
+        name, dot, index = key.partition(".")
+        if dot and name == CONTROL_SCALES:
+            scales[int(index)] = float(value)
+            continue
+        kind = table[key].kind
+        out[key] = int(value) if kind is int else bool(value) if kind is bool else value
+    if scales:
+        out[CONTROL_SCALES] = [scales[i] for i in sorted(scales)]
     return out
 
 

@@ -18,9 +18,10 @@ import gradio as gr
 import numpy as np
 
 from streamstudio.app.sessions import BusyError, GuardedPipeline, SessionManager, StreamSession
-from streamstudio.app.settings import live_controls, live_keys, settings_from_ui, widget
+from streamstudio.app.settings import control_scale_key, live_controls, live_keys, settings_from_ui, widget
 from streamstudio.app.webrtc import LiveHandler, live_component
 from streamstudio.errors import StreamStudioError
+from streamstudio.frames import to_rgb
 from streamstudio.models.loading import DEFAULT_MODEL, download_command
 from streamstudio.streaming.runner import Attachment
 from streamstudio.streaming.sinks import open_sink
@@ -194,6 +195,8 @@ def _live_tab(manager: SessionManager, rtc_config: dict | None, host: str | None
             whep = gr.Markdown("", elem_id="live-whep")
         with gr.Column(scale=2):
             controls = live_controls(manager.model.config, manager.model.prompt, manager.model.negative_prompt)
+            controls |= addon_controls(manager.model)  # the ControlNets' scales: with the controls above
+            _ip_adapter_controls(manager, webrtc)
     # The component checks nothing itself beyond a generous cap; the session manager says "busy".
     webrtc.stream(LiveHandler(manager, tuple(controls)), inputs=[webrtc, *controls.values()], outputs=[webrtc],
                   concurrency_limit=2 * manager.max_streams + 2)
@@ -207,6 +210,82 @@ def _live_tab(manager: SessionManager, rtc_config: dict | None, host: str | None
     timer.tick(whep_url, inputs=[webrtc], outputs=[whep], show_progress="hidden", queue=False)
     _fallback(manager, controls)
     return webrtc
+
+
+# ---------------------------------------------------------------------- the model's add-ons
+def addon_controls(model) -> dict:
+    """The Live tab's ControlNet sliders {control_scale_key(i): slider}, one per ControlNet of the
+    served model, labelled with its id and preprocessor and starting at the scale streams start
+    from; none without ControlNets. They go to the session with the Live tab's other controls
+    (`settings_from_ui` makes them one control_scales list): each session's own scales."""
+    comps = getattr(model, "comps", None)  # (stand-ins in tests have none)
+    nets = list(getattr(comps, "controlnets", None) or [])
+    defaults = (getattr(comps, "control_defaults", None) or [("canny", 1.0)] * len(nets))
+    sliders = {}
+    for i, (net, (kind, scale)) in enumerate(zip(nets, defaults)):
+        name = getattr(getattr(net, "config", None), "_name_or_path", "") or type(net).__name__
+        sliders[control_scale_key(i)] = gr.Slider(
+            min(0.0, scale), max(2.0, scale), value=scale, step=0.05, elem_id=f"live-control-scale-{i}",
+            label=f"ControlNet {i + 1}: {name} ({kind}) conditioning scale")
+    return sliders
+
+
+def _ip_adapter_controls(manager: SessionManager, webrtc) -> None:
+    """The IP-Adapter's scale and reference picture (an upload, or the camera's current frame);
+    nothing without an IP-Adapter. The adapter is the shared model's: they change every stream."""
+    ip = getattr(getattr(manager.model, "comps", None), "ip_adapter", None)
+    if ip is None:
+        return
+    with gr.Group(elem_id="live-ip-adapter"):
+        gr.Markdown(f"**IP-Adapter** `{ip.source}`: a reference picture steers the images. The adapter is the "
+                    "server's model's, so its scale and reference apply to every stream on this server.")
+        scale = gr.Slider(min(0.0, ip.scale), max(2.0, ip.scale), value=ip.scale, step=0.05,
+                          label="IP-Adapter scale", elem_id="live-ip-scale")
+        reference = gr.Image(sources=["upload"], type="numpy", label="Reference picture", height=160,
+                             elem_id="live-ip-reference")
+        grab = gr.Button("Use the camera's current frame as the reference", elem_id="live-ip-grab")
+        status = gr.Markdown("", elem_id="live-ip-status")
+
+    def grab_frame(value, request: gr.Request):
+        image, text = grab_reference(manager, [live_id(value), f"fallback-{request.session_hash}"])
+        return (gr.update() if image is None else image), text
+
+    scale.release(lambda value: set_ip_adapter(manager, scale=value), inputs=[scale], outputs=[status])
+    reference.upload(lambda image: set_ip_adapter(manager, reference=image), inputs=[reference], outputs=[status])
+    grab.click(grab_frame, inputs=[webrtc], outputs=[reference, status])
+
+
+def set_ip_adapter(manager: SessionManager, scale=None, reference=None) -> str:
+    """Set the served model's IP-Adapter scale and/or reference picture (any image; its embedding
+    is computed here, once per new picture), under the model's guard; returns what the page says."""
+    import torch
+
+    ip = getattr(manager.model.comps, "ip_adapter", None)
+    if ip is None:
+        return "⚠️ This model has no IP-Adapter (serve --ip-adapter ID)."
+    try:
+        with manager.model.guard.text():
+            if scale is not None:
+                ip.set_scale(float(scale))
+            if reference is not None:
+                pixels = torch.from_numpy(to_rgb(reference)).permute(2, 0, 1).float() / 255.0  # (3, H, W)
+                ip.set_reference(pixels)
+    except StreamStudioError as exc:
+        return f"⚠️ {exc}"
+    return (f"IP-Adapter scale {ip.scale:g}; "
+            + ("no reference picture yet." if ip.embeds is None else "reference set (every stream uses it)."))
+
+
+def grab_reference(manager: SessionManager, sids) -> tuple[np.ndarray | None, str]:
+    """The newest camera frame of the first running session of `sids` as the IP-Adapter's
+    reference: (that frame, status), or (None, why not)."""
+    for sid in sids:
+        session = manager.get(sid) if sid else None
+        frame = None if session is None else session.last_frame
+        if frame is not None:
+            frame = frame.copy()
+            return frame, set_ip_adapter(manager, reference=frame)
+    return None, "⚠️ No camera picture yet: start the Live tab's camera first."
 
 
 def whep_text(manager: SessionManager, sid: str | None, request=None) -> str:
