@@ -78,7 +78,7 @@ def batch_inputs(spec: str | None) -> list[Path] | None:
         if not files:
             raise StreamStudioError(f"input list {listing} names no files")
         return files
-    if "," in spec and not Path(spec).exists():
+    if "," in spec and "://" not in spec and not Path(spec).exists():  # (a stream URL may hold commas)
         return [Path(p.strip()).expanduser() for p in spec.split(",") if p.strip()]
     path = Path(spec).expanduser()
     if path.is_dir():
