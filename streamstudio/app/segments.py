@@ -162,7 +162,7 @@ class Window:
                     if self.filter is None or not self.filter.should_skip(x):
                         started = True
                         if state is not None:  # the filter's state where the whole-file run has it
-                            self._pipe._filter = state  # (StreamDiffusion has no public setter for it)
+                            self._pipe.resume_filter(state)
                 elif self.filter is not None:
                     self.filter.should_skip(x)  # replayed: decisions and random draws as in the whole file
                 if not started:
@@ -260,8 +260,6 @@ def render_piece(pipe_for: Callable[[float | None], object], args, piece: Piece,
     `pipe_for(aspect)` gives for the input's aspect ratio (a StreamDiffusion of the input's size,
     used by one job at a time, as `render` builds it). Returns the frames written."""
     from streamstudio.app.commands.render import FittedFrames, rtmp_config
-    from streamstudio.kernels import preprocess
-    from streamstudio.pipelines.stream_diffusion import to_frames
     from streamstudio.streaming.runner import Runner, RunnerConfig
     from streamstudio.streaming.schedule import load_schedule
 
@@ -275,7 +273,7 @@ def render_piece(pipe_for: Callable[[float | None], object], args, piece: Piece,
         cfg = pipe.config
 
         def prepare(image):  # the pipeline's own input path up to its similarity filter
-            return preprocess(to_frames(fitted._fit(image), 1).to(pipe.device), cfg.height, cfg.width, pipe.dtype)
+            return pipe.filter_input(fitted.fit_frame(image))
 
         window = Window(pipe, piece, prepare)
         fps = args.fps or info.fps

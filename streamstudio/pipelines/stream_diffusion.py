@@ -458,6 +458,17 @@ class StreamDiffusion:
         self._last_out_latent = out  # latent feedback: blended into the next input
         return out, group
 
+    def filter_input(self, image) -> torch.Tensor:
+        """`image` preprocessed as the pipeline takes it in: (k, 3, H, W) in [-1, 1], what the
+        similarity filter compares (a replay of the filter over earlier frames feeds it this)."""
+        frames = to_frames(image, self.config.frame_buffer_size)  # (k, H, W, 3) uint8
+        return kernels.preprocess(self._upload(frames), self.config.height, self.config.width, self.dtype)
+
+    def resume_filter(self, state: SimilarityFilter) -> None:
+        """Continue from a similarity filter replayed elsewhere: a segment of a longer file
+        starts with the filter where the whole-file run has it (app/segments.py)."""
+        self._filter = state
+
     def _input_latents(self, image) -> tuple[torch.Tensor | None, bool]:
         """Convert the input; returns (latents or None for txt2img, skipped by the filter)."""
         if self.config.mode == "txt2img":
@@ -469,8 +480,7 @@ class StreamDiffusion:
             return None, False
         if image is None:
             raise StreamStudioError("this stream is img2img; give it an image")
-        frames = to_frames(image, self.config.frame_buffer_size)  # (k, H, W, 3) uint8
-        x = kernels.preprocess(self._upload(frames), self.config.height, self.config.width, self.dtype)
+        x = self.filter_input(image)
         self.stats.frames_in += x.shape[0]
         if self.config.similarity_filter and self._last_out is not None and self._filter.should_skip(x):
             self.stats.skipped += x.shape[0]

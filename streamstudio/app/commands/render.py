@@ -277,15 +277,15 @@ class FittedFrames:
     def __init__(self, pipe, fit: str = "crop"):
         self.pipe, self.fit = pipe, fit
 
-    def _fit(self, frame):
+    def fit_frame(self, frame):
         cfg = self.pipe.config
         return frame if frame is None else fit_aspect(frame, cfg.width, cfg.height, self.fit)
 
     def push(self, frame):
-        return self.pipe.push(self._fit(frame))
+        return self.pipe.push(self.fit_frame(frame))
 
     def __call__(self, frame):
-        return self.pipe(self._fit(frame))
+        return self.pipe(self.fit_frame(frame))
 
     def flush(self):
         return self.pipe.flush()
