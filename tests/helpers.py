@@ -112,6 +112,7 @@ class SpecEngine:
 
     def __init__(self, spec):
         self.spec = spec
+        self.input_names = list(spec.input_names)  # as TRTEngine's: what the engine takes
         self.calls = 0
         self.shapes = []
 

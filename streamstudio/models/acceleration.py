@@ -5,7 +5,9 @@
               mode="reduce-overhead" on a GPU; plain inductor on CPU);
 - "tensorrt": fp16 TensorRT engines of the seam's three calls (TAESD too), built once into the
               engine cache (`models/export_specs.py`). Without TensorRT (or a GPU) it says so
-              once and keeps the torch path.
+              once and keeps the torch path. The UNet engine holds the ControlNets and the
+              IP-Adapter (their images, embedding and scales are inputs); with LoRAs it is
+              rebuilt when they change (not refit).
 
 Either way the result is SDComponents whose `net` (the seam, `models/image_net.py`) is the
 accelerated variant; `unet` and `vae` stay the diffusers modules.
@@ -341,30 +343,70 @@ def _tensorrt_missing(device: torch.device) -> str | None:
 
 def _tensorrt(comps: SDComponents, engine_dir, shapes: ShapeRange | None, precision: str, cuda_graphs: bool,
               parts: tuple[str, ...], plan: BatchPlan | None = None) -> SDComponents:
+    """Engines of the seam's calls. The UNet's covers its ControlNets (their images at the plan's
+    pixel size, their scales) and IP-Adapter's embedding and scale (models/export_specs.eps_spec);
+    with LoRAs it is rebuilt when they change (`EngineImageNet.watch`)."""
     device = comps.net.device
     missing = _tensorrt_missing(device)
     if missing:
         return replace(comps, notes=[*comps.notes, missing])
-    from streamstudio.kernels.tensorrt.runtime import TRTEngine
+    from streamstudio.kernels.tensorrt import runtime
 
     cache = EngineCache(engine_dir)
-    engines: dict[str, TRTEngine] = {}
-    for spec in image_specs(comps, parts):
+
+    def load(spec: ExportSpec):
         rng = engine_shapes(spec.name, plan, shapes)
+        path = ensure_engine(spec, cache, rng, precision=precision)
+        engine = runtime.TRTEngine(path, device, cuda_graphs=cuda_graphs)
+        if plan is not None and cuda_graphs:  # every shape that will be sent, captured before streams run
+            engine.capture_all([spec.input_shapes(b, plan.height, plan.width) for b in plan.sizes[spec.name]])
+        return engine
+
+    engines: dict[str, object] = {}
+    for spec in image_specs(comps, parts):
         try:
-            path = ensure_engine(spec, cache, rng, precision=precision)
-            engines[spec.name] = TRTEngine(path, device, cuda_graphs=cuda_graphs)
+            engines[spec.name] = load(spec)
         except Exception as exc:  # a parser / builder failure keeps that network on torch
             say_once(f"TensorRT engine for {spec.name} failed ({exc}); that network stays on the torch path")
-            continue
-        if plan is not None and cuda_graphs:  # every shape that will be sent, captured before streams run
-            engines[spec.name].capture_all([spec.input_shapes(b, plan.height, plan.width)
-                                            for b in plan.sizes[spec.name]])
-    net = EngineImageNet(comps.net, engines.get("unet"), engines.get("vae_encoder"), engines.get("vae_decoder"))
+    rebuild = watch = None
+    if comps.loras is not None and "unet" in engines:
+        loras = comps.loras
+
+        def watch():
+            return loras.version
+
+        def rebuild():
+            say_once(LORA_REBUILD_MESSAGE)
+            log.warning("LoRAs changed (%s): rebuilding the TensorRT UNet engine for the new weights",
+                        ", ".join(f"{source} x {scale:g}" for source, scale in loras.listing()) or "none left")
+            try:
+                return load(image_specs(comps, ("unet",))[0])
+            except Exception as exc:  # the new weights' engine failed: the UNet goes on in torch (right frames)
+                say_once(f"TensorRT engine for the UNet's new weights failed ({exc}); the UNet stays on the torch path")
+                return None
+
+    net = EngineImageNet(comps.net, engines.get("unet"), engines.get("vae_encoder"), engines.get("vae_decoder"),
+                         rebuild=rebuild, watch=watch)
     note = f"acceleration: tensorrt {precision} ({', '.join(engines) or 'no engines'}) from {cache.root}"
+    addons = [f"{len(comps.controlnets)} ControlNet(s)" if comps.controlnets else "",
+              "IP-Adapter" if comps.ip_adapter is not None else ""]
+    if "unet" in engines and any(addons):
+        note += f"; the UNet engine takes {' and '.join(a for a in addons if a)}"
     if plan is not None:
         note += f"; unet batches {plan.sizes['unet']}"
-    return replace(comps, network=net, notes=[*comps.notes, note])
+    notes = [*comps.notes, note]
+    if rebuild is not None:
+        notes.append(LORA_REBUILD_MESSAGE)
+    return replace(comps, network=net, notes=notes)
+
+
+LORA_REBUILD_MESSAGE = (
+    "TensorRT and LoRAs: the UNet engine holds the fused LoRA weights, so a LoRA change (scale, add, remove) "
+    "rebuilds the UNet engine before the next frame (engines are built without TensorRT's refit flag, so they "
+    "are rebuilt, not refit; an engine of the same weights is taken from the cache instead, e.g. the base "
+    "model's after the last LoRA is removed). How long a rebuild takes is not measured (no GPU run yet; "
+    "TensorRT builds of a UNet usually take minutes); frames wait meanwhile. Use --acceleration compile to "
+    "change LoRAs live without it.")
 
 
 def engine_shapes(part: str, plan: BatchPlan | None, shapes: ShapeRange | None = None) -> ShapeRange:

@@ -8,7 +8,11 @@ an engine computes exactly what the eager call does (the VAE's scaling included)
     vae_decoder   latents (B, 4, h, w), scaled -> images (B, 3, H, W)
 
 The condition's inputs are named after its fields (`cond_feeds`): the spec and `EngineImageNet`
-feed them by the same names. `height`/`width` of the image specs are pixels.
+feed them by the same names. `height`/`width` of the image specs are pixels. With ControlNets
+the UNet's graph holds them too (their images `control_i` (B, 3, H, W) at pixel size and their
+scales `control_scale` (B, n) are inputs); with an IP-Adapter its image embedding
+`image_embeds` (B, 1, D) and its per-row scale `ip_scale` (B, 1) are inputs (a live scale
+or reference change needs no new engine).
 
 Video: the StreamDiT velocity network at a fixed buffer length and latent frame size (window
 attention's layout depends on them), with a dynamic batch; `height`/`width` are latent pixels.
@@ -16,6 +20,7 @@ attention's layout depends on them), with a dynamic batch; `height`/`width` are 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import torch
@@ -30,6 +35,26 @@ from streamstudio.models.image_net import (DiffusersImageNet, ImageCond, ImageNe
 IMAGE_PARTS = ("unet", "vae_encoder", "vae_decoder")
 
 
+IP_SCALE = "ip_scale"  # the UNet engine's input of the IP-Adapter's per-row scale, (B, 1): ImageCond.ip_scale
+
+
+def ip_processors(unet: nn.Module) -> list[nn.Module]:
+    """The UNet's IP-Adapter attention processors (they hold to_k_ip), in a fixed order; []
+    without an adapter."""
+    procs = getattr(unet, "attn_processors", None) or {}
+    return [p for _, p in sorted(procs.items()) if hasattr(p, "to_k_ip")]
+
+
+def ip_scale(unet: nn.Module) -> float | None:
+    """The scale the UNet's IP-Adapter processors apply to a call without per-row scales (the
+    adapter's default, `IPAdapter.set_scale`), or None without an adapter."""
+    procs = ip_processors(unet)
+    if not procs:
+        return None
+    scale = procs[0].scale
+    return float(scale[0] if isinstance(scale, (list, tuple)) else scale)
+
+
 def cond_feeds(cond: ImageCond) -> dict[str, torch.Tensor]:
     """The condition's tensors by input name: a field's own name, or name_i for a tuple's i-th."""
     layout, tensors = cond.flatten()
@@ -42,9 +67,12 @@ def cond_feeds(cond: ImageCond) -> dict[str, torch.Tensor]:
 # ---------------------------------------------------------------------------------------------
 
 class EpsExport(nn.Module):
+    """The UNet call with its ControlNets (and an IP-Adapter, which lives in the UNet): sample,
+    timestep and the condition's tensors in, the prediction out."""
+
     def __init__(self, net: DiffusersImageNet, layout: Layout):
         super().__init__()
-        self.unet = net.unet  # registered: its weights are the graph's
+        self.unet = net.unet  # registered: its weights are the graph's (an IP-Adapter's too: it is in the UNet)
         self.controlnets = nn.ModuleList(net.controlnets)  # and the ControlNets' (their residuals are in the call)
         self.net, self.layout = net, layout
 
@@ -83,10 +111,18 @@ def eps_spec(net: DiffusersImageNet, text_len: int = 77, cond: Callable | None =
     engine's identity (its cache key) covers the ControlNets' weights with the UNet's."""
     channels, scale, width = net.latent_channels, net.latent_scale, text_dim(net.unet)
 
+    with_ip = bool(ip_processors(net.unet))
+    if with_ip and IP_SCALE not in {f.name for f in dataclasses.fields(ImageCond)}:
+        raise StreamStudioError("this ImageCond has no per-row IP-Adapter scale (ip_scale): the UNet engine would "
+                                "hold the adapter's scale as a constant; use --acceleration none or compile")
+
     def example_cond(b, h, w, device, dtype, gen) -> ImageCond:
         if cond is None:
             return ImageCond(text=random_normal((b, text_len, width), device, dtype, gen))
-        return cond(b, h, w, device, dtype).map(lambda t: random_normal(tuple(t.shape), device, t.dtype, gen))
+        example = cond(b, h, w, device, dtype).map(lambda t: random_normal(tuple(t.shape), device, t.dtype, gen))
+        if with_ip and example.image_embeds is not None:  # the IP-Adapter's scale, per row: an input, never a constant
+            example = dataclasses.replace(example, ip_scale=random_uniform((b, 1), 0.0, 1.5, device, torch.float32, gen))
+        return example
 
     def make(b, h, w, device, dtype, gen):
         return {"sample": random_normal((b, channels, h // scale, w // scale), device, dtype, gen),
@@ -139,26 +175,83 @@ def image_specs(comps, parts: tuple[str, ...] = IMAGE_PARTS) -> list[ExportSpec]
 
 class EngineImageNet(WrappedImageNet):
     """The image seam on TensorRT engines exported from it; a call without an engine (None)
-    stays on `inner`. Engines take no feature bank (no attention layers to extend)."""
+    stays on `inner`. Engines take no feature bank (no attention layers to extend).
+
+    The UNet engine is fed every input its spec declares: sample, timestep, each field of the
+    condition by name (SDXL's text_embeds and time_ids, control_i and control_scale of the
+    ControlNets, IP-Adapter's image_embeds and per-row ip_scale: for a call without it, such as
+    a warm-up's, the adapter's default scale, as the eager call uses); a condition
+    missing an input the engine takes, or carrying a field it was built without, is an error
+    that says so (never a silently wrong frame).
+
+    LoRAs: the engine holds the weights. `watch()` says which weights the UNet has now (the
+    LoRA set's version); when it moves, the UNet engine is rebuilt for the new weights by
+    `rebuild()` before the next call (an engine of the same weights from the cache is loaded
+    instead: removing a LoRA finds the base engine again). Engines are not built refittable,
+    so there is no refit."""
 
     fixed_shapes = True
 
     def __init__(self, inner: ImageNet, unet: TRTEngine | None = None, encoder: TRTEngine | None = None,
-                 decoder: TRTEngine | None = None):
+                 decoder: TRTEngine | None = None, *, rebuild: Callable[[], TRTEngine | None] | None = None,
+                 watch: Callable[[], object] | None = None):
         super().__init__(inner)
         self.unet_engine, self.encoder_engine, self.decoder_engine = unet, encoder, decoder
+        self.rebuild, self.watch = rebuild, watch
+        self._weights = watch() if watch is not None else None  # what the UNet engine was built from
+        self.rebuilds = 0
+        self._scales: dict = {}  # (rows, device, scale) -> (B, 1) IP-Adapter default scale, made once
 
     @property
     def takes_bank(self) -> bool:
         return self.unet_engine is None and self.inner.takes_bank
 
+    def _current_unet_engine(self):
+        """The UNet engine for the weights the UNet has now (rebuilt when a LoRA changed them)."""
+        if self.watch is not None and self.unet_engine is not None:
+            weights = self.watch()
+            if weights != self._weights:
+                if self.rebuild is None:
+                    raise StreamStudioError("the UNet's weights changed (a LoRA?) and its TensorRT engine cannot be "
+                                            "rebuilt here; use --acceleration none or compile to change LoRAs live")
+                self.unet_engine = self.rebuild()
+                self._weights = weights
+                self.rebuilds += 1
+        return self.unet_engine
+
+    def _ip_scale(self, rows: int, device: torch.device) -> torch.Tensor:
+        scale = ip_scale(self.eager.unet)
+        key = (rows, str(device), scale)
+        if key not in self._scales:
+            if len(self._scales) > 64:
+                self._scales.clear()
+            self._scales[key] = torch.full((rows, 1), 0.0 if scale is None else scale, device=device)  # (B, 1)
+        return self._scales[key]
+
+    def unet_feeds(self, engine, x: torch.Tensor, t: torch.Tensor, cond: ImageCond) -> dict[str, torch.Tensor]:
+        """Every input of the UNet engine by name; a condition that does not match the engine's
+        inputs raises StreamStudioError naming what is missing or extra."""
+        feeds = {"sample": x, "timestep": t, **cond_feeds(cond)}
+        names = list(getattr(engine, "input_names", None) or feeds)
+        if IP_SCALE in names and IP_SCALE not in feeds:
+            feeds[IP_SCALE] = self._ip_scale(x.shape[0], x.device)
+        missing = [n for n in names if n not in feeds]
+        extra = [n for n in feeds if n not in names]
+        if missing or extra:
+            raise StreamStudioError(
+                f"the TensorRT UNet engine takes inputs {names}, but the call has {list(feeds)} (missing {missing}, "
+                f"not taken {extra}): the engine was built for other add-ons (ControlNets, IP-Adapter, SDXL); "
+                "build it again with the model's add-ons (streamstudio build-engines with the same flags)")
+        return feeds
+
     def eps(self, x, t, cond, bank=None):
         if bank:
             check_bank(self)
-        if self.unet_engine is None:
+        engine = self._current_unet_engine()
+        if engine is None:
             return self.inner.eps(x, t, cond, bank)
         t, cond = broadcast(x.shape[0], t, cond, x.device)  # (B,), B rows
-        return self.unet_engine(sample=x, timestep=t, **cond_feeds(cond))["latent"].to(x.dtype)  # (B, 4, h, w)
+        return engine(**self.unet_feeds(engine, x, t, cond))["latent"].to(x.dtype)  # (B, 4, h, w)
 
     def encode(self, images):
         if self.encoder_engine is None:

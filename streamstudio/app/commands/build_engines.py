@@ -50,6 +50,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--max-batch-rows", type=int, default=16,
                    help="cross-stream batching's rows per call, as serve's --max-batch-rows (default 16; 0: no "
                         "batching, as generate and render)")
+    p.add_argument("--lora", action="append", default=[], metavar="PATH_OR_ID[:scale]",
+                   help="the app's --lora, fused into the UNet engine (its cache key holds the weights); repeatable")
+    p.add_argument("--controlnet", action="append", default=[], metavar="ID_OR_PATH",
+                   help="the app's --controlnet, exported inside the UNet engine (control image and scale are "
+                        "inputs); repeatable, in the app's order")
+    p.add_argument("--ip-adapter", default=None, metavar="ID_OR_PATH",
+                   help="the app's --ip-adapter (its image embedding and scale are UNet engine inputs)")
     p.add_argument("--precision", choices=("fp16", "fp32"), default="fp16", help="engine precision (default fp16)")
     p.add_argument("--no-check", action="store_true", help="skip the onnxruntime check of the ONNX files")
     p.add_argument("--device", default="auto", help="device the model is loaded on for export (auto, cpu, cuda)")
@@ -67,9 +74,34 @@ def _load(args):
     device = pick_device(args.device)
     dtype = pick_dtype(device, getattr(args, "dtype", "auto"))  # as the pipeline loads it: the same engine key
     comps = resolve_demo_default(args.model, device=device, dtype=dtype, taesd=args.taesd or None)
+    _add_addons(args, comps, device, dtype)
     for note in comps.notes:
         print(f"note: {note}")
     return comps
+
+
+def _add_addons(args, comps, device, dtype) -> None:
+    """--lora, --controlnet, --ip-adapter as the app adds them, so the UNet engine is the one the
+    app looks up (the same inputs, the same weights: the same cache key). Scales and reference
+    pictures are engine inputs: they need not match the app's."""
+    if getattr(args, "lora", None):
+        from streamstudio.models.lora import LoraSet
+
+        comps.loras = LoraSet(comps)
+        for spec in args.lora:
+            comps.notes.append(f"LoRA: {comps.loras.add(spec).source}")
+    if getattr(args, "controlnet", None):
+        from streamstudio.models.controlnet import check_fits, load_controlnet, parse_controlnet
+
+        comps.controlnets = [load_controlnet(parse_controlnet(text).source, device, dtype) for text in args.controlnet]
+        for net in comps.controlnets:
+            check_fits(net, comps.unet)
+        comps.notes += [f"ControlNet: {text}" for text in args.controlnet]
+    if getattr(args, "ip_adapter", None):
+        from streamstudio.models.ip_adapter import IPAdapter
+
+        comps.ip_adapter = IPAdapter(comps, args.ip_adapter)
+        comps.notes.append(f"IP-Adapter: {comps.ip_adapter.source}")
 
 
 def _video_spec():

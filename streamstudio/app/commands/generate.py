@@ -142,10 +142,6 @@ def _add_control_networks(args, comps, device, dtype):
     nets, preps = getattr(args, "controlnet", []) or [], getattr(args, "control_preprocessor", []) or []
     if len(preps) > len(nets):
         raise StreamStudioError(f"{len(preps)} --control-preprocessor for {len(nets)} --controlnet; give one per net")
-    accelerated = getattr(args, "acceleration", "none") == "tensorrt"
-    if accelerated and (nets or getattr(args, "ip_adapter", None)):
-        raise StreamStudioError("TensorRT engines do not take ControlNet residuals or IP-Adapter embeddings yet; use "
-                                "--acceleration none or compile with --controlnet / --ip-adapter")
     if nets:
         from streamstudio.models.controlnet import check_fits, load_controlnet, parse_controlnet
 
