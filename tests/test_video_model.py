@@ -58,6 +58,13 @@ def test_shifted_layer_never_attends_across_the_buffer_ends():
     # shifted windows cut the frame axis at 2 and 6: {0, 1}, {2..5}, {6, 7}
     assert change[:6].max() == 0
     assert change[6:].min() > 1e-3
+    # the first built-in checkpoint's wrap-around (shift_mask off, what configs without the key
+    # load as): the newest frames do reach the oldest
+    wrapped = WindowSelfAttention(d, heads=2, shift_mask=False).double()
+    wrapped.load_state_dict(attn.state_dict())
+    with torch.no_grad():
+        assert (wrapped(x, window, shift) - wrapped(y, window, shift))[:, :2].abs().max() > 1e-3
+    assert StreamDiTConfig.from_dict({}).shift_mask is False and StreamDiTConfig().shift_mask is True
     # the same perturbation of frames 4, 5 reaches frames 2..5 only
     z = x.clone()
     z[:, 4:6] += 1.0

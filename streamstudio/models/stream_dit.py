@@ -63,6 +63,9 @@ class StreamDiTConfig:
     mlp_ratio: float = 4.0
     window: tuple[int, int, int] = (4, 8, 8)
     shift_windows: bool = True  # shift by half a window on odd layers
+    # mask the wrapped part of the shift (Swin); False: the cyclic wrap-around of the first
+    # built-in checkpoint, trained that way (the oldest frames attend to the newest)
+    shift_mask: bool = True
     temporal_position: bool = True  # add a sin-cos position along the buffer's frame axis
     text: TextEncoderConfig = field(default_factory=TextEncoderConfig)
 
@@ -74,6 +77,7 @@ class StreamDiTConfig:
         data = dict(data)
         text = TextEncoderConfig(**data.pop("text", {}))
         data["window"] = tuple(data.get("window", (4, 8, 8)))
+        data.setdefault("shift_mask", False)  # checkpoints written before the mask was trained wrapping
         return cls(text=text, **data)
 
 
@@ -228,16 +232,16 @@ def shifted_window_mask(grid: tuple[int, int, int], window: tuple[int, int, int]
 
 
 class WindowSelfAttention(nn.Module):
-    def __init__(self, dim: int, heads: int):
+    def __init__(self, dim: int, heads: int, shift_mask: bool = True):
         super().__init__()
-        self.heads = heads
+        self.heads, self.shift_mask = heads, shift_mask
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
 
     def forward(self, x: torch.Tensor, window: tuple[int, int, int], shift: tuple[int, int, int]) -> torch.Tensor:
         """x: (B, F, H, W, D) -> (B, F, H, W, D), attention inside each (shifted) window."""
         b, f, h, w, d = x.shape
-        mask = shifted_window_mask((f, h, w), window, shift, x.device)  # (nW, n, n) or None
+        mask = shifted_window_mask((f, h, w), window, shift, x.device) if self.shift_mask else None  # (nW, n, n)
         if any(shift):
             x = torch.roll(x, shifts=tuple(-s for s in shift), dims=(1, 2, 3))
         win = window_partition(x, window)  # (B*nW, n, D)
@@ -301,7 +305,7 @@ class StreamDiTBlock(nn.Module):
         super().__init__()
         d = cfg.hidden_size
         self.norm1 = nn.LayerNorm(d, elementwise_affine=False, eps=1e-6)
-        self.attn = WindowSelfAttention(d, cfg.num_heads)
+        self.attn = WindowSelfAttention(d, cfg.num_heads, cfg.shift_mask)
         self.norm2 = nn.LayerNorm(d, eps=1e-6)
         self.cross = CrossAttention(d, cfg.num_heads)
         self.norm3 = nn.LayerNorm(d, elementwise_affine=False, eps=1e-6)
