@@ -177,3 +177,118 @@ def test_ip_adapter_on_sdxl(tmp_path):
     assert all(np.abs(a.astype(int) - b.astype(int)).max() <= 1 for a, b in zip(plain, run(pipe)))
     pipe.update(ip_adapter_scale=1.0)
     assert any(np.abs(a.astype(int) - b.astype(int)).max() > 1 for a, b in zip(plain, run(pipe)))
+
+
+# ---------------------------------------------------------------------------- per-row scales
+def _unet_rows(unet, embeds, scales=None, rows=3):
+    """The tiny UNet over `rows` rows of fixed inputs, each row with its own reference embedding;
+    scales (rows, 1): the per-row path; None: diffusers' processors at their own uniform scale."""
+    g = torch.Generator().manual_seed(5)
+    x, text = torch.randn(rows, 4, 8, 8, generator=g), torch.randn(rows, 7, 32, generator=g)
+    image_embeds = [embeds] + ([] if scales is None else [scales])
+    with torch.no_grad():
+        return unet(x, torch.tensor([900, 500, 100][:rows]), encoder_hidden_states=text,
+                    added_cond_kwargs={"image_embeds": image_embeds}).sample
+
+
+def test_per_row_scales_equal_diffusers_processor_at_each_rows_uniform_scale(comps, tmp_path):
+    """Rows of different scales and references in one call: each row is what diffusers' own
+    IPAdapterAttnProcessor2_0 gives it at that scale for the whole call (bit for bit), and a row
+    at scale 0 is the plain UNet's."""
+    from diffusers.models.attention_processor import IPAdapterAttnProcessor2_0
+
+    from streamstudio.models.ip_adapter import row_scaled_processor_class
+
+    ip = IPAdapter(comps, f"{write_tiny_ip_adapter(comps.unet, tmp_path / 'ip')}:1")
+    processors = [p for p in comps.unet.attn_processors.values() if hasattr(p, "to_k_ip")]
+    assert processors and all(isinstance(p, IPAdapterAttnProcessor2_0) and isinstance(p, row_scaled_processor_class())
+                              for p in processors)
+    embeds = torch.cat([ip.embed(reference_image(i)) for i in range(3)])  # (3, 1, D): three references
+    scales = [0.6, 1.7, 0.0]
+    mixed = _unet_rows(comps.unet, embeds, torch.tensor(scales)[:, None])
+    for row, scale in enumerate(scales):
+        ip.set_scale(scale)  # diffusers' processors at one scale for every row (their own code path)
+        assert torch.equal(mixed[row], _unet_rows(comps.unet, embeds)[row]), f"row {row} at scale {scale}"
+    # a row at scale 0 is the UNet without the adapter (diffusers skips the image attention there)
+    torch.testing.assert_close(mixed[2], _plain_rows(comps)[2], rtol=0, atol=1e-6)
+    assert (mixed[0] - mixed[2]).abs().max() > 1e-3 and (mixed[1] - mixed[2]).abs().max() > 1e-3
+
+
+def _plain_rows(comps):
+    """_unet_rows' inputs through the same UNet with the adapter taken out."""
+    ip = comps.unet.attn_processors
+    from diffusers.models.attention_processor import AttnProcessor2_0
+
+    saved_procs, saved_proj = dict(ip), comps.unet.encoder_hid_proj
+    saved_type = comps.unet.config.encoder_hid_dim_type
+    try:
+        comps.unet.set_attn_processor({k: AttnProcessor2_0() for k in saved_procs})
+        comps.unet.encoder_hid_proj = None
+        comps.unet.config.encoder_hid_dim_type = None
+        g = torch.Generator().manual_seed(5)
+        x, text = torch.randn(3, 4, 8, 8, generator=g), torch.randn(3, 7, 32, generator=g)
+        with torch.no_grad():
+            return comps.unet(x, torch.tensor([900, 500, 100]), encoder_hidden_states=text).sample
+    finally:
+        comps.unet.set_attn_processor(saved_procs)
+        comps.unet.encoder_hid_proj = saved_proj
+        comps.unet.config.encoder_hid_dim_type = saved_type
+
+
+def test_streams_with_their_own_scales_and_references_batched_together_equal_alone(comps, tmp_path):
+    """Two streams on one model with different IP-Adapter scales and references run their UNet
+    calls together through the cross-stream executor; each gets the frames it gets alone; a
+    stream's scale and reference leave the other's and the model's defaults as they were."""
+    import threading
+
+    from streamstudio.app.batching import BatchExecutor, BatchingConfig, ClientStats, batched_components
+    from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+
+    import dataclasses
+
+    config = StreamDiffusionConfig(width=32, height=32, steps=2, strength=0.7, cfg_type="self", guidance_scale=1.4)
+    frames = [[np.random.default_rng(10 * s + i).integers(0, 256, (32, 32, 3), dtype=np.uint8) for i in range(4)]
+              for s in range(2)]
+    plain_stream = StreamDiffusion(comps, config, prompt="a fox")  # before the adapter is in
+    plain = [plain_stream(f) for f in frames[0]]
+    ip = IPAdapter(comps, f"{write_tiny_ip_adapter(comps.unet, tmp_path / 'ip')}:0.5")
+    model = dataclasses.replace(comps, ip_adapter=ip)
+    specs = [(0.0, reference_image(0)), (1.5, reference_image(1))]
+
+    def stream(comps_, scale, reference):
+        pipe = StreamDiffusion(comps_, config, prompt="a fox")
+        pipe.set_ip_adapter_scale(scale)
+        pipe.set_reference(reference)
+        return pipe
+
+    solo = [stream(model, *spec) for spec in specs]
+    alone = [[solo[i](f) for f in frames[i]] for i in range(2)]
+    executor = BatchExecutor(BatchingConfig(max_wait_ms=500))
+    try:
+        shared = batched_components(model, executor)
+        streams = [stream(shared, *spec) for spec in specs]
+        assert ip.scale == 0.5 and [s.ip_adapter_scale for s in streams] == [0.0, 1.5]  # the model's default kept
+        got, counts, barrier = [[], []], [ClientStats(), ClientStats()], threading.Barrier(2)
+
+        def worker(i):
+            with executor.client(counts[i]):
+                for f in frames[i]:
+                    barrier.wait()
+                    got[i].append(streams[i](f))
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert all(c.shared > 0 for c in counts), counts  # their UNet calls were joined
+        for want, have in zip(alone, got):
+            assert len(have) == len(want)
+            for a, b in zip(want, have):
+                assert np.abs(a.astype(np.int16) - b.astype(np.int16)).max() <= 1
+        # scale 0: the stream without the adapter; scale 1.5 with another reference: not
+        assert all(np.abs(a.astype(np.int16) - b.astype(np.int16)).max() <= 1 for a, b in zip(plain, got[0]))
+        check = stream(model, 1.5, reference_image(0))  # stream 1's scale with stream 0's reference: not stream 1
+        assert max(np.abs(check(f).astype(np.int16) - b.astype(np.int16)).max() for f, b in zip(frames[1], got[1])) > 2
+    finally:
+        executor.close()

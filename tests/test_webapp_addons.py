@@ -1,8 +1,9 @@
 """The Live tab's controls of the model's add-ons (app/ui.py): a conditioning-scale slider per
-ControlNet (each session's own scales, through the Live tab's settings path), the IP-Adapter's
-scale and reference picture (an upload, or the camera's current frame); none of them for a model
-without add-ons. Tiny ControlNets and a tiny IP-Adapter as tests/test_controlnet.py and
-tests/test_ip_adapter.py make them."""
+ControlNet and the IP-Adapter's scale (each session's own, through the Live tab's settings path),
+the IP-Adapter's reference picture (an upload, or the camera's current frame: the session's own),
+a scale slider per LoRA (server-wide: fused weights) and the /studio/lora endpoint; none of them
+for a model without add-ons. Tiny ControlNets, a tiny IP-Adapter and a random LoRA as
+tests/test_controlnet.py, tests/test_ip_adapter.py and tests/test_lora.py make them."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from streamstudio.app.batching import BatchingConfig
 from streamstudio.app.sessions import ServerModel, SessionManager
 from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
 
@@ -37,7 +39,13 @@ def addon_model(tmp_path_factory):
     ip = IPAdapter(comps, f"{write_tiny_ip_adapter(comps.unet, tmp_path_factory.mktemp('ip') / 'ip')}:0.5")
     comps = dataclasses.replace(comps, controlnets=nets, control_defaults=[("canny", 1.0), ("none", 0.5)],
                                 ip_adapter=ip)
-    model = ServerModel(comps, StreamDiffusionConfig(width=SIZE, height=SIZE, steps=2, strength=0.7), prompt="a fox")
+    from streamstudio.models.lora import LoraSet, save_random_lora
+
+    path = save_random_lora(comps, tmp_path_factory.mktemp("lora"))[0]
+    comps.loras = LoraSet(comps)
+    comps.loras.add(f"{path}:0.8")
+    model = ServerModel(comps, StreamDiffusionConfig(width=SIZE, height=SIZE, steps=2, strength=0.7), prompt="a fox",
+                        batching=BatchingConfig(max_wait_ms=20))
     yield model
     model.close()
 
@@ -87,13 +95,19 @@ def test_the_addon_controls_appear_only_with_such_a_model(addon_model, plain_mod
     assert "ControlNet 2" in second["label"] and "(none)" in second["label"] and second["value"] == 0.5
     assert first["label"].startswith(f"ControlNet 1: {addon_model.comps.controlnets[0].config._name_or_path} (canny)")
     assert "canny_net" in first["label"] and "ControlNetModel" in second["label"]
-    assert found["live-ip-scale"]["props"]["value"] == 0.5
+    assert found["live-ip-scale"]["props"]["value"] == 0.5 and "your stream" in found["live-ip-scale"]["props"]["label"]
     assert {"live-ip-reference", "live-ip-grab", "live-ip-status"} <= set(found)
-    # the sliders are inputs of the Live tab's stream (the settings path of the other controls)
-    ids = {found[k]["id"] for k in ("live-control-scale-0", "live-control-scale-1")}
+    lora = found["live-lora-scale-0"]["props"]
+    assert lora["value"] == 0.8 and "all streams" in lora["label"]
+    # the ControlNet and IP-Adapter sliders are inputs of the Live tab's stream (the settings path of
+    # the other controls: each session's own); the LoRA slider is not (it is the server's)
+    ids = {found[k]["id"] for k in ("live-control-scale-0", "live-control-scale-1", "live-ip-scale")}
     assert any(ids <= set(d["inputs"]) and found["live-prompt"]["id"] in d["inputs"]
                for d in with_addons.config["dependencies"])
-    assert not {"live-control-scale-0", "live-ip-scale", "live-ip-reference", "live-ip-grab"} & set(components(plain))
+    assert not any(found["live-lora-scale-0"]["id"] in d["inputs"] and found["live-prompt"]["id"] in d["inputs"]
+                   for d in with_addons.config["dependencies"])
+    assert not {"live-control-scale-0", "live-ip-scale", "live-ip-reference", "live-ip-grab",
+                "live-lora-scale-0"} & set(components(plain))
     assert "live-prompt" in components(plain)
 
 
@@ -114,60 +128,144 @@ def test_control_scale_sliders_reach_the_sessions_pipeline(addon_model):
     from streamstudio.app.webrtc import LiveHandler
 
     keys = live_keys_of(addon_model)
-    assert keys[-2:] == ("control_scales.0", "control_scales.1")
+    assert keys[-3:] == ("control_scales.0", "control_scales.1", "ip_adapter_scale")
     manager = SessionManager(addon_model, max_streams=2)
     try:
         handler = LiveHandler(manager, keys, webrtc_id=lambda: "a")
         values = ["a fox", "", 0.7, 1.2, 1.0, "self", 0, False, 0.98, "off", "crop"]
-        assert len(values) == len(keys) - 2
-        handler(frame(10), *values, 0.25, 0.0)
+        assert len(values) == len(keys) - 3
+        handler(frame(10), *values, 0.25, 0.0, 0.5)
         session = manager.get("a")
         scales = lambda s: [u.scale for u in s.processor.pipe.control.units]  # noqa: E731
         wait_for(lambda: session.processor.pipe is not None and scales(session) == [0.25, 0.0], session)
         assert session.stats()["settings"]["control_scales"] == [0.25, 0.0]
-        handler(frame(20), *values, 1.5, 0.75)  # moved: applied before a later frame
+        handler(frame(20), *values, 1.5, 0.75, 1.25)  # moved: applied before a later frame
         wait_for(lambda: scales(session) == [1.5, 0.75], session)
+        wait_for(lambda: session.processor.pipe.ip_adapter_scale == 1.25, session)
         # the fallback webcam path takes the same controls; that session has its own scales
-        fallback_step(manager, "fb", frame(30), (*values, 0.5, 2.0), keys)
+        fallback_step(manager, "fb", frame(30), (*values, 0.5, 2.0, 0.0), keys)
         other = manager.get("fb")
         wait_for(lambda: other.processor.pipe is not None and scales(other) == [0.5, 2.0], other)
-        assert scales(session) == [1.5, 0.75]
+        wait_for(lambda: other.processor.pipe.ip_adapter_scale == 0.0, other)
+        assert scales(session) == [1.5, 0.75] and session.processor.pipe.ip_adapter_scale == 1.25
         cond = session.processor.pipe._stream_cond(session.processor.pipe._text, False)
         assert cond.control_scale.tolist() == [[1.5, 0.75]]  # what its UNet calls take
+        assert cond.ip_scale.tolist() == [[1.25]]
+        assert addon_model.comps.ip_adapter.scale == 0.5  # the model's default: untouched
+        assert session.stats()["ip_adapter"]["scale"] == 1.25
     finally:
         manager.shutdown()
 
 
-def test_ip_adapter_scale_upload_and_grabbed_frame_reach_the_pipeline(addon_model):
+def test_ip_adapter_reference_upload_and_grabbed_frame_are_the_sessions_own(addon_model):
+    """An upload and a grabbed camera frame set the reference of the user's own stream (its first
+    running session of the ids the page knows), embedded once per picture; another session and
+    the model's default keep theirs."""
     from streamstudio.app.ui import grab_reference, set_ip_adapter
 
     ip = addon_model.comps.ip_adapter
+    default = ip.embeds
     manager = SessionManager(addon_model, max_streams=2)
     try:
         assert "start the Live tab's camera" in grab_reference(manager, ["nobody"])[1]
-        session = manager.open("cam")
+        assert "Start the Live tab's camera" in set_ip_adapter(manager, ["nobody"], reference=frame())
+        mine, other = manager.open("cam"), manager.open("other")
         picture = np.random.default_rng(0).integers(0, 256, (40, 48, 3), dtype=np.uint8)
-        session.submit(picture)
-        wait_for(lambda: session.processed >= 1, session)
-        pipe = session.processor.pipe
-        text = set_ip_adapter(manager, scale=0.8)
-        assert "scale 0.8" in text and ip.scale == 0.8
-        assert all(p.scale == [0.8] for p in addon_model.comps.unet.attn_processors.values() if hasattr(p, "to_k_ip"))
-        # an uploaded picture (RGBA too): its embedding once, in the session's calls
+        mine.submit(picture)
+        other.submit(frame(5))
+        wait_for(lambda: mine.processed >= 1, mine)
+        wait_for(lambda: other.processed >= 1, other)
+        pipe, other_pipe = mine.processor.pipe, other.processor.pipe
+        embeds = lambda p: p._stream_cond(p._text, False).image_embeds  # noqa: E731 - what its UNet calls take
+        other_before = embeds(other_pipe)
+        # an uploaded picture (RGBA too): its embedding once, in this session's calls only
         upload = np.dstack([np.full((24, 24, 3), (200, 30, 90), np.uint8), np.full((24, 24, 1), 255, np.uint8)])
         encodes = ip.encodes
-        assert "reference set" in set_ip_adapter(manager, reference=upload)
-        assert "reference set" in set_ip_adapter(manager, reference=upload.copy())
+        assert "your stream" in set_ip_adapter(manager, [None, "cam"], reference=upload)
+        assert "your stream" in set_ip_adapter(manager, [None, "cam"], reference=upload.copy())
         assert ip.encodes == encodes + 1
-        expected = ip.set_reference(torch.from_numpy(upload[..., :3]).permute(2, 0, 1).float() / 255)
-        assert torch.equal(pipe._stream_cond(pipe._text, False).image_embeds, expected)
+        expected = ip.embed(torch.from_numpy(upload[..., :3]).permute(2, 0, 1).float() / 255)
+        mine.submit(picture)
+        wait_for(lambda: torch.equal(embeds(pipe), expected), mine)
+        assert torch.equal(embeds(other_pipe), other_before) and ip.embeds is default
+        assert mine.stats()["ip_adapter"]["own_reference"] and not other.stats()["ip_adapter"]["own_reference"]
         # the camera's current frame
         image, text = grab_reference(manager, [None, "cam"])
-        assert np.array_equal(image, picture) and "reference set" in text and ip.encodes == encodes + 2
-        embeds = pipe._stream_cond(pipe._text, False).image_embeds
-        assert not torch.equal(embeds, expected)
-        assert torch.equal(embeds, ip.set_reference(torch.from_numpy(picture).permute(2, 0, 1).float() / 255))
-        assert "must be a number" in set_ip_adapter(manager, scale=float("nan"))
+        assert np.array_equal(image, picture) and "your stream" in text and ip.encodes == encodes + 2
+        grabbed = ip.embed(torch.from_numpy(picture).permute(2, 0, 1).float() / 255)
+        mine.submit(picture)
+        wait_for(lambda: torch.equal(embeds(pipe), grabbed), mine)
+        assert torch.equal(embeds(other_pipe), other_before)
+        assert "is a number" in set_ip_adapter(manager, ["cam"], scale=float("nan"))
     finally:
-        set_ip_adapter(manager, scale=0.5)
+        manager.shutdown()
+
+
+def test_lora_scale_is_server_wide_between_frames(addon_model):
+    """A LoRA's scale (fused into the shared weights) from the Live tab's slider or POST /studio/lora
+    changes every stream, between frames: a change waits for the frames under way and no frame
+    starts during it; the banner's listing follows; a wrong name or scale is refused."""
+    import threading
+
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from streamstudio.app.security import GuardConfig, RequestGuard
+    from streamstudio.app.ui import set_lora_scale
+    from streamstudio.app.webrtc import mount_api
+
+    loras = addon_model.comps.loras
+    source = loras.listing()[0][0]
+    manager = SessionManager(addon_model, max_streams=2)
+    try:
+        assert "× 0.5" in set_lora_scale(manager, source, 0.5) and loras.listing() == [(source, 0.5)]
+        assert "no LoRA" in set_lora_scale(manager, "nope", 0.5)
+        # no frame runs while the weights change: the change waits for a frame under way
+        guard, order = addon_model.guard, []
+        in_frame, release = threading.Event(), threading.Event()
+
+        def a_frame():
+            with guard.frame():
+                order.append("frame starts")
+                in_frame.set()
+                release.wait(10)
+                order.append("frame ends")
+
+        def change():
+            in_frame.wait(10)
+            manager.set_lora_scales({source: 0.25})
+            order.append("changed")
+
+        threads = [threading.Thread(target=a_frame), threading.Thread(target=change)]
+        for t in threads:
+            t.start()
+        in_frame.wait(10)
+        time.sleep(0.2)
+        assert order == ["frame starts"]  # the change is waiting
+        release.set()
+        for t in threads:
+            t.join(10)
+        assert order == ["frame starts", "frame ends", "changed"] and loras.listing() == [(source, 0.25)]
+        # the JSON API, behind the request guard as every route
+        app = FastAPI()
+        mount_api(app, manager, stream=None)
+        app.add_middleware(RequestGuard, config=GuardConfig(auth=("ann", "pw")))
+        client = TestClient(app)
+        assert client.post("/studio/lora", json={"scales": {source: 1.0}}).status_code == 401
+        r = client.post("/studio/lora", json={"scales": {source: 1.0}}, auth=("ann", "pw"))
+        assert r.status_code == 200 and r.json()["loras"] == [{"source": source, "scale": 1.0}]
+        assert client.get("/studio/lora", auth=("ann", "pw")).json()["loras"][0]["scale"] == 1.0
+        assert loras.listing() == [(source, 1.0)]
+        r = client.post("/studio/lora", json={"scales": {source: "big"}}, auth=("ann", "pw"))
+        assert r.status_code == 400 and "scale" in r.json()["error"]
+        # a running session's frames go on over the changed weights
+        session = manager.open("s")
+        session.submit(frame(1))
+        wait_for(lambda: session.processed >= 1, session)
+        before = session.processed
+        assert client.post("/studio/lora", json={"scales": {source: 0.0}}, auth=("ann", "pw")).status_code == 200
+        session.submit(frame(2))
+        wait_for(lambda: session.processed > before, session)
+    finally:
+        set_lora_scale(manager, source, 0.8)
         manager.shutdown()

@@ -449,3 +449,97 @@ def test_the_server_model_warms_every_bucket_up_before_streams_run():
     finally:
         padded.close()
         plain.close()
+
+
+# ---------------------------------------------------------------------------- calls that cannot join
+def test_calls_of_other_condition_fields_run_apart_correctly_and_say_so(tiny_components_factory):
+    """Two streams through one batched seam, one with a ControlNet control image and one without
+    (another condition layout): their calls never join, each gets exactly what it gets alone, and
+    each stream's counts say it shared none of its calls (they could not join); two streams of the
+    same layout share theirs."""
+    from test_controlnet import tiny_controlnet
+
+    from streamstudio.app.batching import ClientStats
+    from streamstudio.models.image_net import DiffusersImageNet, ImageCond
+
+    comps = tiny_components_factory()
+    net = DiffusersImageNet(comps.unet, comps.vae, [tiny_controlnet(comps.unet)])
+    g = torch.Generator().manual_seed(0)
+    x, t, text = torch.randn(2, 4, 8, 8, generator=g), torch.tensor([700, 300]), torch.randn(2, 77, 32, generator=g)
+    control = ImageCond(text=text, control=(torch.rand(2, 3, 64, 64, generator=g),),
+                        control_scale=torch.ones(2, 1))
+    plain = ImageCond(text=text)
+    with torch.no_grad():
+        alone = [net.eps(x, t, control), net.eps(x, t, plain)]
+    assert (alone[0] - alone[1]).abs().max() > 1e-3  # the ControlNet acts
+
+    def together(conds, steps=3):
+        executor = BatchExecutor(BatchingConfig(max_wait_ms=500))
+        try:
+            batched = BatchedImageNet(net, executor)
+            counts, results = [ClientStats() for _ in conds], [[] for _ in conds]
+            barrier = threading.Barrier(len(conds))
+
+            def worker(i):
+                with executor.client(counts[i]):
+                    for _ in range(steps):
+                        barrier.wait()
+                        results[i].append(batched.eps(x, t, conds[i]))
+
+            threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(conds))]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join(60)
+            return counts, results, executor.stats
+        finally:
+            executor.close()
+
+    counts, results, stats = together([control, plain])
+    assert stats.batched_calls == 0 and stats.calls == 6
+    for want, got in zip(alone, results):
+        assert all(torch.equal(r, want) for r in got)  # run alone: exactly the solo call
+    for c in counts:
+        assert c.shared == 0 and c.alone == 3 and c.unjoinable >= 1, c
+        assert c.as_dict()["shared_fraction"] == 0.0
+    counts, results, stats = together([plain, plain])
+    assert stats.batched_calls == 3 and all(c.shared == 3 and c.alone == 0 for c in counts)
+
+
+def test_sessions_whose_calls_cannot_join_both_stream_and_their_stats_say_so(tiny_components_factory):
+    """On one server, a 4:3 camera's session streams at another size than a square camera's: their
+    network calls cannot join. Both run; /studio/sessions' stats (and the Live tab's line) of each
+    say it shared none of its calls; two square sessions say they shared."""
+    from streamstudio.app.sessions import ServerModel, SessionManager
+    from streamstudio.app.ui import format_stats
+    from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+
+    model = ServerModel(tiny_components_factory(taesd=True), StreamDiffusionConfig(width=64, height=64, steps=2),
+                        prompt="a cat", batching=BatchingConfig(max_wait_ms=50))
+    manager = SessionManager(model, max_streams=3, owns_model=True)
+
+    def stream(sessions, frames, n=4):
+        deadline = time.monotonic() + 60
+        while min(s.processed for s in sessions) < n and time.monotonic() < deadline:
+            for s, f in zip(sessions, frames):
+                s.submit(f)
+            time.sleep(0.02)
+        assert all(s.error is None for s in sessions)
+
+    try:
+        square, wide = manager.open("square"), manager.open("wide")
+        rng = np.random.default_rng(0)
+        frames = [rng.integers(0, 256, (64, 64, 3), dtype=np.uint8), rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)]
+        stream([square, wide], frames)
+        assert square.latest().shape == (64, 64, 3) and wide.latest().shape == (48, 64, 3)
+        for s in (square, wide):
+            b = s.stats()["batching"]
+            assert b["shares_calls"] is False and b["shared_calls"] == 0 and b["alone_calls"] > 0, b
+            assert "shared none of its" in format_stats(s.stats())
+        manager.close("wide")
+        other = manager.open("square2")
+        stream([square, other], [frames[0], frames[0]])
+        assert other.stats()["batching"]["shares_calls"] is True
+        assert "shared with other streams" in format_stats(other.stats())
+    finally:
+        manager.shutdown()

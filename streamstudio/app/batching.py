@@ -18,7 +18,9 @@ decode; each call names its stage), oldest first. While a stream that is in a fr
 call queued, the executor waits for it, at most `max_wait_ms`, and chooses again when the call
 comes: it joins the batch, or, being of an earlier stage, goes first. A stream that fell
 behind thereby catches up with the others at the next stage, so streams that start out of
-step fall into step and their calls meet. Streams between frames are not waited for. Results are copied out of the batch, so a network
+step fall into step and their calls meet. Only calls of the same network, condition fields and
+shapes join (their key); each stream's calls are counted as shared or alone (`ClientStats`, in
+its session's stats), so a stream whose calls cannot join the others' says so. Streams between frames are not waited for. Results are copied out of the batch, so a network
 that reuses its output buffers (CUDA graphs) cannot overwrite a stream's result. When a
 batched call fails, each of its calls is run again alone, so a bad call fails only its own
 stream.
@@ -95,6 +97,24 @@ class BatchStats:
         return self.requests / self.calls if self.calls else 0.0
 
 
+@dataclass
+class ClientStats:
+    """One stream's share of the batching (`BatchExecutor.client(stats)`): its network calls that
+    ran together with other streams' calls and those that ran alone. `unjoinable` counts calls
+    that ran alone while another stream's call of the same stage was waiting and could not join
+    (other networks, condition fields or shapes: e.g. a ControlNet stream and a plain one, or
+    frames of another size)."""
+
+    shared: int = 0
+    alone: int = 0
+    unjoinable: int = 0
+
+    def as_dict(self) -> dict:
+        total = self.shared + self.alone
+        return {"shared_calls": self.shared, "alone_calls": self.alone, "unjoinable_calls": self.unjoinable,
+                "shared_fraction": round(self.shared / total, 3) if total else 0.0}
+
+
 @dataclass(eq=False)  # compared by identity (deque.remove), never by its tensors
 class _Request:
     key: tuple
@@ -105,6 +125,8 @@ class _Request:
     pad: bool = False  # pad the call's rows up to a bucket
     job: bool = False  # a function to run on the executor thread, not a network call
     meta: object = None  # per-call data handed to fn as metas=[(first row, meta), ...] (feature-bank rows)
+    client: ClientStats | None = None  # the calling stream's counts
+    unjoinable: bool = False  # another stream's call of this stage waited beside it with another key
     done: threading.Event = field(default_factory=threading.Event)
     result: torch.Tensor | None = None
     error: BaseException | None = None
@@ -127,18 +149,23 @@ class BatchExecutor:
         self._clients = 0
         self._closed = False
         self._warm: set[tuple] = set()  # keys whose buckets are warmed up
+        self._local = threading.local()  # the calling thread's ClientStats (client(stats))
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
     # ------------------------------------------------------------------ callers
     @contextmanager
-    def client(self):
-        """Count a stream as a caller while it runs (the executor waits for that many calls)."""
+    def client(self, stats: ClientStats | None = None):
+        """Count a stream as a caller while it runs (the executor waits for that many calls);
+        `stats`: where this thread's calls are counted as shared or alone."""
         with self._cond:
             self._clients += 1
+        previous = getattr(self._local, "stats", None)
+        self._local.stats = stats
         try:
             yield self
         finally:
+            self._local.stats = previous
             with self._cond:
                 self._clients -= 1
                 self._cond.notify_all()
@@ -156,7 +183,8 @@ class BatchExecutor:
             raise StreamStudioError(f"{name}: every argument needs the same batch size, got "
                                     f"{[a.shape[0] for a in args]}")
         key = (name, tuple((tuple(a.shape[1:]), a.dtype, a.device) for a in args))
-        return self._submit(_Request(key, fn, args, rows, stage, pad=pad, meta=meta))
+        return self._submit(_Request(key, fn, args, rows, stage, pad=pad, meta=meta,
+                                     client=getattr(self._local, "stats", None)))
 
     def submit(self, fn: Callable[[], object]) -> object:
         """Run fn() on the executor thread (before any queued network call) and return its
@@ -228,6 +256,9 @@ class BatchExecutor:
                 if rows >= cfg.max_rows or missing <= 0 or left <= 0:
                     for request in batch:
                         self._queue.remove(request)
+                    others = [r for r in self._queue if r.stage == first.stage and not r.job and r.key != first.key]
+                    for request in (*others, *batch) if others else ():  # they could not join each other
+                        request.unjoinable = True
                     return batch
                 self._cond.wait(left)
 
@@ -295,6 +326,14 @@ class BatchExecutor:
         s.batched_calls += len(batch) > 1
         s.largest = max(s.largest, len(batch))
         s.sizes.add(size)
+        for request in batch:
+            counts = request.client
+            if counts is not None:
+                if len(batch) > 1:
+                    counts.shared += 1
+                else:
+                    counts.alone += 1
+                    counts.unjoinable += request.unjoinable
 
     def _warm_up(self, request: _Request) -> None:
         """Run the request's network once at every bucket size (three times on a GPU, so that

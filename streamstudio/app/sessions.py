@@ -134,6 +134,30 @@ class ServerModel:
         if self.executor is not None:
             self.executor.close()
 
+    def lora_listing(self) -> list[tuple[str, float]]:
+        """(source, scale) of each loaded LoRA (the model banner's list)."""
+        loras = getattr(self.comps, "loras", None)
+        return loras.listing() if loras is not None else []
+
+    def set_lora_scales(self, scales: dict) -> list[tuple[str, float]]:
+        """Server-wide LoRA scales {name or source: scale}: the LoRAs are fused into the shared
+        weights, so every stream gets them. Applied between frames (`ModelGuard.exclusive`); the
+        streams encode their prompts again at their next frame when a LoRA changes the text
+        encoders. All names are checked before any scale changes."""
+        from streamstudio.models.lora import check_scale
+
+        loras = getattr(self.comps, "loras", None)
+        if loras is None or not loras.loras:
+            raise StreamStudioError("no LoRA is loaded on this server (serve --lora PATH_OR_ID[:scale])")
+        if not isinstance(scales, dict) or not scales:
+            raise StreamStudioError('LoRA scales are an object {"name or source": scale, ...}')
+        checked = {loras.find(str(name)).source: check_scale(scale) for name, scale in scales.items()}
+        with self.guard.exclusive():
+            for source, scale in checked.items():
+                loras.set_scale(source, scale)
+        log.info("LoRA scales set for every stream: %s", checked)
+        return loras.listing()
+
     def batching_stats(self) -> dict | None:
         if self.executor is None:
             return None
@@ -143,28 +167,64 @@ class ServerModel:
 
 
 class ModelGuard:
-    """The one guard of the shared model, with two contexts:
+    """The one guard of the shared model, with three contexts:
 
-    - `frame()`: held while a stream runs a frame. With cross-stream batching the stream counts
-      as a caller of the executor (whose one thread runs every UNet and VAE call, and waits
-      briefly for the calls of the streams inside a frame to batch them); without it, the
+    - `frame(stats)`: held while a stream runs a frame. With cross-stream batching the stream
+      counts as a caller of the executor (whose one thread runs every UNet and VAE call, and waits
+      briefly for the calls of the streams inside a frame to batch them; `stats`, an
+      `app.batching.ClientStats`, counts the stream's calls shared or alone); without it, the
       model's lock, so streams take turns.
     - `text()`: held while the text encoder and tokenizer run (prompt changes) and while a
-      stream is built: always the lock, as they run in the caller's thread."""
+      stream is built: always the lock, as they run in the caller's thread.
+    - `exclusive()`: no frame runs inside it (those under way finish first, new ones wait):
+      for changes of the shared weights (LoRA scales), so no frame runs on half-changed weights."""
 
     def __init__(self, executor=None):
         self._executor = executor  # app.batching.BatchExecutor, or None: take turns
         self._lock = threading.Lock()
+        self._frames = threading.Condition()  # (with batching) frames under way, and a change waiting
+        self._running = 0
+        self._changing = False
 
     @contextlib.contextmanager
-    def frame(self):
-        with self._executor.client() if self._executor is not None else self._lock:
-            yield
+    def frame(self, stats=None):
+        if self._executor is None:
+            with self._lock:
+                yield
+            return
+        with self._frames:
+            while self._changing:
+                self._frames.wait()
+            self._running += 1
+        try:
+            with self._executor.client(stats):
+                yield
+        finally:
+            with self._frames:
+                self._running -= 1
+                self._frames.notify_all()
 
     @contextlib.contextmanager
     def text(self):
         with self._lock:
             yield
+
+    @contextlib.contextmanager
+    def exclusive(self):
+        with self._lock:  # prompt encodings and (without batching) frames are out
+            if self._executor is None:
+                yield
+                return
+            with self._frames:
+                self._changing = True
+                while self._running:
+                    self._frames.wait()
+            try:
+                yield
+            finally:
+                with self._frames:
+                    self._changing = False
+                    self._frames.notify_all()
 
 
 class GuardedPipeline:
@@ -216,6 +276,11 @@ class StreamProcessor:
         self.pipe = None  # built by open(), in the runner's thread (the text encoder runs)
         self.fit = "crop"  # the session's own setting, not the pipeline's
         self._probes: deque[int | None] = deque()
+        self.calls = None  # app.batching.ClientStats: this stream's network calls, shared or alone
+        if model.executor is not None:
+            from streamstudio.app.batching import ClientStats
+
+            self.calls = ClientStats()
 
     def open(self, size: tuple[int, int]) -> None:
         """Build the stream's pipeline at `size` (width, height), once."""
@@ -244,7 +309,7 @@ class StreamProcessor:
                 self.pipe.update(**changes)
 
     def __call__(self, frame: np.ndarray) -> np.ndarray:
-        with _reported(self.sid), self.model.guard.frame():
+        with _reported(self.sid), self.model.guard.frame(self.calls):
             return self._step(frame)
 
     def _step(self, frame: np.ndarray) -> np.ndarray:
@@ -284,6 +349,8 @@ class StreamSession:
         self.notice: str | None = None  # a rejected setting; the stream goes on
         self.last_frame: np.ndarray | None = None  # the newest frame handed in (RGB uint8)
         self._pending: dict = dict(settings or {})
+        self._reference = _MISSING  # an IP-Adapter reference embedding waiting for the next frame
+        self.has_reference = False  # the stream has its own IP-Adapter reference (not the model's default)
         self._applied: dict = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -323,6 +390,23 @@ class StreamSession:
         """Change settings (checked by `parse_settings`); they apply before the next frame."""
         with self._lock:
             self._pending.update(settings)
+
+    def set_reference(self, image: np.ndarray) -> None:
+        """This stream's IP-Adapter reference picture (HxWx3 or 4 uint8): its embedding is computed
+        here (once per new picture), under the model's text guard, and the stream takes it before
+        its next frame; other streams keep theirs."""
+        import torch
+
+        from streamstudio.frames import to_rgb
+
+        ip = getattr(self.model.comps, "ip_adapter", None)
+        if ip is None:
+            raise StreamStudioError("this model has no IP-Adapter (serve --ip-adapter ID)")
+        pixels = torch.from_numpy(np.ascontiguousarray(to_rgb(image))).permute(2, 0, 1).float() / 255.0  # (3, H, W)
+        with self.model.guard.text():
+            embeds = ip.embed(pixels)
+        with self._lock:
+            self._reference = embeds
 
     def refused(self, exc: StreamStudioError) -> None:
         """A setting asked for was refused: said in the stream's stats; the stream goes on."""
@@ -390,8 +474,24 @@ class StreamSession:
             "frame_latency": pipe.latency_frames if pipe is not None else None,
             "frames_in": self._source.received, "processed": m.frames_out, "dropped": self._source.dropped + m.dropped,
             "settings": _jsonable(self._applied), "error": self.error, "notice": self.notice,
-            "batching": self.model.batching_stats(),
+            "batching": self._batching_stats(),
+            **self._ip_stats(pipe),
         }
+
+    def _batching_stats(self) -> dict | None:
+        """The model's batching counts and this stream's own: its calls shared with other streams
+        or run alone (`shares_calls` False: none of its calls ran with another stream's)."""
+        stats = self.model.batching_stats()
+        calls = self.processor.calls
+        if stats is None or calls is None:
+            return stats
+        own = calls.as_dict()
+        return {**stats, **own, "shares_calls": own["shared_calls"] > 0}
+
+    def _ip_stats(self, pipe) -> dict:
+        if pipe is None or getattr(self.model.comps, "ip_adapter", None) is None:
+            return {}
+        return {"ip_adapter": {"scale": pipe.ip_adapter_scale, "own_reference": self.has_reference}}
 
     # ------------------------------------------------------------------ the runner's thread
     def _between_frames(self, pts: float) -> None:
@@ -401,9 +501,13 @@ class StreamSession:
         stats; the stream goes on)."""
         with self._lock:
             changes, self._pending = self._pending, {}
+            reference, self._reference = self._reference, _MISSING
         changes = {k: v for k, v in changes.items() if self._applied.get(k, _MISSING) != v}
         with _reported(self.sid):
             self.processor.open(self.size)
+            if reference is not _MISSING:
+                self.processor.pipe.set_reference_embeds(reference)
+                self.has_reference = True
             if not changes:
                 return
             try:
@@ -486,6 +590,18 @@ class SessionManager:
         session.close(wait)
         log.info("stream %s closed (%d frames processed)", sid, session.processed)
         return True
+
+    def models(self) -> list[ServerModel]:
+        """Every model the sessions run on (one; `serve --gpus N`: the replicas')."""
+        replicas = getattr(self, "replicas", None)
+        return [r.model for r in replicas] if replicas else [self.model]
+
+    def set_lora_scales(self, scales: dict) -> list[tuple[str, float]]:
+        """Server-wide LoRA scales (`ServerModel.set_lora_scales`), on every replica."""
+        listing = []
+        for model in self.models():
+            listing = model.set_lora_scales(scales)
+        return listing
 
     def ids(self) -> list[str]:
         with self._lock:

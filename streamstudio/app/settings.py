@@ -22,12 +22,12 @@ def parse_settings(raw: dict) -> dict:
     if not isinstance(raw, dict):
         raise StreamStudioError("settings must be a JSON object")
     table = {s.name: s for s in live_settings.live_settings()}
-    unknown = sorted(set(raw) - set(table) - {CONTROL_SCALES})
+    unknown = sorted(set(raw) - set(table) - {CONTROL_SCALES, IP_ADAPTER_SCALE})
     if unknown:
         raise StreamStudioError(f"unknown setting(s) {', '.join(map(str, unknown))}; known: {', '.join(table)}, "
-                                f"{CONTROL_SCALES}")
-    return {key: _parse_control_scales(value) if key == CONTROL_SCALES else _parse_one(table[key], value)
-            for key, value in raw.items()}
+                                f"{CONTROL_SCALES}, {IP_ADAPTER_SCALE}")
+    return {key: _parse_control_scales(value) if key == CONTROL_SCALES else _parse_ip_scale(value)
+            if key == IP_ADAPTER_SCALE else _parse_one(table[key], value) for key, value in raw.items()}
 
 
 CONTROL_SCALES = "control_scales"  # a session's ControlNet conditioning scales, one per --controlnet
@@ -42,6 +42,15 @@ def _parse_control_scales(value) -> list[float]:
         raise StreamStudioError(f"{CONTROL_SCALES} is a list of 1 to {MAX_CONTROLNETS} numbers in [-10, 10], one per "
                                 f"ControlNet, e.g. [0.8, 0.5]; got {value!r}")
     return [float(v) for v in value]
+
+
+IP_ADAPTER_SCALE = "ip_adapter_scale"  # a session's IP-Adapter scale (per row: its own, not the model's)
+
+
+def _parse_ip_scale(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not -10 <= value <= 10:
+        raise StreamStudioError(f"{IP_ADAPTER_SCALE} is a number in [-10, 10], e.g. 0.6; got {value!r}")
+    return float(value)
 
 
 def _parse_one(setting: LiveSetting, value):
@@ -92,7 +101,8 @@ def control_scale_key(index: int) -> str:
 
 def settings_from_ui(keys, values) -> dict:
     """Settings from the UI controls' values (Gradio gives numbers as floats, may give None); the
-    ControlNet sliders' (`control_scale_key`) become one control_scales list, in net order."""
+    ControlNet sliders' (`control_scale_key`) become one control_scales list, in net order; the
+    IP-Adapter slider's is `ip_adapter_scale`."""
     table = live_settings.SETTINGS
     out, scales = {}, {}
     for key, value in zip(keys, values):
@@ -101,6 +111,9 @@ def settings_from_ui(keys, values) -> dict:
         name, dot, index = key.partition(".")
         if dot and name == CONTROL_SCALES:
             scales[int(index)] = float(value)
+            continue
+        if key == IP_ADAPTER_SCALE:
+            out[key] = float(value)
             continue
         kind = table[key].kind
         out[key] = int(value) if kind is int else bool(value) if kind is bool else value

@@ -18,7 +18,8 @@ import gradio as gr
 import numpy as np
 
 from streamstudio.app.sessions import BusyError, GuardedPipeline, SessionManager, StreamSession
-from streamstudio.app.settings import control_scale_key, live_controls, live_keys, settings_from_ui, widget
+from streamstudio.app.settings import (IP_ADAPTER_SCALE, control_scale_key, live_controls, live_keys, settings_from_ui,
+                                       widget)
 from streamstudio.app.webrtc import LiveHandler, live_component
 from streamstudio.errors import StreamStudioError
 from streamstudio.frames import to_rgb
@@ -104,6 +105,18 @@ def format_stats(stats: dict | None) -> str:
     text = (f"**{stats['fps']:.1f} fps** · latency {lat} (+{stats['frame_latency'] or 0} frame(s) in the batch) · "
             f"skip rate {100 * stats['skip_rate']:.0f}% · frames in {stats['frames_in']}, "
             f"processed {stats['processed']}, dropped {stats['dropped']}")
+    batching = stats.get("batching") or {}
+    if "shared_calls" in batching:
+        shared, alone = batching["shared_calls"], batching["alone_calls"]
+        if shared:
+            text += f" · network calls shared with other streams: {shared} of {shared + alone}"
+        elif alone:
+            why = (" (other streams' calls could not join: other networks, condition fields or frame size)"
+                   if batching.get("unjoinable_calls") else "")
+            text += f" · this stream shared none of its {alone} network calls{why}"
+    ip = stats.get("ip_adapter")
+    if ip:
+        text += f" · IP-Adapter scale {ip['scale']:g}" + (" (own reference)" if ip["own_reference"] else "")
     if stats["notice"]:
         text += f"\n\n⚠️ {stats['notice']}"
     if stats["error"]:
@@ -195,8 +208,9 @@ def _live_tab(manager: SessionManager, rtc_config: dict | None, host: str | None
             whep = gr.Markdown("", elem_id="live-whep")
         with gr.Column(scale=2):
             controls = live_controls(manager.model.config, manager.model.prompt, manager.model.negative_prompt)
-            controls |= addon_controls(manager.model)  # the ControlNets' scales: with the controls above
+            controls |= addon_controls(manager.model)  # ControlNet and IP-Adapter scales: with the controls above
             _ip_adapter_controls(manager, webrtc)
+            _lora_controls(manager)
     # The component checks nothing itself beyond a generous cap; the session manager says "busy".
     webrtc.stream(LiveHandler(manager, tuple(controls)), inputs=[webrtc, *controls.values()], outputs=[webrtc],
                   concurrency_limit=2 * manager.max_streams + 2)
@@ -214,10 +228,12 @@ def _live_tab(manager: SessionManager, rtc_config: dict | None, host: str | None
 
 # ---------------------------------------------------------------------- the model's add-ons
 def addon_controls(model) -> dict:
-    """The Live tab's ControlNet sliders {control_scale_key(i): slider}, one per ControlNet of the
+    """The Live tab's add-on sliders: {control_scale_key(i): slider}, one per ControlNet of the
     served model, labelled with its id and preprocessor and starting at the scale streams start
-    from; none without ControlNets. They go to the session with the Live tab's other controls
-    (`settings_from_ui` makes them one control_scales list): each session's own scales."""
+    from, and with an IP-Adapter its scale slider {IP_ADAPTER_SCALE: slider}; none without
+    add-ons. They go to the session with the Live tab's other controls (`settings_from_ui` makes
+    the ControlNet sliders one control_scales list): each session's own scales (per-row scales:
+    other streams keep theirs)."""
     comps = getattr(model, "comps", None)  # (stand-ins in tests have none)
     nets = list(getattr(comps, "controlnets", None) or [])
     defaults = (getattr(comps, "control_defaults", None) or [("canny", 1.0)] * len(nets))
@@ -227,65 +243,104 @@ def addon_controls(model) -> dict:
         sliders[control_scale_key(i)] = gr.Slider(
             min(0.0, scale), max(2.0, scale), value=scale, step=0.05, elem_id=f"live-control-scale-{i}",
             label=f"ControlNet {i + 1}: {name} ({kind}) conditioning scale")
+    ip = getattr(comps, "ip_adapter", None)
+    if ip is not None:
+        gr.Markdown(f"**IP-Adapter** `{ip.source}`: a reference picture steers your stream's images. The scale "
+                    "and the reference are your stream's own; other streams keep theirs.", elem_id="live-ip-note")
+        sliders[IP_ADAPTER_SCALE] = gr.Slider(min(0.0, ip.scale), max(2.0, ip.scale), value=ip.scale, step=0.05,
+                                              label="IP-Adapter scale (your stream)", elem_id="live-ip-scale")
     return sliders
 
 
 def _ip_adapter_controls(manager: SessionManager, webrtc) -> None:
-    """The IP-Adapter's scale and reference picture (an upload, or the camera's current frame);
-    nothing without an IP-Adapter. The adapter is the shared model's: they change every stream."""
+    """The IP-Adapter's reference picture of the user's own stream (an upload, or the camera's
+    current frame); nothing without an IP-Adapter."""
     ip = getattr(getattr(manager.model, "comps", None), "ip_adapter", None)
     if ip is None:
         return
     with gr.Group(elem_id="live-ip-adapter"):
-        gr.Markdown(f"**IP-Adapter** `{ip.source}`: a reference picture steers the images. The adapter is the "
-                    "server's model's, so its scale and reference apply to every stream on this server.")
-        scale = gr.Slider(min(0.0, ip.scale), max(2.0, ip.scale), value=ip.scale, step=0.05,
-                          label="IP-Adapter scale", elem_id="live-ip-scale")
-        reference = gr.Image(sources=["upload"], type="numpy", label="Reference picture", height=160,
+        reference = gr.Image(sources=["upload"], type="numpy", label="Reference picture (your stream)", height=160,
                              elem_id="live-ip-reference")
         grab = gr.Button("Use the camera's current frame as the reference", elem_id="live-ip-grab")
         status = gr.Markdown("", elem_id="live-ip-status")
 
+    def sids(value, request: gr.Request):
+        return [live_id(value), f"fallback-{request.session_hash}"]
+
     def grab_frame(value, request: gr.Request):
-        image, text = grab_reference(manager, [live_id(value), f"fallback-{request.session_hash}"])
+        image, text = grab_reference(manager, sids(value, request))
         return (gr.update() if image is None else image), text
 
-    scale.release(lambda value: set_ip_adapter(manager, scale=value), inputs=[scale], outputs=[status])
-    reference.upload(lambda image: set_ip_adapter(manager, reference=image), inputs=[reference], outputs=[status])
+    def upload(image, value, request: gr.Request):
+        return set_ip_adapter(manager, sids(value, request), reference=image)
+
+    reference.upload(upload, inputs=[reference, webrtc], outputs=[status])
     grab.click(grab_frame, inputs=[webrtc], outputs=[reference, status])
 
 
-def set_ip_adapter(manager: SessionManager, scale=None, reference=None) -> str:
-    """Set the served model's IP-Adapter scale and/or reference picture (any image; its embedding
-    is computed here, once per new picture), under the model's guard; returns what the page says."""
-    import torch
+def _lora_controls(manager: SessionManager) -> None:
+    """A scale slider per loaded LoRA, marked "all streams": the LoRAs are fused into the shared
+    weights, so a scale is the server's (applied between frames); nothing without LoRAs."""
+    listing = manager.model.lora_listing() if hasattr(manager.model, "lora_listing") else []
+    if not listing:
+        return
+    with gr.Group(elem_id="live-lora"):
+        sliders = [gr.Slider(min(0.0, scale), max(2.0, scale), value=scale, step=0.05, elem_id=f"live-lora-scale-{i}",
+                             label=f"LoRA {source} scale (all streams)") for i, (source, scale) in enumerate(listing)]
+        status = gr.Markdown("The LoRAs are fused into the server's model: their scales change every stream.",
+                             elem_id="live-lora-status")
+    for (source, _), slider in zip(listing, sliders):
+        slider.release(lambda value, source=source: set_lora_scale(manager, source, value), inputs=[slider],
+                       outputs=[status])
 
-    ip = getattr(manager.model.comps, "ip_adapter", None)
-    if ip is None:
-        return "⚠️ This model has no IP-Adapter (serve --ip-adapter ID)."
+
+def set_lora_scale(manager: SessionManager, source: str, scale) -> str:
+    """One LoRA's scale, server-wide (every stream; applied between frames); what the page says."""
     try:
-        with manager.model.guard.text():
-            if scale is not None:
-                ip.set_scale(float(scale))
-            if reference is not None:
-                pixels = torch.from_numpy(to_rgb(reference)).permute(2, 0, 1).float() / 255.0  # (3, H, W)
-                ip.set_reference(pixels)
+        listing = manager.set_lora_scales({source: float(scale)})
     except StreamStudioError as exc:
         return f"⚠️ {exc}"
-    return (f"IP-Adapter scale {ip.scale:g}; "
-            + ("no reference picture yet." if ip.embeds is None else "reference set (every stream uses it)."))
+    return "LoRA scales for all streams: " + ", ".join(f"`{s}` × {v:g}" for s, v in listing)
+
+
+def _own_session(manager: SessionManager, sids) -> StreamSession | None:
+    """The first running session of `sids` (the Live tab's WebRTC stream, then its fallback)."""
+    for sid in sids:
+        session = manager.get(sid) if sid else None
+        if session is not None and not session.closed:
+            return session
+    return None
+
+
+def set_ip_adapter(manager: SessionManager, sids, scale=None, reference=None) -> str:
+    """Set the IP-Adapter scale and/or reference picture (any image; its embedding is computed
+    here, once per new picture) of the user's own stream: the first running session of `sids`.
+    Other streams keep theirs. Returns what the page says."""
+    if getattr(manager.model.comps, "ip_adapter", None) is None:
+        return "⚠️ This model has no IP-Adapter (serve --ip-adapter ID)."
+    session = _own_session(manager, sids)
+    if session is None:
+        return "⚠️ Start the Live tab's camera first: the reference picture is your stream's own."
+    try:
+        if scale is not None:
+            manager.settings(session.sid, {IP_ADAPTER_SCALE: scale})
+        if reference is not None:
+            session.set_reference(reference)
+    except StreamStudioError as exc:
+        return f"⚠️ {exc}"
+    return "Reference set for your stream (other streams keep theirs)." if reference is not None else \
+        "IP-Adapter scale set for your stream."
 
 
 def grab_reference(manager: SessionManager, sids) -> tuple[np.ndarray | None, str]:
-    """The newest camera frame of the first running session of `sids` as the IP-Adapter's
-    reference: (that frame, status), or (None, why not)."""
-    for sid in sids:
-        session = manager.get(sid) if sid else None
-        frame = None if session is None else session.last_frame
-        if frame is not None:
-            frame = frame.copy()
-            return frame, set_ip_adapter(manager, reference=frame)
-    return None, "⚠️ No camera picture yet: start the Live tab's camera first."
+    """The newest camera frame of the user's own stream (the first running session of `sids`)
+    as its IP-Adapter reference: (that frame, status), or (None, why not)."""
+    session = _own_session(manager, sids)
+    frame = None if session is None else session.last_frame
+    if frame is None:
+        return None, "⚠️ No camera picture yet: start the Live tab's camera first."
+    frame = frame.copy()
+    return frame, set_ip_adapter(manager, [session.sid], reference=frame)
 
 
 def whep_text(manager: SessionManager, sid: str | None, request=None) -> str:

@@ -12,6 +12,8 @@ Endpoints (same server as the UI; under --auth, HTTP basic auth or the UI's logi
     GET    /studio/sessions/{webrtc_id}                                  -> live stats
     DELETE /studio/sessions/{webrtc_id}                                  -> frees the stream
     GET    /studio/status                                                -> model, streams in use
+    GET    /studio/lora                                                  -> the loaded LoRAs and their scales
+    POST   /studio/lora                 {scales: {name or source: scale}} -> every stream's LoRA scales
 Offers are checked before they take a stream (400 and a reason otherwise); a connection that
 never connects or never sends a frame holds its stream for at most PENDING_TIMEOUT seconds.
 The client must open a data channel (any label; fastrtc waits for one) before its offer.
@@ -409,9 +411,28 @@ def mount_api(app, manager: SessionManager, stream) -> None:
             return JSONResponse({"status": "failed", "error": f"no stream {webrtc_id!r}"}, status_code=404)
         return session.stats()
 
+    @app.get("/studio/lora", tags=["studio"])
+    async def lora():
+        return {"loras": lora_payload(manager.model.lora_listing())}
+
+    @app.post("/studio/lora", tags=["studio"])
+    async def set_lora(raw: dict = JsonBody(...)):
+        """Server-wide: the LoRAs are fused into the shared weights, so their scales are every
+        stream's. Applied between frames (the model guard's exclusive context)."""
+        scales = raw.get("scales") if isinstance(raw, dict) else None
+        try:
+            listing = await asyncio.to_thread(manager.set_lora_scales, scales)
+        except StreamStudioError as exc:
+            return JSONResponse({"status": "failed", "error": str(exc)}, status_code=400)
+        return {"status": "ok", "loras": lora_payload(listing)}
+
     @app.delete("/studio/sessions/{webrtc_id}", tags=["studio"])
     async def close_session(webrtc_id: str):
         return {"status": "ok", "closed": manager.close(webrtc_id, wait=0.0)}
+
+
+def lora_payload(listing) -> list[dict]:
+    return [{"source": source, "scale": scale} for source, scale in listing]
 
 
 async def read_json(request, limit: int):

@@ -54,6 +54,7 @@ class ImageCond:
     image_embeds: torch.Tensor | None = None  # IP-Adapter: (B, 1, D) the reference image's CLIP embedding
     control: tuple[torch.Tensor, ...] | None = None  # ControlNets: one (B, 3, H, W) image in [0, 1] per net
     control_scale: torch.Tensor | None = None  # ControlNets: (B, n_nets) conditioning scales
+    ip_scale: torch.Tensor | None = None  # IP-Adapter: (B, 1) float32 scale per row (with image_embeds)
 
     @property
     def rows(self) -> int:
@@ -197,8 +198,8 @@ class DiffusersImageNet(ImageNet):
             down, mid = controlnet.residuals(self.controlnets, x, t, cond.text, cond.control, cond.control_scale,
                                              added or None)
             kwargs.update(down_block_additional_residuals=down, mid_block_additional_residual=mid)
-        if cond.image_embeds is not None:
-            added["image_embeds"] = [cond.image_embeds]
+        if cond.image_embeds is not None:  # per-row scales ride along (models/ip_adapter.RowScaledProjection)
+            added["image_embeds"] = [cond.image_embeds] + ([] if cond.ip_scale is None else [cond.ip_scale])
         if added:
             kwargs["added_cond_kwargs"] = added
         return kwargs

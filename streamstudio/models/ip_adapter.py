@@ -8,15 +8,27 @@ with its `image_encoder/` folder beside it. diffusers' loader installs the adapt
 cross-attention processors (decoupled cross-attention on the image tokens) and its image
 projection in the UNet; the UNet then takes `added_cond_kwargs["image_embeds"]`.
 
-The reference image's CLIP embedding is computed once per reference change (`set_reference`),
-not per frame: the stream's cond carries the cached (1, 1, D) embedding to every call. The
-scale is the processors' (one per model, changeable live); rows of different scales cannot
-share one call, so cross-stream batching keys on it (`identity`).
+The reference image's CLIP embedding is computed once per reference change (`embed`, cached
+by the picture's content), not per frame: each stream's cond carries its own (1, 1, D) embedding
+to every call (`ImageCond.image_embeds`).
+
+The scale is per row (`ImageCond.ip_scale`, (B, 1)), so streams with different scales and
+references share one batched UNet call and each row gets what it gets alone. diffusers'
+processors hold one scale per adapter; `install_row_scales` turns the installed processors and
+the image projection into `RowScaledIPAdapterProcessor` / `RowScaledProjection` (the same
+modules and weights, another class): the UNet takes `added_cond_kwargs["image_embeds"] =
+[embeds, ip_scale]`, the projection hands the scale on beside the image tokens, and each
+processor adds `ip_scale[row] * attention(image tokens)` where diffusers adds `scale *
+attention(image tokens)` (the same operations: at a uniform scale the outputs are equal, tested
+against diffusers' processor). Without the scale rows the processors are diffusers' own, at
+their uniform scale (`set_scale`: the default streams start from).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +42,7 @@ IP_ADAPTER_REPO = "h94/IP-Adapter"
 DEFAULT_FILES = {False: ("models", "ip-adapter_sd15.safetensors"), True: ("sdxl_models", "ip-adapter_sdxl.safetensors")}
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # CLIP's image normalisation
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+EMBED_CACHE = 16  # reference embeddings kept (each a few KB): streams going back to a picture reuse it
 
 
 @dataclass(frozen=True)
@@ -84,32 +97,47 @@ class IPAdapter:
         self.image_encoder = self._pipe.image_encoder.eval().requires_grad_(False)
         unet_param = next(comps.unet.parameters())
         self.image_encoder.to(device=unet_param.device, dtype=unet_param.dtype)
+        install_row_scales(comps.unet)
         self.scale = 0.0
         self.set_scale(spec.scale)
-        self.embeds: torch.Tensor | None = None  # (1, 1, D) of the current reference
-        self._reference: torch.Tensor | None = None
-        self.encodes = 0  # image-encoder runs: one per reference change
+        self.embeds: torch.Tensor | None = None  # (1, 1, D): the default reference, streams start from it
+        self._cache: OrderedDict[str, torch.Tensor] = OrderedDict()  # picture fingerprint -> (1, 1, D)
+        self.encodes = 0  # image-encoder runs: one per new reference picture
 
     def identity(self) -> str:
-        return f"{self.source}*{self.scale:g}"
+        return self.source  # the scale and the reference are per row: not part of what the network is
 
     def set_scale(self, scale: float) -> None:
+        """The default scale: what new streams start from, and the processors' own (diffusers')
+        scale for calls without per-row scales."""
         self.scale = check_scale(scale)
         self._pipe.set_ip_adapter_scale(self.scale)
 
-    def set_reference(self, image: torch.Tensor) -> torch.Tensor:
-        """The reference image (3, H, W) or (1, 3, H, W) in [0, 1]: its embedding, computed only
-        when the image differs from the last one. Returns (1, 1, D)."""
+    def embed(self, image: torch.Tensor) -> torch.Tensor:
+        """The CLIP embedding (1, 1, D) of a reference image (3, H, W) or (1, 3, H, W) in [0, 1];
+        computed once per picture (the last EMBED_CACHE pictures are kept, by content)."""
         image = image if image.ndim == 4 else image[None]
-        if self._reference is not None and self._reference.shape == image.shape and torch.equal(self._reference, image):
-            return self.embeds
+        cpu = image.detach().to("cpu", torch.float32).contiguous()
+        key = hashlib.sha256(repr(tuple(cpu.shape)).encode() + cpu.numpy().tobytes()).hexdigest()
+        embeds = self._cache.get(key)
+        if embeds is not None:
+            self._cache.move_to_end(key)
+            return embeds
         enc = self.image_encoder
         param = next(enc.parameters())
         pixels = clip_pixels(image.to(device=param.device, dtype=torch.float32), enc.config.image_size)
         with torch.no_grad():
-            self.embeds = enc(pixels.to(param.dtype)).image_embeds[:, None]  # (1, 1, D)
-        self._reference = image.detach().clone()
+            embeds = enc(pixels.to(param.dtype)).image_embeds[:, None]  # (1, 1, D)
         self.encodes += 1
+        self._cache[key] = embeds
+        while len(self._cache) > EMBED_CACHE:
+            self._cache.popitem(last=False)
+        return embeds
+
+    def set_reference(self, image: torch.Tensor) -> torch.Tensor:
+        """The default reference (streams built from now on start with it; each stream changes
+        its own with `StreamDiffusion.set_reference`). Returns its embedding (1, 1, D)."""
+        self.embeds = self.embed(image)
         return self.embeds
 
     def zeros(self, rows: int = 1) -> torch.Tensor:
@@ -118,9 +146,128 @@ class IPAdapter:
         param = next(self.image_encoder.parameters())
         return torch.zeros(rows, 1, dim, device=param.device, dtype=param.dtype)
 
+    def scale_rows(self, scale: float, rows: int = 1) -> torch.Tensor:
+        """A condition's per-row scales (rows, 1), float32 on the UNet's device (`ImageCond.ip_scale`)."""
+        device = next(self.image_encoder.parameters()).device
+        return torch.full((rows, 1), check_scale(scale), device=device, dtype=torch.float32)
+
     def remove(self) -> None:
         """Take the adapter out of the UNet: the plain model again."""
         self._pipe.unload_ip_adapter()
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-row scales in diffusers' IP-Adapter processors
+# ---------------------------------------------------------------------------------------------
+
+def _diffusers_classes():
+    from diffusers.models.attention_processor import IPAdapterAttnProcessor2_0
+    from diffusers.models.embeddings import MultiIPAdapterImageProjection
+
+    return IPAdapterAttnProcessor2_0, MultiIPAdapterImageProjection
+
+
+def install_row_scales(unet) -> None:
+    """Make the IP-Adapter that diffusers installed in `unet` take per-row scales: its processors
+    become `RowScaledIPAdapterProcessor` and its image projection `RowScaledProjection` (a class
+    change of the same modules: weights, state-dict keys and diffusers' unload stay as they are)."""
+    processor_cls, projection_cls = _diffusers_classes()
+    processors = unet.attn_processors
+    for processor in processors.values():
+        if type(processor) is processor_cls:
+            processor.__class__ = row_scaled_processor_class()
+    if not any(isinstance(p, row_scaled_processor_class()) for p in processors.values()):
+        raise StreamStudioError("the IP-Adapter's attention processors are not diffusers' IPAdapterAttnProcessor2_0")
+    projection = getattr(unet, "encoder_hid_proj", None)
+    if type(projection) is projection_cls:
+        projection.__class__ = row_scaled_projection_class()
+    elif not isinstance(projection, row_scaled_projection_class()):
+        raise StreamStudioError(f"the UNet's image projection is {type(projection).__name__}, not diffusers' "
+                                "MultiIPAdapterImageProjection")
+
+
+_CLASSES: dict[str, type] = {}
+
+
+def row_scaled_projection_class() -> type:
+    """diffusers' MultiIPAdapterImageProjection that also takes the per-row scales: image_embeds
+    [embeds..., scales (B, n)] -> [image tokens..., scales]."""
+    if "projection" not in _CLASSES:
+        _, base = _diffusers_classes()
+
+        class RowScaledProjection(base):
+            def forward(self, image_embeds):
+                if isinstance(image_embeds, (list, tuple)) and len(image_embeds) == self.num_ip_adapters + 1:
+                    *embeds, scales = image_embeds
+                    return [*super().forward(list(embeds)), scales]
+                return super().forward(image_embeds)
+
+        _CLASSES["projection"] = RowScaledProjection
+    return _CLASSES["projection"]
+
+
+def row_scaled_processor_class() -> type:
+    """diffusers' IPAdapterAttnProcessor2_0 whose image attention is scaled row by row when the
+    image tokens come with per-row scales (`RowScaledProjection`); without them, diffusers' own."""
+    if "processor" not in _CLASSES:
+        base, _ = _diffusers_classes()
+
+        class RowScaledIPAdapterProcessor(base):
+            def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None,
+                         scale: float = 1.0, ip_adapter_masks=None):
+                if (isinstance(encoder_hidden_states, tuple) and len(encoder_hidden_states[1]) == len(self.scale) + 1
+                        and ip_adapter_masks is None):
+                    text, (*ip_states, scales) = encoder_hidden_states
+                    return _row_scaled_attention(self, attn, hidden_states, text, ip_states, scales, attention_mask,
+                                                 temb)
+                return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, temb, scale,
+                                        ip_adapter_masks)
+
+        _CLASSES["processor"] = RowScaledIPAdapterProcessor
+    return _CLASSES["processor"]
+
+
+def _row_scaled_attention(proc, attn, hidden_states, text, ip_states, scales, attention_mask, temb):
+    """diffusers' IPAdapterAttnProcessor2_0 (no masks) with `scales[:, i]` (B,) in place of the
+    processor's scale of adapter i: the same operations in the same order."""
+    residual = hidden_states
+    if attn.spatial_norm is not None:
+        hidden_states = attn.spatial_norm(hidden_states, temb)
+    input_ndim = hidden_states.ndim
+    if input_ndim == 4:
+        batch_size, channel, height, width = hidden_states.shape
+        hidden_states = hidden_states.view(batch_size, channel, height * width).transpose(1, 2)
+    batch_size, sequence_length, _ = text.shape
+    if attention_mask is not None:
+        attention_mask = attn.prepare_attention_mask(attention_mask, sequence_length, batch_size)
+        attention_mask = attention_mask.view(batch_size, attn.heads, -1, attention_mask.shape[-1])
+    if attn.group_norm is not None:
+        hidden_states = attn.group_norm(hidden_states.transpose(1, 2)).transpose(1, 2)
+    query = attn.to_q(hidden_states)
+    if attn.norm_cross:
+        text = attn.norm_encoder_hidden_states(text)
+    key, value = attn.to_k(text), attn.to_v(text)
+    head_dim = key.shape[-1] // attn.heads
+    query = query.view(batch_size, -1, attn.heads, head_dim).transpose(1, 2)
+    key = key.view(batch_size, -1, attn.heads, head_dim).transpose(1, 2)
+    value = value.view(batch_size, -1, attn.heads, head_dim).transpose(1, 2)
+    hidden_states = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=0.0,
+                                                   is_causal=False)
+    hidden_states = hidden_states.transpose(1, 2).reshape(batch_size, -1, attn.heads * head_dim).to(query.dtype)
+    for i, (ip_state, to_k_ip, to_v_ip) in enumerate(zip(ip_states, proc.to_k_ip, proc.to_v_ip)):
+        ip_key = to_k_ip(ip_state).view(batch_size, -1, attn.heads, head_dim).transpose(1, 2)
+        ip_value = to_v_ip(ip_state).view(batch_size, -1, attn.heads, head_dim).transpose(1, 2)
+        ip_hidden = F.scaled_dot_product_attention(query, ip_key, ip_value, attn_mask=None, dropout_p=0.0,
+                                                   is_causal=False)
+        ip_hidden = ip_hidden.transpose(1, 2).reshape(batch_size, -1, attn.heads * head_dim).to(query.dtype)
+        row_scale = scales[:, i].to(ip_hidden.dtype).view(batch_size, 1, 1)  # (B, 1, 1)
+        hidden_states = hidden_states + row_scale * ip_hidden
+    hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))
+    if input_ndim == 4:
+        hidden_states = hidden_states.transpose(-1, -2).reshape(batch_size, channel, height, width)
+    if attn.residual_connection:
+        hidden_states = hidden_states + residual
+    return hidden_states / attn.rescale_output_factor
 
 
 def clip_pixels(images: torch.Tensor, size: int) -> torch.Tensor:

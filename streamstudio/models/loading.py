@@ -88,7 +88,7 @@ class SDComponents:
     def example_cond(self, rows: int, height: int, width: int, device: torch.device, dtype: torch.dtype):
         """A condition of `rows` rows (zeros) with every field this model's UNet call takes: the
         text embeddings, SDXL's pooled text and time ids, the ControlNets' images and scales,
-        IP-Adapter's image embedding (what warm-ups and exports feed the seam)."""
+        IP-Adapter's image embedding and per-row scale (what warm-ups and exports feed the seam)."""
         from streamstudio.models.image_net import ImageCond
 
         def zeros(*shape, kind=dtype):
@@ -106,6 +106,7 @@ class SDComponents:
             fields["control_scale"] = zeros(len(self.controlnets), kind=torch.float32)  # (B, n)
         if self.ip_adapter is not None:
             fields["image_embeds"] = zeros(1, int(self.ip_adapter.image_encoder.config.projection_dim))  # (B, 1, D)
+            fields["ip_scale"] = zeros(1, kind=torch.float32)  # (B, 1): the per-row scale
         return ImageCond(**fields)
 
     def to(self, device: torch.device, dtype: torch.dtype) -> "SDComponents":

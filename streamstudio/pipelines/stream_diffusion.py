@@ -192,6 +192,10 @@ class StreamDiffusion:
         self.control = control  # ControlNets' inputs: preprocessors (once per input group) and scales
         self._fields: dict | None = None  # the last input group's frame fields (ControlNet images)
         self._time_ids: torch.Tensor | None = None  # SDXL: (1, 6) of the stream's size
+        ip = components.ip_adapter  # IP-Adapter: this stream's own reference embedding and scale (per row)
+        self._ip_embeds = None if ip is None else ip.embeds  # (1, 1, D), from the model's default reference
+        self._ip_scale = None if ip is None else ip.scale_rows(ip.scale)  # (1, 1) float32 on the device
+        self._ip_scale_value = None if ip is None else ip.scale  # the same as a number (stats read it: no sync)
         self._text_version = self._lora_text_version()
         from diffusers import LCMScheduler
 
@@ -278,17 +282,34 @@ class StreamDiffusion:
         self.control.set_scale(index, scale)
 
     def set_reference(self, image) -> None:
-        """IP-Adapter's reference image (HxWx3 uint8 RGB, or (3, H, W) float in [0, 1]); its
-        embedding is computed here, once, not per frame."""
+        """This stream's IP-Adapter reference image (HxWx3 uint8 RGB, or (3, H, W) float in
+        [0, 1]); its embedding is computed here, once per picture (`IPAdapter.embed`), not per
+        frame. Other streams on the model keep theirs; the first reference given on a model is
+        also the one streams built later start from (serve's --ip-image)."""
         ip = self._ip_adapter()
         if isinstance(image, torch.Tensor) and image.dtype.is_floating_point:
-            ip.set_reference(image.to(self.device))
+            embeds = ip.embed(image.to(self.device))
         else:
             frames = to_frames(image)  # (1, H, W, 3) uint8
-            ip.set_reference(frames[0, ..., :3].permute(2, 0, 1).to(self.device).float() / 255.0)
+            embeds = ip.embed(frames[0, ..., :3].permute(2, 0, 1).to(self.device).float() / 255.0)
+        if ip.embeds is None:
+            ip.embeds = embeds
+        self._ip_embeds = embeds
+
+    def set_reference_embeds(self, embeds: torch.Tensor | None) -> None:
+        """This stream's reference as an embedding made by `IPAdapter.embed` (1, 1, D); None: no
+        reference (the zero embedding)."""
+        self._ip_adapter()
+        self._ip_embeds = embeds
 
     def set_ip_adapter_scale(self, scale: float) -> None:
-        self._ip_adapter().set_scale(scale)
+        """This stream's IP-Adapter scale (its rows' own: other streams keep theirs)."""
+        self._ip_scale = self._ip_adapter().scale_rows(scale)
+        self._ip_scale_value = float(scale)
+
+    @property
+    def ip_adapter_scale(self) -> float | None:
+        return self._ip_scale_value
 
     def _ip_adapter(self):
         if self.comps.ip_adapter is None:
@@ -316,7 +337,7 @@ class StreamDiffusion:
 
     def _stream_cond(self, cond: ImageCond, negative: bool) -> ImageCond:
         """The prompt's condition with the stream's own fields: SDXL's time ids, the ControlNet
-        scales, IP-Adapter's reference embedding (zeros for the unconditional rows)."""
+        scales, IP-Adapter's reference embedding (zeros for the unconditional rows) and scale."""
         extra = {}
         if self.comps.is_sdxl:  # the stream's size is fixed: made once (an upload per call would sync)
             if self._time_ids is None:
@@ -325,8 +346,9 @@ class StreamDiffusion:
         if self.control is not None:
             extra["control_scale"] = self.control.scales(1, self.device)
         ip = self.comps.ip_adapter
-        if ip is not None:
-            extra["image_embeds"] = ip.zeros(1) if negative or ip.embeds is None else ip.embeds
+        if ip is not None:  # the stream's own reference and scale (the unconditional rows: no reference)
+            extra["image_embeds"] = ip.zeros(1) if negative or self._ip_embeds is None else self._ip_embeds
+            extra["ip_scale"] = self._ip_scale
         return replace(cond, **extra) if extra else cond
 
     def update(self, **changes) -> None:
