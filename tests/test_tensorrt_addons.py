@@ -418,3 +418,38 @@ def test_build_engines_builds_the_unet_engine_the_app_looks_up_with_addons(tiny_
     acceleration.apply_acceleration(comps, "tensorrt", engine_dir=tmp_path, plan=PLAN, parts=("unet",))
     spec = trt.specs[next(iter(trt.specs))]
     assert engine_key(spec, PLAN.shapes("unet")) == asked["unet"]
+
+
+def test_ensure_engine_exports_the_addons_graph_and_profiles_every_input(with_controlnets, monkeypatch, tmp_path):
+    """The real ensure_engine up to TensorRT's builder (stood in for): the ONNX file it exports for a
+    UNet with two ControlNets has exactly the spec's inputs, the profile handed to the builder names
+    each of them (control images at the plan's pixel size), the engine is found in the cache the
+    second time, and the plain UNet (no ControlNets) is another engine."""
+    from types import SimpleNamespace
+
+    import onnx
+
+    from streamstudio.kernels import tensorrt as trt_kernels
+    from streamstudio.kernels.tensorrt import build
+    from streamstudio.kernels.tensorrt.cache import EngineCache
+
+    monkeypatch.setattr(trt_kernels, "_trt", SimpleNamespace(__version__="10.fake"))
+    monkeypatch.setattr(trt_kernels, "_checked", True)
+    built = []
+
+    def build_engine(onnx_path, profile, fp16=True, workspace_gb=None):
+        built.append(([i.name for i in onnx.load(str(onnx_path), load_external_data=False).graph.input], profile))
+        return b"engine"
+
+    monkeypatch.setattr(build, "build_engine", build_engine)
+    cache, shapes = EngineCache(tmp_path / "engines"), PLAN.shapes("unet")
+    spec = image_specs(with_controlnets, ("unet",))[0]
+    path = build.ensure_engine(spec, cache, shapes)
+    inputs, profile = built[0]
+    assert inputs == spec.input_names and set(profile) == set(inputs)
+    lo, _, hi = PLAN.batch_range("unet")
+    assert profile["control_1"] == ((lo, 3, SIZE, SIZE), (PLAN.opt["unet"], 3, SIZE, SIZE), (hi, 3, SIZE, SIZE))
+    assert build.ensure_engine(image_specs(with_controlnets, ("unet",))[0], cache, shapes) == path and len(built) == 1
+    plain = dataclasses.replace(with_controlnets, controlnets=[], control_defaults=[])
+    assert build.ensure_engine(image_specs(plain, ("unet",))[0], cache, shapes) != path and len(built) == 2
+    assert "control_0" not in built[1][1]
