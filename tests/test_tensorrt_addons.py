@@ -453,3 +453,53 @@ def test_ensure_engine_exports_the_addons_graph_and_profiles_every_input(with_co
     plain = dataclasses.replace(with_controlnets, controlnets=[], control_defaults=[])
     assert build.ensure_engine(image_specs(plain, ("unet",))[0], cache, shapes) != path and len(built) == 2
     assert "control_0" not in built[1][1]
+
+
+def test_controlnet_streams_batched_across_users_on_the_engine(with_controlnets, monkeypatch, tmp_path):
+    """serve's path: two ControlNet streams at different conditioning scales and CFG types share
+    UNet engine calls through the batching executor (rows padded to the plan's buckets, every
+    bucket captured at start-up with its control images); each gets the frames it gets alone,
+    eagerly."""
+    import threading
+
+    from test_controlnet import make_pipe, stream_frames
+
+    from streamstudio.app.batching import BatchExecutor, BatchingConfig, batched_components, stream_plan
+
+    comps, nets = with_controlnets, with_controlnets.controlnets
+    specs = [([0.7, 0.4], "self", stream_frames(3, seed=5)), ([0.1, 1.2], "initialize", stream_frames(3, seed=6))]
+    alone = []
+    for scales, cfg, inputs in specs:
+        pipe = make_pipe(comps, nets, scales, steps=2, cfg_type=cfg, guidance_scale=1.3)
+        alone.append([pipe(f) for f in inputs])
+    batching = BatchingConfig(max_wait_ms=500)
+    plan = stream_plan(make_pipe(comps, nets, steps=2).config, batching)
+    trt = FakeTensorRT(monkeypatch, tmp_path)
+    fast = acceleration.apply_acceleration(comps, "tensorrt", engine_dir=tmp_path, plan=plan)
+    unet = fast.net.unet_engine
+    assert [s["control_0"] for s in unet.captured] == [(b, 3, SIZE, SIZE) for b in plan.sizes["unet"]]
+    executor = BatchExecutor(batching)
+    try:
+        shared = batched_components(fast, executor)
+        pipes = [make_pipe(shared, nets, scales, steps=2, cfg_type=cfg, guidance_scale=1.3) for scales, cfg, _ in specs]
+        got: list[list] = [[], []]
+        barrier = threading.Barrier(2)
+
+        def worker(i):
+            with executor.client():
+                for frame in specs[i][2]:
+                    barrier.wait()  # both streams in the same frame: their calls meet
+                    got[i].append(pipes[i](frame))
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert executor.stats.batched_calls > 0, "no call served both streams"
+        assert {s["sample"][0] for s in unet.shapes} <= set(plan.sizes["unet"])  # only captured batch sizes
+        for want, have in zip(alone, got):
+            assert_same_frames(have, want)
+    finally:
+        executor.close()
+    assert len(trt.unet_builds()) == 1
