@@ -82,3 +82,55 @@ def test_seam_ratio_and_vanished_frames_by_hand():
     area = np.array([64.0] * 10 + [0.0] * 2)
     assert m.vanished == 2 and m.area_cv == pytest.approx(area.std() / area.mean())
     assert m.direction_ok  # the steps around the gap are left out, the rest move right by 1
+
+
+@pytest.mark.slow  # 15 distillation steps and 12 renders: about a minute on one CPU thread
+def test_distilled_student_is_closer_to_the_teacher_than_the_teacher_at_one_step(tmp_path):
+    """Issue 18 item 1 at the video level: distil the built-in model (s0 micro-steps) into a
+    student of its own layout (N, c) at s = 1; the student's videos must be closer to the
+    teacher's at s0 than the teacher's own videos at s = 1 are (same prompts, seeds and noise)."""
+    from streamstudio.app.video_training import VideoTrainConfig, VideoTrainer
+    from streamstudio.models.stream_dit import BUILTIN_CHECKPOINT, read_checkpoint_config
+
+    smp = read_checkpoint_config(BUILTIN_CHECKPOINT)["sampling"]
+    n, c, s0 = smp["num_chunks"], smp["chunk_size"], smp["micro_steps"]
+    assert s0 >= 2
+    cfg = VideoTrainConfig(output=str(tmp_path / "student"), mode="distill", teacher=str(BUILTIN_CHECKPOINT),
+                           teacher_steps=s0, steps=15, batch_size=4, buffer_frames=n * c, lr=2e-5, warmup=5,
+                           min_lr_ratio=1.0, save_every=1000, seed=3, cpu=True, progress=False,
+                           sampling={"num_chunks": n, "chunk_size": c, "micro_steps": 1})
+    VideoTrainer(cfg).train()
+    f = vq.distillation_figures(str(BUILTIN_CHECKPOINT), cfg.output, s0, vq.protocol(3), frames=16)
+    assert f["student_s1_vs_teacher"] < f["teacher_s1_vs_teacher"], f
+
+
+@pytest.mark.slow  # 8 renders of 32 frames: about a minute on one CPU thread
+def test_builtin_model_moves_as_prompted_without_paired_motion():
+    """A few protocol renders of the built-in model at its own layout: most move the prompted way
+    (measured 7/8 on these, 34/44 on the whole protocol), and motion does not arrive in pairs of
+    frames (the seam of c = 2: jumps alternate big, small); with c = 1 the jumps at even and odd
+    steps are alike (within the seam target of 1.3x)."""
+    import math
+
+    from streamstudio.models.stream_dit import load_builtin
+
+    model, meta = load_builtin()
+    smp = meta["sampling"]
+    layout = (smp["num_chunks"], smp["chunk_size"], smp["micro_steps"])
+    videos, phase = [], [[], []]
+    for prompt, seed in vq.protocol(8):
+        frames = vq.render_model(model, meta, prompt, seed, layout)
+        videos.append(vq.measure_video(frames, prompt, seed, layout[1]))
+        cents = [vq.torus_centroid(f.max(-1) > vq.BRIGHT) if (f.max(-1) > vq.BRIGHT).sum() >= 10 else None
+                 for f in frames]
+        for i in range(len(frames) - 1):
+            if cents[i] is not None and cents[i + 1] is not None:
+                dx = vq.wrap(cents[i + 1][0] - cents[i][0], 32)
+                dy = vq.wrap(cents[i + 1][1] - cents[i][1], 32)
+                phase[i % 2].append(math.hypot(dx, dy))
+    summary = vq.summarize(videos, layout[1])
+    assert summary["direction"] >= 6, summary
+    pairing = np.mean(phase[0]) / np.mean(phase[1])
+    assert 1 / 1.3 <= pairing <= 1.3, pairing
+    if summary["seam_ratio"] is not None:
+        assert summary["seam_ratio"] <= 1.3, summary
