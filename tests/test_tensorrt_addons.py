@@ -503,3 +503,30 @@ def test_controlnet_streams_batched_across_users_on_the_engine(with_controlnets,
     finally:
         executor.close()
     assert len(trt.unet_builds()) == 1
+
+
+def test_sdxl_stream_with_a_controlnet_and_an_ip_adapter_on_the_engine_equals_eager(monkeypatch, tmp_path):
+    """SDXL: the engine takes the pooled text and time ids beside the ControlNet's image and scale
+    (and, with per-row IP-Adapter scales, the adapter's embedding and scale); the frames equal the
+    eager stream's."""
+    from streamstudio.models.ip_adapter import IPAdapter
+    from streamstudio.models.loading import load_components
+
+    xl = load_components("tiny-sdxl")
+    xl.controlnets = [tiny_controlnet(xl.unet, 3)]
+    xl.control_defaults = [("softedge", 0.9)]
+    want_inputs = ["sample", "timestep", "text", "text_embeds", "time_ids", "control_0", "control_scale"]
+    if ROW_SCALES:
+        xl.ip_adapter = IPAdapter(xl, f"{write_tiny_ip_adapter(xl.unet, tmp_path / 'ip')}:0.7")
+        want_inputs = [*want_inputs[:5], "image_embeds", "control_0", "control_scale", IP_SCALE]
+    FakeTensorRT(monkeypatch, tmp_path)
+    fast = acceleration.apply_acceleration(xl, "tensorrt", engine_dir=tmp_path, plan=PLAN)
+    assert fast.net.unet_engine.input_names == want_inputs
+    inputs = frames(2, seed=11)
+    streams = [StreamDiffusion(c, CONFIG, prompt="a lighthouse") for c in (xl, fast)]
+    if ROW_SCALES:
+        for stream in streams:
+            stream.set_reference((reference_image(4).permute(1, 2, 0).numpy() * 255).astype(np.uint8))
+    eager, engine = (run(s, inputs) for s in streams)
+    assert_same_frames(engine, eager)
+    assert fast.net.unet_engine.calls > 0
