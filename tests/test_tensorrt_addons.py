@@ -28,10 +28,6 @@ from streamstudio.models.image_net import ImageCond
 from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
 SIZE = 32
-# the IP-Adapter's per-row scale (ImageCond.ip_scale, models/ip_adapter.py) is what the engine takes as
-# its scale input; without it an IP-Adapter's UNet is not exported (its scale would be a constant)
-ROW_SCALES = "ip_scale" in {f.name for f in dataclasses.fields(ImageCond)}
-needs_row_scales = pytest.mark.skipif(not ROW_SCALES, reason="ImageCond has no per-row IP-Adapter scale yet")
 
 
 class FakeTensorRT:
@@ -135,7 +131,6 @@ def test_controlnet_stream_on_the_engine_equals_eager(with_controlnets, monkeypa
     assert len(trt.unet_builds()) == 1  # no rebuild for a scale
 
 
-@needs_row_scales
 def test_ip_adapter_stream_on_the_engine_equals_eager(tiny_components_factory, monkeypatch, tmp_path):
     """An IP-Adapter: its reference embedding (B, 1, D) and its per-row scale (B, 1) are engine
     inputs; the frames equal eager's with a reference, and again after a live scale change of the
@@ -227,8 +222,6 @@ def test_cache_key_covers_controlnets_ip_adapter_and_fused_loras(tiny_components
     assert key(comps).model_id != one_net.model_id
     comps.controlnets = []
     assert key(comps) == base
-    if not ROW_SCALES:
-        return
     comps.ip_adapter = IPAdapter(comps, str(write_tiny_ip_adapter(comps.unet, tmp_path / "ip")))
     with_ip = key(comps)
     assert with_ip.model_id != base.model_id and IP_SCALE in with_ip.profile_dict()
@@ -335,7 +328,6 @@ def _eager_at(comps, feeds, scale):
         comps.ip_adapter.set_scale(saved)
 
 
-@needs_row_scales
 def test_the_ip_adapter_scale_input_drives_the_graph(tiny_components_factory, tmp_path):
     """The spec's module scales the adapter's attention by its ip_scale input, row by row
     (not by the processors' float): rows at 0 and 0.6 equal the eager call at those scales, and
@@ -358,7 +350,6 @@ def acceleration_ip_scale(comps):
     return ip_scale(comps.unet)
 
 
-@needs_row_scales
 def test_unet_export_with_a_controlnet_and_an_ip_adapter_matches_onnxruntime(tiny_components_factory, tmp_path):
     """The UNet engine's ONNX graph with a ControlNet and an IP-Adapter: its inputs are the spec's
     (control image at pixel size, control scale, image embedding, IP scale), onnxruntime equals
@@ -507,26 +498,23 @@ def test_controlnet_streams_batched_across_users_on_the_engine(with_controlnets,
 
 def test_sdxl_stream_with_a_controlnet_and_an_ip_adapter_on_the_engine_equals_eager(monkeypatch, tmp_path):
     """SDXL: the engine takes the pooled text and time ids beside the ControlNet's image and scale
-    (and, with per-row IP-Adapter scales, the adapter's embedding and scale); the frames equal the
-    eager stream's."""
+    and the IP-Adapter's embedding and per-row scale; the frames equal the eager stream's."""
     from streamstudio.models.ip_adapter import IPAdapter
     from streamstudio.models.loading import load_components
 
     xl = load_components("tiny-sdxl")
     xl.controlnets = [tiny_controlnet(xl.unet, 3)]
     xl.control_defaults = [("softedge", 0.9)]
-    want_inputs = ["sample", "timestep", "text", "text_embeds", "time_ids", "control_0", "control_scale"]
-    if ROW_SCALES:
-        xl.ip_adapter = IPAdapter(xl, f"{write_tiny_ip_adapter(xl.unet, tmp_path / 'ip')}:0.7")
-        want_inputs = [*want_inputs[:5], "image_embeds", "control_0", "control_scale", IP_SCALE]
+    xl.ip_adapter = IPAdapter(xl, f"{write_tiny_ip_adapter(xl.unet, tmp_path / 'ip')}:0.7")
+    want_inputs = ["sample", "timestep", "text", "text_embeds", "time_ids", "image_embeds", "control_0",
+                   "control_scale", IP_SCALE]
     FakeTensorRT(monkeypatch, tmp_path)
     fast = acceleration.apply_acceleration(xl, "tensorrt", engine_dir=tmp_path, plan=PLAN)
     assert fast.net.unet_engine.input_names == want_inputs
     inputs = frames(2, seed=11)
     streams = [StreamDiffusion(c, CONFIG, prompt="a lighthouse") for c in (xl, fast)]
-    if ROW_SCALES:
-        for stream in streams:
-            stream.set_reference((reference_image(4).permute(1, 2, 0).numpy() * 255).astype(np.uint8))
+    for stream in streams:
+        stream.set_reference((reference_image(4).permute(1, 2, 0).numpy() * 255).astype(np.uint8))
     eager, engine = (run(s, inputs) for s in streams)
     assert_same_frames(engine, eager)
     assert fast.net.unet_engine.calls > 0
