@@ -269,3 +269,39 @@ def test_lora_scale_is_server_wide_between_frames(addon_model):
     finally:
         set_lora_scale(manager, source, 0.8)
         manager.shutdown()
+
+
+def test_lora_scales_reach_every_replica(tiny_components_factory, tmp_path):
+    """serve --gpus N: a server-wide LoRA scale is set on every replica's model (each has its own
+    fused weights); the weights follow the scale; a wrong name changes nothing."""
+    from streamstudio.app.replicas import ReplicaModel, ReplicaSessionManager
+    from streamstudio.models.lora import LoraSet, save_random_lora
+
+    base = tiny_components_factory()
+    path = save_random_lora(base, tmp_path / "lora")[0]
+    models = []
+    for _ in range(2):
+        comps = tiny_components_factory()
+        comps.loras = LoraSet(comps)
+        comps.loras.add(f"{path}:1.0")
+        models.append(ReplicaModel(comps, StreamDiffusionConfig(width=SIZE, height=SIZE, steps=2),
+                                   batching=BatchingConfig(max_wait_ms=5)))
+    manager = ReplicaSessionManager(models, ["cpu", "cpu"], max_streams=1, owns_model=True)
+    def weights(model):  # the UNet's weights as used (a fused layer's merged weight under its plain name)
+        return {k.replace(".base_layer", ""): v.clone() for k, v in model.comps.unet.state_dict().items()
+                if ".lora_" not in k}
+    try:
+        assert manager.models() == models
+        fused = weights(models[1])
+        with pytest.raises(Exception, match="no LoRA 'nope'"):
+            manager.set_lora_scales({"nope": 0.5})
+        assert all(torch.equal(v, weights(models[1])[k]) for k, v in fused.items())
+        listing = manager.set_lora_scales({str(path): 0.0})
+        assert listing == [(str(path), 0.0)] and all(m.lora_listing() == listing for m in models)
+        plain = base.unet.state_dict()
+        assert set(fused) == set(plain) and any(not torch.equal(fused[k], v) for k, v in plain.items())
+        for model in models:  # scale 0: every weight the base model's again
+            now = weights(model)
+            assert all(torch.equal(now[k], v) for k, v in plain.items())
+    finally:
+        manager.shutdown()
