@@ -518,3 +518,25 @@ def test_sdxl_stream_with_a_controlnet_and_an_ip_adapter_on_the_engine_equals_ea
     eager, engine = (run(s, inputs) for s in streams)
     assert_same_frames(engine, eager)
     assert fast.net.unet_engine.calls > 0
+
+
+@pytest.mark.slow
+def test_build_engines_without_tensorrt_exports_and_checks_the_addons_unet(tiny_components_factory, tmp_path, capsys):
+    """Without TensorRT, `build-engines --controlnet ... --ip-adapter ...` exports the UNet with both
+    inside (their inputs in the graph) and checks it against onnxruntime (about 7 s)."""
+    import onnx
+
+    from streamstudio.app.cli import main
+
+    comps = tiny_components_factory()
+    tiny_controlnet(comps.unet).save_pretrained(tmp_path / "net")
+    adapter = write_tiny_ip_adapter(comps.unet, tmp_path / "ip")
+    code = main(["build-engines", "--model", "tiny", "--parts", "unet", "--controlnet", str(tmp_path / "net"),
+                 "--ip-adapter", str(adapter), "--cfg", "self", "--steps", "2", "--max-batch-rows", "0",
+                 "--width", str(SIZE), "--height", str(SIZE), "--device", "cpu", "--onnx-dir", str(tmp_path / "onnx")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "ControlNet: " in out and "IP-Adapter: " in out
+    graph = onnx.load(str(tmp_path / "onnx" / "unet" / "model.onnx"), load_external_data=False).graph
+    assert [i.name for i in graph.input] == ["sample", "timestep", "text", "image_embeds", "control_0",
+                                             "control_scale", IP_SCALE]
