@@ -45,7 +45,7 @@ def addon_model(tmp_path_factory):
     comps.loras = LoraSet(comps)
     comps.loras.add(f"{path}:0.8")
     model = ServerModel(comps, StreamDiffusionConfig(width=SIZE, height=SIZE, steps=2, strength=0.7), prompt="a fox",
-                        batching=BatchingConfig(max_wait_ms=20))
+                        batching=BatchingConfig(max_wait_ms=100))
     yield model
     model.close()
 
@@ -305,3 +305,42 @@ def test_lora_scales_reach_every_replica(tiny_components_factory, tmp_path):
             assert all(torch.equal(now[k], v) for k, v in plain.items())
     finally:
         manager.shutdown()
+
+
+def test_two_sessions_with_their_own_ip_scales_and_references_batched_equal_their_solo_runs(addon_model):
+    """Two web sessions on one server, each with its own IP-Adapter scale (the settings path) and
+    reference (set_reference), stream in step: their UNet calls are joined (their stats say so),
+    and each session's outputs equal a stream of its settings run alone on the unbatched model."""
+    from dataclasses import replace
+
+    from streamstudio.pipelines.stream_diffusion import StreamDiffusion
+
+    ip = addon_model.comps.ip_adapter
+    specs = {"p": (0.0, frame(40)), "q": (1.5, np.random.default_rng(3).integers(0, 256, (20, 30, 3), np.uint8))}
+    inputs = [frame(v) for v in (0, 60, 120, 180)]
+    manager = SessionManager(addon_model, max_streams=2)
+    try:
+        sessions = {}
+        for sid, (scale, reference) in specs.items():
+            manager.settings(sid, {"ip_adapter_scale": scale})
+            sessions[sid] = manager.open(sid)
+            sessions[sid].set_reference(reference)
+        got = {sid: [] for sid in specs}
+        for i, picture in enumerate(inputs):
+            for s in sessions.values():
+                s.submit(picture)
+            for sid, s in sessions.items():
+                wait_for(lambda: s.processed >= i + 1, s)
+                got[sid].append(s.latest().copy())
+        for sid, s in sessions.items():
+            assert s.stats()["batching"]["shares_calls"], s.stats()["batching"]
+            assert s.stats()["ip_adapter"] == {"scale": specs[sid][0], "own_reference": True}
+    finally:
+        manager.shutdown()
+    for sid, (scale, reference) in specs.items():
+        solo = StreamDiffusion(addon_model.comps, replace(addon_model.config, mode="img2img"), prompt=addon_model.prompt)
+        solo.set_ip_adapter_scale(scale)
+        solo.set_reference_embeds(ip.embed(torch.from_numpy(reference).permute(2, 0, 1).float() / 255))
+        for picture, out in zip(inputs, got[sid]):
+            assert np.abs(solo(picture).astype(np.int16) - out.astype(np.int16)).max() <= 1, sid
+    assert any(np.abs(a.astype(np.int16) - b.astype(np.int16)).max() > 2 for a, b in zip(got["p"], got["q"]))
