@@ -166,6 +166,16 @@ def test_distillation_refuses_a_layout_other_than_the_buffer(tmp_path):
                                sampling={"num_chunks": 4, "chunk_size": 2, "micro_steps": 1}))
 
 
+def test_init_starts_from_a_checkpoints_weights_with_the_window_mask(tmp_path):
+    from streamstudio.models.stream_dit import BUILTIN_CHECKPOINT, load_builtin
+
+    trainer = VideoTrainer(small_cfg(tmp_path, steps=0, init=str(BUILTIN_CHECKPOINT), buffer_frames=8, size=32))
+    old, _ = load_builtin()
+    assert old.cfg.shift_mask is False and trainer.model.cfg.shift_mask is True
+    for a, b in zip(old.state_dict().values(), trainer.model.state_dict().values()):
+        assert torch.equal(a, b)
+
+
 def test_video_folder_data(tmp_path):
     av = pytest.importorskip("av", reason="PyAV is not installed (the GPU image has none)")
 

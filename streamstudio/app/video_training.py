@@ -29,14 +29,14 @@ import json
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 from streamstudio.errors import StreamStudioError
-from streamstudio.models.stream_dit import (StreamDiT, load_checkpoint, named_config,
-                                            save_checkpoint)
+from streamstudio.models.stream_dit import (StreamDiT, StreamDiTConfig, load_checkpoint, named_config,
+                                            read_checkpoint_config, save_checkpoint)
 from streamstudio.models.video_data import VideoFolder, synthetic_batch
 
 log = logging.getLogger(__name__)
@@ -159,9 +159,13 @@ class VideoTrainer:
             model = StreamDiT(self.teacher.cfg)
             model.load_state_dict(self.teacher.state_dict())
             return model
-        if self.cfg.init and not self.cfg.resume:  # the architecture is the checkpoint's
-            model, _ = load_checkpoint(self.cfg.init)
-            return model.train()
+        if self.cfg.init and not self.cfg.resume:  # the checkpoint's architecture, trained with the window mask
+            from safetensors.torch import load_file
+
+            cfg = replace(StreamDiTConfig.from_dict(read_checkpoint_config(self.cfg.init)["model"]), shift_mask=True)
+            model = StreamDiT(cfg)
+            model.load_state_dict(load_file(str(Path(self.cfg.init) / "model.safetensors")))
+            return model
         torch.manual_seed(self.cfg.seed)
         return StreamDiT(named_config(self.cfg.model))
 
