@@ -289,9 +289,11 @@ def _lora_controls(manager: SessionManager) -> None:
                              label=f"LoRA {source} scale (all streams)") for i, (source, scale) in enumerate(listing)]
         status = gr.Markdown("The LoRAs are fused into the server's model: their scales change every stream.",
                              elem_id="live-lora-status")
+    def setter(source: str):
+        return lambda value: set_lora_scale(manager, source, value)
+
     for (source, _), slider in zip(listing, sliders):
-        slider.release(lambda value, source=source: set_lora_scale(manager, source, value), inputs=[slider],
-                       outputs=[status])
+        slider.release(setter(source), inputs=[slider], outputs=[status])
 
 
 def set_lora_scale(manager: SessionManager, source: str, scale) -> str:
