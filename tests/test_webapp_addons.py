@@ -344,3 +344,44 @@ def test_two_sessions_with_their_own_ip_scales_and_references_batched_equal_thei
         for picture, out in zip(inputs, got[sid]):
             assert np.abs(solo(picture).astype(np.int16) - out.astype(np.int16)).max() <= 1, sid
     assert any(np.abs(a.astype(np.int16) - b.astype(np.int16)).max() > 2 for a, b in zip(got["p"], got["q"]))
+
+
+@pytest.mark.parametrize("batching", [True, False])
+def test_no_frame_starts_while_the_shared_weights_change(batching):
+    """ModelGuard.exclusive (LoRA scale changes): a frame asked for during the change starts only
+    after it, with cross-stream batching (frames are executor clients) and without (the lock)."""
+    import threading
+
+    from streamstudio.app.batching import BatchExecutor
+    from streamstudio.app.sessions import ModelGuard
+
+    executor = BatchExecutor(BatchingConfig()) if batching else None
+    guard, order = ModelGuard(executor), []
+    changing, release = threading.Event(), threading.Event()
+
+    def change():
+        with guard.exclusive():
+            changing.set()
+            release.wait(10)
+            order.append("change done")
+
+    def a_frame():
+        changing.wait(10)
+        with guard.frame():
+            order.append("frame")
+
+    threads = [threading.Thread(target=change), threading.Thread(target=a_frame)]
+    try:
+        for t in threads:
+            t.start()
+        changing.wait(10)
+        time.sleep(0.2)
+        assert order == []  # the frame waits
+        release.set()
+        for t in threads:
+            t.join(10)
+        assert order == ["change done", "frame"]
+    finally:
+        release.set()
+        if executor is not None:
+            executor.close()
