@@ -275,19 +275,19 @@ def test_fit_crops_or_pads_before_the_pipeline_resizes(tmp_path, capsys, fit):
     img[:, :20] = (255, 0, 0)  # a red quarter on the left
     Image.fromarray(img).save(tmp_path / "in" / "0.png")
     seen = []
-    real = render_cmd.FittedFrames._fit
+    real = render_cmd.FittedFrames.fit_frame
 
     def spy(self, frame):
         out = real(self, frame)
         seen.append(out.copy())
         return out
 
-    render_cmd.FittedFrames._fit = spy
+    render_cmd.FittedFrames.fit_frame = spy
     try:
         rc = render("--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--width", "64",
                     "--height", "64", "--fit", fit, *TINY)
     finally:
-        render_cmd.FittedFrames._fit = real
+        render_cmd.FittedFrames.fit_frame = real
     assert rc == 0 and f"64x64 ({fit})" in capsys.readouterr().err
     frame = seen[0]
     if fit == "crop":  # the centre 40x40: the red quarter cut off
