@@ -93,8 +93,7 @@ def test_distilled_student_is_closer_to_the_teacher_than_the_teacher_at_one_step
     from streamstudio.models.stream_dit import BUILTIN_CHECKPOINT, read_checkpoint_config
 
     smp = read_checkpoint_config(BUILTIN_CHECKPOINT)["sampling"]
-    n, c, s0 = smp["num_chunks"], smp["chunk_size"], smp["micro_steps"]
-    assert s0 >= 2
+    n, c, s0 = smp["num_chunks"], smp["chunk_size"], 2  # the teacher at two micro-steps per chunk
     cfg = VideoTrainConfig(output=str(tmp_path / "student"), mode="distill", teacher=str(BUILTIN_CHECKPOINT),
                            teacher_steps=s0, steps=15, batch_size=4, buffer_frames=n * c, lr=2e-5, warmup=5,
                            min_lr_ratio=1.0, save_every=1000, seed=3, cpu=True, progress=False,
@@ -107,7 +106,7 @@ def test_distilled_student_is_closer_to_the_teacher_than_the_teacher_at_one_step
 @pytest.mark.slow  # 8 renders of 32 frames: about a minute on one CPU thread
 def test_builtin_model_moves_as_prompted_without_paired_motion():
     """A few protocol renders of the built-in model at its own layout: most move the prompted way
-    (measured 7/8 on these, 34/44 on the whole protocol), and motion does not arrive in pairs of
+    (34/44 on the whole protocol), and motion does not arrive in pairs of
     frames (the seam of c = 2: jumps alternate big, small); with c = 1 the jumps at even and odd
     steps are alike (within the seam target of 1.3x)."""
     import math
