@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import torch
 
@@ -152,3 +154,33 @@ def recorded_runners(monkeypatch) -> list:
 
     monkeypatch.setattr(Runner, "__init__", record)
     return runners
+
+
+def run_in_lockstep(executor, streams, inputs, stats=None, timeout: float = 120.0) -> list[list]:
+    """Each stream's frames pushed from its own thread, the threads meeting at every frame (a
+    barrier) so that their network calls reach the batching executor together; each thread is
+    one of the executor's clients (with `stats[i]` counting its calls). Returns each stream's
+    outputs; an error in a thread is raised here."""
+    outs: list[list] = [[] for _ in streams]
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(len(streams))
+
+    def worker(i):
+        try:
+            with executor.client(*([] if stats is None else [stats[i]])):
+                for frame in inputs[i]:
+                    barrier.wait()  # every stream in the same frame: their calls meet
+                    outs[i].append(streams[i](frame))
+        except BaseException as exc:  # noqa: BLE001 (handed to the test)
+            errors.append(exc)
+            barrier.abort()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(streams))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    real = [e for e in errors if not isinstance(e, threading.BrokenBarrierError)]
+    if real or errors:
+        raise (real or errors)[0]
+    return outs

@@ -238,7 +238,7 @@ def test_streams_with_different_control_scales_share_calls_and_get_their_own_fra
     """Cross-stream batching: two ControlNet streams at different conditioning scales (per-row
     scales) and CFG types run at the same time through one executor; their UNet calls are joined
     and each stream gets the frames it gets alone."""
-    import threading
+    from helpers import run_in_lockstep
 
     from streamstudio.app.batching import BatchExecutor, BatchingConfig, batched_components
 
@@ -253,20 +253,7 @@ def test_streams_with_different_control_scales_share_calls_and_get_their_own_fra
     try:
         shared = batched_components(with_nets, executor)
         pipes = [make_pipe(shared, nets, scales, steps=2, cfg_type=cfg, guidance_scale=1.3) for scales, cfg, _ in specs]
-        got: list[list] = [[], []]
-        barrier = threading.Barrier(2)
-
-        def worker(i):
-            with executor.client():
-                for frame in specs[i][2]:
-                    barrier.wait()  # both streams in the same frame: their calls meet
-                    got[i].append(pipes[i](frame))
-
-        threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
+        got = run_in_lockstep(executor, pipes, [spec[2] for spec in specs])
         assert executor.stats.batched_calls > 0, "no call served both streams"
         for want, have in zip(alone, got):
             assert len(have) == len(want)

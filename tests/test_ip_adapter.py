@@ -239,7 +239,7 @@ def test_streams_with_their_own_scales_and_references_batched_together_equal_alo
     """Two streams on one model with different IP-Adapter scales and references run their UNet
     calls together through the cross-stream executor; each gets the frames it gets alone; a
     stream's scale and reference leave the other's and the model's defaults as they were."""
-    import threading
+    from helpers import run_in_lockstep
 
     from streamstudio.app.batching import BatchExecutor, BatchingConfig, ClientStats, batched_components
     from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
@@ -268,19 +268,8 @@ def test_streams_with_their_own_scales_and_references_batched_together_equal_alo
         shared = batched_components(model, executor)
         streams = [stream(shared, *spec) for spec in specs]
         assert ip.scale == 0.5 and [s.ip_adapter_scale for s in streams] == [0.0, 1.5]  # the model's default kept
-        got, counts, barrier = [[], []], [ClientStats(), ClientStats()], threading.Barrier(2)
-
-        def worker(i):
-            with executor.client(counts[i]):
-                for f in frames[i]:
-                    barrier.wait()
-                    got[i].append(streams[i](f))
-
-        threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
+        counts = [ClientStats(), ClientStats()]
+        got = run_in_lockstep(executor, streams, frames, stats=counts)
         assert all(c.shared > 0 for c in counts), counts  # their UNet calls were joined
         for want, have in zip(alone, got):
             assert len(have) == len(want)

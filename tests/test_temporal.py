@@ -11,7 +11,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from helpers import capture_latents
+from helpers import capture_latents, run_in_lockstep
 
 from streamstudio.errors import StreamStudioError
 from streamstudio.models import feature_bank
@@ -222,20 +222,7 @@ def test_streams_with_banks_batched_across_streams_give_their_frames_alone(tiny_
     try:
         shared = batched_components(comps, executor)
         streams = [stream(shared, *spec) for spec in specs]
-        got: list[list] = [[], [], []]
-        barrier = threading.Barrier(3)
-
-        def worker(i):
-            with executor.client():
-                for f in inputs[i]:
-                    barrier.wait()
-                    got[i].append(streams[i](f))
-
-        threads = [threading.Thread(target=worker, args=(i,)) for i in range(3)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
+        got = run_in_lockstep(executor, streams, inputs)
         assert executor.stats.batched_calls > 0
         for want, have in zip(alone, got):
             assert len(have) == len(want)

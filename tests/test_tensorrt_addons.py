@@ -451,7 +451,7 @@ def test_controlnet_streams_batched_across_users_on_the_engine(with_controlnets,
     UNet engine calls through the batching executor (rows padded to the plan's buckets, every
     bucket captured at start-up with its control images); each gets the frames it gets alone,
     eagerly."""
-    import threading
+    from helpers import run_in_lockstep
 
     from test_controlnet import make_pipe, stream_frames
 
@@ -473,20 +473,7 @@ def test_controlnet_streams_batched_across_users_on_the_engine(with_controlnets,
     try:
         shared = batched_components(fast, executor)
         pipes = [make_pipe(shared, nets, scales, steps=2, cfg_type=cfg, guidance_scale=1.3) for scales, cfg, _ in specs]
-        got: list[list] = [[], []]
-        barrier = threading.Barrier(2)
-
-        def worker(i):
-            with executor.client():
-                for frame in specs[i][2]:
-                    barrier.wait()  # both streams in the same frame: their calls meet
-                    got[i].append(pipes[i](frame))
-
-        threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
+        got = run_in_lockstep(executor, pipes, [spec[2] for spec in specs])
         assert executor.stats.batched_calls > 0, "no call served both streams"
         assert {s["sample"][0] for s in unet.shapes} <= set(plan.sizes["unet"])  # only captured batch sizes
         for want, have in zip(alone, got):

@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from helpers import run_in_lockstep
 
 from streamstudio.app.batching import BatchExecutor, BatchingConfig, BatchedImageNet, batched_components
 from streamstudio.errors import StreamStudioError
@@ -297,20 +298,7 @@ def _batched_equals_alone(comps, tolerance: int, config: BatchingConfig | None =
         shared = batched_components(comps, executor)
         assert isinstance(shared.net, BatchedImageNet) and shared.unet is comps.unet
         streams = [_stream(shared, prompt, seed, cfg) for prompt, seed, cfg, _ in specs]
-        batched: list[list] = [[], []]
-        barrier = threading.Barrier(2)
-
-        def worker(i):
-            with executor.client():
-                for frame in specs[i][3]:
-                    barrier.wait()  # both streams are in the same frame: their calls meet
-                    batched[i].append(streams[i](frame))
-
-        threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
+        batched = run_in_lockstep(executor, streams, [spec[3] for spec in specs])
         assert executor.stats.batched_calls > 0, "no call served both streams"
         for want, got in zip(alone, batched):
             assert len(got) == len(want)
