@@ -277,12 +277,14 @@ def test_a_lora_change_rebuilds_the_unet_engine(tiny_components_factory, monkeyp
     assert_same_frames(after, run(eager, inputs))
 
 
-def test_generate_no_longer_refuses_tensorrt_with_a_controlnet(tiny_components_factory, tmp_path, capsys):
+def test_generate_no_longer_refuses_tensorrt_with_a_controlnet(tiny_components_factory, tmp_path, capsys, monkeypatch):
     """`generate --acceleration tensorrt --controlnet ...` runs (here without TensorRT: the torch
     path, said once) instead of being refused."""
     from PIL import Image
 
     from streamstudio.app.cli import main
+
+    monkeypatch.setattr(acceleration, "_said", set())  # said once per process: an earlier test may have said it
 
     comps = tiny_components_factory()
     tiny_controlnet(comps.unet).save_pretrained(tmp_path / "net")
