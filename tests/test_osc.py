@@ -171,3 +171,19 @@ def test_message_mapping():
         settings_from_message("/streamstudio/s/blend", (0.5, 0.5), current_prompt="one prompt")
     with pytest.raises(StreamStudioError, match="one value"):
         settings_from_message("/streamstudio/s/strength", (0.5, 0.5))
+
+
+def test_add_on_scales_by_osc():
+    """ControlNet scales (one value per net) and the IP-Adapter scale, through the API's checks."""
+    from streamstudio.app.osc import settings_from_message
+    from streamstudio.app.settings import parse_settings
+    from streamstudio.errors import StreamStudioError
+
+    stream, raw = settings_from_message("/streamstudio/s/control_scales", (0.800000011920929, 0.5))
+    assert stream == "s" and parse_settings(raw) == {"control_scales": [0.8, 0.5]}
+    assert parse_settings(settings_from_message("/streamstudio/s/ip_adapter_scale", (0.6,))[1]) == \
+        {"ip_adapter_scale": 0.6}
+    with pytest.raises(StreamStudioError, match="one value"):
+        settings_from_message("/streamstudio/s/ip_adapter_scale", (0.6, 0.7))
+    with pytest.raises(StreamStudioError, match="control_scales is a list"):
+        parse_settings(settings_from_message("/streamstudio/s/control_scales", ())[1])

@@ -9,6 +9,8 @@ changes a running stream's settings, through the same checks as `POST /studio/se
     /streamstudio/{stream}/blend     0.2 0.8          new weights for the stream's current blend
     /streamstudio/{stream}/{setting} value            any other live setting by its API name
                                                       (negative_prompt, delta, cfg_type, ...)
+    /streamstudio/{stream}/control_scales 0.8 0.5     ControlNet scales, one per --controlnet
+    /streamstudio/{stream}/ip_adapter_scale 0.6       the stream's IP-Adapter scale
 
 `{stream}` is the session id (a WHIP stream's name, a `webrtc_id`); settings for a stream that
 has not started yet are kept for it, as the API does. The server binds to 127.0.0.1 unless
@@ -23,6 +25,7 @@ import math
 import threading
 
 from streamstudio.app.sessions import SessionManager
+from streamstudio.app.settings import CONTROL_SCALES, IP_ADAPTER_SCALE
 from streamstudio.app.webrtc import WEBRTC_ID
 from streamstudio.errors import StreamStudioError
 from streamstudio.pipelines.live_settings import live_settings
@@ -55,6 +58,12 @@ def settings_from_message(address: str, args: tuple, current_prompt=None) -> tup
     if name == "blend":
         return stream, {"prompt": _blend(args, current_prompt)}
     key = ALIASES.get(name, name)
+    if key == CONTROL_SCALES:  # a list: one value per ControlNet (checked by the API's parser)
+        return stream, {key: list(args)}
+    if key == IP_ADAPTER_SCALE:
+        if len(args) != 1:
+            raise StreamStudioError(f"/{name} takes one value, got {len(args)}")
+        return stream, {key: args[0]}
     table = {s.name: s for s in live_settings()}
     if key not in table:
         raise StreamStudioError(f"unknown setting {name!r}; known: {', '.join(sorted([*table, *ALIASES, 'blend']))}")
