@@ -47,17 +47,14 @@ def load_controlnet(source: str, device: torch.device | str = "cpu", dtype: torc
     layout, through diffusers' single-file loader)."""
     from diffusers import ControlNetModel
 
+    from streamstudio.models.loading import quiet_hub
+
     if local_files_only is None:
         local_files_only = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
     path = Path(os.path.expanduser(source))
     try:
-        if path.is_file():
-            if path.suffix != ".safetensors":
-                raise StreamStudioError(f"ControlNet {source!r} is not a .safetensors file or a diffusers folder")
-            net = ControlNetModel.from_single_file(str(path), local_files_only=local_files_only, torch_dtype=dtype)
-        else:
-            net = ControlNetModel.from_pretrained(str(path) if path.is_dir() else source, torch_dtype=dtype,
-                                                  local_files_only=local_files_only or path.is_dir())
+        with quiet_hub():
+            net = _load(ControlNetModel, source, path, dtype, local_files_only)
     except StreamStudioError:
         raise
     except Exception as exc:  # hub, file and config errors: all mean "cannot load this ControlNet"
@@ -65,6 +62,15 @@ def load_controlnet(source: str, device: torch.device | str = "cpu", dtype: torc
             f"ControlNet {source!r} could not be loaded ({_first_line(exc)}); fetch it once with "
             f"`hf download {source}` on a machine with network access, or pass a local diffusers folder") from exc
     return net.to(device=device).eval().requires_grad_(False)
+
+
+def _load(model_class, source: str, path: Path, dtype: torch.dtype, local_files_only: bool):
+    if path.is_file():
+        if path.suffix != ".safetensors":
+            raise StreamStudioError(f"ControlNet {source!r} is not a .safetensors file or a diffusers folder")
+        return model_class.from_single_file(str(path), local_files_only=local_files_only, torch_dtype=dtype)
+    return model_class.from_pretrained(str(path) if path.is_dir() else source, torch_dtype=dtype,
+                                       local_files_only=local_files_only or path.is_dir())
 
 
 def check_fits(net, unet) -> None:

@@ -85,9 +85,12 @@ class IPAdapter:
         self.comps, self.source = comps, spec.source
         where, subfolder, weight = locate(spec.source, comps.is_sdxl)
         self._pipe = _pipeline(comps)
+        from streamstudio.models.loading import quiet_hub
+
         try:
-            self._pipe.load_ip_adapter(where, subfolder=subfolder, weight_name=weight,
-                                       local_files_only=local_files_only or Path(where).is_dir())
+            with quiet_hub():
+                self._pipe.load_ip_adapter(where, subfolder=subfolder, weight_name=weight,
+                                           local_files_only=local_files_only or Path(where).is_dir())
         except Exception as exc:  # hub, file and key errors: all mean "cannot load this adapter"
             raise ModelNotFoundError(
                 f"IP-Adapter {spec.source!r} could not be loaded ({_first_line(exc)}); fetch it once with "

@@ -194,7 +194,7 @@ def load_components(
             comps.notes.append("--taesd does nothing for the built-in model: its own autoencoder is faster still")
         return comps.to(device, dtype)
 
-    with _quiet_hub():
+    with quiet_hub():
         comps = _load(model, lcm_lora, taesd, local_files_only)
         if comps.is_sdxl and dtype == torch.float16:
             _sdxl_fp16_vae(comps, local_files_only)
@@ -202,7 +202,7 @@ def load_components(
 
 
 @contextlib.contextmanager
-def _quiet_hub():
+def quiet_hub():
     """diffusers still passes huggingface_hub an argument it has deprecated, and every command
     printed the hub's warning about it: not the user's to act on."""
     with warnings.catch_warnings():
@@ -574,7 +574,7 @@ def download_model(repo: str = DEFAULT_MODEL, patterns: list[str] | None = None)
     """Fetch `repo`'s files into the Hugging Face cache, with huggingface_hub's own progress bars."""
     from huggingface_hub import snapshot_download
 
-    with _quiet_hub():
+    with quiet_hub():
         return snapshot_download(repo, allow_patterns=SD_TURBO_FILES if patterns is None else patterns)
 
 
