@@ -33,10 +33,9 @@ def test_formula():
 def test_skip_rate_matches_formula(s, threshold):
     a, b = pair_with_similarity(s)
     p = skip_probability(s, threshold)
-    flt = SimilarityFilter(SimilarityFilterConfig(threshold=threshold, max_skip_frame=10**9, seed=1))
     trials, skips = 3000, 0
-    for _ in range(trials):
-        flt.reset()
+    for trial in range(trials):  # a new filter (seed) per trial: each trial's one draw is its own
+        flt = SimilarityFilter(SimilarityFilterConfig(threshold=threshold, max_skip_frame=10**9, seed=trial))
         assert not flt.should_skip(a)  # the first frame is always processed
         skips += flt.should_skip(b)
     bound = 4 * math.sqrt(p * (1 - p) / trials) + 1e-9
@@ -74,3 +73,20 @@ def test_a_forced_frame_reads_no_similarity(monkeypatch):
     decisions = [filt.should_skip(x) for _ in range(7)]
     assert decisions == [False, True, True, False, True, True, False]  # identical frames: p = 1
     assert len(calls) == 4  # frames 1, 2, 4, 5; not the first nor the forced ones
+
+
+def test_reset_is_a_new_filter():
+    """After reset() the filter skips exactly what a fresh one with its seed skips: a pipeline
+    reused for the next file of a batch matches a render of that file alone."""
+    a, b = pair_with_similarity(0.99)
+    frames = [a, b] * 40  # random decisions: p = 0.5 for b after a processed a
+
+    def decisions(flt):
+        return [flt.should_skip(x) for x in frames]
+
+    config = SimilarityFilterConfig(threshold=0.98, max_skip_frame=10**9, seed=5)
+    used = SimilarityFilter(config)
+    first = decisions(used)
+    assert any(first) and not all(first[1:])  # the draws decided: some skipped, some not
+    used.reset()
+    assert decisions(used) == first == decisions(SimilarityFilter(config))

@@ -43,8 +43,11 @@ class SimilarityFilter:
         self.last_similarity: float | None = None
 
     def reset(self) -> None:
+        """As a new filter: no last input, and its random draws start again from the seed (a
+        reused pipeline's next stream skips exactly the frames a fresh one would)."""
         self._last = None
         self.skip_run = 0
+        self._rng = random.Random(self.config.seed)
 
     def should_skip(self, x: torch.Tensor) -> bool:
         """True when `x` should be skipped; otherwise `x` becomes the last processed input.
