@@ -180,7 +180,6 @@ def run_in_lockstep(executor, streams, inputs, stats=None, timeout: float = 120.
         t.start()
     for t in threads:
         t.join(timeout)
-    real = [e for e in errors if not isinstance(e, threading.BrokenBarrierError)]
-    if real or errors:
-        raise (real or errors)[0]
+    if errors:  # the first real error, not the broken barriers it left the other threads
+        raise next((e for e in errors if not isinstance(e, threading.BrokenBarrierError)), errors[0])
     return outs

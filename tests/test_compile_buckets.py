@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from diffusers.models.unets.unet_2d_condition import UNet2DConditionOutput
+from helpers import run_in_lockstep
 from torch import nn
 
 from streamstudio.app.batching import BatchExecutor, BatchingConfig, batched_components, warm_up
@@ -65,27 +66,8 @@ def _stream(comps, seed: int, cfg: str = "self"):
 
 def _run_streams(executor, streams, frames_each: int) -> list[list[np.ndarray]]:
     """Each stream on its own thread, frames in step (their calls meet in the executor)."""
-    out: list[list] = [[] for _ in streams]
-    barrier = threading.Barrier(len(streams))
-    errors = []
-
-    def worker(i):
-        try:
-            with executor.client():
-                for frame in _frames(100 + i, frames_each):
-                    barrier.wait()
-                    out[i].append(streams[i](frame))
-        except Exception as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-            barrier.abort()
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(streams))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
-    assert not errors, errors
-    return out
+    return run_in_lockstep(executor, streams, [_frames(100 + i, frames_each) for i in range(len(streams))],
+                           timeout=300)
 
 
 def _compiled_shared(tiny_components_factory, pad: bool | None, small_unet: bool = False, max_rows: int = 16):
