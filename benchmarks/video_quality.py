@@ -178,7 +178,7 @@ def protocol(subset: int | None = None) -> list[tuple[str, int]]:
 
 
 def render_model(model, meta: dict, prompt: str, seed: int, layout: tuple[int, int, int],
-                 frames: int = FRAMES) -> list[np.ndarray]:
+                 frames: int = FRAMES, guidance: float | None = None) -> list[np.ndarray]:
     """Text-to-video frames of a StreamDiT checkpoint at its latent size (RGB uint8)."""
     from streamstudio.pipelines.stream_video import (StreamBufferConfig, StreamDiTBackbone, StreamVideoConfig,
                                                      VideoStream)
@@ -188,7 +188,8 @@ def render_model(model, meta: dict, prompt: str, seed: int, layout: tuple[int, i
     cfg = StreamVideoConfig(StreamBufferConfig(num_chunks=n, chunk_size=c, micro_steps=s,
                                                ref_frames=smp.get("ref_frames", 0), seed=seed),
                             height=smp["height"], width=smp["width"])
-    stream = VideoStream(StreamDiTBackbone(model), cfg, prompt)
+    guidance = smp.get("guidance", 1.0) if guidance is None else guidance
+    stream = VideoStream(StreamDiTBackbone(model, guidance), cfg, prompt)
     with torch.inference_mode():
         return list(stream.frames(frames))
 
@@ -260,6 +261,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="checkpoint folder (default: the built-in model)")
     parser.add_argument("--layout", default=None, help="N,c,s (default: the checkpoint's sampling defaults)")
+    parser.add_argument("--guidance", type=float, default=None,
+                        help="classifier-free guidance (default: the checkpoint's, else 1)")
     parser.add_argument("--data", action="store_true", help="measure the training data's clips instead of a model")
     parser.add_argument("--subset", type=int, default=None, help="only the first K prompts, seed 0 (quick)")
     parser.add_argument("--label", default=None, help="name of this run in the JSON (default from the source)")
@@ -270,7 +273,7 @@ def main(argv=None) -> int:
     pairs = protocol(args.subset)
     start = time.perf_counter()
     if args.data:
-        layout, source = (1, 1, 1), "training data (render_shape_clip)"
+        layout, source, guidance = (1, 1, 1), "training data (render_shape_clip)", 1.0
         videos = [measure_video(data_clip(p, s), p, s, chunk_size=1) for p, s in pairs]
     else:
         from streamstudio.models.stream_dit import BUILTIN_CHECKPOINT, load_checkpoint
@@ -281,12 +284,16 @@ def main(argv=None) -> int:
         layout = (tuple(int(v) for v in args.layout.split(",")) if args.layout
                   else (smp["num_chunks"], smp["chunk_size"], smp["micro_steps"]))
         source = folder
-        videos = [measure_video(render_model(model, meta, p, s, layout), p, s, layout[1]) for p, s in pairs]
+        guidance = smp.get("guidance", 1.0) if args.guidance is None else args.guidance
+        videos = [measure_video(render_model(model, meta, p, s, layout, guidance=guidance), p, s, layout[1])
+                  for p, s in pairs]
     seconds = time.perf_counter() - start
-    label = args.label or ("data" if args.data else f"{Path(source).name} N={layout[0]} c={layout[1]} s={layout[2]}")
+    label = args.label or ("data" if args.data else f"{Path(source).name} N={layout[0]} c={layout[1]} s={layout[2]}"
+                                                    + (f" g={guidance:g}" if guidance != 1.0 else ""))
     if args.subset:
         label += f" (subset {args.subset})"
-    result = {"source": source, "layout": "N={} c={} s={}".format(*layout), "seconds": seconds,
+    result = {"source": source, "layout": "N={} c={} s={}".format(*layout)
+              + ("" if args.data or guidance == 1.0 else f" guidance {guidance:g}"), "seconds": seconds,
               "threads": args.threads, "summary": summarize(videos, layout[1]),
               "videos": [{"prompt": v.prompt, "seed": v.seed, "direction_ok": v.direction_ok,
                           "along": round(v.along, 3), "vanished": v.vanished, "area_cv": round(v.area_cv, 3)}

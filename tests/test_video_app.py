@@ -257,3 +257,28 @@ def test_builtin_model_on_the_gpu_in_float16():
         assert frames[0].dtype == np.uint8 and frames[0].shape == (32, 32, 3)
         hits.append(dominant_colour(frames) == colour)
     assert np.mean(hits) >= 0.8, hits
+
+
+def test_video_guidance_comes_from_the_checkpoint_or_the_flag(tmp_path):
+    """The stream guides with the checkpoint's `sampling.guidance` unless --video-guidance says
+    otherwise; guidance 1 keeps one network call a step, 2 guides against the empty prompt."""
+    model, meta = load_video_model(None, "cpu", "float32")
+    calls = []
+    model.register_forward_pre_hook(lambda module, args: calls.append(args[2].tokens.shape[1]))
+    plain = build_stream(model, meta, "a red circle moving left", width=32, height=32)
+    assert plain.sampler.backbone.guidance == 1.0
+    meta2 = {**meta, "sampling": {**meta["sampling"], "guidance": 2.5}}
+    assert build_stream(model, meta2, "a red circle", width=32, height=32).sampler.backbone.guidance == 2.5
+    guided = build_stream(model, meta2, "a red circle moving left", width=32, height=32, guidance=2.0)
+    assert guided.sampler.backbone.guidance == 2.0
+    calls.clear()
+    list(plain.frames(1))
+    plain_calls = len(calls)
+    calls.clear()
+    list(guided.frames(1))
+    assert len(calls) == 2 * plain_calls and min(calls) == 1  # the empty prompt: its summary token alone
+    with pytest.raises(StreamStudioError, match="guidance"):
+        build_stream(model, meta, "a red circle", width=32, height=32, guidance=-1)
+    parser = argparse.ArgumentParser()
+    add_video_arguments(parser)
+    assert parser.parse_args(["--video-guidance", "3"]).video_guidance == 3.0

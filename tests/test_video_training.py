@@ -197,3 +197,77 @@ def test_video_folder_data(tmp_path):
     assert clips[:, :, 0].mean() > 0.3 and clips[:, :, 1].mean() < -0.7
     with pytest.raises(StreamStudioError, match="synthetic"):
         VideoFolder(tmp_path / "nothing", 16)
+
+
+def test_init_can_keep_the_checkpoints_window_shift(tmp_path):
+    from streamstudio.models.stream_dit import BUILTIN_CHECKPOINT
+
+    trainer = VideoTrainer(small_cfg(tmp_path, steps=0, init=str(BUILTIN_CHECKPOINT), init_shift_mask=False,
+                                     buffer_frames=8, size=32))
+    assert trainer.model.cfg.shift_mask is False
+
+
+def test_cond_drop_trains_the_empty_prompt_at_its_share(tmp_path):
+    seen = {}
+    for drop in (0.0, 0.3):
+        trainer = VideoTrainer(small_cfg(tmp_path / str(drop), steps=40, batch_size=8, cond_drop=drop))
+        prompts = []
+        trainer.model.text.register_forward_pre_hook(lambda module, args: prompts.extend(args[0]))
+        trainer.train()
+        seen[drop] = sum(p == "" for p in prompts) / len(prompts)
+    assert seen[0.0] == 0.0
+    assert 0.2 < seen[0.3] < 0.4  # 320 captions, binomial sd 0.026
+    with pytest.raises(StreamStudioError, match="cond-drop"):
+        VideoTrainer(small_cfg(tmp_path / "bad", cond_drop=1.0))
+
+
+def test_guided_velocity_is_classifier_free_guidance_against_the_empty_prompt():
+    """Ho & Salimans: guidance 0 is the unconditional model (the empty prompt), 1 the conditional
+    one, and the result is linear in the scale (2 extrapolates: 2 v_text - v_empty)."""
+    from streamstudio.models.stream_dit import guided_velocity
+
+    model = random_teacher(3)
+    x, t = torch.randn(1, 4, 3, 16, 16), torch.rand(1, 4)
+    text, empty = model.encode_text(["a red circle moving left"]), model.encode_text([""])
+    with torch.no_grad():
+        v_text, v_empty = model(x, t, text), model(x, t, empty)
+        torch.testing.assert_close(guided_velocity(model, x, t, text, empty, 0.0), v_empty)
+        torch.testing.assert_close(guided_velocity(model, x, t, text, empty, 1.0), v_text)
+        torch.testing.assert_close(guided_velocity(model, x, t, text, empty, 2.0), 2 * v_text - v_empty)
+        # the sampler's backbone guides against the empty prompt too
+        backbone = StreamDiTBackbone(model, guidance=0.0)
+        torch.testing.assert_close(backbone(x, t, backbone.encode_text("a red circle moving left")), v_empty)
+
+
+def test_distillation_learns_the_guided_teacher(tmp_path):
+    """With --teacher-guidance 0 the student's target is the teacher's unconditional sampler:
+    teacher_target run on the empty prompt (and it differs from the unguided target)."""
+    VideoTrainer(small_cfg(tmp_path / "t", steps=3)).train()
+    targets = {}
+    for g in (1.0, 0.0):
+        trainer = VideoTrainer(small_cfg(tmp_path / f"s{g}", steps=1, mode="distill", teacher_guidance=g,
+                                         teacher=str(tmp_path / "t" / "run"), teacher_steps=2,
+                                         sampling={"num_chunks": 2, "chunk_size": 2, "micro_steps": 1}))
+        captured = {}
+        real = teacher_target
+
+        def spy(teacher, x_a, t_a, dt, steps, text):
+            captured["args"] = (x_a, t_a, dt, steps)
+            captured["out"] = real(teacher, x_a, t_a, dt, steps, text)
+            return captured["out"]
+
+        import streamstudio.app.video_training as vt
+        vt.teacher_target, saved = spy, vt.teacher_target
+        try:
+            x1, caps, gen = trainer._batch(0)
+            trainer.distill_loss(x1, caps, gen)
+        finally:
+            vt.teacher_target = saved
+        targets[g] = captured
+    x_a, t_a, dt, steps = targets[0.0]["args"]
+    teacher = VideoTrainer(small_cfg(tmp_path / "u", steps=0, mode="distill", teacher=str(tmp_path / "t" / "run"),
+                                     sampling={"num_chunks": 2, "chunk_size": 2, "micro_steps": 1})).teacher
+    with torch.no_grad():
+        unconditional = real(teacher, x_a, t_a, dt, steps, teacher.encode_text([""] * x_a.shape[0]))
+    torch.testing.assert_close(targets[0.0]["out"], unconditional)
+    assert not torch.allclose(targets[1.0]["out"], unconditional, atol=1e-5)

@@ -30,13 +30,14 @@ import logging
 import math
 import time
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from streamstudio.errors import StreamStudioError
-from streamstudio.models.stream_dit import (StreamDiT, StreamDiTConfig, load_checkpoint, named_config,
-                                            read_checkpoint_config, save_checkpoint)
+from streamstudio.models.stream_dit import (StreamDiT, StreamDiTConfig, guided_velocity, load_checkpoint,
+                                            named_config, read_checkpoint_config, save_checkpoint)
 from streamstudio.models.video_data import VideoFolder, synthetic_batch
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,9 @@ class VideoTrainConfig:
     teacher_steps: int = 4  # the teacher's micro-steps per chunk (distill mode)
     distill_startup_share: float = 0.25  # share of distillation buffers from the start-up's uniform generation
     init: str | None = None  # start (flow mode) from the weights of this checkpoint folder, new optimizer
+    init_shift_mask: bool = True  # with init: turn the masked window shift on (False keeps the checkpoint's)
+    cond_drop: float = 0.0  # share of captions replaced by "" (flow mode), for classifier-free guidance
+    teacher_guidance: float = 1.0  # distill mode: the teacher's classifier-free guidance, distilled into the student
     steps: int = 1000
     batch_size: int = 8
     buffer_frames: int = 8  # B = N * c frames that are denoised
@@ -115,6 +119,10 @@ def teacher_target(teacher, x_a: torch.Tensor, t_a: torch.Tensor, dt: torch.Tens
     return (x - x_a) / dt.clamp_min(1e-8)[..., None, None, None]  # (B, F, C, H, W)
 
 
+def _guided(model, x: torch.Tensor, t: torch.Tensor, text, *, empty, guidance: float) -> torch.Tensor:
+    return guided_velocity(model, x, t, text, empty, guidance)
+
+
 def lr_at(cfg: VideoTrainConfig, step: int) -> float:
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
@@ -132,6 +140,8 @@ class VideoTrainer:
             raise StreamStudioError(f"unknown training mode {cfg.mode!r}; use flow or distill")
         if cfg.buffer_frames < 1 or cfg.buffer_frames & (cfg.buffer_frames - 1):
             raise StreamStudioError(f"--buffer-frames must be a power of two, got {cfg.buffer_frames}")
+        if not 0.0 <= cfg.cond_drop < 1.0:
+            raise StreamStudioError(f"--cond-drop is a share in [0, 1), got {cfg.cond_drop}")
         if cfg.mode == "distill" and cfg.sampling["num_chunks"] * cfg.sampling["chunk_size"] != cfg.buffer_frames:
             raise StreamStudioError(f"distillation learns the layout it will sample: --num-chunks x chunk size "
                                     f"must be --buffer-frames {cfg.buffer_frames}")
@@ -162,7 +172,9 @@ class VideoTrainer:
         if self.cfg.init and not self.cfg.resume:  # the checkpoint's architecture, trained with the window mask
             from safetensors.torch import load_file
 
-            cfg = replace(StreamDiTConfig.from_dict(read_checkpoint_config(self.cfg.init)["model"]), shift_mask=True)
+            cfg = StreamDiTConfig.from_dict(read_checkpoint_config(self.cfg.init)["model"])
+            if self.cfg.init_shift_mask:
+                cfg = replace(cfg, shift_mask=True)
             model = StreamDiT(cfg)
             model.load_state_dict(load_file(str(Path(self.cfg.init) / "model.safetensors")))
             return model
@@ -198,8 +210,17 @@ class VideoTrainer:
         ref = torch.ones(self.cfg.batch_size, self.cfg.ref_frames)
         return torch.cat([ref, t], dim=1).to(self.acc.device)
 
+    def _drop_captions(self, caps: list[str], gen: torch.Generator) -> list[str]:
+        """Each caption replaced by the empty prompt with probability `cond_drop` (the unconditional
+        branch classifier-free guidance needs)."""
+        if not self.cfg.cond_drop:
+            return caps
+        drop = torch.rand(len(caps), generator=gen) < self.cfg.cond_drop
+        return ["" if d else c for c, d in zip(caps, drop.tolist())]
+
     def flow_loss(self, x1: torch.Tensor, caps: list[str], gen: torch.Generator) -> torch.Tensor:
         """x1: (B, F, C, H, W) clean clips -> buffered flow-matching loss (reference frames excluded)."""
+        caps = self._drop_captions(caps, gen)
         t = self._levels(gen)  # (B, F)
         noise = torch.randn(x1.shape, generator=gen).to(x1.device)
         tt = t[:, :, None, None, None]
@@ -220,7 +241,9 @@ class VideoTrainer:
         noise = torch.randn(x1.shape, generator=gen).to(x1.device)
         x_a = (1 - t_a)[..., None, None, None] * noise + t_a[..., None, None, None] * x1
         with torch.no_grad():
-            target = teacher_target(self.teacher, x_a, t_a, dt, cfg.teacher_steps, self.teacher.encode_text(caps))
+            text, empty = self.teacher.encode_text(caps), self.teacher.encode_text([""] * len(caps))
+            teacher = partial(_guided, self.teacher, empty=empty, guidance=cfg.teacher_guidance)
+            target = teacher_target(teacher, x_a, t_a, dt, cfg.teacher_steps, text)
         model = self.acc.unwrap_model(self.model)
         v = self.model(x_a, t_a, model.encode_text(caps))
         kr = cfg.ref_frames

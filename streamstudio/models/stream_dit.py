@@ -396,6 +396,21 @@ class StreamDiT(nn.Module):
         return out.reshape(b, f, c, H, W)
 
 
+def guided_velocity(model, x: torch.Tensor, t: torch.Tensor, text: TextCondition, empty: TextCondition,
+                    guidance: float) -> torch.Tensor:
+    """Classifier-free guidance: v(empty) + guidance * (v(text) - v(empty)).
+
+    `empty` encodes the empty prompt "" (the unconditional velocity that training with `cond_drop`
+    teaches); guidance 1 is the plain conditional velocity, one call. Two calls otherwise, so any
+    wrapper of the network (compiled, a TensorRT engine of batch 1) runs it unchanged.
+    x: (B, F, C, H, W), t: (B, F), text and empty of batch B."""
+    v_text = model(x, t, text)
+    if guidance == 1.0:
+        return v_text
+    v_empty = model(x, t, empty)
+    return v_empty + guidance * (v_text - v_empty)
+
+
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 

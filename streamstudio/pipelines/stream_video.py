@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from streamstudio.errors import StreamStudioError
+from streamstudio.models.stream_dit import guided_velocity
 
 
 class VideoBackbone(Protocol):
@@ -430,13 +431,18 @@ class HashTextEmbedder:
 
 
 class StreamDiTBackbone:
-    """The project's StreamDiT model behind the backbone protocol (batch of one prompt)."""
+    """The project's StreamDiT model behind the backbone protocol (batch of one prompt), with
+    classifier-free guidance against the empty prompt when `guidance` is not 1 (two network calls
+    per step; a checkpoint distilled with `--teacher-guidance` has it built in and needs none)."""
 
-    def __init__(self, model: torch.nn.Module):
-        self.model = model
+    def __init__(self, model: torch.nn.Module, guidance: float = 1.0):
+        self.model, self.guidance = model, float(guidance)
+        self._empty = None
 
     def encode_text(self, prompt: str) -> Any:
+        if self.guidance != 1.0 and self._empty is None:
+            self._empty = self.model.encode_text([""])
         return self.model.encode_text([prompt])
 
     def __call__(self, x: torch.Tensor, t: torch.Tensor, text: Any) -> torch.Tensor:
-        return self.model(x, t, text)
+        return guided_velocity(self.model, x, t, text, self._empty, self.guidance)

@@ -47,6 +47,9 @@ def add_video_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--num-chunks", type=int, default=None, help="buffer chunks N (default: the checkpoint's)")
     g.add_argument("--chunk-size", type=int, default=None, help="frames per chunk c (default: the checkpoint's)")
     g.add_argument("--micro-steps", type=int, default=None, help="micro-steps per chunk s (default: the checkpoint's)")
+    g.add_argument("--video-guidance", type=float, default=None,
+                   help="classifier-free guidance of the video model against the empty prompt (default: the "
+                        "checkpoint's; 1 = none, one network call per step, 2x the calls otherwise)")
     g.add_argument("--prompt-change", action="append", default=None, metavar="FRAME:PROMPT",
                    help="switch to PROMPT from output frame FRAME on (repeatable)")
 
@@ -88,13 +91,14 @@ def latent_size(side: tuple[int, int], patch: int, window: tuple[int, int, int],
 def build_stream(model: torch.nn.Module, meta: dict, prompt: str, *, strength: float = 1.0, seed: int = 0,
                  width: int | None = None, height: int | None = None, aspect: float | None = None,
                  num_chunks: int | None = None, chunk_size: int | None = None, micro_steps: int | None = None,
-                 acceleration: str = "none") -> VideoStream:
+                 guidance: float | None = None, acceleration: str = "none") -> VideoStream:
     """A VideoStream with the checkpoint's sampling defaults, overridden where given, on the
     model's device and dtype. Its output is `width` x `height`; a side not given follows `aspect`
     (the input's width / height; None: the checkpoint's grid) with the checkpoint's side times
     LATENT_SCALE as the longer one, as the image render sizes its output. The latent grid follows
     the output's aspect (`latent_size`). `acceleration` compile or tensorrt wraps the network for
-    this buffer layout (models.acceleration.apply_video_acceleration)."""
+    this buffer layout (models.acceleration.apply_video_acceleration). `guidance` (None: the
+    checkpoint's `sampling.guidance`, else 1) is classifier-free guidance against the empty prompt."""
     from streamstudio.app.commands.generate import output_size
 
     sampling = meta.get("sampling", {})
@@ -115,7 +119,10 @@ def build_stream(model: torch.nn.Module, meta: dict, prompt: str, *, strength: f
 
         model = apply_video_acceleration(model, acceleration, frames=buffer.ref_frames + buffer.frames,
                                          height=lat_h, width=lat_w)
-    return VideoStream(StreamDiTBackbone(model), cfg, prompt, latent_channels=channels, device=param.device,
+    guidance = sampling.get("guidance", 1.0) if guidance is None else guidance
+    if guidance < 0:
+        raise StreamStudioError(f"video guidance must be >= 0 (1 = none), got {guidance}")
+    return VideoStream(StreamDiTBackbone(model, guidance), cfg, prompt, latent_channels=channels, device=param.device,
                        dtype=param.dtype)
 
 
@@ -217,6 +224,7 @@ def run_video_render(args) -> int:
                               aspect=aspect, num_chunks=getattr(args, "num_chunks", None),
                               chunk_size=getattr(args, "chunk_size", None),
                               micro_steps=getattr(args, "micro_steps", None),
+                              guidance=getattr(args, "video_guidance", None),
                               acceleration=getattr(args, "acceleration", None) or "none")
         height, width = stream.out_size
         if source is None:

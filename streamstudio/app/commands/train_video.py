@@ -28,6 +28,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--teacher-steps", type=int, default=DEFAULTS.teacher_steps, help="teacher micro-steps per chunk")
     p.add_argument("--init", default=None,
                    help="start from the weights of this checkpoint folder (its architecture; new optimizer)")
+    p.add_argument("--init-keep-shift", dest="init_shift_mask", action="store_false",
+                   help="with --init: keep the checkpoint's window shift (default: turn the masked shift on)")
+    p.add_argument("--cond-drop", type=float, default=DEFAULTS.cond_drop,
+                   help="flow mode: share of captions replaced by the empty prompt, so the model learns the "
+                        "unconditional velocity classifier-free guidance needs (e.g. 0.1)")
+    p.add_argument("--teacher-guidance", type=float, default=DEFAULTS.teacher_guidance,
+                   help="distill mode: the teacher's classifier-free guidance scale, distilled into the student")
     p.add_argument("--distill-startup-share", type=float, default=DEFAULTS.distill_startup_share,
                    help="distill mode: share of buffers from the sampler's start-up (uniform generation)")
     p.add_argument("--steps", type=int, default=DEFAULTS.steps)
