@@ -10,9 +10,14 @@
   (an 8x VAE), 16 x 32 x 32 tokens after patch 2; only with a GPU (missing otherwise). Anchor:
   the paper's 482 ms per step on one H100; target <= 350 ms with window attention, SDPA
   (flash) kernels and bf16.
+- Wan 2.1 T2V 1.3B's transformer (its real config, random weights, bf16) behind the Wan backbone:
+  one buffer call of the StreamDiT layout N=4, c=2 (8 latent frames, one timestep each) at
+  480x832 = 60x104 latents of Wan's 8x VAE (8 x 30 x 52 = 12,480 tokens), 512 text tokens of 4096;
+  only with a GPU (missing otherwise).
 
     python3 benchmarks/stream_video.py [--quick] [--threads N]
     python3 benchmarks/stream_video.py --gpu-only     # on a GPU machine: the 4B step time alone
+    python3 benchmarks/stream_video.py --wan-only     # on a GPU machine: the Wan 2.1 1.3B buffer call alone
 
 Prints a table and writes benchmarks/results/stream_video.json. Ratios are measured in one run;
 absolute CPU figures are only indicative (shared, noisy machines).
@@ -42,6 +47,17 @@ TARGET_STEP_MS_H100 = 350
 LATENT_4B_512P = (1, 16, 16, 64, 64)
 LATENT_LABEL = "16 frames x 16 ch x 64x64 latents (512p, 8x VAE; 16x32x32 tokens)"
 TOKENS_4B_512P = (16, 32, 32)
+# Wan 2.1 T2V 1.3B's transformer config, from diffusers' scripts/convert_wan_to_diffusers.py
+# ("Wan-T2V-1.3B"), which wrote Wan-AI/Wan2.1-T2V-1.3B-Diffusers/transformer/config.json (the
+# Wan2.1 repo's wan/configs/wan_t2v_1_3B.py: dim 1536 = 12 heads x 128, ffn 8960, 30 layers);
+# rope_max_seq_len is diffusers' default (1024).
+WAN21_1_3B_CONFIG = dict(patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16,
+                         out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30,
+                         cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
+# one buffer of N=4 chunks of c=2 latent frames at 480x832: (B, F, C, H, W) latents of the 8x, 16-channel VAE
+WAN_1_3B_LATENT = (1, 8, 16, 480 // 8, 832 // 8)
+WAN_LABEL = "8 latent frames (N=4 c=2) x 16 ch x 60x104 latents (480x832; 8x30x52 tokens)"
+WAN_TEXT_SHAPE = (1, 512, 4096)  # UMT5-XXL embeddings of WanPipeline's 512 tokens
 
 
 def timed(fn, repeats: int) -> list[float]:
@@ -137,6 +153,49 @@ def gpu_4b(repeats: int, config: str = "4b", latent: tuple[int, ...] = LATENT_4B
     return {"params": count_parameters(model), "step_ms": ms, **anchor, "device": torch.cuda.get_device_name()}
 
 
+def gpu_wan(repeats: int) -> dict:
+    """One buffer call of the Wan 2.1 1.3B transformer (random weights, bf16) through WanBackbone,
+    one timestep per latent frame; on the GPU only (missing otherwise)."""
+    from diffusers import WanTransformer3DModel
+
+    from streamstudio.models.wan import WanBackbone
+
+    anchor = {"latent": WAN_LABEL, "latent_shape": list(WAN_1_3B_LATENT), "config": "Wan2.1-T2V-1.3B (random weights)"}
+    if not torch.cuda.is_available():
+        with torch.device("meta"):
+            params = count_parameters(WanTransformer3DModel(**WAN21_1_3B_CONFIG))
+        return {"params": params, "step_ms": None, **anchor,
+                "note": "missing: no GPU in this session (the Wan 2.1 1.3B buffer call at 480x832 needs one)"}
+    torch.manual_seed(0)
+    transformer = WanTransformer3DModel(**WAN21_1_3B_CONFIG).to("cuda", torch.bfloat16).eval()
+    text = torch.randn(*WAN_TEXT_SHAPE, device="cuda", dtype=torch.bfloat16)
+    backbone = WanBackbone(transformer, lambda prompt: text)
+    x = torch.randn(*WAN_1_3B_LATENT, device="cuda", dtype=torch.bfloat16)  # (B, F, C, H, W)
+    t = torch.linspace(0.05, 0.95, WAN_1_3B_LATENT[1], device="cuda")[None]  # (B, F): one level per frame
+    with torch.inference_mode():
+        backbone(x, t, text)
+        torch.cuda.synchronize()
+
+        def call():
+            backbone(x, t, text)
+            torch.cuda.synchronize()
+
+        ms = 1e3 * statistics.median(timed(call, repeats))
+    latent_frames = WAN_1_3B_LATENT[1]
+    return {"params": count_parameters(transformer), "step_ms": ms, **anchor, "device": torch.cuda.get_device_name(),
+            "peak_gb": torch.cuda.max_memory_allocated() / 2**30,
+            # s = 2 calls per chunk of c = 2 latent frames, 4 frames each (after the first chunk);
+            # guidance (WanPipeline's 5) doubles the batch
+            "fps_guidance_1": 4 * 2 / (2 * ms / 1e3), "latent_frames": latent_frames}
+
+
+def wan_text(g: dict) -> str:
+    if g["step_ms"] is None:
+        return "missing (no GPU)"
+    return (f"{g['step_ms']:.0f} ms on {g.get('device', 'GPU')} ({g['peak_gb']:.1f} GB peak; "
+            f"{g['fps_guidance_1']:.1f} frames/s from the transformer at s=2, no guidance, VAE not counted)")
+
+
 def step_text(g: dict) -> str:
     anchor = f"paper: {PAPER_STEP_MS_H100} ms on one H100; target <= {TARGET_STEP_MS_H100} ms"
     if g["step_ms"] is None:
@@ -150,7 +209,12 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     parser.add_argument("--output", default=str(RESULTS))
     parser.add_argument("--gpu-only", action="store_true", help="only the 4B step time (on a GPU machine)")
+    parser.add_argument("--wan-only", action="store_true", help="only the Wan 2.1 1.3B buffer call (on a GPU machine)")
     args = parser.parse_args(argv)
+    if args.wan_only:
+        w = gpu_wan(10)
+        print(f"Wan 2.1 1.3B buffer call, {WAN_LABEL}:", wan_text(w), f"{w['params'] / 1e9:.2f}B parameters")
+        return 0 if w["step_ms"] is not None else 1
     if args.gpu_only:
         g = gpu_4b(10)
         out = Path(args.output)
@@ -170,17 +234,19 @@ def main(argv=None) -> int:
         "attention": attention_compare(grid, (4, 16, 16), dim=32, heads=2, repeats=3 if args.quick else 3),
         "builtin_fps_cpu": builtin_fps(16 if args.quick else 64),
         "gpu_4b": gpu_4b(10),
+        "gpu_wan_1_3b": gpu_wan(10),
     }
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
-    b, a, f, g = (results[k] for k in ("buffer_overhead", "attention", "builtin_fps_cpu", "gpu_4b"))
+    b, a, f, g, w = (results[k] for k in ("buffer_overhead", "attention", "builtin_fps_cpu", "gpu_4b", "gpu_wan_1_3b"))
     rows = [
         ("buffer step / raw forward", f"{b['ratio']:.3f} (target <= 1.10; {b['step_ms']:.1f} / {b['forward_ms']:.1f} ms)"),
         (f"full / window attention, {a['tokens']} tokens", f"{a['speedup']:.1f}x ({a['full_ms']:.0f} / {a['window_ms']:.0f} ms, "
                                                              f"window {a['window']}, dim {a['dim']})"),
         ("built-in model, CPU", f"{f['fps']:.1f} fps ({f['threads']} thread(s), {f['buffer']}, {f['frame']})"),
         (f"4B step, {LATENT_LABEL}", step_text(g)),
+        (f"Wan 2.1 1.3B buffer call, {WAN_LABEL}", wan_text(w)),
     ]
     width = max(len(r[0]) for r in rows)
     for name, value in rows:

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.stream_dit import guided_velocity
+from streamstudio.models.wan import HashTextEmbedder, WanBackbone  # noqa: F401  (Wan 2.1 backbone; models/wan.py)
 
 
 class VideoBackbone(Protocol):
@@ -383,51 +384,6 @@ class VideoStream:
 
 
 # ---------------------------------------------------------------------------- backbones
-
-
-class WanBackbone:
-    """diffusers' `WanTransformer3DModel` as a backbone, with one timestep per token (Wan 2.2 style).
-
-    Wan's convention is sigma = 1 - t (noise at 1000) and an output of noise - data, so the
-    timestep is (1 - t) * 1000 per frame, repeated over the frame's tokens, and the velocity
-    dx/dt is the negated output. `text_encoder(prompt)` gives (1, L, text_dim) embeddings
-    (UMT5 for real Wan weights). Latents use the transformer's channels (its VAE's latents).
-    """
-
-    def __init__(self, transformer: torch.nn.Module, text_encoder: Callable[[str], torch.Tensor]):
-        pt, ph, pw = transformer.config.patch_size
-        if pt != 1:
-            raise StreamStudioError(f"the Wan backbone needs a temporal patch of 1 for per-frame timesteps, "
-                                    f"got {pt}")
-        self.transformer, self.text_encoder, self.patch = transformer, text_encoder, (ph, pw)
-
-    def encode_text(self, prompt: str) -> torch.Tensor:
-        return self.text_encoder(prompt)  # (1, L, text_dim)
-
-    def __call__(self, x: torch.Tensor, t: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
-        """x: (B, F, C, H, W), t: (B, F) -> velocity (B, F, C, H, W)."""
-        b, f, c, h, w = x.shape
-        tokens = (h // self.patch[0]) * (w // self.patch[1])
-        timestep = ((1 - t) * 1000).repeat_interleave(tokens, dim=1)  # (B, F * tokens)
-        hidden = x.permute(0, 2, 1, 3, 4)  # (B, C, F, H, W)
-        out = self.transformer(hidden, timestep=timestep, encoder_hidden_states=text.expand(b, -1, -1),
-                               return_dict=False)[0]  # (B, C, F, H, W)
-        return -out.permute(0, 2, 1, 3, 4)
-
-
-class HashTextEmbedder:
-    """A deterministic stand-in text encoder: one fixed random vector per word (tests, demos)."""
-
-    def __init__(self, dim: int, length: int = 8):
-        self.dim, self.length = dim, length
-
-    def __call__(self, prompt: str) -> torch.Tensor:
-        import zlib
-
-        words = (prompt.lower().split() or [""])[: self.length]
-        rows = [torch.randn(self.dim, generator=torch.Generator().manual_seed(zlib.crc32(w.encode())))
-                for w in words]
-        return torch.stack(rows)[None]  # (1, L, dim)
 
 
 class StreamDiTBackbone:

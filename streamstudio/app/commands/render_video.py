@@ -24,8 +24,9 @@ from typing import Iterable
 import numpy as np
 import torch
 
-from streamstudio.errors import StreamStudioError
+from streamstudio.errors import ModelNotFoundError, StreamStudioError
 from streamstudio.frames import fit_aspect
+from streamstudio.models import wan
 from streamstudio.models.stream_dit import BUILTIN_CHECKPOINT, load_checkpoint
 from streamstudio.pipelines.stream_video import (StreamBufferConfig, StreamDiTBackbone, StreamVideoConfig,
                                                  VideoStream)
@@ -59,18 +60,24 @@ def add_video_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_video_model(model: str | None, device: torch.device | str = "auto", dtype: str | torch.dtype = "auto"
                      ) -> tuple[torch.nn.Module, dict]:
-    """The built-in tiny StreamDiT for None/auto/tiny, else a checkpoint folder; on `device`
-    ("auto": the GPU when there is one) in `dtype` ("auto": float16 on a GPU, float32 on CPU)."""
+    """The built-in tiny StreamDiT for None/auto/tiny, else a checkpoint folder, or a Wan 2.1 checkpoint
+    (`load_wan_model`); on `device` ("auto": the GPU when there is one) in `dtype` ("auto": float16 on
+    a GPU, float32 on CPU)."""
     from streamstudio.device import pick_device, pick_dtype
 
     device = pick_device(device) if isinstance(device, str) else device
+    if model not in BUILTIN_NAMES and wan.is_wan_model(model):  # a diffusers Wan 2.1 folder or hub id
+        return load_wan_model(model, device, dtype)
     dtype = pick_dtype(device, dtype) if isinstance(dtype, str) else dtype
     if model in BUILTIN_NAMES:
         return load_checkpoint(BUILTIN_CHECKPOINT, device, dtype)
     path = Path(model)
     if path.is_file():  # the model.safetensors inside a checkpoint folder
         path = path.parent
-    return load_checkpoint(path, device, dtype)
+    try:
+        return load_checkpoint(path, device, dtype)
+    except ModelNotFoundError as exc:
+        raise ModelNotFoundError(f"{exc}; or give {wan.WAN_HINT}") from exc
 
 
 def latent_size(side: tuple[int, int], patch: int, window: tuple[int, int, int], aspect: float) -> tuple[int, int]:
@@ -101,6 +108,10 @@ def build_stream(model: torch.nn.Module, meta: dict, prompt: str, *, strength: f
     checkpoint's `sampling.guidance`, else 1) is classifier-free guidance against the empty prompt."""
     from streamstudio.app.commands.generate import output_size
 
+    if getattr(model, "is_wan", False):
+        return build_wan_stream(model, prompt, strength=strength, seed=seed, width=width, height=height,
+                                aspect=aspect, num_chunks=num_chunks, chunk_size=chunk_size,
+                                micro_steps=micro_steps, guidance=guidance, acceleration=acceleration)
     sampling = meta.get("sampling", {})
     buffer = StreamBufferConfig(
         num_chunks=num_chunks or sampling.get("num_chunks", 4),
@@ -124,6 +135,51 @@ def build_stream(model: torch.nn.Module, meta: dict, prompt: str, *, strength: f
         raise StreamStudioError(f"video guidance must be >= 0 (1 = none), got {guidance}")
     return VideoStream(StreamDiTBackbone(model, guidance), cfg, prompt, latent_channels=channels, device=param.device,
                        dtype=param.dtype)
+
+
+# ---------------------------------------------------------------------------- Wan 2.1 checkpoints
+
+
+def load_wan_model(model: str, device: torch.device, dtype: str | torch.dtype = "auto") -> tuple[wan.WanModel, dict]:
+    """A diffusers Wan 2.1 text-to-video checkpoint (models/wan.py) on `device`, in bfloat16 on a
+    GPU and float32 on the CPU for "auto" (Wan's weights are bfloat16); meta: its sampling defaults."""
+    from streamstudio.device import pick_dtype
+
+    if isinstance(dtype, str):
+        dtype = wan.default_dtype(device) if dtype == "auto" else pick_dtype(device, dtype)
+    model = wan.load_wan(model, device, dtype)
+    return model, {"sampling": model.sampling, "wan": True}
+
+
+def build_wan_stream(model: wan.WanModel, prompt: str, *, strength: float = 1.0, seed: int = 0,
+                     width: int | None = None, height: int | None = None, aspect: float | None = None,
+                     num_chunks: int | None = None, chunk_size: int | None = None, micro_steps: int | None = None,
+                     guidance: float | None = None, acceleration: str = "none") -> VideoStream:
+    """Text-to-video over a Wan checkpoint: its transformer as the backbone (per-frame timesteps),
+    its VAE decoding the chunks as one continuing video (`WanCodec.stream`: the first chunk of c
+    latent frames gives 1 + 4 (c - 1) frames, every later chunk 4c), the Wan sampling defaults
+    (480x832, flow shift 3, guidance 5, N=4 c=2 s=2) where not overridden. The latent grid is the
+    output's size / 8 to the nearest patch; decoded frames are resized to the output size."""
+    from streamstudio.app.commands.generate import output_size
+
+    if strength < 1 or aspect is not None:
+        raise StreamStudioError("a Wan checkpoint runs text-to-video only here (its VAE packs 4 frames into one "
+                                "latent frame, and video-to-video feeds the buffer frame by frame): leave --input out")
+    if acceleration not in ("none", "compile"):
+        raise StreamStudioError(f"--acceleration {acceleration} is not available for a Wan checkpoint; "
+                                "use none or compile")
+    s = model.sampling
+    buffer = StreamBufferConfig(num_chunks=num_chunks or s["num_chunks"], chunk_size=chunk_size or s["chunk_size"],
+                                micro_steps=micro_steps or s["micro_steps"], shift=s["shift"], seed=seed)
+    out_w, out_h = output_size(width, height, max(s["height"], s["width"]), s["width"] / s["height"])
+    lat_h, lat_w = model.latent_size(out_h, out_w)
+    cfg = StreamVideoConfig(buffer, height=lat_h, width=lat_w, out_height=out_h, out_width=out_w, decode_overlap=0)
+    guidance = s["guidance"] if guidance is None else guidance
+    if guidance < 0:
+        raise StreamStudioError(f"video guidance must be >= 0 (1 = none), got {guidance}")
+    return VideoStream(model.backbone(guidance, compile=acceleration == "compile"), cfg, prompt,
+                       codec=model.codec.stream(), device=model.device, dtype=model.dtype,
+                       latent_channels=model.latent_channels)
 
 
 def parse_prompt_changes(items: Iterable[str] | None) -> dict[int, str]:
