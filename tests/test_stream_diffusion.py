@@ -231,9 +231,13 @@ def test_prompt_blend_linear_and_slerp(comps):
     pipe.set_prompt([("a cat", 1.0), ("a dog", 1.0)], blend="slerp")
     mid = pipe._text.text
     torch.testing.assert_close(mid, slerp(a, b, 0.5))
-    # slerp keeps the angle halfway: cos(mid, a) == cos(mid, b) token by token
+    # slerp of unit vectors keeps the angle halfway: cos(mid, a) == cos(mid, b) token by token
+    # (tokens of unequal norms lean to the longer one, as a + b does)
     cos = lambda u, v: torch.nn.functional.cosine_similarity(u, v, dim=-1)
-    torch.testing.assert_close(cos(mid, a), cos(mid, b), atol=1e-5, rtol=1e-4)
+    ua, ub = a / a.norm(dim=-1, keepdim=True), b / b.norm(dim=-1, keepdim=True)
+    unit_mid = slerp(ua, ub, 0.5)
+    torch.testing.assert_close(cos(unit_mid, ua), cos(unit_mid, ub), atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(unit_mid.norm(dim=-1), torch.ones_like(unit_mid[..., 0]), atol=1e-5, rtol=1e-5)
     with pytest.raises(StreamStudioError):
         pipe.set_prompt([])
 

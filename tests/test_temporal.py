@@ -32,10 +32,11 @@ def sharp_comps(comps):
     """The tiny model with sharp self-attention. Its random weights give nearly uniform
     attention (every token's output is about the mean value), which carries almost none of
     a frame's noise, so no bank can smooth it; a trained model's attention is sharp. Scaling
-    the queries makes it so."""
+    the queries makes it so. (On these random weights: x10 leaves the bank a 2.9% gain, x15 3.6%,
+    x30 13% but bank and feedback together then flicker more than neither; x15 is used.)"""
     unet = copy.deepcopy(comps.unet)
     for _, layer in feature_bank.self_attention_layers(unet):
-        layer.to_q.weight.data *= 10.0
+        layer.to_q.weight.data *= 15.0
     return replace(comps, unet=unet)
 
 

@@ -137,9 +137,10 @@ def test_two_clients_keep_their_own_prompts(server):
     prompts, outs, received = run(main())
     assert prompts == ["a cat", "a dog"]
     assert not np.array_equal(outs[0], outs[1])
-    # what each client receives is its own stream (codec noise is far smaller than this)
+    # what each client receives is its own stream: one stream sent to both would differ by codec
+    # noise at most (about 0); the tiny model's two prompts differ by 1.3-2.1 grey levels here
     diff = np.abs(received[0].astype(int) - received[1].astype(int)).mean()
-    assert diff > 2.0, diff
+    assert diff > 0.75, diff
 
 
 def test_disconnect_frees_the_session(server):

@@ -326,15 +326,17 @@ def save_random_lora(comps, folder: str | os.PathLike, rank: int = 4, alpha: flo
     from peft.utils import get_peft_model_state_dict
 
     unet, text_encoder = copy.deepcopy(comps.unet), copy.deepcopy(comps.text_encoder)
-    state = torch.random.get_rng_state()
-    try:
-        torch.manual_seed(seed)
-        config = dict(r=rank, lora_alpha=alpha or rank, init_lora_weights=False)
+    from streamstudio.models.tiny import redraw_parameters
+
+    config = dict(r=rank, lora_alpha=alpha or rank, init_lora_weights=False)
+    with torch.random.fork_rng(devices=[]):
         unet.add_adapter(LoraConfig(target_modules=["to_q", "to_k", "to_v", "to_out.0"], **config))
         if text:
             text_encoder.add_adapter(LoraConfig(target_modules=["q_proj", "k_proj", "v_proj", "out_proj"], **config))
-    finally:
-        torch.random.set_rng_state(state)
+    is_lora = lambda name: "lora_" in name  # noqa: E731  the adapters' weights from `seed` alone
+    redraw_parameters(unet, seed, is_lora)
+    if text:
+        redraw_parameters(text_encoder, seed + 1, is_lora)
     StableDiffusionPipeline.save_lora_weights(
         folder, unet_lora_layers=get_peft_model_state_dict(unet), safe_serialization=True, weight_name=file_name,
         text_encoder_lora_layers=get_peft_model_state_dict(text_encoder) if text else None,

@@ -115,27 +115,18 @@ def tiny_sdxl_components(seed: int = 0, taesd: bool = False) -> dict:
 
     from streamstudio.models import tiny
 
-    state = torch.random.get_rng_state()
-    try:
-        torch.manual_seed(seed)
+    base = tiny._text_config()
+    with torch.random.fork_rng(devices=[]):  # the constructors' own draws leave the caller's stream alone
         unet = UNet2DConditionModel(**TINY_UNET_CONFIG)
-        torch.manual_seed(seed + 1)
         vae = AutoencoderKL(**tiny.VAE_CONFIG, scaling_factor=0.13025, force_upcast=True)
-        base = tiny._text_config()
-        torch.manual_seed(seed + 2)
         text_encoder = CLIPTextModel(type(base)(**{**base.to_dict(), "hidden_size": TINY_TEXT_DIMS[0]}))
-        torch.manual_seed(seed + 3)
         text_encoder_2 = CLIPTextModelWithProjection(type(base)(**{**base.to_dict(), "hidden_size": TINY_TEXT_DIMS[1],
                                                                    "projection_dim": TINY_POOLED_DIM}))
-        tiny_vae = None
-        if taesd:
-            torch.manual_seed(seed + 4)
-            tiny_vae = AutoencoderTiny(**tiny.TAESD_CONFIG, scaling_factor=1.0)
-    finally:
-        torch.random.set_rng_state(state)
-    for module in (unet, vae, text_encoder, text_encoder_2, tiny_vae):
-        if module is not None:
-            module.eval().requires_grad_(False)
+        tiny_vae = AutoencoderTiny(**tiny.TAESD_CONFIG, scaling_factor=1.0) if taesd else None
+    for offset, module in enumerate((unet, vae, text_encoder, text_encoder_2, tiny_vae)):
+        if module is not None:  # weights from `seed` alone, whatever other threads draw (tiny.redraw_parameters)
+            std = module.config.initializer_range if module in (text_encoder, text_encoder_2) else None
+            tiny.redraw_parameters(module, seed + offset, std=std).eval().requires_grad_(False)
     return dict(unet=unet, vae=vae, text_encoder=text_encoder, text_encoder_2=text_encoder_2,
                 tokenizer=tiny.tiny_tokenizer(), tokenizer_2=tiny.tiny_tokenizer(),
                 scheduler_config=dict(tiny.SCHEDULER_CONFIG), name=TINY_SDXL_NAME, taesd=tiny_vae)

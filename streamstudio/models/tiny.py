@@ -125,6 +125,32 @@ def tiny_tokenizer():
                          model_max_length=77, pad_token="<|endoftext|>")
 
 
+def redraw_parameters(module: torch.nn.Module, seed: int, select=lambda name: True,
+                      std: float | None = None) -> torch.nn.Module:
+    """Give every randomly initialised parameter of `module` (those `select(name)` picks) values
+    drawn from a private generator seeded with `seed`: uniform in +-1/sqrt(fan_in) (torch's
+    default for linear and conv layers), fan_in the size of one output row (of the tensor itself
+    for a vector), or normal with `std` when given (transformers' `initializer_range`). Constant
+    parameters (norm scales of 1, zero biases) are kept.
+
+    Module constructors draw from torch's one global generator, which every thread shares: a
+    thread drawing noise while a model is built (a running stream, a second replica loading)
+    changes the weights even right after `torch.manual_seed`. Redrawing makes the weights a
+    function of `seed` alone."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if not select(name) or p.numel() < 2 or bool((p == p.flatten()[0]).all()):
+                continue
+            if std is not None:
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64).mul_(std).to(p.dtype))
+                continue
+            fan_in = p[0].numel() if p.dim() >= 2 else p.numel()
+            bound = fan_in ** -0.5
+            p.copy_((torch.rand(p.shape, generator=gen, dtype=torch.float64) * 2 - 1).mul_(bound).to(p.dtype))
+    return module
+
+
 def tiny_components(seed: int = TINY_SEED, taesd: bool = False) -> dict:
     """Build the tiny model's components (fresh modules, identical weights for a given seed).
 
@@ -134,22 +160,14 @@ def tiny_components(seed: int = TINY_SEED, taesd: bool = False) -> dict:
     from diffusers import AutoencoderKL, AutoencoderTiny, UNet2DConditionModel
     from transformers import CLIPTextModel
 
-    gen_state = torch.random.get_rng_state()
-    try:
-        torch.manual_seed(seed)
+    with torch.random.fork_rng(devices=[]):  # the constructors' own draws leave the caller's stream alone
         unet = UNet2DConditionModel(**UNET_CONFIG)
-        torch.manual_seed(seed + 1)
         vae = AutoencoderKL(**VAE_CONFIG)
-        torch.manual_seed(seed + 2)
         text_encoder = CLIPTextModel(_text_config())
-        tiny_vae = None
-        if taesd:
-            torch.manual_seed(seed + 3)
-            tiny_vae = AutoencoderTiny(**TAESD_CONFIG)
-    finally:
-        torch.random.set_rng_state(gen_state)
-    for module in (unet, vae, text_encoder, tiny_vae):
-        if module is not None:
-            module.eval().requires_grad_(False)
+        tiny_vae = AutoencoderTiny(**TAESD_CONFIG) if taesd else None
+    for offset, module in enumerate((unet, vae, text_encoder, tiny_vae)):
+        if module is not None:  # weights from `seed` alone, whatever other threads draw
+            std = module.config.initializer_range if module is text_encoder else None
+            redraw_parameters(module, seed + offset, std=std).eval().requires_grad_(False)
     return dict(unet=unet, vae=vae, text_encoder=text_encoder, tokenizer=tiny_tokenizer(),
                 scheduler_config=dict(SCHEDULER_CONFIG), name=TINY_NAME, taesd=tiny_vae)
