@@ -265,8 +265,11 @@ def test_video_guidance_comes_from_the_checkpoint_or_the_flag(tmp_path):
     model, meta = load_video_model(None, "cpu", "float32")
     calls = []
     model.register_forward_pre_hook(lambda module, args: calls.append(args[2].tokens.shape[1]))
-    plain = build_stream(model, meta, "a red circle moving left", width=32, height=32)
-    assert plain.sampler.backbone.guidance == 1.0
+    assert build_stream(model, meta, "a red circle", width=32, height=32).sampler.backbone.guidance == \
+        meta["sampling"]["guidance"]  # the built-in model's own
+    unguided = {**meta, "sampling": {k: v for k, v in meta["sampling"].items() if k != "guidance"}}
+    plain = build_stream(model, unguided, "a red circle moving left", width=32, height=32)
+    assert plain.sampler.backbone.guidance == 1.0  # a checkpoint that names none
     meta2 = {**meta, "sampling": {**meta["sampling"], "guidance": 2.5}}
     assert build_stream(model, meta2, "a red circle", width=32, height=32).sampler.backbone.guidance == 2.5
     guided = build_stream(model, meta2, "a red circle moving left", width=32, height=32, guidance=2.0)
