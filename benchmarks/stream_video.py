@@ -143,16 +143,19 @@ def gpu_4b(repeats: int, config: str = "4b", latent: tuple[int, ...] = LATENT_4B
     x = torch.randn(*latent, device="cuda", dtype=torch.bfloat16)  # (B, F, C, H, W): 16x64x64 latents
     t = torch.rand(latent[0], latent[1], device="cuda")  # (B, F): one level per frame
     text = model.encode_text("a red circle moving left")
-    with torch.inference_mode():
-        model(x, t, text)
+    ms = cuda_median_ms(lambda: model(x, t, text), repeats)
+    return {"params": count_parameters(model), "step_ms": ms, **anchor, "device": torch.cuda.get_device_name()}
+
+
+def cuda_median_ms(fn, repeats: int) -> float:
+    """Median milliseconds of `fn()` on the GPU in inference mode, after one warm-up call."""
+    def call():
+        fn()
         torch.cuda.synchronize()
 
-        def step():
-            model(x, t, text)
-            torch.cuda.synchronize()
-
-        ms = 1e3 * statistics.median(timed(step, repeats))
-    return {"params": count_parameters(model), "step_ms": ms, **anchor, "device": torch.cuda.get_device_name()}
+    with torch.inference_mode():
+        call()
+        return 1e3 * statistics.median(timed(call, repeats))
 
 
 def gpu_wan(repeats: int) -> dict:
@@ -174,15 +177,7 @@ def gpu_wan(repeats: int) -> dict:
     backbone = WanBackbone(transformer, lambda prompt: text)
     x = torch.randn(*WAN_1_3B_LATENT, device="cuda", dtype=torch.bfloat16)  # (B, F, C, H, W)
     t = torch.linspace(0.05, 0.95, WAN_1_3B_LATENT[1], device="cuda")[None]  # (B, F): one level per frame
-    with torch.inference_mode():
-        backbone(x, t, text)
-        torch.cuda.synchronize()
-
-        def call():
-            backbone(x, t, text)
-            torch.cuda.synchronize()
-
-        ms = 1e3 * statistics.median(timed(call, repeats))
+    ms = cuda_median_ms(lambda: backbone(x, t, text), repeats)
     latent_frames = WAN_1_3B_LATENT[1]
     return {"params": count_parameters(transformer), "step_ms": ms, **anchor, "device": torch.cuda.get_device_name(),
             "peak_gb": torch.cuda.max_memory_allocated() / 2**30,

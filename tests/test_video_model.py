@@ -189,3 +189,20 @@ def test_4b_benchmark_feeds_512p_latents_of_an_8x_vae():
         g = bench.gpu_4b(1)
         assert g["step_ms"] is None and g["paper_step_ms_h100"] == 482 and g["target_ms_h100"] == 350
         assert "missing" in bench.step_text(g) and "482" in bench.step_text(g)
+
+
+def test_gpu_timer_of_the_video_benchmark_runs_with_a_faked_device(monkeypatch):
+    """benchmarks/stream_video.cuda_median_ms (the 4B and Wan rows' timer) warms up once, then
+    times each call synchronised; executed here with a faked synchronize."""
+    import sys
+    from pathlib import Path
+
+    bench_dir = str(Path(__file__).resolve().parent.parent / "benchmarks")
+    if bench_dir not in sys.path:
+        sys.path.insert(0, bench_dir)
+    import stream_video as bench
+
+    syncs, calls = [], []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: syncs.append(1))
+    ms = bench.cuda_median_ms(lambda: calls.append(torch.is_inference_mode_enabled()), 3)
+    assert ms >= 0 and len(calls) == 4 and all(calls) and len(syncs) == 4
