@@ -49,6 +49,34 @@ import torch.nn.functional as F
 FUSION_LAYERS = ("mid_block", "up_blocks.0", "up_blocks.1")  # the reference's feature-injection layers
 
 
+
+def attention_input(attn, hidden_states: torch.Tensor, temb) -> tuple[torch.Tensor, int, tuple | None]:
+    """The opening of diffusers' attention processors (AttnProcessor2_0, IPAdapterAttnProcessor2_0):
+    spatial norm, a (B, C, h, w) input flattened to (B, h*w, C), group norm. Returns the tokens,
+    the input's ndim and its 4D shape (None for a 3D input)."""
+    if attn.spatial_norm is not None:
+        hidden_states = attn.spatial_norm(hidden_states, temb)
+    input_ndim, shape = hidden_states.ndim, None
+    if input_ndim == 4:
+        shape = tuple(hidden_states.shape)
+        b, c, h, w = shape
+        hidden_states = hidden_states.view(b, c, h * w).transpose(1, 2)
+    if attn.group_norm is not None:
+        hidden_states = attn.group_norm(hidden_states.transpose(1, 2)).transpose(1, 2)
+    return hidden_states, input_ndim, shape
+
+
+def attention_output(attn, out: torch.Tensor, residual: torch.Tensor, shape: tuple | None) -> torch.Tensor:
+    """The close of diffusers' attention processors: output projection and dropout, back to the
+    input's 4D `shape`, the residual, the output rescale."""
+    out = attn.to_out[1](attn.to_out[0](out))
+    if shape is not None:
+        out = out.transpose(-1, -2).reshape(shape)
+    if attn.residual_connection:
+        out = out + residual
+    return out / attn.rescale_output_factor
+
+
 class FeatureBank:
     """One stream's bank: per (layer, row key), up to `size` past entries of (keys, values,
     outputs), each (T, C), kept concatenated along the tokens (m * T, C)."""
@@ -187,15 +215,8 @@ class BankAttnProcessor:
     def _bank_attention(self, attn, hidden_states: torch.Tensor, temb, segments) -> torch.Tensor:
         # the steps of diffusers' AttnProcessor2_0, with the keys and values extended per row
         residual = hidden_states
-        if attn.spatial_norm is not None:
-            hidden_states = attn.spatial_norm(hidden_states, temb)
-        input_ndim = hidden_states.ndim
-        if input_ndim == 4:
-            batch, channel, height, width = hidden_states.shape
-            hidden_states = hidden_states.view(batch, channel, height * width).transpose(1, 2)
-        batch = hidden_states.shape[0]  # (B, T, C)
-        if attn.group_norm is not None:
-            hidden_states = attn.group_norm(hidden_states.transpose(1, 2)).transpose(1, 2)
+        hidden_states, input_ndim, shape = attention_input(attn, hidden_states, temb)  # (B, T, C)
+        batch = hidden_states.shape[0]
         query = attn.to_q(hidden_states)  # (B, T, C')
         key = attn.to_k(hidden_states)
         value = attn.to_v(hidden_states)
@@ -238,13 +259,7 @@ class BankAttnProcessor:
                     v = torch.cat([v, torch.stack([found[r][1] for r in rows])], 1)
                 out[idx] = attend(q, k, v)
 
-        out = attn.to_out[0](out)  # linear
-        out = attn.to_out[1](out)  # dropout
-        if input_ndim == 4:
-            out = out.transpose(-1, -2).reshape(batch, channel, height, width)
-        if attn.residual_connection:
-            out = out + residual
-        out = out / attn.rescale_output_factor  # (B, T, C) (or (B, C, h, w))
+        out = attention_output(attn, out, residual, shape)  # (B, T, C) (or (B, C, h, w))
         own = out  # what goes into the bank: the output before fusion
 
         if self.fuses:

@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from streamstudio.errors import ModelNotFoundError, StreamStudioError
+from streamstudio.models.feature_bank import attention_input, attention_output
 from streamstudio.models.lora import check_scale, split_scale
 
 IP_ADAPTER_REPO = "h94/IP-Adapter"
@@ -234,18 +235,11 @@ def _row_scaled_attention(proc, attn, hidden_states, text, ip_states, scales, at
     """diffusers' IPAdapterAttnProcessor2_0 (no masks) with `scales[:, i]` (B,) in place of the
     processor's scale of adapter i: the same operations in the same order."""
     residual = hidden_states
-    if attn.spatial_norm is not None:
-        hidden_states = attn.spatial_norm(hidden_states, temb)
-    input_ndim = hidden_states.ndim
-    if input_ndim == 4:
-        batch_size, channel, height, width = hidden_states.shape
-        hidden_states = hidden_states.view(batch_size, channel, height * width).transpose(1, 2)
+    hidden_states, _, shape = attention_input(attn, hidden_states, temb)  # (B, T, C)
     batch_size, sequence_length, _ = text.shape
     if attention_mask is not None:
         attention_mask = attn.prepare_attention_mask(attention_mask, sequence_length, batch_size)
         attention_mask = attention_mask.view(batch_size, attn.heads, -1, attention_mask.shape[-1])
-    if attn.group_norm is not None:
-        hidden_states = attn.group_norm(hidden_states.transpose(1, 2)).transpose(1, 2)
     query = attn.to_q(hidden_states)
     if attn.norm_cross:
         text = attn.norm_encoder_hidden_states(text)
@@ -265,12 +259,7 @@ def _row_scaled_attention(proc, attn, hidden_states, text, ip_states, scales, at
         ip_hidden = ip_hidden.transpose(1, 2).reshape(batch_size, -1, attn.heads * head_dim).to(query.dtype)
         row_scale = scales[:, i].to(ip_hidden.dtype).view(batch_size, 1, 1)  # (B, 1, 1)
         hidden_states = hidden_states + row_scale * ip_hidden
-    hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))
-    if input_ndim == 4:
-        hidden_states = hidden_states.transpose(-1, -2).reshape(batch_size, channel, height, width)
-    if attn.residual_connection:
-        hidden_states = hidden_states + residual
-    return hidden_states / attn.rescale_output_factor
+    return attention_output(attn, hidden_states, residual, shape)
 
 
 def clip_pixels(images: torch.Tensor, size: int) -> torch.Tensor:
