@@ -419,6 +419,46 @@ def test_txt2img_with_a_control_picture(sd, tmp_path, capsys):
     assert "control picture" in capsys.readouterr().err
 
 
+def control_picture(h=61, w=97, seed=0):
+    """A picture that needs a resize: smooth gradients, hard edges and camera-like noise, uint8 RGB."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:h, 0:w]
+    g = np.stack([xx * 255 / (w - 1), yy * 255 / (h - 1), (xx + yy) * 127 / (h + w)], -1)
+    g[:, w // 3:w // 3 + 2] = 255  # a bright bar
+    g[h // 2] = 0  # a dark line
+    g[h // 5:h // 2, w // 2:] = 200  # a flat block
+    return np.clip(np.round(g + rng.normal(0, 12, g.shape)), 0, 255).astype(np.uint8)
+
+
+@pytest.mark.parametrize("height,width,picture_size", [(64, 96, (61, 97)), (32, 32, (61, 97)), (128, 160, (61, 97)),
+                                                       (64, 96, (64, 96))])
+def test_control_picture_is_fitted_as_diffusers_controlnet_pipeline(sd, height, width, picture_size):
+    """txt2img's control picture at the stream's size equals diffusers' own: the control tensor
+    StableDiffusionControlNetPipeline.prepare_image makes of the PIL picture (its
+    control_image_processor: PIL's Lanczos on the 8-bit picture, / 255), exactly; shrinking,
+    enlarging, a change of aspect, and a picture at the size. The preprocessor then runs on that
+    (canny on diffusers' tensor). The stream's bilinear input resize was up to 39/255 off."""
+    from diffusers import LCMScheduler, StableDiffusionControlNetPipeline
+    from PIL import Image
+
+    from streamstudio.pipelines.control import ControlInputs, ControlUnit, Preprocessor, canny, fit_picture
+
+    comps, nets = sd
+    theirs = StableDiffusionControlNetPipeline(
+        vae=comps.vae, text_encoder=comps.text_encoder, tokenizer=comps.tokenizer, unet=comps.unet, controlnet=nets[0],
+        scheduler=LCMScheduler.from_config(comps.scheduler_config), safety_checker=None, feature_extractor=None,
+        requires_safety_checker=False)
+    picture = control_picture(*picture_size)
+    want = theirs.prepare_image(Image.fromarray(picture), width=width, height=height, batch_size=1,
+                                num_images_per_prompt=1, device=torch.device("cpu"), dtype=torch.float32)
+    assert want.shape == (1, 3, height, width)
+    assert torch.equal(fit_picture(picture, height, width), want)
+    control = ControlInputs([ControlUnit(Preprocessor("none")), ControlUnit(Preprocessor("canny"))])
+    plain, edges = control.picture_images([picture, picture], height, width)
+    assert torch.equal(plain, want.expand(2, -1, -1, -1))
+    assert torch.equal(edges, canny(want).expand(2, 3, -1, -1))
+
+
 @pytest.mark.slow
 def test_compiled_controlnet_stream_equals_eager(sd, tmp_path):
     """--acceleration compile with a ControlNet (the warm-up feeds the control fields, so the

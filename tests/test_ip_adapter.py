@@ -107,6 +107,63 @@ def test_embedding_once_per_reference_and_equal_to_diffusers(comps, tmp_path):
     torch.testing.assert_close(ours[0], theirs, atol=1e-5, rtol=1e-4)
 
 
+def clip_processor(size):
+    """transformers' CLIPImageProcessor with CLIP's settings (openai/clip-vit-large-patch14's
+    preprocessor_config.json, at `size`), offline. Its PIL backend: transformers 5's
+    CLIPImageProcessorPil, what CLIPImageProcessor is without torchvision; transformers 4's
+    CLIPImageProcessor itself."""
+    import transformers
+    from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
+
+    cls = getattr(transformers, "CLIPImageProcessorPil", None) or transformers.CLIPImageProcessor
+    return cls(do_resize=True, size={"shortest_edge": size}, resample=3, do_center_crop=True,
+               crop_size={"height": size, "width": size}, do_rescale=True, rescale_factor=1 / 255,
+               do_normalize=True, image_mean=OPENAI_CLIP_MEAN, image_std=OPENAI_CLIP_STD, do_convert_rgb=True)
+
+
+def picture(h, w, seed=0):
+    """uint8 RGB (h, w, 3): gradients, a bright bar, a dark line and noise (a resize shows on it)."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:h, 0:w]
+    g = np.stack([xx * 255 / (w - 1), yy * 255 / (h - 1), (xx + yy) * 127 / (h + w)], -1)
+    g[:, w // 3:w // 3 + 3] = 255
+    g[h // 2] = 0
+    return np.clip(np.round(g + rng.normal(0, 12, g.shape)), 0, 255).astype(np.uint8)
+
+
+@pytest.mark.parametrize("h,w", [(180, 300), (300, 180), (230, 500), (61, 97), (224, 224), (224, 300)])
+def test_clip_pixels_equal_clip_image_processor(h, w):
+    """Our CLIP preprocessing equals transformers' CLIPImageProcessor on a picture (its PIL
+    bicubic on uint8, the long side truncated, centre crop, CLIP's mean and std): shrinking,
+    enlarging, both orientations, a long side where truncating and rounding differ (230x500 ->
+    224x486), and pictures needing no resize. torch's bicubic on floats was up to 19/255 off
+    (and a pixel's shift where it rounded the long side)."""
+    from PIL import Image
+
+    from streamstudio.models.ip_adapter import clip_pixels
+
+    image = picture(h, w)
+    want = clip_processor(224)(Image.fromarray(image), return_tensors="pt").pixel_values  # (1, 3, 224, 224)
+    ours = clip_pixels(torch.from_numpy(image).permute(2, 0, 1)[None].float() / 255, 224)
+    assert ours.shape == want.shape == (1, 3, 224, 224)
+    torch.testing.assert_close(ours, want, rtol=0, atol=1e-6)
+    two = clip_pixels(torch.from_numpy(np.stack([image, picture(h, w, 1)])).permute(0, 3, 1, 2).float() / 255, 224)
+    torch.testing.assert_close(two[:1], want, rtol=0, atol=1e-6)  # a batch: each picture its own
+
+
+def test_embedding_of_a_picture_needing_a_resize_equals_diffusers(comps, tmp_path):
+    """IPAdapter.embed on a reference that CLIP's preprocessing resizes (70x45 for the tiny
+    encoder's 32) equals diffusers' encode_image (its CLIPImageProcessor, then the encoder)."""
+    path = write_tiny_ip_adapter(comps.unet, tmp_path / "ip")
+    ip = IPAdapter(comps, str(path))
+    if getattr(ip._pipe.feature_extractor, "backend", "pil") != "pil":  # transformers 5 with torchvision
+        ip._pipe.feature_extractor = clip_processor(ip.image_encoder.config.image_size)
+    image = picture(45, 70)
+    ours = ip.set_reference(torch.from_numpy(image).permute(2, 0, 1).float() / 255)
+    theirs, _ = ip._pipe.encode_image(image, torch.device("cpu"), 1)
+    torch.testing.assert_close(ours[0], theirs, atol=1e-6, rtol=1e-5)
+
+
 def test_missing_adapter_is_a_clear_error(comps, tmp_path):
     with pytest.raises(ModelNotFoundError, match="hf download h94/IP-Adapter"):
         IPAdapter(comps, "h94/IP-Adapter", local_files_only=True)

@@ -263,19 +263,49 @@ def _row_scaled_attention(proc, attn, hidden_states, text, ip_states, scales, at
 
 
 def clip_pixels(images: torch.Tensor, size: int) -> torch.Tensor:
-    """CLIP's preprocessing in torch: the short side resized to `size` (bicubic, antialiased),
-    centre crop to size x size, CLIP normalisation. (B, 3, H, W) in [0, 1] -> (B, 3, size, size)."""
+    """CLIP's preprocessing, equal to transformers' CLIPImageProcessor with CLIP's settings
+    (shortest_edge and crop `size`, bicubic, do_convert_rgb; its PIL backend: transformers 4's
+    CLIPImageProcessor, transformers 5's CLIPImageProcessorPil, which is what CLIPImageProcessor
+    is without torchvision) on the picture as 8 bits: the short side resized to `size` and the
+    long one to int(size * long / short) with PIL's bicubic filter on uint8 (what
+    `image_transforms.resize` does: it converts a uint8 array to a PIL image), a centre crop to
+    size x size, / 255 and CLIP's mean and std. (B, 3, H, W) in [0, 1] -> (B, 3, size, size) float32
+    on the images' device. The resize runs on the CPU (PIL; a reference picture is resized once,
+    `IPAdapter.embed`); a picture already at its resized size is not resized (nor quantised),
+    the rest is torch on the images' device."""
     h, w = images.shape[-2:]
-    if min(h, w) != size:
-        scale = size / min(h, w)
-        images = F.interpolate(images, size=(max(size, round(h * scale)), max(size, round(w * scale))), mode="bicubic",
-                               antialias=True, align_corners=False).clamp(0, 1)
-        h, w = images.shape[-2:]
-    top, left = (h - size) // 2, (w - size) // 2
-    images = images[..., top:top + size, left:left + size]
+    new = clip_resize_size(h, w, size)
+    if new != (h, w):
+        images = pil_resize(images, new, "bicubic")  # (B, 3, new_h, new_w) float32 in [0, 1], steps of 1/255
+        h, w = new
+    top, left = (h - size) // 2, (w - size) // 2  # transformers' center_crop
+    images = images[..., top:top + size, left:left + size].float()
     mean = torch.tensor(CLIP_MEAN, device=images.device).view(1, 3, 1, 1)
     std = torch.tensor(CLIP_STD, device=images.device).view(1, 3, 1, 1)
     return (images - mean) / std
+
+
+def clip_resize_size(h: int, w: int, size: int) -> tuple[int, int]:
+    """(height, width) after CLIPImageProcessor's shortest-edge resize (transformers'
+    get_resize_output_image_size: the long side truncated, not rounded)."""
+    if w <= h:
+        return int(size * h / w), size
+    return size, int(size * w / h)
+
+
+def pil_resize(images: torch.Tensor, size: tuple[int, int], resample: str = "bicubic") -> torch.Tensor:
+    """(B, 3, H, W) in [0, 1] -> (B, 3, *size) float32 in [0, 1] on the same device: each picture
+    rounded to uint8 and resized by PIL (`resample`: a PIL.Image.Resampling name), as
+    transformers' and diffusers' image processors resize pictures; values in steps of 1/255."""
+    import numpy as np
+    from PIL import Image
+
+    filt = Image.Resampling[resample.upper()]
+    pixels = (images.detach().float().clamp(0, 1) * 255).round().to("cpu", torch.uint8)  # (B, 3, H, W)
+    out = [np.asarray(Image.fromarray(p.permute(1, 2, 0).numpy()).resize((size[1], size[0]), resample=filt))
+           for p in pixels]  # PIL takes (width, height)
+    resized = torch.from_numpy(np.stack(out)).permute(0, 3, 1, 2)  # (B, 3, h, w) uint8
+    return (resized.double() / 255).float().to(images.device)  # transformers' rescale: float64, then float32
 
 
 def _pipeline(comps):

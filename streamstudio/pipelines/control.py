@@ -22,6 +22,10 @@ take), so they run on the GPU where the pipeline runs. No OpenCV, no threads, no
 - `softedge`: soft edges as white on black (the Sobel magnitude of the blurred picture,
   normalised per frame, with a soft tone curve), what HED / PiDiNet soft-edge models take.
 - `none`: the frame itself.
+
+A control picture given as a picture (txt2img's) is brought to the stream's size first as
+diffusers' ControlNet pipelines bring a control image to theirs (`fit_picture`: PIL's Lanczos
+on the 8-bit RGB picture, / 255), then preprocessed (`ControlInputs.picture_images`).
 """
 
 from __future__ import annotations
@@ -319,6 +323,14 @@ class ControlInputs:
         self.runs += 1
         return tuple(unit.preprocessor(frames) for unit in self.units)
 
+    def picture_images(self, pictures, height: int, width: int,
+                       device: torch.device | str = "cpu") -> tuple[torch.Tensor, ...]:
+        """txt2img's control picture(s) (one, or a list of k; HxWx3 uint8 RGB or anything
+        `frames.to_rgb` takes) -> one (k, 3, height, width) control image batch per net, on
+        `device`: fitted to the size as diffusers' ControlNet pipelines fit a control image
+        (`fit_picture`: PIL's Lanczos), then each net's preprocessor."""
+        return self.images(fit_picture(pictures, height, width).to(device))
+
     def set_scale(self, index: int, scale: float) -> None:
         if not 0 <= index < len(self.units):
             raise StreamStudioError(f"there is no ControlNet {index}; the model has {len(self.units)} (0-based)")
@@ -334,3 +346,28 @@ class ControlInputs:
             values = torch.tensor(key[2], dtype=torch.float32, device=device)
             self._scales = (key, values.expand(rows, -1).contiguous())
         return self._scales[1]
+
+
+def fit_picture(pictures, height: int, width: int) -> torch.Tensor:
+    """Control picture(s) at the stream's size, as diffusers' ControlNet pipelines bring a
+    control picture to (height, width) (`prepare_image`: `VaeImageProcessor(do_convert_rgb=True,
+    do_normalize=False).preprocess(PIL image, height, width)`): PIL's Lanczos resize of the 8-bit
+    RGB picture, stretched to the size (no crop), then / 255 in float32. A picture already at the
+    size is taken as it is (PIL's resize copies it). One picture or a list, anything
+    `frames.to_rgb` takes (transparency composited on black first, as every input of the stream)
+    -> (k, 3, height, width) float32 in [0, 1] on the CPU."""
+    import numpy as np
+    from PIL import Image
+
+    from streamstudio.frames import to_rgb
+
+    items = list(pictures) if isinstance(pictures, (list, tuple)) else [pictures]
+    if not items:
+        raise StreamStudioError("no control picture given")
+    out = []
+    for item in items:
+        rgb = to_rgb(item)  # (H, W, 3) uint8
+        if rgb.shape[:2] != (height, width):
+            rgb = np.asarray(Image.fromarray(rgb).resize((width, height), resample=Image.Resampling.LANCZOS))
+        out.append(torch.from_numpy(np.array(rgb)))  # a writable copy
+    return torch.stack(out).permute(0, 3, 1, 2).float() / 255.0  # (k, 3, height, width), diffusers' pil_to_numpy
