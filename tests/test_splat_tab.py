@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import time
+
 import numpy as np
 import pytest
 
@@ -191,3 +194,108 @@ def test_keyframes_of_a_4d_scene_keep_their_time(dynamic_session, tmp_path):
     add_keyframe(session, ViewSettings(time=hi, **SMALL), 1.0)
     _, times = path_cameras(session, ViewSettings(**SMALL).render_config("cpu"), fps=4.0)
     assert times[0] == pytest.approx(lo) and times[2] == pytest.approx((lo + hi) / 2, abs=0.05 * (hi - lo))
+
+
+# ----------------------------------------------------------------------------- the tab's handlers, as Gradio calls them
+
+def tab_handler(event_name: str, button: str):
+    """(the function the built tab runs on `button`'s `event_name`, its input values as the page
+    starts them, with Width x Height set to 48x32): the handler Gradio calls, without a browser."""
+    gr = pytest.importorskip("gradio")
+    with gr.Blocks() as demo:
+        with gr.Tab("Splats"):
+            parts = splat_tab.build_splat_tab(get_image_pipeline=lambda: FakePipe())
+    target = parts[button]._id
+    fn = next(f for f in demo.fns.values() if (target, event_name) in f.targets)
+    small = {"Width": 48, "Height": 32}
+    values = [small.get(getattr(c, "label", None), getattr(c, "value", None)) for c in fn.inputs]
+    return fn.fn, values
+
+
+BUILD_S = 1.5  # the stand-in build's seconds
+
+
+@pytest.fixture
+def slow_first_cpp_build(monkeypatch):
+    """The C++ renderer's first load() made slow (a stand-in for its ~44 s build) and then "not
+    available" (the vectorised torch path renders), on a CPU device; no real build runs."""
+    import torch
+
+    from streamstudio.kernels import splat_cpu
+
+    calls = []
+
+    def load(verbose: bool = False):
+        if not calls:
+            time.sleep(BUILD_S)
+        calls.append(time.perf_counter())
+        return None
+
+    monkeypatch.setattr(splat_cpu, "load", load)
+    monkeypatch.setattr(splat_cpu, "ready", lambda: bool(calls), raising=False)
+    monkeypatch.setattr(splat_tab, "pick_device", lambda *a, **k: torch.device("cpu"))
+    return calls
+
+
+def frame_ms(line: str) -> float:
+    return float(re.search(r"\((\d+) ms\)", line).group(1))
+
+
+def test_the_renderers_build_is_not_counted_as_a_frame(static_session, slow_first_cpp_build):
+    """The first render of a process builds the C++ renderer (about 44 s here): the fps line
+    after it is the frame's render time, not build + render."""
+    _, line = render_view(static_session, ViewSettings(**SMALL))
+    assert slow_first_cpp_build, "the renderer was not asked for"
+    assert frame_ms(line) < 1000 * BUILD_S / 2, line
+
+
+def test_load_says_it_builds_the_renderer_then_shows_the_frames_own_time(slow_first_cpp_build):
+    """Load, the first in the process: a status saying the C++ renderer is being built comes
+    before the build starts; the fps line after it excludes the build."""
+    on_load, values = tab_handler("click", "load")
+    steps = on_load(*values)
+    first = next(steps)  # (state, scene info, view, stats, time slider)
+    assert not slow_first_cpp_build, "the build started before the status was shown"
+    session, info, _, status, _ = first
+    assert "Building the C++ splat renderer" in status and "once" in status
+    assert "Loaded **sample_scene.ply**" in info and session.loading
+    *_, last = steps
+    session, _, frame, line, _ = last
+    assert slow_first_cpp_build and not session.loading
+    assert isinstance(frame, np.ndarray) and frame.shape == (32, 48, 3)
+    assert "fps" in line and frame_ms(line) < 1000 * BUILD_S / 2, line
+    # built: the next Load says nothing of a build and shows its frame at once
+    assert len(list(on_load(session, *values[1:]))) == 1
+
+
+def test_stylize_before_a_scene_is_loaded_says_what_to_do(monkeypatch):
+    """Stylize pressed while Load still runs: no bare "Error", a warning and a status that say
+    to load a scene (no scene in the state yet) or that it is still loading (the renderer builds)."""
+    gr = pytest.importorskip("gradio")
+    warned = []
+    monkeypatch.setattr(gr, "Warning", lambda message, *a, **k: warned.append(message))
+    on_stylize, values = tab_handler("click", "stylize")
+    assert values[0] is None  # the state before the first Load has answered
+    out = list(on_stylize(*values))  # raises nothing (a gr.Error is the red "Error")
+    assert len(out) == 1 and "Load a scene first" in out[0][2] and warned[-1] in out[0][2]
+    loading = SplatSession(loading=True)  # Load's first answer: the scene, the renderer still building
+    out = list(on_stylize(loading, *values[1:]))
+    assert "still loading" in out[0][2] and "still loading" in warned[-1]
+
+
+def test_the_build_note_shows_only_while_the_cpp_renderer_may_build(monkeypatch):
+    import dataclasses
+
+    from streamstudio.app.splat_tab import BUILDING_CPP, renderer_build_note
+    from streamstudio.kernels import splat_cpu
+
+    cfg = ViewSettings(**SMALL).render_config("cpu")
+    monkeypatch.setattr(splat_cpu, "_tried", False)  # as in a fresh process
+    monkeypatch.delenv(splat_cpu.DISABLE_ENV, raising=False)
+    assert not splat_cpu.ready() and renderer_build_note(cfg) == BUILDING_CPP
+    assert renderer_build_note(dataclasses.replace(cfg, impl="fast")) is None  # nothing to build
+    monkeypatch.setenv(splat_cpu.DISABLE_ENV, "1")  # switched off: load() answers at once
+    assert splat_cpu.ready() and renderer_build_note(cfg) is None
+    monkeypatch.delenv(splat_cpu.DISABLE_ENV)
+    monkeypatch.setattr(splat_cpu, "_tried", True)  # loaded once in this process
+    assert renderer_build_note(cfg) is None

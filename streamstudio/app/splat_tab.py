@@ -73,6 +73,7 @@ class SplatSession:
     name: str = ""
     fit: SceneFit = field(default_factory=SceneFit)
     stop_requested: bool = False
+    loading: bool = False  # Load has the scene and is getting the renderer ready (its first build)
     pipe: object = None  # the img2img stream of this session, made on the first Stylize
     path: KeyframePath | None = None  # the authored fly-through (keyframes), when there is one
 
@@ -118,12 +119,39 @@ def time_slider_range(lo: float, hi: float) -> tuple[float, float, float]:
     return minimum, max(maximum, round(minimum + step, digits)), step
 
 
+BUILDING_CPP = "Building the C++ splat renderer (once, about a minute)…"
+NO_SCENE = "Load a scene first: choose a sample or upload a file, then press Load."
+STILL_LOADING = "The scene is still loading (the splat renderer is being built): press Stylize when its view shows."
+
+
+def renderer_build_note(cfg: SplatRenderConfig) -> str | None:
+    """What to tell the user while the renderer `cfg` picks gets ready, when its first use may
+    build it (the C++ CPU renderer: about a minute, once); None when it answers at once."""
+    from streamstudio.kernels import splat_cpu
+
+    if cfg.device.split(":")[0] == "cpu" and cfg.impl in ("auto", "cpp") and not splat_cpu.ready():
+        return BUILDING_CPP
+    return None
+
+
+def warm_renderer(cfg: SplatRenderConfig) -> str:
+    """Have the renderer `cfg` picks built or imported now (the C++ or CUDA extension, on its first
+    use in this process), so no frame's time includes the build. Returns the implementation."""
+    import torch
+
+    from streamstudio.kernels.splat import pick_impl
+
+    return pick_impl(cfg.impl, torch.device(cfg.device))
+
+
 def render_view(session: SplatSession, view: ViewSettings) -> tuple[np.ndarray, str]:
-    """One frame of the current view and a line with the frame rate and Gaussian count."""
+    """One frame of the current view and a line with the frame rate and Gaussian count (the time
+    of the render alone: a renderer's one-off build comes before the clock starts)."""
     if session.scene is None:
         raise StreamStudioError("load a scene first")
     cfg = view.render_config()
     cam = fitted_camera(session.fit, cfg, view.azimuth, view.elevation, view.zoom, (view.pan_x, view.pan_y))
+    warm_renderer(cfg)
     start = time.perf_counter()
     out = render(session.scene, cam, cfg, view.time if session.scene.is_4d else None)
     took = time.perf_counter() - start
@@ -196,6 +224,15 @@ def stylize(session: SplatSession, view: ViewSettings, path: str, frames: int, p
         styled = _run_pipe(pipe, frame)
         took = time.perf_counter() - start
         yield frame, styled, f"frame {i + 1}/{frames} · {1 / max(took, 1e-9):.1f} fps render + stylize"
+
+
+def stylize_blocker(session: SplatSession | None) -> str | None:
+    """Why Stylize cannot start yet (no scene, or Load still getting the renderer ready), or None."""
+    if session is not None and session.loading:
+        return STILL_LOADING
+    if session is None or session.scene is None:
+        return NO_SCENE
+    return None
 
 
 # ----------------------------------------------------------------------------- authored paths
@@ -412,9 +449,17 @@ def build_splat_tab(get_image_pipeline: Callable[[], object] | None = None) -> d
         lo, hi, step = time_slider_range(*session.scene.time_range)
         view = view_of(*vals)
         view.time = lo
-        frame, line = render_view(session, view)
-        return session, info, frame, line, gr.update(minimum=lo, maximum=hi, step=step, value=lo,
-                                                     interactive=session.scene.is_4d)
+        t_range = gr.update(minimum=lo, maximum=hi, step=step, value=lo, interactive=session.scene.is_4d)
+        note = renderer_build_note(view.render_config())
+        if note:  # the first Load of the process builds the renderer: say so first, then build it
+            session.loading = True
+            try:
+                yield session, info, gr.update(), f"⏳ {note}", t_range
+                warm_renderer(view.render_config())
+            finally:
+                session.loading = False
+        frame, line = render_view(session, view)  # times the frame alone
+        yield session, info, frame, line, t_range
 
     def on_change(session, *vals):
         if session is None or session.scene is None:
@@ -437,7 +482,11 @@ def build_splat_tab(get_image_pipeline: Callable[[], object] | None = None) -> d
             yield frame, line, t
 
     def on_stylize(session, pth, n, text, st, *vals):
-        session = session or SplatSession()
+        why = stylize_blocker(session)
+        if why:  # pressed before Load finished: say what to do, no error
+            gr.Warning(why)
+            yield gr.update(), gr.update(), f"⚠️ {why}"
+            return
         view = view_of(*vals)
         make = get_image_pipeline or default_pipe_factory(view.width, view.height)
         for frame, styled, line in stylize(session, view, pth, int(n), text, st, make):

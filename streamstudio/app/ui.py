@@ -100,7 +100,7 @@ def model_banner(manager: SessionManager) -> str:
 
 def format_stats(stats: dict | None) -> str:
     if stats is None:
-        return "Not streaming. Press the camera's start button."
+        return "Not streaming. Press the camera's **Record** button to start."
     lat = "–" if stats["latency_ms"] is None else f"{stats['latency_ms']:.0f} ms"
     text = (f"**{stats['fps']:.1f} fps** · latency {lat} (+{stats['frame_latency'] or 0} frame(s) in the batch) · "
             f"skip rate {100 * stats['skip_rate']:.0f}% · frames in {stats['frames_in']}, "
@@ -418,7 +418,8 @@ def blend_spec(prompts, weights) -> str | list[tuple[str, float]]:
 
 
 def _t2i_tab(manager: SessionManager) -> None:
-    gr.Markdown("The image regenerates continuously while you type (txt2img Stream Batch). "
+    gr.Markdown(f"Press **Start**: until **Stop**, a new image is drawn every {T2I_TICK_S:g} s from the prompts as they "
+                "stand (txt2img Stream Batch), so an edit shows in the next image; typing does not start it. "
                 "Blend up to three prompts with the sliders.")
     with gr.Row():
         with gr.Column():

@@ -57,15 +57,28 @@ def cpu_has_avx2() -> bool:
         return False
 
 
+_tried = False  # load() has run in this process: its answer is cached, a later call returns at once
+
+
 def load(verbose: bool = False):
     """The built extension, or None (build failed or disabled; warns once per process)."""
+    global _tried
     omp = openmp_links()
     flags = ["-O3", "-ffp-contract=off", "-fno-trapping-math"] + (["-fopenmp"] if omp else [])
     flags += ["-mavx2"] if cpu_has_avx2() else []  # in the build's hash: a CPU without it builds its own copy
-    return cuda_build.load_extension(
+    module = cuda_build.load_extension(
         EXTENSION_NAME, [SOURCE], cuda=False, disable_env=DISABLE_ENV, verbose=verbose,
         flags=cuda_build.Flags(cflags=tuple(flags), ldflags=("-fopenmp",) if omp else ()),
         what="C++ CPU splat renderer", fallback="the vectorised torch path")
+    _tried = True
+    return module
+
+
+def ready() -> bool:
+    """Whether `load()` answers at once: it already ran in this process (built, imported or
+    failed), or the build is switched off. False means the next call may compile the source
+    (about a minute; a copy built earlier on this machine is only imported)."""
+    return _tried or os.environ.get(DISABLE_ENV, "") not in ("", "0", "false", "False")
 
 
 def failure_reason() -> str | None:
@@ -74,7 +87,9 @@ def failure_reason() -> str | None:
 
 def reset_for_tests() -> None:
     """Forget a previous load attempt (tests)."""
+    global _tried
     cuda_build.forget(EXTENSION_NAME)
+    _tried = False
 
 
 def render(means, quats, scales, opacities, colors, viewmat, intrinsics, width: int, height: int,
