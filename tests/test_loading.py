@@ -43,7 +43,25 @@ def test_tiny_is_deterministic(tiny):
     assert tiny.is_demo and tiny.name == "tiny"
 
 
+def rehome(comps):
+    """Every weight copied into fresh memory (torch's allocator: 64-byte aligned)."""
+    for name in ("unet", "vae", "text_encoder"):
+        for p in getattr(comps, name).parameters():
+            p.data = p.data.clone()
+    return comps
+
+
 def test_save_pretrained_folder_roundtrip(tiny, tmp_path):
+    """What a save_pretrained folder promises: the same weights bit for bit, the same scheduler,
+    and images within one level, not bit-identical ones.
+
+    diffusers and transformers memory-map .safetensors files, so each loaded weight sits at its
+    byte offset in the file, which safetensors aligns to 8 bytes only, while the weights built in
+    memory sit at 64-byte aligned addresses. MKL's single-row matrix product (the UNet's time
+    embedding, batch 1) takes another vectorised path for such data and sums in another order:
+    1 ulp (1.2e-7) in one activation, which reaches the uint8 image as one level in 2 of its 3072
+    values. The same weights copied into fresh memory give the bit-identical image, as the
+    last check shows (and built-in weights moved to an 8-byte offset give the same 2 values off)."""
     for name in ("unet", "vae", "text_encoder", "tokenizer"):
         getattr(tiny, name).save_pretrained(tmp_path / name)
     (tmp_path / "scheduler").mkdir()
@@ -52,7 +70,9 @@ def test_save_pretrained_folder_roundtrip(tiny, tmp_path):
     loaded = load_components(str(tmp_path), lcm_lora=None)
     assert_same_weights(tiny, loaded)
     assert loaded.scheduler_config["beta_schedule"] == "scaled_linear"
-    assert np.array_equal(run(tiny), run(loaded))
+    want, got = run(tiny).astype(int), run(loaded).astype(int)
+    assert np.abs(want - got).max() <= 1 and (want != got).mean() < 0.01
+    assert np.array_equal(run(rehome(loaded)), want)  # the memory layout was the only difference
 
 
 def test_single_safetensors_roundtrip(tiny, tmp_path):
