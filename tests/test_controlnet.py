@@ -459,6 +459,35 @@ def test_control_picture_is_fitted_as_diffusers_controlnet_pipeline(sd, height, 
     assert torch.equal(edges, canny(want).expand(2, 3, -1, -1))
 
 
+def test_txt2img_control_picture_reaches_the_net_as_diffusers_prepares_it(sd):
+    """set_control_image on a picture of another size and aspect: every row of every ControlNet
+    call takes the control tensor diffusers' StableDiffusionControlNetPipeline.prepare_image makes
+    of it (PIL's Lanczos), not the stream's bilinear input resize (up to 39/255 off)."""
+    from diffusers import LCMScheduler, StableDiffusionControlNetPipeline
+    from PIL import Image
+
+    comps, nets = sd
+    theirs = StableDiffusionControlNetPipeline(
+        vae=comps.vae, text_encoder=comps.text_encoder, tokenizer=comps.tokenizer, unet=comps.unet, controlnet=nets[0],
+        scheduler=LCMScheduler.from_config(comps.scheduler_config), safety_checker=None, feature_extractor=None,
+        requires_safety_checker=False)
+    picture = control_picture(61, 97)
+    want = theirs.prepare_image(Image.fromarray(picture), width=SIZE, height=SIZE, batch_size=1, num_images_per_prompt=1,
+                                device=torch.device("cpu"), dtype=torch.float32)  # (1, 3, 32, 32)
+    pipe = make_pipe(comps, nets[:1], mode="txt2img", steps=2)
+    seen = []
+    hook = nets[0].register_forward_pre_hook(lambda m, a, kw: seen.append(kw["controlnet_cond"].clone()),
+                                             with_kwargs=True)
+    try:
+        pipe.set_control_image(picture)
+        pipe.generate(1)
+    finally:
+        hook.remove()
+    assert seen
+    for cond in seen:
+        assert (cond - want).abs().max() <= 1e-6, (cond - want).abs().max().item() * 255
+
+
 @pytest.mark.slow
 def test_compiled_controlnet_stream_equals_eager(sd, tmp_path):
     """--acceleration compile with a ControlNet (the warm-up feeds the control fields, so the

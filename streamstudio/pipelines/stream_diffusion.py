@@ -265,15 +265,16 @@ class StreamDiffusion:
     # ------------------------------------------------------------------ ControlNet, IP-Adapter, LoRA
     def set_control_image(self, image) -> None:
         """txt2img with ControlNets: the picture (HxWx3 uint8 RGB) every frame is controlled by,
-        fitted to the stream's size and preprocessed once, here."""
+        fitted to the stream's size as diffusers' ControlNet pipelines fit a control image (PIL's
+        Lanczos, `control.fit_picture`) and preprocessed once, here."""
         if self.control is None:
             raise StreamStudioError("this model has no ControlNet (--controlnet)")
         if self.config.mode != "txt2img":
             raise StreamStudioError("an img2img stream takes its control images from its input frames")
-        frames = to_frames(image, self.config.frame_buffer_size)  # (k, H, W, 3) uint8
-        x = kernels.preprocess(self._upload(frames), self.config.height, self.config.width, self.dtype)
-        with torch.inference_mode():
-            self._fields = {"control": self.control.images((x.float() + 1) / 2)}  # n x (k, 3, H, W) in [0, 1]
+        frames = to_frames(image, self.config.frame_buffer_size)  # (k, H, W, 3 or 4) uint8
+        with torch.inference_mode():  # n x (k, 3, H, W) in [0, 1]
+            self._fields = {"control": self.control.picture_images(list(frames), self.config.height, self.config.width,
+                                                                   self.device)}
 
     def set_control_scale(self, index: int, scale: float) -> None:
         """ControlNet `index`'s conditioning scale, from the next call on (0: as without it)."""
