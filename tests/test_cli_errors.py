@@ -103,7 +103,11 @@ CASES = {
     # a garbage .safetensors model
     "render garbage safetensors": lambda t: render_cmd(t, "--model", garbage_model(t)),
     "generate garbage safetensors": lambda t: generate_cmd(t, "--model", garbage_model(t)),
-    # out-of-range pipeline settings (generate.py / stream_diffusion.py)
+}
+
+# Out-of-range settings are usage errors, said while the command line is parsed (exit code 2,
+# argparse's `prog: error: argument --flag: ...` line after the command's usage), before anything loads.
+USAGE_CASES = {
     "generate width 0": lambda t: generate_cmd(t, "--width", "0"),
     "generate height 0": lambda t: generate_cmd(t, "--height", "0"),
     "generate steps 0": lambda t: generate_cmd(t, "--steps", "0"),
@@ -114,6 +118,17 @@ CASES = {
     "render video strength 0": lambda t: ["render", "--pipeline", "video", "--input", "pattern:32x32",
                                           "--video-strength", "0", "--max-frames", "4", "--output", str(t / "v.mp4")],
 }
+
+
+@pytest.mark.parametrize("case", list(USAGE_CASES))
+def test_out_of_range_setting_is_a_usage_error(case, tmp_path, capsys):
+    argv = USAGE_CASES[case](tmp_path)
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    assert rc == 2, f"{case}: exit code {rc}\n{err[-2000:]}"
+    error_lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(error_lines) == 1 and "argument --" in error_lines[0], err[-2000:]
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -43,10 +43,27 @@ def test_img2img_folder_in_name_order(tmp_path, monkeypatch):
     assert (runners[-1].metrics().frames_in, runners[-1].metrics().frames_out) == (4, 4)  # one stream, one loop
 
 
+def test_img2img_keeps_the_pictures_aspect(tmp_path, monkeypatch):
+    """A 600x400 photo was squashed to the model's square; now the output takes the first
+    picture's aspect with the model's side (tiny: 64x40, as render sizes a 3:2 clip), and a
+    picture of another shape is cropped to it, not stretched (--fit pad: bars instead)."""
+    runners = recorded_runners(monkeypatch)
+    src = tmp_path / "in"
+    src.mkdir()
+    Image.new("RGB", (600, 400), (200, 30, 30)).save(src / "a_photo.png")
+    Image.new("RGB", (300, 300), (30, 30, 200)).save(src / "b_square.png")
+    out = tmp_path / "out"
+    assert main(["generate", "--model", "tiny", "--input", str(src), "--output", str(out), "--steps", "1"]) == 0
+    sizes = {p.name: Image.open(p).size for p in out.glob("*.png")}
+    assert sizes == {"a_photo.png": (64, 40), "b_square.png": (64, 40)}
+    fitted = runners[-1].processor.fit_frame(np.zeros((300, 300, 3), np.uint8))  # cropped to 64:40
+    assert fitted.shape[1] == 300 and abs(fitted.shape[1] / fitted.shape[0] - 64 / 40) < 0.02
+
+
 def test_clear_errors(tmp_path, capsys):
     assert main(["generate", "--model", "tiny", "--input", str(tmp_path / "missing"), "--output", str(tmp_path)]) == 1
     assert "does not exist" in capsys.readouterr().err
-    assert main(["generate", "--model", "tiny", "--output", str(tmp_path), "--width", "30"]) == 1
+    assert main(["generate", "--model", "tiny", "--output", str(tmp_path), "--width", "30"]) == 2  # a usage error
     assert "multiple of 8" in capsys.readouterr().err
     bad = tmp_path / "bad"
     bad.mkdir()

@@ -180,8 +180,8 @@ def test_rtmp_timeout_bounds_a_silent_server(capsys):
         rc = render("--input", "pattern:32x32", "--output", url, "--rtmp-timeout", "0.5", *TINY)
         assert rc == 1
         assert "did not answer within 0.5 s" in capsys.readouterr().err
-        assert render("--input", "pattern:32x32", "--output", url, "--rtmp-timeout", "0", *TINY) == 1
-        assert "--rtmp-timeout must be positive" in capsys.readouterr().err
+        assert render("--input", "pattern:32x32", "--output", url, "--rtmp-timeout", "0", *TINY) == 2  # usage
+        assert "argument --rtmp-timeout: must be in (0, 3600], got 0" in capsys.readouterr().err
     finally:
         listener.close()
 

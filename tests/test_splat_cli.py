@@ -91,11 +91,12 @@ def test_cli_writes_4d_frames_to_a_folder_that_change_with_time(tmp_path):
     assert a.shape == (40, 40, 3) and (a[0, 0] == 255).all() and np.abs(a.astype(int) - b).max() > 50
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--size", "12"], "--size"), (["--background", "red"], "--background"), (["--frames", "0"], "--frames"),
+@pytest.mark.parametrize("argv, message, rc", [
+    (["--size", "12"], "--size", 1), (["--background", "red"], "--background", 1),
+    (["--frames", "0"], "argument --frames: must be in [1, 10000000], got 0", 2),  # a usage error, at parse time
 ])
-def test_cli_bad_settings_fail_clearly(tmp_path, capsys, argv, message):
-    assert main(["splat", "sample", "--output", str(tmp_path / "x.mp4"), *argv]) == 1
+def test_cli_bad_settings_fail_clearly(tmp_path, capsys, argv, message, rc):
+    assert main(["splat", "sample", "--output", str(tmp_path / "x.mp4"), *argv]) == rc
     assert message in capsys.readouterr().err
 
 

@@ -1,9 +1,14 @@
 """The `streamstudio` command. Each subcommand lives in `streamstudio/app/commands/<name>.py`
-and exposes `add_parser(subparsers)` (returning its parser) and `run(args) -> int`."""
+and exposes `add_parser(subparsers)` (returning its parser) and `run(args) -> int`.
+
+Only the named command's module is imported, and command modules import nothing heavy (torch,
+diffusers, gradio, av) at their top: `--help` and argument errors answer at once, and every check
+that needs no model runs before one loads (benchmarks/cli_startup.py measures it)."""
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import logging
 import platform
@@ -22,6 +27,18 @@ COMMANDS = {
     "train-image": "train_image",
     "build-engines": "build_engines",
     "bench": "bench",
+}
+
+# subcommand name -> its line in `streamstudio --help` (the top-level help imports no command)
+SUMMARIES = {
+    "serve": "the web app: live webcam, text to image, live output",
+    "generate": "txt2img images, or img2img over a folder of images",
+    "render": "render a video, images, a webcam or a pattern through a pipeline",
+    "splat": "render a Gaussian-splat scene along a camera path to a video",
+    "train-video": "train the StreamDiT-style streaming video model",
+    "train-image": "train the built-in image model (autoencoder + one-step denoiser)",
+    "build-engines": "export ONNX and build TensorRT engines into the engine cache",
+    "bench": "measure the image pipeline's frame rate here, one or several streams",
 }
 
 
@@ -60,32 +77,47 @@ def report_error(exc: StreamStudioError, verbose: bool) -> None:
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
-    """The parser with every command, or only the one named in `argv`."""
+    """The parser. Only the command named in `argv` gets its real parser (its module imported);
+    every other command is listed by its summary alone. With `argv` None, every command's real
+    parser (tests that parse several commands with one parser)."""
     parser = argparse.ArgumentParser(prog="streamstudio", description="StreamStudio: real-time generative media "
                                      "(stream-batched diffusion, streaming video, Gaussian splats)")
     parser.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     chosen = _chosen_command(argv)
     for name, module_name in COMMANDS.items():
-        if chosen is not None and name != chosen:
+        if argv is not None and name != chosen:
+            sub.add_parser(name, help=SUMMARIES.get(name), add_help=False)  # listed, not built
             continue
-        try:
-            module = importlib.import_module(f"streamstudio.app.commands.{module_name}")
-        except ModuleNotFoundError as exc:  # a command whose module is not written yet
-            if exc.name == f"streamstudio.app.commands.{module_name}":
-                continue
-            raise
+        module = importlib.import_module(f"streamstudio.app.commands.{module_name}")
         sub_parser = module.add_parser(sub)
         # `-v` after the command too (`streamstudio render -v ...`); SUPPRESS keeps one given first
         sub_parser.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=VERBOSE_HELP)
-        sub_parser.set_defaults(_run=module.run)
+        sub_parser.set_defaults(_run=module.run, _parser=sub_parser)
     return parser
+
+
+def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """`argv` parsed; a word the command does not know is that command's error (its usage, and
+    the nearest option it has), not the top-level parser's."""
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        own = getattr(args, "_parser", None) or parser
+        known = [o for action in own._actions for o in action.option_strings if o.startswith("--")]
+        flag = next((word.split("=", 1)[0] for word in extras if word.startswith("--")), None)
+        near = difflib.get_close_matches(flag, known, n=1) if flag else []
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        own.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(argv)
-    args = parser.parse_args(argv)
+    try:
+        args = parse(parser, argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2, said by argparse): the exit code
+        return exc.code if isinstance(exc.code, int) else 2
     setup_logging(args.verbose)
     if not getattr(args, "_run", None):
         parser.print_help()

@@ -26,50 +26,19 @@ import json
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from streamstudio.device import pick_device
 from streamstudio.errors import StreamStudioError
 from streamstudio.models import builtin_image, image_data
 from streamstudio.models.image_net import DiffusersImageNet, ImageCond
 from streamstudio.models.tiny import SCHEDULER_CONFIG
+from streamstudio.app.training_config import STAGES, ImageTrainConfig  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
-
-STAGES = ("all", "vae", "denoiser")
-
-
-@dataclass
-class ImageTrainConfig:
-    output: str = "runs/image_builtin"
-    stage: str = "all"  # all | vae | denoiser
-    vae_steps: int = 3000
-    vae_batch_size: int = 16
-    vae_size: int = 64  # autoencoder training crops (pixels)
-    vae_lr: float = 2e-3
-    steps: int = 4000  # denoiser steps
-    batch_size: int = 16
-    size: int = 96  # denoiser training crops (pixels; latents are size / 8)
-    lr: float = 1e-3
-    warmup: int = 100
-    min_lr_ratio: float = 0.05
-    grad_clip: float = 1.0
-    pixel_weight: float = 1.0  # the denoiser's pixel-space L1 through the frozen decoder
-    default_share: float = 0.5  # share of denoiser samples at the default strength's t
-    txt2img_share: float = 0.15  # share at txt2img's t
-    style_share: float = image_data.DEFAULT_STYLE_SHARE  # denoiser prompts naming a style
-    init: str = ""  # start from this model folder (e.g. the shipped one): its autoencoder and denoiser
-    seed: int = 0
-    save_every: int = 200
-    resume: bool = False
-    cpu: bool = False
-    max_minutes: float = 0.0  # stop and save after this wall time (0: no limit)
-    progress: bool = True
-
 
 def lr_at(base: float, step: int, total: int, warmup: int, min_ratio: float) -> float:
     if step < warmup:

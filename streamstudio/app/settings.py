@@ -7,6 +7,7 @@ the render config file is read through those flags). Nothing here declares a set
 from __future__ import annotations
 
 import argparse
+import math
 
 from streamstudio.errors import StreamStudioError
 from streamstudio.pipelines import live_settings
@@ -168,7 +169,60 @@ def add_setting_flags(parser, names=None) -> None:
         if s.kind is bool:
             parser.add_argument(s.flag, action=argparse.BooleanOptionalAction, default=default, help=text)
         else:
-            parser.add_argument(s.flag, type=s.kind, choices=s.choices or None, default=default, help=text)
+            parser.add_argument(s.flag, type=SettingType(s), choices=s.choices or None, default=default, help=text)
+
+
+class SettingType:
+    """The argparse type of a table setting's flag: the text converted to the setting's kind and
+    checked against its range (nan and inf included) while the command line is parsed, so a bad
+    value is the command's usage error at once, before anything loads. `kind` is what a config
+    file's value is converted to (app/commands/render.py)."""
+
+    def __init__(self, setting: LiveSetting):
+        self.setting, self.kind = setting, setting.kind
+        self.__name__ = setting.kind.__name__  # argparse names the type in its own messages
+
+    def __call__(self, text):
+        s = self.setting
+        try:
+            value = s.kind(text)
+        except (TypeError, ValueError):
+            raise argparse.ArgumentTypeError(f"{s.name} must be {s.kind_words()}, got {text!r}") from None
+        return self.check(value)
+
+    def check(self, value):
+        """`value` (already of the setting's kind) checked; argparse's error when it is wrong."""
+        try:
+            return self.setting.check(value)
+        except StreamStudioError as exc:
+            raise argparse.ArgumentTypeError(str(exc).replace(f" (option {self.setting.flag})", "")) from None
+
+
+def number(kind: type = float, low: float | None = None, high: float | None = None, low_open: bool = False,
+           multiple: int = 1):
+    """An argparse type for a number flag that no settings-table entry declares (sizes, counts,
+    rates, ports): finite, within [low, high] (`low_open`: low itself refused), a multiple of
+    `multiple`; checked while the command line is parsed."""
+
+    def convert(text):
+        try:
+            value = kind(text)
+        except (TypeError, ValueError):
+            raise argparse.ArgumentTypeError(f"{'a whole number' if kind is int else 'a number'} expected, "
+                                             f"got {text!r}") from None
+        bad = not math.isfinite(value) or (low is not None and (value <= low if low_open else value < low)) \
+            or (high is not None and value > high)
+        if bad:
+            lo = "-inf" if low is None else f"{kind(low)}" if kind is int else f"{low:g}"
+            hi = "inf" if high is None else f"{kind(high)}" if kind is int else f"{high:g}"
+            raise argparse.ArgumentTypeError(f"must be in {'(' if low_open else '['}{lo}, {hi}], got {text}")
+        if multiple > 1 and value % multiple:
+            raise argparse.ArgumentTypeError(f"must be a multiple of {multiple}, got {text}")
+        return value
+
+    convert.__name__ = kind.__name__
+    convert.kind = kind
+    return convert
 
 
 def flag_dests() -> dict[str, str]:

@@ -29,7 +29,7 @@ import json
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from functools import partial
 from pathlib import Path
 
@@ -38,41 +38,10 @@ import torch
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.stream_dit import (StreamDiT, StreamDiTConfig, guided_velocity, load_checkpoint,
                                             named_config, read_checkpoint_config, save_checkpoint)
+from streamstudio.app.training_config import VideoTrainConfig  # noqa: F401 (re-exported)
 from streamstudio.models.video_data import VideoFolder, synthetic_batch
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class VideoTrainConfig:
-    output: str = "runs/stream_dit"
-    model: str = "tiny"  # a named StreamDiT config
-    data: str = "synthetic"  # "synthetic" or a folder of videos
-    mode: str = "flow"  # "flow" (buffered flow matching) or "distill"
-    teacher: str | None = None  # checkpoint folder of the teacher (distill mode)
-    teacher_steps: int = 4  # the teacher's micro-steps per chunk (distill mode)
-    distill_startup_share: float = 0.25  # share of distillation buffers from the start-up's uniform generation
-    init: str | None = None  # start (flow mode) from the weights of this checkpoint folder, new optimizer
-    init_shift_mask: bool = True  # with init: turn the masked window shift on (False keeps the checkpoint's)
-    cond_drop: float = 0.0  # share of captions replaced by "" (flow mode), for classifier-free guidance
-    teacher_guidance: float = 1.0  # distill mode: the teacher's classifier-free guidance, distilled into the student
-    steps: int = 1000
-    batch_size: int = 8
-    buffer_frames: int = 8  # B = N * c frames that are denoised
-    ref_frames: int = 0  # K clean reference frames before the buffer
-    size: int = 32  # frame side in pixels (latent side for the tiny pixel-space model)
-    lr: float = 5e-4
-    warmup: int = 100
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    seed: int = 0
-    save_every: int = 250
-    resume: bool = False  # continue from the checkpoint in `output`
-    cpu: bool = False
-    max_minutes: float = 0.0  # stop (and save) after this much wall time; 0 = no limit
-    progress: bool = True
-    sampling: dict = field(default_factory=lambda: {"num_chunks": 4, "chunk_size": 2, "micro_steps": 2})
 
 
 def partition_levels(gen: torch.Generator, batch: int, frames: int) -> tuple[torch.Tensor, torch.Tensor]:

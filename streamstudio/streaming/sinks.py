@@ -15,6 +15,7 @@ and resized when they differ from the size the sink was opened with.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import socket
 import threading
@@ -610,29 +611,64 @@ class VirtualCameraSink(Sink):
 
 
 # ---------------------------------------------------------------------------- spec parsing
-def open_sink(spec: str, width: int, height: int, fps: float, audio_from: AudioTrack | None = None,
-              rtmp: RtmpConfig | None = None) -> Sink:
-    """A sink from its spec (see the module docstring); raises StreamStudioError when it cannot.
-    `rtmp` sets an RTMP output's timeouts and reconnects."""
+def sink_kind(spec: str) -> str:
+    """What `open_sink` opens for `spec`, said without opening anything (the CLI checks an
+    output before a model loads): rtmp, hls, virtualcam, null, file or images. A spec it cannot
+    open is a StreamStudioError saying what it takes."""
     spec = str(spec).strip()
     low = spec.lower()
     if not spec:
         raise StreamStudioError("no output given; use a video file, a folder, rtmp://... or hls:DIR")
     if low.startswith(("rtmp://", "rtmps://")):
-        return RtmpSink(spec, width, height, fps, rtmp)
-    if low.startswith("hls:"):
-        return HlsSink(spec[4:], width, height, fps)
-    if low.endswith(".m3u8"):
-        return HlsSink(Path(spec).parent, width, height, fps)
+        return "rtmp"
+    if low.startswith("hls:") or low.endswith(".m3u8"):
+        return "hls"
     if low in ("virtualcam", "vcam") or low.startswith("virtualcam:"):
-        return VirtualCameraSink(width, height, fps, device=spec.split(":", 1)[1] if ":" in spec else None)
+        return "virtualcam"
     if low == "null":
-        return NullSink(spec, width, height, fps)
+        return "null"
     suffix = Path(spec).suffix.lower()
     if suffix in VIDEO_CODECS:
+        return "file"
+    if suffix and suffix not in IMAGE_SUFFIXES:
+        raise StreamStudioError(f"unknown output {spec!r} (a {suffix} file); use .mp4, .mkv, .webm, .mov, a folder, "
+                                "frames/%05d.png, rtmp://..., hls:DIR or null")
+    return "images"
+
+
+def check_not_input(output: str | Path, inputs) -> None:
+    """An output that would overwrite one of `inputs` (the same file, or a frame pattern or
+    folder holding it) is refused before anything is written: a render never destroys what it reads."""
+    out = Path(os.path.expanduser(str(output)))
+    for spec in inputs:
+        if not spec:
+            continue
+        src = Path(os.path.expanduser(str(spec)))
+        if not src.exists():
+            continue
+        same = out.exists() and os.path.samefile(out, src)
+        if same or out.resolve() == src.resolve():
+            raise StreamStudioError(f"the output {output} is the input {spec}: writing it would destroy the input; "
+                                    "give another --output")
+
+
+def open_sink(spec: str, width: int, height: int, fps: float, audio_from: AudioTrack | None = None,
+              rtmp: RtmpConfig | None = None) -> Sink:
+    """A sink from its spec (see the module docstring); raises StreamStudioError when it cannot.
+    `rtmp` sets an RTMP output's timeouts and reconnects."""
+    spec = str(spec).strip()
+    kind = sink_kind(spec)
+    if kind == "rtmp":
+        return RtmpSink(spec, width, height, fps, rtmp)
+    if kind == "hls":
+        return HlsSink(spec[4:] if spec.lower().startswith("hls:") else Path(spec).parent, width, height, fps)
+    if kind == "virtualcam":
+        return VirtualCameraSink(width, height, fps, device=spec.split(":", 1)[1] if ":" in spec else None)
+    if kind == "null":
+        return NullSink(spec, width, height, fps)
+    if kind == "file":
         return FileSink(spec, width, height, fps, audio_from=audio_from)
-    if "%" in spec and suffix in IMAGE_SUFFIXES:
-        return ImageSequenceSink(spec, width, height, fps)
+    return ImageSequenceSink(spec, width, height, fps)
     if suffix and suffix not in IMAGE_SUFFIXES:
         raise StreamStudioError(f"unknown output {spec!r}; use .mp4, .mkv, .webm, .mov, a folder, "
                                 "frames/%05d.png, rtmp://..., hls:DIR or null")

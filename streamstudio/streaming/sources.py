@@ -589,33 +589,54 @@ class ScreenSource(Source):
 _PATTERN = re.compile(r"^pattern(?::(\d+)x(\d+))?(?:@(\d+(?:\.\d+)?))?$")
 
 
-def open_source(spec: str, fps: float | None = None, max_side: int = MAX_SIDE, realtime: bool = True) -> Source:
-    """A source from its spec: a video file, a folder or glob of images, webcam:N, pattern[:WxH][@fps],
-    screen[:N]. Raises StreamStudioError with what to do when it cannot."""
+def source_kind(spec: str) -> str:
+    """What `open_source` opens for `spec`, said without opening anything (the CLI checks an
+    input before a model loads): webcam, screen, pattern, stream, images (a folder or glob),
+    image or video. An input that does not exist is a StreamStudioError saying what it takes."""
     spec = str(spec).strip()
     if not spec:
         raise StreamStudioError("no input given; use a video file, a folder of images, webcam:N or pattern")
     low = spec.lower()
     if low.startswith("webcam"):
-        index = _index_after(spec, "webcam")
-        return WebcamSource(index, max_side=max_side, fps=fps)
+        _index_after(spec, "webcam")
+        return "webcam"
     if low.startswith("screen"):
-        return ScreenSource(_index_after(spec, "screen", default=1), fps=fps or DEFAULT_FPS, max_side=max_side)
-    m = _PATTERN.match(low)
-    if m:
-        w, h = (int(m.group(1)), int(m.group(2))) if m.group(1) else (512, 512)
-        rate = float(m.group(3)) if m.group(3) else (fps or DEFAULT_FPS)
-        return PatternSource(w, h, rate, realtime=realtime)
+        _index_after(spec, "screen", default=1)
+        return "screen"
+    if _PATTERN.match(low):
+        return "pattern"
     if re.match(r"^(rtmps?|rtsp|srt|udp|tcp|https?)://", low):
-        return VideoFileSource(spec, max_side=max_side, live=True)
+        return "stream"
     path = Path(spec).expanduser()
     if path.is_dir() or any(c in spec for c in "*?["):
-        return ImageSequenceSource(image_files(str(path)), fps=fps or DEFAULT_FPS, max_side=max_side,
-                                   description=spec)
+        return "images"
     if not path.exists():
         raise StreamStudioError(f"input {spec} does not exist; give a video file, a folder or glob of images, "
                                 "webcam:N or pattern")
-    if path.suffix.lower() in IMAGE_SUFFIXES:
+    return "image" if path.suffix.lower() in IMAGE_SUFFIXES else "video"
+
+
+def open_source(spec: str, fps: float | None = None, max_side: int = MAX_SIDE, realtime: bool = True) -> Source:
+    """A source from its spec: a video file, a folder or glob of images, webcam:N, pattern[:WxH][@fps],
+    screen[:N]. Raises StreamStudioError with what to do when it cannot."""
+    spec = str(spec).strip()
+    kind = source_kind(spec)
+    if kind == "webcam":
+        return WebcamSource(_index_after(spec, "webcam"), max_side=max_side, fps=fps)
+    if kind == "screen":
+        return ScreenSource(_index_after(spec, "screen", default=1), fps=fps or DEFAULT_FPS, max_side=max_side)
+    if kind == "pattern":
+        m = _PATTERN.match(spec.lower())
+        w, h = (int(m.group(1)), int(m.group(2))) if m.group(1) else (512, 512)
+        rate = float(m.group(3)) if m.group(3) else (fps or DEFAULT_FPS)
+        return PatternSource(w, h, rate, realtime=realtime)
+    if kind == "stream":
+        return VideoFileSource(spec, max_side=max_side, live=True)
+    path = Path(spec).expanduser()
+    if kind == "images":
+        return ImageSequenceSource(image_files(str(path)), fps=fps or DEFAULT_FPS, max_side=max_side,
+                                   description=spec)
+    if kind == "image":
         return ImageSequenceSource([path], fps=fps or DEFAULT_FPS, max_side=max_side, description=spec)
     return VideoFileSource(path, max_side=max_side)
 

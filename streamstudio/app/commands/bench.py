@@ -33,8 +33,7 @@ from streamstudio.errors import StreamStudioError
 def add_parser(subparsers) -> argparse.ArgumentParser:
     from streamstudio.app.commands.generate import add_pipeline_arguments
 
-    p = subparsers.add_parser("bench", help="measure the image pipeline's frame rate here, one or several streams",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser("bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("benchmark")
     g.add_argument("--frames", type=int, default=100, help="timed frames, one stream (default 100)")
     g.add_argument("--warmup", type=int, default=10, help="untimed frames first (default 10; compile needs more)")

@@ -22,12 +22,14 @@ PARTS = ("unet", "vae_encoder", "vae_decoder")
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("build-engines", help="export ONNX and build TensorRT engines into the engine cache",
-                              description=__doc__)
+    from streamstudio.app.commands.generate import LCM_LORA_HELP
+
+    p = subparsers.add_parser("build-engines", description=__doc__)
     p.add_argument("--model", default="auto",
                    help="builtin, tiny, a hub id, a diffusers folder or a .safetensors file; auto = stabilityai/sd-turbo "
                         "with a CUDA GPU (downloaded once), else the built-in image model (default: auto)")
     p.add_argument("--taesd", action="store_true", help="the TAESD fast VAE instead of the model's own")
+    p.add_argument("--lcm-lora", default="auto", metavar="ID|PATH|none", help="the app's --lcm-lora: " + LCM_LORA_HELP)
     p.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="networks to export (default: all)")
     p.add_argument("--video", action="store_true", help="also the StreamDiT video model (built-in tiny checkpoint)")
     p.add_argument("--engine-dir", default=None,
@@ -73,7 +75,8 @@ def _load(args):
 
     device = pick_device(args.device)
     dtype = pick_dtype(device, getattr(args, "dtype", "auto"))  # as the pipeline loads it: the same engine key
-    comps = resolve_demo_default(args.model, device=device, dtype=dtype, taesd=args.taesd or None)
+    comps = resolve_demo_default(args.model, device=device, dtype=dtype, taesd=args.taesd or None,
+                                 lcm_lora=getattr(args, "lcm_lora", "auto"))
     _add_addons(args, comps, device, dtype)
     for note in comps.notes:
         print(f"note: {note}")

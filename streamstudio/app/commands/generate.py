@@ -11,26 +11,35 @@ from streamstudio.streaming.sources import IMAGE_SUFFIXES
 
 log = logging.getLogger(__name__)
 
+MAX_SIDE = 4096  # --width / --height at most (a 4096x4096 SD latent is already 512x512)
+LCM_LORA_HELP = ("the LCM-LoRA fused into an SD 1.5 or SDXL model that is not turbo or LCM already, for few-step "
+                 "sampling: auto (latent-consistency/lcm-lora-sdv1-5 or lcm-lora-sdxl, from the hub or its cache), a "
+                 "hub id, a local .safetensors file or folder, or none (the model as it is: few steps then give poor "
+                 "images) (default auto)")
+MAX_STEPS = 50  # the LCM schedule's length: --steps and --t-index live inside it
+
 
 def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
     """The image pipeline's settings, shared by generate, render and serve."""
-    from streamstudio.app.settings import add_setting_flags
+    from streamstudio.app.settings import add_setting_flags, number
 
     g = parser.add_argument_group("image pipeline")
     g.add_argument("--model", default="auto",
                    help="builtin, tiny, a hub id, a diffusers folder or a .safetensors file; auto = stabilityai/sd-turbo "
                         "with a CUDA GPU (downloaded once), else the built-in image model (default: auto)")
     add_setting_flags(g)  # the live settings: --prompt, --strength, --guidance, --seed, --temporal, ...
-    g.add_argument("--steps", type=int, default=None, help="denoising steps N (default 1 for turbo models, 2 otherwise)")
-    g.add_argument("--t-index", type=int, nargs="+", default=None, metavar="I",
+    g.add_argument("--steps", type=number(int, 1, MAX_STEPS), default=None, help="denoising steps N (default 1 for turbo models, 2 otherwise)")
+    g.add_argument("--t-index", type=number(int, 0, MAX_STEPS - 1), nargs="+", default=None, metavar="I",
                    help="explicit indices into the 50-step LCM schedule (overrides --steps/--strength)")
-    g.add_argument("--width", type=int, default=None,
-                   help="output width, a multiple of 8 (default 512, 64 for tiny; render: the input's aspect ratio "
-                        "with that long side, e.g. 512x288 for a 16:9 clip; with only --height, from the aspect)")
-    g.add_argument("--height", type=int, default=None,
-                   help="output height, a multiple of 8 (default 512, 64 for tiny; render: from the input's aspect)")
+    g.add_argument("--width", type=number(int, 8, MAX_SIDE, multiple=8), default=None,
+                   help="output width, a multiple of 8 (default: the model's own side, 256 for builtin, 512 for SD "
+                        "models, 64 for tiny; with an input, its aspect ratio with that long side, e.g. 256x144 for "
+                        "a 16:9 clip; with only --height, from the aspect)")
+    g.add_argument("--height", type=number(int, 8, MAX_SIDE, multiple=8), default=None,
+                   help="output height, a multiple of 8 (default: as --width; with an input, from its aspect)")
     g.add_argument("--sequential", action="store_true", help="denoise step by step instead of Stream Batch")
     g.add_argument("--taesd", action="store_true", help="use the TAESD fast VAE (madebyollin/taesd)")
+    g.add_argument("--lcm-lora", default="auto", metavar="ID|PATH|none", help=LCM_LORA_HELP)
     g.add_argument("--lora", action="append", default=[], metavar="PATH_OR_ID[:scale]",
                    help="a LoRA (.safetensors file, folder or hub id; SD 1.5/2.1 or SDXL), fused; repeatable")
     g.add_argument("--controlnet", action="append", default=[], metavar="ID_OR_PATH[:scale]",
@@ -49,7 +58,7 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
                    help="torch.compile or TensorRT engines for the UNet and VAE (default none)")
     g.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto)")
     g.add_argument("--dtype", default="auto", help="auto (float16 on CUDA, float32 on CPU), float16, float32")
-    g.add_argument("--threads", type=int, default=None,
+    g.add_argument("--threads", type=number(int, 1, 1024), default=None,
                    help="torch CPU threads (default on the CPU: one fewer than the usable CPUs, at most 8)")
 
 
@@ -81,7 +90,8 @@ def build_pipeline(args, mode: str, serving: bool = False, aspect: float | None 
     device = pick_device(args.device)
     dtype = pick_dtype(device, args.dtype)
     use_threads(getattr(args, "threads", None), device)
-    comps = resolve_demo_default(args.model, device=device, dtype=dtype, taesd=args.taesd or None)
+    comps = resolve_demo_default(args.model, device=device, dtype=dtype, taesd=args.taesd or None,
+                                 lcm_lora=getattr(args, "lcm_lora", "auto"))
     if getattr(args, "lora", None):  # before acceleration: engines and compiled graphs see the fused weights
         from streamstudio.models.lora import LoraSet
 
@@ -188,11 +198,17 @@ def acceleration_plan(args, config, serving: bool):
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("generate", help="txt2img images, or img2img over a folder of images",
-                              description=__doc__)
+    from streamstudio.app.settings import number
+    from streamstudio.frames import FIT_MODES
+
+    p = subparsers.add_parser("generate", description=__doc__)
     p.add_argument("--input", default=None, help="an image or a folder of images (img2img, in name order)")
     p.add_argument("--output", required=True, help="folder for the PNGs")
-    p.add_argument("--num-images", type=int, default=1, help="txt2img: how many images (default 1)")
+    p.add_argument("--num-images", type=number(int, 1, 100_000), default=1, help="txt2img: how many images (default 1)")
+    p.add_argument("--fit", choices=FIT_MODES, default="crop",
+                   help="img2img: an image of another aspect ratio than the output is cropped (centred, the "
+                        "default) or padded (black bars), never stretched. Without --width/--height the output "
+                        "takes the first image's aspect ratio")
     add_pipeline_arguments(p)
     return p
 
@@ -208,19 +224,37 @@ def list_images(path: Path) -> list[Path]:
     raise StreamStudioError(f"input {path} does not exist")
 
 
+def image_aspect(path: Path) -> float | None:
+    """An image file's width / height, read from its header (None when it cannot be read: the
+    source says why when it opens it)."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            width, height = im.size
+    except OSError:
+        return None
+    return width / height if width and height else None
+
+
 def run(args) -> int:
     """txt2img: a NoInputSource of --num-images frames; img2img: the images as one stream. Both
     run on streaming.Runner into the output folder, each image named after its input."""
-    from streamstudio.app.commands.render import watch
+    from streamstudio.app.commands.render import FittedFrames, watch
     from streamstudio.streaming.runner import Runner, RunnerConfig
-    from streamstudio.streaming.sinks import ImageSequenceSink, make_output_folder
+    from streamstudio.streaming.sinks import ImageSequenceSink, check_not_input, make_output_folder
     from streamstudio.streaming.sources import ImageSequenceSource, NoInputSource
 
     inputs = list_images(Path(args.input)) if args.input else None
     if args.num_images < 1:
         raise StreamStudioError("--num-images must be at least 1")
+    for f in inputs or ():  # an output image named as its input would overwrite it
+        check_not_input(Path(args.output) / (f.stem + ".png"), [f])
     out_dir = make_output_folder(args.output, "images")  # before the model loads
-    pipe = build_pipeline(args, "img2img" if inputs else "txt2img")
+    if inputs:  # the first image's aspect sizes the output, as render's input does; every image is fitted to it
+        pipe = FittedFrames(build_pipeline(args, "img2img", aspect=image_aspect(inputs[0])), args.fit)
+    else:
+        pipe = build_pipeline(args, "txt2img")
     print(f"model: {pipe.comps.name} ({pipe.step_type} step), t_index_list {pipe.t_index}, "
           f"frame latency {pipe.latency_frames}")
     width, height = pipe.config.width, pipe.config.height

@@ -28,10 +28,10 @@ VIDEO_ARGS = ("prompt", "input", "output", "frames", "seed", "width", "height", 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     from streamstudio.app.commands.generate import add_pipeline_arguments
+    from streamstudio.app.settings import number
     from streamstudio.frames import FIT_MODES
 
-    p = subparsers.add_parser("render", help="render a video, images, a webcam or a pattern through a pipeline",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser("render", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     io = p.add_argument_group("input and output")
     io.add_argument("--input", default=None,
                     help="a video file, a folder or glob of images, webcam:N, pattern[:WxH][@FPS] or screen[:N]")
@@ -42,18 +42,18 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     io.add_argument("--prompt-schedule", default=None,
                     help="a file of prompts (and ControlNet / IP-Adapter scales) at timestamps, blended over --transition "
                          "seconds (see docs/streaming.md)")
-    io.add_argument("--transition", type=float, default=None, help="prompt-schedule blend seconds (default 1)")
-    io.add_argument("--fps", type=float, default=None,
+    io.add_argument("--transition", type=number(float, 0, 3600), default=None, help="prompt-schedule blend seconds (default 1)")
+    io.add_argument("--fps", type=number(float, 0, 1000, low_open=True), default=None,
                     help="output frame rate (default: the input's). A video file at another rate is resampled "
                          "by timestamps (frames dropped or repeated; duration and audio kept); image folders and "
                          "patterns take it as their own rate; live inputs (webcam, streams) are not resampled")
-    io.add_argument("--max-frames", type=int, default=None,
+    io.add_argument("--max-frames", type=number(int, 1, 10**9), default=None,
                     help="stop after N input frames (after resampling to --fps)")
     io.add_argument("--mode", choices=("auto", "live", "offline"), default="auto",
                     help="auto: live for webcam/screen/pattern/streams, offline (every frame) for files and "
                          "folders; live on a file plays it at its own pace, dropping what processing cannot keep up with")
     io.add_argument("--no-audio", action="store_true", help="do not copy the input's audio")
-    io.add_argument("--rtmp-timeout", type=float, default=None, metavar="SECONDS",
+    io.add_argument("--rtmp-timeout", type=number(float, 0, 3600, low_open=True), default=None, metavar="SECONDS",
                     help="RTMP output: seconds to reach the server, and that one write may wait on it, before "
                          "the connection is given up and retried (default 5)")
     io.add_argument("--fit", choices=FIT_MODES, default="crop",
@@ -149,14 +149,14 @@ def config_value(action: argparse.Action, key, value, path):
 def _kind(action: argparse.Action) -> str:
     if action.choices:
         return "one of " + ", ".join(map(str, action.choices))
-    return {int: "a whole number", float: "a number"}.get(action.type, "a string")
+    return {int: "a whole number", float: "a number"}.get(getattr(action.type, "kind", action.type), "a string")
 
 
 def _config_scalar(action: argparse.Action, key, value, path):
     kind = _kind(action)
     if isinstance(value, (list, dict)) or isinstance(value, bool) or value is None:
         raise StreamStudioError(f"config file {path}: {key} must be {kind}, got {value!r}")
-    convert = action.type
+    convert = getattr(action.type, "kind", action.type)  # a checking type (app/settings.py) says its kind
     if convert is int and isinstance(value, float):  # 64.0 is fine, 64.5 is not
         if not value.is_integer():
             raise StreamStudioError(f"config file {path}: {key} must be {kind}, got {value!r}")
@@ -170,6 +170,11 @@ def _config_scalar(action: argparse.Action, key, value, path):
         raise StreamStudioError(f"config file {path}: {key} must be a finite number, got {value!r}")
     if action.choices and value not in action.choices:
         raise StreamStudioError(f"config file {path}: {key} must be {kind}, got {value!r}")
+    if convert is not action.type:  # the range the option's checking type holds it to
+        try:
+            value = action.type(value)
+        except argparse.ArgumentTypeError as exc:
+            raise StreamStudioError(f"config file {path}: {key}: {exc}") from None
     return value
 
 
@@ -184,6 +189,18 @@ def _check_args(args) -> None:
         raise StreamStudioError("--fps must be positive")
     if getattr(args, "rtmp_timeout", None) is not None and args.rtmp_timeout <= 0:
         raise StreamStudioError("--rtmp-timeout must be positive")
+
+
+def _check_io(args) -> None:
+    """The input exists, the output is one render can write and is not the input: said before
+    any model loads (a batch's inputs and output are the batch's to check)."""
+    from streamstudio.streaming.sinks import check_not_input, sink_kind
+    from streamstudio.streaming.sources import source_kind
+
+    if args.input:
+        source_kind(args.input)
+    sink_kind(args.output)
+    check_not_input(args.output, [args.input])
 
 
 def rtmp_config(args):
@@ -203,6 +220,7 @@ def run(args) -> int:
 
     if wants_batch(args):  # many files, or one in segments, on Ray or one after another (app/cluster.py)
         return run_batch(args)
+    _check_io(args)
     if args.pipeline == "video":
         return _run_video(args)
     return _run_image(args)

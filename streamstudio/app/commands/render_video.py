@@ -19,17 +19,17 @@ import logging
 import sys
 from collections import deque
 from pathlib import Path
-from typing import Iterable
-
-import numpy as np
-import torch
+from typing import TYPE_CHECKING, Iterable
 
 from streamstudio.errors import ModelNotFoundError, StreamStudioError
 from streamstudio.frames import fit_aspect
-from streamstudio.models import wan
-from streamstudio.models.stream_dit import BUILTIN_CHECKPOINT, load_checkpoint
-from streamstudio.pipelines.stream_video import (StreamBufferConfig, StreamDiTBackbone, StreamVideoConfig,
-                                                 VideoStream)
+
+if TYPE_CHECKING:  # torch and the models load when a render runs, not when the CLI parses
+    import numpy as np
+    import torch
+
+    from streamstudio.models import wan
+    from streamstudio.pipelines.stream_video import VideoStream
 
 log = logging.getLogger(__name__)
 
@@ -41,14 +41,16 @@ LATENT_SCALE = 8  # output pixels per latent pixel by default (the checkpoint's 
 
 
 def add_video_arguments(parser: argparse.ArgumentParser) -> None:
+    from streamstudio.app.settings import number
+
     g = parser.add_argument_group("video pipeline (--pipeline video)")
-    g.add_argument("--frames", type=int, default=None, help=f"text-to-video: frames to make (default {DEFAULT_FRAMES})")
-    g.add_argument("--video-strength", type=float, default=DEFAULT_STRENGTH,
+    g.add_argument("--frames", type=number(int, 1, 10**7), default=None, help=f"text-to-video: frames to make (default {DEFAULT_FRAMES})")
+    g.add_argument("--video-strength", type=number(float, 0, 1, low_open=True), default=DEFAULT_STRENGTH,
                    help=f"video-to-video: how much of each input frame is re-generated, in (0, 1] (default {DEFAULT_STRENGTH})")
-    g.add_argument("--num-chunks", type=int, default=None, help="buffer chunks N (default: the checkpoint's)")
-    g.add_argument("--chunk-size", type=int, default=None, help="frames per chunk c (default: the checkpoint's)")
-    g.add_argument("--micro-steps", type=int, default=None, help="micro-steps per chunk s (default: the checkpoint's)")
-    g.add_argument("--video-guidance", type=float, default=None,
+    g.add_argument("--num-chunks", type=number(int, 1, 64), default=None, help="buffer chunks N (default: the checkpoint's)")
+    g.add_argument("--chunk-size", type=number(int, 1, 64), default=None, help="frames per chunk c (default: the checkpoint's)")
+    g.add_argument("--micro-steps", type=number(int, 1, 64), default=None, help="micro-steps per chunk s (default: the checkpoint's)")
+    g.add_argument("--video-guidance", type=number(float, 0, 30), default=None,
                    help="classifier-free guidance of the video model against the empty prompt (default: the "
                         "checkpoint's; 1 = none, one network call per step, 2x the calls otherwise)")
     g.add_argument("--prompt-change", action="append", default=None, metavar="FRAME:PROMPT",
@@ -64,6 +66,8 @@ def load_video_model(model: str | None, device: torch.device | str = "auto", dty
     (`load_wan_model`); on `device` ("auto": the GPU when there is one) in `dtype` ("auto": float16 on
     a GPU, float32 on CPU)."""
     from streamstudio.device import pick_device, pick_dtype
+    from streamstudio.models import wan
+    from streamstudio.models.stream_dit import BUILTIN_CHECKPOINT, load_checkpoint
 
     device = pick_device(device) if isinstance(device, str) else device
     if model not in BUILTIN_NAMES and wan.is_wan_model(model):  # a diffusers Wan 2.1 folder or hub id
@@ -107,6 +111,8 @@ def build_stream(model: torch.nn.Module, meta: dict, prompt: str, *, strength: f
     this buffer layout (models.acceleration.apply_video_acceleration). `guidance` (None: the
     checkpoint's `sampling.guidance`, else 1) is classifier-free guidance against the empty prompt."""
     from streamstudio.app.commands.generate import output_size
+    from streamstudio.pipelines.stream_video import (StreamBufferConfig, StreamDiTBackbone, StreamVideoConfig,
+                                                     VideoStream)
 
     if getattr(model, "is_wan", False):
         return build_wan_stream(model, prompt, strength=strength, seed=seed, width=width, height=height,
@@ -144,6 +150,7 @@ def load_wan_model(model: str, device: torch.device, dtype: str | torch.dtype = 
     """A diffusers Wan 2.1 text-to-video checkpoint (models/wan.py) on `device`, in bfloat16 on a
     GPU and float32 on the CPU for "auto" (Wan's weights are bfloat16); meta: its sampling defaults."""
     from streamstudio.device import pick_dtype
+    from streamstudio.models import wan
 
     if isinstance(dtype, str):
         dtype = wan.default_dtype(device) if dtype == "auto" else pick_dtype(device, dtype)
@@ -161,6 +168,7 @@ def build_wan_stream(model: wan.WanModel, prompt: str, *, strength: float = 1.0,
     (480x832, flow shift 3, guidance 5, N=4 c=2 s=2) where not overridden. The latent grid is the
     output's size / 8 to the nearest patch; decoded frames are resized to the output size."""
     from streamstudio.app.commands.generate import output_size
+    from streamstudio.pipelines.stream_video import StreamBufferConfig, StreamVideoConfig, VideoStream
 
     if strength < 1 or aspect is not None:
         raise StreamStudioError("a Wan checkpoint runs text-to-video only here (its VAE packs 4 frames into one "
@@ -212,6 +220,8 @@ class VideoFrames:
             self.stream.set_prompt(self.changes.pop(at))
 
     def push(self, frame: np.ndarray | None) -> list[np.ndarray]:
+        import torch
+
         with torch.inference_mode():
             if frame is None:
                 while not self._made:
@@ -228,6 +238,8 @@ class VideoFrames:
     def flush(self) -> list[np.ndarray]:
         if self.stream.mode != "video-to-video":
             return []  # text-to-video handed out one frame per input already
+        import torch
+
         with torch.inference_mode():
             return self.stream.flush()
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import io
 import logging
 import os
+import socket
 import sys
 import threading
 import time
@@ -27,45 +29,45 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     from streamstudio.app.commands.generate import add_pipeline_arguments
+    from streamstudio.app.settings import number
 
-    p = subparsers.add_parser("serve", help="the web app: live webcam, text to image, live output",
-                              description=__doc__.splitlines()[0])
+    p = subparsers.add_parser("serve", description=__doc__.splitlines()[0])
     p.add_argument("--host", default=None, help="address to bind (default 127.0.0.1; anything else "
                                                 "exposes the app to the network: use --auth)")
-    p.add_argument("--port", type=int, default=7860, help="port (default 7860)")
+    p.add_argument("--port", type=number(int, 1, 65535), default=7860, help="port (default 7860)")
     p.add_argument("--auth", default=None, metavar="USER:PASS",
                    help="require this login (default: $STREAMSTUDIO_AUTH when set)")
-    p.add_argument("--max-streams", type=int, default=4, help="concurrent live streams at most (default 4)")
-    p.add_argument("--gpus", type=int, default=1,
+    p.add_argument("--max-streams", type=number(int, 1, 10_000), default=4, help="concurrent live streams at most (default 4)")
+    p.add_argument("--gpus", type=number(int, 1, 1024), default=1,
                    help="model replicas, one per GPU (cuda:0 .. N-1; with --device cpu, N CPU replicas), each with "
                         "its own batching and --max-streams streams; a new stream goes to the least-loaded one "
                         "(app/replicas.py)")
-    p.add_argument("--idle-timeout", type=float, default=20.0,
+    p.add_argument("--idle-timeout", type=number(float, 0, 86400, low_open=True), default=20.0,
                    help="free a stream that sent no frame for this many seconds (default 20)")
     p.add_argument("--max-upload-size", default="20mb", help="largest upload accepted (default 20mb)")
     p.add_argument("--max-upload-total", default="200mb",
                    help="the uploads this server holds on disk, all clients together (default 200mb; "
                         "uploads are deleted after --upload-ttl)")
-    p.add_argument("--uploads-per-client", type=int, default=20,
+    p.add_argument("--uploads-per-client", type=number(int, 1, 10**6), default=20,
                    help="uploads one client may make in 10 minutes (default 20)")
-    p.add_argument("--upload-ttl", type=float, default=300.0,
+    p.add_argument("--upload-ttl", type=number(float, 10, 86400 * 7), default=300.0,
                    help="seconds an upload or cached file is kept before it is deleted (default 300)")
     p.add_argument("--latency-probe", action="store_true",
                    help="copy a frame counter drawn in the input's top band onto the output (benchmarks/webapp.py)")
     p.add_argument("--output-dir", default="outputs", help="folder for Live output recordings (default outputs)")
     p.add_argument("--no-stream-batching", action="store_true",
                    help="let live streams take turns on the model instead of batching their network calls together")
-    p.add_argument("--max-batch-rows", type=int, default=16,
+    p.add_argument("--max-batch-rows", type=number(int, 1, 1024), default=16,
                    help="cross-stream batching: UNet/VAE batch rows per call at most (default 16; TensorRT "
                         "engines are sized from it)")
-    p.add_argument("--batch-wait-ms", type=float, default=2.0,
+    p.add_argument("--batch-wait-ms", type=number(float, 0, 1000), default=2.0,
                    help="cross-stream batching: how long a call waits for other streams' calls (default 2 ms)")
     p.add_argument("--whip-token", default=None, metavar="TOKEN",
                    help="bearer token WHIP publishers (OBS) and WHEP viewers must send (default: "
                         "$STREAMSTUDIO_WHIP_TOKEN; without either, --auth's USER:PASS; without --auth, none)")
-    p.add_argument("--max-viewers", type=int, default=32,
+    p.add_argument("--max-viewers", type=number(int, 0, 10_000), default=32,
                    help="WHEP viewers on the server at most, all streams together (default 32)")
-    p.add_argument("--osc-port", type=int, default=None,
+    p.add_argument("--osc-port", type=number(int, 1, 65535), default=None,
                    help="take OSC control messages on this UDP port (default: off)")
     p.add_argument("--osc-host", default="127.0.0.1",
                    help="address the OSC port binds (default 127.0.0.1; OSC has no login)")
@@ -241,12 +243,38 @@ def start_in_thread(args, model=None, timeout: float = 60.0) -> ServerThread:
     return ServerThread(server, thread, manager, f"http://{host}:{args.port}", app)
 
 
+def check_port_free(host: str, port: int, kind: int = socket.SOCK_STREAM, flag: str = "--port") -> None:
+    """The port can be bound on `host` now (TCP as uvicorn binds it, with SO_REUSEADDR; UDP for
+    OSC): said before the model loads, with what to do, instead of a bind error after it."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=kind)
+    except socket.gaierror as exc:
+        raise StreamStudioError(f"cannot serve on {host}: the address does not resolve ({exc.strerror}); "
+                                "give --host an address of this machine, e.g. 127.0.0.1 or 0.0.0.0") from exc
+    family, _, _, _, address = infos[0]
+    with socket.socket(family, kind) as sock:
+        if kind == socket.SOCK_STREAM:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise StreamStudioError(f"port {port} on {host} is in use (another StreamStudio, or another "
+                                        f"program); stop it or pick another {flag}, e.g. {flag} {port + 1}") from exc
+            raise StreamStudioError(f"cannot serve on {host}:{port} ({exc.strerror or exc}); give --host an "
+                                    f"address of this machine and {flag} a port you may open (1024 and above "
+                                    "without root)") from exc
+
+
 def run(args) -> int:
     import uvicorn
 
     for noisy in ("aioice", "aiortc"):  # a line per ICE check otherwise
         logging.getLogger(noisy).setLevel(logging.WARNING)
     host = bind_host(args)
+    check_port_free(host, args.port)  # before the model loads
+    if getattr(args, "osc_port", None) is not None:
+        check_port_free(args.osc_host, args.osc_port, socket.SOCK_DGRAM, "--osc-port")
     app, manager = build_app(args)
     print(f"model: {manager.model.name}" + (" (a built-in model)" if manager.model.is_demo else ""))
     print(f"StreamStudio on http://{host}:{args.port}  (WebRTC endpoint: POST /webrtc/offer; "

@@ -40,13 +40,18 @@ ASSETS = Path(__file__).resolve().parents[2] / "assets"
 VIDEO_SUFFIXES = (".mp4", ".mkv", ".mov")
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    from streamstudio.app.settings import add_setting_flags
-    from streamstudio.kernels.splat import IMPLS
-    from streamstudio.pipelines.splat_render import MODES, PATHS
+# The renderer's names, written here so that parsing imports no torch (the kernels and the
+# pipeline import it); tests/test_cli_startup.py keeps them equal to kernels.splat.IMPLS and
+# pipelines.splat_render.PATHS / MODES.
+PATHS = ("orbit", "turntable", "fly")
+MODES = ("rgb", "depth", "alpha")
+IMPLS = ("auto", "reference", "cpp", "fast", "fast_compiled", "cuda")
 
-    p = subparsers.add_parser("splat", help="render a Gaussian-splat scene along a camera path to a video",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    from streamstudio.app.settings import add_setting_flags, number
+
+    p = subparsers.add_parser("splat", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("scene", metavar="SCENE", help="a .ply / .splat file, or sample / sample4d; or `convert`")
     p.add_argument("convert_paths", nargs="*", metavar="IN OUT",
                    help="with `convert`: the scene to read and the file to write (.ply, .compressed.ply, .splat, .spz)")
@@ -54,25 +59,25 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--path-file", default=None, metavar="FILE",
                    help="fly an authored camera path: nerfstudio camera_path.json, SuperSplat's animation "
                         "(viewer export settings .json, or a .ssproj project); overrides --path")
-    p.add_argument("--frames", type=int, default=None,
+    p.add_argument("--frames", type=number(int, 1, 10**7), default=None,
                    help="number of frames (default 48; with --path-file the path's seconds x fps)")
     p.add_argument("--size", default=None, help="WxH in pixels (default 512x512, or the path file's size)")
     p.add_argument("--output", default=None,
                    help="FILE.mp4 (.mkv, .mov) or a FOLDER for PNG frames (required, but for `convert`)")
     p.add_argument("--compressed", action="store_true",
                    help="with `convert`: write SuperSplat's compressed .ply whatever OUT's name")
-    p.add_argument("--fps", type=float, default=None, help="video frame rate (default 24, or the path file's)")
+    p.add_argument("--fps", type=number(float, 0, 1000, low_open=True), default=None, help="video frame rate (default 24, or the path file's)")
     p.add_argument("--time-range", nargs=2, type=float, metavar=("A", "B"), default=None,
                    help="4D scenes: the time of the first and the last frame (default the scene's range)")
-    p.add_argument("--fov", type=float, default=None,
+    p.add_argument("--fov", type=number(float, 0, 180, low_open=True), default=None,
                    help="vertical field of view in degrees (default 50; a path file has its own)")
     p.add_argument("--camera", choices=("perspective", "ortho", "fisheye"), default="perspective",
                    help="camera model (default perspective): ortho frames the scene centre as the perspective view "
                         "would (or spans --ortho-height scene units); fisheye is equidistant, --fov across the "
                         "height, up to 180")
-    p.add_argument("--ortho-height", type=float, default=None, help="ortho: scene units across the image height")
-    p.add_argument("--elevation", type=float, default=20.0, help="orbit elevation in degrees (default 20)")
-    p.add_argument("--sh-degree", type=int, default=3, help="spherical-harmonics degree 0..3 (default 3)")
+    p.add_argument("--ortho-height", type=number(float, 0, None, low_open=True), default=None, help="ortho: scene units across the image height")
+    p.add_argument("--elevation", type=number(float), default=20.0, help="orbit elevation in degrees (default 20)")
+    p.add_argument("--sh-degree", type=number(int, 0, 3), default=3, help="spherical-harmonics degree 0..3 (default 3)")
     p.add_argument("--background", default="0,0,0", help="background #rrggbb, #rgb or R,G,B in 0..1 (default black)")
     p.add_argument("--mode", choices=MODES, default="rgb", help="rgb, depth or alpha (default rgb)")
     p.add_argument("--renderer", choices=IMPLS, default="auto",
@@ -84,8 +89,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     style = p.add_argument_group("stylise (img2img on every rendered frame)")
     style.add_argument("--prompt", default=None, help="stylise each frame with this prompt")
-    style.add_argument("--model", default="auto", help="image model: auto (sd-turbo if cached, else the demo model)")
-    style.add_argument("--steps", type=int, default=1, help="denoising steps (default 1)")
+    style.add_argument("--model", default="auto", help="image model: auto = stabilityai/sd-turbo with a CUDA GPU, else the built-in model "
+                            "(builtin); or any --model generate takes")
+    style.add_argument("--steps", type=number(int, 1, 50), default=1, help="denoising steps (default 1)")
     add_setting_flags(style, ("strength", "seed"))
     style.add_argument("--side-by-side", action="store_true", help="write the render and the stylised frame side by side")
     return p

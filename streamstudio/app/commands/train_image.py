@@ -14,16 +14,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-import torch
-
-from streamstudio.app.image_training import STAGES, ImageTrainConfig, ImageTrainer, export_checkpoint
+from streamstudio.app.training_config import STAGES, ImageTrainConfig
 
 DEFAULTS = ImageTrainConfig()
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("train-image", help="train the built-in image model (autoencoder + one-step denoiser)",
-                              description=__doc__.splitlines()[0])
+    p = subparsers.add_parser("train-image", description=__doc__.splitlines()[0])
     p.add_argument("--output", default=DEFAULTS.output, help="checkpoint folder (model.safetensors + config.json)")
     p.add_argument("--stage", choices=STAGES, default=DEFAULTS.stage,
                    help="all (autoencoder, then denoiser), vae, or denoiser (needs a trained autoencoder in --output)")
@@ -68,6 +65,10 @@ def _summary(name: str, losses: list[float]) -> str:
 
 
 def run(args) -> int:
+    import torch
+
+    from streamstudio.app.image_training import ImageTrainer, export_checkpoint
+
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = config_from_args(args)

@@ -8,17 +8,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-import torch
-
 from streamstudio.errors import StreamStudioError
-from streamstudio.app.video_training import VideoTrainConfig, VideoTrainer
+from streamstudio.app.training_config import VideoTrainConfig
 
 DEFAULTS = VideoTrainConfig()
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("train-video", help="train the StreamDiT-style streaming video model",
-                              description=__doc__.splitlines()[0])
+    p = subparsers.add_parser("train-video", description=__doc__.splitlines()[0])
     p.add_argument("--output", default=DEFAULTS.output, help="checkpoint folder (model.safetensors + config.json)")
     p.add_argument("--model", default=DEFAULTS.model, help="named model config: tiny, small, base, 4b")
     p.add_argument("--data", default=DEFAULTS.data, help="'synthetic' (moving coloured shapes) or a folder of videos")
@@ -70,6 +67,10 @@ def config_from_args(args) -> VideoTrainConfig:
 
 
 def run(args) -> int:
+    import torch
+
+    from streamstudio.app.video_training import VideoTrainer
+
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = config_from_args(args)
