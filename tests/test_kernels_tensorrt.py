@@ -223,7 +223,7 @@ def test_build_engines_loads_the_model_as_the_app_does(monkeypatch, dtype):
 
     seen = []
 
-    def fake_load(model, device, dtype, taesd=None):
+    def fake_load(model, device, dtype, taesd=None, lcm_lora="auto"):
         seen.append((str(device), dtype))
         raise SystemExit  # stop here: only the load arguments matter
 
