@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import socket
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -138,6 +141,7 @@ class FakeHub:
 
         monkeypatch.setattr(loading, "load_components", fake_load)
         monkeypatch.setattr(loading, "hub_download_size", lambda *a, **k: size)
+        monkeypatch.setattr(loading, "hub_unreachable", lambda *a, **k: None)  # (size None: the hub fails later)
         monkeypatch.setattr(loading, "download_model", fake_download)
         monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
         monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
@@ -270,3 +274,232 @@ def test_loading_a_hub_model_prints_no_deprecation_noise(recwarn):
     with pytest.raises(ModelNotFoundError):
         load_components("streamstudio-test/not-a-model", local_files_only=True)
     assert not [w for w in recwarn if "local_dir_use_symlinks" in str(w.message)]
+
+
+# --- offline or unreachable hub: one line at once, never a minute of retries ------------------
+
+class CountingServer:
+    """A TCP server on 127.0.0.1 standing in for a hub that cannot be reached: it counts the
+    connections made to it and answers none (hang up at once, or hold the connection silent)."""
+
+    def __init__(self, hang: bool):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.sock.settimeout(0.1)
+        self.hang, self.connections, self.held = hang, 0, []
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def _serve(self):
+        while not self.stopping.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            self.connections += 1
+            if self.hang:
+                self.held.append(conn)
+            else:
+                conn.close()
+
+    def close(self):
+        self.stopping.set()
+        self.thread.join()
+        for conn in self.held:
+            conn.close()
+        self.sock.close()
+
+
+@pytest.fixture
+def empty_cache(tmp_path, monkeypatch):
+    """An empty Hugging Face cache and no remembered answer of the hub."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setattr(loading, "_PROBES", {})
+    return tmp_path / "hf" / "hub"
+
+
+@pytest.fixture(params=["hangs up", "never answers"])
+def unreachable_hub(request, empty_cache, monkeypatch):
+    """The hub online in the environment's eyes (no HF_HUB_OFFLINE) but at an endpoint that never
+    answers; the probe's timeout is shortened so the test is quick."""
+    import huggingface_hub.constants
+
+    server = CountingServer(hang=request.param == "never answers")
+    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # read at import (conftest sets it)
+    monkeypatch.setattr(loading, "HUB_PROBE_TIMEOUT", 1.0)
+    yield server
+    server.close()
+
+
+def assert_one_line_naming(message: str, repo: str):
+    assert "\n" not in message and repo in message and f"`hf download {repo}`" in message
+
+
+def test_offline_short_name_fails_at_once_with_the_full_id(empty_cache, monkeypatch):
+    """`--model sd-turbo` offline: no hub request at all, one line naming stabilityai/sd-turbo and
+    the exact command (not `hf download sd-turbo`, a repository that does not exist)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(loading, "hub_unreachable", lambda *a, **k: pytest.fail("asked the hub while offline"))
+    start = time.monotonic()
+    with pytest.raises(ModelNotFoundError) as info:
+        load_components("sd-turbo")
+    assert time.monotonic() - start < 3
+    message = str(info.value)
+    assert_one_line_naming(message, "stabilityai/sd-turbo")
+    assert "HF_HUB_OFFLINE" in message and "--model builtin" in message and "hf download sd-turbo`" not in message
+
+
+def test_a_bare_unknown_name_is_not_a_hub_id(empty_cache):
+    with pytest.raises(ModelNotFoundError, match="owner/name") as info:
+        load_components("my-model")
+    assert "sd-turbo (stabilityai/sd-turbo)" in str(info.value)
+    assert loading.hub_id("SDXL-Turbo") == "stabilityai/sdxl-turbo"
+
+
+def test_unreachable_hub_fails_fast_after_one_connection(unreachable_hub, caplog, capfd):
+    """No HF_HUB_OFFLINE, but the hub does not answer: one connection, no retry, one line within
+    the probe's timeout; a second model in the same run asks nothing more."""
+    start = time.monotonic()
+    with caplog.at_level("DEBUG"), pytest.raises(ModelNotFoundError) as info:
+        load_components("sd-turbo")
+    assert time.monotonic() - start < loading.HUB_PROBE_TIMEOUT + 2
+    message = str(info.value)
+    assert_one_line_naming(message, "stabilityai/sd-turbo")
+    assert unreachable_hub.url in message and "cannot be reached" in message
+    with pytest.raises(ModelNotFoundError, match="stabilityai/sdxl-turbo"):
+        load_components("sdxl-turbo")
+    assert unreachable_hub.connections == 1
+    said = capfd.readouterr().err + "\n".join(r.getMessage() for r in caplog.records)
+    assert "Retry" not in said and "retry" not in said
+
+
+def cache_as_hub_snapshot(folder, cache, repo: str):
+    """`folder`'s files as the Hugging Face cache holds repo `repo` (refs/main -> a snapshot)."""
+    import shutil
+
+    root = cache / ("models--" + repo.replace("/", "--"))
+    (root / "refs").mkdir(parents=True)
+    (root / "refs" / "main").write_text("0" * 40)
+    shutil.copytree(folder, root / "snapshots" / ("0" * 40))
+
+
+def test_a_cached_hub_model_loads_without_asking_the_hub(sd15_folder, unreachable_hub, empty_cache):
+    cache_as_hub_snapshot(sd15_folder, empty_cache, "someone/tiny-sd15")
+    comps = load_components("someone/tiny-sd15", lcm_lora="none")
+    assert comps.name == "someone/tiny-sd15" and unreachable_hub.connections == 0
+
+
+# --- --lcm-lora auto | none | PATH | ID on an SD 1.5-like model --------------------------------
+
+@pytest.fixture(scope="module")
+def sd15_folder(tmp_path_factory):
+    """A tiny diffusers folder shaped like SD 1.5 where --lcm-lora looks (768-wide text, so
+    `auto` would fuse latent-consistency/lcm-lora-sdv1-5), written offline."""
+    from diffusers import UNet2DConditionModel
+    from transformers import CLIPTextModel
+
+    from streamstudio.models import tiny as tiny_model
+
+    parts = tiny_model.tiny_components()
+    text_config = tiny_model._text_config()
+    text_config.hidden_size, text_config.num_hidden_layers = 768, 1
+    with torch.random.fork_rng(devices=[]):
+        unet = UNet2DConditionModel(**{**tiny_model.UNET_CONFIG, "cross_attention_dim": 768})
+        text_encoder = CLIPTextModel(text_config)
+    folder = tmp_path_factory.mktemp("sd15")
+    for name, module in (("unet", tiny_model.redraw_parameters(unet, 1)), ("vae", parts["vae"]),
+                         ("text_encoder", tiny_model.redraw_parameters(text_encoder, 2, std=0.02)),
+                         ("tokenizer", parts["tokenizer"])):
+        module.save_pretrained(folder / name)
+    (folder / "scheduler").mkdir()
+    (folder / "scheduler" / "scheduler_config.json").write_text(
+        json.dumps({"_class_name": "LCMScheduler", **parts["scheduler_config"]}))
+    assert "lcm" not in str(folder).lower() and "turbo" not in str(folder).lower()  # names steer the choice
+    return folder
+
+
+def test_lcm_lora_none_runs_the_model_as_it_is_without_the_hub(sd15_folder, unreachable_hub):
+    comps = resolve_demo_default(str(sd15_folder), lcm_lora="none")
+    assert loading.is_sd15(comps) and loading.wants_lcm_lora(comps)
+    assert comps.step_type == "lcm" and not any("LCM-LoRA fused" in n for n in comps.notes)
+    assert any("--lcm-lora none" in n and "few-step" in n for n in comps.notes)
+    assert run(comps).shape == (32, 32, 3)
+    assert unreachable_hub.connections == 0
+
+
+@pytest.mark.parametrize("form", ["file", "folder"])
+def test_lcm_lora_local_path_is_fused(sd15_folder, unreachable_hub, tmp_path, form):
+    """--lcm-lora PATH (a .safetensors file, or a folder holding pytorch_lora_weights.safetensors)
+    is fused: each targeted weight moves by exactly alpha / rank * B @ A, read from the file."""
+    pytest.importorskip("peft")
+    from safetensors.torch import load_file
+
+    from streamstudio.models.lora import save_random_lora
+
+    base = load_components(str(sd15_folder), lcm_lora="none")
+    rank, alpha = 4, 8
+    path, _, _ = save_random_lora(base, tmp_path / "lcm", rank=rank, alpha=alpha, seed=3,
+                                  file_name="lcm.safetensors" if form == "file" else None)
+    fused = resolve_demo_default(str(sd15_folder), lcm_lora=str(path if form == "file" else path.parent))
+    assert fused.step_type == "lcm" and any("LCM-LoRA fused" in n for n in fused.notes)
+    state = load_file(str(path))
+    checked = 0
+    for key, a in state.items():
+        if ".lora_A." not in key:
+            continue
+        module = key.removeprefix("unet.").replace(".lora_A.weight", "")
+        b = state[key.replace(".lora_A.", ".lora_B.")]
+        want = base.unet.get_submodule(module).weight + alpha / rank * b @ a
+        torch.testing.assert_close(fused.unet.get_submodule(module).weight, want, atol=1e-6, rtol=1e-5)
+        checked += 1
+    assert checked >= 8  # to_q, to_k, to_v, to_out.0 of self- and cross-attention at least
+    assert unreachable_hub.connections == 0
+
+
+def test_lcm_lora_missing_path_is_a_clear_error(sd15_folder, tmp_path):
+    with pytest.raises(ModelNotFoundError, match="no such file"):
+        load_components(str(sd15_folder), lcm_lora=str(tmp_path / "nope.safetensors"))
+
+
+def test_lcm_lora_auto_offline_fails_fast_naming_both_flags(sd15_folder, empty_cache, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    start = time.monotonic()
+    with pytest.raises(ModelNotFoundError) as info:
+        load_components(str(sd15_folder))
+    assert time.monotonic() - start < 5
+    message = str(info.value)
+    assert_one_line_naming(message, loading.LCM_LORA_SD15)
+    assert "`--lcm-lora PATH`" in message and "`--lcm-lora none`" in message
+
+
+def test_lcm_lora_auto_unreachable_fails_fast_naming_both_flags(sd15_folder, unreachable_hub):
+    with pytest.raises(ModelNotFoundError) as info:
+        load_components(str(sd15_folder), lcm_lora="auto")
+    message = str(info.value)
+    assert_one_line_naming(message, loading.LCM_LORA_SD15)
+    assert "`--lcm-lora PATH`" in message and "`--lcm-lora none`" in message and "cannot be reached" in message
+    assert unreachable_hub.connections == 1
+
+
+def test_a_users_hub_lora_fails_fast_when_the_hub_cannot_be_reached(unreachable_hub, tiny_components_factory):
+    """--lora owner/name goes the same way: one request, one line, the model left as it was."""
+    pytest.importorskip("peft")
+    from streamstudio.models.lora import LoraSet
+
+    loras = LoraSet(tiny_components_factory())
+    start = time.monotonic()
+    with pytest.raises(ModelNotFoundError) as info:
+        loras.add("someone/style:0.8")
+    assert time.monotonic() - start < loading.HUB_PROBE_TIMEOUT + 2
+    assert_one_line_naming(str(info.value), "someone/style")
+    assert loras.listing() == [] and unreachable_hub.connections == 1

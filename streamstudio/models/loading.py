@@ -13,6 +13,8 @@ import json
 import logging
 import os
 import tempfile
+import threading
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -165,8 +167,17 @@ def load_components(
 
     model: "builtin", "tiny", "tiny-sdxl", a hub id (default sd-turbo), a diffusers folder, a
       train-image checkpoint folder or a .safetensors file (SD 1.5 / 2.1 or SDXL).
-    lcm_lora: "auto" fuses LCM-LoRA into SD 1.5 and SDXL models that are not LCM or turbo
-      already; None or "none" never; any other value is a LoRA hub id or path to fuse.
+    lcm_lora (the CLI's --lcm-lora): "auto" fuses LCM-LoRA (latent-consistency/lcm-lora-sdv1-5 or
+      -sdxl, from the Hugging Face cache or the hub) into SD 1.5 and SDXL models that are not LCM
+      or turbo already; None or "none" never (the model runs as it is, with a note that few steps
+      give poor images); any other value is a LoRA to fuse whatever the model: a local
+      .safetensors file, a folder holding pytorch_lora_weights.safetensors, or a hub id.
+      When auto needs the hub and it is off or unreachable, ModelNotFoundError at once naming
+      `--lcm-lora PATH` and `--lcm-lora none`.
+    A hub id is owner/name; well-known short names (sd-turbo, sdxl-turbo, ...: SHORT_NAMES) stand
+    for their full ids. A hub model (or add-on) not in the local cache is fetched only when the hub
+    answers one request within HUB_PROBE_TIMEOUT seconds; otherwise (or with HF_HUB_OFFLINE) a
+    one-line ModelNotFoundError says at once which repository to fetch and the command.
     taesd: True (or "auto") for madebyollin/taesd (madebyollin/taesdxl for SDXL), a hub id /
       folder of an AutoencoderTiny, or None for the model's own VAE.
     SDXL in float16 with its own VAE: madebyollin/sdxl-vae-fp16-fix when it can be had, else
@@ -180,6 +191,7 @@ def load_components(
         comps = SDComponents(parts["unet"], parts["taesd"] or parts["vae"], parts["text_encoder"],
                              parts["tokenizer"], parts["scheduler_config"], tiny.TINY_NAME,
                              step_type="lcm", is_demo=True, default_size=64)
+        _maybe_fuse_lcm_lora(comps, lcm_lora, local_files_only)  # only a named one: auto skips demo models
         return comps.to(device, dtype)
     if model == sdxl.TINY_SDXL_NAME:
         parts = sdxl.tiny_sdxl_components(taesd=bool(taesd))
@@ -187,11 +199,15 @@ def load_components(
                              parts["tokenizer"], parts["scheduler_config"], sdxl.TINY_SDXL_NAME, step_type="lcm",
                              is_demo=True, default_size=64, text_encoder_2=parts["text_encoder_2"],
                              tokenizer_2=parts["tokenizer_2"])
+        _maybe_fuse_lcm_lora(comps, lcm_lora, local_files_only)
         return comps.to(device, dtype)
     if model == BUILTIN_NAME or _is_builtin_folder(model):
         comps = load_builtin(None if model == BUILTIN_NAME else model)
         if taesd:
             comps.notes.append("--taesd does nothing for the built-in model: its own autoencoder is faster still")
+        if _lcm_lora_choice(lcm_lora) not in (None, "auto"):
+            comps.notes.append("--lcm-lora does nothing for the built-in model: it has its own networks and "
+                               "takes its one-step update already")
         return comps.to(device, dtype)
 
     with quiet_hub():
@@ -219,18 +235,50 @@ def _load(model: str, lcm_lora, taesd, local_files_only: bool) -> SDComponents:
     elif path.exists():
         raise StreamStudioError(f"model {model!r} is a file but not a .safetensors file; "
                                 "give a diffusers folder, a .safetensors file or a hub id")
-    elif model.endswith(".safetensors") or model.startswith((".", "/", "~")) or model.count("/") > 1:
+    elif _looks_like_path(model):
         raise _missing(model, "no such file or folder")
     else:
-        comps = _load_folder(model, model, local_files_only=local_files_only)
+        comps = _load_hub_model(model, local_files_only)
 
-    if lcm_lora not in (None, "none"):
-        _maybe_fuse_lcm_lora(comps, lcm_lora, local_files_only)
+    _maybe_fuse_lcm_lora(comps, lcm_lora, local_files_only)
     if taesd:
         default = sdxl.TAESD_SDXL if comps.is_sdxl else TAESD_SD
         comps.vae = _load_taesd(default if taesd in (True, "auto") else str(taesd), local_files_only)
         comps.notes.append("fast VAE: TAESDXL" if comps.is_sdxl else "fast VAE: TAESD")
     return comps
+
+
+def _looks_like_path(name: str) -> bool:
+    """A name that can only mean a file or folder (never a hub id, which is owner/name)."""
+    return name.endswith(".safetensors") or name.startswith((".", "/", "~")) or name.count("/") > 1
+
+
+def _load_hub_model(model: str, local_files_only: bool) -> SDComponents:
+    """A hub model: its snapshot in the local cache when there is one (no request at all), else
+    fetched when the hub answers; else a one-line error at once, naming the full repository id
+    and the command that fetches it (no minute of huggingface_hub's retries first)."""
+    repo = hub_id(model)
+    snapshot = cached_snapshot(repo, "unet/config.json")
+    if snapshot is not None:
+        try:
+            return _load_folder(str(snapshot), repo, local_files_only=True)
+        except ModelNotFoundError:  # only part of it is in the cache: fetch the rest when the hub answers
+            if _hub_off(local_files_only):
+                raise
+            log.info("%s is only partly in the local cache; fetching the rest", repo)
+    else:
+        reason = _hub_off(local_files_only)
+        if reason:
+            raise _not_cached(model, repo, reason)
+    return _load_folder(repo, repo, local_files_only=False)
+
+
+def _not_cached(model: str, repo: str, reason: str) -> ModelNotFoundError:
+    called = repo if model == repo else f"{model!r} ({repo})"
+    return ModelNotFoundError(
+        f"model {called} is not in the local Hugging Face cache and {reason}: run `{download_command(repo)}` "
+        f"where the hub can be reached (the cache is {hub_cache_dir()}), or pass --model with a local diffusers "
+        f"folder or .safetensors file; `--model builtin` runs the small built-in model now.")
 
 
 def _load_folder(source: str, model: str, local_files_only: bool) -> SDComponents:
@@ -424,20 +472,93 @@ def is_sd15(comps: SDComponents) -> bool:
     return getattr(comps.unet.config, "cross_attention_dim", None) == 768
 
 
-def _maybe_fuse_lcm_lora(comps: SDComponents, lcm_lora: str, local_files_only: bool) -> None:
-    if lcm_lora == "auto":
-        if not (is_sd15(comps) or comps.is_sdxl) or comps.step_type == "turbo" or "lcm" in comps.name.lower() \
-                or comps.is_demo:
+def _lcm_lora_choice(lcm_lora) -> str | None:
+    """None (no LCM-LoRA), "auto", or the LoRA a user named (a path or hub id)."""
+    if lcm_lora is None or str(lcm_lora).strip().lower() in ("", "none", "off"):
+        return None
+    text = str(lcm_lora).strip()
+    return "auto" if text.lower() == "auto" else text
+
+
+def wants_lcm_lora(comps: SDComponents) -> bool:
+    """Whether `--lcm-lora auto` fuses LCM-LoRA into this model: SD 1.5 or SDXL, not a turbo or
+    LCM model already, not a built-in demo model."""
+    return (is_sd15(comps) or comps.is_sdxl) and comps.step_type != "turbo" and "lcm" not in comps.name.lower() \
+        and not comps.is_demo
+
+
+LCM_LORA_INSTEAD = ("give a local copy with `--lcm-lora PATH` (a .safetensors file, or a folder holding "
+                    "pytorch_lora_weights.safetensors), or run the model as it is with `--lcm-lora none` "
+                    "(few steps then give poor images)")
+
+
+def _maybe_fuse_lcm_lora(comps: SDComponents, lcm_lora, local_files_only: bool) -> None:
+    choice = _lcm_lora_choice(lcm_lora)
+    if choice is None:
+        if wants_lcm_lora(comps):
+            # The step stays "lcm" and is right for the plain model too: at every timestep of the
+            # 50-step schedule (19 to 999) its boundary scalings are c_skip < 7e-6, c_out > 0.99999,
+            # i.e. the plain x0 estimate any epsilon/v model gives (DDIM's). What the model lacks
+            # without LCM-LoRA is the training that makes that estimate good in a few steps.
+            comps.notes.append(f"no LCM-LoRA (--lcm-lora none): {comps.name} is not a few-step model, so at the "
+                               "1-4 steps of a live stream its images are blurry and unfinished; more steps "
+                               "(--steps, up to 50) help, LCM-LoRA helps most")
+        return
+    if choice == "auto":
+        if not wants_lcm_lora(comps):
             return
-        lcm_lora = sdxl.LCM_LORA_SDXL if comps.is_sdxl else LCM_LORA_SD15
-    fuse_lora(comps, lcm_lora, local_files_only=local_files_only)
+        source = sdxl.LCM_LORA_SDXL if comps.is_sdxl else LCM_LORA_SD15
+        family = "SDXL" if comps.is_sdxl else "SD 1.5"
+        where, kwargs, local = lora_source(
+            source, local_files_only, what=f"the LCM-LoRA {source} (fused by default into {family} models that are "
+                                           "not LCM or turbo, for few-step sampling)", instead=LCM_LORA_INSTEAD)
+    else:
+        source = choice
+        where, kwargs, local = lora_source(source, local_files_only, what=f"the LCM-LoRA {source!r} (--lcm-lora)",
+                                           instead=LCM_LORA_INSTEAD.replace("give a local copy", "give a local file"))
+    _fuse(comps, where, kwargs, local, 1.0, source)
     comps.step_type = "lcm"
-    comps.notes.append(f"LCM-LoRA fused: {lcm_lora}")
+    comps.notes.append(f"LCM-LoRA fused: {source}")
+
+
+def lora_source(source: str, local_files_only: bool, what: str | None = None,
+                instead: str = "or give a .safetensors file or a folder holding pytorch_lora_weights.safetensors"
+                ) -> tuple[str, dict, bool]:
+    """Where diffusers' LoRA loader finds `source`: (path or hub id, keyword arguments,
+    local_files_only). A file is itself, a folder names its LoRA file (models/lora.py); a hub id
+    is its cached file when the cache holds it (no request), the id when the hub answers, and
+    otherwise a one-line ModelNotFoundError at once, with the command that fetches it and
+    `instead` (what else the user can do)."""
+    from streamstudio.models.lora import LORA_FILE, _lora_location
+
+    what = what or f"LoRA {source!r}"
+    path = Path(os.path.expanduser(source))
+    if path.exists():
+        where, kwargs = _lora_location(source, True)
+        return where, kwargs, True
+    if _looks_like_path(source):
+        raise ModelNotFoundError(f"{what}: no such file or folder; give a .safetensors file, a folder holding "
+                                 f"{LORA_FILE}, a hub id (owner/name), or none")
+    repo = hub_id(source, kind="LoRA")
+    cached = cached_file(repo, LORA_FILE)
+    if cached is not None:
+        return str(cached), {}, True
+    reason = _hub_off(local_files_only)
+    if reason:
+        raise ModelNotFoundError(f"{what} is not in the local Hugging Face cache and {reason}: run "
+                                 f"`{download_command(repo)}` where the hub can be reached, {instead}.")
+    return repo, {}, False
 
 
 def fuse_lora(comps: SDComponents, lora: str, scale: float = 1.0, local_files_only: bool = False) -> None:
-    """Fuse a (LCM-)LoRA into the UNet weights for good, through diffusers' LoRA loader (users'
-    LoRAs, changeable at run time, are `models/lora.LoraSet`'s)."""
+    """Fuse a (LCM-)LoRA (a .safetensors file, a folder holding one, or a hub id) into the UNet
+    weights for good, through diffusers' LoRA loader (users' LoRAs, changeable at run time, are
+    `models/lora.LoraSet`'s)."""
+    where, kwargs, local = lora_source(lora, local_files_only)
+    _fuse(comps, where, kwargs, local, scale, lora)
+
+
+def _fuse(comps: SDComponents, where: str, kwargs: dict, local_files_only: bool, scale: float, label: str) -> None:
     from diffusers import LCMScheduler, StableDiffusionPipeline, StableDiffusionXLPipeline
 
     scheduler = LCMScheduler.from_config(comps.scheduler_config)
@@ -450,23 +571,29 @@ def fuse_lora(comps: SDComponents, lora: str, scale: float = 1.0, local_files_on
                                        unet=comps.unet, scheduler=scheduler, safety_checker=None,
                                        feature_extractor=None, requires_safety_checker=False)
     try:
-        pipe.load_lora_weights(lora, local_files_only=local_files_only)
+        pipe.load_lora_weights(where, local_files_only=local_files_only, **kwargs)
     except Exception as exc:
-        raise _missing(lora, "the LoRA could not be loaded (" + _first_line(exc) + ")") from exc
+        raise _missing(label, "the LoRA could not be loaded (" + _first_line(exc) + ")") from exc
     pipe.fuse_lora(lora_scale=scale)
     pipe.unload_lora_weights()
     comps.unet = pipe.unet
 
 
 def _sdxl_fp16_vae(comps: SDComponents, local_files_only: bool) -> None:
-    """SDXL's own VAE overflows in float16 (NaN images): the fp16-fix VAE when it can be had,
-    else the model's VAE kept in float32."""
+    """SDXL's own VAE overflows in float16 (NaN images): the fp16-fix VAE when it can be had
+    (from the cache, or the hub when it answers), else the model's VAE kept in float32."""
     from diffusers import AutoencoderKL
 
     if not isinstance(comps.vae, AutoencoderKL) or not getattr(comps.vae.config, "force_upcast", False):
         return  # TAESDXL, or a VAE that says it runs in float16
+    local = Path(os.path.expanduser(sdxl.VAE_FP16_FIX))
+    snapshot = local if local.is_dir() else cached_snapshot(sdxl.VAE_FP16_FIX, "config.json")
+    reason = None if snapshot is not None else _hub_off(local_files_only)
     try:
-        vae = AutoencoderKL.from_pretrained(sdxl.VAE_FP16_FIX, local_files_only=local_files_only)
+        if reason:
+            raise OSError(f"it is not in the local cache and {reason}")
+        source = str(snapshot) if snapshot is not None else sdxl.VAE_FP16_FIX
+        vae = AutoencoderKL.from_pretrained(source, local_files_only=snapshot is not None)
     except (OSError, ValueError) as exc:
         comps.vae_upcast = True
         comps.notes.append(f"VAE kept in float32: SDXL's VAE overflows in float16 and {sdxl.VAE_FP16_FIX} could not "
@@ -479,11 +606,147 @@ def _sdxl_fp16_vae(comps: SDComponents, local_files_only: bool) -> None:
 def _load_taesd(source: str, local_files_only: bool):
     from diffusers import AutoencoderTiny
 
+    local = os.path.isdir(os.path.expanduser(source))
+    where = os.path.expanduser(source) if local else source
+    if not local:
+        if _looks_like_path(source):
+            raise _missing(source, "no such folder (--taesd takes a hub id or a folder of an AutoencoderTiny)")
+        repo = hub_id(source, kind="TAESD")
+        snapshot = cached_snapshot(repo, "config.json")
+        if snapshot is not None:
+            where, local = str(snapshot), True
+        else:
+            reason = _hub_off(local_files_only)
+            if reason:
+                raise ModelNotFoundError(f"the fast VAE {repo} (--taesd) is not in the local Hugging Face cache and "
+                                         f"{reason}: run `{download_command(repo)}` where the hub can be reached, "
+                                         "or leave out --taesd.")
+            where = repo
     try:
-        vae = AutoencoderTiny.from_pretrained(source, local_files_only=local_files_only or os.path.isdir(source))
+        vae = AutoencoderTiny.from_pretrained(where, local_files_only=local)
     except (OSError, ValueError) as exc:
         raise _missing(source, _first_line(exc)) from exc
     return vae.eval().requires_grad_(False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Hub ids, the local cache, and whether the hub can be reached
+# ---------------------------------------------------------------------------------------------
+
+# Well-known short names and the hub ids they stand for (a hub id is owner/name: `hf download
+# sd-turbo` fetches nothing).
+SHORT_NAMES = {
+    "sd-turbo": "stabilityai/sd-turbo",
+    "sdxl-turbo": "stabilityai/sdxl-turbo",
+    "sd-1.5": "stable-diffusion-v1-5/stable-diffusion-v1-5",
+    "sd15": "stable-diffusion-v1-5/stable-diffusion-v1-5",
+    "sdxl": "stabilityai/stable-diffusion-xl-base-1.0",
+    "lcm-lora-sdv1-5": LCM_LORA_SD15,
+    "lcm-lora-sdxl": sdxl.LCM_LORA_SDXL,
+    "taesd": TAESD_SD,
+    "taesdxl": sdxl.TAESD_SDXL,
+}
+
+HUB_PROBE_TIMEOUT = 3.0  # seconds the one request that tells whether the hub can be reached may take
+HUB_PROBE_TTL = 60.0  # seconds its answer is trusted (one load asks about several repositories)
+_PROBES: dict[str, tuple[float, str | None]] = {}  # endpoint -> (when, why not reachable or None)
+_PROBE_LOCK = threading.Lock()
+
+
+def hub_id(name: str, kind: str = "model") -> str:
+    """The full hub id (owner/name) that `name` stands for: itself, or a well-known short name's
+    id; any other name without a slash is refused with a clear message."""
+    if "/" in name:
+        return name
+    if name.lower() in SHORT_NAMES:
+        return SHORT_NAMES[name.lower()]
+    names: dict[str, list[str]] = {}
+    for short, full in SHORT_NAMES.items():
+        if kind != "model" or not short.startswith(("lcm-", "taesd")):
+            names.setdefault(full, []).append(short)
+    known = ", ".join(f"{' / '.join(shorts)} ({full})" for full, shorts in names.items())
+    raise ModelNotFoundError(f"{kind} {name!r} is neither a local file or folder nor a hub id: a Hugging Face hub "
+                             f"id is owner/name, e.g. {DEFAULT_MODEL}; short names known here: {known}")
+
+
+def hub_cache_dir() -> Path:
+    """The Hugging Face hub cache, read from the environment now (HF_HUB_CACHE, HF_HOME) as
+    huggingface_hub reads it at import."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.path.expanduser(os.environ["HF_HUB_CACHE"]))
+    if os.environ.get("HF_HOME"):
+        return Path(os.path.expanduser(os.environ["HF_HOME"])) / "hub"
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+def cached_file(repo: str, filename: str) -> Path | None:
+    """`filename` of hub repo `repo` (main revision) in the local cache, or None. Asks nothing
+    of the network."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(repo, filename, cache_dir=hub_cache_dir())
+    except Exception as exc:  # a malformed id, an unreadable cache: not cached
+        log.debug("cache lookup of %s/%s failed: %s", repo, filename, _first_line(exc))
+        return None
+    return Path(found) if isinstance(found, str) else None
+
+
+def cached_snapshot(repo: str, needs: str) -> Path | None:
+    """The local snapshot folder of hub repo `repo` when the cache holds its file `needs`."""
+    found = cached_file(repo, needs)
+    return None if found is None else found.parents[len(Path(needs).parts) - 1]
+
+
+def hub_endpoint() -> str:
+    from huggingface_hub import constants
+
+    return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+
+
+def hub_unreachable(repo: str = DEFAULT_MODEL, timeout: float | None = None) -> str | None:
+    """None when the hub answers (any HTTP status) one HEAD request within `timeout` seconds
+    (HUB_PROBE_TIMEOUT), else why not, as words that finish "... and ": one request, no retries,
+    bounded also while a name lookup hangs; the answer is kept HUB_PROBE_TTL seconds per endpoint."""
+    endpoint = hub_endpoint()
+    timeout = HUB_PROBE_TIMEOUT if timeout is None else timeout
+    with _PROBE_LOCK:
+        known = _PROBES.get(endpoint)
+        if known is not None and time.monotonic() - known[0] < HUB_PROBE_TTL:
+            return known[1]
+        outcome: list[str | None] = [f"no answer in {timeout:g} s"]
+
+        def probe() -> None:
+            from huggingface_hub import get_session, hf_hub_url
+
+            try:
+                get_session().head(hf_hub_url(repo, "model_index.json", endpoint=endpoint), timeout=timeout,
+                                   follow_redirects=False)
+                outcome[0] = None
+            except Exception as exc:  # DNS, refused, reset, timeout, proxy, offline mode: not reachable now
+                outcome[0] = f"{type(exc).__name__}: {_first_line(exc)}"
+
+        thread = threading.Thread(target=probe, name="hub-probe", daemon=True)
+        thread.start()
+        thread.join(timeout + 0.5)
+        why = outcome[0]
+        reason = None if why is None else f"the hub ({endpoint}) cannot be reached ({why})"
+        _PROBES[endpoint] = (time.monotonic(), reason)
+    if reason:
+        log.debug("%s", reason)
+    return reason
+
+
+def _hub_off(local_files_only: bool) -> str | None:
+    """Why the hub may not be asked now (words that finish "... and "), or None when it answers."""
+    if _offline():
+        var = next(k for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE") if _truthy(os.environ.get(k, "0")))
+        return f"the hub is switched off ({var}={os.environ[var]})"
+    if local_files_only:
+        return "only local files were to be used"
+    return hub_unreachable()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -551,8 +814,12 @@ def _has_cuda(device) -> bool:
     return torch.cuda.is_available()
 
 
+def _truthy(value: str) -> bool:
+    return value not in ("0", "", "false", "False")
+
+
 def _offline() -> bool:
-    return any(os.environ.get(k, "0") not in ("0", "", "false", "False") for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return any(_truthy(os.environ.get(k, "0")) for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
 def hub_download_size(repo: str = DEFAULT_MODEL, patterns: list[str] | None = None, timeout: float = 10.0) -> int | None:
@@ -594,7 +861,7 @@ def resolve_demo_default(model: str, **kwargs) -> SDComponents:
         pass
     if _offline():
         return _builtin_instead(f"{DEFAULT_MODEL} is not in the local cache and the hub is off (HF_HUB_OFFLINE)", kwargs)
-    size = hub_download_size(DEFAULT_MODEL)
+    size = None if hub_unreachable() else hub_download_size(DEFAULT_MODEL)  # the probe: bounded, even for DNS
     if size is None:
         return _builtin_instead(f"{DEFAULT_MODEL} is not in the local cache and the Hugging Face hub cannot be "
                                 "reached", kwargs)

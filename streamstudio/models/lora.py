@@ -130,6 +130,7 @@ class LoraSet:
     def add(self, spec: LoraSpec | str) -> LoadedLora:
         """Load one LoRA as a new adapter and apply the set."""
         spec = parse_lora(spec) if isinstance(spec, str) else LoraSpec(spec.source, check_scale(spec.scale))
+        hub = _hub_location(spec.source, self.local_files_only)  # a hub id: cached, or the hub answers, or say so now
         name = self._new_name(spec.source)
         pipe = self._pipeline()
         self._unmerge()
@@ -137,8 +138,9 @@ class LoraSet:
         try:
             with warnings.catch_warnings():  # peft warns that a second adapter is a second adapter
                 warnings.filterwarnings("ignore", message=".*Already found a `peft_config`.*")
-                where, kwargs = _lora_location(spec.source, self.local_files_only)
-                pipe.load_lora_weights(where, adapter_name=name, local_files_only=self.local_files_only, **kwargs)
+                where, kwargs, local = hub or (*_lora_location(spec.source, self.local_files_only),
+                                               self.local_files_only)
+                pipe.load_lora_weights(where, adapter_name=name, local_files_only=local, **kwargs)
         except Exception as exc:  # hub, file and key-conversion errors: all mean "cannot load this LoRA"
             self._drop_if_partial(name)
             self._apply()
@@ -294,6 +296,17 @@ def _lora_location(source: str, local_files_only: bool) -> tuple[str, dict]:
         name = LORA_FILE if LORA_FILE in files or len(files) != 1 else files[0]
         return str(path), {"weight_name": name}
     return source, ({"weight_name": LORA_FILE} if local_files_only else {})
+
+
+def _hub_location(source: str, local_files_only: bool) -> tuple[str, dict, bool] | None:
+    """For a hub id: (its cached file or the id, keyword arguments, local_files_only) from
+    models/loading.lora_source, which fails at once, in one line, when the hub is off or cannot
+    be reached (no minute of huggingface_hub's retries); None for a file or folder."""
+    from streamstudio.models.loading import _looks_like_path, lora_source
+
+    if Path(os.path.expanduser(source)).exists() or _looks_like_path(source):
+        return None
+    return lora_source(source, local_files_only, what=f"LoRA {source!r}")
 
 
 def _source_identity(source: str) -> str:
