@@ -161,3 +161,15 @@ def test_training_config_defaults_match_the_data():
     from streamstudio.models import image_data
 
     assert ImageTrainConfig().style_share == image_data.DEFAULT_STYLE_SHARE
+
+
+def test_help_says_the_defaults_the_commands_use():
+    """`generate --help` gave --width default 512 where the model it runs on a CPU makes 256, and
+    serve's and splat's help said "sd-turbo if cached" where a CPU always runs the built-in model."""
+    from streamstudio.models.loading import load_builtin
+
+    helps = {c: run_cli([c, "--help"])["out"] for c in ("generate", "serve", "splat", "render")}
+    assert all("if cached" not in text for text in helps.values())
+    width_help = " ".join(helps["generate"].split("\n  --width WIDTH", 1)[1].split("\n  --height", 1)[0].split())
+    assert f"{load_builtin().default_size} for builtin" in width_help
+    assert "default 512," not in width_help
