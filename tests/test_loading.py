@@ -503,3 +503,19 @@ def test_a_users_hub_lora_fails_fast_when_the_hub_cannot_be_reached(unreachable_
     assert time.monotonic() - start < loading.HUB_PROBE_TIMEOUT + 2
     assert_one_line_naming(str(info.value), "someone/style")
     assert loras.listing() == [] and unreachable_hub.connections == 1
+
+
+def test_addon_hub_ids_fail_fast_when_the_hub_cannot_be_reached(tiny, unreachable_hub):
+    """A ControlNet or IP-Adapter hub id that is not cached, with a hub that does not answer: one
+    line at once naming the command that fetches it (they went through huggingface_hub's retries
+    for a minute before)."""
+    from streamstudio.models.controlnet import load_controlnet
+    from streamstudio.models.ip_adapter import IPAdapter
+
+    canny = "lllyasviel/control_v11p_sd15_canny"
+    for load, repo in ((lambda: load_controlnet(canny), canny), (lambda: IPAdapter(tiny, "h94/IP-Adapter"), "h94/IP-Adapter")):
+        start = time.monotonic()
+        with pytest.raises(ModelNotFoundError) as info:
+            load()
+        assert time.monotonic() - start < 8
+        assert_one_line_naming(str(info.value), repo)

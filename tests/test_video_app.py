@@ -253,7 +253,7 @@ def test_builtin_model_on_the_gpu_in_float16():
     for i, colour in enumerate(COLOURS):
         with torch.inference_mode():
             stream = build_stream(model, meta, f"a {colour} square moving left", seed=i, width=32, height=32)
-            frames = list(text_to_video(stream, 4))
+            frames = list(stream.frames(4))
         assert frames[0].dtype == np.uint8 and frames[0].shape == (32, 32, 3)
         hits.append(dominant_colour(frames) == colour)
     assert np.mean(hits) >= 0.8, hits

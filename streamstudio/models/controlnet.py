@@ -47,11 +47,14 @@ def load_controlnet(source: str, device: torch.device | str = "cpu", dtype: torc
     layout, through diffusers' single-file loader)."""
     from diffusers import ControlNetModel
 
-    from streamstudio.models.loading import quiet_hub
+    from streamstudio.models.loading import hub_repo_source, quiet_hub
 
     if local_files_only is None:
         local_files_only = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
     path = Path(os.path.expanduser(source))
+    if not path.exists() and source.count("/") == 1:  # a hub id: the cache, or the hub at once, or one line
+        local_files_only = hub_repo_source(source, "config.json", f"ControlNet {source!r}", local_files_only,
+                                           "or pass --controlnet a local diffusers folder or .safetensors file")
     try:
         with quiet_hub():
             net = _load(ControlNetModel, source, path, dtype, local_files_only)

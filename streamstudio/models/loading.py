@@ -739,6 +739,20 @@ def hub_unreachable(repo: str = DEFAULT_MODEL, timeout: float | None = None) -> 
     return reason
 
 
+def hub_repo_source(repo: str, needs: str, what: str, local_files_only: bool, instead: str) -> bool:
+    """For a hub repo an add-on loads from (a ControlNet, an IP-Adapter): True when the local cache
+    holds its file `needs` (load from the cache alone, no request), False when the hub answers;
+    otherwise a one-line ModelNotFoundError at once with the command that fetches it and
+    `instead` (what else the user can do), before huggingface_hub's retries could start."""
+    if cached_file(repo, needs) is not None:
+        return True
+    reason = _hub_off(local_files_only)
+    if reason:
+        raise ModelNotFoundError(f"{what} is not in the local Hugging Face cache and {reason}: run "
+                                 f"`{download_command(repo)}` where the hub can be reached, {instead}.")
+    return False
+
+
 def _hub_off(local_files_only: bool) -> str | None:
     """Why the hub may not be asked now (words that finish "... and "), or None when it answers."""
     if _offline():

@@ -669,7 +669,3 @@ def open_sink(spec: str, width: int, height: int, fps: float, audio_from: AudioT
     if kind == "file":
         return FileSink(spec, width, height, fps, audio_from=audio_from)
     return ImageSequenceSink(spec, width, height, fps)
-    if suffix and suffix not in IMAGE_SUFFIXES:
-        raise StreamStudioError(f"unknown output {spec!r}; use .mp4, .mkv, .webm, .mov, a folder, "
-                                "frames/%05d.png, rtmp://..., hls:DIR or null")
-    return ImageSequenceSink(spec, width, height, fps)
