@@ -7,6 +7,7 @@ benchmarks/cli_startup.py times the same commands."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from streamstudio.app.cli import COMMANDS
 HEAVY = ("torch", "diffusers", "transformers", "gradio", "av", "cv2", "fastrtc", "aiortc", "ray", "huggingface_hub")
 
 
-def run_cli(argv: list[str], cwd: Path | None = None) -> dict:
+def run_cli(argv: list[str], cwd: Path | None = None, env: dict | None = None) -> dict:
     """`streamstudio argv` in a new interpreter: its exit code, stdout, stderr and the heavy
     modules it imported."""
     code = textwrap.dedent(f"""
@@ -32,7 +33,8 @@ def run_cli(argv: list[str], cwd: Path | None = None) -> dict:
         print(json.dumps({{"rc": rc, "out": out.getvalue(), "err": err.getvalue(),
                           "heavy": [m for m in {HEAVY!r} if m in sys.modules]}}))
     """)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=cwd)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=cwd,
+                          env=None if env is None else {**os.environ, **env})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -173,3 +175,22 @@ def test_help_says_the_defaults_the_commands_use():
     width_help = " ".join(helps["generate"].split("\n  --width WIDTH", 1)[1].split("\n  --height", 1)[0].split())
     assert f"{load_builtin().default_size} for builtin" in width_help
     assert "default 512," not in width_help
+
+
+@pytest.mark.parametrize("hub", ["HF_HUB_OFFLINE=1", "refused"])
+def test_a_hub_model_that_cannot_be_had_is_said_before_torch_loads(hub, tmp_path):
+    """`generate --model sd-turbo` offline printed a minute of retry warnings and suggested
+    `hf download sd-turbo` (no such repository); now one line names stabilityai/sd-turbo and the
+    command, before torch or diffusers is imported."""
+    env = {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    if hub == "refused":
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env = {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "0", "HF_ENDPOINT": f"http://127.0.0.1:{port}"}
+    for argv in (["generate", "--model", "sd-turbo", "--output", "o"],
+                 ["render", "--input", "pattern", "--output", "o.mp4", "--model", "sd-turbo"]):
+        result = run_cli(argv, cwd=tmp_path, env=env)
+        line = one_error(result)
+        assert "stabilityai/sd-turbo" in line and "`hf download stabilityai/sd-turbo`" in line
+        assert result["heavy"] in ([], ["huggingface_hub"]), result["heavy"]

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from streamstudio.errors import ModelNotFoundError, StreamStudioError
-from streamstudio.models import loading
+from streamstudio.models import hub, loading
 from streamstudio.models.loading import (DEFAULT_MODEL, DEMO_NOTICE, load_components, resolve_demo_default,
                                          save_single_file)
 from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
@@ -321,7 +321,7 @@ def empty_cache(tmp_path, monkeypatch):
     """An empty Hugging Face cache and no remembered answer of the hub."""
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    monkeypatch.setattr(loading, "_PROBES", {})
+    monkeypatch.setattr(hub, "_PROBES", {})
     return tmp_path / "hf" / "hub"
 
 
@@ -336,7 +336,7 @@ def unreachable_hub(request, empty_cache, monkeypatch):
     for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # read at import (conftest sets it)
-    monkeypatch.setattr(loading, "HUB_PROBE_TIMEOUT", 1.0)
+    monkeypatch.setattr(hub, "HUB_PROBE_TIMEOUT", 1.0)
     yield server
     server.close()
 
@@ -349,7 +349,7 @@ def test_offline_short_name_fails_at_once_with_the_full_id(empty_cache, monkeypa
     """`--model sd-turbo` offline: no hub request at all, one line naming stabilityai/sd-turbo and
     the exact command (not `hf download sd-turbo`, a repository that does not exist)."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(loading, "hub_unreachable", lambda *a, **k: pytest.fail("asked the hub while offline"))
+    monkeypatch.setattr(hub, "hub_unreachable", lambda *a, **k: pytest.fail("asked the hub while offline"))
     start = time.monotonic()
     with pytest.raises(ModelNotFoundError) as info:
         load_components("sd-turbo")
@@ -372,7 +372,7 @@ def test_unreachable_hub_fails_fast_after_one_connection(unreachable_hub, caplog
     start = time.monotonic()
     with caplog.at_level("DEBUG"), pytest.raises(ModelNotFoundError) as info:
         load_components("sd-turbo")
-    assert time.monotonic() - start < loading.HUB_PROBE_TIMEOUT + 2
+    assert time.monotonic() - start < hub.HUB_PROBE_TIMEOUT + 2
     message = str(info.value)
     assert_one_line_naming(message, "stabilityai/sd-turbo")
     assert unreachable_hub.url in message and "cannot be reached" in message
@@ -500,7 +500,7 @@ def test_a_users_hub_lora_fails_fast_when_the_hub_cannot_be_reached(unreachable_
     start = time.monotonic()
     with pytest.raises(ModelNotFoundError) as info:
         loras.add("someone/style:0.8")
-    assert time.monotonic() - start < loading.HUB_PROBE_TIMEOUT + 2
+    assert time.monotonic() - start < hub.HUB_PROBE_TIMEOUT + 2
     assert_one_line_naming(str(info.value), "someone/style")
     assert loras.listing() == [] and unreachable_hub.connections == 1
 

@@ -13,8 +13,6 @@ import json
 import logging
 import os
 import tempfile
-import threading
-import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,13 +21,18 @@ import torch
 
 from streamstudio.errors import ModelNotFoundError, StreamStudioError
 from streamstudio.models import sdxl, tiny
+from streamstudio.models.hub import (DEFAULT_MODEL, HUB_PROBE_TIMEOUT, LCM_LORA_SD15, SHORT_NAMES,  # noqa: F401
+                                     TAESD_SD, cached_file, cached_snapshot, download_command, hub_cache_dir,
+                                     hub_id, hub_repo_source, hub_unreachable)
+from streamstudio.models.hub import first_line as _first_line
+from streamstudio.models.hub import hub_off as _hub_off
+from streamstudio.models.hub import looks_like_path as _looks_like_path
+from streamstudio.models.hub import not_cached as _not_cached
+from streamstudio.models.hub import offline as _offline
 from streamstudio.models.image_net import DiffusersImageNet, ImageNet, latent_scale
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MODEL = "stabilityai/sd-turbo"
-LCM_LORA_SD15 = "latent-consistency/lcm-lora-sdv1-5"
-TAESD_SD = "madebyollin/taesd"
 SINGLE_FILE_KEY = "streamstudio"  # safetensors metadata key of this project's single-file format
 
 
@@ -139,11 +142,6 @@ def model_step_type(name: str) -> str:
     return "turbo" if "turbo" in name.lower() else "lcm"
 
 
-def download_command(model: str) -> str:
-    """The command that fetches `model` into the Hugging Face cache (huggingface_hub's `hf` CLI;
-    `huggingface-cli` is deprecated and no longer works in the installed huggingface_hub)."""
-    return f"hf download {model}"
-
 
 def _missing(model: str, why: str) -> ModelNotFoundError:
     return ModelNotFoundError(
@@ -248,10 +246,6 @@ def _load(model: str, lcm_lora, taesd, local_files_only: bool) -> SDComponents:
     return comps
 
 
-def _looks_like_path(name: str) -> bool:
-    """A name that can only mean a file or folder (never a hub id, which is owner/name)."""
-    return name.endswith(".safetensors") or name.startswith((".", "/", "~")) or name.count("/") > 1
-
 
 def _load_hub_model(model: str, local_files_only: bool) -> SDComponents:
     """A hub model: its snapshot in the local cache when there is one (no request at all), else
@@ -272,13 +266,6 @@ def _load_hub_model(model: str, local_files_only: bool) -> SDComponents:
             raise _not_cached(model, repo, reason)
     return _load_folder(repo, repo, local_files_only=False)
 
-
-def _not_cached(model: str, repo: str, reason: str) -> ModelNotFoundError:
-    called = repo if model == repo else f"{model!r} ({repo})"
-    return ModelNotFoundError(
-        f"model {called} is not in the local Hugging Face cache and {reason}: run `{download_command(repo)}` "
-        f"where the hub can be reached (the cache is {hub_cache_dir()}), or pass --model with a local diffusers "
-        f"folder or .safetensors file; `--model builtin` runs the small built-in model now.")
 
 
 def _load_folder(source: str, model: str, local_files_only: bool) -> SDComponents:
@@ -315,10 +302,6 @@ def _read_scheduler_config(source: str, local_files_only: bool) -> dict:
         log.warning("no scheduler config in %s; using the standard Stable Diffusion schedule", source)
         return dict(tiny.SCHEDULER_CONFIG)
 
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 # ---------------------------------------------------------------------------------------------
@@ -630,140 +613,6 @@ def _load_taesd(source: str, local_files_only: bool):
 
 
 # ---------------------------------------------------------------------------------------------
-# Hub ids, the local cache, and whether the hub can be reached
-# ---------------------------------------------------------------------------------------------
-
-# Well-known short names and the hub ids they stand for (a hub id is owner/name: `hf download
-# sd-turbo` fetches nothing).
-SHORT_NAMES = {
-    "sd-turbo": "stabilityai/sd-turbo",
-    "sdxl-turbo": "stabilityai/sdxl-turbo",
-    "sd-1.5": "stable-diffusion-v1-5/stable-diffusion-v1-5",
-    "sd15": "stable-diffusion-v1-5/stable-diffusion-v1-5",
-    "sdxl": "stabilityai/stable-diffusion-xl-base-1.0",
-    "lcm-lora-sdv1-5": LCM_LORA_SD15,
-    "lcm-lora-sdxl": sdxl.LCM_LORA_SDXL,
-    "taesd": TAESD_SD,
-    "taesdxl": sdxl.TAESD_SDXL,
-}
-
-HUB_PROBE_TIMEOUT = 3.0  # seconds the one request that tells whether the hub can be reached may take
-HUB_PROBE_TTL = 60.0  # seconds its answer is trusted (one load asks about several repositories)
-_PROBES: dict[str, tuple[float, str | None]] = {}  # endpoint -> (when, why not reachable or None)
-_PROBE_LOCK = threading.Lock()
-
-
-def hub_id(name: str, kind: str = "model") -> str:
-    """The full hub id (owner/name) that `name` stands for: itself, or a well-known short name's
-    id; any other name without a slash is refused with a clear message."""
-    if "/" in name:
-        return name
-    if name.lower() in SHORT_NAMES:
-        return SHORT_NAMES[name.lower()]
-    names: dict[str, list[str]] = {}
-    for short, full in SHORT_NAMES.items():
-        if kind != "model" or not short.startswith(("lcm-", "taesd")):
-            names.setdefault(full, []).append(short)
-    known = ", ".join(f"{' / '.join(shorts)} ({full})" for full, shorts in names.items())
-    raise ModelNotFoundError(f"{kind} {name!r} is neither a local file or folder nor a hub id: a Hugging Face hub "
-                             f"id is owner/name, e.g. {DEFAULT_MODEL}; short names known here: {known}")
-
-
-def hub_cache_dir() -> Path:
-    """The Hugging Face hub cache, read from the environment now (HF_HUB_CACHE, HF_HOME) as
-    huggingface_hub reads it at import."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.path.expanduser(os.environ["HF_HUB_CACHE"]))
-    if os.environ.get("HF_HOME"):
-        return Path(os.path.expanduser(os.environ["HF_HOME"])) / "hub"
-    from huggingface_hub import constants
-
-    return Path(constants.HF_HUB_CACHE)
-
-
-def cached_file(repo: str, filename: str) -> Path | None:
-    """`filename` of hub repo `repo` (main revision) in the local cache, or None. Asks nothing
-    of the network."""
-    from huggingface_hub import try_to_load_from_cache
-
-    try:
-        found = try_to_load_from_cache(repo, filename, cache_dir=hub_cache_dir())
-    except Exception as exc:  # a malformed id, an unreadable cache: not cached
-        log.debug("cache lookup of %s/%s failed: %s", repo, filename, _first_line(exc))
-        return None
-    return Path(found) if isinstance(found, str) else None
-
-
-def cached_snapshot(repo: str, needs: str) -> Path | None:
-    """The local snapshot folder of hub repo `repo` when the cache holds its file `needs`."""
-    found = cached_file(repo, needs)
-    return None if found is None else found.parents[len(Path(needs).parts) - 1]
-
-
-def hub_endpoint() -> str:
-    from huggingface_hub import constants
-
-    return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
-
-
-def hub_unreachable(repo: str = DEFAULT_MODEL, timeout: float | None = None) -> str | None:
-    """None when the hub answers (any HTTP status) one HEAD request within `timeout` seconds
-    (HUB_PROBE_TIMEOUT), else why not, as words that finish "... and ": one request, no retries,
-    bounded also while a name lookup hangs; the answer is kept HUB_PROBE_TTL seconds per endpoint."""
-    endpoint = hub_endpoint()
-    timeout = HUB_PROBE_TIMEOUT if timeout is None else timeout
-    with _PROBE_LOCK:
-        known = _PROBES.get(endpoint)
-        if known is not None and time.monotonic() - known[0] < HUB_PROBE_TTL:
-            return known[1]
-        outcome: list[str | None] = [f"no answer in {timeout:g} s"]
-
-        def probe() -> None:
-            from huggingface_hub import get_session, hf_hub_url
-
-            try:
-                get_session().head(hf_hub_url(repo, "model_index.json", endpoint=endpoint), timeout=timeout,
-                                   follow_redirects=False)
-                outcome[0] = None
-            except Exception as exc:  # DNS, refused, reset, timeout, proxy, offline mode: not reachable now
-                outcome[0] = f"{type(exc).__name__}: {_first_line(exc)}"
-
-        thread = threading.Thread(target=probe, name="hub-probe", daemon=True)
-        thread.start()
-        thread.join(timeout + 0.5)
-        why = outcome[0]
-        reason = None if why is None else f"the hub ({endpoint}) cannot be reached ({why})"
-        _PROBES[endpoint] = (time.monotonic(), reason)
-    if reason:
-        log.debug("%s", reason)
-    return reason
-
-
-def hub_repo_source(repo: str, needs: str, what: str, local_files_only: bool, instead: str) -> bool:
-    """For a hub repo an add-on loads from (a ControlNet, an IP-Adapter): True when the local cache
-    holds its file `needs` (load from the cache alone, no request), False when the hub answers;
-    otherwise a one-line ModelNotFoundError at once with the command that fetches it and
-    `instead` (what else the user can do), before huggingface_hub's retries could start."""
-    if cached_file(repo, needs) is not None:
-        return True
-    reason = _hub_off(local_files_only)
-    if reason:
-        raise ModelNotFoundError(f"{what} is not in the local Hugging Face cache and {reason}: run "
-                                 f"`{download_command(repo)}` where the hub can be reached, {instead}.")
-    return False
-
-
-def _hub_off(local_files_only: bool) -> str | None:
-    """Why the hub may not be asked now (words that finish "... and "), or None when it answers."""
-    if _offline():
-        var = next(k for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE") if _truthy(os.environ.get(k, "0")))
-        return f"the hub is switched off ({var}={os.environ[var]})"
-    if local_files_only:
-        return "only local files were to be used"
-    return hub_unreachable()
-
-
-# ---------------------------------------------------------------------------------------------
 # The built-in image model
 # ---------------------------------------------------------------------------------------------
 
@@ -827,13 +676,6 @@ def _has_cuda(device) -> bool:
         return False
     return torch.cuda.is_available()
 
-
-def _truthy(value: str) -> bool:
-    return value not in ("0", "", "false", "False")
-
-
-def _offline() -> bool:
-    return any(_truthy(os.environ.get(k, "0")) for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
 def hub_download_size(repo: str = DEFAULT_MODEL, patterns: list[str] | None = None, timeout: float = 10.0) -> int | None:

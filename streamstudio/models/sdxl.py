@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
+from streamstudio.models.hub import LCM_LORA_SDXL, TAESD_SDXL  # noqa: F401 (named here for SDXL callers)
+
 SDXL_TURBO = "stabilityai/sdxl-turbo"
-LCM_LORA_SDXL = "latent-consistency/lcm-lora-sdxl"
-TAESD_SDXL = "madebyollin/taesdxl"
 VAE_FP16_FIX = "madebyollin/sdxl-vae-fp16-fix"
 DEFAULT_SIZE = 1024  # SDXL's training size (sdxl-turbo's: 512)
 TURBO_SIZE = 512

@@ -240,6 +240,9 @@ def image_aspect(path: Path) -> float | None:
 def run(args) -> int:
     """txt2img: a NoInputSource of --num-images frames; img2img: the images as one stream. Both
     run on streaming.Runner into the output folder, each image named after its input."""
+    from streamstudio.models.hub import check_model_source
+
+    check_model_source(args.model)  # a hub id that cannot be had: said at once, before torch loads
     from streamstudio.app.commands.render import FittedFrames, watch
     from streamstudio.streaming.runner import Runner, RunnerConfig
     from streamstudio.streaming.sinks import ImageSequenceSink, check_not_input, make_output_folder

@@ -238,6 +238,9 @@ def _run_video(args) -> int:
 
 
 def _run_image(args) -> int:
+    from streamstudio.models.hub import check_model_source
+
+    check_model_source(args.model)  # a hub id that cannot be had: said at once, before torch loads
     from streamstudio.app.commands.generate import build_pipeline
     from streamstudio.streaming.runner import Runner, RunnerConfig
     from streamstudio.streaming.schedule import load_schedule

@@ -275,6 +275,9 @@ def run(args) -> int:
     check_port_free(host, args.port)  # before the model loads
     if getattr(args, "osc_port", None) is not None:
         check_port_free(args.osc_host, args.osc_port, socket.SOCK_DGRAM, "--osc-port")
+    from streamstudio.models.hub import check_model_source
+
+    check_model_source(args.model)
     app, manager = build_app(args)
     print(f"model: {manager.model.name}" + (" (a built-in model)" if manager.model.is_demo else ""))
     print(f"StreamStudio on http://{host}:{args.port}  (WebRTC endpoint: POST /webrtc/offer; "
