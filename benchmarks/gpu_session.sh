@@ -1,33 +1,44 @@
 #!/usr/bin/env bash
-# Everything CI cannot check, in two calls on a lent GPU machine (see docs/kernels.md, "On a GPU").
+# Everything CI cannot check, on a lent GPU machine, planned for its budget (see docs/kernels.md,
+# "On a GPU"): 15 minutes of device time per task, every start (1-2 min), call and idle wait
+# counted. So: ONE call of at most 7 minutes (the machine's start excluded) makes every headline
+# figure, then an optional second call of at most 4 minutes, made at once while the machine is
+# warm, for the rest.
 #
-#   check:   build, tests, kernels
-#     build             both CUDA extensions (stream_ops, splat rasterizer), ninja on all cores
-#     tests             the `gpu` tests of the files that hold them (and nothing else: no test module
-#                       that needs PyAV, Gradio or fastrtc is imported), with a JUnit XML
-#     kernels           benchmarks/kernels.py: each fused op against eager and the bandwidth floor,
-#                       the image pipeline at 512x512 (sd-turbo arch, 1 step, fp16, TAESD): eager,
-#                       fused, torch.compile, TensorRT where installed
-#   figures: build, stream_diffusion, splats, video, multistream, webapp
-#     stream_diffusion  benchmarks/stream_diffusion.py (Stream Batch and RCFG ratios at 512x512)
-#     splats            benchmarks/splats.py --cuda-only (1M Gaussians at 1920x1080)
-#     video             benchmarks/stream_video.py --gpu-only (the 4B config's step time, paper: 482 ms)
-#     multistream       benchmarks/multistream.py --quick (1, 2, 4 streams: batched vs taking turns)
-#     webapp            benchmarks/webapp.py --quick (loopback latency), only where Gradio, fastrtc,
-#                       aiortc and PyAV import: the GPU image has none, so it is recorded as missing
+#   first  (call 1, 420 s: stages in order of value, each with its own limit)
+#     build             the CUDA extensions, prebuilt here for the image (benchmarks/gpu_prebuild.sh:
+#                       sm_90, Python 3.12, torch 2.11.0+cu130) and carried in .gpu_ext/: imported,
+#                       not built; built there (sm_90 only, ninja on all cores) only if they do not load
+#     tests             the `gpu` tests of the files that hold them (parity of every CUDA path with its
+#                       reference), with a JUnit XML; no module needing PyAV, Gradio or fastrtc is imported
+#     kernels           benchmarks/kernels.py --quick: each fused op against eager and the bandwidth
+#                       floor; img2img 512x512 (sd-turbo arch, 1 step, fp16, TAESD) eager, fused and
+#                       torch.compile (one compile of the one shape)
+#     stream_diffusion  benchmarks/stream_diffusion.py --part core: Stream Batch and RCFG ratios at 512x512
+#     video             benchmarks/stream_video.py --gpu-only: the 4B config's step (paper: 482 ms)
+#     splats            benchmarks/splats.py --cuda-only: 1M Gaussians at 1920x1080
+#     multistream       benchmarks/multistream.py --quick: 1, 2, 4 streams, batched vs taking turns
+#     tensorrt          recorded as missing, no GPU time: the image has no TensorRT and its wheels are
+#                       far beyond the 64 MiB a call carries
+#   second (call 2, 240 s)
+#     addons            benchmarks/stream_diffusion.py --part addons: 1 and 2 ControlNets, a LoRA fused
+#                       and unfused, the SDXL UNet, against the plain model
+#     kernels_full      benchmarks/kernels.py without --quick: the longer run, to check the quick figures
+#     webapp            only where Gradio, fastrtc, aiortc and PyAV import: the image has none, so missing
 #
-# A call of the device tool runs at most 10 minutes; each group fits one, a cold extension build
-# included: every stage has its own time limit (timeout), and the whole script stops starting
-# stages when its budget (GPU_SESSION_BUDGET, default 570 s) is nearly spent, so the summary is
-# always printed:
-#   run(command="bash benchmarks/gpu_session.sh check", carry=[".whl"], timeout_s=600)
-#   run(command="bash benchmarks/gpu_session.sh figures", carry=[".whl"], timeout_s=600)
-# or name stages (`bash benchmarks/gpu_session.sh tests kernels`). .whl holds the wheels the GPU
-# image lacks (benchmarks/gpu_wheels.sh). After each stage, its outcome goes into $OUT/stages.json
-# and the summary table into $OUT/summary.md (benchmarks/gpu_summary.py), so a call killed midway
-# still leaves what ran; at the end the table is printed: every figure against its target, every
-# stage that failed with its first error line. Results land in $OUT (the device tool brings back at
-# most 8 files: session.log, stages.json, summary.md and the stages' JSON/XML) or, without $OUT, in
+# The calls (the device tool's `run`), the first right after the second's prerequisites are made here:
+#   bash benchmarks/gpu_wheels.sh && bash benchmarks/gpu_prebuild.sh        # here, before the session
+#   run(command="bash benchmarks/gpu_session.sh first", carry=[".whl", ".gpu_ext"], timeout_s=420)
+#   run(command="bash benchmarks/gpu_session.sh second", carry=[".whl", ".gpu_ext"], timeout_s=240)
+# Each group's budget (GPU_SESSION_BUDGET, default 400 s for first, 225 s for second) leaves the call
+# a margin; a stage is started only when its limit fits what is left (else it is recorded as not
+# started), so the summary is always printed. `--plan` prints the plan as JSON (tests/test_gpu_session.py
+# checks it fits); any stage can be named alone (`bash benchmarks/gpu_session.sh tests kernels`).
+# .whl holds the wheels the image lacks (benchmarks/gpu_wheels.sh), .gpu_ext the prebuilt extensions.
+# After each stage, its outcome goes into $OUT/stages.json and the summary table into $OUT/summary.md
+# (benchmarks/gpu_summary.py), so a call killed midway still leaves what ran; at the end the table is
+# printed: every figure against its target, every stage that failed with its first error line.
+# Results land in $OUT (the device tool brings its files back) or, without $OUT, in
 # benchmarks/results/gpu/. Summarize both calls together here with
 #   python3 benchmarks/gpu_summary.py table FOLDER_OF_CALL_1 FOLDER_OF_CALL_2
 # then copy the JSON into benchmarks/results/ and commit it.
@@ -40,27 +51,51 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 DRY=0
+PLAN=0
 ARGS=()
 for a in "$@"; do
   case $a in
     --dry-run) DRY=1 ;;
+    --plan) PLAN=1 ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) ARGS+=("$a") ;;
   esac
 done
-STAGES=" ${ARGS[*]:-check} "
-STAGES=${STAGES// check / build tests kernels }
-STAGES=${STAGES// figures / build stream_diffusion splats video multistream webapp }
+
+# The plan: each stage's time limit (seconds), each group's stages in order of value and its budget.
+declare -A LIMIT=([build]=40 [tests]=85 [kernels]=95 [stream_diffusion]=60 [video]=40 [splats]=25
+                  [multistream]=40 [tensorrt]=0 [addons]=110 [kernels_full]=100 [webapp]=0)
+FIRST="build tests kernels stream_diffusion video splats multistream tensorrt"
+SECOND="addons kernels_full webapp"
+RESERVE=15                         # kept for the summary
+CALL_FIRST=420 CALL_SECOND=240     # the device calls' timeout_s
+BUDGET_FIRST=400 BUDGET_SECOND=225 # the script's own budget in each call: the call keeps a margin
+
+GROUP=""
+STAGES=" ${ARGS[*]:-first} "
+case "$STAGES" in *" first "*|*" check "*) GROUP=first ;; *" second "*|*" figures "*) GROUP=second ;; esac
+STAGES=${STAGES// first / $FIRST }
+STAGES=${STAGES// check / $FIRST }  # the old group names
+STAGES=${STAGES// second / $SECOND }
+STAGES=${STAGES// figures / $SECOND }
 UNIQUE=" "
 for s in $STAGES; do
-  case $s in
-    build|tests|kernels|stream_diffusion|splats|video|multistream|webapp) ;;
-    *) echo "unknown stage or group: $s (groups: check figures; stages: build tests kernels stream_diffusion" \
-            "splats video multistream webapp)" >&2; exit 2 ;;
-  esac
+  [ -n "${LIMIT[$s]+x}" ] || { echo "unknown stage or group: $s (groups: first second; stages: $FIRST $SECOND)" >&2; exit 2; }
   case "$UNIQUE" in *" $s "*) ;; *) UNIQUE="$UNIQUE$s " ;; esac
 done
 STAGES=$UNIQUE
+DEFAULT_BUDGET=$BUDGET_FIRST
+[ "$GROUP" = second ] && DEFAULT_BUDGET=$BUDGET_SECOND
+BUDGET=${GPU_SESSION_BUDGET:-$DEFAULT_BUDGET}  # seconds for the whole script
+
+if [ "$PLAN" = 1 ]; then  # the plan as JSON, for tests/test_gpu_session.py and docs/kernels.md
+  printf '{"reserve": %s, "budget": %s, "stages": [' "$RESERVE" "$BUDGET"
+  sep=""
+  for s in $STAGES; do printf '%s{"stage": "%s", "limit": %s}' "$sep" "$s" "${LIMIT[$s]}"; sep=", "; done
+  printf '], "groups": {"first": {"call_timeout_s": %s, "budget": %s, "stages": "%s"}, ' "$CALL_FIRST" "$BUDGET_FIRST" "$FIRST"
+  printf '"second": {"call_timeout_s": %s, "budget": %s, "stages": "%s"}}}\n' "$CALL_SECOND" "$BUDGET_SECOND" "$SECOND"
+  exit 0
+fi
 
 OUT=${OUT:-benchmarks/results/gpu}
 mkdir -p "$OUT"
@@ -68,11 +103,11 @@ LOG="$OUT/session.log"
 rm -f "$OUT/stages.json" "$OUT/summary.md"
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-BUDGET=${GPU_SESSION_BUDGET:-570}  # seconds for the whole script: one device call is 600
-RESERVE=15                          # kept for the summary
 START=$SECONDS
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 STREAMSTUDIO_KERNEL_CACHE=${STREAMSTUDIO_KERNEL_CACHE:-/tmp/streamstudio-kernels}
-export MAX_JOBS=${MAX_JOBS:-16}
+export MAX_JOBS=${MAX_JOBS:-16} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}  # a build there: sm_90 only
+# the extensions prebuilt here for the image (benchmarks/gpu_prebuild.sh), imported instead of built
+[ -d .gpu_ext ] && export STREAMSTUDIO_PREBUILT_KERNELS=$PWD/.gpu_ext
 SUMMARY=(python3 benchmarks/gpu_summary.py)
 
 if compgen -G ".whl/*.whl" >/dev/null && [ "$DRY" = 0 ]; then
@@ -107,9 +142,9 @@ missing() {  # missing NAME REASON: a stage that cannot run here
   summarize
 }
 
-stage() {  # stage NAME SECONDS COMMAND...
-  local name=$1 limit=$2
-  shift 2
+stage() {  # stage NAME COMMAND... (its limit: LIMIT[NAME])
+  local name=$1 limit=${LIMIT[$1]}
+  shift 1
   case "$STAGES" in *" $name "*) ;; *) return 0 ;; esac
   local left=$((BUDGET - RESERVE - (SECONDS - START)))
   if [ "$left" -lt 20 ]; then
@@ -136,29 +171,39 @@ mapfile -t GPU_TEST_FILES < <(grep -l -E 'mark\.gpu' tests/test_*.py)
 
 if [ "$DRY" = 1 ]; then
   HELP=(--help)
-  stage build 150 python3 -c "print('dry run: extensions not built')"
-  stage tests 180 python3 -m pytest --collect-only -q -m gpu -p no:cacheprovider "${GPU_TEST_FILES[@]}"
+  stage build python3 -c "print('dry run: extensions not built')"
+  stage tests python3 -m pytest --collect-only -q -m gpu -p no:cacheprovider "${GPU_TEST_FILES[@]}"
 else
   HELP=()
-  # both extensions first (ninja, all cores), so the tests' first calls do not time out
-  stage build 150 python3 -c "
-import time, torch
+  # both extensions first: the prebuilt ones imported (.gpu_ext), else built (sm_90, ninja, all cores)
+  stage build python3 -c "
+import os, time, torch
 from streamstudio.kernels import cuda_build, splat_cuda, EXTENSION, SOURCES
+print('prebuilt extensions:', os.environ.get(cuda_build.PREBUILT_ENV) or 'none carried', '; GPU', cuda_build.device_arch())
 for name, load in (('stream_ops', lambda: cuda_build.load_extension(EXTENSION, SOURCES, verbose=False)),
                    ('splat_rasterizer', splat_cuda.load)):
-    t0 = time.time(); ok = load() is not None
-    print(name, 'built' if ok else 'FAILED: ' + str(cuda_build.failure_reason(name)), f'{time.time() - t0:.0f} s')
+    t0 = time.time(); module = load()
+    how = 'FAILED: ' + str(cuda_build.failure_reason(name)) if module is None else (
+        'prebuilt' if '.sm_' in os.path.basename(module.__file__) else 'built here')
+    print(name, how, f'{time.time() - t0:.1f} s')
 "
   # -v: each test's outcome is in the log as it goes (the XML is written at the end only);
   # a per-test timeout so one hung test does not take the stage
-  stage tests 180 python3 -m pytest -m gpu -v -rs -p no:cacheprovider -o timeout=90 \
+  stage tests python3 -m pytest -m gpu -v -rs -p no:cacheprovider -o timeout=45 \
     --junitxml="$OUT/gpu_tests.xml" "${GPU_TEST_FILES[@]}"
 fi
-stage kernels 220 python3 benchmarks/kernels.py --out "$OUT/kernels.json" "${HELP[@]}"
-stage stream_diffusion 150 python3 benchmarks/stream_diffusion.py --device cuda --out "$OUT/stream_diffusion.json" "${HELP[@]}"
-stage splats 60 python3 benchmarks/splats.py --cuda-only --out "$OUT/splats.json" "${HELP[@]}"
-stage video 90 python3 benchmarks/stream_video.py --gpu-only --output "$OUT/stream_video.json" "${HELP[@]}"
-stage multistream 90 python3 benchmarks/multistream.py --quick --out "$OUT/multistream.json" "${HELP[@]}"
+stage kernels python3 benchmarks/kernels.py --quick --out "$OUT/kernels.json" "${HELP[@]}"
+stage stream_diffusion python3 benchmarks/stream_diffusion.py --device cuda --part core \
+  --out "$OUT/stream_diffusion.json" "${HELP[@]}"
+stage video python3 benchmarks/stream_video.py --gpu-only --output "$OUT/stream_video.json" "${HELP[@]}"
+stage splats python3 benchmarks/splats.py --cuda-only --out "$OUT/splats.json" "${HELP[@]}"
+stage multistream python3 benchmarks/multistream.py --quick --out "$OUT/multistream.json" "${HELP[@]}"
+case "$STAGES" in *" tensorrt "*)
+  missing tensorrt "not run: the GPU image has no TensorRT, and its wheels are far beyond the 64 MiB a call carries" ;;
+esac
+stage addons python3 benchmarks/stream_diffusion.py --device cuda --part addons \
+  --out "$OUT/stream_diffusion_addons.json" "${HELP[@]}"
+stage kernels_full python3 benchmarks/kernels.py --out "$OUT/kernels_full.json" "${HELP[@]}"
 case "$STAGES" in *" webapp "*)
   lacking=$(python3 -c "
 import importlib.util as u
@@ -166,7 +211,8 @@ print(' '.join(m for m in ('gradio', 'fastrtc', 'aiortc', 'av') if u.find_spec(m
   if [ -n "$lacking" ]; then
     missing webapp "not run: $lacking not installed (the GPU image has none; their wheels exceed the 64 MiB the device tool carries)"
   else
-    stage webapp 60 python3 benchmarks/webapp.py --quick --output "$OUT/webapp.json" "${HELP[@]}"
+    LIMIT[webapp]=60  # not on the image: 0 in the plan; the budget check still holds
+    stage webapp python3 benchmarks/webapp.py --quick --output "$OUT/webapp.json" "${HELP[@]}"
   fi ;;
 esac
 

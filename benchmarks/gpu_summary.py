@@ -30,7 +30,7 @@ STAGES_FILE = "stages.json"
 # which stage writes which file
 STAGE_OF = {"gpu_tests.xml": "tests", "kernels.json": "kernels", "stream_diffusion.json": "stream_diffusion",
             "splats.json": "splats", "stream_video.json": "video", "multistream.json": "multistream",
-            "webapp.json": "webapp"}
+            "webapp.json": "webapp", "stream_diffusion_addons.json": "addons", "kernels_full.json": "kernels_full"}
 
 KILLED_RCS = (124, 137)  # timeout's exit status, and SIGKILL after --kill-after
 
@@ -128,9 +128,9 @@ def _json(files: dict, name: str) -> dict:
         raise Missing(f"{name} unreadable: {e}") from None
 
 
-def _pipeline_fps(mode: str, absent: str):
+def _pipeline_fps(mode: str, absent: str, name: str = "kernels.json"):
     def get(files):
-        data = _json(files, "kernels.json")
+        data = _json(files, name)
         for row in data.get("pipeline", []):
             if row.get("mode") == mode:
                 return row.get("fps"), row.get("model")
@@ -238,6 +238,14 @@ FIGURES = [
      "- (gsplat 172 on a TITAN RTX)", None),
     ("StreamDiT 4B step (ms)", "stream_video.json", _key("stream_video.json", "gpu_4b", "step_ms"),
      "<= 350 on an H100 (paper 482)", lambda v: v <= 350),
+    # the second call's
+    ("one ControlNet's cost (x the plain model)", "stream_diffusion_addons.json",
+     _key("stream_diffusion_addons.json", "controlnet_1_cost", on=lambda d: d.get("addons_measured_on")), "<= 1.5",
+     lambda v: v <= 1.5),
+    ("LoRA unfused cost (x fused)", "stream_diffusion_addons.json",
+     _key("stream_diffusion_addons.json", "lora_unfused_cost", on=lambda d: d.get("addons_measured_on")), "-", None),
+    ("img2img eager, long run (fps)", "kernels_full.json", _pipeline_fps("eager", "no eager row", "kernels_full.json"),
+     "(checks the quick run)", None),
 ]
 
 

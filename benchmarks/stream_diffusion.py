@@ -6,7 +6,7 @@ weights: they cost the same time as real ones) with TAESD. Prints a table and wr
 benchmarks/results/stream_diffusion.json. Every figure is a ratio measured within this run,
 except frames per second, which mean something only on a GPU.
 
-    python benchmarks/stream_diffusion.py [--quick] [--device cuda]
+    python benchmarks/stream_diffusion.py [--quick] [--device cuda] [--part all|core|addons]
 """
 
 from __future__ import annotations
@@ -226,6 +226,9 @@ def main(argv=None) -> None:
     parser.add_argument("--device", default="auto", help="auto, cuda or cpu")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=None, help=f"JSON output (default {RESULTS / 'stream_diffusion.json'})")
+    parser.add_argument("--part", choices=("all", "core", "addons"), default="all",
+                        help="core: the Stream Batch and RCFG ratios, the overhead and the similarity filter; "
+                             "addons: the add-ons' costs; all: both (the GPU session runs them in its two calls)")
     args = parser.parse_args(argv)
     device = bench_device(args.device, cpu_threads=None)
     torch.set_num_threads(args.threads)
@@ -238,24 +241,45 @@ def main(argv=None) -> None:
         write_json(name, results)
 
     tiny = load_components("tiny", device=device, dtype=dtype)
-    results: dict = {"device": device_name(device), "date": utc_now(), "quick": args.quick, "threads": args.threads}
-    results["tiny"] = measure(tiny, 64, 8, 4, full=True, rounds=3 if args.quick else 10)
-    save()
-    results["ssf_skip_rate_static"] = ssf_static_rate(tiny)
-    save()
+    results: dict = {"device": device_name(device), "date": utc_now(), "quick": args.quick, "threads": args.threads,
+                     "part": args.part}
     big = sd_turbo_architecture(device, dtype)
     size = 512 if device.type == "cuda" else (128 if args.quick else 256)
     frames = 1 if device.type != "cuda" else 30
-    results["sd_turbo_arch"] = measure(big, size, frames, 4, full=not args.quick or device.type == "cuda",
+    if args.part in ("all", "core"):
+        measure_core(results, tiny, big, size, frames, args.quick, device, save)
+    if args.part in ("all", "addons"):
+        measure_all_addons(results, tiny, big, size, frames, args.quick, device, dtype, save)
+    print_table(results)
+    save()
+    print(f"wrote {name}")
+
+
+def measure_core(results: dict, tiny, big, size: int, frames: int, quick: bool, device, save) -> None:
+    """The Stream Batch and RCFG ratios (on the full-size architecture where it ran in full), the
+    pipeline's overhead and the similarity filter's skip rate, into `results`."""
+    results["tiny"] = measure(tiny, 64, 8, 4, full=True, rounds=3 if quick else 10)
+    save()
+    results["ssf_skip_rate_static"] = ssf_static_rate(tiny)
+    save()
+    results["sd_turbo_arch"] = measure(big, size, frames, 4, full=not quick or device.type == "cuda",
                                        rounds=2 if device.type != "cuda" else 3)
     if device.type == "cuda":
         results["sd_turbo_arch"]["fps_1step_512"] = 1.0 / results["sd_turbo_arch"]["seconds_per_frame_1step"]
+    main_model = results["sd_turbo_arch"] if "stream_batch_speedup" in results["sd_turbo_arch"] else results["tiny"]
+    results["stream_batch_speedup"] = main_model["stream_batch_speedup"]
+    results["rcfg_self_speedup"] = main_model["rcfg_self_speedup"]
+    results["overhead_ratio"] = results["sd_turbo_arch"]["overhead_ratio"]
+    results["speedups_measured_on"] = "sd_turbo_arch" if main_model is results["sd_turbo_arch"] else "tiny"
     save()
-    # the add-ons: on the tiny model always; on the full-size architectures (and SDXL's 2.6B UNet)
-    # on a GPU, or on the CPU without --quick (minutes a frame for SDXL there)
-    results["addons_tiny"] = measure_addons(tiny, 64, 8, rounds=3 if args.quick else 10)
+
+
+def measure_all_addons(results: dict, tiny, big, size: int, frames: int, quick: bool, device, dtype, save) -> None:
+    """The add-ons' costs: on the tiny model always; on the full-size architectures (and SDXL's
+    2.6B UNet) on a GPU, or on the CPU without --quick (minutes a frame for SDXL there)."""
+    results["addons_tiny"] = measure_addons(tiny, 64, 8, rounds=3 if quick else 10)
     save()
-    if device.type == "cuda" or not args.quick:
+    if device.type == "cuda" or not quick:
         sdxl = sdxl_architecture(big, device, dtype)
         results["addons"] = measure_addons(big, size, frames, rounds=2 if device.type != "cuda" else 3, sdxl=sdxl)
         del sdxl
@@ -264,35 +288,36 @@ def main(argv=None) -> None:
     for key in ("controlnet_1_cost", "controlnet_2_cost", "lora_fused_cost", "lora_unfused_cost", "sdxl_arch_cost"):
         if key in addons:
             results[key] = addons[key]
-    main_model = results["sd_turbo_arch"] if "stream_batch_speedup" in results["sd_turbo_arch"] else results["tiny"]
-    results["stream_batch_speedup"] = main_model["stream_batch_speedup"]
-    results["rcfg_self_speedup"] = main_model["rcfg_self_speedup"]
-    results["overhead_ratio"] = results["sd_turbo_arch"]["overhead_ratio"]
-    results["speedups_measured_on"] = "sd_turbo_arch" if main_model is results["sd_turbo_arch"] else "tiny"
-    print_table(results)
     save()
-    print(f"wrote {name}")
 
 
 def print_table(r: dict) -> None:
-    rows = [
-        ("stream_batch_speedup", r["stream_batch_speedup"], ">= 1.4 where batching pays (GPU)", r["speedups_measured_on"]),
-        ("rcfg_self_speedup", r["rcfg_self_speedup"], ">= 1.8", r["speedups_measured_on"]),
-        ("overhead_ratio", r["overhead_ratio"], "<= 1.10 (full-size arch)", "sd_turbo_arch"),
-        ("ssf_skip_rate_static", r["ssf_skip_rate_static"], "10/11 = 0.909 at max_skip_frame 10", "tiny"),
-        ("tiny overhead_ratio", r["tiny"]["overhead_ratio"], "(tiny nets: overhead dominates)", "tiny"),
-        ("controlnet_1_cost", r["controlnet_1_cost"], "<= 1.5 (GPU, one ControlNet)", r["addons_measured_on"]),
-        ("controlnet_2_cost", r["controlnet_2_cost"], "(two ControlNets)", r["addons_measured_on"]),
-        ("lora_fused_cost", r["lora_fused_cost"], "~1.0 (fused: the plain weights)", r["addons_measured_on"]),
-        ("lora_unfused_cost", r["lora_unfused_cost"], "(low-rank products per call)", r["addons_measured_on"]),
-    ]
+    rows = []
+    if "stream_batch_speedup" in r:
+        rows += [
+            ("stream_batch_speedup", r["stream_batch_speedup"], ">= 1.4 where batching pays (GPU)",
+             r["speedups_measured_on"]),
+            ("rcfg_self_speedup", r["rcfg_self_speedup"], ">= 1.8", r["speedups_measured_on"]),
+            ("overhead_ratio", r["overhead_ratio"], "<= 1.10 (full-size arch)", "sd_turbo_arch"),
+            ("ssf_skip_rate_static", r["ssf_skip_rate_static"], "10/11 = 0.909 at max_skip_frame 10", "tiny"),
+            ("tiny overhead_ratio", r["tiny"]["overhead_ratio"], "(tiny nets: overhead dominates)", "tiny"),
+        ]
+    if "controlnet_1_cost" in r:
+        rows += [
+            ("controlnet_1_cost", r["controlnet_1_cost"], "<= 1.5 (GPU, one ControlNet)", r["addons_measured_on"]),
+            ("controlnet_2_cost", r["controlnet_2_cost"], "(two ControlNets)", r["addons_measured_on"]),
+            ("lora_fused_cost", r["lora_fused_cost"], "~1.0 (fused: the plain weights)", r["addons_measured_on"]),
+            ("lora_unfused_cost", r["lora_unfused_cost"], "(low-rank products per call)", r["addons_measured_on"]),
+        ]
     if "sdxl_arch_cost" in r:
         rows.append(("sdxl_arch_cost", r["sdxl_arch_cost"], "(SDXL UNet / sd-turbo UNet, same size)", "sdxl_arch"))
     columns = [("figure", "figure", "<28"), ("value", "value", ">8.3f"), ("target", "target", "<38"),
                ("model", "model", "<13")]
     print(table(columns, [dict(zip(("figure", "value", "target", "model"), row)) for row in rows]))
-    big = r["sd_turbo_arch"]
-    print(f"sd-turbo arch {big['size']}x{big['size']}: {big['seconds_per_frame_1step']:.3f} s/frame at 1 step on {r['device']}")
+    big = r.get("sd_turbo_arch")
+    if big:
+        print(f"sd-turbo arch {big['size']}x{big['size']}: {big['seconds_per_frame_1step']:.3f} s/frame at 1 step "
+              f"on {r['device']}")
 
 
 if __name__ == "__main__":

@@ -683,8 +683,15 @@ def test_benchmark_stream_diffusion_on_a_gpu(fake_gpu, monkeypatch, tmp_path, ti
     bench.main(["--device", "cuda", "--threads", str(torch.get_num_threads()), "--out", str(out)])
     result = json.loads(out.read_text())
     assert result["device"] == GPU_NAME and result["sd_turbo_arch"]["fps_1step_512"] == pytest.approx(100.0)
-    assert sizes == [64, torch.float16, 512, "sdxl"]  # the SDXL add-on row runs on a GPU
+    assert sizes == [torch.float16, 64, 512, "sdxl"]  # the SDXL add-on row runs on a GPU
     assert result["addons_measured_on"] == "sd_turbo_arch" and result["sdxl_arch_cost"] == 2.0
+    # the GPU session's two calls: the core figures in the first, the add-ons' costs in the second
+    bench.main(["--device", "cuda", "--threads", str(torch.get_num_threads()), "--part", "core", "--out", str(out)])
+    core = json.loads(out.read_text())
+    assert core["stream_batch_speedup"] == 1.5 and "controlnet_1_cost" not in core and "addons" not in core
+    bench.main(["--device", "cuda", "--threads", str(torch.get_num_threads()), "--part", "addons", "--out", str(out)])
+    later = json.loads(out.read_text())
+    assert later["controlnet_1_cost"] == 1.1 and later["sdxl_arch_cost"] == 2.0 and "stream_batch_speedup" not in later
 
 
 def test_benchmark_splats_on_a_gpu(fake_gpu, monkeypatch, tmp_path):

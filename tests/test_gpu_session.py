@@ -139,13 +139,15 @@ def test_dry_run_on_the_gpu_image_collects_every_gpu_test_and_imports_every_benc
                                capture_output=True, text=True)
         assert probe.returncode != 0 and "ModuleNotFoundError" in probe.stderr, (name, probe.stderr[-500:])
     out = tmp_path / "out"
-    run = subprocess.run(["bash", str(SCRIPT), "check", "figures", "--dry-run"], cwd=ROOT, capture_output=True,
+    run = subprocess.run(["bash", str(SCRIPT), "first", "second", "--dry-run"], cwd=ROOT, capture_output=True,
                          text=True, env={**env, "OUT": str(out)}, timeout=600)
     log = (out / "session.log").read_text() if (out / "session.log").is_file() else ""
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     stages = {s["stage"]: s for s in json.loads((out / "stages.json").read_text())["stages"]}
     assert stages["webapp"]["status"] == "missing" and "gradio" in stages["webapp"]["error"]
-    for name in ("build", "tests", "kernels", "stream_diffusion", "splats", "video", "multistream"):
+    assert stages["tensorrt"]["status"] == "missing" and "no TensorRT" in stages["tensorrt"]["error"]
+    for name in ("build", "tests", "kernels", "stream_diffusion", "splats", "video", "multistream", "addons",
+                 "kernels_full"):
         assert stages[name]["status"] == "dry-run", (name, stages[name], log[-3000:])
 
     # every gpu test, and no error: collected node ids against the test files' syntax trees
@@ -292,3 +294,110 @@ def test_first_error_line():
     assert gpu_summary.first_error_line("a\nstream_ops.cu(12): error: expected a ;\nb\n").endswith("expected a ;")
     assert gpu_summary.first_error_line("just\nthe end\n") == "the end"
     assert gpu_summary.first_error_line("") is None
+
+
+# ---------------------------------------------------------------------------- the device budget
+# The GPU image (/work/.library/device/KINDS.md, read 2026-11-17): Python 3.12.3, torch
+# 2.11.0+cu130 (CUDA 13.0), one H100 or H200 (compute capability 9.0). A lent machine comes with
+# 15 minutes of device time, every start (1-2 min) and idle wait counted (issue 26).
+GPU_IMAGE_PYTHON = (3, 12)
+GPU_IMAGE_TORCH = "2.11.0+cu130"
+GPU_IMAGE_CUDA = "13.0"
+GPU_ARCH = "sm_90"
+FIRST_CALL_S, SECOND_CALL_S = 7 * 60, 4 * 60
+
+
+def plan(*groups: str) -> dict:
+    run = subprocess.run(["bash", str(SCRIPT), "--plan", *groups], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)
+
+
+def test_the_first_call_makes_every_headline_figure_within_seven_minutes():
+    """Call 1 fits 7 minutes (the machine's start excluded) and makes every headline figure; call 2
+    fits 4. Every stage's limit fits its call's budget together with the others' (so no stage is
+    cut for time), and the budget leaves the call a margin."""
+    groups = plan("first")["groups"]
+    assert groups["first"]["call_timeout_s"] <= FIRST_CALL_S and groups["second"]["call_timeout_s"] <= SECOND_CALL_S
+    for name in ("first", "second"):
+        p = plan(name)
+        assert sum(s["limit"] for s in p["stages"]) + p["reserve"] <= p["budget"] < groups[name]["call_timeout_s"]
+        assert all(s["limit"] > 0 for s in p["stages"] if s["stage"] not in ("tensorrt", "webapp")), p
+    first = [s["stage"] for s in plan("first")["stages"]]
+    assert first[0] == "build"  # the extensions before anything uses them
+    headline = {gpu_summary.STAGE_OF[file] for _, file, *_ in gpu_summary.FIGURES} | {"tests"}
+    later = {"addons", "kernels_full", "webapp"}  # the second call's (webapp: missing on the image)
+    assert headline - later <= set(first), headline - set(first)
+    assert {"kernels", "stream_diffusion", "splats", "video", "multistream", "tests", "tensorrt"} <= set(first)
+
+
+def test_the_prebuilt_extensions_target_the_gpu_image():
+    """benchmarks/gpu_prebuild.sh builds for the image's Python, torch and GPU, and the session
+    carries what it makes."""
+    text = (ROOT / "benchmarks" / "gpu_prebuild.sh").read_text()
+    assert f"TARGET_PYTHON={GPU_IMAGE_PYTHON[0]}.{GPU_IMAGE_PYTHON[1]}" in text
+    assert f"TARGET_TORCH_VERSION={GPU_IMAGE_TORCH} " in text and f"TARGET_TORCH={GPU_IMAGE_TORCH.split('+')[0]}" in text
+    assert f"TARGET_ARCH={GPU_ARCH[3]}.{GPU_ARCH[4]}" in text
+    session = SCRIPT.read_text()
+    assert 'carry=[".whl", ".gpu_ext"]' in session and "STREAMSTUDIO_PREBUILT_KERNELS=$PWD/.gpu_ext" in session
+
+
+def test_carried_extensions_are_the_ones_the_gpu_image_looks_for():
+    """.gpu_ext (made by gpu_prebuild.sh, ignored by git): built for Python 3.12, torch
+    2.11.0+cu130 and sm_90, under the build keys the image's process computes from today's sources
+    (a stale folder would be passed over there and the extensions built: run gpu_prebuild.sh again)."""
+    from streamstudio.kernels import EXTENSION, SOURCES, cuda_build, splat_cuda
+
+    manifest = ROOT / ".gpu_ext" / "manifest.json"
+    if not manifest.is_file():
+        pytest.skip("no .gpu_ext here (bash benchmarks/gpu_prebuild.sh makes it before a GPU session)")
+    m = json.loads(manifest.read_text())
+    assert (m["python"], m["torch"], m["cuda"], m["arch"]) == ("%d.%d" % GPU_IMAGE_PYTHON, GPU_IMAGE_TORCH,
+                                                               GPU_IMAGE_CUDA, GPU_ARCH)
+    target = (GPU_IMAGE_TORCH, GPU_IMAGE_CUDA, GPU_IMAGE_PYTHON)
+    for name, sources in ((EXTENSION, SOURCES), (splat_cuda.EXTENSION, splat_cuda.SOURCES)):
+        key = cuda_build.extension_key(name, sources, target=target)
+        expected = cuda_build.prebuilt_file(name, key.rsplit("_", 1)[1], GPU_ARCH)
+        assert m["files"][name] == expected, f"{name}: stale prebuilt extension; run benchmarks/gpu_prebuild.sh"
+        data = (ROOT / ".gpu_ext" / expected).read_bytes()
+        assert data[:4] == b"\x7fELF" and f"PyInit_{key}".encode() in data
+
+
+def test_a_prebuilt_extension_is_taken_for_its_key_and_gpu_only(tmp_path, monkeypatch, caplog):
+    """The loader imports the prebuilt file named for the build key and this GPU's architecture
+    (faked: no GPU here), and builds instead when there is none or it does not load."""
+    import types
+
+    import torch
+
+    from streamstudio.kernels import SOURCES, cuda_build
+
+    monkeypatch.setenv(cuda_build.PREBUILT_ENV, str(tmp_path))
+    capability = [(9, 0)]
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability[0])
+    imported = []
+
+    def fake_import(module_name, path):
+        imported.append((module_name, path.name))
+        if path.read_bytes() == b"broken":
+            raise ImportError("undefined symbol: _ZN3c10")
+        return types.ModuleType(module_name)
+
+    monkeypatch.setattr(cuda_build, "_import_file", fake_import)
+    (tmp_path / "stream_ops_abc.sm_90.so").write_bytes(b"")
+    assert cuda_build._prebuilt("stream_ops", "abc").__name__ == "stream_ops_abc"
+    assert cuda_build._prebuilt("stream_ops", "other") is None  # another build key: built
+    capability[0] = (8, 0)
+    assert cuda_build._prebuilt("stream_ops", "abc") is None  # another GPU: built
+    capability[0] = (9, 0)
+    (tmp_path / "stream_ops_abc.sm_90.so").write_bytes(b"broken")
+    assert cuda_build._prebuilt("stream_ops", "abc") is None and "does not load" in caplog.text
+    assert imported == [("stream_ops_abc", "stream_ops_abc.sm_90.so")] * 2
+
+    # _build takes it before building anything (a CUDA extension only)
+    paths = cuda_build._resolve(SOURCES)
+    digest = cuda_build._digest(paths, cuda_build.Flags())
+    (tmp_path / cuda_build.prebuilt_file("stream_ops", digest, "sm_90")).write_bytes(b"")
+    module = cuda_build._build("stream_ops", paths, cuda_build.Flags(), verbose=False)
+    assert module.__name__ == f"stream_ops_{digest}"

@@ -9,6 +9,13 @@ with ONE warning per extension when it cannot be had (no GPU, no nvcc, a build e
 disable variable (STREAMSTUDIO_DISABLE_CUDA_KERNELS=1 for the CUDA ones) also gives None,
 without a warning. Callers then use their pure-torch path.
 
+Prebuilt extensions: `prebuild(name, sources, out_dir, arch)` builds a CUDA extension where
+there is no GPU (nvcc and the target's torch and Python are enough) into a file named for its
+build key and GPU architecture (`stream_ops_<digest>.sm_90.so`); with $STREAMSTUDIO_PREBUILT_KERNELS
+naming a folder of them, `load_extension` imports the one matching this process's key and GPU
+before it would build, and builds only when there is none or it does not load
+(benchmarks/gpu_prebuild.sh makes them for the lent GPU's image).
+
 `nvcc_check(source)` compiles one .cu file for given architectures with torch's own nvcc
 flags and `-Xptxas -v`, and reports compile errors and register spills; `binding_check(cpp)`
 compiles one torch binding (.cpp) against torch's headers with g++ -fsyntax-only. The CPU
@@ -43,6 +50,7 @@ log = logging.getLogger(__name__)
 CSRC = Path(__file__).resolve().parent / "csrc"
 DISABLE_ENV = "STREAMSTUDIO_DISABLE_CUDA_KERNELS"
 CACHE_ENV = "STREAMSTUDIO_KERNEL_CACHE"
+PREBUILT_ENV = "STREAMSTUDIO_PREBUILT_KERNELS"
 DEFAULT_CUDA_FLAGS = ("-O3", "-lineinfo")  # torch adds its own -std (c++20 for torch 2.13)
 
 _lock = threading.Lock()
@@ -71,14 +79,17 @@ def cache_root() -> Path:
     return Path(root)
 
 
-def source_digest(paths: Sequence[Path], flags: Sequence[str] = ()) -> str:
-    """Hash of the sources, the headers beside them, the flags, torch's and CUDA's versions."""
+def source_digest(paths: Sequence[Path], flags: Sequence[str] = (), target: tuple[str, str, tuple] | None = None) -> str:
+    """Hash of the sources, the headers beside them, the flags, torch's and CUDA's versions and
+    Python's; `target` (torch version, CUDA version, (major, minor) of Python) names another
+    environment's (the key a GPU image's process will look for), else this process's."""
+    torch_version, cuda_version, python = target or (torch.__version__, torch.version.cuda, sys.version_info[:2])
     h = hashlib.sha256()
     headers = sorted({p for src in paths for p in src.parent.glob("*.h")})
     for path in [*paths, *headers]:
         h.update(path.name.encode())
         h.update(path.read_bytes())
-    h.update(f"torch={torch.__version__} cuda={torch.version.cuda} py={sys.version_info[:2]}".encode())
+    h.update(f"torch={torch_version} cuda={cuda_version} py={tuple(python)}".encode())
     h.update(" ".join(flags).encode())
     return h.hexdigest()[:16]
 
@@ -102,11 +113,88 @@ class Flags:
     ldflags: tuple[str, ...] = ()
 
 
-def _build(name: str, paths: list[Path], flags: Flags, verbose: bool) -> ModuleType:
+def _digest(paths: list[Path], flags: Flags, target: tuple[str, str, tuple] | None = None) -> str:
+    cflags, cuda_cflags = ["-O3", *flags.cflags], [*DEFAULT_CUDA_FLAGS, *flags.cuda_cflags]
+    return source_digest(paths, [*cflags, "|", *cuda_cflags, "|", *flags.ldflags], target)
+
+
+def extension_key(name: str, sources: Sequence[str | os.PathLike], flags: Flags = Flags(),
+                  target: tuple[str, str, tuple] | None = None) -> str:
+    """`name_digest`: the build key of an extension, here or (`target`) in another environment."""
+    return f"{name}_{_digest(_resolve(sources), flags, target)}"
+
+
+def prebuilt_file(name: str, digest: str, arch: str) -> str:
+    """The file name of a prebuilt extension: its build key and the GPU architecture ("sm_90")."""
+    return f"{name}_{digest}.{arch}.so"
+
+
+def device_arch(device: int | None = None) -> str:
+    """The CUDA GPU's architecture as nvcc names it ("sm_90" for an H100)."""
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major}{minor}"
+
+
+def _import_file(module_name: str, path: Path) -> ModuleType:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _prebuilt(name: str, digest: str) -> ModuleType | None:
+    """The prebuilt extension for this build key and GPU from $STREAMSTUDIO_PREBUILT_KERNELS, or
+    None (none there, another key or GPU, or it does not load: then it is built here)."""
+    folder = os.environ.get(PREBUILT_ENV)
+    if not folder:
+        return None
+    path = Path(folder) / prebuilt_file(name, digest, device_arch())
+    if not path.is_file():
+        log.info("no prebuilt %s in %s (have: %s); building it", path.name, folder,
+                 ", ".join(sorted(p.name for p in Path(folder).glob(f"{name}_*.so"))) or "none")
+        return None
+    try:
+        module = _import_file(f"{name}_{digest}", path)
+    except Exception as exc:  # another torch ABI, a missing library: build instead
+        log.warning("prebuilt %s does not load (%s); building it", path, _first_lines(str(exc), 2))
+        return None
+    log.info("using the prebuilt %s", path)
+    return module
+
+
+def prebuild(name: str, sources: Sequence[str | os.PathLike], out_dir: str | os.PathLike, arch: str = "9.0",
+             flags: Flags = Flags(), verbose: bool = False) -> Path:
+    """Build CUDA extension `name` for GPU architecture `arch` ("9.0": Hopper) with this process's
+    torch and Python, no GPU needed, and copy it into `out_dir` as `prebuilt_file`; returns its path."""
+    paths = _resolve(sources)
+    digest = _digest(paths, flags)
+    before = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    os.environ["TORCH_CUDA_ARCH_LIST"] = arch  # what torch's loader compiles for when no GPU says
+    try:
+        _build(name, paths, flags, verbose, use_prebuilt=False)
+    finally:
+        if before is None:
+            os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
+        else:
+            os.environ["TORCH_CUDA_ARCH_LIST"] = before
+    built = cache_root() / f"{name}-{digest}" / f"{name}_{digest}.so"
+    target = Path(out_dir) / prebuilt_file(name, digest, "sm_" + arch.replace(".", "").replace("+PTX", ""))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(built, target)
+    return target
+
+
+def _build(name: str, paths: list[Path], flags: Flags, verbose: bool, use_prebuilt: bool = True) -> ModuleType:
     from torch.utils import cpp_extension
 
     cflags, cuda_cflags = ["-O3", *flags.cflags], [*DEFAULT_CUDA_FLAGS, *flags.cuda_cflags]
-    digest = source_digest(paths, [*cflags, "|", *cuda_cflags, "|", *flags.ldflags])
+    digest = _digest(paths, flags)
+    if use_prebuilt and any(p.suffix == ".cu" for p in paths):
+        module = _prebuilt(name, digest)
+        if module is not None:
+            return module
     build_dir = cache_root() / f"{name}-{digest}"
     build_dir.mkdir(parents=True, exist_ok=True)
     if not any(p.suffix == ".cu" for p in paths) and not cpp_extension.is_ninja_available():
