@@ -345,7 +345,7 @@ def _run_pipe(pipe, frame: np.ndarray) -> np.ndarray:
 
 
 def default_pipe_factory(width: int, height: int) -> Callable[[], object]:
-    """An img2img stream of its own (sd-turbo if cached, else the demo model), when the app gives none."""
+    """An img2img stream of its own (sd-turbo with a CUDA GPU, else the built-in model), when the app gives none."""
 
     def make():
         import torch
