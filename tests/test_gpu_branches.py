@@ -218,12 +218,11 @@ def test_bench_one_stream_synchronizes_the_gpu_after_each_frame(fake_gpu):
 
 
 def test_bench_command_on_a_gpu(fake_gpu, monkeypatch, tmp_path, capsys):
-    from streamstudio.app import cli
-    from streamstudio.app.commands import generate
+    from streamstudio.app import cli, streams
 
     pipe = FakePipe()
     monkeypatch.setattr(cli, "COMMANDS", {"bench": "bench"})
-    monkeypatch.setattr(generate, "build_pipeline", lambda args, mode, serving=False: pipe)
+    monkeypatch.setattr(streams, "build_pipeline", lambda args, mode, serving=False: pipe)
     out = tmp_path / "bench.json"
     assert cli.main(["bench", "--model", "tiny", "--device", "cuda", "--frames", "3", "--warmup", "1",
                      "--json", str(out)]) == 0

@@ -251,7 +251,7 @@ def test_similarity_filter_skips_keep_the_frame_count(tmp_path, capsys):
 
 
 def test_output_size_follows_the_inputs_aspect_ratio():
-    from streamstudio.app.commands.generate import output_size
+    from streamstudio.app.streams.image import output_size
 
     assert output_size(None, None, 512, 640 / 360) == (512, 288)  # the 640x360 clip, a 512 model
     assert output_size(None, None, 512, 360 / 640) == (288, 512)  # portrait
@@ -268,7 +268,7 @@ def test_fit_crops_or_pads_before_the_pipeline_resizes(tmp_path, capsys, fit):
     import numpy as np
     from PIL import Image
 
-    from streamstudio.app.commands import render as render_cmd
+    from streamstudio.app import streams as render_cmd  # FittedFrames: the one fit adapter
 
     (tmp_path / "in").mkdir()
     img = np.zeros((40, 80, 3), np.uint8)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from streamstudio.app.cli import main
-from streamstudio.app.commands.splat import read_path_file, write_path_file
+from streamstudio.app.streams.splat_paths import read_path_file, write_path_file
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.gaussians import GaussianScene, save_scene
 from streamstudio.pipelines.splat_render import (Keyframe, KeyframePath, SplatRenderConfig, hermite, path_from_json,

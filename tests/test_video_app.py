@@ -12,8 +12,9 @@ import torch
 from helpers import recorded_runners
 
 from streamstudio.app import video_tab
-from streamstudio.app.commands.render_video import (VideoFrames, add_video_arguments, build_stream, latent_size,
-                                                    load_video_model, parse_prompt_changes, run_video_render)
+from streamstudio.app.commands.render_video import add_video_arguments, run_video_render
+from streamstudio.app.streams.video import (VideoFrames, build_stream, latent_size, load_video_model,
+                                            parse_prompt_changes)
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.video_data import COLOURS, dominant_colour
 

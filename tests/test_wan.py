@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from streamstudio.app.commands.render_video import (add_video_arguments, build_stream, load_video_model,
-                                                    run_video_render)
+from streamstudio.app.commands.render_video import add_video_arguments, run_video_render
+from streamstudio.app.streams.video import build_stream, load_video_model
 from streamstudio.errors import ModelNotFoundError, StreamStudioError
 from streamstudio.models import wan
 from streamstudio.pipelines.stream_video import StreamBufferConfig, StreamSampler, VideoStream, StreamVideoConfig

@@ -211,7 +211,7 @@ class RenderWorker:
     def _pipe_for(self, aspect: float | None):
         """A pipeline for an input of this aspect ratio; the model is loaded once, a stream is
         made once per output size."""
-        from streamstudio.app.commands.generate import build_pipeline, output_size
+        from streamstudio.app.streams import build_pipeline, output_size
         from streamstudio.pipelines.stream_diffusion import StreamDiffusion
 
         args = self.args

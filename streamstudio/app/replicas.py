@@ -186,8 +186,8 @@ def replica_devices(args) -> list[str]:
 
 def build_manager(args) -> ReplicaSessionManager:
     """`serve --gpus N`: a replica of the model on each device, and the manager over them."""
-    from streamstudio.app.commands.generate import build_pipeline
-    from streamstudio.app.commands.serve import batching_config
+    from streamstudio.app.streams import build_pipeline
+    from streamstudio.app.streams import batching_config
 
     devices, models = replica_devices(args), []
     for device in devices:

@@ -259,7 +259,7 @@ def render_piece(pipe_for: Callable[[float | None], object], args, piece: Piece,
     """Render `piece` into `target` (the output file, or the part folder) with the pipeline
     `pipe_for(aspect)` gives for the input's aspect ratio (a StreamDiffusion of the input's size,
     used by one job at a time, as `render` builds it). Returns the frames written."""
-    from streamstudio.app.commands.render import FittedFrames, rtmp_config
+    from streamstudio.app.streams import FittedFrames, rtmp_config
     from streamstudio.streaming.runner import Runner, RunnerConfig
     from streamstudio.streaming.schedule import load_schedule
 
@@ -316,7 +316,7 @@ def stitch(pieces: list[Piece], target: Path, args, ready: Callable[[Piece], boo
     of the whole file writes it). `ready(piece)` waits until the piece's part is finished (False:
     it never will be, and the stitch stops), so a stitch can follow the rendering. Returns the
     frames written."""
-    from streamstudio.app.commands.render import rtmp_config
+    from streamstudio.app.streams import rtmp_config
 
     with open_input(pieces[0].input, args) as source:
         audio = None if args.no_audio else source.info.audio

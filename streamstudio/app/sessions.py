@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from streamstudio.app.commands.generate import output_size
+from streamstudio.app.streams.image import output_size
 from streamstudio.app.settings import parse_settings
 from streamstudio.errors import StreamStudioError
 from streamstudio.frames import fit_aspect

@@ -231,3 +231,57 @@ def flag_dests() -> dict[str, str]:
     table = live_settings.SETTINGS.values()
     dests = {s.name: s.flag.lstrip("-").replace("-", "_") for s in table if s.flag is not None}
     return {name: dest for name, dest in dests.items() if name != dest}
+
+
+# ---------------------------------------------------------------------------- the image pipeline's flags
+MAX_SIDE = 4096  # --width / --height at most (a 4096x4096 SD latent is already 512x512)
+
+
+LCM_LORA_HELP = ("the LCM-LoRA fused into an SD 1.5 or SDXL model that is not turbo or LCM already, for few-step "
+                 "sampling: auto (latent-consistency/lcm-lora-sdv1-5 or lcm-lora-sdxl, from the hub or its cache), a "
+                 "hub id, a local .safetensors file or folder, or none (the model as it is: few steps then give poor "
+                 "images) (default auto)")
+
+
+MAX_STEPS = 50  # the LCM schedule's length: --steps and --t-index live inside it
+
+
+def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
+    """The image pipeline's settings, shared by generate, render and serve."""
+    g = parser.add_argument_group("image pipeline")
+    g.add_argument("--model", default="auto",
+                   help="builtin, tiny, a hub id, a diffusers folder or a .safetensors file; auto = stabilityai/sd-turbo "
+                        "with a CUDA GPU (downloaded once), else the built-in image model (default: auto)")
+    add_setting_flags(g)  # the live settings: --prompt, --strength, --guidance, --seed, --temporal, ...
+    g.add_argument("--steps", type=number(int, 1, MAX_STEPS), default=None, help="denoising steps N (default 1 for turbo models, 2 otherwise)")
+    g.add_argument("--t-index", type=number(int, 0, MAX_STEPS - 1), nargs="+", default=None, metavar="I",
+                   help="explicit indices into the 50-step LCM schedule (overrides --steps/--strength)")
+    g.add_argument("--width", type=number(int, 8, MAX_SIDE, multiple=8), default=None,
+                   help="output width, a multiple of 8 (default: the model's own side, 256 for builtin, 512 for SD "
+                        "models, 64 for tiny; with an input, its aspect ratio with that long side, e.g. 256x144 for "
+                        "a 16:9 clip; with only --height, from the aspect)")
+    g.add_argument("--height", type=number(int, 8, MAX_SIDE, multiple=8), default=None,
+                   help="output height, a multiple of 8 (default: as --width; with an input, from its aspect)")
+    g.add_argument("--sequential", action="store_true", help="denoise step by step instead of Stream Batch")
+    g.add_argument("--taesd", action="store_true", help="use the TAESD fast VAE (madebyollin/taesd)")
+    g.add_argument("--lcm-lora", default="auto", metavar="ID|PATH|none", help=LCM_LORA_HELP)
+    g.add_argument("--lora", action="append", default=[], metavar="PATH_OR_ID[:scale]",
+                   help="a LoRA (.safetensors file, folder or hub id; SD 1.5/2.1 or SDXL), fused; repeatable")
+    g.add_argument("--controlnet", action="append", default=[], metavar="ID_OR_PATH[:scale]",
+                   help="a ControlNet (hub id or diffusers folder, e.g. lllyasviel/control_v11p_sd15_canny) with its "
+                        "conditioning scale; repeatable; img2img only (the control image comes from each input frame)")
+    g.add_argument("--control-preprocessor", action="append", default=[], metavar="NAME",
+                   help="the preprocessor of each --controlnet, in the same order: canny (default), depth, lineart, "
+                        "softedge or none (the frame itself)")
+    g.add_argument("--control-image", default=None, metavar="FILE",
+                   help="txt2img with --controlnet: the picture every image is controlled by (preprocessed once)")
+    g.add_argument("--ip-adapter", default=None, metavar="ID_OR_PATH[:scale]",
+                   help="an IP-Adapter (h94/IP-Adapter, or a .safetensors file with image_encoder/ beside it); "
+                        "needs --ip-image")
+    g.add_argument("--ip-image", default=None, metavar="FILE", help="the IP-Adapter's reference image")
+    g.add_argument("--acceleration", choices=("none", "compile", "tensorrt"), default="none",
+                   help="torch.compile or TensorRT engines for the UNet and VAE (default none)")
+    g.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto)")
+    g.add_argument("--dtype", default="auto", help="auto (float16 on CUDA, float32 on CPU), float16, float32")
+    g.add_argument("--threads", type=number(int, 1, 1024), default=None,
+                   help="torch CPU threads (default on the CPU: one fewer than the usable CPUs, at most 8)")

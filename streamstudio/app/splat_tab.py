@@ -309,7 +309,7 @@ def preview_path(session: SplatSession, view: ViewSettings, fps: float = PREVIEW
 
 def save_path(session: SplatSession, view: ViewSettings, folder: str | Path, fps: float = 30.0) -> str:
     """Write the authored path as nerfstudio's camera_path.json in `folder`; returns its path."""
-    from streamstudio.app.commands.splat import write_path_file
+    from streamstudio.app.streams.splat_paths import write_path_file
 
     if session.path is None or not session.path.keyframes:
         raise StreamStudioError("the path has no keyframes to save")
@@ -320,7 +320,7 @@ def save_path(session: SplatSession, view: ViewSettings, folder: str | Path, fps
 
 def load_path(session: SplatSession, file: str | Path) -> str:
     """Read a camera path (nerfstudio camera_path.json, SuperSplat's animation) as the session's keyframes."""
-    from streamstudio.app.commands.splat import read_path_file
+    from streamstudio.app.streams.splat_paths import read_path_file
 
     path = read_path_file(file, prefer="keyframes")
     path.check()

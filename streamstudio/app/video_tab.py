@@ -20,7 +20,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from streamstudio.app.commands.render_video import VideoFrames, build_stream, load_video_model
+from streamstudio.app.streams.video import VideoFrames, build_stream, load_video_model
 from streamstudio.app.sessions import ModelGuard
 from streamstudio.errors import StreamStudioError
 from streamstudio.streaming.runner import Runner, RunnerConfig

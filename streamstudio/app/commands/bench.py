@@ -31,7 +31,7 @@ from streamstudio.errors import StreamStudioError
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    from streamstudio.app.commands.generate import add_pipeline_arguments
+    from streamstudio.app.settings import add_pipeline_arguments
 
     p = subparsers.add_parser("bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("benchmark")
@@ -132,7 +132,7 @@ def device_name(device) -> str:
 
 
 def run(args) -> int:
-    from streamstudio.app.commands.generate import build_pipeline
+    from streamstudio.app.streams import build_pipeline
 
     _check(args)
     # several streams run as the web app runs them: behind the batching executor
@@ -161,7 +161,7 @@ def run(args) -> int:
 
 
 def _bench_streams(args, pipe) -> dict:
-    from streamstudio.app.commands.serve import batching_config
+    from streamstudio.app.streams import batching_config
     from streamstudio.app.sessions import ServerModel, SessionManager
 
     model = ServerModel(pipe.comps, pipe.config, prompt=args.prompt, negative_prompt=args.negative_prompt,

@@ -22,7 +22,7 @@ PARTS = ("unet", "vae_encoder", "vae_decoder")
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    from streamstudio.app.commands.generate import LCM_LORA_HELP
+    from streamstudio.app.settings import LCM_LORA_HELP
 
     p = subparsers.add_parser("build-engines", description=__doc__)
     p.add_argument("--model", default="auto",

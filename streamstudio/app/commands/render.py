@@ -12,11 +12,9 @@ import argparse
 import logging
 import math
 import sys
-import time
 from pathlib import Path
 
 from streamstudio.errors import StreamStudioError
-from streamstudio.frames import fit_aspect
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +25,7 @@ VIDEO_ARGS = ("prompt", "input", "output", "frames", "seed", "width", "height", 
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    from streamstudio.app.commands.generate import add_pipeline_arguments
-    from streamstudio.app.settings import number
+    from streamstudio.app.settings import add_pipeline_arguments, number
     from streamstudio.frames import FIT_MODES
 
     p = subparsers.add_parser("render", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -203,14 +200,6 @@ def _check_io(args) -> None:
     check_not_input(args.output, [args.input])
 
 
-def rtmp_config(args):
-    """The RTMP output's timeouts from --rtmp-timeout (None: the sink's defaults)."""
-    from streamstudio.streaming.sinks import RtmpConfig
-
-    seconds = getattr(args, "rtmp_timeout", None)
-    return None if seconds is None else RtmpConfig(connect_timeout=seconds, io_timeout=seconds)
-
-
 # ---------------------------------------------------------------------------- run
 def run(args) -> int:
     if args.config:
@@ -241,7 +230,7 @@ def _run_image(args) -> int:
     from streamstudio.models.hub import check_model_source
 
     check_model_source(args.model)  # a hub id that cannot be had: said at once, before torch loads
-    from streamstudio.app.commands.generate import build_pipeline
+    from streamstudio.app.streams import FittedFrames, build_pipeline, expected_frames, rtmp_config, watch
     from streamstudio.streaming.runner import Runner, RunnerConfig
     from streamstudio.streaming.schedule import load_schedule
     from streamstudio.streaming.sinks import open_sink
@@ -290,78 +279,3 @@ def _run_image(args) -> int:
     return 0
 
 
-class FittedFrames:
-    """A frame processor whose input frames are first cropped or padded to the stream's aspect
-    ratio (frames.fit_aspect, the one fit/crop), so the pipeline's resize never stretches them.
-    Everything else is the pipeline's."""
-
-    def __init__(self, pipe, fit: str = "crop"):
-        self.pipe, self.fit = pipe, fit
-
-    def fit_frame(self, frame):
-        cfg = self.pipe.config
-        return frame if frame is None else fit_aspect(frame, cfg.width, cfg.height, self.fit)
-
-    def push(self, frame):
-        return self.pipe.push(self.fit_frame(frame))
-
-    def __call__(self, frame):
-        return self.pipe(self.fit_frame(frame))
-
-    def flush(self):
-        return self.pipe.flush()
-
-    def __getattr__(self, name: str):
-        return getattr(self.pipe, name)
-
-
-def expected_frames(count: int | None, max_frames: int | None) -> int | None:
-    """How many frames a run will write, for its progress bar (None: not known)."""
-    if count and max_frames:
-        return min(count, max_frames)
-    return count or max_frames
-
-
-def watch(runner, total: int | None, live: bool = False, desc: str = "render", unit: str = "frame"):
-    """Run `runner` to its end and return its RunMetrics, with a progress bar of the frames
-    written (tqdm on stderr; offline runs) or a live stats line once a second (live runs). Every
-    front end's run goes through here. Ctrl-C stops the run, closing its output, then goes on."""
-    try:
-        runner.start()
-        if live:
-            _watch_live(runner)
-        else:
-            _watch_offline(runner, total, desc, unit)
-    except KeyboardInterrupt:
-        runner.stop()
-        try:
-            runner.wait(runner.config.join_timeout * 3)
-        except StreamStudioError as exc:  # the interrupt is what goes on; the stage's error is said
-            print(f"\nerror: {exc}", file=sys.stderr)
-        raise
-    return runner.metrics()
-
-
-def _watch_offline(runner, total: int | None, desc: str, unit: str) -> None:
-    from tqdm import tqdm
-
-    with tqdm(total=total, unit=unit, desc=desc, dynamic_ncols=True) as bar:
-        done = False
-        while not done:
-            done = runner.wait(0.25)
-            bar.update(runner.metrics().frames_out - bar.n)
-
-
-def _watch_live(runner) -> None:
-    last = 0.0
-    while not runner.wait(0.25):
-        if time.perf_counter() - last >= 1.0:
-            last = time.perf_counter()
-            print(f"\r{_live_line(runner.metrics())}", end="", file=sys.stderr, flush=True)
-    print(file=sys.stderr)
-
-
-def _live_line(m) -> str:
-    lat = m.latency_ms.get("end_to_end", {})
-    return (f"in {m.input_fps:5.1f} fps | out {m.output_fps:5.1f} fps | latency p50 {lat.get('p50', 0):6.1f} ms "
-            f"p90 {lat.get('p90', 0):6.1f} ms | dropped {m.dropped} | skipped {m.filter_skipped} | lost {m.sink_lost}")

@@ -28,7 +28,7 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    from streamstudio.app.commands.generate import add_pipeline_arguments
+    from streamstudio.app.settings import add_pipeline_arguments
     from streamstudio.app.settings import number
 
     p = subparsers.add_parser("serve", description=__doc__.splitlines()[0])
@@ -96,22 +96,13 @@ def bind_host(args) -> str:
 
 def build_model(args):
     """Load the model once and keep the defaults new streams start from."""
-    from streamstudio.app.commands.generate import build_pipeline
+    from streamstudio.app.streams import batching_config
+    from streamstudio.app.streams import build_pipeline
     from streamstudio.app.sessions import ServerModel
 
     pipe = build_pipeline(args, "img2img", serving=True)
     return ServerModel(pipe.comps, pipe.config, prompt=args.prompt, negative_prompt=args.negative_prompt,
                        latency_probe=getattr(args, "latency_probe", False), batching=batching_config(args))
-
-
-def batching_config(args):
-    """Cross-stream batching settings from the command line, or None when it is off."""
-    from streamstudio.app.batching import BatchingConfig
-
-    if getattr(args, "no_stream_batching", False):
-        return None
-    return BatchingConfig(max_rows=getattr(args, "max_batch_rows", 16),
-                          max_wait_ms=getattr(args, "batch_wait_ms", 2.0)).validate()
 
 
 def guard_config(args):

@@ -135,7 +135,8 @@ def stylizer(args, width: int, height: int):
     """The frame processor for --prompt: the image pipeline (generate.build_pipeline) with the
     stylise options over the image pipeline's defaults, at the render's size; with
     --side-by-side each render is written beside its stylised frame."""
-    from streamstudio.app.commands.generate import add_pipeline_arguments, build_pipeline
+    from streamstudio.app.settings import add_pipeline_arguments
+    from streamstudio.app.streams import build_pipeline
 
     defaults = argparse.ArgumentParser(add_help=False)
     add_pipeline_arguments(defaults)
@@ -213,44 +214,6 @@ def run(args) -> int:
     return render_scene(args)
 
 
-def read_path_file(path: str | Path, prefer: str = "frames"):
-    """A camera path file: nerfstudio's camera_path.json, SuperSplat's viewer settings / document.json,
-    or a SuperSplat project (.ssproj, a zip holding document.json). Bad files raise StreamStudioError."""
-    import json
-    import zipfile
-
-    from streamstudio.pipelines.splat_render import path_from_json
-
-    path = Path(path)
-    if not path.is_file():
-        raise StreamStudioError(f"{path}: no such camera path file")
-    try:
-        if zipfile.is_zipfile(path):
-            with zipfile.ZipFile(path) as z:
-                if "document.json" not in z.namelist():
-                    raise StreamStudioError(f"{path}: a zip without document.json is not a SuperSplat project")
-                data = json.loads(z.read("document.json").decode("utf-8"))
-        else:
-            data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, zipfile.BadZipFile) as exc:
-        raise StreamStudioError(f"{path}: cannot read the camera path ({exc})") from None
-    return path_from_json(data, str(path), prefer)
-
-
-def write_path_file(keyframe_path, target: str | Path, width: int, height: int, fps: float) -> Path:
-    """Write a path as nerfstudio's camera_path.json (keyframes and the rendered frames)."""
-    import json
-
-    from streamstudio.pipelines.splat_render import path_to_nerfstudio
-
-    target = Path(target)
-    try:
-        target.write_text(json.dumps(path_to_nerfstudio(keyframe_path, width, height, fps), indent=1))
-    except OSError as exc:
-        raise StreamStudioError(f"cannot write {target}: {exc.strerror or exc}") from exc
-    return target
-
-
 def scene_times(scene, path_times_: list[float | None], time_range: tuple[float, float] | None) -> list[float | None]:
     """4D scene times of path frames whose normalised time (0..1, nerfstudio's render_time) is given;
     frames without one are spread evenly over the range (None for a 3D scene)."""
@@ -264,7 +227,8 @@ def scene_times(scene, path_times_: list[float | None], time_range: tuple[float,
 
 
 def render_scene(args) -> int:
-    from streamstudio.app.commands.render import watch
+    from streamstudio.app.streams.splat_paths import read_path_file
+    from streamstudio.app.streams import watch
     from streamstudio.device import pick_device
     from streamstudio.models.gaussians import load_scene
     from streamstudio.pipelines.splat_render import (SceneFit, SplatRenderConfig, camera_path, path_times,
