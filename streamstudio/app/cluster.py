@@ -211,8 +211,7 @@ class RenderWorker:
     def _pipe_for(self, aspect: float | None):
         """A pipeline for an input of this aspect ratio; the model is loaded once, a stream is
         made once per output size."""
-        from streamstudio.app.streams import build_pipeline, output_size
-        from streamstudio.pipelines.stream_diffusion import StreamDiffusion
+        from streamstudio.app.streams.image import build_pipeline, new_stream, output_size
 
         args = self.args
         if not self._pipes:
@@ -226,8 +225,8 @@ class RenderWorker:
                 self._pipes[size] = build_pipeline(args, "img2img", aspect=aspect)
             else:
                 config = replace(first.config, width=size[0], height=size[1])
-                self._pipes[size] = StreamDiffusion(first.comps, config, prompt=args.prompt,
-                                                    negative_prompt=args.negative_prompt)
+                self._pipes[size] = new_stream(first.comps, config, prompt=args.prompt,
+                                               negative_prompt=args.negative_prompt)
         return self._pipes[size]
 
     def _report(self, job: str | None, force: bool = False) -> None:

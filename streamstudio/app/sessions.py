@@ -123,12 +123,12 @@ class ServerModel:
     def build(self, mode: str, size: tuple[int, int] | None = None):
         """A new stream (per-session state) over the shared modules, at `size` (width, height;
         default the configured size)."""
-        from streamstudio.pipelines.stream_diffusion import StreamDiffusion
+        from streamstudio.app.streams.image import new_stream
 
         width, height = size or self.size
         with self.guard.text():
-            return StreamDiffusion(self._stream_comps, replace(self.config, mode=mode, width=width, height=height),
-                                   prompt=self.prompt, negative_prompt=self.negative_prompt)
+            return new_stream(self._stream_comps, replace(self.config, mode=mode, width=width, height=height),
+                              prompt=self.prompt, negative_prompt=self.negative_prompt)
 
     def close(self) -> None:
         if self.executor is not None:

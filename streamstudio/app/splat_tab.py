@@ -350,16 +350,11 @@ def default_pipe_factory(width: int, height: int) -> Callable[[], object]:
     def make():
         import torch
 
-        from streamstudio.device import pick_device, pick_dtype
-        from streamstudio.models.loading import resolve_demo_default
-        from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+        from streamstudio.app.streams.image import build_pipeline, multiple_of_8, request
 
-        device = pick_device("auto")
-        comps = resolve_demo_default("auto", device=device, dtype=pick_dtype(device))
-        w, h = max(64, width // 8 * 8), max(64, height // 8 * 8)
-        with torch.inference_mode():
-            return StreamDiffusion(comps, StreamDiffusionConfig(width=w, height=h, steps=1, strength=0.5),
-                                   prompt="")
+        with torch.inference_mode():  # the stream opened as the CLI's are: a request with the pipeline's defaults
+            return build_pipeline(request(width=max(64, multiple_of_8(width)), height=max(64, multiple_of_8(height)),
+                                          steps=1, strength=0.5), "img2img")
 
     return make
 

@@ -132,18 +132,13 @@ def output_sink(output: str | Path, fps: float):
 
 
 def stylizer(args, width: int, height: int):
-    """The frame processor for --prompt: the image pipeline (generate.build_pipeline) with the
+    """The frame processor for --prompt: the image pipeline (streams.build_pipeline) with the
     stylise options over the image pipeline's defaults, at the render's size; with
     --side-by-side each render is written beside its stylised frame."""
-    from streamstudio.app.settings import add_pipeline_arguments
-    from streamstudio.app.streams import build_pipeline
+    from streamstudio.app.streams.image import build_pipeline, request
 
-    defaults = argparse.ArgumentParser(add_help=False)
-    add_pipeline_arguments(defaults)
-    settings = defaults.parse_args([])
-    for name in ("model", "prompt", "steps", "strength", "seed", "device"):
-        setattr(settings, name, getattr(args, name))
-    settings.width, settings.height = width, height
+    settings = request(**{name: getattr(args, name) for name in ("model", "prompt", "steps", "strength", "seed",
+                                                                  "device")}, width=width, height=height)
     pipe = build_pipeline(settings, "img2img")
     return SideBySide(pipe) if args.side_by_side else pipe
 

@@ -5,8 +5,32 @@ and the Splats tab. `FittedFrames` fits frames of another aspect ratio to the st
 
 from __future__ import annotations
 
+import argparse
+
 from streamstudio.errors import StreamStudioError
 from streamstudio.frames import fit_aspect
+
+
+def request(**settings) -> argparse.Namespace:
+    """A request for an image stream as the command line would make it: every image-pipeline
+    option at its default (app/settings.add_pipeline_arguments), `settings` over them (e.g.
+    width=256, prompt="...", strength=0.5). Front ends without a command line (the Splats tab)
+    open their streams from one, through `build_pipeline`, as the CLI does."""
+    from streamstudio.app.settings import add_pipeline_arguments
+
+    parser = argparse.ArgumentParser(add_help=False)
+    add_pipeline_arguments(parser)
+    args = parser.parse_args([])
+    unknown = sorted(set(settings) - set(vars(args)))
+    if unknown:
+        raise TypeError(f"not image-pipeline settings: {', '.join(unknown)}")
+    vars(args).update(settings)
+    return args
+
+
+def multiple_of_8(value: float) -> int:
+    """`value` rounded to the nearest multiple of 8 (at least 8): a side the networks take."""
+    return max(8, int(value / 8 + 0.5) * 8)
 
 
 def output_size(width: int | None, height: int | None, default: int,
@@ -14,9 +38,6 @@ def output_size(width: int | None, height: int | None, default: int,
     """The stream's (width, height): what was given; what was not, from the input's `aspect`
     (width / height) when known, as a multiple of 8: the longer side `default` when neither is
     given (a 640x360 clip with a 512 model: 512x288); else `default`."""
-    def multiple_of_8(value: float) -> int:
-        return max(8, int(value / 8 + 0.5) * 8)
-
     if aspect is None or not aspect > 0 or (width is not None and height is not None):
         return (default if width is None else width), (default if height is None else height)
     if width is None and height is None:
@@ -32,7 +53,7 @@ def build_pipeline(args, mode: str, serving: bool = False, aspect: float | None 
     `aspect`: the input's width / height, for the size when --width/--height are not given."""
     from streamstudio.device import pick_device, pick_dtype, use_threads
     from streamstudio.models.loading import resolve_demo_default
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+    from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
 
     device = pick_device(args.device)
     dtype = pick_dtype(device, args.dtype)
@@ -67,7 +88,7 @@ def build_pipeline(args, mode: str, serving: bool = False, aspect: float | None 
         comps = apply_acceleration(comps, args.acceleration, plan=acceleration_plan(args, config, serving))
     for note in comps.notes:
         print(f"note: {note}")
-    pipe = StreamDiffusion(comps, config, prompt=args.prompt, negative_prompt=args.negative_prompt)
+    pipe = new_stream(comps, config, prompt=args.prompt, negative_prompt=args.negative_prompt)
     if getattr(args, "ip_image", None):
         pipe.set_reference(_read_picture(args.ip_image, "--ip-image"))
     if getattr(args, "control_image", None):
@@ -76,6 +97,15 @@ def build_pipeline(args, mode: str, serving: bool = False, aspect: float | None 
                                     "by itself")
         pipe.set_control_image(_read_picture(args.control_image, "--control-image"))
     return pipe
+
+
+def new_stream(comps, config, prompt: str = "", negative_prompt: str = ""):
+    """A new image stream (its own buffer, noise, filter and prompt state) over loaded networks
+    `comps` with `config`: the one place a StreamDiffusion is made (the CLI's through
+    `build_pipeline`, a web session's over the shared model, a batch job's per output size)."""
+    from streamstudio.pipelines.stream_diffusion import StreamDiffusion
+
+    return StreamDiffusion(comps, config, prompt=prompt, negative_prompt=negative_prompt)
 
 
 def _read_picture(path: str, flag: str):
