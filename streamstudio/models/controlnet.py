@@ -47,7 +47,7 @@ def load_controlnet(source: str, device: torch.device | str = "cpu", dtype: torc
     layout, through diffusers' single-file loader)."""
     from diffusers import ControlNetModel
 
-    from streamstudio.models.loading import hub_repo_source, quiet_hub
+    from streamstudio.models.hub import hub_repo_source, quiet_hub
 
     if local_files_only is None:
         local_files_only = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")

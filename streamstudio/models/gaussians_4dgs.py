@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from streamstudio.errors import StreamStudioError
-from streamstudio.models.gaussians import GaussianScene, rotation_4d
+from streamstudio.models.gaussian_scene import GaussianScene, rotation_4d
 
 log = logging.getLogger(__name__)
 

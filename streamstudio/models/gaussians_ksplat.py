@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from streamstudio.models.gaussians import (
+from streamstudio.models.gaussian_scene import (
     SH_C0,
     GaussianScene,
     _check_finite,

@@ -6,10 +6,12 @@ had (`check_model_source`), before any model code loads; `models/loading.py` bui
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
+import warnings
 from pathlib import Path
 
 from streamstudio.errors import ModelNotFoundError
@@ -199,3 +201,12 @@ def not_cached(model: str, repo: str, reason: str) -> ModelNotFoundError:
         f"model {called} is not in the local Hugging Face cache and {reason}: run `{download_command(repo)}` "
         f"where the hub can be reached (the cache is {hub_cache_dir()}), or pass --model with a local diffusers "
         f"folder or .safetensors file; `--model builtin` runs the small built-in model now.")
+
+
+@contextlib.contextmanager
+def quiet_hub():
+    """diffusers still passes huggingface_hub an argument it has deprecated, and every command
+    printed the hub's warning about it: not the user's to act on."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*local_dir_use_symlinks.*", category=UserWarning)
+        yield

@@ -85,7 +85,7 @@ class IPAdapter:
             local_files_only = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
         self.comps, self.source = comps, spec.source
         where, subfolder, weight = locate(spec.source, comps.is_sdxl)
-        from streamstudio.models.loading import hub_repo_source, quiet_hub
+        from streamstudio.models.hub import hub_repo_source, quiet_hub
 
         if not Path(where).is_dir():  # a hub repo: the cache, or the hub at once, or one line
             local_files_only = hub_repo_source(

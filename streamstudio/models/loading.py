@@ -8,12 +8,10 @@ is ever unpickled.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import tempfile
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +27,9 @@ from streamstudio.models.hub import hub_off as _hub_off
 from streamstudio.models.hub import looks_like_path as _looks_like_path
 from streamstudio.models.hub import not_cached as _not_cached
 from streamstudio.models.hub import offline as _offline
+from streamstudio.models.hub import quiet_hub  # noqa: F401 (loading.quiet_hub: callers of old)
 from streamstudio.models.image_net import DiffusersImageNet, ImageNet, latent_scale
+from streamstudio.models.lora import lora_source
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,6 @@ def model_step_type(name: str) -> str:
     return "turbo" if "turbo" in name.lower() else "lcm"
 
 
-
 def _missing(model: str, why: str) -> ModelNotFoundError:
     return ModelNotFoundError(
         f"model {model!r} could not be loaded: {why}. "
@@ -215,15 +214,6 @@ def load_components(
     return comps.to(device, dtype)
 
 
-@contextlib.contextmanager
-def quiet_hub():
-    """diffusers still passes huggingface_hub an argument it has deprecated, and every command
-    printed the hub's warning about it: not the user's to act on."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*local_dir_use_symlinks.*", category=UserWarning)
-        yield
-
-
 def _load(model: str, lcm_lora, taesd, local_files_only: bool) -> SDComponents:
     path = Path(os.path.expanduser(model))
     if path.is_dir():
@@ -246,7 +236,6 @@ def _load(model: str, lcm_lora, taesd, local_files_only: bool) -> SDComponents:
     return comps
 
 
-
 def _load_hub_model(model: str, local_files_only: bool) -> SDComponents:
     """A hub model: its snapshot in the local cache when there is one (no request at all), else
     fetched when the hub answers; else a one-line error at once, naming the full repository id
@@ -265,7 +254,6 @@ def _load_hub_model(model: str, local_files_only: bool) -> SDComponents:
         if reason:
             raise _not_cached(model, repo, reason)
     return _load_folder(repo, repo, local_files_only=False)
-
 
 
 def _load_folder(source: str, model: str, local_files_only: bool) -> SDComponents:
@@ -301,7 +289,6 @@ def _read_scheduler_config(source: str, local_files_only: bool) -> dict:
     except (OSError, ValueError):
         log.warning("no scheduler config in %s; using the standard Stable Diffusion schedule", source)
         return dict(tiny.SCHEDULER_CONFIG)
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -504,35 +491,6 @@ def _maybe_fuse_lcm_lora(comps: SDComponents, lcm_lora, local_files_only: bool) 
     comps.notes.append(f"LCM-LoRA fused: {source}")
 
 
-def lora_source(source: str, local_files_only: bool, what: str | None = None,
-                instead: str = "or give a .safetensors file or a folder holding pytorch_lora_weights.safetensors"
-                ) -> tuple[str, dict, bool]:
-    """Where diffusers' LoRA loader finds `source`: (path or hub id, keyword arguments,
-    local_files_only). A file is itself, a folder names its LoRA file (models/lora.py); a hub id
-    is its cached file when the cache holds it (no request), the id when the hub answers, and
-    otherwise a one-line ModelNotFoundError at once, with the command that fetches it and
-    `instead` (what else the user can do)."""
-    from streamstudio.models.lora import LORA_FILE, _lora_location
-
-    what = what or f"LoRA {source!r}"
-    path = Path(os.path.expanduser(source))
-    if path.exists():
-        where, kwargs = _lora_location(source, True)
-        return where, kwargs, True
-    if _looks_like_path(source):
-        raise ModelNotFoundError(f"{what}: no such file or folder; give a .safetensors file, a folder holding "
-                                 f"{LORA_FILE}, a hub id (owner/name), or none")
-    repo = hub_id(source, kind="LoRA")
-    cached = cached_file(repo, LORA_FILE)
-    if cached is not None:
-        return str(cached), {}, True
-    reason = _hub_off(local_files_only)
-    if reason:
-        raise ModelNotFoundError(f"{what} is not in the local Hugging Face cache and {reason}: run "
-                                 f"`{download_command(repo)}` where the hub can be reached, {instead}.")
-    return repo, {}, False
-
-
 def fuse_lora(comps: SDComponents, lora: str, scale: float = 1.0, local_files_only: bool = False) -> None:
     """Fuse a (LCM-)LoRA (a .safetensors file, a folder holding one, or a hub id) into the UNet
     weights for good, through diffusers' LoRA loader (users' LoRAs, changeable at run time, are
@@ -675,7 +633,6 @@ def _has_cuda(device) -> bool:
     if device is not None and torch.device(device).type != "cuda":
         return False
     return torch.cuda.is_available()
-
 
 
 def hub_download_size(repo: str = DEFAULT_MODEL, patterns: list[str] | None = None, timeout: float = 10.0) -> int | None:

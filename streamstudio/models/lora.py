@@ -300,11 +300,11 @@ def _lora_location(source: str, local_files_only: bool) -> tuple[str, dict]:
 
 def _hub_location(source: str, local_files_only: bool) -> tuple[str, dict, bool] | None:
     """For a hub id: (its cached file or the id, keyword arguments, local_files_only) from
-    models/loading.lora_source, which fails at once, in one line, when the hub is off or cannot
+    `lora_source` (below), which fails at once, in one line, when the hub is off or cannot
     be reached (no minute of huggingface_hub's retries); None for a file or folder."""
-    from streamstudio.models.loading import _looks_like_path, lora_source
+    from streamstudio.models.hub import looks_like_path
 
-    if Path(os.path.expanduser(source)).exists() or _looks_like_path(source):
+    if Path(os.path.expanduser(source)).exists() or looks_like_path(source):
         return None
     return lora_source(source, local_files_only, what=f"LoRA {source!r}")
 
@@ -356,3 +356,32 @@ def save_random_lora(comps, folder: str | os.PathLike, rank: int = 4, alpha: flo
         unet_lora_adapter_metadata=unet.peft_config["default"].to_dict(),
         text_encoder_lora_adapter_metadata=text_encoder.peft_config["default"].to_dict() if text else None)
     return Path(folder) / (file_name or LORA_FILE), unet, text_encoder
+
+
+def lora_source(source: str, local_files_only: bool, what: str | None = None,
+                instead: str = "or give a .safetensors file or a folder holding pytorch_lora_weights.safetensors"
+                ) -> tuple[str, dict, bool]:
+    """Where diffusers' LoRA loader finds `source`: (path or hub id, keyword arguments,
+    local_files_only). A file is itself, a folder names its LoRA file (models/lora.py); a hub id
+    is its cached file when the cache holds it (no request), the id when the hub answers, and
+    otherwise a one-line ModelNotFoundError at once, with the command that fetches it and
+    `instead` (what else the user can do)."""
+    from streamstudio.models.hub import cached_file, download_command, hub_id, hub_off, looks_like_path
+
+    what = what or f"LoRA {source!r}"
+    path = Path(os.path.expanduser(source))
+    if path.exists():
+        where, kwargs = _lora_location(source, True)
+        return where, kwargs, True
+    if looks_like_path(source):
+        raise ModelNotFoundError(f"{what}: no such file or folder; give a .safetensors file, a folder holding "
+                                 f"{LORA_FILE}, a hub id (owner/name), or none")
+    repo = hub_id(source, kind="LoRA")
+    cached = cached_file(repo, LORA_FILE)
+    if cached is not None:
+        return str(cached), {}, True
+    reason = hub_off(local_files_only)
+    if reason:
+        raise ModelNotFoundError(f"{what} is not in the local Hugging Face cache and {reason}: run "
+                                 f"`{download_command(repo)}` where the hub can be reached, {instead}.")
+    return repo, {}, False

@@ -403,7 +403,8 @@ def load_wan(model: str, device: torch.device | str = "cpu", dtype: torch.dtype 
     from diffusers import AutoencoderKLWan, WanTransformer3DModel
     from transformers import AutoTokenizer, UMT5EncoderModel
 
-    from streamstudio.models.loading import _first_line, quiet_hub
+    from streamstudio.models.hub import first_line as _first_line
+    from streamstudio.models.hub import quiet_hub
 
     device = torch.device(device)
     dtype = dtype or default_dtype(device)
