@@ -240,7 +240,7 @@ def test_streams_with_different_control_scales_share_calls_and_get_their_own_fra
     and each stream gets the frames it gets alone."""
     from helpers import run_in_lockstep
 
-    from streamstudio.app.batching import BatchExecutor, BatchingConfig, batched_components
+    from streamstudio.models.batching import BatchExecutor, BatchingConfig, batched_components
 
     comps, nets = sd
     with_nets = dataclasses.replace(comps, controlnets=list(nets))

@@ -11,7 +11,7 @@ import pytest
 import torch
 from helpers import SpecEngine
 
-from streamstudio.app.batching import BatchedImageNet, BatchExecutor, BatchingConfig
+from streamstudio.models.batching import BatchedImageNet, BatchExecutor, BatchingConfig
 from streamstudio.errors import StreamStudioError
 from streamstudio.models import acceleration
 from streamstudio.models.export_specs import EngineImageNet, eps_spec, vae_decoder_spec, vae_encoder_spec

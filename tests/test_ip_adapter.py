@@ -298,7 +298,7 @@ def test_streams_with_their_own_scales_and_references_batched_together_equal_alo
     stream's scale and reference leave the other's and the model's defaults as they were."""
     from helpers import run_in_lockstep
 
-    from streamstudio.app.batching import BatchExecutor, BatchingConfig, ClientStats, batched_components
+    from streamstudio.models.batching import BatchExecutor, BatchingConfig, ClientStats, batched_components
     from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
     import dataclasses

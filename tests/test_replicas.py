@@ -10,7 +10,7 @@ import pytest
 import torch
 from test_webapp_sessions import frame, wait_output
 
-from streamstudio.app.batching import BatchingConfig
+from streamstudio.models.batching import BatchingConfig
 from streamstudio.app.replicas import ReplicaModel, ReplicaSessionManager, replica_devices
 from streamstudio.app.sessions import BusyError
 from streamstudio.errors import StreamStudioError

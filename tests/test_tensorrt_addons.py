@@ -457,7 +457,8 @@ def test_controlnet_streams_batched_across_users_on_the_engine(with_controlnets,
 
     from test_controlnet import make_pipe, stream_frames
 
-    from streamstudio.app.batching import BatchExecutor, BatchingConfig, batched_components, stream_plan
+    from streamstudio.app.streams.image import stream_plan
+    from streamstudio.models.batching import BatchExecutor, BatchingConfig, batched_components
 
     comps, nets = with_controlnets, with_controlnets.controlnets
     specs = [([0.7, 0.4], "self", stream_frames(3, seed=5)), ([0.1, 1.2], "initialize", stream_frames(3, seed=6))]

@@ -110,7 +110,8 @@ def test_plan_for_full_cfg_two_steps_sixteen_rows():
 def test_the_plan_covers_what_four_full_cfg_streams_send_through_the_executor(tiny, pad):
     """Four full-CFG streams (N=2, k=1) through the batching executor (max_rows 16): every
     UNet and VAE batch actually sent lies in the plan's profile and is one of its sizes."""
-    from streamstudio.app.batching import BatchExecutor, BatchingConfig, batched_components, stream_plan
+    from streamstudio.app.streams.image import stream_plan
+    from streamstudio.models.batching import BatchExecutor, BatchingConfig, batched_components
     from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
     config = StreamDiffusionConfig(width=64, height=64, steps=2, cfg_type="full", guidance_scale=1.5)

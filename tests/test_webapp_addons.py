@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from streamstudio.app.batching import BatchingConfig
+from streamstudio.models.batching import BatchingConfig
 from streamstudio.app.sessions import ServerModel, SessionManager
 from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
 
@@ -352,7 +352,7 @@ def test_no_frame_starts_while_the_shared_weights_change(batching):
     after it, with cross-stream batching (frames are executor clients) and without (the lock)."""
     import threading
 
-    from streamstudio.app.batching import BatchExecutor
+    from streamstudio.models.batching import BatchExecutor
     from streamstudio.app.sessions import ModelGuard
 
     executor = BatchExecutor(BatchingConfig()) if batching else None

@@ -1,4 +1,4 @@
-"""Cross-stream batching (app/batching.py): the executor joins calls of several streams into one
+"""Cross-stream batching (models/batching.py): the executor joins calls of several streams into one
 network call, keeps each stream's result its own, isolates failures, and the web app's
 sessions get the same frames batched as alone."""
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 from helpers import run_in_lockstep
 
-from streamstudio.app.batching import BatchExecutor, BatchingConfig, BatchedImageNet, batched_components
+from streamstudio.models.batching import BatchExecutor, BatchingConfig, BatchedImageNet, batched_components
 from streamstudio.errors import StreamStudioError
 
 
@@ -447,7 +447,7 @@ def test_calls_of_other_condition_fields_run_apart_correctly_and_say_so(tiny_com
     same layout share theirs."""
     from test_controlnet import tiny_controlnet
 
-    from streamstudio.app.batching import ClientStats
+    from streamstudio.models.batching import ClientStats
     from streamstudio.models.image_net import DiffusersImageNet, ImageCond
 
     comps = tiny_components_factory()

@@ -501,7 +501,7 @@ def test_text_to_image_stop_holds_until_start(manager, monkeypatch):
 def test_model_guard_frame_and_text_contexts():
     import threading
 
-    from streamstudio.app.batching import BatchExecutor
+    from streamstudio.models.batching import BatchExecutor
     from streamstudio.app.sessions import ModelGuard
 
     def enters(context) -> bool:  # can another thread enter `context` now?

@@ -3,7 +3,7 @@
 The model's modules are loaded once and shared; every session builds its own StreamDiffusion
 over them (the pipeline object holds per-stream state only: buffer, prompt, seed, filter).
 One `ModelGuard` says who may use the model when: with cross-stream batching (the default;
-`app/batching.py`) one executor thread runs every UNet and VAE call, and the calls of several
+`models/batching.py`) one executor thread runs every UNet and VAE call, and the calls of several
 sessions that arrive together run as one batch; the text encoder and tokenizer stay behind the
 guard's lock. Without it, each session's whole frame runs under that lock, so sessions take
 turns on the model.
@@ -87,12 +87,12 @@ class ServerModel:
         self.executor = None
         self._stream_comps = self.comps
         if self.batching is not None:
-            from streamstudio.app.batching import BatchExecutor, batched_components
+            from streamstudio.models.batching import BatchExecutor, batched_components
 
             self.executor = BatchExecutor(self.batching)
             self._stream_comps = batched_components(self.comps, self.executor)
             if self._stream_comps.net.pad:  # compiled / TensorRT: every bucket warmed up now, not mid-stream
-                from streamstudio.app.batching import warm_up
+                from streamstudio.models.batching import warm_up
 
                 warm_up(self._stream_comps, self.config.height, self.config.width)
         self.guard = ModelGuard(self.executor)
@@ -172,7 +172,7 @@ class ModelGuard:
     - `frame(stats)`: held while a stream runs a frame. With cross-stream batching the stream
       counts as a caller of the executor (whose one thread runs every UNet and VAE call, and waits
       briefly for the calls of the streams inside a frame to batch them; `stats`, an
-      `app.batching.ClientStats`, counts the stream's calls shared or alone); without it, the
+      `models.batching.ClientStats`, counts the stream's calls shared or alone); without it, the
       model's lock, so streams take turns.
     - `text()`: held while the text encoder and tokenizer run (prompt changes) and while a
       stream is built: always the lock, as they run in the caller's thread.
@@ -180,7 +180,7 @@ class ModelGuard:
       for changes of the shared weights (LoRA scales), so no frame runs on half-changed weights."""
 
     def __init__(self, executor=None):
-        self._executor = executor  # app.batching.BatchExecutor, or None: take turns
+        self._executor = executor  # models.batching.BatchExecutor, or None: take turns
         self._lock = threading.Lock()
         self._frames = threading.Condition()  # (with batching) frames under way, and a change waiting
         self._running = 0
@@ -276,9 +276,9 @@ class StreamProcessor:
         self.pipe = None  # built by open(), in the runner's thread (the text encoder runs)
         self.fit = "crop"  # the session's own setting, not the pipeline's
         self._probes: deque[int | None] = deque()
-        self.calls = None  # app.batching.ClientStats: this stream's network calls, shared or alone
+        self.calls = None  # models.batching.ClientStats: this stream's network calls, shared or alone
         if model.executor is not None:
-            from streamstudio.app.batching import ClientStats
+            from streamstudio.models.batching import ClientStats
 
             self.calls = ClientStats()
 

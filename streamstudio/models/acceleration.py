@@ -194,7 +194,7 @@ def apply_acceleration(comps: SDComponents, mode: str, *, engine_dir: str | Path
       at each size (`warm_up`) on this thread, which is right where this thread runs them
       (generate, render). Behind the batching executor the networks run on its thread (CUDA
       graph trees are per thread): give compile mode no plan there, and warm up with
-      `app.batching.warm_up` instead. Without a plan, engines cover `shapes` (default batch
+      `models.batching.warm_up` instead. Without a plan, engines cover `shapes` (default batch
       1..4, 256..1024 pixels) and capture shapes as they come.
     shapes: the batch / resolution range of TensorRT engines without a plan; with one, only its
       resolution range is used (default: exactly the plan's size).

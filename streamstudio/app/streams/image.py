@@ -6,9 +6,14 @@ and the Splats tab. `FittedFrames` fits frames of another aspect ratio to the st
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from streamstudio.errors import StreamStudioError
 from streamstudio.frames import fit_aspect
+
+if TYPE_CHECKING:  # the models load when a stream opens
+    from streamstudio.models.acceleration import BatchPlan
+    from streamstudio.models.batching import BatchingConfig
 
 
 def request(**settings) -> argparse.Namespace:
@@ -158,7 +163,7 @@ def acceleration_plan(args, config, serving: bool):
 
     generate and render: one stream of `config`, on this thread. serve: streams of any CFG type
     through the batching executor; compiled networks are warmed up on the executor's thread
-    instead (app.batching.warm_up, from the server's model), so they get no plan here."""
+    instead (models.batching.warm_up, from the server's model), so they get no plan here."""
     from streamstudio.models.acceleration import BatchPlan
 
     if not serving:
@@ -168,14 +173,12 @@ def acceleration_plan(args, config, serving: bool):
                                      stream_batch=config.use_denoising_batch)
     if args.acceleration == "compile":
         return None
-    from streamstudio.app.batching import stream_plan
-
     return stream_plan(config, batching_config(args))
 
 
 def batching_config(args):
     """Cross-stream batching settings from the command line, or None when it is off."""
-    from streamstudio.app.batching import BatchingConfig
+    from streamstudio.models.batching import BatchingConfig
 
     if getattr(args, "no_stream_batching", False):
         return None
@@ -206,3 +209,18 @@ class FittedFrames:
 
     def __getattr__(self, name: str):
         return getattr(self.pipe, name)
+
+
+def stream_plan(config, batching: BatchingConfig | None, cfg_types=None) -> BatchPlan:
+    """What the networks will be sent by streams of `config` (a StreamDiffusionConfig) through
+    an executor of `batching` (None: no batching). cfg_types: the CFG types streams may switch
+    to (default: all four, as web clients may); the config's own comes first."""
+    from streamstudio.models.acceleration import BatchPlan
+    from streamstudio.pipelines.live_settings import CFG_TYPES
+
+    types = [config.cfg_type, *(t for t in (cfg_types or CFG_TYPES) if t != config.cfg_type)]
+    return BatchPlan.for_streams(height=config.height, width=config.width, steps=len(config.resolved_t_index_list()),
+                                 frame_buffer_size=config.frame_buffer_size, cfg_types=types,
+                                 stream_batch=config.use_denoising_batch,
+                                 max_rows=batching.max_rows if batching is not None else None,
+                                 pad=batching.pad_to_buckets if batching is not None else None)

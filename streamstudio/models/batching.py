@@ -425,20 +425,6 @@ def batched_components(comps, executor: BatchExecutor):
                    notes=[*comps.notes, f"cross-stream batching (up to {executor.config.max_rows} rows a call)"])
 
 
-def stream_plan(config, batching: BatchingConfig | None, cfg_types=None) -> BatchPlan:
-    """What the networks will be sent by streams of `config` (a StreamDiffusionConfig) through
-    an executor of `batching` (None: no batching). cfg_types: the CFG types streams may switch
-    to (default: all four, as web clients may); the config's own comes first."""
-    from streamstudio.pipelines.live_settings import CFG_TYPES
-
-    types = [config.cfg_type, *(t for t in (cfg_types or CFG_TYPES) if t != config.cfg_type)]
-    return BatchPlan.for_streams(height=config.height, width=config.width, steps=len(config.resolved_t_index_list()),
-                                 frame_buffer_size=config.frame_buffer_size, cfg_types=types,
-                                 stream_batch=config.use_denoising_batch,
-                                 max_rows=batching.max_rows if batching is not None else None,
-                                 pad=batching.pad_to_buckets if batching is not None else None)
-
-
 def warm_up(shared, height: int, width: int) -> int:
     """At start-up, before streams run: one call of each network of `shared` (components from
     `batched_components`) through the executor, which warms every bucket of a padded network
