@@ -10,7 +10,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
-from test_streaming_clips import frame_image, make_clip, probe
+from clips import frame_image, make_clip, probe
 
 from streamstudio.app.cli import main
 

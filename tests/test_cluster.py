@@ -13,7 +13,7 @@ import time
 import av
 import numpy as np
 import pytest
-from test_streaming_clips import make_clip
+from clips import make_clip
 
 from streamstudio.app import cli, cluster
 

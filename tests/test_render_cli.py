@@ -10,7 +10,7 @@ import types
 
 import pytest
 from helpers import recorded_runners
-from test_streaming_clips import make_clip, make_no_frames_clip, probe
+from clips import make_clip, make_no_frames_clip, probe
 
 from streamstudio.app import cli
 
@@ -158,7 +158,7 @@ def test_user_errors_are_clear_without_traceback(tmp_path, capsys, make_input, o
 
 
 def test_unreachable_rtmp_output_fails_fast(tmp_path, capsys):
-    from test_streaming_rtmp import free_port
+    from rtmp_server import free_port
 
     t0 = time.monotonic()
     rc = render("--input", "pattern:32x32", "--output", f"rtmp://127.0.0.1:{free_port()}/live/x", *TINY)

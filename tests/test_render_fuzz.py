@@ -18,7 +18,7 @@ import traceback
 from pathlib import Path
 
 import pytest
-from test_streaming_clips import make_clip
+from clips import make_clip
 
 av = pytest.importorskip("av", reason="PyAV is not installed (the GPU image has none)")
 

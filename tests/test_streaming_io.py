@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 from PIL import Image
-from test_streaming_clips import (
+from clips import (
     make_clip,
     make_no_frames_clip,
     make_vfr_clip,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from test_streaming_clips import make_clip, probe
+from clips import make_clip, probe
 
 from streamstudio.errors import StreamStudioError
 from streamstudio.streaming.processor import IdentityProcessor

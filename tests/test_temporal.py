@@ -361,7 +361,7 @@ def test_a_web_session_applies_the_temporal_setting(tiny_components_factory):
 # ---------------------------------------------------------------------- CLI
 @pytest.mark.parametrize("mode", ["bank", "feedback"])
 def test_render_temporal_from_the_cli(tmp_path, capsys, monkeypatch, mode):
-    from test_streaming_clips import make_clip, probe
+    from clips import make_clip, probe
 
     from streamstudio.app import cli
 

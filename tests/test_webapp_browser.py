@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import socket
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from rtmp_server import free_port
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
@@ -108,12 +108,6 @@ def block_edges(rgb: np.ndarray, across: int = 16) -> np.ndarray:
 def structure_kept(camera: np.ndarray, output: np.ndarray) -> float:
     """Correlation of the two frames' block edges (1: the same structure, ~0: unrelated)."""
     return float(np.corrcoef(block_edges(camera), block_edges(output))[0, 1])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

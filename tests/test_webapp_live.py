@@ -6,33 +6,14 @@ the stream, the busy limit speaks clearly, bad settings are refused, --auth guar
 from __future__ import annotations
 
 import asyncio
-import socket
-import time
 
 import httpx
 import numpy as np
 import pytest
-import torch
+
+from live_server import SIZE, Collector, connected, free_port, pattern, run, start, wait_for  # noqa: F401
 
 from streamstudio.app.sessions import BusyError
-
-SIZE = 64
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(*extra: str):
-    from streamstudio.app.cli import build_parser
-    from streamstudio.app.commands.serve import start_in_thread
-
-    torch.set_num_threads(1)
-    args = build_parser().parse_args(["serve", "--model", "tiny", "--width", str(SIZE), "--height", str(SIZE),
-                                      "--port", str(free_port()), "--idle-timeout", "30", *extra])
-    return start_in_thread(args)
 
 
 @pytest.fixture(scope="module")
@@ -40,48 +21,6 @@ def server():
     srv = start("--max-streams", "2")
     yield srv
     srv.close()
-
-
-def pattern(i: int) -> np.ndarray:
-    """A 96x128 test card with a moving bar (RGB)."""
-    img = np.zeros((96, 128, 3), np.uint8)
-    img[:, :64] = (200, 40, 40)
-    img[48:, :, 2] = 220
-    x = (4 * i) % 128
-    img[:, x:x + 8] = 255
-    return img
-
-
-class Collector:
-    def __init__(self):
-        self.frames: list[np.ndarray] = []
-
-    def __call__(self, frame, t):
-        self.frames.append(frame)
-        del self.frames[:-50]
-
-    def processed(self) -> list[np.ndarray]:
-        return [f for f in self.frames if f.mean() > 5]  # past the black waiting frames
-
-
-async def connected(url: str, prompt: str, make=pattern, fps: float = 15.0):
-    from streamstudio.app.webrtc import StudioClient
-
-    got = Collector()
-    client = StudioClient(url, make, got, fps=fps)
-    await client.connect(settings={"prompt": prompt, "seed": 3})
-    return client, got
-
-
-async def wait_for(predicate, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.1)
-
-
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 120))
 
 
 def test_client_gets_processed_frames(server):

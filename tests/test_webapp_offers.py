@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from test_webapp_live import connected, run, start, wait_for
+from live_server import connected, run, start, wait_for
 
 from streamstudio.app.sessions import BusyError
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from test_webapp_live import start
+from live_server import start
 
 SECRET = f"TOP-SECRET-{secrets.token_hex(8)}"
 

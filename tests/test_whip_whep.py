@@ -11,7 +11,7 @@ import time
 import httpx
 import numpy as np
 import pytest
-from test_webapp_live import SIZE, pattern, start, wait_for
+from live_server import SIZE, pattern, start, wait_for
 
 TOKEN = "s3cret-token"
 
