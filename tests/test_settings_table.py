@@ -170,3 +170,26 @@ def test_a_config_file_may_name_live_settings_as_the_api_does(tmp_path):
     config.write_text("guidance_scale: 2.5\ncfg_type: full\nsimilarity_threshold: 0.9\n")
     render.apply_config(args, config)
     assert (args.guidance, args.cfg, args.filter_threshold) == (2.5, "full", 0.9)
+
+
+def test_every_pipeline_setting_reaches_the_config_from_the_command_line():
+    """The stream's config takes every table setting of the pipeline that has a flag from the
+    command line (settings.config_values: build_pipeline once copied 14 of them by hand). Each is
+    given a value other than its default, and found in the config of the stream that opens."""
+    from streamstudio.app.cli import build_parser
+    from streamstudio.app.streams import build_pipeline
+
+    def other_value(s):
+        if s.choices:
+            return next(c for c in reversed(s.choices) if c != s.default)
+        if s.kind is int:
+            return s.low + 1 if s.low + 1 != s.default else s.low + 2
+        return round(s.low + (s.high - s.low) * 0.3, 4)
+
+    chosen = {s.name: other_value(s) for s in SETTINGS.values() if s.pipeline and s.flag is not None}
+    assert len(chosen) >= 13
+    flags = [word for s in SETTINGS.values() if s.name in chosen for word in (s.flag, str(chosen[s.name]))]
+    argv = ["generate", "--model", "tiny", "--output", "unused", *flags]
+    config = build_pipeline(build_parser(argv).parse_args(argv), "img2img").config
+    assert {name: getattr(config, name) for name in chosen} == chosen
+    assert config.similarity_filter  # the threshold given turns the filter on

@@ -225,6 +225,24 @@ def number(kind: type = float, low: float | None = None, high: float | None = No
     return convert
 
 
+def config_values(args) -> dict:
+    """The pipeline settings a command line gave, by their table name ({"strength": 0.5,
+    "guidance_scale": 1.4, ...}): every table setting of the pipeline's config that has a flag,
+    so a setting added to the table reaches the config with no other line. A `cli_optional` flag
+    not given (None) is left out: the command picks its value (guidance by the model's kind; the
+    similarity threshold turns the filter on only when given)."""
+    values = {}
+    for s in live_settings.SETTINGS.values():
+        dest = s.flag.lstrip("-").replace("-", "_") if s.flag else None
+        if not s.pipeline or dest is None or not hasattr(args, dest):
+            continue
+        value = getattr(args, dest)
+        if value is None and s.cli_optional:
+            continue
+        values[s.name] = value
+    return values
+
+
 def flag_dests() -> dict[str, str]:
     """{setting name: the argparse destination of its flag} where the two differ
     (guidance_scale: guidance), so a config file may use either name."""

@@ -56,6 +56,7 @@ def build_pipeline(args, mode: str, serving: bool = False, aspect: float | None 
     """Load the model named by args and build a stream with args' settings. `serving`: the
     stream is the web app's template (its networks run behind the batching executor).
     `aspect`: the input's width / height, for the size when --width/--height are not given."""
+    from streamstudio.app.settings import config_values
     from streamstudio.device import pick_device, pick_dtype, use_threads
     from streamstudio.models.loading import resolve_demo_default
     from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
@@ -75,17 +76,11 @@ def build_pipeline(args, mode: str, serving: bool = False, aspect: float | None 
     turbo = comps.step_type == "turbo"
     default_size = comps.default_size or 512  # the model's own: builtin 256, tiny 64
     width, height = output_size(args.width, args.height, default_size, aspect)
+    settings = {"guidance_scale": 1.0 if turbo else 1.2, **config_values(args)}  # the table's settings, by name
     config = StreamDiffusionConfig(
-        width=width, height=height, mode=mode,
-        steps=(1 if turbo else 2) if args.steps is None else args.steps,
-        strength=args.strength, t_index_list=args.t_index,
-        use_denoising_batch=not args.sequential, cfg_type=args.cfg,
-        guidance_scale=args.guidance if args.guidance is not None else (1.0 if turbo else 1.2),
-        delta=args.delta, seed=args.seed, similarity_filter=args.filter_threshold is not None,
-        similarity_threshold=args.filter_threshold if args.filter_threshold is not None else 0.98,
-        max_skip_frame=args.max_skip_frame, temporal=args.temporal, feedback_weight=args.feedback_weight,
-        bank_size=args.bank_size, bank_interval=args.bank_interval, bank_threshold=args.bank_threshold,
-        bank_fusion=args.bank_fusion,
+        width=width, height=height, mode=mode, steps=(1 if turbo else 2) if args.steps is None else args.steps,
+        t_index_list=args.t_index, use_denoising_batch=not args.sequential,
+        similarity_filter="similarity_threshold" in settings, **settings,
     ).validate()
     if getattr(args, "acceleration", "none") != "none":
         from streamstudio.models.acceleration import apply_acceleration
