@@ -399,3 +399,23 @@ def test_gpu_pipeline_fused_matches_reference(tiny_components_factory, monkeypat
     ref = run()
     for a, b in zip(fused, ref):
         assert np.abs(a - b).max() <= 2
+
+
+@pytest.mark.skipif(shutil.which("g++") is None or cuda_build.cuda_include_dir() is None,
+                    reason="needs g++ and the CUDA headers")
+def test_a_passing_binding_check_is_remembered_until_the_binding_changes(tmp_path, monkeypatch):
+    """The check of an unchanged binding is not compiled again (a minute of CPU each); an edit, or
+    a failure, compiles it."""
+    monkeypatch.setenv(cuda_build.CACHE_ENV, str(tmp_path / "cache"))
+    src = tmp_path / "tiny_binding.cpp"
+    src.write_text("int answer() { return 42; }\n")
+    calls = []
+    real = cuda_build._compile_binding
+    monkeypatch.setattr(cuda_build, "_compile_binding", lambda *a: calls.append(a[0]) or real(*a))
+    assert cuda_build.binding_check(src).ok and cuda_build.binding_check(src).ok
+    assert len(calls) == 1  # the second came from the cache
+    src.write_text("int answer() { return 43; }\n")
+    assert cuda_build.binding_check(src).ok and len(calls) == 2  # edited: compiled again
+    src.write_text("int answer() { return nope; }\n")
+    assert not cuda_build.binding_check(src).ok and not cuda_build.binding_check(src).ok
+    assert len(calls) == 4  # a failure is never remembered

@@ -384,8 +384,23 @@ class BindingReport:
         return self.returncode == 0
 
 
-def binding_check(source: str | os.PathLike, compiler: str | None = None, timeout: float = 600) -> BindingReport:
-    """Compile one torch binding (.cpp) with `-fsyntax-only` against torch's and CUDA's headers."""
+def _binding_key(source: Path, cxx: str, cuda_include: Path) -> str:
+    """What a binding check's outcome depends on: the binding and the headers beside it, torch's
+    and the compiler's versions, the CUDA headers' folder."""
+    h = hashlib.sha256()
+    for path in [source, *sorted(source.parent.glob("*.h"))]:
+        h.update(path.name.encode() + path.read_bytes())
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    h.update(f"torch={torch.__version__} cxx={version} cuda={cuda_include}".encode())
+    return h.hexdigest()[:24]
+
+
+def binding_check(source: str | os.PathLike, compiler: str | None = None, timeout: float = 600,
+                  cache: bool = True) -> BindingReport:
+    """Compile one torch binding (.cpp) with `-fsyntax-only` against torch's and CUDA's headers.
+    A check that passed is remembered in the kernel cache (`cache_root()/binding-checks`) under
+    everything it depends on (`_binding_key`), so an unchanged binding is not compiled again
+    (a minute of CPU each); a failure is never remembered."""
     from torch.utils.cpp_extension import include_paths
 
     cxx = compiler or shutil.which("g++") or shutil.which("c++")
@@ -393,6 +408,17 @@ def binding_check(source: str | os.PathLike, compiler: str | None = None, timeou
     if cxx is None or cuda_include is None:
         raise FileNotFoundError("the binding check needs g++ and the CUDA headers")
     source = Path(source)
+    stamp = cache_root() / "binding-checks" / f"{source.stem}-{_binding_key(source, cxx, cuda_include)}.ok"
+    if cache and stamp.is_file():
+        return BindingReport(source, 0, f"unchanged since a passing check ({stamp.name})")
+    report = _compile_binding(source, cxx, cuda_include, include_paths, timeout)
+    if cache and report.ok:
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        stamp.write_text(report.output)
+    return report
+
+
+def _compile_binding(source: Path, cxx: str, cuda_include: Path, include_paths, timeout: float) -> BindingReport:
     torch_includes = [Path(p) for p in include_paths()]
     with tempfile.TemporaryDirectory(prefix="streamstudio-binding-") as tmp:
         includes = [source.parent, *torch_includes, Path(sysconfig.get_paths()["include"]), cuda_include]
