@@ -20,13 +20,13 @@ from streamstudio.models.video_data import COLOURS, dominant_colour
 
 
 def make_clip(*args, **kwargs):
-    """tests/test_streaming_clips.make_clip, imported when a test runs: that module skips without
+    """tests/clips.make_clip, imported when a test runs: that module skips without
     PyAV, and this one's gpu tests must still be collected on the GPU image, which has none."""
-    return pytest.importorskip("test_streaming_clips").make_clip(*args, **kwargs)
+    return pytest.importorskip("clips").make_clip(*args, **kwargs)
 
 
 def probe(path):
-    return pytest.importorskip("test_streaming_clips").probe(path)
+    return pytest.importorskip("clips").probe(path)
 
 
 @pytest.fixture(scope="module")
