@@ -225,6 +225,11 @@ def number(kind: type = float, low: float | None = None, high: float | None = No
     return convert
 
 
+def _dest(setting: LiveSetting) -> str | None:
+    """The argparse destination of a setting's flag (--filter-threshold: filter_threshold)."""
+    return setting.flag.lstrip("-").replace("-", "_") if setting.flag else None
+
+
 def config_values(args) -> dict:
     """The pipeline settings a command line gave, by their table name ({"strength": 0.5,
     "guidance_scale": 1.4, ...}): every table setting of the pipeline's config that has a flag,
@@ -233,7 +238,7 @@ def config_values(args) -> dict:
     similarity threshold turns the filter on only when given)."""
     values = {}
     for s in live_settings.SETTINGS.values():
-        dest = s.flag.lstrip("-").replace("-", "_") if s.flag else None
+        dest = _dest(s)
         if not s.pipeline or dest is None or not hasattr(args, dest):
             continue
         value = getattr(args, dest)
@@ -247,7 +252,7 @@ def flag_dests() -> dict[str, str]:
     """{setting name: the argparse destination of its flag} where the two differ
     (guidance_scale: guidance), so a config file may use either name."""
     table = live_settings.SETTINGS.values()
-    dests = {s.name: s.flag.lstrip("-").replace("-", "_") for s in table if s.flag is not None}
+    dests = {s.name: _dest(s) for s in table if s.flag is not None}
     return {name: dest for name, dest in dests.items() if name != dest}
 
 
