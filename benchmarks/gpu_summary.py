@@ -28,9 +28,9 @@ from pathlib import Path
 STAGES_FILE = "stages.json"
 
 # which stage writes which file
-STAGE_OF = {"gpu_tests.xml": "tests", "kernels.json": "kernels", "stream_diffusion.json": "stream_diffusion",
-            "splats.json": "splats", "stream_video.json": "video", "multistream.json": "multistream",
-            "webapp.json": "webapp", "stream_diffusion_addons.json": "addons", "kernels_full.json": "kernels_full"}
+STAGE_OF = {"gpu_tests.xml": "tests", "gpu_tests_slow.xml": "tests_slow", "kernels.json": "kernels",
+            "stream_diffusion.json": "stream_diffusion", "splats.json": "splats", "stream_video.json": "video",
+            "multistream.json": "multistream", "webapp.json": "webapp", "stream_diffusion_addons.json": "addons", "kernels_full.json": "kernels_full"}
 
 KILLED_RCS = (124, 137)  # timeout's exit status, and SIGKILL after --kill-after
 
@@ -103,7 +103,7 @@ def record(out: Path, stage: str, rc: int | None = None, seconds: float | None =
         entry["error"] = first_error_line(text) or f"exit status {rc}"
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     entry["last_line"] = lines[-1][:300] if lines else None
-    if stage == "tests":
+    if stage in ("tests", "tests_slow"):
         entry["counts"] = pytest_counts(text)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -190,18 +190,18 @@ def _key(name, *path, on=None):
     return get
 
 
-def _tests(files, stages):
-    if "gpu_tests.xml" in files:
+def _tests(files, stages, xml="gpu_tests.xml"):
+    if xml in files:
         try:
-            root = ET.parse(files["gpu_tests.xml"]).getroot()
+            root = ET.parse(files[xml]).getroot()
         except ET.ParseError as e:
-            raise Missing(f"gpu_tests.xml unreadable: {e}") from None
+            raise Missing(f"{xml} unreadable: {e}") from None
         suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
         n = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
         passed = n["tests"] - n["failures"] - n["errors"] - n["skipped"]
         return dict(passed=passed, failed=n["failures"], errors=n["errors"], skipped=n["skipped"], tests=n["tests"],
                     partial=False)
-    stage = stages.get("tests")
+    stage = stages.get(STAGE_OF[xml])
     if stage and stage.get("counts") and stage["status"] in ("killed", "failed"):
         c = stage["counts"]
         if any(c.get(w.lower()) for w in PYTEST_WORDS):
@@ -307,14 +307,15 @@ def rows(folders: list[Path]) -> tuple[list[tuple], list[dict]]:
     def missing(label, file, target, reason):
         out.append((label, "missing", target, "MISSING", reason or why_missing(file, stages)))
 
-    try:
-        t = _tests(files, stages)
-        ok = t["failed"] == 0 and t["errors"] == 0 and (t["passed"] + t["skipped"]) > 0
-        value = f"{t['passed']} passed, {t['failed']} failed, {t['errors']} errors, {t['skipped']} skipped"
-        note = "partial: stage did not finish; counts from its log" if t["partial"] else ""
-        out.append(("gpu tests", value, "0 failed, 0 errors", "pass" if ok and not t["partial"] else "FAIL", note))
-    except Missing as e:
-        missing("gpu tests", "gpu_tests.xml", "0 failed, 0 errors", e.args[0])
+    for label, xml in (("gpu tests", "gpu_tests.xml"), ("slow gpu tests", "gpu_tests_slow.xml")):
+        try:
+            t = _tests(files, stages, xml)
+            ok = t["failed"] == 0 and t["errors"] == 0 and (t["passed"] + t["skipped"]) > 0
+            value = f"{t['passed']} passed, {t['failed']} failed, {t['errors']} errors, {t['skipped']} skipped"
+            note = "partial: stage did not finish; counts from its log" if t["partial"] else ""
+            out.append((label, value, "0 failed, 0 errors", "pass" if ok and not t["partial"] else "FAIL", note))
+        except Missing as e:
+            missing(label, xml, "0 failed, 0 errors", e.args[0])
     for label, file, get, target, check in FIGURES:
         try:
             value, on = get(files)

@@ -139,7 +139,8 @@ def gpu_4b(repeats: int, config: str = "4b", latent: tuple[int, ...] = LATENT_4B
             params = count_parameters(StreamDiT(named_config(config)))
         return {"params": params, "step_ms": None, **anchor,
                 "note": "missing: no GPU in this session (the 4B step at 512p needs one)"}
-    model = StreamDiT(named_config(config)).to("cuda", torch.bfloat16).eval()
+    with torch.device("cuda"):  # initialised on the GPU: 4B parameters' random init on the CPU takes minutes
+        model = StreamDiT(named_config(config)).to(torch.bfloat16).eval()
     x = torch.randn(*latent, device="cuda", dtype=torch.bfloat16)  # (B, F, C, H, W): 16x64x64 latents
     t = torch.rand(latent[0], latent[1], device="cuda")  # (B, F): one level per frame
     text = model.encode_text("a red circle moving left")

@@ -139,15 +139,15 @@ def test_dry_run_on_the_gpu_image_collects_every_gpu_test_and_imports_every_benc
                                capture_output=True, text=True)
         assert probe.returncode != 0 and "ModuleNotFoundError" in probe.stderr, (name, probe.stderr[-500:])
     out = tmp_path / "out"
-    run = subprocess.run(["bash", str(SCRIPT), "first", "second", "--dry-run"], cwd=ROOT, capture_output=True,
-                         text=True, env={**env, "OUT": str(out)}, timeout=600)
+    run = subprocess.run(["bash", str(SCRIPT), "first", "second", "kernels_full", "--dry-run"], cwd=ROOT,
+                         capture_output=True, text=True, env={**env, "OUT": str(out)}, timeout=600)
     log = (out / "session.log").read_text() if (out / "session.log").is_file() else ""
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     stages = {s["stage"]: s for s in json.loads((out / "stages.json").read_text())["stages"]}
     assert stages["webapp"]["status"] == "missing" and "gradio" in stages["webapp"]["error"]
     assert stages["tensorrt"]["status"] == "missing" and "no TensorRT" in stages["tensorrt"]["error"]
-    for name in ("build", "tests", "kernels", "stream_diffusion", "splats", "video", "multistream", "addons",
-                 "kernels_full"):
+    for name in ("build", "tests", "kernels", "stream_diffusion", "splats", "video", "multistream", "tests_slow",
+                 "addons", "kernels_full"):
         assert stages[name]["status"] == "dry-run", (name, stages[name], log[-3000:])
 
     # every gpu test, and no error: collected node ids against the test files' syntax trees
@@ -161,7 +161,11 @@ def test_dry_run_on_the_gpu_image_collects_every_gpu_test_and_imports_every_benc
         assert names <= collected.get(file, set()), (file, names - collected.get(file, set()))
     n_collected = sum(1 for ln in log.splitlines() if re.match(r"^tests/test_\w+\.py::", ln.strip()))
     assert n_collected >= sum(len(v) for v in expected.values())
-    assert f"{n_collected}/" in stages["tests"]["last_line"] and "error" not in stages["tests"]["last_line"]
+    # the tests stage and tests_slow split the gpu tests between them (slow: the second call's)
+    counts = [re.search(r"(\d+)/\d+ tests collected", stages[name]["last_line"]) for name in ("tests", "tests_slow")]
+    last = [stages[name]["last_line"] for name in ("tests", "tests_slow")]
+    assert all(counts) and sum(int(m.group(1)) for m in counts) == n_collected, last
+    assert all("error" not in stages[name]["last_line"] for name in ("tests", "tests_slow"))
     assert "MISSING | stage webapp missing: not run: gradio" in (out / "summary.md").read_text()
 
 
@@ -304,7 +308,8 @@ GPU_IMAGE_PYTHON = (3, 12)
 GPU_IMAGE_TORCH = "2.11.0+cu130"
 GPU_IMAGE_CUDA = "13.0"
 GPU_ARCH = "sm_90"
-FIRST_CALL_S, SECOND_CALL_S = 7 * 60, 4 * 60
+FIRST_CALL_S, SECOND_CALL_S = 8 * 60, 255
+DEVICE_S, START_S = 15 * 60, 60  # a task's device time; a machine's start (30-60 s seen on 2026-11-26)
 
 
 def plan(*groups: str) -> dict:
@@ -314,12 +319,14 @@ def plan(*groups: str) -> dict:
     return json.loads(run.stdout)
 
 
-def test_the_first_call_makes_every_headline_figure_within_seven_minutes():
-    """Call 1 fits 7 minutes (the machine's start excluded) and makes every headline figure; call 2
-    fits 4. Every stage's limit fits its call's budget together with the others' (so no stage is
+def test_the_first_call_makes_every_headline_figure_within_eight_minutes():
+    """Call 1 fits 8 minutes (the machine's start excluded) and makes every headline figure; call 2
+    fits 4.25. Every stage's limit fits its call's budget together with the others' (so no stage is
     cut for time), and the budget leaves the call a margin."""
     groups = plan("first")["groups"]
     assert groups["first"]["call_timeout_s"] <= FIRST_CALL_S and groups["second"]["call_timeout_s"] <= SECOND_CALL_S
+    # both calls fit the task's device time even when the second must start a machine again
+    assert FIRST_CALL_S + SECOND_CALL_S + 2 * START_S <= DEVICE_S
     for name in ("first", "second"):
         p = plan(name)
         assert sum(s["limit"] for s in p["stages"]) + p["reserve"] <= p["budget"] < groups[name]["call_timeout_s"]
@@ -327,7 +334,7 @@ def test_the_first_call_makes_every_headline_figure_within_seven_minutes():
     first = [s["stage"] for s in plan("first")["stages"]]
     assert first[0] == "build"  # the extensions before anything uses them
     headline = {gpu_summary.STAGE_OF[file] for _, file, *_ in gpu_summary.FIGURES} | {"tests"}
-    later = {"addons", "kernels_full", "webapp"}  # the second call's (webapp: missing on the image)
+    later = {"tests_slow", "addons", "kernels_full", "webapp"}  # the second call's (webapp: missing on the image)
     assert headline - later <= set(first), headline - set(first)
     assert {"kernels", "stream_diffusion", "splats", "video", "multistream", "tests", "tensorrt"} <= set(first)
 
