@@ -1,4 +1,4 @@
-"""Batch rendering on Ray (app/cluster.py): 1 against 2 workers here, and a paper model of N GPUs.
+"""Batch rendering on Ray (app/batch/cluster.py): 1 against 2 workers here, and a paper model of N GPUs.
 
     python benchmarks/cluster.py            # full
     python benchmarks/cluster.py --quick    # fewer, shorter clips
@@ -37,7 +37,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from streamstudio.app import cli, cluster  # noqa: E402
+from streamstudio.app import cli  # noqa: E402
+from streamstudio.app.batch import cluster
 from streamstudio.streaming.sinks import open_sink  # noqa: E402
 from streamstudio.streaming.sources import open_source  # noqa: E402
 
@@ -79,7 +80,7 @@ def workers_throughput(folder: Path, out: Path, workers: int) -> dict:
 def part_costs(frames: int) -> dict:
     """Per 512x512 frame: a part's write and read (segments.PartSink / read_part), H.264 encode
     (the stitch's sink) and decode (the frames a segment skips), and the bytes of each."""
-    from streamstudio.app.segments import PartSink, read_part
+    from streamstudio.app.batch.segments import PartSink, read_part
 
     images = [textured(512, 512, seed=k) for k in range(frames)]
     with tempfile.TemporaryDirectory() as tmp:

@@ -42,7 +42,7 @@ import torch
 from common import RESULTS as RESULTS_DIR, bench_device, table, utc_now, write_json  # puts the package on sys.path
 
 from streamstudio import kernels
-from streamstudio.app.commands.bench import device_name
+from streamstudio.app.cli.bench import device_name
 from streamstudio.kernels import reference
 from streamstudio.kernels.reference import CFG_FULL, CFG_NONE, CFG_SELF
 
@@ -340,7 +340,7 @@ def sd_turbo_components(device: torch.device, dtype: torch.dtype):
     from diffusers import AutoencoderTiny, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel
 
-    from streamstudio.models import tiny
+    from streamstudio.models.image import tiny
     from streamstudio.models.loading import SDComponents
 
     torch.manual_seed(0)

@@ -22,8 +22,8 @@ import torch
 from common import RESULTS, bench_device, utc_now, write_json  # puts the package on sys.path
 
 from streamstudio.models.batching import BatchingConfig
-from streamstudio.app.commands.bench import closed_loop, device_name
-from streamstudio.app.sessions import ServerModel, SessionManager
+from streamstudio.app.cli.bench import closed_loop, device_name
+from streamstudio.app.web.sessions import ServerModel, SessionManager
 from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
 
 

@@ -28,7 +28,7 @@ from common import RESULTS, synchronizer, timed, write_json  # puts the package 
 
 from streamstudio.kernels.splat import rasterize_gaussians
 from streamstudio.pipelines.splat_render import SceneFit, SplatRenderConfig, camera_path
-from streamstudio.models.gaussians import GaussianScene
+from streamstudio.models.splats.gaussians import GaussianScene
 
 TARGETS_FPS = {(10_000, 256): 60.0, (100_000, 256): 10.0}
 GSPLAT_PUBLISHED = "gsplat: 172 fps, 2.8M Gaussians, 1080p, TITAN RTX (published)"

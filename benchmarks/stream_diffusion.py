@@ -22,9 +22,9 @@ import torch
 
 from common import RESULTS, bench_device, synchronizer, table, timed, utc_now, write_json  # puts the package on sys.path
 
-from streamstudio.app.commands.bench import device_name
+from streamstudio.app.cli.bench import device_name
 from streamstudio.models.loading import SDComponents, load_components
-from streamstudio.models.tiny import SCHEDULER_CONFIG, tiny_tokenizer
+from streamstudio.models.image.tiny import SCHEDULER_CONFIG, tiny_tokenizer
 from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
 
@@ -145,7 +145,7 @@ def addon_variants(comps: SDComponents, folder: str) -> dict[str, SDComponents]:
     UNet and text encoder, so every variant runs side by side)."""
     from diffusers import ControlNetModel
 
-    from streamstudio.models.lora import LoraSet, save_random_lora
+    from streamstudio.models.image.lora import LoraSet, save_random_lora
 
     param = next(comps.unet.parameters())
     nets = [_fast_random_init(ControlNetModel.from_unet(comps.unet)).to(param.device, param.dtype) for _ in range(2)]

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from streamstudio.models.stream_dit import (StreamDiT, WindowSelfAttention, count_parameters, load_builtin,
+from streamstudio.models.video.stream_dit import (StreamDiT, WindowSelfAttention, count_parameters, load_builtin,
                                             named_config)
 from streamstudio.pipelines.stream_video import (StreamBufferConfig, StreamDiTBackbone, StreamSampler,
                                                  StreamVideoConfig, VideoStream)
@@ -164,7 +164,7 @@ def gpu_wan(repeats: int) -> dict:
     one timestep per latent frame; on the GPU only (missing otherwise)."""
     from diffusers import WanTransformer3DModel
 
-    from streamstudio.models.wan import WanBackbone
+    from streamstudio.models.video.wan import WanBackbone
 
     anchor = {"latent": WAN_LABEL, "latent_shape": list(WAN_1_3B_LATENT), "config": "Wan2.1-T2V-1.3B (random weights)"}
     if not torch.cuda.is_available():

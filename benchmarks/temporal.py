@@ -37,8 +37,8 @@ import torch
 
 from common import RESULTS, bench_device, synchronizer, table, timed, utc_now, write_json  # puts the package on sys.path
 
-from streamstudio.app.commands.bench import device_name
-from streamstudio.models import feature_bank
+from streamstudio.app.cli.bench import device_name
+from streamstudio.models.image import feature_bank
 from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
 MODES = {

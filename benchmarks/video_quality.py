@@ -198,7 +198,7 @@ def data_clip(prompt: str, seed: int, size: int = 32, frames: int = FRAMES) -> l
     """The training data's own clip for `prompt` (random speed, size, position by `seed`)."""
     import random
 
-    from streamstudio.models.video_data import random_spec, render_shape_clip
+    from streamstudio.models.video.video_data import random_spec, render_shape_clip
 
     words = prompt.split()  # "a COLOUR SHAPE moving DIRECTION"
     spec = random_spec(random.Random(seed), size, colour=words[1])
@@ -224,7 +224,7 @@ def distillation_figures(teacher_dir: str, student_dir: str, teacher_steps: int,
                          pairs: list[tuple[str, int]], frames: int = 16) -> dict:
     """Video-level check of a distilled student (s = 1) against its teacher at s = teacher_steps,
     beside the teacher's own s = 1 videos, in the student's layout (N, c)."""
-    from streamstudio.models.stream_dit import load_checkpoint
+    from streamstudio.models.video.stream_dit import load_checkpoint
 
     teacher, _ = load_checkpoint(teacher_dir)
     student, meta = load_checkpoint(student_dir)
@@ -276,7 +276,7 @@ def main(argv=None) -> int:
         layout, source, guidance = (1, 1, 1), "training data (render_shape_clip)", 1.0
         videos = [measure_video(data_clip(p, s), p, s, chunk_size=1) for p, s in pairs]
     else:
-        from streamstudio.models.stream_dit import BUILTIN_CHECKPOINT, load_checkpoint
+        from streamstudio.models.video.stream_dit import BUILTIN_CHECKPOINT, load_checkpoint
 
         folder = args.model or str(BUILTIN_CHECKPOINT)
         model, meta = load_checkpoint(folder)

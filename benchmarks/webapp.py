@@ -33,8 +33,8 @@ import numpy as np
 
 from common import RESULTS, ROOT, write_json  # puts the package on sys.path
 
-from streamstudio.app.sessions import PROBE_BITS, draw_probe, read_probe
-from streamstudio.app.webrtc import StudioClient
+from streamstudio.app.web.sessions import PROBE_BITS, draw_probe, read_probe
+from streamstudio.app.web.webrtc import StudioClient
 
 def free_port() -> int:
     with socket.socket() as s:

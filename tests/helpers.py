@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import torch
 
-from streamstudio.models.image_net import WrappedImageNet
+from streamstudio.models.image.image_net import WrappedImageNet
 
 
 def half_points(step: int = 7) -> np.ndarray:
@@ -48,7 +48,7 @@ SH_C0 = 0.28209479177387814
 
 def random_scene(n: int, degree: int, seed: int = 0):
     """n random Gaussians around the origin with SH of `degree`, DC colours in range."""
-    from streamstudio.models.gaussians import GaussianScene
+    from streamstudio.models.splats.gaussians import GaussianScene
 
     g = torch.Generator().manual_seed(seed)
     k = (degree + 1) ** 2

@@ -15,7 +15,7 @@ SIZE = 64
 
 def start(*extra: str):
     from streamstudio.app.cli import build_parser
-    from streamstudio.app.commands.serve import start_in_thread
+    from streamstudio.app.cli.serve import start_in_thread
 
     torch.set_num_threads(1)
     args = build_parser().parse_args(["serve", "--model", "tiny", "--width", str(SIZE), "--height", str(SIZE),
@@ -46,7 +46,7 @@ class Collector:
 
 
 async def connected(url: str, prompt: str, make=pattern, fps: float = 15.0):
-    from streamstudio.app.webrtc import StudioClient
+    from streamstudio.app.web.webrtc import StudioClient
 
     got = Collector()
     client = StudioClient(url, make, got, fps=fps)

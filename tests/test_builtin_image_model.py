@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from streamstudio.models import image_data
+from streamstudio.models.image import image_data
 from streamstudio.models.loading import BUILTIN_DIR, load_components
 from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
@@ -180,7 +180,7 @@ def test_procedural_data_is_seeded():
 
 
 def test_pipeline_timesteps_are_the_pipelines():
-    from streamstudio.app.image_training import pipeline_timesteps
+    from streamstudio.app.training.image import pipeline_timesteps
 
     default, img2img, txt = pipeline_timesteps()
     assert default in img2img and txt == 999 and 0 < default < txt
@@ -233,7 +233,7 @@ def test_style_share_raises_the_share_of_style_prompts():
 def test_init_starts_a_new_run_from_the_shipped_model(tmp_path):
     from safetensors.torch import load_file
 
-    from streamstudio.app.image_training import ImageTrainConfig, ImageTrainer
+    from streamstudio.app.training.image import ImageTrainConfig, ImageTrainer
 
     trainer = ImageTrainer(ImageTrainConfig(output=str(tmp_path / "run"), stage="denoiser", init=str(BUILTIN_DIR),
                                             cpu=True, progress=False))

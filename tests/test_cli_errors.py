@@ -146,7 +146,7 @@ def test_user_error_is_one_line_without_traceback(case, tmp_path, capsys):
 def test_config_strings_convert_as_the_command_line_would(tmp_path):
     import argparse
 
-    from streamstudio.app.commands import render
+    from streamstudio.app.cli import render
 
     parser = argparse.ArgumentParser()
     render.add_parser(parser.add_subparsers())

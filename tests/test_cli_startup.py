@@ -151,7 +151,7 @@ def test_serve_says_a_port_in_use_before_the_model(tmp_path):
 def test_splat_names_match_the_renderer():
     """The splat command writes the renderer's names so that parsing imports no torch; they
     must stay the renderer's."""
-    from streamstudio.app.commands import splat
+    from streamstudio.app.cli import splat
     from streamstudio.kernels.splat import IMPLS
     from streamstudio.pipelines.splat_render import MODES, PATHS
 
@@ -159,8 +159,8 @@ def test_splat_names_match_the_renderer():
 
 
 def test_training_config_defaults_match_the_data():
-    from streamstudio.app.training_config import ImageTrainConfig
-    from streamstudio.models import image_data
+    from streamstudio.app.training.config import ImageTrainConfig
+    from streamstudio.models.image import image_data
 
     assert ImageTrainConfig().style_share == image_data.DEFAULT_STYLE_SHARE
 

@@ -32,7 +32,7 @@ def test_v_anywhere_shows_the_cause_chain(argv, capsys):
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert "Traceback (most recent call last)" in err
-    assert "streamstudio/app/commands/splat.py" in err  # where it was raised
+    assert "streamstudio/app/cli/splat.py" in err  # where it was raised
     assert err.rstrip().splitlines()[-1].startswith("error: --output is required")  # the one line stays last
 
 

@@ -1,4 +1,4 @@
-"""Batch rendering (app/cluster.py, app/segments.py): many clips and one long clip cut into
+"""Batch rendering (app/batch/cluster.py, app/batch/segments.py): many clips and one long clip cut into
 segments, here and on a local Ray cluster; every output is compared frame by frame, bitwise,
 with a local `render` of its input (tiny model, CPU, one thread, same seed)."""
 
@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 from clips import make_clip
 
-from streamstudio.app import cli, cluster
+from streamstudio.app import cli
+from streamstudio.app.batch import cluster
 
 # the similarity filter skips frames (its replay is what makes a segment's decisions the whole
 # file's) and the prompt schedule changes near the segment cuts (the tails make those frames exact)
@@ -129,7 +130,7 @@ def test_a_run_stopped_before_its_stitch_restarts_with_the_stitch_only(tmp_path,
 
 
 def test_segments_are_cut_at_keyframes_near_even_cuts():
-    from streamstudio.app.segments import plan_pieces
+    from streamstudio.app.batch.segments import plan_pieces
 
     pieces = plan_pieces("in.mp4", "out.mp4", "parts", 100, [0, 30, 45, 70, 90], segment_frames=30)
     assert [(p.start, p.end, p.frames) for p in pieces] == [(0, 30, 30), (30, 70, 40), (70, None, 30)]

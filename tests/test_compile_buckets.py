@@ -139,7 +139,7 @@ def test_without_buckets_a_new_stream_count_compiles_again(tiny_components_facto
 
 
 def test_compiled_net_sees_contiguous_text_and_timesteps(monkeypatch):
-    from streamstudio.models.image_net import DiffusersImageNet, ImageCond
+    from streamstudio.models.image.image_net import DiffusersImageNet, ImageCond
 
     seen = []
 

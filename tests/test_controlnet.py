@@ -1,4 +1,4 @@
-"""ControlNets (models/controlnet.py): tiny ControlNets made from the tiny UNets, checked against
+"""ControlNets (models/image/controlnet.py): tiny ControlNets made from the tiny UNets, checked against
 diffusers' own MultiControlNetModel."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from streamstudio.errors import ModelNotFoundError, StreamStudioError
-from streamstudio.models import controlnet, sdxl
-from streamstudio.models.controlnet import ControlNetSpec, load_controlnet, parse_controlnet
+from streamstudio.models.image import controlnet, sdxl
+from streamstudio.models.image.controlnet import ControlNetSpec, load_controlnet, parse_controlnet
 
 
 def tiny_controlnet(unet, seed=0):
@@ -265,7 +265,7 @@ def test_streams_with_different_control_scales_share_calls_and_get_their_own_fra
 def test_web_sessions_start_from_the_clis_control_settings(sd, tmp_path):
     """serve's sessions are built by ServerModel over the shared model: each gets its own control
     inputs with the --control-preprocessor and --controlnet scales given on the command line."""
-    from streamstudio.app.sessions import ServerModel
+    from streamstudio.app.web.sessions import ServerModel
     from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
 
     comps, nets = sd
@@ -313,7 +313,7 @@ def test_warm_up_feeds_every_field_the_model_takes(tmp_path):
     from test_ip_adapter import write_tiny_ip_adapter
 
     from streamstudio.models.acceleration import BatchPlan, warm_up
-    from streamstudio.models.ip_adapter import IPAdapter
+    from streamstudio.models.image.ip_adapter import IPAdapter
     from streamstudio.models.loading import load_components
 
     xl = load_components("tiny-sdxl")
@@ -366,7 +366,7 @@ def test_web_api_control_scales_reach_the_session_stream(sd):
     """The web API's settings check takes control_scales (the session's own scales, per row) and
     a session applies them to its stream; wrong values are one clear error."""
     from streamstudio.app.settings import parse_settings
-    from streamstudio.app.sessions import ServerModel
+    from streamstudio.app.web.sessions import ServerModel
     from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
 
     comps, nets = sd

@@ -11,7 +11,7 @@ from helpers import SpecEngine
 from streamstudio.kernels.tensorrt.export import check_onnx, export_onnx
 from streamstudio.models import acceleration
 from streamstudio.models.export_specs import EngineImageNet, eps_spec, vae_decoder_spec, vae_encoder_spec
-from streamstudio.models.image_net import DiffusersImageNet, ImageCond
+from streamstudio.models.image.image_net import DiffusersImageNet, ImageCond
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
@@ -31,7 +31,7 @@ def comps():
 @pytest.fixture(scope="module")
 def taesd():
     """The image seam over the tiny UNet and a tiny TAESD."""
-    from streamstudio.models import tiny
+    from streamstudio.models.image import tiny
 
     parts = tiny.tiny_components(taesd=True)
     return DiffusersImageNet(parts["unet"], parts["taesd"])
@@ -66,7 +66,7 @@ def test_taesd_onnx_matches_onnxruntime(taesd, part, tmp_path):
 
 
 def test_video_model_onnx_matches_onnxruntime(tmp_path):
-    from streamstudio.models.stream_dit import StreamDiT, named_config
+    from streamstudio.models.video.stream_dit import StreamDiT, named_config
 
     torch.manual_seed(0)
     model = StreamDiT(named_config("tiny")).eval()
@@ -113,7 +113,7 @@ def test_engine_net_drops_into_the_pipeline(tiny_components_factory):
 
 def test_video_engine_pads_text_tokens():
     from streamstudio.models.export_specs import VideoEngine
-    from streamstudio.models.stream_dit import StreamDiT, named_config
+    from streamstudio.models.video.stream_dit import StreamDiT, named_config
 
     torch.manual_seed(0)
     model = StreamDiT(named_config("tiny")).eval()

@@ -201,7 +201,7 @@ class FakePipe:
 
 
 def test_bench_device_name_on_a_gpu(fake_gpu):
-    from streamstudio.app.commands.bench import device_name
+    from streamstudio.app.cli.bench import device_name
 
     assert device_name(CUDA) == GPU_NAME
     assert device_name(torch.device("cuda", 0)) == GPU_NAME
@@ -209,7 +209,7 @@ def test_bench_device_name_on_a_gpu(fake_gpu):
 
 
 def test_bench_one_stream_synchronizes_the_gpu_after_each_frame(fake_gpu):
-    from streamstudio.app.commands.bench import time_one_stream
+    from streamstudio.app.cli.bench import time_one_stream
 
     pipe = FakePipe()
     r = time_one_stream(pipe, frames=5, warmup=2, txt2img=False, progress=False)
@@ -728,7 +728,7 @@ def test_benchmark_webapp_machine_on_a_gpu(fake_gpu):
 
 
 def test_splat_tab_renders_on_the_gpu_when_there_is_one(fake_gpu):
-    from streamstudio.app.splat_tab import ViewSettings
+    from streamstudio.app.web.splat_tab import ViewSettings
 
     assert ViewSettings().render_config().device == "cuda"
     assert ViewSettings().render_config("cpu").device == "cpu"

@@ -1,4 +1,4 @@
-"""The image seam (models/image_net.py): the condition's row-wise handling, the diffusers
+"""The image seam (models/image/image_net.py): the condition's row-wise handling, the diffusers
 adapter against diffusers' own calls, and every variant (compiled, TensorRT engine, batched
 across streams) reaching the network through the same three calls."""
 
@@ -15,7 +15,7 @@ from streamstudio.models.batching import BatchedImageNet, BatchExecutor, Batchin
 from streamstudio.errors import StreamStudioError
 from streamstudio.models import acceleration
 from streamstudio.models.export_specs import EngineImageNet, eps_spec, vae_decoder_spec, vae_encoder_spec
-from streamstudio.models.image_net import DiffusersImageNet, ImageCond, ImageNet
+from streamstudio.models.image.image_net import DiffusersImageNet, ImageCond, ImageNet
 
 
 def _wide(rows: int, seed: int = 0) -> ImageCond:

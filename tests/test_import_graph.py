@@ -1,7 +1,8 @@
 """The house's shape, read from the sources' syntax trees (issue 27): imports point down the
-layers (app -> streaming -> pipelines -> models -> kernels), nothing imports `app/commands/` (the
-commands are argument parsers over `app/streams/`), a stream opens in one place, and no new
-import circle appears. Imports inside functions count: a circle closed at run time is still one."""
+layers (app -> streaming -> pipelines -> models -> kernels), nothing imports `app/cli/` (the
+commands are argument parsers over `app/streams/`), the front ends' folders (app/web, app/batch,
+app/training) and the products' model folders (models/image, models/video, models/splats) do not
+import each other, a stream opens in one place, and no new import circle appears. Imports inside functions count: a circle closed at run time is still one."""
 
 from __future__ import annotations
 
@@ -87,8 +88,30 @@ def test_imports_point_down_the_layers():
 def test_nothing_imports_the_commands():
     graph = import_graph()
     reaching = sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets
-                      if b.startswith("streamstudio.app.commands") and not a.startswith("streamstudio.app.commands"))
-    assert reaching == []  # (cli.py imports the named command by its name, at run time)
+                      if b.startswith("streamstudio.app.cli") and not a.startswith("streamstudio.app.cli")
+                      and a != "streamstudio.__main__")
+    assert reaching == []  # (app/cli/__init__.py imports the named command by its name, at run time)
+
+
+SIBLINGS = {"streamstudio.app": ("web", "batch", "training"), "streamstudio.models": ("image", "video", "splats")}
+
+
+def folder(module: str) -> str | None:
+    for parent, names in SIBLINGS.items():
+        for name in names:
+            if module == f"{parent}.{name}" or module.startswith(f"{parent}.{name}."):
+                return f"{parent}.{name}"
+    return None
+
+
+def test_front_ends_and_products_do_not_import_each_other():
+    """The web server, batch rendering and training share only app/streams and app/settings; the
+    image, video and splat models share only models/' own modules (loading, hub, acceleration)."""
+    across = sorted(f"{a} -> {b}" for a, targets in import_graph().items() for b in targets
+                    if folder(a) and folder(b) and folder(a) != folder(b) and layer(a) == layer(b))
+    assert across == []
+    assert all((PACKAGE / parent.split(".")[1] / name / "__init__.py").is_file()
+               for parent, names in SIBLINGS.items() for name in names)
 
 
 def test_no_new_import_circle():

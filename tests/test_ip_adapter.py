@@ -1,4 +1,4 @@
-"""IP-Adapter (models/ip_adapter.py) with a tiny image encoder and projection written by the test in
+"""IP-Adapter (models/image/ip_adapter.py) with a tiny image encoder and projection written by the test in
 h94/IP-Adapter's file layout, loaded through diffusers' loader."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from streamstudio.errors import ModelNotFoundError, StreamStudioError
-from streamstudio.models.ip_adapter import IPAdapter, IPAdapterSpec, locate, parse_ip_adapter
+from streamstudio.models.image.ip_adapter import IPAdapter, IPAdapterSpec, locate, parse_ip_adapter
 
 EMBED_DIM = 32
 
@@ -140,7 +140,7 @@ def test_clip_pixels_equal_clip_image_processor(h, w):
     (and a pixel's shift where it rounded the long side)."""
     from PIL import Image
 
-    from streamstudio.models.ip_adapter import clip_pixels
+    from streamstudio.models.image.ip_adapter import clip_pixels
 
     image = picture(h, w)
     want = clip_processor(224)(Image.fromarray(image), return_tensors="pt").pixel_values  # (1, 3, 224, 224)
@@ -254,7 +254,7 @@ def test_per_row_scales_equal_diffusers_processor_at_each_rows_uniform_scale(com
     at scale 0 is the plain UNet's."""
     from diffusers.models.attention_processor import IPAdapterAttnProcessor2_0
 
-    from streamstudio.models.ip_adapter import row_scaled_processor_class
+    from streamstudio.models.image.ip_adapter import row_scaled_processor_class
 
     ip = IPAdapter(comps, f"{write_tiny_ip_adapter(comps.unet, tmp_path / 'ip')}:1")
     processors = [p for p in comps.unet.attn_processors.values() if hasattr(p, "to_k_ip")]
@@ -347,7 +347,7 @@ def test_compiled_unet_takes_per_row_scales_without_recompiling(comps, tmp_path)
     import time
 
     from streamstudio.models.acceleration import CompiledImageNet
-    from streamstudio.models.image_net import ImageCond
+    from streamstudio.models.image.image_net import ImageCond
 
     ip = IPAdapter(comps, f"{write_tiny_ip_adapter(comps.unet, tmp_path / 'ip')}:1")
     embeds = torch.cat([ip.embed(reference_image(0)), ip.embed(reference_image(1))])

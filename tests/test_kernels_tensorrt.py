@@ -17,7 +17,7 @@ from streamstudio.kernels.tensorrt.cache import EngineCache, EngineKey, model_id
 from streamstudio.kernels.tensorrt.export import export_onnx
 from streamstudio.models import acceleration
 from streamstudio.models.export_specs import EngineImageNet, eps_spec, vae_decoder_spec
-from streamstudio.models.image_net import ImageCond
+from streamstudio.models.image.image_net import ImageCond
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
@@ -219,7 +219,7 @@ def test_build_engines_loads_the_model_as_the_app_does(monkeypatch, dtype):
     model in the dtype the app will run it in, or the app never finds the prebuilt engines."""
     from streamstudio.app.cli import build_parser
     from streamstudio.app import streams
-    from streamstudio.app.commands import build_engines
+    from streamstudio.app.cli import build_engines
     from streamstudio.models import loading
 
     seen = []
@@ -240,7 +240,7 @@ def test_build_engines_loads_the_model_as_the_app_does(monkeypatch, dtype):
 
 @pytest.mark.skipif(trt_kernels.tensorrt_available(), reason="TensorRT is installed")
 def test_video_acceleration_modes_on_cpu():
-    from streamstudio.models.stream_dit import StreamDiT, named_config
+    from streamstudio.models.video.stream_dit import StreamDiT, named_config
 
     model = StreamDiT(named_config("tiny")).eval()
     assert acceleration.apply_video_acceleration(model, "none", frames=4, height=32, width=32) is model

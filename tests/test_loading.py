@@ -408,7 +408,7 @@ def sd15_folder(tmp_path_factory):
     from diffusers import UNet2DConditionModel
     from transformers import CLIPTextModel
 
-    from streamstudio.models import tiny as tiny_model
+    from streamstudio.models.image import tiny as tiny_model
 
     parts = tiny_model.tiny_components()
     text_config = tiny_model._text_config()
@@ -444,7 +444,7 @@ def test_lcm_lora_local_path_is_fused(sd15_folder, unreachable_hub, tmp_path, fo
     pytest.importorskip("peft")
     from safetensors.torch import load_file
 
-    from streamstudio.models.lora import save_random_lora
+    from streamstudio.models.image.lora import save_random_lora
 
     base = load_components(str(sd15_folder), lcm_lora="none")
     rank, alpha = 4, 8
@@ -494,7 +494,7 @@ def test_lcm_lora_auto_unreachable_fails_fast_naming_both_flags(sd15_folder, unr
 def test_a_users_hub_lora_fails_fast_when_the_hub_cannot_be_reached(unreachable_hub, tiny_components_factory):
     """--lora owner/name goes the same way: one request, one line, the model left as it was."""
     pytest.importorskip("peft")
-    from streamstudio.models.lora import LoraSet
+    from streamstudio.models.image.lora import LoraSet
 
     loras = LoraSet(tiny_components_factory())
     start = time.monotonic()
@@ -509,8 +509,8 @@ def test_addon_hub_ids_fail_fast_when_the_hub_cannot_be_reached(tiny, unreachabl
     """A ControlNet or IP-Adapter hub id that is not cached, with a hub that does not answer: one
     line at once naming the command that fetches it (they went through huggingface_hub's retries
     for a minute before)."""
-    from streamstudio.models.controlnet import load_controlnet
-    from streamstudio.models.ip_adapter import IPAdapter
+    from streamstudio.models.image.controlnet import load_controlnet
+    from streamstudio.models.image.ip_adapter import IPAdapter
 
     canny = "lllyasviel/control_v11p_sd15_canny"
     for load, repo in ((lambda: load_controlnet(canny), canny), (lambda: IPAdapter(tiny, "h94/IP-Adapter"), "h94/IP-Adapter")):

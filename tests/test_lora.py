@@ -1,4 +1,4 @@
-"""LoRAs at run time (models/lora.py): a LoRA written by the test with peft on the tiny model,
+"""LoRAs at run time (models/image/lora.py): a LoRA written by the test with peft on the tiny model,
 checked against the peft model it was made from."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from streamstudio.errors import StreamStudioError
-from streamstudio.models.lora import LoraSet, LoraSpec, parse_lora, save_random_lora
+from streamstudio.models.image.lora import LoraSet, LoraSpec, parse_lora, save_random_lora
 
 def make_lora(base, folder, seed=0, rank=4, alpha=8, text=False, file_name=None):
     """A random LoRA (diffusers/peft layout, .safetensors) for `base`'s UNet (and text encoder),
@@ -132,7 +132,7 @@ def test_lora_errors(comps, tmp_path):
         loras.set_scale("nothing", 1.0)
     # a LoRA for other layers than this UNet has (here: a different width) is refused and leaves nothing behind
     from diffusers import UNet2DConditionModel
-    from streamstudio.models import tiny
+    from streamstudio.models.image import tiny
 
     other = copy.copy(comps)
     other.unet = UNet2DConditionModel(**{**tiny.UNET_CONFIG, "block_out_channels": (16, 32), "norm_num_groups": 4})
@@ -209,8 +209,8 @@ def test_stream_update_lora_scale_reencodes_prompts(comps, tiny_components_facto
 
 
 def test_the_page_lists_the_loaded_loras_with_their_scales(comps, tmp_path):
-    from streamstudio.app.sessions import ServerModel, SessionManager
-    from streamstudio.app.ui import model_banner
+    from streamstudio.app.web.sessions import ServerModel, SessionManager
+    from streamstudio.app.web.ui import model_banner
     from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
 
     make_lora(comps, tmp_path / "style")

@@ -48,7 +48,7 @@ def free_udp_port() -> int:
 @pytest.fixture(scope="module")
 def server():
     from streamstudio.app.cli import build_parser
-    from streamstudio.app.commands.serve import start_in_thread
+    from streamstudio.app.cli.serve import start_in_thread
 
     torch.set_num_threads(1)
     with socket.socket() as s:
@@ -114,7 +114,7 @@ def test_osc_changes_a_running_stream(server, caplog):
         wait_until(lambda: applied().get("prompt") == [["a cat", 1.0], ["a dog", 0.0]])
 
         # bad messages: one log line each, nothing applied, the server goes on
-        with caplog.at_level(logging.WARNING, logger="streamstudio.app.osc"):
+        with caplog.at_level(logging.WARNING, logger="streamstudio.app.web.osc"):
             send(server.osc_port, osc_message("/streamstudio/osc1/strength", 7.0),
                  osc_message("/streamstudio/osc1/strength", "lots"),
                  osc_message("/streamstudio/osc1/colour", 1),
@@ -161,7 +161,7 @@ def test_python_osc_client_and_loopback_bind(server):
 
 
 def test_message_mapping():
-    from streamstudio.app.osc import settings_from_message
+    from streamstudio.app.web.osc import settings_from_message
     from streamstudio.errors import StreamStudioError
 
     assert settings_from_message("/streamstudio/s/seed", (7.0,)) == ("s", {"seed": 7})
@@ -175,7 +175,7 @@ def test_message_mapping():
 
 def test_add_on_scales_by_osc():
     """ControlNet scales (one value per net) and the IP-Adapter scale, through the API's checks."""
-    from streamstudio.app.osc import settings_from_message
+    from streamstudio.app.web.osc import settings_from_message
     from streamstudio.app.settings import parse_settings
     from streamstudio.errors import StreamStudioError
 

@@ -197,9 +197,9 @@ def test_bad_config_key_and_missing_options(tmp_path, capsys):
 
 def test_video_pipeline_gets_the_render_arguments(tmp_path, monkeypatch):
     seen = {}
-    fake = types.ModuleType("streamstudio.app.commands.render_video")
+    fake = types.ModuleType("streamstudio.app.cli.render_video")
     fake.run_video_render = lambda args: seen.update(vars(args)) or 0
-    monkeypatch.setitem(sys.modules, "streamstudio.app.commands.render_video", fake)
+    monkeypatch.setitem(sys.modules, "streamstudio.app.cli.render_video", fake)
     rc = render("--pipeline", "video", "--prompt", "waves", "--output", str(tmp_path / "v.mp4"),
                 "--max-frames", "5", "--fps", "8", "--seed", "3")
     assert rc == 0
@@ -209,7 +209,7 @@ def test_video_pipeline_gets_the_render_arguments(tmp_path, monkeypatch):
 
 
 def test_video_pipeline_missing_is_a_clear_error(tmp_path, capsys, monkeypatch):
-    monkeypatch.setitem(sys.modules, "streamstudio.app.commands.render_video", None)  # import fails
+    monkeypatch.setitem(sys.modules, "streamstudio.app.cli.render_video", None)  # import fails
     rc = render("--pipeline", "video", "--prompt", "x", "--output", str(tmp_path / "v.mp4"))
     assert rc == 1 and "--pipeline video is not available" in capsys.readouterr().err
 

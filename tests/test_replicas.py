@@ -1,4 +1,4 @@
-"""`serve --gpus N` (app/replicas.py): sessions over N model replicas (CPU replicas of the tiny
+"""`serve --gpus N` (app/web/replicas.py): sessions over N model replicas (CPU replicas of the tiny
 model here): least-loaded placement, busy only when every replica is full, a failed replica's
 sessions stop with a clear error while the others keep streaming, reconnects go elsewhere."""
 
@@ -11,8 +11,8 @@ import torch
 from test_webapp_sessions import frame, wait_output
 
 from streamstudio.models.batching import BatchingConfig
-from streamstudio.app.replicas import ReplicaModel, ReplicaSessionManager, replica_devices
-from streamstudio.app.sessions import BusyError
+from streamstudio.app.web.replicas import ReplicaModel, ReplicaSessionManager, replica_devices
+from streamstudio.app.web.sessions import BusyError
 from streamstudio.errors import StreamStudioError
 from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
 
@@ -87,7 +87,7 @@ def test_replica_devices(monkeypatch):
 
 def test_serve_gpus_builds_a_replica_per_device():
     from streamstudio.app.cli import build_parser
-    from streamstudio.app.replicas import build_manager
+    from streamstudio.app.web.replicas import build_manager
 
     args = build_parser(["serve"]).parse_args(["serve", "--model", "tiny", "--gpus", "2", "--device", "cpu",
                                                "--width", "64", "--height", "64", "--max-streams", "3"])

@@ -1,4 +1,4 @@
-"""SDXL family (models/sdxl.py, models/loading.py): a tiny SDXL-architecture model saved with
+"""SDXL family (models/image/sdxl.py, models/loading.py): a tiny SDXL-architecture model saved with
 save_pretrained and as one .safetensors, its conditioning against diffusers' own SDXL pipeline,
 the SDXL choices of the loader (LCM-LoRA SDXL, TAESDXL, fp16-fix VAE) with tiny stand-ins."""
 
@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from streamstudio.errors import ModelNotFoundError
-from streamstudio.models import loading, sdxl
+from streamstudio.models import loading
+from streamstudio.models.image import sdxl
 from streamstudio.models.loading import load_components, save_single_file
-from streamstudio.models.lora import LoraSet
+from streamstudio.models.image.lora import LoraSet
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +148,7 @@ def test_taesdxl_and_fp16_vae_choices(tiny_xl, tmp_path, monkeypatch):
     diffusers_pipe(tiny_xl).save_pretrained(tmp_path / "xl")
     with pytest.raises(ModelNotFoundError, match="taesdxl"):
         load_components(str(tmp_path / "xl"), lcm_lora=None, taesd=True, local_files_only=True)
-    AutoencoderTiny(**{**__import__("streamstudio.models.tiny", fromlist=["x"]).TAESD_CONFIG}).save_pretrained(tmp_path / "taesdxl")
+    AutoencoderTiny(**{**__import__("streamstudio.models.image.tiny", fromlist=["x"]).TAESD_CONFIG}).save_pretrained(tmp_path / "taesdxl")
     fast = load_components(str(tmp_path / "xl"), lcm_lora=None, taesd=str(tmp_path / "taesdxl"))
     assert isinstance(fast.vae, AutoencoderTiny) and "fast VAE: TAESDXL" in fast.notes
 
@@ -156,7 +157,7 @@ def test_taesdxl_and_fp16_vae_choices(tiny_xl, tmp_path, monkeypatch):
     assert half.vae_upcast and next(half.vae.parameters()).dtype == torch.float32
     assert next(half.unet.parameters()).dtype == torch.float16 and any("sdxl-vae-fp16-fix" in n for n in half.notes)
     # with it (a tiny stand-in folder): swapped in, in float16
-    AutoencoderKL(**__import__("streamstudio.models.tiny", fromlist=["x"]).VAE_CONFIG,
+    AutoencoderKL(**__import__("streamstudio.models.image.tiny", fromlist=["x"]).VAE_CONFIG,
                   force_upcast=False).save_pretrained(tmp_path / "fp16fix")
     monkeypatch.setattr(sdxl, "VAE_FP16_FIX", str(tmp_path / "fp16fix"))
     fixed = load_components(str(tmp_path / "xl"), lcm_lora=None, dtype=torch.float16, local_files_only=True)

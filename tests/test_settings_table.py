@@ -25,7 +25,7 @@ def with_dummy(monkeypatch):
 
 
 def render_parser() -> argparse.ArgumentParser:
-    from streamstudio.app.commands import render
+    from streamstudio.app.cli import render
 
     parser = argparse.ArgumentParser()
     render.add_parser(parser.add_subparsers(dest="command"))
@@ -54,7 +54,7 @@ def test_a_new_setting_reaches_the_live_tab(with_dummy):
 
 
 def test_a_new_setting_reaches_the_command_line_and_the_config_file(with_dummy, tmp_path):
-    from streamstudio.app.commands import render
+    from streamstudio.app.cli import render
 
     parser = render_parser()
     assert parser.parse_args(["render"]).dummy_knob == 0.25
@@ -112,7 +112,7 @@ def test_api_errors_are_one_line_naming_the_setting(raw, words):
 
 
 def test_osc_takes_its_types_from_the_table():
-    from streamstudio.app.osc import settings_from_message
+    from streamstudio.app.web.osc import settings_from_message
 
     assert settings_from_message("/streamstudio/s1/seed", (7.0,)) == ("s1", {"seed": 7})
     assert settings_from_message("/streamstudio/s1/filter", (1,)) == ("s1", {"similarity_filter": True})
@@ -134,7 +134,7 @@ def test_the_fallback_webcam_gets_every_control_and_the_request(monkeypatch):
     import gradio as gr
     from gradio.helpers import special_args
 
-    from streamstudio.app import ui
+    from streamstudio.app.web import ui
 
     class Model:
         config = StreamDiffusionConfig(width=64, height=64)
@@ -160,7 +160,7 @@ def test_the_fallback_webcam_gets_every_control_and_the_request(monkeypatch):
 
 
 def test_a_config_file_may_name_live_settings_as_the_api_does(tmp_path):
-    from streamstudio.app.commands import render
+    from streamstudio.app.cli import render
 
     config = tmp_path / "render.yaml"
     config.write_text("guidance_scale: 2.5\ncfg_type: full\nsimilarity_threshold: 0.9\nguidance-scale-typo: 1\n")

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from streamstudio.errors import StreamStudioError
-from streamstudio.models.gaussians import load_scene, rotation_4d, slice_4d
-from streamstudio.models.gaussians_4dgs import isoclinic_quaternions, read_4dgs_checkpoint
+from streamstudio.models.splats.gaussians import load_scene, rotation_4d, slice_4d
+from streamstudio.models.splats.gaussians_4dgs import isoclinic_quaternions, read_4dgs_checkpoint
 
 N = 64
 

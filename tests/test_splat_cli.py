@@ -12,7 +12,7 @@ from helpers import recorded_runners
 
 from streamstudio.app.cli import main
 from streamstudio.errors import StreamStudioError
-from streamstudio.models.gaussians import GaussianScene
+from streamstudio.models.splats.gaussians import GaussianScene
 from streamstudio.pipelines.splat_render import (Camera, SceneFit, SplatRenderConfig, camera_path, fitted_camera,
                                                  render_frame)
 
@@ -131,7 +131,7 @@ def test_render_config_rejects_bad_values():
 
 
 def test_cli_convert_between_ply_and_compressed_ply(tmp_path, capsys):
-    from streamstudio.models.gaussians import load_scene
+    from streamstudio.models.splats.gaussians import load_scene
 
     packed, plain, again = tmp_path / "s.compressed.ply", tmp_path / "out" / "s.ply", tmp_path / "t.ply"
     assert main(["splat", "convert", "sample", str(packed)]) == 0
@@ -152,7 +152,7 @@ def test_cli_convert_between_ply_and_compressed_ply(tmp_path, capsys):
 
 
 def test_cli_convert_4d_keeps_time_in_ply_and_refuses_compressed(tmp_path, capsys):
-    from streamstudio.models.gaussians import load_scene
+    from streamstudio.models.splats.gaussians import load_scene
 
     assert main(["splat", "convert", "sample4d", str(tmp_path / "m.ply")]) == 0
     assert load_scene(tmp_path / "m.ply").is_4d

@@ -111,7 +111,7 @@ def test_cpp_matches_reference_with_covariances_and_culling(cpp_module):
 
 
 def test_cpp_matches_reference_on_the_sample_scene(cpp_module):
-    from streamstudio.models.gaussians import load_scene
+    from streamstudio.models.splats.gaussians import load_scene
     from streamstudio.pipelines.splat_render import SceneFit, SplatRenderConfig, camera_path
 
     sample = load_scene(ASSETS / "sample_scene.ply")

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from streamstudio.errors import StreamStudioError
-from streamstudio.models.gaussians import (
+from streamstudio.models.splats.gaussians import (
     SH_C0,
     GaussianScene,
     load_scene,

@@ -40,8 +40,8 @@ from helpers import random_scene, same_rotation
 
 from streamstudio.app.cli import main
 from streamstudio.errors import StreamStudioError
-from streamstudio.models.gaussians import GaussianScene, load_scene
-from streamstudio.models.gaussians_ksplat import read_ksplat
+from streamstudio.models.splats.gaussians import GaussianScene, load_scene
+from streamstudio.models.splats.gaussians_ksplat import read_ksplat
 
 C0 = 0.28209479177387814
 SCALE_RANGE = 32767  # SplatBuffer.CompressionLevels[1 and 2].ScaleRange

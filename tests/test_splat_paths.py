@@ -14,7 +14,7 @@ import torch
 from streamstudio.app.cli import main
 from streamstudio.app.streams.splat_paths import read_path_file, write_path_file
 from streamstudio.errors import StreamStudioError
-from streamstudio.models.gaussians import GaussianScene, save_scene
+from streamstudio.models.splats.gaussians import GaussianScene, save_scene
 from streamstudio.pipelines.splat_render import (Keyframe, KeyframePath, SplatRenderConfig, hermite, path_from_json,
                                                  path_to_nerfstudio, quat_to_rotation, render_frame,
                                                  rotation_to_quat, slerp, squad_path)

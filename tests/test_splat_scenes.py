@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from streamstudio.errors import StreamStudioError
-from streamstudio.models.gaussians import (SH_C0, GaussianScene, load_scene, save_scene, slice_4d)
+from streamstudio.models.splats.gaussians import (SH_C0, GaussianScene, load_scene, save_scene, slice_4d)
 
 
 def make_scene(n: int = 50, degree: int = 3, seed: int = 0, four_d: bool = False) -> GaussianScene:

@@ -20,7 +20,7 @@ from helpers import assert_renders_alike, random_scene, same_rotation
 
 from streamstudio.app.cli import main
 from streamstudio.errors import StreamStudioError
-from streamstudio.models.gaussians import GaussianScene, load_scene, save_scene
+from streamstudio.models.splats.gaussians import GaussianScene, load_scene, save_scene
 
 C0 = 0.28209479177387814
 

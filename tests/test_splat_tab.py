@@ -8,8 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from streamstudio.app import splat_tab
-from streamstudio.app.splat_tab import (SplatSession, ViewSettings, click_orbit, load_into, play,
+from streamstudio.app.web import splat_tab
+from streamstudio.app.web.splat_tab import (SplatSession, ViewSettings, click_orbit, load_into, play,
                                         play_times, render_view, stylize)
 from streamstudio.errors import StreamStudioError
 
@@ -51,7 +51,7 @@ def test_a_bad_upload_is_named_by_its_file_name_not_the_server_path(tmp_path):
 
 
 def test_time_slider_range_is_rounded():
-    from streamstudio.app.splat_tab import time_slider_range
+    from streamstudio.app.web.splat_tab import time_slider_range
 
     assert time_slider_range(0.0007824897766113281, 0.9997) == (0.0, 1.0, 0.01)  # the 4D sample's range
     assert time_slider_range(0.3, 0.7) == (0.3, 0.7, 0.01)
@@ -118,6 +118,29 @@ def test_stylize_streams_render_and_stylised_side_by_side(static_session):
     assert not np.array_equal(out[0][0], out[1][0])  # the camera moves
 
 
+def test_stylize_takes_one_of_the_servers_stream_slots_while_it_runs(static_session):
+    from streamstudio.app.web.sessions import BusyError, SessionManager
+
+    manager = SessionManager(model=None, max_streams=1)  # (no Live-tab session is opened here)
+    try:
+        gen = stylize(static_session, ViewSettings(**SMALL), "orbit", 3, "", 0.5, FakePipe, manager)
+        next(gen)
+        assert len(manager) == 1 and not manager.has_capacity()
+        with pytest.raises(BusyError, match="busy"):  # a Video-tab stream, say, must wait
+            manager.take_slot("video-1-t2v", "Video tab")
+        assert len(list(gen)) == 2 and len(manager) == 0  # done: freed
+        manager.take_slot("video-1-t2v", "Video tab")
+        with pytest.raises(BusyError, match="busy"):
+            next(stylize(static_session, ViewSettings(**SMALL), "orbit", 3, "", 0.5, FakePipe, manager))
+        manager.free_slot("video-1-t2v")
+        stopped = stylize(static_session, ViewSettings(**SMALL), "orbit", 3, "", 0.5, FakePipe, manager)
+        next(stopped)
+        stopped.close()  # the page went away mid-stream
+        assert len(manager) == 0
+    finally:
+        manager.shutdown()
+
+
 def test_stylize_stops_when_asked(static_session):
     session = SplatSession(scene=static_session.scene, fit=static_session.fit, pipe=FakePipe())
     gen = stylize(session, ViewSettings(**SMALL), "fly", 5, "", 0.5, lambda: None)
@@ -148,7 +171,7 @@ def test_tab_makes_enter_in_a_slider_box_re_render():
 
 @pytest.mark.slow  # loads diffusers and the tiny demo model
 def test_stylize_with_the_real_image_pipeline(static_session):
-    from streamstudio.app.splat_tab import default_pipe_factory
+    from streamstudio.app.web.splat_tab import default_pipe_factory
 
     session = SplatSession(scene=static_session.scene, fit=static_session.fit)
     out = list(stylize(session, ViewSettings(width=64, height=64), "fly", 2, "ink", 0.6, default_pipe_factory(64, 64)))
@@ -160,7 +183,7 @@ def test_stylize_with_the_real_image_pipeline(static_session):
 def test_keyframes_from_the_view_preview_save_load_and_stylize(static_session, tmp_path):
     import json
 
-    from streamstudio.app.splat_tab import (add_keyframe, clear_keyframes, load_path, path_info, preview_path,
+    from streamstudio.app.web.splat_tab import (add_keyframe, clear_keyframes, load_path, path_info, preview_path,
                                             save_path)
 
     session = SplatSession(scene=static_session.scene, fit=static_session.fit)
@@ -186,7 +209,7 @@ def test_keyframes_from_the_view_preview_save_load_and_stylize(static_session, t
 
 
 def test_keyframes_of_a_4d_scene_keep_their_time(dynamic_session, tmp_path):
-    from streamstudio.app.splat_tab import add_keyframe, path_cameras
+    from streamstudio.app.web.splat_tab import add_keyframe, path_cameras
 
     session = SplatSession(scene=dynamic_session.scene, fit=dynamic_session.fit)
     lo, hi = session.scene.time_range
@@ -286,7 +309,7 @@ def test_stylize_before_a_scene_is_loaded_says_what_to_do(monkeypatch):
 def test_the_build_note_shows_only_while_the_cpp_renderer_may_build(monkeypatch):
     import dataclasses
 
-    from streamstudio.app.splat_tab import BUILDING_CPP, renderer_build_note
+    from streamstudio.app.web.splat_tab import BUILDING_CPP, renderer_build_note
     from streamstudio.kernels import splat_cpu
 
     cfg = ViewSettings(**SMALL).render_config("cpu")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from streamstudio.kernels.reference import CFG_NONE, CFG_SELF
-from streamstudio.models.image_net import ImageCond, ImageNet
+from streamstudio.models.image.image_net import ImageCond, ImageNet
 from streamstudio.pipelines.stream_batch import PRIMED, Guidance, Schedule, StreamBatchSampler
 
 SHAPE = (4, 2, 2)

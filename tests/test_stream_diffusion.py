@@ -101,7 +101,7 @@ def test_aligned_output_order_with_latency(comps):
 def lcm_coefs(t_index, step_type="lcm"):
     from diffusers import LCMScheduler
 
-    from streamstudio.models.tiny import SCHEDULER_CONFIG
+    from streamstudio.models.image.tiny import SCHEDULER_CONFIG
 
     sched = LCMScheduler.from_config(SCHEDULER_CONFIG)
     sched.set_timesteps(50)

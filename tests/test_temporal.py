@@ -14,7 +14,7 @@ import torch
 from helpers import capture_latents, run_in_lockstep
 
 from streamstudio.errors import StreamStudioError
-from streamstudio.models import feature_bank
+from streamstudio.models.image import feature_bank
 from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
 SIZE = 32
@@ -303,7 +303,7 @@ def test_settings_change_live(comps):
 
 def test_the_bank_needs_a_torch_unet(comps):
     from streamstudio.models.export_specs import EngineImageNet
-    from streamstudio.models.image_net import ImageCond
+    from streamstudio.models.image.image_net import ImageCond
 
     def engine(sample, timestep, text):  # like a TensorRT UNet engine: no attention layers to extend
         return {"latent": comps.net.eps(sample, timestep, ImageCond(text=text))}
@@ -319,7 +319,7 @@ def test_the_bank_needs_a_torch_unet(comps):
 
 
 def test_the_web_api_takes_the_temporal_settings():
-    from streamstudio.app.sessions import parse_settings
+    from streamstudio.app.web.sessions import parse_settings
 
     got = parse_settings({"temporal": "bank", "bank_size": 3, "bank_interval": 2, "bank_threshold": 0.95,
                           "bank_fusion": 0.7, "feedback_weight": 0.2})
@@ -335,7 +335,7 @@ def test_the_web_api_takes_the_temporal_settings():
 def test_a_web_session_applies_the_temporal_setting(tiny_components_factory):
     import time
 
-    from streamstudio.app.sessions import ServerModel, SessionManager
+    from streamstudio.app.web.sessions import ServerModel, SessionManager
     from streamstudio.app.settings import live_keys, settings_from_ui
 
     keys = live_keys()

@@ -24,7 +24,7 @@ from streamstudio.kernels.tensorrt.build import ShapeRange, engine_key, profile_
 from streamstudio.models import acceleration
 from streamstudio.models.acceleration import BatchPlan
 from streamstudio.models.export_specs import IP_SCALE, EngineImageNet, image_specs
-from streamstudio.models.image_net import ImageCond
+from streamstudio.models.image.image_net import ImageCond
 from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
 SIZE = 32
@@ -135,7 +135,7 @@ def test_ip_adapter_stream_on_the_engine_equals_eager(tiny_components_factory, m
     """An IP-Adapter: its reference embedding (B, 1, D) and its per-row scale (B, 1) are engine
     inputs; the frames equal eager's with a reference, and again after a live scale change of the
     stream (no rebuild); a call without per-row scales (a warm-up's) gets the adapter's default."""
-    from streamstudio.models.ip_adapter import IPAdapter
+    from streamstudio.models.image.ip_adapter import IPAdapter
 
     comps = tiny_components_factory()
     comps.ip_adapter = IPAdapter(comps, f"{write_tiny_ip_adapter(comps.unet, tmp_path / 'ip')}:1.0")
@@ -194,8 +194,8 @@ def test_cache_key_covers_controlnets_ip_adapter_and_fused_loras(tiny_components
     the base key back (the base engine is found in the cache again)."""
     from test_lora import make_lora
 
-    from streamstudio.models.ip_adapter import IPAdapter
-    from streamstudio.models.lora import LoraSet
+    from streamstudio.models.image.ip_adapter import IPAdapter
+    from streamstudio.models.image.lora import LoraSet
 
     shapes = ShapeRange((1, 1, 2), (SIZE,) * 3, (SIZE,) * 3)
 
@@ -233,7 +233,7 @@ def test_a_lora_change_rebuilds_the_unet_engine(tiny_components_factory, monkeyp
     removing the LoRA asks for the base weights' key again. The program says so."""
     from test_lora import make_lora
 
-    from streamstudio.models.lora import LoraSet
+    from streamstudio.models.image.lora import LoraSet
 
     comps = tiny_components_factory()
     base_id = engine_key(image_specs(comps, ("unet",))[0], PLAN.shapes("unet")).model_id
@@ -308,7 +308,7 @@ def test_engine_net_keeps_the_image_shapes_it_is_fed(with_controlnets):
 
 
 def _controlnet_and_ip_adapter(tiny_components_factory, tmp_path):
-    from streamstudio.models.ip_adapter import IPAdapter
+    from streamstudio.models.image.ip_adapter import IPAdapter
 
     comps = tiny_components_factory()
     comps.controlnets = [tiny_controlnet(comps.unet, 0)]
@@ -387,7 +387,7 @@ def test_build_engines_builds_the_unet_engine_the_app_looks_up_with_addons(tiny_
 
     from streamstudio.app.cli import main
     from streamstudio.kernels import tensorrt as trt_kernels
-    from streamstudio.models.lora import LoraSet
+    from streamstudio.models.image.lora import LoraSet
 
     comps = tiny_components_factory()
     tiny_controlnet(comps.unet).save_pretrained(tmp_path / "net")
@@ -402,7 +402,7 @@ def test_build_engines_builds_the_unet_engine_the_app_looks_up_with_addons(tiny_
                  "--width", str(SIZE), "--height", str(SIZE), "--device", "cpu", "--engine-dir", str(tmp_path)]) == 0
     assert "control_0" in asked["unet"].profile_dict()
 
-    from streamstudio.models.controlnet import load_controlnet
+    from streamstudio.models.image.controlnet import load_controlnet
 
     comps.controlnets = [load_controlnet(str(tmp_path / "net"), torch.device("cpu"), torch.float32)]
     comps.loras = LoraSet(comps)
@@ -489,7 +489,7 @@ def test_controlnet_streams_batched_across_users_on_the_engine(with_controlnets,
 def test_sdxl_stream_with_a_controlnet_and_an_ip_adapter_on_the_engine_equals_eager(monkeypatch, tmp_path):
     """SDXL: the engine takes the pooled text and time ids beside the ControlNet's image and scale
     and the IP-Adapter's embedding and per-row scale; the frames equal the eager stream's."""
-    from streamstudio.models.ip_adapter import IPAdapter
+    from streamstudio.models.image.ip_adapter import IPAdapter
     from streamstudio.models.loading import load_components
 
     xl = load_components("tiny-sdxl")

@@ -11,8 +11,8 @@ import threading
 
 import torch
 
-from streamstudio.models.sdxl import tiny_sdxl_components
-from streamstudio.models.tiny import redraw_parameters, tiny_components
+from streamstudio.models.image.sdxl import tiny_sdxl_components
+from streamstudio.models.image.tiny import redraw_parameters, tiny_components
 
 
 def weights(comps: dict) -> dict[str, torch.Tensor]:

@@ -13,7 +13,7 @@ import pytest
 gr = pytest.importorskip("gradio")
 fastrtc = pytest.importorskip("fastrtc")
 
-from streamstudio.app import ui  # noqa: E402
+from streamstudio.app.web import ui  # noqa: E402
 from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig  # noqa: E402
 
 

@@ -11,12 +11,12 @@ import torch
 
 from helpers import recorded_runners
 
-from streamstudio.app import video_tab
-from streamstudio.app.commands.render_video import add_video_arguments, run_video_render
+from streamstudio.app.web import video_tab
+from streamstudio.app.cli.render_video import add_video_arguments, run_video_render
 from streamstudio.app.streams.video import (VideoFrames, build_stream, latent_size, load_video_model,
                                             parse_prompt_changes)
 from streamstudio.errors import StreamStudioError
-from streamstudio.models.video_data import COLOURS, dominant_colour
+from streamstudio.models.video.video_data import COLOURS, dominant_colour
 
 
 def make_clip(*args, **kwargs):
@@ -90,7 +90,7 @@ def test_render_text_to_video_then_video_to_video(tmp_path, capsys, monkeypatch)
 def test_render_takes_device_dtype_and_acceleration(tmp_path, monkeypatch, capsys):
     """The video render loads the model on --device in --dtype and wraps it with --acceleration:
     tensorrt without TensorRT says so once and renders on the torch path; compile wraps the network."""
-    from streamstudio.app.commands import render_video
+    from streamstudio.app.cli import render_video
     from streamstudio.kernels import tensorrt as trt_kernels
     from streamstudio.models import acceleration
 

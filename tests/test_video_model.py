@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from streamstudio.errors import StreamStudioError
-from streamstudio.models.stream_dit import (BASE_VOCAB, StreamDiT, StreamDiTConfig, WindowSelfAttention,
+from streamstudio.models.video.stream_dit import (BASE_VOCAB, StreamDiT, StreamDiTConfig, WindowSelfAttention,
                                             count_parameters, load_checkpoint, named_config, save_checkpoint, tokenize,
                                             window_attention_mask, window_shift)
 from streamstudio.pipelines.stream_video import HashTextEmbedder, StreamBufferConfig, StreamSampler, WanBackbone

@@ -89,8 +89,8 @@ def test_distilled_student_is_closer_to_the_teacher_than_the_teacher_at_one_step
     """Issue 18 item 1 at the video level: distil the built-in model (s0 micro-steps) into a
     student of its own layout (N, c) at s = 1; the student's videos must be closer to the
     teacher's at s0 than the teacher's own videos at s = 1 are (same prompts, seeds and noise)."""
-    from streamstudio.app.video_training import VideoTrainConfig, VideoTrainer
-    from streamstudio.models.stream_dit import BUILTIN_CHECKPOINT, read_checkpoint_config
+    from streamstudio.app.training.video import VideoTrainConfig, VideoTrainer
+    from streamstudio.models.video.stream_dit import BUILTIN_CHECKPOINT, read_checkpoint_config
 
     smp = read_checkpoint_config(BUILTIN_CHECKPOINT)["sampling"]
     n, c, s0 = smp["num_chunks"], smp["chunk_size"], 2  # the teacher at two micro-steps per chunk
@@ -106,7 +106,7 @@ def test_distilled_student_is_closer_to_the_teacher_than_the_teacher_at_one_step
 def test_builtin_model_moves_up_and_left_and_keeps_its_object():
     """Two protocol renders (the directions the old model missed most) of the built-in model at its
     own layout and guidance: each moves the prompted way and never loses its object."""
-    from streamstudio.models.stream_dit import load_builtin
+    from streamstudio.models.video.stream_dit import load_builtin
 
     model, meta = load_builtin()
     smp = meta["sampling"]
@@ -124,7 +124,7 @@ def test_builtin_model_moves_as_prompted_without_paired_motion():
     steps are alike (within the seam target of 1.3x)."""
     import math
 
-    from streamstudio.models.stream_dit import load_builtin
+    from streamstudio.models.video.stream_dit import load_builtin
 
     model, meta = load_builtin()
     smp = meta["sampling"]

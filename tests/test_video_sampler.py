@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from streamstudio.errors import StreamStudioError
-from streamstudio.models.stream_dit import StreamDiT, StreamDiTConfig, TextEncoderConfig
+from streamstudio.models.video.stream_dit import StreamDiT, StreamDiTConfig, TextEncoderConfig
 from streamstudio.pipelines.stream_video import (ChunkDecoder, PixelCodec, StreamBufferConfig, StreamDiTBackbone,
                                                  StreamSampler, StreamVideoConfig, VideoStream, frame_noise,
                                                  level_times)

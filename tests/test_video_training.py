@@ -10,10 +10,10 @@ import torch
 from safetensors.torch import load_file
 
 from streamstudio.errors import StreamStudioError
-from streamstudio.models.video_data import COLOURS, VideoFolder, random_spec, render_shape_clip, synthetic_batch
-from streamstudio.app.video_training import (VideoTrainConfig, VideoTrainer, distill_levels, partition_levels,
+from streamstudio.models.video.video_data import COLOURS, VideoFolder, random_spec, render_shape_clip, synthetic_batch
+from streamstudio.app.training.video import (VideoTrainConfig, VideoTrainer, distill_levels, partition_levels,
                                              teacher_target)
-from streamstudio.models.stream_dit import StreamDiT, StreamDiTConfig
+from streamstudio.models.video.stream_dit import StreamDiT, StreamDiTConfig
 from streamstudio.pipelines.stream_video import StreamBufferConfig, StreamDiTBackbone, StreamSampler
 
 
@@ -167,7 +167,7 @@ def test_distillation_refuses_a_layout_other_than_the_buffer(tmp_path):
 
 
 def test_init_starts_from_a_checkpoints_weights_with_the_window_mask(tmp_path):
-    from streamstudio.models.stream_dit import BUILTIN_CHECKPOINT, load_builtin
+    from streamstudio.models.video.stream_dit import BUILTIN_CHECKPOINT, load_builtin
 
     trainer = VideoTrainer(small_cfg(tmp_path, steps=0, init=str(BUILTIN_CHECKPOINT), buffer_frames=8, size=32))
     old, _ = load_builtin()
@@ -200,7 +200,7 @@ def test_video_folder_data(tmp_path):
 
 
 def test_init_can_keep_the_checkpoints_window_shift(tmp_path):
-    from streamstudio.models.stream_dit import BUILTIN_CHECKPOINT
+    from streamstudio.models.video.stream_dit import BUILTIN_CHECKPOINT
 
     trainer = VideoTrainer(small_cfg(tmp_path, steps=0, init=str(BUILTIN_CHECKPOINT), init_shift_mask=False,
                                      buffer_frames=8, size=32))
@@ -224,7 +224,7 @@ def test_cond_drop_trains_the_empty_prompt_at_its_share(tmp_path):
 def test_guided_velocity_is_classifier_free_guidance_against_the_empty_prompt():
     """Ho & Salimans: guidance 0 is the unconditional model (the empty prompt), 1 the conditional
     one, and the result is linear in the scale (2 extrapolates: 2 v_text - v_empty)."""
-    from streamstudio.models.stream_dit import guided_velocity
+    from streamstudio.models.video.stream_dit import guided_velocity
 
     model = random_teacher(3)
     x, t = torch.randn(1, 4, 3, 16, 16), torch.rand(1, 4)
@@ -256,7 +256,7 @@ def test_distillation_learns_the_guided_teacher(tmp_path):
             captured["out"] = real(teacher, x_a, t_a, dt, steps, text)
             return captured["out"]
 
-        import streamstudio.app.video_training as vt
+        import streamstudio.app.training.video as vt
         vt.teacher_target, saved = spy, vt.teacher_target
         try:
             x1, caps, gen = trainer._batch(0)

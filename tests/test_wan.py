@@ -1,4 +1,4 @@
-"""The Wan 2.1 backbone path (models/wan.py): a tiny Wan pipeline folder built offline (tiny
+"""The Wan 2.1 backbone path (models/video/wan.py): a tiny Wan pipeline folder built offline (tiny
 WanTransformer3DModel, AutoencoderKLWan, UMT5EncoderModel and a word-level tokenizer), loaded as
 a real checkpoint would be, through the buffer sampler, the codec and `render --pipeline video`."""
 
@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from streamstudio.app.commands.render_video import add_video_arguments, run_video_render
+from streamstudio.app.cli.render_video import add_video_arguments, run_video_render
 from streamstudio.app.streams.video import build_stream, load_video_model
 from streamstudio.errors import ModelNotFoundError, StreamStudioError
-from streamstudio.models import wan
+from streamstudio.models.video import wan
 from streamstudio.pipelines.stream_video import StreamBufferConfig, StreamSampler, VideoStream, StreamVideoConfig
 
 WORDS = ["<pad>", "</s>", "<unk>", "a", "red", "blue", "circle", "square", "moving", "left", "right", "cat"]

@@ -1,4 +1,4 @@
-"""The Live tab's controls of the model's add-ons (app/ui.py): a conditioning-scale slider per
+"""The Live tab's controls of the model's add-ons (app/web/ui.py): a conditioning-scale slider per
 ControlNet and the IP-Adapter's scale (each session's own, through the Live tab's settings path),
 the IP-Adapter's reference picture (an upload, or the camera's current frame: the session's own),
 a scale slider per LoRA (server-wide: fused weights) and the /studio/lora endpoint; none of them
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from streamstudio.models.batching import BatchingConfig
-from streamstudio.app.sessions import ServerModel, SessionManager
+from streamstudio.app.web.sessions import ServerModel, SessionManager
 from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
 
 SIZE = 32
@@ -27,8 +27,8 @@ def addon_model(tmp_path_factory):
     from test_controlnet import tiny_controlnet
     from test_ip_adapter import write_tiny_ip_adapter
 
-    from streamstudio.models.controlnet import load_controlnet
-    from streamstudio.models.ip_adapter import IPAdapter
+    from streamstudio.models.image.controlnet import load_controlnet
+    from streamstudio.models.image.ip_adapter import IPAdapter
     from streamstudio.models.loading import load_components
 
     torch.set_num_threads(1)
@@ -39,7 +39,7 @@ def addon_model(tmp_path_factory):
     ip = IPAdapter(comps, f"{write_tiny_ip_adapter(comps.unet, tmp_path_factory.mktemp('ip') / 'ip')}:0.5")
     comps = dataclasses.replace(comps, controlnets=nets, control_defaults=[("canny", 1.0), ("none", 0.5)],
                                 ip_adapter=ip)
-    from streamstudio.models.lora import LoraSet, save_random_lora
+    from streamstudio.models.image.lora import LoraSet, save_random_lora
 
     path = save_random_lora(comps, tmp_path_factory.mktemp("lora"))[0]
     comps.loras = LoraSet(comps)
@@ -81,7 +81,7 @@ def components(demo) -> dict:
 
 
 def test_the_addon_controls_appear_only_with_such_a_model(addon_model, plain_model):
-    from streamstudio.app.ui import build_ui
+    from streamstudio.app.web.ui import build_ui
 
     managers = [SessionManager(addon_model), SessionManager(plain_model)]
     try:
@@ -113,7 +113,7 @@ def test_the_addon_controls_appear_only_with_such_a_model(addon_model, plain_mod
 
 def live_keys_of(model) -> tuple[str, ...]:
     """The keys the Live tab hands its stream handler, as `_live_tab` makes them."""
-    from streamstudio.app.ui import addon_controls
+    from streamstudio.app.web.ui import addon_controls
     from streamstudio.app.settings import live_controls
 
     with gr.Blocks():
@@ -124,8 +124,8 @@ def live_keys_of(model) -> tuple[str, ...]:
 def test_control_scale_sliders_reach_the_sessions_pipeline(addon_model):
     """The sliders' values, handed to the WebRTC handler with the other Live controls, become the
     session's control_scales; another session keeps its own."""
-    from streamstudio.app.ui import fallback_step
-    from streamstudio.app.webrtc import LiveHandler
+    from streamstudio.app.web.ui import fallback_step
+    from streamstudio.app.web.webrtc import LiveHandler
 
     keys = live_keys_of(addon_model)
     assert keys[-3:] == ("control_scales.0", "control_scales.1", "ip_adapter_scale")
@@ -162,7 +162,7 @@ def test_ip_adapter_reference_upload_and_grabbed_frame_are_the_sessions_own(addo
     """An upload and a grabbed camera frame set the reference of the user's own stream (its first
     running session of the ids the page knows), embedded once per picture; another session and
     the model's default keep theirs."""
-    from streamstudio.app.ui import grab_reference, set_ip_adapter
+    from streamstudio.app.web.ui import grab_reference, set_ip_adapter
 
     ip = addon_model.comps.ip_adapter
     default = ip.embeds
@@ -211,9 +211,9 @@ def test_lora_scale_is_server_wide_between_frames(addon_model):
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
-    from streamstudio.app.security import GuardConfig, RequestGuard
-    from streamstudio.app.ui import set_lora_scale
-    from streamstudio.app.webrtc import mount_api
+    from streamstudio.app.web.security import GuardConfig, RequestGuard
+    from streamstudio.app.web.ui import set_lora_scale
+    from streamstudio.app.web.webrtc import mount_api
 
     loras = addon_model.comps.loras
     source = loras.listing()[0][0]
@@ -275,8 +275,8 @@ def test_lora_scale_is_server_wide_between_frames(addon_model):
 def test_lora_scales_reach_every_replica(tiny_components_factory, tmp_path):
     """serve --gpus N: a server-wide LoRA scale is set on every replica's model (each has its own
     fused weights); the weights follow the scale; a wrong name changes nothing."""
-    from streamstudio.app.replicas import ReplicaModel, ReplicaSessionManager
-    from streamstudio.models.lora import LoraSet, save_random_lora
+    from streamstudio.app.web.replicas import ReplicaModel, ReplicaSessionManager
+    from streamstudio.models.image.lora import LoraSet, save_random_lora
 
     base = tiny_components_factory()
     path = save_random_lora(base, tmp_path / "lora")[0]
@@ -354,7 +354,7 @@ def test_no_frame_starts_while_the_shared_weights_change(batching):
     import threading
 
     from streamstudio.models.batching import BatchExecutor
-    from streamstudio.app.sessions import ModelGuard
+    from streamstudio.app.web.sessions import ModelGuard
 
     executor = BatchExecutor(BatchingConfig()) if batching else None
     guard, order = ModelGuard(executor), []

@@ -332,7 +332,7 @@ def test_streams_batched_together_on_the_gpu(tiny_components_factory):
 
 
 def test_sessions_of_the_web_app_batch_their_calls(tiny_components_factory):
-    from streamstudio.app.sessions import ServerModel, SessionManager
+    from streamstudio.app.web.sessions import ServerModel, SessionManager
     from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
 
     model = ServerModel(tiny_components_factory(taesd=True), StreamDiffusionConfig(width=64, height=64, steps=2),
@@ -356,7 +356,7 @@ def test_sessions_of_the_web_app_batch_their_calls(tiny_components_factory):
 
 
 def test_text_to_image_and_live_sessions_share_unet_calls(tiny_components_factory):
-    from streamstudio.app.sessions import ServerModel, SessionManager
+    from streamstudio.app.web.sessions import ServerModel, SessionManager
     from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
 
     model = ServerModel(tiny_components_factory(), StreamDiffusionConfig(width=64, height=64, steps=2),
@@ -380,7 +380,7 @@ def test_text_to_image_and_live_sessions_share_unet_calls(tiny_components_factor
 def test_a_stream_whose_network_call_fails_stops_alone(tiny_components_factory):
     """With batching, an exception inside the executor reaches only the stream that caused it;
     the executor and the other stream go on."""
-    from streamstudio.app.sessions import ServerModel, SessionManager
+    from streamstudio.app.web.sessions import ServerModel, SessionManager
     from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
 
     model = ServerModel(tiny_components_factory(), StreamDiffusionConfig(width=64, height=64, steps=2),
@@ -422,7 +422,7 @@ def test_serve_turns_batching_on_by_default_and_off_on_request():
 def test_the_server_model_warms_every_bucket_up_before_streams_run():
     """With padded calls (compiled or TensorRT networks) the web app's model runs each bucket
     once at start-up, so no stream meets a new batch size (a compilation, a new CUDA graph)."""
-    from streamstudio.app.sessions import ServerModel
+    from streamstudio.app.web.sessions import ServerModel
     from streamstudio.models.loading import load_components
     from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
 
@@ -448,7 +448,7 @@ def test_calls_of_other_condition_fields_run_apart_correctly_and_say_so(tiny_com
     from test_controlnet import tiny_controlnet
 
     from streamstudio.models.batching import ClientStats
-    from streamstudio.models.image_net import DiffusersImageNet, ImageCond
+    from streamstudio.models.image.image_net import DiffusersImageNet, ImageCond
 
     comps = tiny_components_factory()
     net = DiffusersImageNet(comps.unet, comps.vae, [tiny_controlnet(comps.unet)])
@@ -498,8 +498,8 @@ def test_sessions_whose_calls_cannot_join_both_stream_and_their_stats_say_so(tin
     """On one server, a 4:3 camera's session streams at another size than a square camera's: their
     network calls cannot join. Both run; /studio/sessions' stats (and the Live tab's line) of each
     say it shared none of its calls; two square sessions say they shared."""
-    from streamstudio.app.sessions import ServerModel, SessionManager
-    from streamstudio.app.ui import format_stats
+    from streamstudio.app.web.sessions import ServerModel, SessionManager
+    from streamstudio.app.web.ui import format_stats
     from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
 
     model = ServerModel(tiny_components_factory(taesd=True), StreamDiffusionConfig(width=64, height=64, steps=2),

@@ -116,7 +116,7 @@ def server():
     import torch
 
     from streamstudio.app.cli import build_parser
-    from streamstudio.app.commands.serve import start_in_thread
+    from streamstudio.app.cli.serve import start_in_thread
 
     torch.set_num_threads(1)
     args = build_parser().parse_args(["serve", "--model", "builtin", "--port", str(free_port()),
@@ -219,12 +219,12 @@ def _text_to_image_in_page(page) -> str | None:
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (apt-get install chromium)")
 def test_browser_login_then_live_under_auth():
-    """With --auth every route wants a login (app/security.py): the login page must still load,
+    """With --auth every route wants a login (app/web/security.py): the login page must still load,
     and once logged in the Live tab streams (its WebRTC offer goes through the guard too)."""
     import torch
 
     from streamstudio.app.cli import build_parser
-    from streamstudio.app.commands.serve import start_in_thread
+    from streamstudio.app.cli.serve import start_in_thread
 
     torch.set_num_threads(1)
     args = build_parser().parse_args(["serve", "--model", "tiny", "--width", str(SIZE), "--height", str(SIZE),

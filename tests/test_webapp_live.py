@@ -13,7 +13,7 @@ import pytest
 
 from live_server import SIZE, Collector, connected, free_port, pattern, run, start, wait_for  # noqa: F401
 
-from streamstudio.app.sessions import BusyError
+from streamstudio.app.web.sessions import BusyError
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import psutil
 import pytest
 from live_server import connected, run, start, wait_for
 
-from streamstudio.app.sessions import BusyError
+from streamstudio.app.web.sessions import BusyError
 
 MAX_STREAMS = 2
 
@@ -343,7 +343,7 @@ def test_every_route_of_the_app_gathers_on_the_bound_address(server):
 
 
 def test_ice_addresses_follow_the_bind_address():
-    from streamstudio.app.ice import ice_addresses
+    from streamstudio.app.web.ice import ice_addresses
 
     assert ice_addresses(None) == ("127.0.0.1",)
     assert ice_addresses("127.0.0.1") == ("127.0.0.1",)
@@ -358,7 +358,7 @@ def test_the_scope_is_narrow():
     """Inside a scope aioice gathers on its addresses only; outside it, as aioice always does."""
     import aioice.ice
 
-    from streamstudio.app import ice
+    from streamstudio.app.web import ice
 
     ice.install()
     ice.install()  # idempotent
@@ -380,7 +380,7 @@ def test_the_scope_is_narrow():
 
 
 def test_build_stream_takes_the_host(server):
-    from streamstudio.app.webrtc import build_stream
+    from streamstudio.app.web.webrtc import build_stream
 
     assert build_stream(server.manager, host="0.0.0.0").ice_addresses is None
     assert build_stream(server.manager, host="127.0.0.1").ice_addresses == ("127.0.0.1",)
@@ -390,8 +390,8 @@ def test_build_stream_takes_the_host(server):
 
 def live_component_of(srv):
     """The Live tab's WebRTC component (the browser's offers go to it, not to /webrtc/offer)."""
-    from streamstudio.app.security import _find_gradio_app
-    from streamstudio.app.webrtc import GuardedOffers
+    from streamstudio.app.web.security import _find_gradio_app
+    from streamstudio.app.web.webrtc import GuardedOffers
 
     blocks = _find_gradio_app(srv.server.config.app).get_blocks()
     return next(b for b in blocks.blocks.values() if isinstance(b, GuardedOffers))
@@ -401,7 +401,7 @@ def test_the_live_tabs_offer_route_is_guarded_too(server, good_sdp):
     """The same attacks through Gradio's component route (`fn_name: offer` of the Live tab's
     component): refused with the same codes, nothing held afterwards."""
     component = live_component_of(server)
-    import streamstudio.app.webrtc as module
+    import streamstudio.app.web.webrtc as module
     assert not Path(module.__file__).with_suffix(".pyi").exists(), "Gradio wrote a stub into the package"
     config = httpx.get(f"{server.url}/config").json()
     assert "offer" in next(c for c in config["components"] if c["id"] == component._id)["props"]["server_fns"]

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from rtmp_server import read_stream
 
-from streamstudio.app.sessions import ServerModel, SessionManager
-from streamstudio.app.ui import LiveOutput, _output_status, _start_output, _stop_output
+from streamstudio.app.web.sessions import ServerModel, SessionManager
+from streamstudio.app.web.ui import LiveOutput, _output_status, _start_output, _stop_output
 from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
 
 av = pytest.importorskip("av", reason="PyAV is not installed (the GPU image has none)")
@@ -218,7 +218,7 @@ def test_a_recording_has_a_constant_frame_rate_and_the_tab_says_where_it_went(ma
     """At the 30 fps setting a recording once came out at 16.8 fps on average with
     r_frame_rate 90000/1; now every frame is 1/fps after the last, as players expect, and the
     status line keeps what Stop said (and what a failed Start said) instead of "Not running."."""
-    from streamstudio.app.ui import _tab_status
+    from streamstudio.app.web.ui import _tab_status
 
     session = manager.get(live)
     outputs: dict = {}

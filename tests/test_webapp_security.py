@@ -95,7 +95,7 @@ def test_the_splats_tab_loads_no_server_path(server, secret_file):
 
 
 def test_uploaded_path_accepts_only_gradio_uploads(tmp_path, monkeypatch):
-    from streamstudio.app.splat_tab import uploaded_path
+    from streamstudio.app.web.splat_tab import uploaded_path
     from streamstudio.errors import StreamStudioError
 
     uploads = tmp_path / "uploads"

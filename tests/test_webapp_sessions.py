@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from streamstudio.app.sessions import BusyError, ServerModel, SessionManager, parse_settings
+from streamstudio.app.web.sessions import BusyError, ServerModel, SessionManager, parse_settings
 from streamstudio.errors import StreamStudioError
 from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
 
@@ -104,7 +104,7 @@ def test_a_later_frame_of_another_aspect_is_fitted_to_the_stream(manager, monkey
     """The first frame decides the size (the outputs, a recording and WHEP viewers keep it); a
     later frame of another aspect is cropped (the default) or padded (fit "pad") to it, never
     stretched, and the stream is not rebuilt."""
-    from streamstudio.app import sessions
+    from streamstudio.app.web import sessions
 
     fitted = []
     real = sessions.fit_aspect
@@ -130,7 +130,7 @@ def test_accelerated_networks_keep_the_configured_size(model):
     their streams stay at the configured size whatever the camera (frames are fitted to it)."""
     from dataclasses import replace as dc_replace
 
-    from streamstudio.models.image_net import ImageNet
+    from streamstudio.models.image.image_net import ImageNet
 
     class FixedNet(ImageNet):
         fixed_shapes = True
@@ -212,6 +212,31 @@ def test_busy_beyond_max_streams_and_free_again(manager):
     assert manager.open("c") is not None
 
 
+def test_the_other_tabs_streams_count_against_max_streams(manager):
+    """A Video-tab stream takes one of --max-streams as a Live-tab session does (it was outside
+    the manager, under a concurrency limit of its own): the two share the server's slots."""
+    from streamstudio.app.web import video_tab
+
+    manager.open("live-1")
+    video = video_tab.VideoSession(slots=manager)
+    gen = video_tab.generate(video, "a blue square moving up", max_frames=2)
+    next(gen)  # the Video tab's text-to-video stream: the second of two slots
+    assert len(manager) == 2 and not manager.has_capacity()
+    with pytest.raises(BusyError, match="busy.*--max-streams"):
+        manager.open("live-2")
+    with pytest.raises(BusyError):  # the page's webcam stream would be a third
+        video_tab.webcam_frame(video, np.zeros((32, 32, 3), np.uint8), "", 0.6)
+    assert video.v2v is None
+    list(gen)  # the stream ends: its slot is free
+    assert len(manager) == 1
+    manager.open("live-2")
+    with pytest.raises(BusyError):
+        next(video_tab.generate(video, "a red circle moving left", max_frames=1))
+    assert manager.close("live-1")
+    frames = list(video_tab.generate(video, "a red circle moving left", max_frames=1))
+    assert len(frames) == 1 and len(manager) == 1  # made, and freed again
+
+
 def test_an_error_in_one_session_leaves_the_others_alone(manager, monkeypatch, caplog):
     good, bad = manager.open("good"), manager.open("bad")
 
@@ -272,7 +297,7 @@ def test_txt2img_session(manager):
 def test_latency_probe_round_trip_and_stream_batch_alignment(model):
     from dataclasses import replace as dc_replace
 
-    from streamstudio.app.sessions import draw_probe, read_probe
+    from streamstudio.app.web.sessions import draw_probe, read_probe
 
     img = draw_probe(frame(), 677)
     assert read_probe(img) == 677 and read_probe(frame()) is None
@@ -290,8 +315,8 @@ def test_latency_probe_round_trip_and_stream_batch_alignment(model):
 
 # ---------------------------------------------------------------------- the fastrtc handler
 def test_handler_converts_bgr_and_returns_at_once(manager):
-    from streamstudio.app.ui import LIVE_KEYS
-    from streamstudio.app.webrtc import LiveHandler
+    from streamstudio.app.web.ui import LIVE_KEYS
+    from streamstudio.app.web.webrtc import LiveHandler
 
     handler = LiveHandler(manager, LIVE_KEYS, webrtc_id=lambda: "h")
     bgr = frame(30)
@@ -310,9 +335,9 @@ def test_live_tab_fit_control_reaches_the_session(manager, monkeypatch):
     """The Live tab's last control is the crop / pad choice: with "pad" a frame of another aspect
     than the stream's reaches the pipeline whole, with black bars; the output keeps the stream's
     size (the first frame's aspect)."""
-    from streamstudio.app import sessions
-    from streamstudio.app.ui import LIVE_KEYS
-    from streamstudio.app.webrtc import LiveHandler
+    from streamstudio.app.web import sessions
+    from streamstudio.app.web.ui import LIVE_KEYS
+    from streamstudio.app.web.webrtc import LiveHandler
 
     fitted = []
     real = sessions.fit_aspect
@@ -330,7 +355,7 @@ def test_live_tab_fit_control_reaches_the_session(manager, monkeypatch):
 
 
 def test_handler_hands_the_session_rgb(manager, monkeypatch):
-    from streamstudio.app.webrtc import LiveHandler
+    from streamstudio.app.web.webrtc import LiveHandler
 
     handler = LiveHandler(manager, webrtc_id=lambda: "rgb")
     session = manager.open("rgb")
@@ -344,7 +369,7 @@ def test_handler_hands_the_session_rgb(manager, monkeypatch):
 def test_handler_says_busy_and_closes_the_stream(manager):
     CloseStream = pytest.importorskip("fastrtc").CloseStream
 
-    from streamstudio.app.webrtc import LiveHandler
+    from streamstudio.app.web.webrtc import LiveHandler
 
     manager.open("a")
     manager.open("b")
@@ -354,7 +379,7 @@ def test_handler_says_busy_and_closes_the_stream(manager):
 
 # ---------------------------------------------------------------------- UI helpers, serve options
 def test_ui_helpers():
-    from streamstudio.app.ui import blend_spec, clean_name, format_stats
+    from streamstudio.app.web.ui import blend_spec, clean_name, format_stats
 
     assert blend_spec(["a cat", "", "a dog"], [1.0, 0.5, 0.0]) == "a cat"
     assert blend_spec(["a cat", "a dog", ""], [1.0, 0.5, 1.0]) == [("a cat", 1.0), ("a dog", 0.5)]
@@ -364,7 +389,7 @@ def test_ui_helpers():
 
 
 def test_model_banner_shows_the_demo_notice(manager):
-    from streamstudio.app.ui import model_banner
+    from streamstudio.app.web.ui import model_banner
 
     text = model_banner(manager)
     assert "`tiny`" in text and "Demo model" in text and "hf download" in text
@@ -375,7 +400,7 @@ def test_model_banner_shows_the_demo_notice(manager):
 
 
 def test_rtc_config_from_env():
-    from streamstudio.app.webrtc import rtc_config_from_env
+    from streamstudio.app.web.webrtc import rtc_config_from_env
 
     assert rtc_config_from_env({}) == {"iceServers": []}
     env = {"STREAMSTUDIO_TURN_URLS": "turn:t.example:3478, turns:t.example:5349",
@@ -390,7 +415,7 @@ def test_rtc_config_from_env():
 
 def test_serve_options(monkeypatch, capsys):
     from streamstudio.app.cli import build_parser
-    from streamstudio.app.commands.serve import bind_host, parse_auth
+    from streamstudio.app.cli.serve import bind_host, parse_auth
 
     args = build_parser().parse_args(["serve", "--model", "tiny"])
     assert (args.port, args.max_streams, args.host) == (7860, 4, None)
@@ -410,7 +435,7 @@ def test_serve_options(monkeypatch, capsys):
 def test_live_output_records_the_stream_to_a_file(manager, tmp_path):
     av = pytest.importorskip("av", reason="PyAV is not installed (the GPU image has none)")
 
-    from streamstudio.app.ui import _output_status, _start_output
+    from streamstudio.app.web.ui import _output_status, _start_output
 
     session = manager.open("rec")
     session.submit(frame())  # the camera's first frame (80x48) makes it a 64x40 stream
@@ -435,7 +460,7 @@ def test_live_output_records_the_stream_to_a_file(manager, tmp_path):
 
 
 def test_live_output_refuses_a_bad_rtmp_url(manager, tmp_path):
-    from streamstudio.app.ui import _start_output
+    from streamstudio.app.web.ui import _start_output
 
     manager.open("rec")
     message = _start_output(manager, {}, "b", "rec", "rtmp", "http://example.com/x", 30, tmp_path)
@@ -443,7 +468,7 @@ def test_live_output_refuses_a_bad_rtmp_url(manager, tmp_path):
 
 
 def test_fallback_webcam_path(manager):
-    from streamstudio.app.ui import fallback_step
+    from streamstudio.app.web.ui import fallback_step
 
     values = ("a cat", "", 0.6, 1.2, 1.0, "self", 4, False, 0.98)
     image, text = fallback_step(manager, "fb", frame(), values)
@@ -459,7 +484,7 @@ def test_fallback_webcam_path(manager):
 
 
 def test_text_to_image_ticks(manager):
-    from streamstudio.app.ui import t2i_step
+    from streamstudio.app.web.ui import t2i_step
 
     image, text, go_on = t2i_step(manager, "t2i", ("a cat", "a dog", ""), (1.0, 0.5, 0.5), "", 5)
     assert image is None and go_on
@@ -475,7 +500,7 @@ def test_text_to_image_ticks(manager):
 def test_text_to_image_stop_holds_until_start(manager, monkeypatch):
     """Typing while it generates, then Stop: it stops, and neither a tick already on its way nor
     more typing brings it back; Start does."""
-    from streamstudio.app import ui
+    from streamstudio.app.web import ui
 
     control = ui.T2IControl(manager)
     args = (("a cat", "", ""), (1.0, 0.5, 0.5), "", 1)
@@ -502,7 +527,7 @@ def test_model_guard_frame_and_text_contexts():
     import threading
 
     from streamstudio.models.batching import BatchExecutor
-    from streamstudio.app.sessions import ModelGuard
+    from streamstudio.app.web.sessions import ModelGuard
 
     def enters(context) -> bool:  # can another thread enter `context` now?
         inside = threading.Event()
@@ -531,7 +556,7 @@ def test_model_guard_frame_and_text_contexts():
 def test_guarded_pipeline_takes_the_model_guard(model):
     import threading
 
-    from streamstudio.app.sessions import GuardedPipeline
+    from streamstudio.app.web.sessions import GuardedPipeline
 
     pipe = GuardedPipeline(model.build("img2img"), model.guard)
     held = []
@@ -551,7 +576,7 @@ def test_guarded_pipeline_takes_the_model_guard(model):
 def test_handler_ends_a_failed_stream_with_its_error(manager, monkeypatch, caplog):
     CloseStream = pytest.importorskip("fastrtc").CloseStream
 
-    from streamstudio.app.webrtc import LiveHandler
+    from streamstudio.app.web.webrtc import LiveHandler
 
     session = manager.open("f")
 

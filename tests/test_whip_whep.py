@@ -339,7 +339,7 @@ def test_a_frozen_viewer_does_not_slow_the_others():
 def test_a_stalled_viewer_queue_is_bounded():
     """Server side: a viewer whose sender stops reading holds at most VIEWER_QUEUE frames, is
     reset to the next key frame (and asks for one); the other viewer of the codec gets all."""
-    from streamstudio.app import whip
+    from streamstudio.app.web import whip
 
     async def main():
         Track = whip._viewer_track_class()

@@ -176,7 +176,7 @@ class SettingType:
     """The argparse type of a table setting's flag: the text converted to the setting's kind and
     checked against its range (nan and inf included) while the command line is parsed, so a bad
     value is the command's usage error at once, before anything loads. `kind` is what a config
-    file's value is converted to (app/commands/render.py)."""
+    file's value is converted to (app/cli/render.py)."""
 
     def __init__(self, setting: LiveSetting):
         self.setting, self.kind = setting, setting.kind

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from streamstudio.models.gaussians import SH_C0, GaussianScene, rotation_4d, save_scene
+from streamstudio.models.splats.gaussians import SH_C0, GaussianScene, rotation_4d, save_scene
 
 HERE = Path(__file__).resolve().parent
 SCENE_FILE = HERE / "sample_scene.ply"

@@ -9,7 +9,7 @@
               IP-Adapter (their images, embedding and scales are inputs); with LoRAs it is
               rebuilt when they change (not refit).
 
-Either way the result is SDComponents whose `net` (the seam, `models/image_net.py`) is the
+Either way the result is SDComponents whose `net` (the seam, `models/image/image_net.py`) is the
 accelerated variant; `unet` and `vae` stay the diffusers modules.
 
 What the networks will be sent is planned once (`BatchPlan`): the UNet's batch follows the CFG
@@ -42,7 +42,7 @@ from streamstudio.kernels.tensorrt.cache import EngineCache
 from streamstudio.kernels.tensorrt.export import ExportSpec, OnnxCheck, check_onnx, export_onnx
 from streamstudio.models.export_specs import (IMAGE_PARTS, EngineImageNet, VideoEngine, image_specs,
                                              video_export_spec)
-from streamstudio.models.image_net import ImageCond, ImageNet, WrappedImageNet, broadcast
+from streamstudio.models.image.image_net import ImageCond, ImageNet, WrappedImageNet, broadcast
 from streamstudio.models.loading import SDComponents
 
 log = logging.getLogger(__name__)

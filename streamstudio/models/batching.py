@@ -25,9 +25,9 @@ that reuses its output buffers (CUDA graphs) cannot overwrite a stream's result.
 batched call fails, each of its calls is run again alone, so a bad call fails only its own
 stream.
 
-The streams' calls arrive through the image seam (`models/image_net.py`): `BatchedImageNet`
+The streams' calls arrive through the image seam (`models/image/image_net.py`): `BatchedImageNet`
 wraps the shared model's seam (eager, compiled or TensorRT) and runs its eps, encode and decode
-here. Feature banks (temporal consistency, `models/feature_bank.py`): a stream whose feature bank
+here. Feature banks (temporal consistency, `models/image/feature_bank.py`): a stream whose feature bank
 is on hands its eps call its bank rows (`meta`); such calls join other bank calls only (their own
 key), and the joined call tells the bank processors which rows are whose (row segments), so
 every row reads and writes its own stream's bank. They run the eager UNet without padding (the
@@ -55,7 +55,7 @@ import torch
 
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.acceleration import BatchPlan, bucket_for, bucket_sizes
-from streamstudio.models.image_net import ImageCond, ImageNet, WrappedImageNet, broadcast, check_bank
+from streamstudio.models.image.image_net import ImageCond, ImageNet, WrappedImageNet, broadcast, check_bank
 
 log = logging.getLogger(__name__)
 

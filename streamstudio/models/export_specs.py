@@ -1,6 +1,6 @@
 """Export specs of the project's networks, and the networks that run on their engines.
 
-Image: the three calls of the image seam (`models/image_net.py`) are exported as they are, so
+Image: the three calls of the image seam (`models/image/image_net.py`) are exported as they are, so
 an engine computes exactly what the eager call does (the VAE's scaling included):
 
     unet          (sample (B, 4, h, w), timestep (B,), one input per ImageCond tensor) -> latent (B, 4, h, w)
@@ -29,7 +29,7 @@ from torch import nn
 from streamstudio.errors import StreamStudioError
 from streamstudio.kernels.tensorrt.export import ExportSpec, random_normal, random_uniform
 from streamstudio.kernels.tensorrt.runtime import TRTEngine
-from streamstudio.models.image_net import (DiffusersImageNet, ImageCond, ImageNet, Layout, WrappedImageNet, broadcast,
+from streamstudio.models.image.image_net import (DiffusersImageNet, ImageCond, ImageNet, Layout, WrappedImageNet, broadcast,
                                           check_bank)
 
 IMAGE_PARTS = ("unet", "vae_encoder", "vae_decoder")
@@ -300,7 +300,7 @@ def video_spec(model: nn.Module, make_condition: Callable, *, frames: int, chann
 def video_export_spec(model: nn.Module, frames: int, height: int, width: int) -> tuple[ExportSpec, tuple[int, int]]:
     """The StreamDiT video network's spec (fixed buffer length and frame size, dynamic batch)
     and the (height, width) to export it at."""
-    from streamstudio.models.stream_dit import TextCondition
+    from streamstudio.models.video.stream_dit import TextCondition
 
     cfg = model.cfg
     spec = video_spec(model, TextCondition, frames=frames, channels=cfg.in_channels,

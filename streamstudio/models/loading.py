@@ -17,8 +17,9 @@ from pathlib import Path
 
 import torch
 
+from streamstudio import ASSETS
 from streamstudio.errors import ModelNotFoundError, StreamStudioError
-from streamstudio.models import sdxl, tiny
+from streamstudio.models.image import sdxl, tiny
 from streamstudio.models.hub import (DEFAULT_MODEL, HUB_PROBE_TIMEOUT, LCM_LORA_SD15, SHORT_NAMES,  # noqa: F401
                                      TAESD_SD, cached_file, cached_snapshot, download_command, hub_cache_dir,
                                      hub_id, hub_repo_source, hub_unreachable)
@@ -28,8 +29,8 @@ from streamstudio.models.hub import looks_like_path as _looks_like_path
 from streamstudio.models.hub import not_cached as _not_cached
 from streamstudio.models.hub import offline as _offline
 from streamstudio.models.hub import quiet_hub  # noqa: F401 (loading.quiet_hub: callers of old)
-from streamstudio.models.image_net import DiffusersImageNet, ImageNet, latent_scale
-from streamstudio.models.lora import lora_source
+from streamstudio.models.image.image_net import DiffusersImageNet, ImageNet, latent_scale
+from streamstudio.models.image.lora import lora_source
 
 log = logging.getLogger(__name__)
 
@@ -54,19 +55,19 @@ class SDComponents:
     tokenizer_2: object | None = None  # SDXL: the second encoder's tokenizer
     vae_upcast: bool = False  # keep the VAE in float32 (SDXL's own VAE overflows in float16)
     loras: object | None = None  # the users' LoRAs on these networks (models/lora.LoraSet), changeable live
-    controlnets: list = field(default_factory=list)  # ControlNetModels (models/controlnet.py), in --controlnet order
+    controlnets: list = field(default_factory=list)  # ControlNetModels (models/image/controlnet.py), in --controlnet order
     control_defaults: list = field(default_factory=list)  # per ControlNet: (preprocessor, scale) new streams start at
     ip_adapter: object | None = None  # models/ip_adapter.IPAdapter installed in the UNet, or None
     network: ImageNet | None = None  # an accelerated or batched variant of the seam (None: eager)
 
     @property
     def is_sdxl(self) -> bool:
-        """An SDXL-family model: two text encoders, pooled text and time ids (models/sdxl.py)."""
+        """An SDXL-family model: two text encoders, pooled text and time ids (models/image/sdxl.py)."""
         return sdxl.is_sdxl_unet(self.unet)
 
     @property
     def net(self) -> ImageNet:
-        """The seam every UNet and VAE call goes through (`models/image_net.py`): `network`, or
+        """The seam every UNet and VAE call goes through (`models/image/image_net.py`): `network`, or
         the eager diffusers adapter of `unet` and `vae`."""
         return self.network if self.network is not None else DiffusersImageNet(self.unet, self.vae, self.controlnets)
 
@@ -94,7 +95,7 @@ class SDComponents:
         """A condition of `rows` rows (zeros) with every field this model's UNet call takes: the
         text embeddings, SDXL's pooled text and time ids, the ControlNets' images and scales,
         IP-Adapter's image embedding and per-row scale (what warm-ups and exports feed the seam)."""
-        from streamstudio.models.image_net import ImageCond
+        from streamstudio.models.image.image_net import ImageCond
 
         def zeros(*shape, kind=dtype):
             return torch.zeros((rows, *shape), device=device, dtype=kind)
@@ -575,7 +576,7 @@ def _load_taesd(source: str, local_files_only: bool):
 # ---------------------------------------------------------------------------------------------
 
 BUILTIN_NAME = "builtin"
-BUILTIN_DIR = Path(__file__).resolve().parent.parent / "assets" / "image_builtin"
+BUILTIN_DIR = ASSETS / "image_builtin"
 
 
 def _is_builtin_folder(model: str) -> bool:
@@ -595,7 +596,7 @@ def load_builtin(folder: str | os.PathLike | None = None) -> SDComponents:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from streamstudio.models import builtin_image
+    from streamstudio.models.image import builtin_image
 
     path = BUILTIN_DIR if folder is None else Path(os.path.expanduser(str(folder)))
     if not (path / "model.safetensors").is_file() or not (path / "config.json").is_file():

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 import torch
 
 from streamstudio.errors import StreamStudioError
-from streamstudio.models import sdxl
-from streamstudio.models.image_net import ImageCond
+from streamstudio.models.image import sdxl
+from streamstudio.models.image.image_net import ImageCond
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import torch
 
 from streamstudio.errors import StreamStudioError
 from streamstudio.kernels.splat import IMPLS, SplatRender, rasterize_gaussians
-from streamstudio.models.gaussians import GaussianScene, slice_4d
+from streamstudio.models.splats.gaussians import GaussianScene, slice_4d
 
 PATHS = ("orbit", "turntable", "fly")
 MODES = ("rgb", "depth", "alpha")

@@ -28,8 +28,8 @@ import torch
 
 from streamstudio import kernels
 from streamstudio.kernels.reference import CFG_FULL, CFG_INITIALIZE
-from streamstudio.models import feature_bank
-from streamstudio.models.image_net import ImageCond, ImageNet
+from streamstudio.models.image import feature_bank
+from streamstudio.models.image.image_net import ImageCond, ImageNet
 
 PRIMED = -1  # the id of a group that is no input's: a primed slot, or a filler
 FrameFields = dict  # ImageCond fields of one group's k frames: name -> (k, ...) tensor or tuple of them

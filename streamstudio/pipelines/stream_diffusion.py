@@ -5,7 +5,7 @@ schedule coefficients, noise, buffer and priming, one step with residual CFG), t
 encoder (`pipelines/prompt_encoder.py`: encoding, cache, blends), and here the frame API
 (`StreamDiffusionConfig`, `StreamDiffusion`: frames in and out, the similarity filter,
 temporal consistency, run-time settings). Every network call goes through the image seam
-(`models/image_net.py`); the LCM arithmetic is the scheduler's (diffusers' LCMScheduler).
+(`models/image/image_net.py`); the LCM arithmetic is the scheduler's (diffusers' LCMScheduler).
 
 The buffer holds N slots (one per denoising step in `t_index_list`), each of
 `frame_buffer_size` frames. With Stream Batch, one UNet call advances every slot by one
@@ -39,7 +39,7 @@ Temporal consistency (`temporal`, for live video-to-video; off by default):
 - latent feedback ("feedback"): the input latent becomes
   `(1 - feedback_weight) * encode(frame) + feedback_weight * x0_last`, x0_last the latent of the
   last output (with Stream Batch, the frame that left last). Costs nothing measurable.
-- feature bank ("bank", StreamV2V, arXiv 2405.15757; `models/feature_bank.py`): the UNet's
+- feature bank ("bank", StreamV2V, arXiv 2405.15757; `models/image/feature_bank.py`): the UNet's
   self-attention layers also attend to the keys and values of earlier frames' passes kept in
   this stream's own bank (extended self-attention), and the low-resolution layers fuse each
   token with its nearest bank feature when their cosine similarity is at least
@@ -75,8 +75,8 @@ from streamstudio import kernels
 from streamstudio.errors import StreamStudioError
 from streamstudio.frames import to_pixels
 from streamstudio.kernels.reference import CFG_CODES, CFG_NONE
-from streamstudio.models import feature_bank, sdxl
-from streamstudio.models.image_net import ImageCond, check_bank
+from streamstudio.models.image import feature_bank, sdxl
+from streamstudio.models.image.image_net import ImageCond, check_bank
 from streamstudio.models.loading import SDComponents
 from streamstudio.pipelines.control import ControlInputs, ControlUnit, Preprocessor
 from streamstudio.pipelines.live_settings import check_config
@@ -318,7 +318,7 @@ class StreamDiffusion:
         return self.comps.ip_adapter
 
     def set_lora_scale(self, name_or_source: str, scale: float) -> None:
-        """A loaded LoRA's scale (models/lora.py: unfused, rescaled, fused again); prompts are
+        """A loaded LoRA's scale (models/image/lora.py: unfused, rescaled, fused again); prompts are
         encoded again when the LoRA changes the text encoders."""
         if self.comps.loras is None:
             raise StreamStudioError("no LoRA is loaded (--lora)")
@@ -489,7 +489,7 @@ class StreamDiffusion:
 
     def resume_filter(self, state: SimilarityFilter) -> None:
         """Continue from a similarity filter replayed elsewhere: a segment of a longer file
-        starts with the filter where the whole-file run has it (app/segments.py)."""
+        starts with the filter where the whole-file run has it (app/batch/segments.py)."""
         self._filter = state
 
     def _input_latents(self, image) -> tuple[torch.Tensor | None, bool]:

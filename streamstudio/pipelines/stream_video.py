@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 
 from streamstudio.errors import StreamStudioError
-from streamstudio.models.stream_dit import guided_velocity
-from streamstudio.models.wan import HashTextEmbedder, WanBackbone  # noqa: F401  (Wan 2.1 backbone; models/wan.py)
+from streamstudio.models.video.stream_dit import guided_velocity
+from streamstudio.models.video.wan import HashTextEmbedder, WanBackbone  # noqa: F401  (Wan 2.1 backbone; models/video/wan.py)
 
 
 class VideoBackbone(Protocol):

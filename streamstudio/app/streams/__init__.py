@@ -2,7 +2,7 @@
 the Splats and Video tabs, batch and Ray jobs) turns its request into a running stream here, and
 nothing below app/ is asked twice. `image` opens image streams (StreamDiffusion), `video` video
 streams (StreamDiT, Wan), `run` runs one to its end from the command line. The commands in
-`app/commands/` are argument parsers over these; nothing imports `app/commands/`.
+`app/cli/` are argument parsers over these; nothing imports `app/cli/`.
 
 Importing this package imports no torch: each function imports what it needs when it runs."""
 

@@ -67,7 +67,7 @@ def build_pipeline(args, mode: str, serving: bool = False, aspect: float | None 
     comps = resolve_demo_default(args.model, device=device, dtype=dtype, taesd=args.taesd or None,
                                  lcm_lora=getattr(args, "lcm_lora", "auto"))
     if getattr(args, "lora", None):  # before acceleration: engines and compiled graphs see the fused weights
-        from streamstudio.models.lora import LoraSet
+        from streamstudio.models.image.lora import LoraSet
 
         comps.loras = LoraSet(comps)
         for spec in args.lora:
@@ -130,7 +130,7 @@ def _add_control_networks(args, comps, device, dtype):
     if len(preps) > len(nets):
         raise StreamStudioError(f"{len(preps)} --control-preprocessor for {len(nets)} --controlnet; give one per net")
     if nets:
-        from streamstudio.models.controlnet import check_fits, load_controlnet, parse_controlnet
+        from streamstudio.models.image.controlnet import check_fits, load_controlnet, parse_controlnet
 
         specs = [parse_controlnet(text) for text in nets]
         kinds = [preps[i] if i < len(preps) else "canny" for i in range(len(specs))]
@@ -142,7 +142,7 @@ def _add_control_networks(args, comps, device, dtype):
         comps.control_defaults = [(kind, spec.scale) for kind, spec in zip(kinds, specs)]
         comps.notes += [f"ControlNet: {spec.source} ({kind}, scale {spec.scale:g})" for kind, spec in zip(kinds, specs)]
     if getattr(args, "ip_adapter", None):
-        from streamstudio.models.ip_adapter import IPAdapter
+        from streamstudio.models.image.ip_adapter import IPAdapter
 
         if not getattr(args, "ip_image", None):
             raise StreamStudioError("--ip-adapter needs a reference image: --ip-image FILE")

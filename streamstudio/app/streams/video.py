@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # torch and the models load when a stream opens, not when the
     import numpy as np
     import torch
 
-    from streamstudio.models import wan
+    from streamstudio.models.video import wan
     from streamstudio.pipelines.stream_video import VideoStream
 
 
@@ -40,8 +40,8 @@ def load_video_model(model: str | None, device: torch.device | str = "auto", dty
     (`load_wan_model`); on `device` ("auto": the GPU when there is one) in `dtype` ("auto": float16 on
     a GPU, float32 on CPU)."""
     from streamstudio.device import pick_device, pick_dtype
-    from streamstudio.models import wan
-    from streamstudio.models.stream_dit import BUILTIN_CHECKPOINT, load_checkpoint
+    from streamstudio.models.video import wan
+    from streamstudio.models.video.stream_dit import BUILTIN_CHECKPOINT, load_checkpoint
 
     device = pick_device(device) if isinstance(device, str) else device
     if model not in BUILTIN_NAMES and wan.is_wan_model(model):  # a diffusers Wan 2.1 folder or hub id
@@ -118,10 +118,10 @@ def build_stream(model: torch.nn.Module, meta: dict, prompt: str, *, strength: f
 
 
 def load_wan_model(model: str, device: torch.device, dtype: str | torch.dtype = "auto") -> tuple[wan.WanModel, dict]:
-    """A diffusers Wan 2.1 text-to-video checkpoint (models/wan.py) on `device`, in bfloat16 on a
+    """A diffusers Wan 2.1 text-to-video checkpoint (models/video/wan.py) on `device`, in bfloat16 on a
     GPU and float32 on the CPU for "auto" (Wan's weights are bfloat16); meta: its sampling defaults."""
     from streamstudio.device import pick_dtype
-    from streamstudio.models import wan
+    from streamstudio.models.video import wan
 
     if isinstance(dtype, str):
         dtype = wan.default_dtype(device) if dtype == "auto" else pick_dtype(device, dtype)

@@ -1,0 +1,281 @@
+"""`streamstudio render`: run a video, a folder of images, a webcam or a test pattern through a
+pipeline into a file, a folder of images, an RTMP server or an HLS folder.
+
+Files and folders are rendered frame-aligned (output frame i is input frame i, with its
+timestamp, and the source's audio kept); webcams, screens and patterns run live (the latest
+frame is processed, late frames are dropped and counted). --fps on a video file resamples it
+by timestamps (frames dropped or repeated), so its duration and audio stay as they were."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import sys
+from pathlib import Path
+
+from streamstudio.errors import StreamStudioError
+
+log = logging.getLogger(__name__)
+
+VIDEO_MODULE = "streamstudio.app.cli.render_video"
+# settings handed to the video pipeline's render (`run_video_render(args)`)
+VIDEO_ARGS = ("prompt", "input", "output", "frames", "seed", "width", "height", "fps", "model", "max_frames",
+              "device", "dtype", "acceleration")
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    from streamstudio.app.settings import add_pipeline_arguments, number
+    from streamstudio.frames import FIT_MODES
+
+    p = subparsers.add_parser("render", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    io = p.add_argument_group("input and output")
+    io.add_argument("--input", default=None,
+                    help="a video file, a folder or glob of images, webcam:N, pattern[:WxH][@FPS] or screen[:N]")
+    io.add_argument("--output", default=None,
+                    help="out.mp4|.mkv|.webm|.mov, a folder (PNG frames), frames/%%05d.png, rtmp://host/app/key, "
+                         "hls:DIR, virtualcam or null")
+    io.add_argument("--config", default=None, help="a YAML file with any of these settings (dashes or underscores)")
+    io.add_argument("--prompt-schedule", default=None,
+                    help="a file of prompts (and ControlNet / IP-Adapter scales) at timestamps, blended over --transition "
+                         "seconds (see docs/streaming.md)")
+    io.add_argument("--transition", type=number(float, 0, 3600), default=None, help="prompt-schedule blend seconds (default 1)")
+    io.add_argument("--fps", type=number(float, 0, 1000, low_open=True), default=None,
+                    help="output frame rate (default: the input's). A video file at another rate is resampled "
+                         "by timestamps (frames dropped or repeated; duration and audio kept); image folders and "
+                         "patterns take it as their own rate; live inputs (webcam, streams) are not resampled")
+    io.add_argument("--max-frames", type=number(int, 1, 10**9), default=None,
+                    help="stop after N input frames (after resampling to --fps)")
+    io.add_argument("--mode", choices=("auto", "live", "offline"), default="auto",
+                    help="auto: live for webcam/screen/pattern/streams, offline (every frame) for files and "
+                         "folders; live on a file plays it at its own pace, dropping what processing cannot keep up with")
+    io.add_argument("--no-audio", action="store_true", help="do not copy the input's audio")
+    io.add_argument("--rtmp-timeout", type=number(float, 0, 3600, low_open=True), default=None, metavar="SECONDS",
+                    help="RTMP output: seconds to reach the server, and that one write may wait on it, before "
+                         "the connection is given up and retried (default 5)")
+    io.add_argument("--fit", choices=FIT_MODES, default="crop",
+                    help="an input of another aspect ratio than the output: crop (centred, the default) or pad "
+                         "(black bars, the whole picture kept); never stretched. Without --width/--height the "
+                         "output takes the input's aspect ratio")
+    io.add_argument("--pipeline", choices=("image", "video"), default="image",
+                    help="image: stream-batched diffusion per frame; video: the streaming video model")
+    from streamstudio.app.batch.cluster import add_arguments as add_batch_arguments
+
+    add_batch_arguments(io)
+    add_pipeline_arguments(p)
+    _add_video_arguments(p)
+    p.set_defaults(_render_defaults={a.dest: a.default for a in p._actions if a.dest != "help"},
+                   _render_actions={a.dest: a for a in p._actions if a.dest != "help"})
+    return p
+
+
+def _add_video_arguments(parser: argparse.ArgumentParser) -> None:
+    module, _ = _video_module()
+    if module is not None and hasattr(module, "add_video_arguments"):
+        try:
+            module.add_video_arguments(parser)
+        except argparse.ArgumentError as exc:  # an option both pipelines define: keep render's
+            log.debug("video render arguments not added: %s", exc)
+
+
+def _video_module():
+    """(the video render module, None) or (None, why it cannot be had)."""
+    import importlib
+
+    try:
+        return importlib.import_module(VIDEO_MODULE), None
+    except ImportError as exc:  # not written yet, or one of its dependencies is missing
+        log.debug("%s not available: %s", VIDEO_MODULE, exc)
+        return None, str(exc)
+
+
+# ---------------------------------------------------------------------------- settings
+def apply_config(args, path: str | Path) -> None:
+    """Settings from a YAML file, by option name (dashes or underscores) or, for the live
+    settings, by their name in the table and the web API (guidance_scale for --guidance); options
+    given on the command line win."""
+    import yaml
+
+    from streamstudio.app.settings import flag_dests
+
+    path = Path(path)
+    if not path.is_file():
+        raise StreamStudioError(f"config file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise StreamStudioError(f"config file {path} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise StreamStudioError(f"config file {path} must be a mapping of setting: value")
+    defaults = getattr(args, "_render_defaults", {})
+    known = {k for k in defaults if not k.startswith("_") and k != "config"}
+    aliases = flag_dests()
+    data = {aliases.get(k, k): v for k, v in data.items()}
+    unknown = sorted(k for k in data if str(k).replace("-", "_") not in known)
+    if unknown:
+        raise StreamStudioError(f"unknown setting(s) in {path}: {', '.join(map(str, unknown))}; "
+                                f"known: {', '.join(sorted(known))}")
+    actions = getattr(args, "_render_actions", {})
+    for key, value in data.items():
+        dest = str(key).replace("-", "_")
+        if getattr(args, dest, None) == defaults.get(dest):
+            action = actions.get(dest)
+            setattr(args, dest, value if action is None else config_value(action, key, value, path))
+
+
+def config_value(action: argparse.Action, key, value, path):
+    """A config file's `value` for an option, as the command line would have given it: checked
+    against the option's type and choices (strings converted as argparse would, "0.5" -> 0.5);
+    a value of the wrong kind is a StreamStudioError naming the key and the type expected."""
+    if value is None:  # `key:` with nothing after it: the option's default
+        return action.default
+    if action.nargs == 0:  # store_true / store_false flags
+        if not isinstance(value, bool):
+            raise StreamStudioError(f"config file {path}: {key} must be true or false, got {value!r}")
+        return value
+    if action.nargs in ("+", "*") or isinstance(action.nargs, int):
+        items = value if isinstance(value, list) else [value]
+        if not items and action.nargs == "+":
+            raise StreamStudioError(f"config file {path}: {key} needs at least one value")
+        return [_config_scalar(action, key, item, path) for item in items]
+    if isinstance(value, (list, dict)):
+        raise StreamStudioError(f"config file {path}: {key} must be {_kind(action)}, got {value!r}")
+    return _config_scalar(action, key, value, path)
+
+
+def _kind(action: argparse.Action) -> str:
+    if action.choices:
+        return "one of " + ", ".join(map(str, action.choices))
+    return {int: "a whole number", float: "a number"}.get(getattr(action.type, "kind", action.type), "a string")
+
+
+def _config_scalar(action: argparse.Action, key, value, path):
+    kind = _kind(action)
+    if isinstance(value, (list, dict)) or isinstance(value, bool) or value is None:
+        raise StreamStudioError(f"config file {path}: {key} must be {kind}, got {value!r}")
+    convert = getattr(action.type, "kind", action.type)  # a checking type (app/settings.py) says its kind
+    if convert is int and isinstance(value, float):  # 64.0 is fine, 64.5 is not
+        if not value.is_integer():
+            raise StreamStudioError(f"config file {path}: {key} must be {kind}, got {value!r}")
+        value = int(value)
+    elif convert is None or isinstance(value, str) or not isinstance(value, convert):
+        try:
+            value = (convert or str)(value if isinstance(value, str) else str(value))
+        except (TypeError, ValueError):
+            raise StreamStudioError(f"config file {path}: {key} must be {kind}, got {value!r}") from None
+    if convert is float and not math.isfinite(value):
+        raise StreamStudioError(f"config file {path}: {key} must be a finite number, got {value!r}")
+    if action.choices and value not in action.choices:
+        raise StreamStudioError(f"config file {path}: {key} must be {kind}, got {value!r}")
+    if convert is not action.type:  # the range the option's checking type holds it to
+        try:
+            value = action.type(value)
+        except argparse.ArgumentTypeError as exc:
+            raise StreamStudioError(f"config file {path}: {key}: {exc}") from None
+    return value
+
+
+def _check_args(args) -> None:
+    if not args.input and args.pipeline == "image":
+        raise StreamStudioError("--input is required (a video, a folder of images, webcam:N or pattern)")
+    if not args.output:
+        raise StreamStudioError("--output is required (a video file, a folder, rtmp://... or hls:DIR)")
+    if args.max_frames is not None and args.max_frames < 1:
+        raise StreamStudioError("--max-frames must be at least 1")
+    if args.fps is not None and args.fps <= 0:
+        raise StreamStudioError("--fps must be positive")
+    if getattr(args, "rtmp_timeout", None) is not None and args.rtmp_timeout <= 0:
+        raise StreamStudioError("--rtmp-timeout must be positive")
+
+
+def _check_io(args) -> None:
+    """The input exists, the output is one render can write and is not the input: said before
+    any model loads (a batch's inputs and output are the batch's to check)."""
+    from streamstudio.streaming.sinks import check_not_input, sink_kind
+    from streamstudio.streaming.sources import source_kind
+
+    if args.input:
+        source_kind(args.input)
+    sink_kind(args.output)
+    check_not_input(args.output, [args.input])
+
+
+# ---------------------------------------------------------------------------- run
+def run(args) -> int:
+    if args.config:
+        apply_config(args, args.config)
+    _check_args(args)
+    from streamstudio.app.batch.cluster import run_batch, wants_batch
+
+    if wants_batch(args):  # many files, or one in segments, on Ray or one after another (app/batch/cluster.py)
+        return run_batch(args)
+    _check_io(args)
+    if args.pipeline == "video":
+        return _run_video(args)
+    return _run_image(args)
+
+
+def _run_video(args) -> int:
+    module, why = _video_module()
+    if module is None or not hasattr(module, "run_video_render"):
+        raise StreamStudioError("--pipeline video is not available in this installation "
+                                f"({why or VIDEO_MODULE + '.run_video_render is missing'}); use --pipeline image")
+    for name in VIDEO_ARGS:
+        if not hasattr(args, name):
+            setattr(args, name, None)
+    return int(module.run_video_render(args) or 0)
+
+
+def _run_image(args) -> int:
+    from streamstudio.models.hub import check_model_source
+
+    check_model_source(args.model)  # a hub id that cannot be had: said at once, before torch loads
+    from streamstudio.app.streams import FittedFrames, build_pipeline, expected_frames, rtmp_config, watch
+    from streamstudio.streaming.runner import Runner, RunnerConfig
+    from streamstudio.streaming.schedule import load_schedule
+    from streamstudio.streaming.sinks import open_sink
+    from streamstudio.streaming.sources import open_source, resample_file
+
+    schedule = load_schedule(args.prompt_schedule, args.transition) if args.prompt_schedule else None
+    realtime = args.mode != "offline"
+    source = open_source(args.input, fps=args.fps, realtime=realtime)
+    try:
+        source = resample_file(source, args.fps)
+        live = source.info.live if args.mode == "auto" else args.mode == "live"
+        aspect = source.info.width / source.info.height if source.info.width and source.info.height else None
+        pipe = FittedFrames(build_pipeline(args, "img2img", aspect=aspect), getattr(args, "fit", "crop"))
+        if schedule is not None:
+            schedule.check(pipe)  # its scales fit the model's ControlNets and IP-Adapter
+        fps = args.fps or source.info.fps
+        # a file keeps its audio in live mode too: output frames carry their input's timestamps, so
+        # the audio stays in step where frames were dropped (live inputs have none to copy)
+        audio = None if (args.no_audio or source.info.live) else source.info.audio
+        sink = open_sink(args.output, pipe.config.width, pipe.config.height, fps, audio_from=audio,
+                         rtmp=rtmp_config(args))
+    except BaseException:
+        source.close()
+        raise
+    on_input = (lambda pts: schedule.apply_to(pipe, pts)) if schedule else None  # prompt and scales
+    fitted = "" if aspect is None or abs(aspect - pipe.config.width / pipe.config.height) < 0.01 else f" ({args.fit})"
+    print(f"render: {source.info.description} -> {args.output} ({'live' if live else 'offline'}, "
+          f"{pipe.config.width}x{pipe.config.height}{fitted} @ {fps:g} fps, model {pipe.comps.name}, "
+          f"frame latency {pipe.latency_frames})", file=sys.stderr)
+    runner = Runner(source, pipe, sink, RunnerConfig(live=live, max_frames=args.max_frames), on_input=on_input)
+    total = expected_frames(source.info.frame_count, args.max_frames)
+    try:
+        metrics = watch(runner, total, live=live)
+    except KeyboardInterrupt:
+        runner.stop()
+        try:
+            runner.wait(15)
+        finally:
+            print(f"\ninterrupted: {runner.metrics().frames_out} frame(s) written, {args.output} closed",
+                  file=sys.stderr)
+        return 130
+    for warning in metrics.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    print(f"done: {metrics.summary()}", file=sys.stderr)
+    print(f"wrote {args.output}")
+    return 0
+
+

@@ -1,0 +1,285 @@
+"""`streamstudio serve`: the web app (Gradio UI + WebRTC endpoint) on one server.
+
+Binds to 127.0.0.1:7860 unless --host is given. Settings from the environment:
+STREAMSTUDIO_AUTH (USER:PASS, as --auth), STREAMSTUDIO_TURN_URLS, STREAMSTUDIO_TURN_USERNAME,
+STREAMSTUDIO_TURN_CREDENTIAL and STREAMSTUDIO_STUN_URLS (ICE servers for use across networks),
+STREAMSTUDIO_WHIP_TOKEN (as --whip-token).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import io
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+from streamstudio.errors import StreamStudioError
+
+log = logging.getLogger(__name__)
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    from streamstudio.app.settings import add_pipeline_arguments
+    from streamstudio.app.settings import number
+
+    p = subparsers.add_parser("serve", description=__doc__.splitlines()[0])
+    p.add_argument("--host", default=None, help="address to bind (default 127.0.0.1; anything else "
+                                                "exposes the app to the network: use --auth)")
+    p.add_argument("--port", type=number(int, 1, 65535), default=7860, help="port (default 7860)")
+    p.add_argument("--auth", default=None, metavar="USER:PASS",
+                   help="require this login (default: $STREAMSTUDIO_AUTH when set)")
+    p.add_argument("--max-streams", type=number(int, 1, 10_000), default=4, help="concurrent live streams at most, every tab's together (default 4)")
+    p.add_argument("--gpus", type=number(int, 1, 1024), default=1,
+                   help="model replicas, one per GPU (cuda:0 .. N-1; with --device cpu, N CPU replicas), each with "
+                        "its own batching and --max-streams streams; a new stream goes to the least-loaded one "
+                        "(app/web/replicas.py)")
+    p.add_argument("--idle-timeout", type=number(float, 0, 86400, low_open=True), default=20.0,
+                   help="free a stream that sent no frame for this many seconds (default 20)")
+    p.add_argument("--max-upload-size", default="20mb", help="largest upload accepted (default 20mb)")
+    p.add_argument("--max-upload-total", default="200mb",
+                   help="the uploads this server holds on disk, all clients together (default 200mb; "
+                        "uploads are deleted after --upload-ttl)")
+    p.add_argument("--uploads-per-client", type=number(int, 1, 10**6), default=20,
+                   help="uploads one client may make in 10 minutes (default 20)")
+    p.add_argument("--upload-ttl", type=number(float, 10, 86400 * 7), default=300.0,
+                   help="seconds an upload or cached file is kept before it is deleted (default 300)")
+    p.add_argument("--latency-probe", action="store_true",
+                   help="copy a frame counter drawn in the input's top band onto the output (benchmarks/webapp.py)")
+    p.add_argument("--output-dir", default="outputs", help="folder for Live output recordings (default outputs)")
+    p.add_argument("--no-stream-batching", action="store_true",
+                   help="let live streams take turns on the model instead of batching their network calls together")
+    p.add_argument("--max-batch-rows", type=number(int, 1, 1024), default=16,
+                   help="cross-stream batching: UNet/VAE batch rows per call at most (default 16; TensorRT "
+                        "engines are sized from it)")
+    p.add_argument("--batch-wait-ms", type=number(float, 0, 1000), default=2.0,
+                   help="cross-stream batching: how long a call waits for other streams' calls (default 2 ms)")
+    p.add_argument("--whip-token", default=None, metavar="TOKEN",
+                   help="bearer token WHIP publishers (OBS) and WHEP viewers must send (default: "
+                        "$STREAMSTUDIO_WHIP_TOKEN; without either, --auth's USER:PASS; without --auth, none)")
+    p.add_argument("--max-viewers", type=number(int, 0, 10_000), default=32,
+                   help="WHEP viewers on the server at most, all streams together (default 32)")
+    p.add_argument("--osc-port", type=number(int, 1, 65535), default=None,
+                   help="take OSC control messages on this UDP port (default: off)")
+    p.add_argument("--osc-host", default="127.0.0.1",
+                   help="address the OSC port binds (default 127.0.0.1; OSC has no login)")
+    add_pipeline_arguments(p)
+    return p
+
+
+def parse_auth(value: str | None) -> tuple[str, str] | None:
+    value = value if value is not None else os.environ.get("STREAMSTUDIO_AUTH")
+    if not value:
+        return None
+    user, sep, password = value.partition(":")
+    if not sep or not user or not password:
+        raise StreamStudioError("--auth (or STREAMSTUDIO_AUTH) must be USER:PASS with both parts non-empty")
+    return user, password
+
+
+def bind_host(args) -> str:
+    host = args.host or "127.0.0.1"
+    if args.host and host not in LOOPBACK:
+        print(f"warning: binding to {host}: the app is reachable from the network"
+              + ("" if parse_auth(args.auth) else " WITHOUT a login; add --auth USER:PASS")
+              + ". Put it behind HTTPS for webcam access from other machines.", file=sys.stderr)
+    return host
+
+
+def build_model(args):
+    """Load the model once and keep the defaults new streams start from."""
+    from streamstudio.app.streams import batching_config
+    from streamstudio.app.streams import build_pipeline
+    from streamstudio.app.web.sessions import ServerModel
+
+    pipe = build_pipeline(args, "img2img", serving=True)
+    return ServerModel(pipe.comps, pipe.config, prompt=args.prompt, negative_prompt=args.negative_prompt,
+                       latency_probe=getattr(args, "latency_probe", False), batching=batching_config(args))
+
+
+def guard_config(args):
+    """The request guard's limits (login, body caps, upload quotas) from the command line."""
+    from streamstudio.app.web.security import GuardConfig, parse_size
+
+    if getattr(args, "uploads_per_client", 20) < 1:
+        raise StreamStudioError("--uploads-per-client must be at least 1")
+    if getattr(args, "upload_ttl", 300.0) < 10:
+        raise StreamStudioError("--upload-ttl must be at least 10 seconds")
+    return GuardConfig(auth=parse_auth(args.auth), max_upload_bytes=parse_size(args.max_upload_size),
+                       max_upload_total_bytes=parse_size(getattr(args, "max_upload_total", "200mb")),
+                       uploads_per_client=getattr(args, "uploads_per_client", 20))
+
+
+def whip_token(args) -> str | None:
+    token = getattr(args, "whip_token", None)
+    token = token if token is not None else os.environ.get("STREAMSTUDIO_WHIP_TOKEN")
+    return token or None
+
+
+GRADIO_DEBUG_PRINTS = ("content_type",)  # gradio 5.50 prints this for every component request
+
+
+def silence_gradio_debug_prints() -> None:
+    """Drop the debug lines Gradio 5.50 left in its routes (`print("content_type", ...)` on every
+    component request, e.g. each Live-tab WebRTC offer): the server's terminal is for what a
+    person running it needs. Only those lines: anything else gradio.routes prints goes through."""
+    import builtins
+
+    import gradio.routes
+
+    if getattr(gradio.routes, "print", builtins.print) is not builtins.print:
+        return  # already done
+
+    def quiet_print(*values, **kwargs):
+        if values and isinstance(values[0], str) and values[0] in GRADIO_DEBUG_PRINTS:
+            return
+        builtins.print(*values, **kwargs)
+
+    gradio.routes.print = quiet_print
+
+
+def build_app(args, model=None):
+    """(FastAPI app, SessionManager): the Gradio UI at /, the WebRTC and JSON API beside it, all
+    behind the request guard (`app/web/security.py`)."""
+    import gradio as gr
+    from fastapi import FastAPI
+
+    from streamstudio.app.web import security, ui, webrtc, whip
+    from streamstudio.app.web.sessions import SessionManager
+
+    guard = guard_config(args)
+    guard.self_auth_prefixes = ("/whip", "/whep")  # they take a bearer token (app/web/whip.py)
+    rtc = webrtc.rtc_config_from_env()
+    if model is None and getattr(args, "gpus", 1) != 1:  # N replicas of the model (app/web/replicas.py)
+        from streamstudio.app.web.replicas import build_manager
+
+        manager = build_manager(args)
+    else:
+        manager = SessionManager(model or build_model(args), max_streams=args.max_streams,
+                                 idle_timeout=args.idle_timeout, owns_model=model is None)
+    # With a login, the API's docs are not served at all (FastAPI would serve them to anyone).
+    docs = {} if guard.auth is None else {"docs_url": None, "redoc_url": None, "openapi_url": None}
+    app = FastAPI(title="StreamStudio", **docs)
+    stream = webrtc.build_stream(manager, rtc, host=args.host or "127.0.0.1")
+    webrtc.mount_api(app, manager, stream)
+    whip.WhipServer(manager, host=args.host or "127.0.0.1", token=whip_token(args), auth=guard.auth,
+                    rtc_config=rtc, max_viewers=getattr(args, "max_viewers", 32),
+                    other_slots=lambda: set(stream.pcs)).mount(app)
+    blocks = ui.build_ui(manager, rtc_config=rtc, output_dir=args.output_dir,
+                         file_ttl=int(getattr(args, "upload_ttl", 300.0)), host=args.host or "127.0.0.1")
+    silence_gradio_debug_prints()
+    with contextlib.redirect_stdout(io.StringIO()):  # gradio prints "new /" here
+        app = gr.mount_gradio_app(app, blocks, path="/", server_name=args.host or "127.0.0.1",
+                                  server_port=args.port, show_api=False, auth=guard.auth,
+                                  max_file_size=guard.max_upload_bytes, ssr_mode=False)
+    security.install(app, guard, blocks)
+    app.state.manager = manager
+    app.state.osc = None
+    if getattr(args, "osc_port", None) is not None:
+        from streamstudio.app.web.osc import OscControl
+
+        app.state.osc = OscControl(manager, args.osc_port, args.osc_host)
+    return app, manager
+
+
+def close_extras(app) -> None:
+    """Stop what build_app started beside the HTTP server (the OSC port)."""
+    osc = getattr(app.state, "osc", None)
+    if osc is not None:
+        osc.close()
+        app.state.osc = None
+
+
+@dataclass
+class ServerThread:
+    """The server in a background thread (tests, benchmarks): `.url`, `.close()`."""
+
+    server: object
+    thread: threading.Thread
+    manager: object
+    url: str
+    app: object = None
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(20)
+        if self.app is not None:
+            close_extras(self.app)
+        self.manager.shutdown()
+
+
+def start_in_thread(args, model=None, timeout: float = 60.0) -> ServerThread:
+    import uvicorn
+
+    app, manager = build_app(args, model)
+    host = bind_host(args)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=args.port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="streamstudio-server", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            close_extras(app)
+            manager.shutdown()
+            raise StreamStudioError(f"the server did not start on {host}:{args.port} (is the port in use?)")
+        time.sleep(0.05)
+    return ServerThread(server, thread, manager, f"http://{host}:{args.port}", app)
+
+
+def check_port_free(host: str, port: int, kind: int = socket.SOCK_STREAM, flag: str = "--port") -> None:
+    """The port can be bound on `host` now (TCP as uvicorn binds it, with SO_REUSEADDR; UDP for
+    OSC): said before the model loads, with what to do, instead of a bind error after it."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=kind)
+    except socket.gaierror as exc:
+        raise StreamStudioError(f"cannot serve on {host}: the address does not resolve ({exc.strerror}); "
+                                "give --host an address of this machine, e.g. 127.0.0.1 or 0.0.0.0") from exc
+    family, _, _, _, address = infos[0]
+    with socket.socket(family, kind) as sock:
+        if kind == socket.SOCK_STREAM:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise StreamStudioError(f"port {port} on {host} is in use (another StreamStudio, or another "
+                                        f"program); stop it or pick another {flag}, e.g. {flag} {port + 1}") from exc
+            raise StreamStudioError(f"cannot serve on {host}:{port} ({exc.strerror or exc}); give --host an "
+                                    f"address of this machine and {flag} a port you may open (1024 and above "
+                                    "without root)") from exc
+
+
+def run(args) -> int:
+    import uvicorn
+
+    for noisy in ("aioice", "aiortc"):  # a line per ICE check otherwise
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    host = bind_host(args)
+    check_port_free(host, args.port)  # before the model loads
+    if getattr(args, "osc_port", None) is not None:
+        check_port_free(args.osc_host, args.osc_port, socket.SOCK_DGRAM, "--osc-port")
+    from streamstudio.models.hub import check_model_source
+
+    check_model_source(args.model)
+    app, manager = build_app(args)
+    print(f"model: {manager.model.name}" + (" (a built-in model)" if manager.model.is_demo else ""))
+    print(f"StreamStudio on http://{host}:{args.port}  (WebRTC endpoint: POST /webrtc/offer; "
+          f"WHIP: POST /whip/<stream>, WHEP: POST /whep/<stream>)")
+    if app.state.osc is not None:
+        print("OSC control on udp://{}:{}".format(*app.state.osc.address))
+    try:
+        uvicorn.run(app, host=host, port=args.port, log_level="warning")
+    except OSError as exc:
+        raise StreamStudioError(f"cannot serve on {host}:{args.port}: {exc}; pick another --port") from exc
+    finally:
+        close_extras(app)
+        manager.shutdown()
+    return 0

@@ -1,0 +1,83 @@
+"""`streamstudio train-image`: train the built-in image model (autoencoder, then a one-step denoiser).
+
+    streamstudio train-image --output runs/image_builtin --max-minutes 45
+    streamstudio train-image --output runs/image_builtin --resume     # continue a stopped run
+
+    streamstudio train-image --output runs/image_builtin --export streamstudio/assets/image_builtin
+
+The checkpoint folder loads as `--model runs/image_builtin`; --export writes its float16 weights
+and config (what `--model builtin` loads) to another folder. See docs/image_model.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from streamstudio.app.training.config import STAGES, ImageTrainConfig
+
+DEFAULTS = ImageTrainConfig()
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("train-image", description=__doc__.splitlines()[0])
+    p.add_argument("--output", default=DEFAULTS.output, help="checkpoint folder (model.safetensors + config.json)")
+    p.add_argument("--stage", choices=STAGES, default=DEFAULTS.stage,
+                   help="all (autoencoder, then denoiser), vae, or denoiser (needs a trained autoencoder in --output)")
+    p.add_argument("--vae-steps", type=int, default=DEFAULTS.vae_steps, help="autoencoder steps")
+    p.add_argument("--vae-batch-size", type=int, default=DEFAULTS.vae_batch_size)
+    p.add_argument("--vae-size", type=int, default=DEFAULTS.vae_size, help="autoencoder training crops, pixels")
+    p.add_argument("--vae-lr", type=float, default=DEFAULTS.vae_lr)
+    p.add_argument("--steps", type=int, default=DEFAULTS.steps, help="denoiser steps")
+    p.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size)
+    p.add_argument("--size", type=int, default=DEFAULTS.size, help="denoiser training crops, pixels")
+    p.add_argument("--lr", type=float, default=DEFAULTS.lr)
+    p.add_argument("--warmup", type=int, default=DEFAULTS.warmup)
+    p.add_argument("--pixel-weight", type=float, default=DEFAULTS.pixel_weight,
+                   help="weight of the denoiser's pixel loss through the frozen decoder")
+    p.add_argument("--style-share", type=float, default=DEFAULTS.style_share,
+                   help=f"share of denoiser prompts naming a style (default {DEFAULTS.style_share})")
+    p.add_argument("--init", default="", metavar="DIR",
+                   help="start from a trained model folder (e.g. streamstudio/assets/image_builtin): "
+                        "its autoencoder is kept, the denoiser trains on (a new run, not --resume)")
+    p.add_argument("--seed", type=int, default=DEFAULTS.seed)
+    p.add_argument("--save-every", type=int, default=DEFAULTS.save_every)
+    p.add_argument("--resume", action="store_true", help="continue the run saved in --output")
+    p.add_argument("--cpu", action="store_true", help="train on CPU even when a GPU is present")
+    p.add_argument("--max-minutes", type=float, default=0.0, help="stop and save after this wall time (0: no limit)")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--export", default=None, metavar="DIR",
+                   help="afterwards, write the shippable model (float16 weights + config.json) to DIR")
+    return p
+
+
+def config_from_args(args) -> ImageTrainConfig:
+    names = {f.name for f in dataclasses.fields(ImageTrainConfig)}
+    values = {k: v for k, v in vars(args).items() if k in names}
+    values["progress"] = not args.no_progress
+    return ImageTrainConfig(**values)
+
+
+def _summary(name: str, losses: list[float]) -> str:
+    k = max(1, len(losses) // 10)
+    return f"{name} {len(losses)} steps, loss {sum(losses[:k]) / k:.4f} -> {sum(losses[-k:]) / k:.4f}"
+
+
+def run(args) -> int:
+    import torch
+
+    from streamstudio.app.training.image import ImageTrainer, export_checkpoint
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = config_from_args(args)
+    losses = ImageTrainer(cfg).train()
+    done = [_summary(name, values) for name, values in losses.items() if values]
+    if done:
+        print(f"trained {'; '.join(done)}; checkpoint in {cfg.output}")
+    else:
+        print(f"nothing to do: {cfg.output} is already at the steps asked for")
+    if args.export:
+        print(f"exported the model to {export_checkpoint(cfg.output, args.export)}")
+    return 0

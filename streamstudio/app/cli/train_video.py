@@ -1,0 +1,84 @@
+"""`streamstudio train-video`: train the StreamDiT video model (flow matching or distillation).
+
+Runs on CPU as is and on several GPUs through `accelerate launch -m streamstudio train-video ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from streamstudio.errors import StreamStudioError
+from streamstudio.app.training.config import VideoTrainConfig
+
+DEFAULTS = VideoTrainConfig()
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("train-video", description=__doc__.splitlines()[0])
+    p.add_argument("--output", default=DEFAULTS.output, help="checkpoint folder (model.safetensors + config.json)")
+    p.add_argument("--model", default=DEFAULTS.model, help="named model config: tiny, small, base, 4b")
+    p.add_argument("--data", default=DEFAULTS.data, help="'synthetic' (moving coloured shapes) or a folder of videos")
+    p.add_argument("--mode", choices=("flow", "distill"), default=DEFAULTS.mode,
+                   help="buffered flow matching, or multistep distillation of --teacher to one step per chunk")
+    p.add_argument("--teacher", default=None, help="teacher checkpoint folder (distill mode)")
+    p.add_argument("--teacher-steps", type=int, default=DEFAULTS.teacher_steps, help="teacher micro-steps per chunk")
+    p.add_argument("--init", default=None,
+                   help="start from the weights of this checkpoint folder (its architecture; new optimizer)")
+    p.add_argument("--init-keep-shift", dest="init_shift_mask", action="store_false",
+                   help="with --init: keep the checkpoint's window shift (default: turn the masked shift on)")
+    p.add_argument("--cond-drop", type=float, default=DEFAULTS.cond_drop,
+                   help="flow mode: share of captions replaced by the empty prompt, so the model learns the "
+                        "unconditional velocity classifier-free guidance needs (e.g. 0.1)")
+    p.add_argument("--teacher-guidance", type=float, default=DEFAULTS.teacher_guidance,
+                   help="distill mode: the teacher's classifier-free guidance scale, distilled into the student")
+    p.add_argument("--distill-startup-share", type=float, default=DEFAULTS.distill_startup_share,
+                   help="distill mode: share of buffers from the sampler's start-up (uniform generation)")
+    p.add_argument("--steps", type=int, default=DEFAULTS.steps)
+    p.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size)
+    p.add_argument("--buffer-frames", type=int, default=DEFAULTS.buffer_frames, help="B = N*c frames (power of 2)")
+    p.add_argument("--ref-frames", type=int, default=DEFAULTS.ref_frames, help="K clean reference frames")
+    p.add_argument("--size", type=int, default=DEFAULTS.size, help="frame side in pixels")
+    p.add_argument("--lr", type=float, default=DEFAULTS.lr)
+    p.add_argument("--warmup", type=int, default=DEFAULTS.warmup)
+    p.add_argument("--seed", type=int, default=DEFAULTS.seed)
+    p.add_argument("--save-every", type=int, default=DEFAULTS.save_every)
+    p.add_argument("--resume", action="store_true", help="continue the run saved in --output")
+    p.add_argument("--cpu", action="store_true", help="train on CPU even when a GPU is present")
+    p.add_argument("--max-minutes", type=float, default=0.0, help="stop and save after this wall time (0: no limit)")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--num-chunks", type=int, default=4, help="sampling default stored with the checkpoint: N")
+    p.add_argument("--micro-steps", type=int, default=None,
+                   help="sampling default stored with the checkpoint: s (default 2, 1 in distill mode)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def config_from_args(args) -> VideoTrainConfig:
+    if args.num_chunks < 1 or args.buffer_frames % args.num_chunks:
+        raise StreamStudioError(f"--num-chunks {args.num_chunks} must divide --buffer-frames {args.buffer_frames}")
+    names = {f.name for f in dataclasses.fields(VideoTrainConfig)}
+    values = {k: v for k, v in vars(args).items() if k in names}
+    values["progress"] = not args.no_progress
+    micro = args.micro_steps or (1 if args.mode == "distill" else 2)
+    values["sampling"] = {"num_chunks": args.num_chunks, "chunk_size": args.buffer_frames // args.num_chunks,
+                          "micro_steps": micro}
+    return VideoTrainConfig(**values)
+
+
+def run(args) -> int:
+    import torch
+
+    from streamstudio.app.training.video import VideoTrainer
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = config_from_args(args)
+    losses = VideoTrainer(cfg).train()
+    if losses:
+        k = max(1, len(losses) // 10)
+        print(f"trained {len(losses)} steps: loss {sum(losses[:k]) / k:.4f} -> {sum(losses[-k:]) / k:.4f}; "
+              f"checkpoint in {cfg.output}")
+    else:
+        print(f"nothing to do: {cfg.output} is already at step {cfg.steps}")
+    return 0

@@ -1,0 +1,69 @@
+"""The training commands' configs (`train-image`, `train-video`): plain dataclasses, importing
+nothing heavy, so the commands' flags and help are built without torch (the trainers are in
+`training/image.py` and `training/video.py`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+STAGES = ("all", "vae", "denoiser")
+
+
+@dataclass
+class ImageTrainConfig:
+    output: str = "runs/image_builtin"
+    stage: str = "all"  # all | vae | denoiser
+    vae_steps: int = 3000
+    vae_batch_size: int = 16
+    vae_size: int = 64  # autoencoder training crops (pixels)
+    vae_lr: float = 2e-3
+    steps: int = 4000  # denoiser steps
+    batch_size: int = 16
+    size: int = 96  # denoiser training crops (pixels; latents are size / 8)
+    lr: float = 1e-3
+    warmup: int = 100
+    min_lr_ratio: float = 0.05
+    grad_clip: float = 1.0
+    pixel_weight: float = 1.0  # the denoiser's pixel-space L1 through the frozen decoder
+    default_share: float = 0.5  # share of denoiser samples at the default strength's t
+    txt2img_share: float = 0.15  # share at txt2img's t
+    style_share: float = 0.38  # denoiser prompts naming a style: image_data.DEFAULT_STYLE_SHARE (a test keeps them equal)
+    init: str = ""  # start from this model folder (e.g. the shipped one): its autoencoder and denoiser
+    seed: int = 0
+    save_every: int = 200
+    resume: bool = False
+    cpu: bool = False
+    max_minutes: float = 0.0  # stop and save after this wall time (0: no limit)
+    progress: bool = True
+
+
+@dataclass
+class VideoTrainConfig:
+    output: str = "runs/stream_dit"
+    model: str = "tiny"  # a named StreamDiT config
+    data: str = "synthetic"  # "synthetic" or a folder of videos
+    mode: str = "flow"  # "flow" (buffered flow matching) or "distill"
+    teacher: str | None = None  # checkpoint folder of the teacher (distill mode)
+    teacher_steps: int = 4  # the teacher's micro-steps per chunk (distill mode)
+    distill_startup_share: float = 0.25  # share of distillation buffers from the start-up's uniform generation
+    init: str | None = None  # start (flow mode) from the weights of this checkpoint folder, new optimizer
+    init_shift_mask: bool = True  # with init: turn the masked window shift on (False keeps the checkpoint's)
+    cond_drop: float = 0.0  # share of captions replaced by "" (flow mode), for classifier-free guidance
+    teacher_guidance: float = 1.0  # distill mode: the teacher's classifier-free guidance, distilled into the student
+    steps: int = 1000
+    batch_size: int = 8
+    buffer_frames: int = 8  # B = N * c frames that are denoised
+    ref_frames: int = 0  # K clean reference frames before the buffer
+    size: int = 32  # frame side in pixels (latent side for the tiny pixel-space model)
+    lr: float = 5e-4
+    warmup: int = 100
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    seed: int = 0
+    save_every: int = 250
+    resume: bool = False  # continue from the checkpoint in `output`
+    cpu: bool = False
+    max_minutes: float = 0.0  # stop (and save) after this much wall time; 0 = no limit
+    progress: bool = True
+    sampling: dict = field(default_factory=lambda: {"num_chunks": 4, "chunk_size": 2, "micro_steps": 2})

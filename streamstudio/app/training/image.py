@@ -1,0 +1,323 @@
+"""Training of the built-in image model (`streamstudio train-image`), in two stages.
+
+1. vae: the pixel-shuffle autoencoder learns to reconstruct procedural images
+   (`models/image/image_data.py`) and the looks applied to them: L1 on pixels plus L1 on their
+   horizontal and vertical differences (edges), with a little noise on the latents so the
+   decoder forgives the denoiser's errors. Its `scaling_factor` is then set so latents have
+   unit variance.
+2. denoiser: with the autoencoder frozen, the UNet and the text encoder learn a one-step,
+   turbo-style x0 prediction through the pipeline's own step: for an input latent z, the
+   target latent z' of the look the prompt names, and a timestep t of the pipeline's schedule,
+   x = sqrt(abar_t) z + sqrt(1 - abar_t) n and x0 = (x - sqrt(1 - abar_t) eps) / sqrt(abar_t)
+   must match z' (in latents, and in pixels through the frozen decoder). Half the samples use
+   the t the pipeline uses for strength 0.5 and one step (the default), the rest other img2img
+   strengths and txt2img's t. With residual CFG "self" the pipeline takes eps_uncond to be the
+   noise it added, so guidance above 1 pushes the look further.
+
+Every batch is a pure function of (seed, stage, step), so a resumed run continues exactly where
+the stopped one would have been. The checkpoint folder holds model.safetensors and
+config.json (what `models/loading.py` loads as `--model builtin`), plus optimizer.pt and
+trainer_state.json for --resume.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from streamstudio.device import pick_device
+from streamstudio.errors import StreamStudioError
+from streamstudio.models.image import builtin_image, image_data
+from streamstudio.models.image.image_net import DiffusersImageNet, ImageCond
+from streamstudio.models.image.tiny import SCHEDULER_CONFIG
+from streamstudio.app.training.config import STAGES, ImageTrainConfig  # noqa: F401 (re-exported)
+
+log = logging.getLogger(__name__)
+
+def lr_at(base: float, step: int, total: int, warmup: int, min_ratio: float) -> float:
+    if step < warmup:
+        return base * (step + 1) / warmup
+    frac = min(1.0, (step - warmup) / max(1, total - warmup))
+    return base * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def pipeline_timesteps() -> tuple[int, list[int], int]:
+    """(default t, img2img ts, txt2img t) exactly as the pipeline's schedule picks them: the t of
+    strength 0.5 with one step, every t img2img uses for strengths 0.2-0.9 and 1-4 steps, and
+    txt2img's first t."""
+    from diffusers import LCMScheduler
+
+    from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+
+    sched = LCMScheduler.from_config(SCHEDULER_CONFIG)
+    sched.set_timesteps(50)
+
+    def ts(**kw) -> list[int]:
+        return [int(sched.timesteps[i]) for i in StreamDiffusionConfig(**kw).resolved_t_index_list()]
+
+    default = ts(strength=0.5, steps=1)[0]
+    others = sorted({t for s in (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9) for n in (1, 2, 3, 4)
+                     for t in ts(strength=s, steps=n)})
+    txt = ts(mode="txt2img", steps=1)[0]
+    return default, others, txt
+
+
+def alphas_cumprod() -> torch.Tensor:
+    from diffusers import LCMScheduler
+
+    return LCMScheduler.from_config(SCHEDULER_CONFIG).alphas_cumprod.to(torch.float32)  # (1000,)
+
+
+def _edges(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return x[..., :, 1:] - x[..., :, :-1], x[..., 1:, :] - x[..., :-1, :]
+
+
+def recon_loss(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """L1 on pixels and on their differences (images in [-1, 1])."""
+    (px, py), (tx, ty) = _edges(pred), _edges(target)
+    return (pred - target).abs().mean() + 0.5 * ((px - tx).abs().mean() + (py - ty).abs().mean())
+
+
+def export_checkpoint(run: str | Path, dest: str | Path) -> Path:
+    """Write the shippable model of a training run: float16 weights (about 2.7 MB) and
+    config.json, without the optimizer state (what assets/image_builtin holds)."""
+    from safetensors.torch import load_file, save_file
+
+    run, dest = Path(run), Path(dest)
+    if not (run / "model.safetensors").is_file():
+        raise StreamStudioError(f"no checkpoint in {run}: train first (streamstudio train-image --output {run})")
+    dest.mkdir(parents=True, exist_ok=True)
+    state = {k: v.to(torch.float16) for k, v in load_file(str(run / "model.safetensors")).items()}
+    save_file(state, str(dest / "model.safetensors"))
+    info = json.loads((run / "config.json").read_text())
+    info["weights_dtype"] = "float16"
+    (dest / "config.json").write_text(json.dumps(info, indent=1))
+    return dest
+
+
+class ImageTrainer:
+    """`ImageTrainer(cfg).train()` -> {"vae": [losses], "denoiser": [losses]} of the steps run."""
+
+    def __init__(self, cfg: ImageTrainConfig):
+        if cfg.stage not in STAGES:
+            raise StreamStudioError(f"unknown stage {cfg.stage!r}; use one of {', '.join(STAGES)}")
+        for name in ("vae_size", "size"):
+            if getattr(cfg, name) < 16 or getattr(cfg, name) % 8:
+                raise StreamStudioError(f"--{name.replace('_', '-')} must be a multiple of 8, at least 16")
+        self.cfg = cfg
+        self.out = Path(cfg.output)
+        self.device = pick_device("cpu" if cfg.cpu else "auto")
+        self.state = {"vae_step": 0, "step": 0, "seconds": 0.0, "scaled": False, "losses": {}}
+        config = None
+        if cfg.resume and cfg.init:
+            raise StreamStudioError("--init starts a new run from a model; --resume continues a run: use one")
+        if cfg.resume:
+            config = self._read_config()
+        elif cfg.init:
+            config = self._read_init_config()
+        self.parts = builtin_image.build(config, seed=cfg.seed)
+        for name in ("unet", "vae", "text_encoder"):
+            self.parts[name].to(self.device)
+        self.vae_opt = torch.optim.AdamW(self.parts["vae"].parameters(), lr=cfg.vae_lr, weight_decay=0.0)
+        params = list(self.parts["unet"].parameters()) + list(self.parts["text_encoder"].parameters())
+        self.opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+        if cfg.resume:
+            self._resume()
+        elif cfg.init:
+            self._init_from(Path(cfg.init))
+        self.t_default, self.t_img2img, self.t_txt = pipeline_timesteps()
+        self.abar = alphas_cumprod().to(self.device)
+
+    # ------------------------------------------------------------------ checkpoints
+    def _read_config(self) -> dict:
+        path = self.out / "config.json"
+        if not (self.out / "trainer_state.json").is_file() or not path.is_file():
+            raise StreamStudioError(f"nothing to resume in {self.out}: no trainer_state.json; "
+                                    "run without --resume to start a new run")
+        return json.loads(path.read_text())["model"]
+
+    def _read_init_config(self) -> dict:
+        path = Path(self.cfg.init) / "config.json"
+        if not path.is_file() or not (path.parent / "model.safetensors").is_file():
+            raise StreamStudioError(f"--init {self.cfg.init}: no model.safetensors and config.json there "
+                                    "(give a trained model folder, e.g. streamstudio/assets/image_builtin)")
+        return json.loads(path.read_text())["model"]
+
+    def _init_from(self, folder: Path) -> None:
+        """A trained model's weights (float16 ones too) as the start of a new run: its
+        autoencoder counts as trained (scaled, all --vae-steps done); the denoiser trains on."""
+        from safetensors.torch import load_file
+
+        state = {k: v.float() for k, v in load_file(str(folder / "model.safetensors")).items()}
+        builtin_image.load_state(self.parts, state)
+        self.state.update(vae_step=self.cfg.vae_steps, scaled=True)
+
+    def _resume(self) -> None:
+        from safetensors.torch import load_file
+
+        builtin_image.load_state(self.parts, load_file(str(self.out / "model.safetensors")))
+        self.state.update(json.loads((self.out / "trainer_state.json").read_text()))
+        opt_file = self.out / "optimizer.pt"
+        if opt_file.is_file():
+            opts = torch.load(opt_file, weights_only=True)
+            self.vae_opt.load_state_dict(opts["vae"])
+            self.opt.load_state_dict(opts["denoiser"])
+
+    def save(self) -> None:
+        from safetensors.torch import save_file
+
+        self.out.mkdir(parents=True, exist_ok=True)
+        model_cfg = dict(self.parts["config"])
+        model_cfg["vae"] = {k: v for k, v in dict(self.parts["vae"].config).items() if not k.startswith("_")}
+        train = asdict(self.cfg)
+        info = {"name": builtin_image.BUILTIN_NAME, "model": model_cfg, "scheduler": dict(SCHEDULER_CONFIG),
+                "step_type": "turbo", "default_size": 256,
+                "train": train, "trained": {"vae_steps": self.state["vae_step"], "denoiser_steps": self.state["step"],
+                                            "seconds": round(self.state["seconds"], 1),
+                                            "final_losses": {k: v[-1] for k, v in self.state["losses"].items() if v}}}
+        tmp = self.out / "model.safetensors.tmp"
+        save_file(builtin_image.state_dict(self.parts), str(tmp))
+        tmp.replace(self.out / "model.safetensors")
+        (self.out / "config.json").write_text(json.dumps(info, indent=1, default=list))
+        torch.save({"vae": self.vae_opt.state_dict(), "denoiser": self.opt.state_dict()}, self.out / "optimizer.pt")
+        (self.out / "trainer_state.json").write_text(json.dumps(self.state))
+        log.info("saved vae step %d, denoiser step %d to %s", self.state["vae_step"], self.state["step"], self.out)
+
+    # ------------------------------------------------------------------ stage 1: autoencoder
+    def vae_loss(self, step: int) -> torch.Tensor:
+        cfg = self.cfg
+        seed = (cfg.seed * 1_000_003 + step) * 2
+        images, targets, _ = image_data.styled_batch(seed, cfg.vae_batch_size, cfg.vae_size)
+        half = cfg.vae_batch_size // 2  # half plain images, half with a look applied
+        x = torch.cat([images[:half], targets[half:]]).to(self.device) * 2 - 1  # (B, 3, S, S) in [-1, 1]
+        vae = self.parts["vae"]
+        z = vae.encode(x).latents
+        gen = torch.Generator().manual_seed(seed + 1)
+        z_noisy = z + 0.05 * z.detach().std() * torch.randn(z.shape, generator=gen).to(z)
+        rec = vae.decode(z_noisy).sample
+        return recon_loss(rec, x) + 1e-4 * z.pow(2).mean()
+
+    @torch.no_grad()
+    def set_scaling_factor(self) -> float:
+        """Latents' standard deviation over a few batches -> scaling_factor = 1 / std."""
+        vae = self.parts["vae"]
+        zs = [vae.encode(image_data.random_images(10_000 + i, 16, 128).to(self.device) * 2 - 1).latents
+              for i in range(4)]
+        std = float(torch.cat(zs).std())
+        vae.register_to_config(scaling_factor=1.0 / std)
+        self.state["scaled"] = True
+        log.info("latent std %.4f: scaling_factor %.4f", std, 1.0 / std)
+        return 1.0 / std
+
+    # ------------------------------------------------------------------ stage 2: denoiser
+    def _timesteps(self, gen: torch.Generator, batch: int) -> torch.Tensor:
+        u = torch.rand(batch, generator=gen)
+        pick = torch.randint(len(self.t_img2img), (batch,), generator=gen)
+        t = torch.tensor(self.t_img2img)[pick]
+        t = torch.where(u < self.cfg.default_share, torch.tensor(self.t_default), t)
+        t = torch.where(u > 1 - self.cfg.txt2img_share, torch.tensor(self.t_txt), t)
+        return t  # (B,)
+
+    def encode_text(self, prompts: list[str]) -> torch.Tensor:
+        tok = self.parts["tokenizer"]
+        ids = tok(prompts, padding="max_length", max_length=tok.model_max_length, truncation=True,
+                  return_tensors="pt").input_ids
+        return self.parts["text_encoder"](ids.to(self.device))[0]  # (B, L, D)
+
+    def denoiser_loss(self, step: int) -> torch.Tensor:
+        cfg = self.cfg
+        seed = (cfg.seed * 1_000_003 + step) * 2 + 1
+        images, targets, prompts = image_data.styled_batch(seed, cfg.batch_size, cfg.size, cfg.style_share)
+        net = DiffusersImageNet(self.parts["unet"], self.parts["vae"])  # the pipeline's seam (scaled latents)
+        x_target = targets.to(self.device) * 2 - 1
+        with torch.no_grad():
+            z_in = net.encode(images.to(self.device) * 2 - 1)  # (B, 4, s, s)
+            z_out = net.encode(x_target)
+        gen = torch.Generator().manual_seed(seed + 1)
+        t = self._timesteps(gen, cfg.batch_size).to(self.device)
+        noise = torch.randn(z_in.shape, generator=gen).to(self.device)
+        abar = self.abar[t].view(-1, 1, 1, 1)
+        alpha, beta = abar.sqrt(), (1 - abar).sqrt()
+        x = alpha * z_in + beta * noise
+        eps = net.eps(x, t, ImageCond(text=self.encode_text(prompts)))
+        x0 = (x - beta * eps) / alpha  # the pipeline's turbo step
+        w = (abar / self.abar[self.t_default]).clamp(0.05, 1.0)  # txt2img's x0 is 14x the eps error
+        loss = ((x0 - z_out).pow(2) * w).mean()
+        if cfg.pixel_weight:
+            rec = net.decode(x0)  # through the frozen decoder
+            loss = loss + cfg.pixel_weight * (w * (rec - x_target).abs()).mean()
+        return loss
+
+    # ------------------------------------------------------------------ loop
+    def _run(self, name: str, total: int, key: str, loss_fn, opt, params, base_lr: float, start: float,
+             modules) -> list[float]:
+        from tqdm.auto import tqdm
+
+        cfg = self.cfg
+        losses: list[float] = []
+        bar = tqdm(total=total, initial=self.state[key], disable=not cfg.progress, desc=f"train-image ({name})",
+                   mininterval=2.0)
+        for m in modules:
+            m.train()
+        tick = time.time()
+        while self.state[key] < total:
+            if cfg.max_minutes and time.time() - start > 60 * cfg.max_minutes:
+                log.info("stopping: --max-minutes %.1f reached", cfg.max_minutes)
+                self.stopped = True
+                break
+            step = self.state[key]
+            for group in opt.param_groups:
+                group["lr"] = lr_at(base_lr, step, total, cfg.warmup, cfg.min_lr_ratio)
+            loss = loss_fn(step)
+            loss.backward()
+            if cfg.grad_clip:
+                torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            self.state[key] += 1
+            losses.append(float(loss.detach()))
+            self.state["losses"].setdefault(name, []).append(round(losses[-1], 5))
+            self.state["losses"][name] = self.state["losses"][name][-2000:]
+            bar.update(1)
+            bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.4f}", refresh=False)
+            if self.state[key] % cfg.save_every == 0 or self.state[key] == total:
+                self.state["seconds"] += time.time() - tick
+                tick = time.time()
+                self.save()
+        self.state["seconds"] += time.time() - tick
+        bar.close()
+        for m in modules:
+            m.eval()
+        return losses
+
+    def train(self) -> dict[str, list[float]]:
+        cfg = self.cfg
+        start = time.time()
+        self.stopped = False
+        out: dict[str, list[float]] = {}
+        vae, unet, text = self.parts["vae"], self.parts["unet"], self.parts["text_encoder"]
+        if cfg.stage in ("all", "vae"):
+            vae.requires_grad_(True)
+            out["vae"] = self._run("vae", cfg.vae_steps, "vae_step", self.vae_loss, self.vae_opt,
+                                   list(vae.parameters()), cfg.vae_lr, start, [vae])
+            if self.state["vae_step"] >= cfg.vae_steps and not self.state["scaled"]:
+                self.set_scaling_factor()
+                self.save()
+        if cfg.stage in ("all", "denoiser") and not self.stopped:
+            if cfg.stage == "denoiser" and self.state["vae_step"] == 0:
+                raise StreamStudioError("the denoiser stage needs a trained autoencoder: run --stage vae first "
+                                        "(or --stage all), with the same --output")
+            if not self.state["scaled"]:
+                self.set_scaling_factor()
+            vae.requires_grad_(False).eval()
+            params = list(unet.parameters()) + list(text.parameters())
+            out["denoiser"] = self._run("denoiser", cfg.steps, "step", self.denoiser_loss, self.opt, params,
+                                        cfg.lr, start, [unet, text])
+        self.save()
+        return out

@@ -1,0 +1,267 @@
+"""Training of the StreamDiT model: buffered flow matching and multistep distillation.
+
+Built on accelerate, so the same loop runs on CPU and, through `accelerate launch`, on several
+GPUs (each process draws its own data; gradients are averaged by accelerate).
+
+Buffered flow matching with mixed partitioning (StreamDiT, arXiv 2507.03745): a training clip
+is a buffer of K clean reference frames followed by B = N * c frames. For each sample a chunk
+size c is drawn from 1, 2, 4, ... up to B; chunk j (0 = oldest) gets one level t drawn from its
+segment [(N-1-j)/N, (N-j)/N), so the buffer looks like the sampler's at some moment (c = B is
+plain uniform generation). x_t = (1 - t) * noise + t * data, the target velocity is
+data - noise (t = 0 noise, t = 1 data).
+
+Distillation (mode "distill"), as the paper does it: "sampling distillation is performed in each
+segment of a chosen partitioning scheme". The scheme is the layout (N, c) the student will be
+sampled with (`sampling`), nothing else: every training buffer is one the student's sampler
+(s = 1, levels k / N) actually runs, either a streaming call (chunk j at level N - 1 - j) or, with
+probability `distill_startup_share`, a start-up call of its uniform generation (every frame at
+the same level k < N - 1). The student's one Euler step of 1 / N must match the teacher's s
+micro-steps over the same segment, taken as the teacher's sampler takes them (every frame moves
+together, the whole buffer in context).
+
+Every batch and noise sample is seeded by (seed, step, process), so a resumed run continues
+exactly where the stopped one would have been.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import asdict, replace
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from streamstudio.errors import StreamStudioError
+from streamstudio.models.video.stream_dit import (StreamDiT, StreamDiTConfig, guided_velocity, load_checkpoint,
+                                            named_config, read_checkpoint_config, save_checkpoint)
+from streamstudio.app.training.config import VideoTrainConfig  # noqa: F401 (re-exported)
+from streamstudio.models.video.video_data import VideoFolder, synthetic_batch
+
+log = logging.getLogger(__name__)
+
+
+def partition_levels(gen: torch.Generator, batch: int, frames: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mixed partitioning: ((B, frames) levels in [0, 1), (B,) chunk sizes), oldest frame first."""
+    sizes = [2**i for i in range(int(math.log2(frames)) + 1) if frames % 2**i == 0]
+    pick = torch.randint(len(sizes), (batch,), generator=gen)
+    chunk = torch.tensor([sizes[i] for i in pick.tolist()])  # (B,)
+    u = torch.rand(batch, frames, generator=gen)  # (B, frames) one draw per frame, shared per chunk
+    t = torch.empty(batch, frames)
+    for b in range(batch):
+        c = int(chunk[b])
+        n = frames // c
+        j = torch.arange(frames) // c  # chunk index per frame
+        uc = u[b].view(n, c)[:, 0].repeat_interleave(c)  # one draw per chunk
+        t[b] = (n - 1 - j + uc) / n
+    return t, chunk
+
+
+def distill_levels(gen: torch.Generator, batch: int, num_chunks: int, chunk_size: int,
+                   startup_share: float) -> torch.Tensor:
+    """(B, N*c) student level indices (time k / N) of buffers the s = 1 sampler runs, oldest first.
+
+    A streaming call has chunk j at level N - 1 - j; a start-up call (uniform generation) has every
+    frame at one level k in 0 .. N - 2 (probability `startup_share`, none when N = 1)."""
+    n, c = num_chunks, chunk_size
+    stream = (n - 1 - torch.arange(n * c) // c).expand(batch, n * c)  # (B, N*c)
+    startup = torch.rand(batch, generator=gen) < startup_share  # (B,)
+    k = torch.randint(max(1, n - 1), (batch,), generator=gen)  # (B,)
+    if n == 1:
+        return stream.clone()
+    return torch.where(startup[:, None], k[:, None].expand(batch, n * c), stream)
+
+
+def teacher_target(teacher, x_a: torch.Tensor, t_a: torch.Tensor, dt: torch.Tensor, steps: int,
+                   text) -> torch.Tensor:
+    """The teacher's average velocity over each frame's segment: (x after `steps` Euler steps of
+    dt / steps, all frames moving together - x_a) / dt. x_a: (B, F, C, H, W), t_a, dt: (B, F);
+    frames with dt = 0 (reference frames) stay put and get a zero target."""
+    x, t = x_a, t_a
+    h = dt / steps  # (B, F)
+    for _ in range(steps):
+        x = x + h[..., None, None, None] * teacher(x, t, text)
+        t = t + h
+    return (x - x_a) / dt.clamp_min(1e-8)[..., None, None, None]  # (B, F, C, H, W)
+
+
+def _guided(model, x: torch.Tensor, t: torch.Tensor, text, *, empty, guidance: float) -> torch.Tensor:
+    return guided_velocity(model, x, t, text, empty, guidance)
+
+
+def lr_at(cfg: VideoTrainConfig, step: int) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+class VideoTrainer:
+    """`VideoTrainer(cfg).train()` -> list of losses (one per step run)."""
+
+    def __init__(self, cfg: VideoTrainConfig):
+        from accelerate import Accelerator
+
+        if cfg.mode not in ("flow", "distill"):
+            raise StreamStudioError(f"unknown training mode {cfg.mode!r}; use flow or distill")
+        if cfg.buffer_frames < 1 or cfg.buffer_frames & (cfg.buffer_frames - 1):
+            raise StreamStudioError(f"--buffer-frames must be a power of two, got {cfg.buffer_frames}")
+        if not 0.0 <= cfg.cond_drop < 1.0:
+            raise StreamStudioError(f"--cond-drop is a share in [0, 1), got {cfg.cond_drop}")
+        if cfg.mode == "distill" and cfg.sampling["num_chunks"] * cfg.sampling["chunk_size"] != cfg.buffer_frames:
+            raise StreamStudioError(f"distillation learns the layout it will sample: --num-chunks x chunk size "
+                                    f"must be --buffer-frames {cfg.buffer_frames}")
+        self.cfg = cfg
+        self.acc = Accelerator(cpu=cfg.cpu)
+        self.out = Path(cfg.output)
+        self.step = 0
+        self.teacher = self._load_teacher() if cfg.mode == "distill" else None
+        model = self._initial_model()
+        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        if cfg.resume:
+            self._resume(model, opt)
+        self.model, self.opt = self.acc.prepare(model, opt)
+        self.data = None if cfg.data == "synthetic" else VideoFolder(cfg.data, cfg.size)
+
+    # ------------------------------------------------------------------ setup
+    def _load_teacher(self) -> StreamDiT:
+        if not self.cfg.teacher:
+            raise StreamStudioError("distill mode needs --teacher DIR (a checkpoint trained with mode flow)")
+        teacher, _ = load_checkpoint(self.cfg.teacher, device=self.acc.device)
+        return teacher.requires_grad_(False)
+
+    def _initial_model(self) -> StreamDiT:
+        if self.teacher is not None:  # the student starts as the teacher
+            model = StreamDiT(self.teacher.cfg)
+            model.load_state_dict(self.teacher.state_dict())
+            return model
+        if self.cfg.init and not self.cfg.resume:  # the checkpoint's architecture, trained with the window mask
+            from safetensors.torch import load_file
+
+            cfg = StreamDiTConfig.from_dict(read_checkpoint_config(self.cfg.init)["model"])
+            if self.cfg.init_shift_mask:
+                cfg = replace(cfg, shift_mask=True)
+            model = StreamDiT(cfg)
+            model.load_state_dict(load_file(str(Path(self.cfg.init) / "model.safetensors")))
+            return model
+        torch.manual_seed(self.cfg.seed)
+        return StreamDiT(named_config(self.cfg.model))
+
+    def _resume(self, model: StreamDiT, opt: torch.optim.Optimizer) -> None:
+        from safetensors.torch import load_file
+
+        state_file = self.out / "trainer_state.json"
+        if not state_file.is_file():
+            raise StreamStudioError(f"nothing to resume in {self.out}: no trainer_state.json; "
+                                    "run without --resume to start a new run")
+        model.load_state_dict(load_file(str(self.out / "model.safetensors")))
+        opt.load_state_dict(torch.load(self.out / "optimizer.pt", weights_only=True))
+        self.step = json.loads(state_file.read_text())["step"]
+
+    # ------------------------------------------------------------------ data and losses
+    def _batch(self, step: int) -> tuple[torch.Tensor, list[str], torch.Generator]:
+        cfg = self.cfg
+        seed = (cfg.seed * 1_000_003 + step) * 64 + self.acc.process_index
+        frames = cfg.ref_frames + cfg.buffer_frames
+        if self.data is None:
+            clips, caps = synthetic_batch(seed, cfg.batch_size, frames, cfg.size)
+        else:
+            clips, caps = self.data.batch(seed, cfg.batch_size, frames)
+        gen = torch.Generator().manual_seed(seed)
+        return clips.to(self.acc.device), caps, gen
+
+    def _levels(self, gen: torch.Generator) -> torch.Tensor:
+        """(B, K + buffer) levels: reference frames at 1 (clean), then the partitioned buffer."""
+        t, _ = partition_levels(gen, self.cfg.batch_size, self.cfg.buffer_frames)
+        ref = torch.ones(self.cfg.batch_size, self.cfg.ref_frames)
+        return torch.cat([ref, t], dim=1).to(self.acc.device)
+
+    def _drop_captions(self, caps: list[str], gen: torch.Generator) -> list[str]:
+        """Each caption replaced by the empty prompt with probability `cond_drop` (the unconditional
+        branch classifier-free guidance needs)."""
+        if not self.cfg.cond_drop:
+            return caps
+        drop = torch.rand(len(caps), generator=gen) < self.cfg.cond_drop
+        return ["" if d else c for c, d in zip(caps, drop.tolist())]
+
+    def flow_loss(self, x1: torch.Tensor, caps: list[str], gen: torch.Generator) -> torch.Tensor:
+        """x1: (B, F, C, H, W) clean clips -> buffered flow-matching loss (reference frames excluded)."""
+        caps = self._drop_captions(caps, gen)
+        t = self._levels(gen)  # (B, F)
+        noise = torch.randn(x1.shape, generator=gen).to(x1.device)
+        tt = t[:, :, None, None, None]
+        xt = (1 - tt) * noise + tt * x1
+        model = self.acc.unwrap_model(self.model)
+        v = self.model(xt, t, model.encode_text(caps))  # (B, F, C, H, W)
+        k = self.cfg.ref_frames
+        return (v[:, k:] - (x1 - noise)[:, k:]).pow(2).mean()
+
+    def distill_loss(self, x1: torch.Tensor, caps: list[str], gen: torch.Generator) -> torch.Tensor:
+        """Student's one step per segment of the sampled layout vs the teacher's `teacher_steps`."""
+        cfg = self.cfg
+        n, c = cfg.sampling["num_chunks"], cfg.sampling["chunk_size"]
+        k = distill_levels(gen, cfg.batch_size, n, c, cfg.distill_startup_share)  # (B, N*c)
+        ref = torch.ones(cfg.batch_size, cfg.ref_frames)
+        t_a = torch.cat([ref, k / n], 1).to(x1.device)  # (B, F) segment starts, references clean
+        dt = torch.cat([torch.zeros_like(ref), torch.full(k.shape, 1 / n)], 1).to(x1.device)  # (B, F)
+        noise = torch.randn(x1.shape, generator=gen).to(x1.device)
+        x_a = (1 - t_a)[..., None, None, None] * noise + t_a[..., None, None, None] * x1
+        with torch.no_grad():
+            text, empty = self.teacher.encode_text(caps), self.teacher.encode_text([""] * len(caps))
+            teacher = partial(_guided, self.teacher, empty=empty, guidance=cfg.teacher_guidance)
+            target = teacher_target(teacher, x_a, t_a, dt, cfg.teacher_steps, text)
+        model = self.acc.unwrap_model(self.model)
+        v = self.model(x_a, t_a, model.encode_text(caps))
+        kr = cfg.ref_frames
+        return (v[:, kr:] - target[:, kr:]).pow(2).mean()
+
+    # ------------------------------------------------------------------ loop
+    def train(self) -> list[float]:
+        from tqdm.auto import tqdm
+
+        cfg = self.cfg
+        losses: list[float] = []
+        bar = tqdm(total=cfg.steps, initial=self.step, disable=not (cfg.progress and self.acc.is_main_process),
+                   desc=f"train-video ({cfg.mode})")
+        loss_fn = self.flow_loss if cfg.mode == "flow" else self.distill_loss
+        self.model.train()
+        start = time.time()
+        while self.step < cfg.steps:
+            if cfg.max_minutes and time.time() - start > 60 * cfg.max_minutes:
+                log.info("stopping at step %d: --max-minutes %.1f reached", self.step, cfg.max_minutes)
+                self.save(time.time() - start)
+                break
+            for group in self.opt.param_groups:
+                group["lr"] = lr_at(cfg, self.step)
+            x1, caps, gen = self._batch(self.step)
+            loss = loss_fn(x1, caps, gen)
+            self.acc.backward(loss)
+            if cfg.grad_clip:
+                self.acc.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+            self.step += 1
+            losses.append(float(loss.detach()))
+            bar.update(1)
+            bar.set_postfix(loss=f"{losses[-1]:.4f}")
+            if self.step % cfg.save_every == 0 or self.step == cfg.steps:
+                self.save(time.time() - start)
+        bar.close()
+        return losses
+
+    def save(self, seconds: float = 0.0) -> None:
+        self.acc.wait_for_everyone()
+        if not self.acc.is_main_process:
+            return
+        model = self.acc.unwrap_model(self.model)
+        train = {k: v for k, v in asdict(self.cfg).items() if k not in ("sampling",)}
+        extra = {"sampling": {**self.cfg.sampling, "height": self.cfg.size, "width": self.cfg.size,
+                              "ref_frames": self.cfg.ref_frames},
+                 "train": train}
+        save_checkpoint(model, self.out, extra)
+        torch.save(self.opt.state_dict(), self.out / "optimizer.pt")
+        (self.out / "trainer_state.json").write_text(json.dumps({"step": self.step, "seconds": round(seconds, 1)}))
+        log.info("saved step %d to %s", self.step, self.out)

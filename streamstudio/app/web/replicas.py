@@ -1,0 +1,199 @@
+"""`serve --gpus N`: N model replicas in the server, one per GPU, each with its own batching
+executor; live sessions are placed on the least-loaded replica that is healthy and has room.
+
+- The busy message appears only when every healthy replica is full (`--max-streams` is per replica).
+- A replica whose network fails with an error that is not a user's (a CUDA fault, out of memory)
+  is marked failed: its sessions stop with one clear error ("model replica 1 (cuda:1) failed ...;
+  reconnect to continue on another replica"), no new session goes to it, and the other replicas'
+  sessions keep streaming. A reconnect (a new session) lands on a healthy replica.
+- The replicas live in the server's process (their executors are threads): an error a replica's
+  network raises ends only that replica, but a crash that takes the process down (a segfault,
+  a lost CUDA context that aborts) takes every replica with it; process or Ray-actor replicas
+  would isolate those too (docs/cluster.md).
+- On a machine without N GPUs, `--gpus N --device cpu` makes N CPU replicas (tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import threading
+from dataclasses import dataclass, field
+
+from streamstudio.app.web.sessions import BusyError, ServerModel, SessionManager, StreamSession
+from streamstudio.errors import StreamStudioError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Replica:
+    """One model replica: its device, its sessions, and why it failed (None: healthy)."""
+
+    index: int
+    model: ServerModel
+    device: str
+    sessions: set[str] = field(default_factory=set)
+    failed: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"model replica {self.index} ({self.device})"
+
+
+class ReplicaModel(ServerModel):
+    """A ServerModel whose streams report a failure of its network as the replica's (the
+    replica is marked failed and the stream stops with a clear error)."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.replica: Replica | None = None
+        self.on_failure = None  # (replica, exception) -> None, set by the manager
+
+    def build(self, *args, **kwargs):
+        return _ReplicaPipeline(super().build(*args, **kwargs), self)
+
+
+class _ReplicaPipeline:
+    """A stream's pipeline on a replica: a frame whose network call fails with anything but a
+    user's error fails the replica."""
+
+    def __init__(self, pipe, model: ReplicaModel):
+        self._pipe, self._model = pipe, model
+
+    def __call__(self, *args, **kwargs):
+        replica = self._model.replica
+        if replica is not None and replica.failed is not None:
+            raise StreamStudioError(replica.failed)
+        try:
+            return self._pipe(*args, **kwargs)
+        except StreamStudioError:
+            raise
+        except Exception as exc:  # the replica's network: a device fault, out of memory, ...
+            if self._model.on_failure is None or replica is None:
+                raise
+            raise StreamStudioError(self._model.on_failure(replica, exc)) from exc
+
+    def __getattr__(self, name: str):
+        return getattr(self._pipe, name)
+
+
+class ReplicaSessionManager(SessionManager):
+    """Sessions over several replicas: least-loaded placement, per-replica capacity, a failed
+    replica's sessions ended alone."""
+
+    def __init__(self, models: list[ReplicaModel], devices: list[str], max_streams: int = 4,
+                 idle_timeout: float = 20.0, preset_ttl: float = 120.0, owns_model: bool = False):
+        if not models:
+            raise StreamStudioError("--gpus must be at least 1")
+        self.per_replica = max_streams
+        self.replicas = [Replica(i, m, d) for i, (m, d) in enumerate(zip(models, devices))]
+        for replica in self.replicas:
+            replica.model.replica = replica
+            replica.model.on_failure = self._fail
+        self._placed: dict[str, Replica] = {}
+        self._fail_lock = threading.Lock()
+        super().__init__(models[0], max_streams=max_streams * len(models), idle_timeout=idle_timeout,
+                         preset_ttl=preset_ttl, owns_model=owns_model)
+
+    def busy_message(self) -> str:
+        healthy = self._healthy()
+        if not healthy:
+            return ("StreamStudio cannot take live streams: every model replica failed "
+                    f"({self.replicas[0].failed}); the server's admin must restart it.")
+        return (f"StreamStudio is busy: all {len(healthy)} model replica(s) are full ({self.per_replica} live "
+                f"stream(s) each). Try again in a minute (the server's admin can raise --max-streams or --gpus).")
+
+    def _healthy(self) -> list[Replica]:
+        """Replicas that take streams; one whose batching executor has stopped is failed too."""
+        for replica in self.replicas:
+            executor = replica.model.executor
+            if replica.failed is None and executor is not None and executor.closed:
+                replica.failed = (f"{replica.name} stopped (its batching executor ended); reconnect to continue "
+                                  "on another replica")
+        return [r for r in self.replicas if r.failed is None]
+
+    def has_capacity(self) -> bool:
+        with self._lock:
+            return self._room() and self._pick() is not None
+
+    def _pick(self) -> Replica | None:
+        room = [r for r in self._healthy() if len(r.sessions) < self.per_replica]
+        return min(room, key=lambda r: (len(r.sessions), r.index), default=None)
+
+    def open(self, sid: str, mode: str = "img2img") -> StreamSession:
+        with self._lock:
+            session = self._sessions.get(sid)
+            if session is not None:
+                return session
+            replica = self._pick() if self._room() else None  # (the other tabs' streams count in all)
+            if replica is None:
+                raise BusyError(self.busy_message())
+            preset, _ = self._presets.pop(sid, ({}, 0.0))
+            session = StreamSession(sid, replica.model, mode, preset)
+            self._sessions[sid] = session
+            replica.sessions.add(sid)
+            self._placed[sid] = replica
+            log.info("stream %s on %s (%d of %d)", sid, replica.name, len(replica.sessions), self.per_replica)
+            return session
+
+    def close(self, sid: str, wait: float = 5.0) -> bool:
+        with self._lock:
+            replica = self._placed.pop(sid, None)
+            if replica is not None:
+                replica.sessions.discard(sid)
+        return super().close(sid, wait)
+
+    def replica_of(self, sid: str) -> Replica | None:
+        return self._placed.get(sid)
+
+    def _fail(self, replica: Replica, exc: BaseException) -> str:
+        """Mark `replica` failed (once); returns the error its sessions stop with."""
+        with self._fail_lock:
+            if replica.failed is None:
+                replica.failed = (f"{replica.name} failed ({type(exc).__name__}: {exc}); reconnect to continue "
+                                  "on another replica")
+                log.error("%s failed; its %d stream(s) stop, the other replicas go on", replica.name,
+                          len(replica.sessions), exc_info=exc)
+        return replica.failed
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        if self.owns_model:
+            for replica in self.replicas[1:]:  # the first is the manager's own `model`
+                replica.model.close()
+
+    def stats(self) -> list[dict]:
+        return [{"replica": r.index, "device": r.device, "sessions": len(r.sessions), "failed": r.failed}
+                for r in self.replicas]
+
+
+def replica_devices(args) -> list[str]:
+    """The device of each of --gpus N replicas: cuda:0 .. cuda:N-1, or N CPU replicas with --device cpu."""
+    n = int(getattr(args, "gpus", 1) or 1)
+    if n < 1:
+        raise StreamStudioError("--gpus must be at least 1")
+    if str(getattr(args, "device", "auto")) == "cpu":
+        return ["cpu"] * n
+    import torch
+
+    have = torch.cuda.device_count()
+    if have < n:
+        raise StreamStudioError(f"--gpus {n}, but this machine has {have} CUDA GPU(s); give --gpus {max(1, have)} "
+                                f"(or --device cpu for CPU replicas)")
+    return [f"cuda:{i}" for i in range(n)]
+
+
+def build_manager(args) -> ReplicaSessionManager:
+    """`serve --gpus N`: a replica of the model on each device, and the manager over them."""
+    from streamstudio.app.streams import build_pipeline
+    from streamstudio.app.streams import batching_config
+
+    devices, models = replica_devices(args), []
+    for device in devices:
+        pipe = build_pipeline(argparse.Namespace(**{**vars(args), "device": device}), "img2img", serving=True)
+        models.append(ReplicaModel(pipe.comps, pipe.config, prompt=args.prompt, negative_prompt=args.negative_prompt,
+                                   latency_probe=getattr(args, "latency_probe", False),
+                                   batching=batching_config(args)))
+    return ReplicaSessionManager(models, devices, max_streams=args.max_streams, idle_timeout=args.idle_timeout,
+                                 owns_model=True)

@@ -1,0 +1,280 @@
+"""The web server's defences against hostile and careless clients.
+
+One ASGI middleware in front of the whole app (`RequestGuard`) and one switch on the Gradio
+Blocks (`enable_gradio_path_checks`):
+
+- **No server path leaves the machine.** Gradio checks that a file named in a request lies in
+  its upload folder only once `blocks.has_launched` is true, and `gr.mount_gradio_app` never
+  sets it (only `launch()` does). Without the check, a client could name any server file in an
+  image argument, have Gradio copy it into its cache and download the copy.
+- **A login on every route** when the server has `--auth`: a Gradio login cookie or HTTP basic
+  auth, except for what the login page itself needs (its HTML, scripts, styles, `/login`).
+  Gradio leaves `/monitoring/summary` and the heartbeat open, FastAPI its docs.
+- **Bounded requests.** Every request body has a cap (small for the JSON API, the upload size for
+  uploads); a body longer than its cap is refused with 413 before the app reads it.
+- **Bounded uploads.** Uploads per client in a time window, and the bytes this server's uploads
+  hold on disk in all; Gradio's `delete_cache` (set on the Blocks) removes them on a timer and
+  at exit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import secrets
+import threading
+import time
+from base64 import b64decode
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from streamstudio.errors import StreamStudioError
+
+log = logging.getLogger(__name__)
+
+UPLOAD_PATH = "/gradio_api/upload"
+# What the login page needs before anyone has logged in (exact paths, then prefixes).
+PUBLIC_PATHS = frozenset({"/", "/login", "/login/", "/logout", "/favicon.ico", "/robots.txt", "/manifest.json",
+                          "/theme.css", "/gradio_api/theme.css", "/gradio_api/login_check",
+                          "/gradio_api/login_check/", "/gradio_api/token", "/gradio_api/token/",
+                          "/gradio_api/app_id", "/gradio_api/app_id/"})
+PUBLIC_PREFIXES = ("/assets/", "/static/", "/svelte/", "/pwa_icon")
+# Request body caps by path prefix (the first that matches); everything else gets `max_body_bytes`.
+SMALL_BODY_PREFIXES = ("/studio/", "/webrtc/")
+SMALL_BODY_BYTES = 64 * 1024
+UPLOAD_OVERHEAD_BYTES = 64 * 1024  # multipart headers and boundaries around the file
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
+          "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4, "tb": 1000**4, "tib": 1024**4}
+
+
+def parse_size(text: str | int) -> int:
+    """'20mb', '1.5GB', '512kib', '1000' -> bytes (decimal units as Gradio counts them)."""
+    if isinstance(text, int):
+        return text
+    m = _SIZE.match(str(text))
+    unit = (m.group(2) or "").lower() if m else None
+    if m is None or unit not in _UNITS:
+        raise StreamStudioError(f"{text!r} is not a size; write it like 20mb, 512kb or 1gb")
+    size = int(float(m.group(1)) * _UNITS[unit])
+    if size <= 0:
+        raise StreamStudioError(f"size {text!r} must be above zero")
+    return size
+
+
+@dataclass
+class GuardConfig:
+    """What `RequestGuard` allows."""
+
+    auth: tuple[str, str] | None = None  # USER, PASS; None: no login
+    max_upload_bytes: int = 20_000_000  # one uploaded file
+    max_body_bytes: int = 8_000_000  # any other request (the webcam fallback's frames come as base64 JSON)
+    uploads_per_client: int = 20  # per window
+    upload_window_s: float = 600.0
+    max_upload_total_bytes: int = 200_000_000  # this server's uploads on disk, all clients together
+    # Routes that check their own login (WHIP/WHEP: a bearer token, as OBS sends it; app/web/whip.py):
+    # the guard lets them through under --auth and still caps their bodies.
+    self_auth_prefixes: tuple[str, ...] = ()
+
+    def checks_own_login(self, path: str) -> bool:
+        return any(path == p or path.startswith(p + "/") for p in self.self_auth_prefixes)
+
+    def body_cap(self, path: str) -> int:
+        if path == UPLOAD_PATH or path == UPLOAD_PATH + "/":
+            return self.max_upload_bytes + UPLOAD_OVERHEAD_BYTES
+        if path.startswith(SMALL_BODY_PREFIXES):
+            return SMALL_BODY_BYTES
+        return self.max_body_bytes
+
+
+def enable_gradio_path_checks(blocks) -> None:
+    """Turn on Gradio's own checks of the file paths a client names (see the module docstring).
+
+    `launch()` sets these two flags; a Blocks served through `mount_gradio_app` never gets
+    them, so Gradio treats every request as coming from the developer before launch. This is
+    what Gradio's own reloader sets on a Blocks it swaps into a running server."""
+    blocks.has_launched = True
+    blocks.is_running = True
+
+
+def is_public(path: str) -> bool:
+    return path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)
+
+
+class RequestGuard:
+    """ASGI middleware: login, body caps and upload quotas for every route of the server.
+
+    `gradio_tokens` returns Gradio's login sessions ({cookie name: {token: user}}), read at
+    request time (the Gradio app is mounted after the middleware is made)."""
+
+    def __init__(self, app, config: GuardConfig, gradio_tokens: Callable[[], tuple[str, dict]] | None = None,
+                 upload_files: Callable[[], set] | None = None):
+        self.app, self.config = app, config
+        self._gradio_tokens = gradio_tokens or (lambda: ("", {}))
+        self._upload_files = upload_files or set
+        self._uploads: dict[str, deque] = {}  # client -> times of its recent uploads
+        self._lock = threading.Lock()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] not in ("http", "websocket"):
+            return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        if self.config.auth is not None and not is_public(path) and not self.config.checks_own_login(path) \
+                and not self._logged_in(headers):
+            return await _refuse(scope, send, 401, "log in first (the server has --auth)",
+                                 {"www-authenticate": 'Basic realm="StreamStudio"'})
+        if scope["type"] == "websocket":
+            return await self.app(scope, receive, send)
+        cap = self.config.body_cap(path)
+        length = headers.get("content-length")
+        if length is not None:
+            if not length.isdigit():
+                return await _refuse(scope, send, 400, "bad Content-Length")
+            if int(length) > cap:
+                return await _refuse(scope, send, 413, f"request body too large ({int(length):,} bytes; "
+                                                       f"at most {cap:,} here)")
+        if scope["method"] == "POST" and path.rstrip("/") == UPLOAD_PATH:
+            refusal = self._take_upload_slot(scope, headers, int(length) if length else cap)
+            if refusal is not None:
+                return await _refuse(scope, send, *refusal)
+        if length is None and scope["method"] in ("POST", "PUT", "PATCH"):
+            body = await _read_body(receive, cap)  # chunked: read it here, up to the cap
+            if body is None:
+                return await _refuse(scope, send, 413, f"request body too large (at most {cap:,} bytes here)")
+            receive = _replay(body, receive)
+        return await self.app(scope, receive, send)
+
+    # ------------------------------------------------------------------ login
+    def _logged_in(self, headers: dict) -> bool:
+        user, password = self.config.auth
+        basic = headers.get("authorization", "")
+        if basic[:6].lower() == "basic ":
+            try:
+                given_user, _, given_password = b64decode(basic[6:].strip()).decode("utf-8").partition(":")
+            except (ValueError, UnicodeDecodeError):
+                return False
+            return secrets.compare_digest(given_user.encode(), user.encode()) & \
+                secrets.compare_digest(given_password.encode(), password.encode())
+        cookie_id, tokens = self._gradio_tokens()
+        if not cookie_id:
+            return False
+        cookies = _cookies(headers.get("cookie", ""))
+        token = cookies.get(f"access-token-{cookie_id}") or cookies.get(f"access-token-unsecure-{cookie_id}")
+        return token is not None and token in tokens
+
+    # ------------------------------------------------------------------ uploads
+    def _take_upload_slot(self, scope, headers: dict, size: int) -> tuple[int, str] | None:
+        """None when this upload may go on (and it is counted), else (status, reason)."""
+        client = (scope.get("client") or ("?", 0))[0]
+        key = f"{client}|{headers.get('authorization', '')[:64]}"
+        now = time.monotonic()
+        with self._lock:
+            recent = self._uploads.setdefault(key, deque())
+            while recent and now - recent[0] > self.config.upload_window_s:
+                recent.popleft()
+            if len(recent) >= self.config.uploads_per_client:
+                wait = self.config.upload_window_s - (now - recent[0])
+                return 429, (f"too many uploads: at most {self.config.uploads_per_client} per "
+                             f"{self.config.upload_window_s / 60:g} minutes; try again in {wait:.0f} s")
+            held = self.uploads_on_disk()
+            if held + size > self.config.max_upload_total_bytes:
+                return 507, ("the server's upload space is full; try again in a few minutes "
+                             "(old uploads are removed on a timer)")
+            recent.append(now)
+            for stale in [k for k, q in self._uploads.items() if not q]:
+                del self._uploads[stale]
+        return None
+
+    def uploads_on_disk(self) -> int:
+        total = 0
+        for name in list(self._upload_files()):
+            try:
+                total += os.stat(name).st_size
+            except OSError:
+                continue
+        return total
+
+
+async def _read_body(receive, cap: int) -> bytes | None:
+    """The whole request body, or None once it passes `cap` bytes."""
+    chunks, seen = [], 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b"".join(chunks)  # the client went away; the app sees an empty body
+        chunk = message.get("body", b"")
+        seen += len(chunk)
+        if seen > cap:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _replay(body: bytes, receive):
+    """`receive` that hands the app `body` once, then what the client sends next (a disconnect)."""
+    sent = False
+
+    async def wrapped():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return wrapped
+
+
+def _cookies(header: str) -> dict[str, str]:
+    out = {}
+    for part in header.split(";"):
+        name, sep, value = part.strip().partition("=")
+        if sep:
+            out[name] = value
+    return out
+
+
+async def _refuse(scope, send, status: int, reason: str, headers: dict | None = None) -> None:
+    """Answer an HTTP request with a JSON error, or close a websocket before accepting it."""
+    if scope["type"] == "websocket":
+        await send({"type": "websocket.close", "code": 1008, "reason": reason[:120]})
+        return
+    body = json.dumps({"status": "failed", "error": reason}).encode()
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+def install(app, config: GuardConfig, blocks) -> None:
+    """Put the guard in front of `app` (FastAPI, with the Gradio app mounted on it) and turn on
+    Gradio's path checks on `blocks`."""
+    enable_gradio_path_checks(blocks)
+
+    found = []  # the mounted Gradio app, looked up on the first request that needs it
+
+    def gradio_tokens():
+        if not found:
+            gradio_app = _find_gradio_app(app)
+            if gradio_app is None:
+                return "", {}
+            found.append(gradio_app)
+        return found[0].cookie_id, found[0].tokens
+
+    app.add_middleware(RequestGuard, config=config, gradio_tokens=gradio_tokens,
+                       upload_files=lambda: blocks.upload_file_set)
+
+
+def _find_gradio_app(app):
+    from gradio.routes import App as GradioApp
+
+    for route in app.routes:
+        sub = getattr(route, "app", None)
+        if isinstance(sub, GradioApp):
+            return sub
+    return None

@@ -1,0 +1,590 @@
+"""fastrtc WebRTC streams: the live handler, the plain `/webrtc/offer` endpoint with per-stream
+settings, TURN settings from the environment, and a small aiortc client for scripts.
+
+fastrtc calls the handler on the event loop with each received frame (BGR). The handler
+never waits on inference: it hands the frame to the stream's session (RGB) and returns the
+session's latest output (back to BGR) at once. That handler is the one place where frames
+change colour order (`swap_rb`): everything behind it is RGB.
+
+Endpoints (same server as the UI; under --auth, HTTP basic auth or the UI's login):
+    POST   /webrtc/offer                {sdp, type: "offer", webrtc_id}  -> {sdp, type: "answer"}
+    POST   /studio/settings/{webrtc_id} {prompt, strength, seed, ...}    -> {status, settings}
+    GET    /studio/sessions/{webrtc_id}                                  -> live stats
+    DELETE /studio/sessions/{webrtc_id}                                  -> frees the stream
+    GET    /studio/status                                                -> model, streams in use
+    GET    /studio/lora                                                  -> the loaded LoRAs and their scales
+    POST   /studio/lora                 {scales: {name or source: scale}} -> every stream's LoRA scales
+Offers are checked before they take a stream (400 and a reason otherwise); a connection that
+never connects or never sends a frame holds its stream for at most PENDING_TIMEOUT seconds.
+The client must open a data channel (any label; fastrtc waits for one) before its offer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import re
+import secrets
+import time
+import weakref
+from typing import Any, Callable
+
+import numpy as np
+
+from streamstudio.app.web.sessions import BusyError, SessionManager, StreamSession
+from streamstudio.app.settings import settings_from_ui
+from streamstudio.errors import StreamStudioError
+
+log = logging.getLogger(__name__)
+
+TURN_ENV = ("STREAMSTUDIO_TURN_URLS", "STREAMSTUDIO_TURN_USERNAME", "STREAMSTUDIO_TURN_CREDENTIAL",
+            "STREAMSTUDIO_STUN_URLS")
+
+
+def rtc_config_from_env(environ=None) -> dict[str, Any]:
+    """ICE servers from STREAMSTUDIO_STUN_URLS / STREAMSTUDIO_TURN_URLS (comma-separated) with
+    STREAMSTUDIO_TURN_USERNAME and STREAMSTUDIO_TURN_CREDENTIAL. Without them: no ICE servers
+    (host candidates only: same machine or LAN)."""
+    env = os.environ if environ is None else environ
+    servers = []
+    stun = [u.strip() for u in env.get("STREAMSTUDIO_STUN_URLS", "").split(",") if u.strip()]
+    if stun:
+        servers.append({"urls": stun})
+    turn = [u.strip() for u in env.get("STREAMSTUDIO_TURN_URLS", "").split(",") if u.strip()]
+    if turn:
+        user, cred = env.get("STREAMSTUDIO_TURN_USERNAME"), env.get("STREAMSTUDIO_TURN_CREDENTIAL")
+        if not user or not cred:
+            raise StreamStudioError("STREAMSTUDIO_TURN_URLS is set: also set STREAMSTUDIO_TURN_USERNAME and "
+                                    "STREAMSTUDIO_TURN_CREDENTIAL")
+        servers.append({"urls": turn, "username": user, "credential": cred})
+    return {"iceServers": servers}
+
+
+def current_webrtc_id() -> str:
+    from fastrtc.utils import get_current_context
+
+    return get_current_context().webrtc_id
+
+
+def swap_rb(frame: np.ndarray) -> np.ndarray:
+    """BGR <-> RGB (fastrtc's colour order <-> StreamStudio's), contiguous."""
+    return np.ascontiguousarray(frame[:, :, ::-1])
+
+
+class LiveHandler:
+    """The fastrtc video handler: `handler(frame_bgr, *ui_values) -> frame_bgr` at once."""
+
+    def __init__(self, manager: SessionManager, arg_keys: tuple[str, ...] = (),
+                 webrtc_id: Callable[[], str] = current_webrtc_id):
+        from fastrtc import CloseStream
+
+        self._close = CloseStream
+        self.manager, self.arg_keys, self._webrtc_id = manager, arg_keys, webrtc_id
+        w, h = manager.model.size
+        self._waiting = np.zeros((h, w, 3), np.uint8)  # shown until the first output
+        self._ui_values: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # session -> last UI values
+
+    def __call__(self, frame: np.ndarray, *args):
+        sid = self._webrtc_id()
+        try:
+            session = self.manager.open(sid)
+        except BusyError as exc:
+            return self._close(str(exc))
+        if session.error:
+            return self._close(f"the stream stopped: {session.error}")
+        if args:
+            self._settings_from_ui(session, args)
+        session.submit(swap_rb(frame))
+        out = session.latest()
+        return self._waiting if out is None else swap_rb(out)
+
+    def _settings_from_ui(self, session: StreamSession, args) -> None:
+        values = tuple(args[:len(self.arg_keys)])
+        if self._ui_values.get(session) == values:
+            return
+        self._ui_values[session] = values
+        try:
+            self.manager.settings(session.sid, settings_from_ui(self.arg_keys, values))
+        except StreamStudioError as exc:
+            session.refused(exc)
+
+
+MAX_SDP_BYTES = 32 * 1024  # a browser's offer is 3-10 KB
+MAX_OFFER_BODY = 64 * 1024
+MAX_MEDIA = 8  # m= sections in one offer
+MAX_CANDIDATES = 64  # a=candidate lines in one offer: each one is an address the server probes
+PENDING_TIMEOUT = 20.0  # seconds a connection may hold a stream without a session (no frame yet)
+WEBRTC_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+OFFER_KINDS = ("video", "application")  # the webcam track and the data channel fastrtc waits for
+
+
+class OfferRefused(StreamStudioError):
+    """An offer the server will not take: `code` names the check, the message says why."""
+
+    def __init__(self, code: str, message: str, status: int = 400):
+        super().__init__(message)
+        self.code, self.status = code, status
+
+    def response(self):
+        from fastapi.responses import JSONResponse
+
+        return JSONResponse({"status": "failed", "meta": {"error": self.code, "message": str(self)}},
+                            status_code=self.status)
+
+
+def check_webrtc_id(webrtc_id) -> str:
+    if not isinstance(webrtc_id, str) or not WEBRTC_ID.fullmatch(webrtc_id):
+        raise OfferRefused("bad_webrtc_id", "webrtc_id must be 1 to 64 letters, digits, '-' or '_'")
+    return webrtc_id
+
+
+def check_offer_sdp(sdp, kinds: tuple[str, ...] = OFFER_KINDS, rtcp_mux_kinds: tuple[str, ...] = ("video",)):
+    """Refuse an offer SDP that could not make a working stream, before it takes a slot; returns
+    it parsed. kinds: the m= sections taken (the WebRTC endpoint's: video and the data channel
+    fastrtc waits for; WHIP/WHEP's: video and audio); rtcp_mux_kinds: those that must mux RTCP."""
+    from aiortc.sdp import SessionDescription
+
+    if not isinstance(sdp, str) or not sdp.strip():
+        raise OfferRefused("bad_sdp", "sdp must be the offer's SDP text")
+    if len(sdp.encode("utf-8", "replace")) > MAX_SDP_BYTES:
+        raise OfferRefused("sdp_too_large", f"the SDP is larger than {MAX_SDP_BYTES // 1024} KB")
+    if not sdp.lstrip().startswith("v=0"):
+        raise OfferRefused("bad_sdp", "the SDP must start with v=0")
+    if sum(line.startswith("a=candidate:") for line in sdp.splitlines()) > MAX_CANDIDATES:
+        raise OfferRefused("bad_sdp", f"the SDP has more than {MAX_CANDIDATES} ICE candidates")
+    try:
+        parsed = SessionDescription.parse(sdp)
+    except Exception as exc:  # noqa: BLE001 - aiortc's parser raises whatever a bad line trips over
+        raise OfferRefused("bad_sdp", f"the SDP does not parse ({type(exc).__name__}: {str(exc)[:80]})") from None
+    if not parsed.media:
+        raise OfferRefused("bad_sdp", "the SDP has no m= line")
+    if len(parsed.media) > MAX_MEDIA:
+        raise OfferRefused("bad_sdp", f"the SDP has more than {MAX_MEDIA} m= lines")
+    taken = " and ".join(k if k != "application" else "a data channel" for k in kinds)
+    for i, media in enumerate(parsed.media):
+        if media.kind not in kinds:
+            raise OfferRefused("bad_sdp", f"m= line {i} is {media.kind!r}: only {taken} are taken")
+        if media.ice is None or not media.ice.usernameFragment or not media.ice.password:
+            raise OfferRefused("bad_sdp", f"m= line {i} has no a=ice-ufrag and a=ice-pwd")
+        if media.dtls is None or not media.dtls.fingerprints:
+            raise OfferRefused("bad_sdp", f"m= line {i} has no a=fingerprint")
+        if media.kind in rtcp_mux_kinds and not media.rtcp_mux:
+            raise OfferRefused("bad_sdp", f"m= line {i} has no a=rtcp-mux")
+    if not any(media.kind == "video" for media in parsed.media):
+        raise OfferRefused("bad_sdp", "the SDP has no video m= line")
+    return parsed
+
+
+def check_offer(data) -> None:
+    """The JSON body of POST /webrtc/offer: {sdp, type: "offer", webrtc_id}."""
+    if not isinstance(data, dict):
+        raise OfferRefused("bad_request", "send a JSON object {sdp, type, webrtc_id}")
+    check_webrtc_id(data.get("webrtc_id"))
+    if data.get("type") == "ice-candidate":  # fastrtc's trickle ICE for a connection already made
+        candidate = data.get("candidate")
+        if not isinstance(candidate, dict) or not isinstance(candidate.get("candidate", ""), str) \
+                or len(candidate.get("candidate", "")) > 1024:
+            raise OfferRefused("bad_candidate", "candidate must be {candidate: str, sdpMid, sdpMLineIndex}")
+        return
+    if data.get("type") != "offer":
+        raise OfferRefused("bad_type", f'type must be "offer", not {str(data.get("type"))[:20]!r}')
+    check_offer_sdp(data.get("sdp"))
+
+
+class GuardedOffers:
+    """What both fastrtc front ends of the server share (the `Stream` behind POST /webrtc/offer
+    and the Live tab's `WebRTC` component, both fastrtc's WebRTCConnectionMixin): offers checked
+    before they take a slot, every failure freeing what fastrtc registered, a bounded wait for
+    connections, ICE on the bound address, and the session freed with its connection.
+    `guard()` sets them up, once the fastrtc object is made."""
+
+    manager: SessionManager
+    ice_addresses: list
+    pending_timeout: float
+
+    def guard(self, manager: SessionManager, host: str | None, pending_timeout: float = PENDING_TIMEOUT):
+        """Take offers for `manager`'s streams, with ICE on `host`'s addresses; returns self."""
+        from streamstudio.app.web import ice
+
+        ice.install()
+        self.manager, self.ice_addresses = manager, ice.ice_addresses(host)
+        self.pending_timeout = pending_timeout
+        return self
+
+    async def guarded_offer(self, data: dict, answer: Callable[[], Any]):
+        """Check `data` ({sdp, type, webrtc_id}), then `await answer()` (fastrtc's own offer)."""
+        from aiortc.exceptions import InvalidAccessError, InvalidStateError
+        from fastapi.responses import JSONResponse
+
+        from streamstudio.app.web import ice
+
+        manager = self.manager
+        try:
+            check_offer(data)
+            webrtc_id = data["webrtc_id"]
+            if data.get("type") == "ice-candidate":
+                if webrtc_id not in self.pcs:
+                    raise OfferRefused("unknown_connection", f"no connection {webrtc_id!r}", 404)
+                with ice.scoped(self.ice_addresses):
+                    return await answer()
+            if webrtc_id in self.pcs or webrtc_id in self.connections or manager.get(webrtc_id) is not None:
+                # (a running stream of another front end, e.g. a WHIP publisher: its frames must not mix)
+                raise OfferRefused("connection_already_exists", f"a connection {webrtc_id!r} is already open", 409)
+        except OfferRefused as exc:
+            return exc.response()
+        if self.slots_in_use() >= manager.max_streams or not manager.has_capacity():
+            return JSONResponse({"status": "failed", "meta": {
+                "error": "concurrency_limit_reached", "limit": manager.max_streams,
+                "message": manager.busy_message()}})
+        try:
+            with ice.scoped(self.ice_addresses):
+                return await answer()
+        except (ValueError, InvalidStateError, InvalidAccessError) as exc:  # aiortc refused it
+            await self.free(webrtc_id, self.pcs.get(webrtc_id))
+            return OfferRefused("offer_refused", f"the offer was refused: {str(exc)[:200]}").response()
+        except BaseException as exc:
+            await self.free(webrtc_id, self.pcs.get(webrtc_id))
+            if not isinstance(exc, Exception):
+                raise
+            log.exception("offer %s failed", webrtc_id)
+            return OfferRefused("internal_error", f"the server could not answer the offer: "
+                                f"{type(exc).__name__}", 500).response()
+
+    def slots_in_use(self) -> int:
+        """Streams held: sessions (from any front end) and these peer connections, each id once
+        (a connection gets its session at its first frame)."""
+        return len(set(self.manager.ids()) | set(self.pcs))
+
+    def pending(self) -> list[str]:
+        """Connections that have no session: not connected yet, or no frame yet."""
+        return [sid for sid in list(self.pcs) if self.manager.get(sid) is None]
+
+    async def connection_timeout(self, pc, webrtc_id: str, time_limit: float):
+        # fastrtc starts this (time_limit 30) once the remote description is set, and closes
+        # a connection not up by then. This one watches the connection for its whole life: one
+        # without a session (never connected, no frame yet, or its session reaped as idle) for
+        # `pending_timeout` seconds is closed and its slot freed. It never touches a newer
+        # connection under the same id. Offers that fail before it starts are freed in `guarded_offer`.
+        loop = asyncio.get_running_loop()
+        seen = loop.time()
+        while self.pcs.get(webrtc_id) is pc and pc.connectionState not in ("closed", "failed"):
+            now = loop.time()
+            if self.manager.get(webrtc_id) is not None:
+                seen = now
+            elif now - seen >= self.pending_timeout:
+                log.info("WebRTC connection %s (%s) has had no stream for %.0f s: freeing its slot",
+                         webrtc_id, pc.connectionState, self.pending_timeout)
+                await self.free(webrtc_id, pc)
+                return
+            await asyncio.sleep(min(0.5, self.pending_timeout / 5))
+
+    async def free(self, webrtc_id: str, pc) -> None:
+        """Close `pc` and drop what fastrtc registered for `webrtc_id` (if still pc's)."""
+        if pc is not None:
+            try:
+                await pc.close()
+            except Exception:  # closing a half-made connection
+                log.debug("closing %s", webrtc_id, exc_info=True)
+        if pc is None or self.pcs.get(webrtc_id, pc) is pc:
+            for conn in self.clean_up(webrtc_id) or ():
+                try:
+                    conn.stop()
+                except Exception:
+                    log.debug("stopping %s", webrtc_id, exc_info=True)
+            self.pcs.pop(webrtc_id, None)
+
+    def clean_up(self, webrtc_id: str):
+        self.manager.close(webrtc_id, wait=0.0)
+        return super().clean_up(webrtc_id)
+
+
+def build_stream(manager: SessionManager, rtc_config: dict | None = None, host: str | None = None,
+                 pending_timeout: float = PENDING_TIMEOUT):
+    """The fastrtc Stream behind POST /webrtc/offer (non-browser clients).
+
+    `host` is the address the HTTP server binds (None: its default, 127.0.0.1): the stream's peer
+    connections gather ICE candidates and open UDP sockets there only (0.0.0.0 / ::: every
+    interface); see streamstudio.app.web.ice. A connection that has no session for `pending_timeout`
+    seconds (never connected, no frame yet, or its session reaped as idle) is closed and its
+    slot freed."""
+    from fastrtc import Stream
+    from fastrtc.stream import Body
+
+    class StudioStream(GuardedOffers, Stream):
+        """fastrtc's Stream with GuardedOffers' checks."""
+
+        async def offer(self, body: Body):
+            answer = await self.guarded_offer(body.model_dump(), lambda: Stream.offer(self, body))
+            if isinstance(answer, dict) and body.type == "offer" and body.webrtc_id in self.pcs:
+                self.set_input(body.webrtc_id, None)  # start calling the handler (no UI inputs here)
+            return answer
+
+        offer.__annotations__["body"] = Body  # resolved here: this module has lazy annotations
+
+    stream = StudioStream(LiveHandler(manager), mode="send-receive", modality="video",
+                          concurrency_limit=manager.max_streams, rtc_configuration=rtc_config,
+                          server_rtc_configuration=rtc_config, verbose=False)
+    return stream.guard(manager, host, pending_timeout)
+
+
+def live_component(manager: SessionManager, host: str | None, pending_timeout: float = PENDING_TIMEOUT, **kwargs):
+    """The Live tab's fastrtc WebRTC component with GuardedOffers' checks on its offer route
+    (Gradio's /gradio_api/component_server, fn_name "offer")."""
+    return _studio_webrtc_class()(**kwargs).guard(manager, host, pending_timeout)
+
+
+@functools.cache
+def _studio_webrtc_class():
+    from unittest import mock
+
+    from fastrtc import WebRTC
+    from gradio.components.base import server
+
+    # Gradio's component metaclass writes a .pyi stub beside the module of every Component
+    # subclass it creates (for custom-component authors); this class needs none.
+    with mock.patch("gradio.component_meta.create_or_modify_pyi", lambda *args: None):
+        class StudioWebRTC(GuardedOffers, WebRTC):
+            # The page must load fastrtc's own front-end code for it: same name, same class id.
+            def get_block_name(self) -> str:
+                return WebRTC.get_block_name(self)
+
+            @classmethod
+            def get_component_class_id(cls) -> str:
+                return WebRTC.get_component_class_id()
+
+            @server
+            async def offer(self, body):
+                if not isinstance(body, dict):
+                    return OfferRefused("bad_request", "send a JSON object {sdp, type, webrtc_id}").response()
+                return await self.guarded_offer(
+                    body, lambda: self.handle_offer(body, self.set_additional_outputs(body["webrtc_id"])))
+
+    return StudioWebRTC
+
+
+def mount_api(app, manager: SessionManager, stream) -> None:
+    """POST /webrtc/offer and the /studio JSON routes on `app` (FastAPI). Every request of `app`
+    runs in the stream's ICE scope, so the Gradio WebRTC component's peer connections gather on
+    the bound address too (streamstudio.app.web.ice). The login these routes need under --auth is
+    the request guard's (streamstudio.app.web.security), as for every route of the server."""
+    from fastapi import Body as JsonBody
+    from fastapi import Request
+    from fastapi.responses import JSONResponse
+    from fastrtc.stream import Body
+
+    from streamstudio.app.web.ice import IceScopeMiddleware
+
+    app.state.studio_stream = stream
+    if hasattr(stream, "ice_addresses"):
+        app.add_middleware(IceScopeMiddleware, addresses=stream.ice_addresses)
+
+    async def offer(request: Request):
+        try:
+            data = await read_json(request, MAX_OFFER_BODY)
+            check_offer(data)
+            body = Body(**{k: data.get(k) for k in ("sdp", "candidate", "type", "webrtc_id")})
+        except OfferRefused as exc:
+            return exc.response()
+        return await stream.offer(body)
+
+    offer.__annotations__["request"] = Request  # resolved here: this module has lazy annotations
+    app.post("/webrtc/offer", tags=["webrtc"])(offer)
+
+    @app.get("/studio/status", tags=["studio"])
+    async def status():
+        return status_payload(manager, stream)
+
+    @app.post("/studio/settings/{webrtc_id}", tags=["studio"])
+    async def settings(webrtc_id: str, raw: dict = JsonBody(...)):
+        try:
+            applied = manager.settings(webrtc_id, raw)
+        except StreamStudioError as exc:
+            return JSONResponse({"status": "failed", "error": str(exc)}, status_code=400)
+        return {"status": "ok", "settings": applied}
+
+    @app.get("/studio/sessions/{webrtc_id}", tags=["studio"])
+    async def session_stats(webrtc_id: str):
+        session = manager.get(webrtc_id)
+        if session is None:
+            return JSONResponse({"status": "failed", "error": f"no stream {webrtc_id!r}"}, status_code=404)
+        return session.stats()
+
+    @app.get("/studio/lora", tags=["studio"])
+    async def lora():
+        return {"loras": lora_payload(manager.model.lora_listing())}
+
+    @app.post("/studio/lora", tags=["studio"])
+    async def set_lora(raw: dict = JsonBody(...)):
+        """Server-wide: the LoRAs are fused into the shared weights, so their scales are every
+        stream's. Applied between frames (the model guard's exclusive context)."""
+        scales = raw.get("scales") if isinstance(raw, dict) else None
+        try:
+            listing = await asyncio.to_thread(manager.set_lora_scales, scales)
+        except StreamStudioError as exc:
+            return JSONResponse({"status": "failed", "error": str(exc)}, status_code=400)
+        return {"status": "ok", "loras": lora_payload(listing)}
+
+    @app.delete("/studio/sessions/{webrtc_id}", tags=["studio"])
+    async def close_session(webrtc_id: str):
+        return {"status": "ok", "closed": manager.close(webrtc_id, wait=0.0)}
+
+
+def lora_payload(listing) -> list[dict]:
+    return [{"source": source, "scale": scale} for source, scale in listing]
+
+
+async def read_json(request, limit: int):
+    """The request's JSON body, refused past `limit` bytes without reading further."""
+    import json
+
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        raise OfferRefused("body_too_large", f"the request body is larger than {limit // 1024} KB")
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > limit:
+            raise OfferRefused("body_too_large", f"the request body is larger than {limit // 1024} KB")
+    try:
+        return json.loads(raw)
+    except ValueError:
+        raise OfferRefused("bad_request", "the body must be JSON: {sdp, type, webrtc_id}") from None
+
+
+def status_payload(manager: SessionManager, stream=None) -> dict:
+    """`streams`: sessions running (any front end); `fps` and `frames_out`: their output frame
+    rates together and the frames they have put out (their runners' metrics); `peer_connections`
+    / `pending`: the WebRTC connections /webrtc/offer holds / those without a session yet (not
+    connected, or no frame); `in_use`: the streams these take together, what `max_streams` is
+    checked against."""
+    model = manager.model
+    metrics = [s.metrics() for s in map(manager.get, manager.ids()) if s is not None]
+    out = {"model": model.name, "demo": model.is_demo, "size": list(model.size),
+           "max_streams": manager.max_streams, "streams": len(manager),
+           "fps": round(sum(m.recent_fps for m in metrics), 2), "frames_out": sum(m.frames_out for m in metrics)}
+    if stream is not None:
+        out.update(peer_connections=len(stream.pcs), pending=len(stream.pending()), in_use=stream.slots_in_use())
+    return out
+
+
+# ---------------------------------------------------------------------- a client for scripts
+class StudioClient:
+    """A headless WebRTC client (aiortc): sends frames from `make_frame(i) -> RGB uint8`, keeps
+    every received frame's arrival through `on_frame(rgb, t)`. Used by tests and benchmarks.
+
+        client = StudioClient("http://127.0.0.1:7860", make_frame, on_frame)
+        await client.connect(settings={"prompt": "a cat"})
+        ...
+        await client.close()
+    """
+
+    def __init__(self, url: str, make_frame: Callable[[int], np.ndarray],
+                 on_frame: Callable[[np.ndarray, float], None] | None = None, fps: float = 30.0,
+                 webrtc_id: str | None = None, auth: tuple[str, str] | None = None):
+        self.url, self.make_frame, self.fps = url.rstrip("/"), make_frame, fps
+        self.on_frame = on_frame or (lambda frame, t: None)
+        self.webrtc_id = webrtc_id or secrets.token_hex(8)
+        self.auth = auth
+        self.sent: list[float] = []  # send times
+        self.received = 0
+        self.pc = None
+        self._task: asyncio.Task | None = None
+
+    async def connect(self, settings: dict | None = None, timeout: float = 20.0) -> None:
+        import httpx
+        from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+
+        async with httpx.AsyncClient(auth=self.auth, timeout=timeout) as http:
+            if settings:
+                await self._post(http, f"/studio/settings/{self.webrtc_id}", settings)
+            self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+            self.pc.createDataChannel("text")
+            self.pc.addTrack(_FrameTrack(self))
+            self.pc.on("track", lambda track: self._start_receiving(track))
+            await self.pc.setLocalDescription(await self.pc.createOffer())
+            answer = await self._post(http, "/webrtc/offer", {
+                "sdp": self.pc.localDescription.sdp, "type": "offer", "webrtc_id": self.webrtc_id})
+        await self.pc.setRemoteDescription(RTCSessionDescription(answer["sdp"], answer["type"]))
+
+    async def _post(self, http, path: str, payload: dict) -> dict:
+        response = await http.post(self.url + path, json=payload)
+        data = response.json()
+        if response.status_code != 200 or data.get("status") == "failed":
+            meta = data.get("meta", {})
+            message = data.get("error") or meta.get("message") or meta.get("error") or response.text
+            if meta.get("error") == "concurrency_limit_reached":
+                raise BusyError(message)
+            raise StreamStudioError(f"{path}: {message}")
+        return data
+
+    async def update(self, settings: dict) -> dict:
+        import httpx
+
+        async with httpx.AsyncClient(auth=self.auth, timeout=10) as http:
+            return await self._post(http, f"/studio/settings/{self.webrtc_id}", settings)
+
+    async def stats(self) -> dict | None:
+        import httpx
+
+        async with httpx.AsyncClient(auth=self.auth, timeout=10) as http:
+            response = await http.get(f"{self.url}/studio/sessions/{self.webrtc_id}")
+        return response.json() if response.status_code == 200 else None
+
+    def _start_receiving(self, track) -> None:
+        self._task = asyncio.ensure_future(self._receive(track))
+
+    async def _receive(self, track) -> None:
+        from aiortc.mediastreams import MediaStreamError
+
+        while True:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                return
+            self.received += 1
+            self.on_frame(frame.to_ndarray(format="rgb24"), time.perf_counter())
+
+    async def close(self) -> None:
+        if self.pc is not None:
+            await self.pc.close()
+        if self._task is not None:
+            self._task.cancel()
+
+
+def _frame_track_class():
+    from aiortc import VideoStreamTrack
+
+    class FrameTrack(VideoStreamTrack):
+        def __init__(self, client: StudioClient):
+            super().__init__()
+            self.client, self.index = client, 0
+
+        async def recv(self):
+            from av import VideoFrame
+
+            pts, time_base = await self.next_timestamp()
+            frame = VideoFrame.from_ndarray(self.client.make_frame(self.index), format="rgb24")
+            frame.pts, frame.time_base = pts, time_base
+            self.index += 1
+            self.client.sent.append(time.perf_counter())
+            return frame
+
+        async def next_timestamp(self):  # paced at the client's fps
+            from aiortc.mediastreams import VIDEO_CLOCK_RATE, VIDEO_TIME_BASE
+
+            if hasattr(self, "_timestamp"):
+                self._timestamp += int(VIDEO_CLOCK_RATE / self.client.fps)
+                wait = self._start + self._timestamp / VIDEO_CLOCK_RATE - time.time()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+            else:
+                self._start, self._timestamp = time.time(), 0
+            return self._timestamp, VIDEO_TIME_BASE
+
+    return FrameTrack
+
+
+def _FrameTrack(client: StudioClient):
+    return _frame_track_class()(client)

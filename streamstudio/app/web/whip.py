@@ -1,0 +1,771 @@
+"""WHIP ingest (RFC 9725) and WHEP egress over plain aiortc, next to fastrtc's JSON endpoint.
+
+WHIP (OBS 30+, GStreamer's whipsink, MediaMTX, browsers) publishes into a stream:
+
+    POST    /whip, /whip/{stream}     application/sdp offer -> 201, the SDP answer, Location, ETag
+    PATCH   /whip/{stream}/{session}  application/trickle-ice-sdpfrag: remote candidates (204);
+                                      an ICE restart is answered 422 (RFC 9725 4.3.1)
+    DELETE  /whip/{stream}/{session}  ends the session and frees the stream (200)
+    OPTIONS any of them               Allow, Accept-Post / Accept-Patch (and CORS, below)
+
+WHEP players watch a stream's processed output, any number per stream:
+
+    POST    /whep/{stream}            application/sdp offer (recvonly) -> 201, answer, Location
+    PATCH / DELETE /whep/{stream}/{session}, OPTIONS as above
+
+`{stream}` is the session id every front end shares: a WHIP publisher's, a `/webrtc/offer`
+client's `webrtc_id` or the Live tab's; `POST /studio/settings/{stream}` sets its prompt and
+settings (before the offer: from the first frame). No data channel is needed (fastrtc's Stream
+waits for one, so WHIP uses aiortc directly): the publisher's video track is decoded by aiortc
+(VP8 or H.264) and each frame goes to the stream's session (`session.submit`), which keeps only
+the newest waiting frame.
+
+Fan-out. aiortc encodes in each `RTCRtpSender`, once per viewer, unless the track hands it
+already-encoded `av.Packet`s (then the sender only packetizes). So a stream's viewers share one
+`Broadcaster`: one encoder per codec in use (VP8, H.264), each a sink attached to the stream's
+session (the model runs once per frame, whatever the number of viewers; each encoder writes the
+newest processed frame in its own thread), and the encoded packets go to every viewer of that codec through its own bounded queue. A viewer
+that stalls fills only its queue: it is then emptied and the viewer waits for the next key
+frame (one is asked for), so it never holds back the encoder or the others. Key frames: when a
+viewer joins or sends a PLI/FIR (at most one forced every KEYFRAME_MIN_INTERVAL s), and every
+GOP_FRAMES frames. The encoders run at a fixed bitrate from the frame size (there is no
+per-viewer congestion control: aiortc's REMB-driven bitrate is per encoder).
+
+Audio. A publisher's audio is received and passed through to WHEP viewers (each viewer's
+sender encodes Opus itself: cheap next to video); viewers of streams without audio (the Live
+tab, `/webrtc/offer`) get none. It is not delayed to match the processed video (which is
+behind by the model's latency).
+
+Login: a bearer token (`Authorization: Bearer ...`, as OBS sends it) equal to `--whip-token`
+(or $STREAMSTUDIO_WHIP_TOKEN), or HTTP basic auth with the token as the password (any user name:
+for clients that only take `user:pass@host` URLs); without a token, `--auth`'s `USER:PASS` as the
+token, or HTTP basic auth with that login; without either, no login (the server binds to loopback by default). CORS headers
+go out only when a login is required (otherwise pages of other origins could publish into or
+watch a local server): `Access-Control-Allow-Origin: *`, the token being the credential.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import fractions
+import hashlib
+import logging
+import secrets
+import time
+from base64 import b64decode
+from typing import Any, Callable
+
+import numpy as np
+
+from streamstudio.app.web.sessions import BusyError, SessionManager
+from streamstudio.app.web.webrtc import (MAX_CANDIDATES, MAX_SDP_BYTES, PENDING_TIMEOUT, WEBRTC_ID, OfferRefused,
+                                     check_offer_sdp)
+from streamstudio.errors import StreamStudioError
+from streamstudio.streaming.runner import Attachment
+from streamstudio.streaming.sinks import Sink
+
+log = logging.getLogger(__name__)
+
+SDP_TYPE = "application/sdp"
+TRICKLE_TYPE = "application/trickle-ice-sdpfrag"
+MAX_VIEWERS = 32  # WHEP viewers on the server, all streams together (--max-viewers)
+VIEWER_QUEUE = 30  # encoded frames a viewer may fall behind before it is reset to the next key frame
+AUDIO_QUEUE = 25  # audio frames (20 ms each) a viewer may fall behind; the oldest go first
+GOP_FRAMES = 60  # a key frame at least this often
+KEYFRAME_MIN_INTERVAL = 0.5  # seconds between forced key frames (viewers joining, PLI), at most
+VIDEO_CLOCK = 90_000
+VIDEO_TIME_BASE = fractions.Fraction(1, VIDEO_CLOCK)
+CODECS = ("vp8", "h264")  # what the shared encoders make (aiortc negotiates these two)
+
+
+# ---------------------------------------------------------------------- offer checks
+def check_sdp(sdp: Any, role: str) -> None:
+    """Refuse an SDP offer that could not make a working WHIP (role "whip": the client sends
+    video, maybe audio) or WHEP (role "whep": the client receives) session: the checks of
+    `webrtc.check_offer_sdp` for audio and video without a data channel, then the direction
+    and the codecs."""
+    parsed = check_offer_sdp(sdp, kinds=("video", "audio"), rtcp_mux_kinds=("video", "audio"))
+    sending = ("sendonly", "sendrecv") if role == "whip" else ("recvonly", "sendrecv")
+    video = [m for m in parsed.media if m.kind == "video"]
+    if not any((m.direction or "sendrecv") in sending for m in video):
+        raise OfferRefused("bad_sdp", "the video m= line must be " + (
+            "sendonly (a WHIP client publishes)" if role == "whip" else "recvonly (a WHEP client watches)"))
+    names = {c.name.lower() for m in video for c in m.rtp.codecs}
+    if not names & set(CODECS):
+        raise OfferRefused("unsupported_codec", "the offer has no VP8 or H.264 video codec", 400)
+
+
+def rtc_configuration(rtc_config: dict | None):
+    """aiortc's RTCConfiguration from the server's {iceServers: [...]} (webrtc.rtc_config_from_env)."""
+    from aiortc import RTCConfiguration, RTCIceServer
+
+    servers = [RTCIceServer(urls=s["urls"], username=s.get("username"), credential=s.get("credential"))
+               for s in (rtc_config or {}).get("iceServers", [])]
+    return RTCConfiguration(iceServers=servers)
+
+
+def _etag(sdp: str) -> str:
+    """An entity tag for the ICE session: the answer's ice-ufrag and ice-pwd."""
+    ice = [line for line in sdp.splitlines() if line.startswith(("a=ice-ufrag:", "a=ice-pwd:"))]
+    return '"' + hashlib.sha256("\n".join(ice).encode()).hexdigest()[:16] + '"'
+
+
+# ---------------------------------------------------------------------- shared encoding
+class SharedEncoder(Sink):
+    """One codec's encoder for one stream's viewers: a sink attached to the stream's session
+    (the attachment's thread hands it the newest processed frame; one waiting is replaced),
+    which encodes each frame once and hands every packet to `deliver` on the event loop."""
+
+    def __init__(self, codec: str, loop: asyncio.AbstractEventLoop, deliver: Callable[[Any, bool], None],
+                 width: int, height: int):
+        super().__init__(f"whep-{codec}", width, height, 30.0)
+        self.codec, self._loop, self._deliver = codec, loop, deliver
+        self._keyframe = True
+        self._last_forced = 0.0
+        self._t0 = time.monotonic()
+        self._last_pts = -1
+        self._ctx = None
+        self._since_key = self._frame_index = 0
+        self.frames = self.packets = 0  # encoded / sent
+
+    def request_keyframe(self) -> None:
+        self._keyframe = True
+
+    def write(self, frame: np.ndarray, pts: float | None = None) -> None:
+        try:
+            packets = self._encode(frame)
+        except Exception:  # a broken encoder loses this frame; the next starts a new encoder
+            log.exception("WHEP %s encoder failed", self.codec)
+            self._ctx = None
+            return
+        for packet, key in packets:
+            try:
+                self._loop.call_soon_threadsafe(self._deliver, packet, key)
+            except RuntimeError:  # the event loop has closed: the server is stopping
+                return
+            self.packets += 1
+        self.status.frames_written += 1
+
+    def _encode(self, rgb: np.ndarray) -> list:
+        import av
+
+        h, w = rgb.shape[:2]
+        w2, h2 = w - w % 2, h - h % 2
+        frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb[:h2, :w2]), format="rgb24").reformat(
+            format="yuv420p")
+        pts = max(self._last_pts + 1, int((time.monotonic() - self._t0) * VIDEO_CLOCK))
+        self._last_pts = pts
+        now = time.monotonic()
+        if self._ctx is None or self._ctx.width != w2 or self._ctx.height != h2:
+            self._ctx = self._context(w2, h2)
+            force = True
+        else:
+            force = self._since_key >= GOP_FRAMES or (self._keyframe and now - self._last_forced
+                                                      >= KEYFRAME_MIN_INTERVAL)
+        if force:  # a request that came too soon after the last forced key frame waits
+            frame.pict_type = av.video.frame.PictureType.I
+            self._keyframe, self._last_forced, self._since_key = False, now, 0
+        else:
+            frame.pict_type = av.video.frame.PictureType.NONE
+        frame.pts, frame.time_base = self._frame_index, self._ctx.time_base
+        self._frame_index += 1
+        out = []
+        for packet in self._ctx.encode(frame):
+            packet.pts, packet.time_base = pts, VIDEO_TIME_BASE
+            out.append((packet, bool(packet.is_keyframe)))
+        self._since_key += 1
+        self.frames += 1
+        return out
+
+    def _context(self, width: int, height: int):
+        import av
+
+        bitrate = int(min(4_000_000, max(300_000, width * height * 3)))
+        if self.codec == "vp8":
+            ctx = av.CodecContext.create("libvpx", "w")
+            ctx.options = {"deadline": "realtime", "cpu-used": "8", "lag-in-frames": "0",
+                           "static-thresh": "1", "undershoot-pct": "100", "overshoot-pct": "15",
+                           "error-resilient": "1"}
+        else:
+            ctx = av.CodecContext.create("libx264", "w")
+            ctx.options = {"level": "31", "tune": "zerolatency", "preset": "veryfast"}
+            ctx.profile = "Baseline"
+        ctx.width, ctx.height, ctx.pix_fmt, ctx.bit_rate = width, height, "yuv420p", bitrate
+        ctx.framerate = fractions.Fraction(30, 1)
+        ctx.time_base = fractions.Fraction(1, 30)
+        ctx.gop_size = GOP_FRAMES
+        ctx.thread_count = 1
+        self._frame_index, self._since_key = 0, 0
+        return ctx
+
+
+def _viewer_track_class():
+    from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+
+    class ViewerTrack(MediaStreamTrack):
+        """What one viewer's RTCRtpSender reads: encoded packets (video) or audio frames from a
+        bounded queue that the broadcaster fills; it never blocks the broadcaster."""
+
+        def __init__(self, kind: str, on_keyframe_needed: Callable[[], None] | None = None):
+            super().__init__()
+            self.kind = kind
+            self.sender = None
+            self._need_key = on_keyframe_needed or (lambda: None)
+            self._queue: collections.deque = collections.deque()
+            self._ready = asyncio.Event()
+            self._waiting_key = kind == "video"
+            self.received = self.dropped = self.resets = 0
+
+        def send_through(self, pc) -> None:
+            """Add this track to the peer connection `pc`; its sender's key frame requests
+            (the viewer's PLI/FIR) come back here."""
+            self.sender = pc.addTrack(self)
+
+        def ask_keyframes_of(self, request_keyframe: Callable[[], None]) -> None:
+            self._need_key = request_keyframe
+
+        def push(self, item, key: bool = False) -> None:  # on the event loop
+            if self.readyState != "live":
+                return
+            self.received += 1
+            if self.kind == "audio":
+                if len(self._queue) >= AUDIO_QUEUE:
+                    self._queue.popleft()
+                    self.dropped += 1
+            else:
+                if self._waiting_key and not key:
+                    self.dropped += 1
+                    return
+                self._waiting_key = False
+                if len(self._queue) >= VIEWER_QUEUE:  # stalled: start again at the next key frame
+                    self.dropped += len(self._queue) + 1
+                    self._queue.clear()
+                    self._waiting_key, self.resets = True, self.resets + 1
+                    self._need_key()
+                    return
+            self._queue.append(item)
+            self._ready.set()
+
+        async def recv(self):
+            sender = self.sender
+            if sender is not None and getattr(sender, "_RTCRtpSender__force_keyframe", False):
+                sender._RTCRtpSender__force_keyframe = False  # the viewer sent a PLI or FIR
+                self._need_key()
+            while not self._queue:
+                if self.readyState != "live":
+                    raise MediaStreamError
+                self._ready.clear()
+                await self._ready.wait()
+            return self._queue.popleft()
+
+        def stop(self) -> None:
+            super().stop()
+            self._ready.set()
+
+    return ViewerTrack
+
+
+class Broadcaster:
+    """One stream's viewers (on the event loop): one SharedEncoder per codec in use, each a sink
+    attached to the stream's session, and the publisher's audio (a WHIP stream's) fanned out as
+    it arrives."""
+
+    def __init__(self, sid: str, session, loop: asyncio.AbstractEventLoop):
+        self.sid, self.session, self._loop = sid, session, loop
+        self.encoders: dict[str, SharedEncoder] = {}
+        self._feeds: dict[str, Attachment] = {}  # codec -> its encoder's attachment to the session
+        self.video: dict[str, set] = {codec: set() for codec in CODECS}
+        self.audio: set = set()
+        self.has_audio = False
+
+    def add_video(self, codec: str, track) -> None:
+        if codec not in self.encoders:
+            encoder = SharedEncoder(codec, self._loop, lambda p, k, c=codec: self._deliver(c, p, k),
+                                    *self.session.size)
+            self._feeds[codec] = self.session.attach(encoder)
+            self.encoders[codec] = encoder
+        encoder = self.encoders[codec]
+        track.ask_keyframes_of(encoder.request_keyframe)
+        self.video[codec].add(track)
+        encoder.request_keyframe()
+        latest = self.session.latest()
+        if latest is not None:  # a still stream (similarity filter, paused source) shows at once
+            self._feeds[codec].offer(latest, 0.0)
+
+    def remove(self, track) -> None:
+        self.audio.discard(track)
+        for codec, tracks in self.video.items():
+            tracks.discard(track)
+            if not tracks and codec in self.encoders:
+                self._stop_encoder(codec)
+
+    def _stop_encoder(self, codec: str) -> None:
+        self.encoders.pop(codec)
+        self.session.detach(self._feeds.pop(codec), wait=None)  # (on the event loop: no waiting)
+
+    def _deliver(self, codec: str, packet, key: bool) -> None:  # the event loop
+        for track in list(self.video[codec]):
+            track.push(packet, key)
+
+    def push_audio(self, frame) -> None:  # the event loop
+        for track in list(self.audio):
+            track.push(frame)
+
+    @property
+    def viewers(self) -> int:
+        return sum(len(t) for t in self.video.values())
+
+    def close(self) -> None:
+        for codec in list(self.encoders):
+            self._stop_encoder(codec)
+        for track in [t for ts in self.video.values() for t in ts] + list(self.audio):
+            track.stop()
+
+    def stats(self) -> dict:
+        return {codec: {"viewers": len(self.video[codec]), "frames_encoded": e.frames, "packets": e.packets}
+                for codec, e in self.encoders.items()}
+
+
+# ---------------------------------------------------------------------- sessions
+class _Resource:
+    """A WHIP or WHEP session: its peer connection and the tasks that serve it."""
+
+    def __init__(self, kind: str, sid: str, pc):
+        self.kind, self.sid, self.pc = kind, sid, pc
+        self.rid = secrets.token_urlsafe(16)
+        self.etag = ""
+        self.created = time.monotonic()
+        self.tasks: list[asyncio.Task] = []
+        self.tracks: list = []
+        self.session = None
+        self.closed = False
+
+    @property
+    def location(self) -> str:
+        return f"/{self.kind}/{self.sid}/{self.rid}"
+
+
+class WhipServer:
+    """The WHIP and WHEP endpoints of one server (see the module docstring)."""
+
+    def __init__(self, manager: SessionManager, host: str | None = None, token: str | None = None,
+                 auth: tuple[str, str] | None = None, rtc_config: dict | None = None,
+                 pending_timeout: float = PENDING_TIMEOUT, max_viewers: int = MAX_VIEWERS,
+                 other_slots: Callable[[], set] = set):
+        from streamstudio.app.web import ice
+
+        if max_viewers < 0:
+            raise StreamStudioError("--max-viewers must be 0 or more")
+        if token is not None and not token.strip():
+            raise StreamStudioError("--whip-token must not be empty")
+        ice.install()
+        self.manager, self.token, self.auth = manager, token, auth
+        self.ice_addresses = ice.ice_addresses(host)
+        self.rtc_config, self.pending_timeout, self.max_viewers = rtc_config, pending_timeout, max_viewers
+        self.other_slots = other_slots  # stream ids other front ends hold without a session yet
+        self.resources: dict[str, _Resource] = {}
+        self.broadcasters: dict[str, Broadcaster] = {}
+
+    # ------------------------------------------------------------------ HTTP
+    @property
+    def login_required(self) -> bool:
+        return self.token is not None or self.auth is not None
+
+    def authorized(self, headers) -> bool:
+        if not self.login_required:
+            return True
+        scheme, _, value = headers.get("authorization", "").strip().partition(" ")
+        value = value.strip()
+        if scheme.lower() == "bearer" and value:
+            expected = self.token if self.token is not None else f"{self.auth[0]}:{self.auth[1]}"
+            return secrets.compare_digest(value.encode(), expected.encode())
+        if scheme.lower() == "basic" and value:  # clients that only know URL credentials (user:pass@host)
+            try:
+                given = b64decode(value).decode("utf-8")
+            except (ValueError, UnicodeDecodeError):
+                return False
+            ok = False
+            if self.auth is not None:
+                ok |= secrets.compare_digest(given.encode(), f"{self.auth[0]}:{self.auth[1]}".encode())
+            if self.token is not None:  # any user name, the token as the password
+                ok |= secrets.compare_digest(given.partition(":")[2].encode(), self.token.encode())
+            return ok
+        return False
+
+    def _headers(self, extra: dict | None = None) -> dict:
+        headers = dict(extra or {})
+        if self.login_required:
+            headers.update({"Access-Control-Allow-Origin": "*",
+                            "Access-Control-Expose-Headers": "Location, ETag, Accept-Patch, Accept-Post, Link"})
+        return headers
+
+    def _refused(self, exc: OfferRefused):
+        response = exc.response()
+        response.headers.update(self._headers())
+        if exc.status == 401:
+            response.headers["WWW-Authenticate"] = 'Bearer realm="StreamStudio"'
+        return response
+
+    def _options(self, methods: str, post: bool):
+        from fastapi.responses import Response
+
+        headers = {"Allow": methods}
+        if post:
+            headers["Accept-Post"] = SDP_TYPE
+        else:
+            headers["Accept-Patch"] = TRICKLE_TYPE
+        if self.login_required:
+            headers.update({"Access-Control-Allow-Methods": methods,
+                            "Access-Control-Allow-Headers": "Authorization, Content-Type, If-Match",
+                            "Access-Control-Max-Age": "86400"})
+        return Response(status_code=204, headers=self._headers(headers))
+
+    async def _read_sdp(self, request, content_type: str) -> str:
+        if not self.authorized(request.headers):
+            raise OfferRefused("unauthorized", "a valid bearer token is needed (Authorization: Bearer ...)", 401)
+        given = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if given != content_type:
+            raise OfferRefused("bad_content_type", f"Content-Type must be {content_type}", 415)
+        raw = bytearray()
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > MAX_SDP_BYTES:
+                raise OfferRefused("sdp_too_large", f"the SDP is larger than {MAX_SDP_BYTES // 1024} KB", 413)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise OfferRefused("bad_sdp", "the SDP must be UTF-8 text") from None
+
+    def mount(self, app) -> None:
+        """The routes on `app` (FastAPI). Under --auth the request guard lets /whip and /whep
+        through to these, which check their own login (`security.GuardConfig.self_auth_prefixes`)."""
+        from fastapi import Request
+
+        async def whip_post(request: Request, stream: str | None = None):
+            return await self._post("whip", request, stream)
+
+        async def whep_post(request: Request, stream: str):
+            return await self._post("whep", request, stream)
+
+        async def patch(request: Request, stream: str, rid: str):
+            return await self._patch(request, stream, rid)
+
+        async def delete(request: Request, stream: str, rid: str):
+            return await self._delete(request, stream, rid)
+
+        for f in (whip_post, whep_post, patch, delete):
+            f.__annotations__["request"] = Request  # resolved here: this module has lazy annotations
+        for kind in ("whip", "whep"):
+            app.add_api_route(f"/{kind}/{{stream}}/{{rid}}", patch, methods=["PATCH"], include_in_schema=False)
+            app.add_api_route(f"/{kind}/{{stream}}/{{rid}}", delete, methods=["DELETE"], include_in_schema=False)
+            app.add_api_route(f"/{kind}/{{stream}}/{{rid}}", lambda: self._options("PATCH, DELETE, OPTIONS", False),
+                              methods=["OPTIONS"], include_in_schema=False)
+            app.add_api_route(f"/{kind}/{{stream}}", lambda: self._options("POST, OPTIONS", True),
+                              methods=["OPTIONS"], include_in_schema=False)
+        app.add_api_route("/whip", whip_post, methods=["POST"], include_in_schema=False)
+        app.add_api_route("/whip", lambda: self._options("POST, OPTIONS", True), methods=["OPTIONS"],
+                          include_in_schema=False)
+        app.add_api_route("/whip/{stream}", whip_post, methods=["POST"], include_in_schema=False)
+        app.add_api_route("/whep/{stream}", whep_post, methods=["POST"], include_in_schema=False)
+        app.state.whip = self
+        app.router.on_shutdown.append(self.close)  # peer connections closed with the server
+
+    # ------------------------------------------------------------------ POST
+    async def _post(self, kind: str, request, stream: str | None):
+        from fastapi.responses import Response
+
+        from streamstudio.app.web import ice
+
+        try:
+            sdp = await self._read_sdp(request, SDP_TYPE)
+            if stream is not None and not WEBRTC_ID.fullmatch(stream):
+                raise OfferRefused("bad_stream", "the stream name must be 1 to 64 letters, digits, '-' or '_'")
+            check_sdp(sdp, kind)
+            sid = stream or secrets.token_hex(8)
+            if kind == "whip":
+                self._check_publish(sid)
+            else:
+                self._check_view(sid)
+        except OfferRefused as exc:
+            return self._refused(exc)
+        pc = None
+        try:
+            from aiortc import RTCPeerConnection, RTCSessionDescription
+
+            with ice.scoped(self.ice_addresses):
+                pc = RTCPeerConnection(rtc_configuration(self.rtc_config))
+                res = _Resource(kind, sid, pc)
+                if kind == "whip":
+                    res.session = self.manager.open(sid)  # settings set for `sid` beforehand apply now
+                    pc.on("track", lambda track: self._on_publisher_track(res, track))
+                await pc.setRemoteDescription(RTCSessionDescription(sdp, "offer"))
+                if kind == "whep":
+                    self._add_viewer_tracks(res)
+                await pc.setLocalDescription(await pc.createAnswer())
+                if kind == "whep":
+                    self._bind_viewer(res)
+        except BusyError as exc:
+            await self._discard(pc, sid if kind == "whip" else None)
+            self._prune(sid)
+            return self._refused(OfferRefused("busy", str(exc), 503))
+        except OfferRefused as exc:
+            await self._discard(pc, sid if kind == "whip" else None)
+            self._prune(sid)
+            return self._refused(exc)
+        except Exception as exc:  # aiortc refused the offer (bad parameters, nothing in common)
+            await self._discard(pc, sid if kind == "whip" else None)
+            self._prune(sid)
+            log.info("%s offer for %s refused: %s: %s", kind.upper(), sid, type(exc).__name__, exc)
+            return self._refused(OfferRefused("offer_refused", f"the offer was refused: {type(exc).__name__}: "
+                                              f"{str(exc)[:200]}"))
+        answer = pc.localDescription.sdp
+        res.etag = _etag(answer)
+        self.resources[res.rid] = res
+        pc.on("connectionstatechange", lambda: self._on_state(res))
+        res.tasks.append(asyncio.ensure_future(self._watch(res)))
+        log.info("%s session %s for stream %s", kind.upper(), res.rid[:6], sid)
+        return Response(answer, status_code=201, media_type=SDP_TYPE, headers=self._headers({
+            "Location": res.location, "ETag": res.etag, "Accept-Patch": TRICKLE_TYPE}))
+
+    def _check_publish(self, sid: str) -> None:
+        if self.manager.get(sid) is not None or sid in self.other_slots() or \
+                any(r.sid == sid and r.kind == "whip" for r in self.resources.values()):
+            raise OfferRefused("stream_in_use", f"the stream {sid!r} already has a source", 409)
+        in_use = set(self.manager.ids()) | set(self.other_slots())
+        if len(in_use) >= self.manager.max_streams or not self.manager.has_capacity():
+            raise OfferRefused("busy", self.manager.busy_message(), 503)
+
+    def _check_view(self, sid: str) -> None:
+        session = self.manager.get(sid)
+        if session is None or session.closed:
+            raise OfferRefused("no_stream", f"no running stream {sid!r}: start publishing to it first", 404)
+        if sum(r.kind == "whep" for r in self.resources.values()) >= self.max_viewers:
+            raise OfferRefused("busy", f"StreamStudio has {self.max_viewers} viewers already (--max-viewers)", 503)
+
+    async def _discard(self, pc, sid: str | None) -> None:
+        if pc is not None:
+            try:
+                await pc.close()
+            except Exception:
+                log.debug("closing a refused connection", exc_info=True)
+        if sid is not None:
+            self.manager.close(sid, wait=0.0)
+
+    # ------------------------------------------------------------------ WHIP: the publisher
+    def _on_publisher_track(self, res: _Resource, track) -> None:
+        res.tracks.append(track)
+        if track.kind == "video" and not any(t.kind == "video" for t in res.tracks[:-1]):
+            res.tasks.append(asyncio.ensure_future(self._read_video(res, track)))
+        elif track.kind == "audio" and not any(t.kind == "audio" for t in res.tracks[:-1]):
+            res.tasks.append(asyncio.ensure_future(self._read_audio(res, track)))
+        else:  # a second track of a kind: read and dropped, so its frames do not pile up
+            res.tasks.append(asyncio.ensure_future(self._drain(track)))
+
+    async def _read_video(self, res: _Resource, track) -> None:
+        from aiortc.mediastreams import MediaStreamError
+
+        while not res.closed:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                return
+            session = res.session
+            if session is None or session.closed:
+                return
+            session.submit(frame.to_ndarray(format="rgb24"))
+
+    async def _read_audio(self, res: _Resource, track) -> None:
+        from aiortc.mediastreams import MediaStreamError
+
+        while not res.closed:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                return
+            broadcaster = self.broadcasters.get(res.sid)
+            if broadcaster is not None and broadcaster.session is res.session:
+                broadcaster.push_audio(frame)
+
+    @staticmethod
+    async def _drain(track) -> None:
+        from aiortc.mediastreams import MediaStreamError
+
+        try:
+            while True:
+                await track.recv()
+        except MediaStreamError:
+            return
+
+    # ------------------------------------------------------------------ WHEP: the viewers
+    def _broadcaster(self, sid: str) -> Broadcaster:
+        session = self.manager.get(sid)
+        b = self.broadcasters.get(sid)
+        if b is not None and b.session is not session:
+            b.close()
+            b = None
+        if b is None:
+            b = self.broadcasters[sid] = Broadcaster(sid, session, asyncio.get_running_loop())
+            b.has_audio = any(r.kind == "whip" and r.sid == sid and r.session is session
+                              and any(t.kind == "audio" for t in r.tracks) for r in self.resources.values())
+        return b
+
+    def _add_viewer_tracks(self, res: _Resource) -> None:
+        Track = _viewer_track_class()
+        b = self._broadcaster(res.sid)
+        kinds = [t.kind for t in res.pc.getTransceivers()]
+        video = Track("video")
+        video.send_through(res.pc)
+        res.tracks.append(video)
+        if b.has_audio and "audio" in kinds:
+            audio = Track("audio")
+            res.pc.addTrack(audio)
+            res.tracks.append(audio)
+        res.session = b.session
+
+    def _bind_viewer(self, res: _Resource) -> None:
+        b = self._broadcaster(res.sid)
+        video = res.tracks[0]
+        transceiver = next(t for t in res.pc.getTransceivers() if t.sender is video.sender)
+        codecs = [c.mimeType.split("/")[-1].lower() for c in transceiver._codecs if
+                  c.mimeType.split("/")[-1].lower() in CODECS]
+        if not codecs:
+            raise OfferRefused("unsupported_codec", "the offer has no VP8 or H.264 video codec")
+        b.add_video(codecs[0], video)
+        for track in res.tracks[1:]:
+            b.audio.add(track)
+
+    # ------------------------------------------------------------------ life and end
+    def _on_state(self, res: _Resource) -> None:
+        if res.pc.connectionState in ("failed", "closed") and not res.closed:
+            asyncio.ensure_future(self.end(res, f"connection {res.pc.connectionState}"))
+
+    async def _watch(self, res: _Resource) -> None:
+        """End a session whose stream has gone (freed, idle, failed) or that has not connected
+        (or, a publisher, sent no frame) within pending_timeout seconds."""
+        step = min(0.5, self.pending_timeout / 5)
+        while not res.closed:
+            await asyncio.sleep(step)
+            session, now = res.session, time.monotonic()
+            if session is None or session.closed or self.manager.get(res.sid) is not session:
+                reason = "the stream stopped" if session is not None and session.error else "the stream ended"
+                return await self.end(res, reason)
+            if now - res.created > self.pending_timeout:
+                if res.pc.connectionState != "connected":
+                    return await self.end(res, f"not connected after {self.pending_timeout:.0f} s")
+                if res.kind == "whip" and session.frames_in == 0:
+                    return await self.end(res, f"no frame after {self.pending_timeout:.0f} s")
+
+    async def end(self, res: _Resource, reason: str) -> None:
+        if res.closed:
+            return
+        res.closed = True
+        self.resources.pop(res.rid, None)
+        log.info("%s session %s of stream %s ended: %s", res.kind.upper(), res.rid[:6], res.sid, reason)
+        current = asyncio.current_task()
+        for task in res.tasks:
+            if task is not current:
+                task.cancel()
+        if res.kind == "whep":
+            b = self.broadcasters.get(res.sid)
+            for track in res.tracks:
+                if b is not None:
+                    b.remove(track)
+                track.stop()
+            self._prune(res.sid)
+        try:
+            await res.pc.close()
+        except Exception:
+            log.debug("closing %s", res.rid, exc_info=True)
+        if res.kind == "whip" and res.session is not None and self.manager.get(res.sid) is res.session:
+            self.manager.close(res.sid, wait=0.0)
+
+    def _prune(self, sid: str) -> None:
+        """Drop `sid`'s broadcaster once it has no viewer (its encoders detached from the stream)."""
+        b = self.broadcasters.get(sid)
+        if b is not None and b.viewers == 0 and not b.audio:
+            self.broadcasters.pop(sid, None)
+            b.close()
+
+    def _find(self, kind: str, stream: str, rid: str) -> _Resource:
+        res = self.resources.get(rid)
+        if res is None or res.kind != kind or res.sid != stream:
+            raise OfferRefused("no_session", f"no {kind.upper()} session here", 404)
+        return res
+
+    async def _delete(self, request, stream: str, rid: str):
+        from fastapi.responses import Response
+
+        kind = request.url.path.strip("/").split("/")[0]
+        try:
+            if not self.authorized(request.headers):
+                raise OfferRefused("unauthorized", "a valid bearer token is needed", 401)
+            res = self._find(kind, stream, rid)
+        except OfferRefused as exc:
+            return self._refused(exc)
+        await self.end(res, "DELETE")
+        return Response(status_code=200, headers=self._headers())
+
+    async def _patch(self, request, stream: str, rid: str):
+        from aiortc.sdp import candidate_from_sdp
+        from fastapi.responses import Response
+
+        kind = request.url.path.strip("/").split("/")[0]
+        try:
+            frag = await self._read_sdp(request, TRICKLE_TYPE)
+            res = self._find(kind, stream, rid)
+            match = request.headers.get("if-match")
+            if match is not None and match.strip() != "*" and match.strip() != res.etag:
+                raise OfferRefused("etag_mismatch", "If-Match does not match this session's ETag", 412)
+            lines = [line.strip() for line in frag.splitlines() if line.strip()]
+            if match is not None and match.strip() == "*" or any(line.startswith(("a=ice-ufrag:", "a=ice-pwd:"))
+                                                                  and line not in self._offer_ice(res)
+                                                                  for line in lines):
+                raise OfferRefused("ice_restart_unsupported", "ICE restarts are not supported: start a new "
+                                   "session (trickle ICE candidates are)", 422)
+            candidates, mid = [], None
+            for line in lines:
+                if line.startswith("a=mid:"):
+                    mid = line[6:]
+                elif line.startswith("a=candidate:"):
+                    if len(candidates) >= MAX_CANDIDATES or len(line) > 1024:
+                        raise OfferRefused("bad_candidate", f"at most {MAX_CANDIDATES} candidates of 1 KB")
+                    try:
+                        candidate = candidate_from_sdp(line[len("a=candidate:"):])
+                    except Exception:  # noqa: BLE001
+                        raise OfferRefused("bad_candidate", f"a candidate does not parse: {line[:80]}") from None
+                    candidate.sdpMid = mid
+                    if mid is None:
+                        candidate.sdpMLineIndex = 0
+                    candidates.append(candidate)
+        except OfferRefused as exc:
+            return self._refused(exc)
+        for candidate in candidates:
+            try:
+                await res.pc.addIceCandidate(candidate)
+            except Exception as exc:  # noqa: BLE001 - one bad candidate is the client's loss only
+                log.info("%s %s: a candidate was not added: %s", kind.upper(), rid[:6], exc)
+        return Response(status_code=204, headers=self._headers({"ETag": res.etag}))
+
+    @staticmethod
+    def _offer_ice(res: _Resource) -> set[str]:
+        """The offer's ICE credentials (what a trickle PATCH repeats; others mean an ICE restart)."""
+        sdp = res.pc.remoteDescription.sdp if res.pc.remoteDescription else ""
+        return {line.strip() for line in sdp.splitlines() if line.startswith(("a=ice-ufrag:", "a=ice-pwd:"))}
+
+    # ------------------------------------------------------------------ status
+    def status(self) -> dict:
+        return {"publishers": sum(r.kind == "whip" for r in self.resources.values()),
+                "viewers": sum(r.kind == "whep" for r in self.resources.values()),
+                "streams": {sid: b.stats() for sid, b in self.broadcasters.items()}}
+
+    async def close(self) -> None:
+        for res in list(self.resources.values()):
+            await self.end(res, "server stopping")
+        for b in self.broadcasters.values():
+            b.close()
+        self.broadcasters.clear()
+
+
+def whep_path(sid: str) -> str:
+    return f"/whep/{sid}"
