@@ -66,6 +66,92 @@ def test_a_new_setting_reaches_the_command_line_and_the_config_file(with_dummy, 
     assert args.dummy_knob == 0.75
 
 
+VIDEO_DUMMY = LiveSetting("dummy_blur", float, 0.5, "a video knob only this test has", flag="--dummy-blur", low=0.0,
+                          high=1.0, widget="slider", step=0.1, label="Dummy blur", pipeline=False)
+
+
+@pytest.fixture
+def with_video_dummy(monkeypatch):
+    monkeypatch.setattr(live_settings, "VIDEO_SETTINGS", {**live_settings.VIDEO_SETTINGS, VIDEO_DUMMY.name: VIDEO_DUMMY})
+    return VIDEO_DUMMY
+
+
+def test_a_new_video_setting_reaches_the_command_line_the_config_file_and_the_video_tab(with_video_dummy, tmp_path):
+    import gradio as gr
+
+    from streamstudio.app.cli import render
+
+    parser = render_parser()
+    assert parser.parse_args(["render"]).dummy_blur == 0.5
+    assert parser.parse_args(["render", "--dummy-blur", "0.25"]).dummy_blur == 0.25
+    args = parser.parse_args(["render"])
+    config = tmp_path / "render.yaml"
+    config.write_text("dummy-blur: '0.75'\n")
+    render.apply_config(args, config)
+    assert args.dummy_blur == 0.75
+    with gr.Blocks():
+        controls = app_settings.video_controls()
+    assert list(controls) == ["strength", "dummy_blur"]
+    knob = controls["dummy_blur"]
+    assert isinstance(knob, gr.Slider) and (knob.minimum, knob.maximum, knob.value, knob.label) == (0.0, 1.0, 0.5,
+                                                                                                  "Dummy blur")
+    assert app_settings.video_values(tuple(controls), [0.6, 0.3]) == {"strength": 0.6, "dummy_blur": 0.3}
+    with pytest.raises(StreamStudioError, match=r"^dummy_blur must be in \[0, 1\], got 2 \(option --dummy-blur\)$"):
+        app_settings.video_values(tuple(controls), [0.6, 2])
+
+
+def test_one_range_for_the_video_flags_the_video_tab_and_the_buffer(capsys):
+    """--video-strength, the Video tab's Strength slider and StreamBufferConfig take (0, 1] from
+    one declaration (the slider ran 0.1..1 on its own before)."""
+    import gradio as gr
+
+    from streamstudio.pipelines.stream_video import StreamBufferConfig
+
+    with gr.Blocks():
+        strength = app_settings.video_controls()["strength"]
+    assert strength.minimum > 0 and strength.maximum == 1.0
+    StreamBufferConfig(strength=strength.minimum).validate()
+    with pytest.raises(StreamStudioError, match=r"^strength must be in \(0, 1\], got 0"):
+        StreamBufferConfig(strength=0.0).validate()
+    with pytest.raises(SystemExit):
+        render_parser().parse_args(["render", "--video-strength", "0"])
+    assert "strength must be in (0, 1], got 0" in capsys.readouterr().err
+    with pytest.raises(StreamStudioError, match=r"^num_chunks must be in \[1, 64\], got 0"):
+        StreamBufferConfig(num_chunks=0).validate()
+    buffer = StreamBufferConfig()  # the checkpoint-free defaults are the table's (strength: 1 there, text-to-video)
+    for name in ("num_chunks", "chunk_size", "micro_steps"):
+        assert getattr(buffer, name) == live_settings.VIDEO_SETTINGS[name].default, name
+
+
+def test_one_scale_range_for_the_api_the_command_line_and_the_model_and_a_slider_that_shows_the_start():
+    """The add-on scales were checked by hand in three places at [-10, 10]; the table's ADDON_SCALE
+    is now the one range, and the sliders show 0..2 widened to the start value."""
+    import gradio as gr
+
+    from streamstudio.app.settings import CONTROL_SCALES, IP_ADAPTER_SCALE
+    from streamstudio.models.image import lora
+
+    low, high = live_settings.ADDON_SCALE.low, live_settings.ADDON_SCALE.high
+    assert (low, high) == (-10.0, 10.0)
+    for edge in (low, high):
+        assert app_settings.parse_settings({IP_ADAPTER_SCALE: edge, CONTROL_SCALES: [edge, 0.5]}) == {
+            IP_ADAPTER_SCALE: edge, CONTROL_SCALES: [edge, 0.5]}
+        assert lora.check_scale(edge) == edge and lora.split_scale(f"a/b:{edge:g}", "--controlnet") == ("a/b", edge)
+    for beyond in (low - 0.5, high + 0.5):
+        with pytest.raises(StreamStudioError, match=r"in \[-10, 10\]"):
+            app_settings.parse_settings({IP_ADAPTER_SCALE: beyond})
+        with pytest.raises(StreamStudioError, match=r"in \[-10, 10\]"):
+            app_settings.parse_settings({CONTROL_SCALES: [0.5, beyond]})
+        with pytest.raises(StreamStudioError, match=r"in \[-10, 10\]"):
+            lora.check_scale(beyond)
+    with gr.Blocks():
+        usual = app_settings.widget(live_settings.ADDON_SCALE, 0.8, label="scale")
+        strong = app_settings.widget(live_settings.ADDON_SCALE, 3.0, label="scale")
+        negative = app_settings.widget(live_settings.ADDON_SCALE, -0.5, label="scale")
+    assert (usual.minimum, usual.maximum, usual.value) == (0.0, 2.0, 0.8)
+    assert (strong.minimum, strong.maximum) == (0.0, 3.0) and (negative.minimum, negative.maximum) == (-0.5, 2.0)
+
+
 def test_one_range_for_the_api_the_ui_and_the_pipeline():
     """Guidance once took 30 through the API and at most 5 on the Live tab's slider."""
     import gradio as gr

@@ -187,7 +187,8 @@ def test_video_tab_callbacks():
         next(video_tab.generate(session, "  "))
     outs = []
     for i in range(12):  # each webcam frame once the one before went through (a newer one replaces a waiting one)
-        outs.append(video_tab.webcam_frame(session, np.full((48, 64, 3), 200, np.uint8), "a red circle", 0.5))
+        outs.append(video_tab.webcam_frame(session, np.full((48, 64, 3), 200, np.uint8), "a red circle",
+                                               {"strength": 0.5}))
         runner = session.v2v.runner
         deadline = time.monotonic() + 30
         while runner.counts["out"] < i + 1 and runner.error is None and time.monotonic() < deadline:

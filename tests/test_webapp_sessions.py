@@ -225,7 +225,7 @@ def test_the_other_tabs_streams_count_against_max_streams(manager):
     with pytest.raises(BusyError, match="busy.*--max-streams"):
         manager.open("live-2")
     with pytest.raises(BusyError):  # the page's webcam stream would be a third
-        video_tab.webcam_frame(video, np.zeros((32, 32, 3), np.uint8), "", 0.6)
+        video_tab.webcam_frame(video, np.zeros((32, 32, 3), np.uint8), "", {"strength": 0.6})
     assert video.v2v is None
     list(gen)  # the stream ends: its slot is free
     assert len(manager) == 1

@@ -11,7 +11,7 @@ import math
 
 from streamstudio.errors import StreamStudioError
 from streamstudio.pipelines import live_settings
-from streamstudio.pipelines.live_settings import MAX_PROMPTS, LiveSetting
+from streamstudio.pipelines.live_settings import ADDON_SCALE, MAX_PROMPTS, LiveSetting
 
 _TYPES = {str: (str,), int: (int,), float: (int, float), bool: (bool,)}  # what a JSON client may send
 
@@ -35,13 +35,16 @@ CONTROL_SCALES = "control_scales"  # a session's ControlNet conditioning scales,
 MAX_CONTROLNETS = 8
 
 
+def _scale_ok(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and ADDON_SCALE.low <= value <= ADDON_SCALE.high
+
+
 def _parse_control_scales(value) -> list[float]:
-    """A list of numbers in [-10, 10], one per ControlNet of the model (the stream checks the
-    count); they are the session's own (per-row scales), not the shared model's."""
-    if not isinstance(value, (list, tuple)) or not 1 <= len(value) <= MAX_CONTROLNETS or any(
-            isinstance(v, bool) or not isinstance(v, (int, float)) or not -10 <= v <= 10 for v in value):
-        raise StreamStudioError(f"{CONTROL_SCALES} is a list of 1 to {MAX_CONTROLNETS} numbers in [-10, 10], one per "
-                                f"ControlNet, e.g. [0.8, 0.5]; got {value!r}")
+    """A list of add-on scales (the table's ADDON_SCALE range), one per ControlNet of the model
+    (the stream checks the count); they are the session's own (per-row scales), not the shared model's."""
+    if not isinstance(value, (list, tuple)) or not 1 <= len(value) <= MAX_CONTROLNETS or not all(map(_scale_ok, value)):
+        raise StreamStudioError(f"{CONTROL_SCALES} is a list of 1 to {MAX_CONTROLNETS} numbers in "
+                                f"{ADDON_SCALE.range_words()}, one per ControlNet, e.g. [0.8, 0.5]; got {value!r}")
     return [float(v) for v in value]
 
 
@@ -49,8 +52,8 @@ IP_ADAPTER_SCALE = "ip_adapter_scale"  # a session's IP-Adapter scale (per row: 
 
 
 def _parse_ip_scale(value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not -10 <= value <= 10:
-        raise StreamStudioError(f"{IP_ADAPTER_SCALE} is a number in [-10, 10], e.g. 0.6; got {value!r}")
+    if not _scale_ok(value):
+        raise StreamStudioError(f"{IP_ADAPTER_SCALE} is a number in {ADDON_SCALE.range_words()}, e.g. 0.6; got {value!r}")
     return float(value)
 
 
@@ -134,6 +137,10 @@ def widget(setting: LiveSetting, value, **change):
     if s.widget == "slider":
         low = s.low + s.step if s.low_open else s.low
         high = round(s.step * int(s.high / s.step + 1e-9), 9)  # the last step inside the range
+        if s.slider_low is not None:  # the slider's narrower range, widened to show `value`
+            low = min(s.slider_low, value)
+        if s.slider_high is not None:
+            high = max(s.slider_high, value)
         return gr.Slider(low, high, **kw | dict(step=s.step) | change)
     if s.widget == "number":
         return gr.Number(**kw | dict(precision=0 if s.kind is int else None, minimum=s.low, maximum=s.high) | change)
@@ -143,6 +150,19 @@ def widget(setting: LiveSetting, value, **change):
         choices = list(zip(s.choice_labels, s.choices)) if s.choice_labels else list(s.choices)
         return (gr.Dropdown if s.widget == "dropdown" else gr.Radio)(choices, **kw | change)
     raise ValueError(f"setting {s.name} has no widget")
+
+
+def video_controls() -> dict:
+    """The Video tab's controls of the video table {name: component}, in order, at the table's
+    defaults. Call inside a Gradio Blocks."""
+    return {s.name: widget(s, s.default) for s in live_settings.VIDEO_SETTINGS.values() if s.widget is not None}
+
+
+def video_values(names, values) -> dict:
+    """The Video tab's control values {name: value} checked against the video table (a value the
+    page could not send, say, is the setting's one-line error)."""
+    table = live_settings.VIDEO_SETTINGS
+    return {name: table[name].check(value) for name, value in zip(names, values)}
 
 
 def live_controls(config, prompt: str = "", negative_prompt: str = "") -> dict:
@@ -155,10 +175,11 @@ def live_controls(config, prompt: str = "", negative_prompt: str = "") -> dict:
 
 
 # ---------------------------------------------------------------------------- the command line
-def add_setting_flags(parser, names=None) -> None:
-    """The table's command-line options (all that have one, or those of `names`) on `parser` (a
-    parser or an argument group). Values are checked where the pipeline's config is."""
-    chosen = [live_settings.SETTINGS[n] for n in names] if names else list(live_settings.SETTINGS.values())
+def add_setting_flags(parser, names=None, table: dict[str, LiveSetting] | None = None) -> None:
+    """A table's command-line options (the image table's by default; all that have one, or those
+    of `names`) on `parser` (a parser or an argument group), checked while the command line is parsed."""
+    table = live_settings.SETTINGS if table is None else table
+    chosen = [table[n] for n in names] if names else list(table.values())
     for s in chosen:
         if s.flag is None:
             continue
@@ -230,14 +251,14 @@ def _dest(setting: LiveSetting) -> str | None:
     return setting.flag.lstrip("-").replace("-", "_") if setting.flag else None
 
 
-def config_values(args) -> dict:
+def config_values(args, table: dict[str, LiveSetting] | None = None) -> dict:
     """The pipeline settings a command line gave, by their table name ({"strength": 0.5,
-    "guidance_scale": 1.4, ...}): every table setting of the pipeline's config that has a flag,
-    so a setting added to the table reaches the config with no other line. A `cli_optional` flag
-    not given (None) is left out: the command picks its value (guidance by the model's kind; the
-    similarity threshold turns the filter on only when given)."""
+    "guidance_scale": 1.4, ...}): every setting of `table` (the image table by default) of the
+    pipeline's config that has a flag, so a setting added to the table reaches the config with no
+    other line. A `cli_optional` flag not given (None) is left out: the command picks its value
+    (guidance by the model's kind; the similarity threshold turns the filter on only when given)."""
     values = {}
-    for s in live_settings.SETTINGS.values():
+    for s in (live_settings.SETTINGS if table is None else table).values():
         dest = _dest(s)
         if not s.pipeline or dest is None or not hasattr(args, dest):
             continue

@@ -1,5 +1,5 @@
-"""The image stream's live settings, each declared once: name, type, range or choices, default,
-help, the Live tab's widget and the CLI flag. Pure data and checks (no Gradio, no argparse):
+"""The image stream's live settings (`SETTINGS`) and the video stream's (`VIDEO_SETTINGS`), each
+declared once: name, type, range or choices, default, help, the tab's widget and the CLI flag. Pure data and checks (no Gradio, no argparse):
 `StreamDiffusionConfig.validate`, the web API (`app/settings.py`), the Live tab and the
 command-line flags (`app/settings.py`) and the render config file (built from those flags) all
 read this table, so changing a range or adding a setting is one edit here.
@@ -41,6 +41,8 @@ class LiveSetting:
     widget: str | None = None
     label: str = ""  # the UI's label; `{width}`, `{height}` name the stream's size
     step: float | None = None  # a slider's step
+    slider_low: float | None = None  # a slider's range when narrower than what is taken (widened to show
+    slider_high: float | None = None  # a value outside it): the add-on scales' 0..2 of [-10, 10]
     max_chars: int | None = None  # text settings
     lines: int = 1  # a text box's height
     elem_id: str | None = None  # the UI element's id, for pages and tests that find it
@@ -143,6 +145,33 @@ SETTINGS: dict[str, LiveSetting] = _table(
 )
 
 
+# The video pipeline's settings (`render --pipeline video`, the Video tab, `StreamBufferConfig`);
+# a name is `app/streams/video.build_stream`'s argument. The prompt and the seed are the image
+# table's (one --prompt, one --seed for both pipelines).
+VIDEO_SETTINGS: dict[str, LiveSetting] = _table(
+    LiveSetting("strength", float, 0.6, "video-to-video: how much of each input frame is re-generated "
+                "(text-to-video starts from pure noise: 1)", flag="--video-strength", low=0.0, high=1.0,
+                low_open=True, widget="slider", step=0.05, label="Strength", elem_id="video-strength"),
+    LiveSetting("guidance", float, 1.0, "classifier-free guidance of the video model against the empty prompt "
+                "(default: the checkpoint's; 1 = none, one network call per step, 2x the calls otherwise)",
+                flag="--video-guidance", low=0.0, high=30.0, cli_optional=True, pipeline=False),
+    LiveSetting("num_chunks", int, 4, "buffer chunks N (default: the checkpoint's)", flag="--num-chunks",
+                low=1, high=64, cli_optional=True, live=False),
+    LiveSetting("chunk_size", int, 2, "frames per chunk c (default: the checkpoint's)", flag="--chunk-size",
+                low=1, high=64, cli_optional=True, live=False),
+    LiveSetting("micro_steps", int, 2, "micro-steps per chunk s (default: the checkpoint's)", flag="--micro-steps",
+                low=1, high=64, cli_optional=True, live=False),
+)
+
+
+# An add-on's scale: a LoRA's (server-wide), a ControlNet's conditioning scale and the IP-Adapter's
+# (each stream's own). The web API, the CLI's `ID_OR_PATH[:scale]` and the model
+# (models/image/lora.check_scale) take [-10, 10]; the sliders show 0..2, widened to take in a start
+# value outside it.
+ADDON_SCALE = LiveSetting("scale", float, 1.0, "an add-on's scale (LoRA, ControlNet, IP-Adapter)", low=-10.0,
+                          high=10.0, widget="slider", step=0.05, slider_low=0.0, slider_high=2.0)
+
+
 def live_settings() -> list[LiveSetting]:
     """The settings the web API may change on a running stream."""
     return [s for s in SETTINGS.values() if s.live]
@@ -153,8 +182,9 @@ def tab_settings() -> list[LiveSetting]:
     return [s for s in SETTINGS.values() if s.widget is not None]
 
 
-def check_config(config) -> None:
-    """Check every table setting a pipeline config has, and store whole numbers as int."""
-    for s in SETTINGS.values():
+def check_config(config, table: dict[str, LiveSetting] | None = None) -> None:
+    """Check every setting of `table` (the image table by default) a pipeline config has, and
+    store whole numbers as int."""
+    for s in (SETTINGS if table is None else table).values():
         if s.pipeline and hasattr(config, s.name):
             setattr(config, s.name, s.check(getattr(config, s.name)))

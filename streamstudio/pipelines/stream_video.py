@@ -30,9 +30,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from streamstudio import kernels
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.video.stream_dit import guided_velocity
 from streamstudio.models.video.wan import HashTextEmbedder, WanBackbone  # noqa: F401  (Wan 2.1 backbone; models/video/wan.py)
+from streamstudio.pipelines.live_settings import VIDEO_SETTINGS, check_config
 
 
 class VideoBackbone(Protocol):
@@ -63,7 +65,7 @@ class StreamBufferConfig:
     chunk_size: int = 2  # c
     micro_steps: int = 2  # s
     ref_frames: int = 0  # K
-    strength: float = 1.0  # 1 = text-to-video from pure noise; < 1 = SDEdit video-to-video
+    strength: float = 1.0  # 1 = text-to-video from pure noise; < 1 = SDEdit video-to-video (the table's 0.6)
     shift: float = 1.0  # timestep shift (> 1 spends more levels near noise)
     seed: int = 0
 
@@ -76,13 +78,9 @@ class StreamBufferConfig:
         return self.num_chunks * self.chunk_size
 
     def validate(self) -> None:
-        for name in ("num_chunks", "chunk_size", "micro_steps"):
-            if getattr(self, name) < 1:
-                raise StreamStudioError(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_config(self, VIDEO_SETTINGS)  # strength, num_chunks, chunk_size, micro_steps: the table's ranges
         if self.ref_frames < 0:
             raise StreamStudioError(f"ref_frames must be >= 0, got {self.ref_frames}")
-        if not 0.0 < self.strength <= 1.0:
-            raise StreamStudioError(f"strength must be in (0, 1], got {self.strength}")
 
 
 def level_times(cfg: StreamBufferConfig) -> torch.Tensor:
@@ -209,18 +207,15 @@ class StreamSampler:
 
 
 class PixelCodec:
-    """Pixels as latents (the tiny model): resize to (height, width), [-1, 1] floats."""
+    """Pixels as latents (the tiny model): resize to (height, width), [-1, 1] floats: the image
+    pipeline's frame conversion (`kernels.preprocess`, fused on a GPU)."""
 
     def __init__(self, height: int, width: int):
         self.height, self.width = height, width
 
     def encode(self, frames: np.ndarray) -> torch.Tensor:
-        x = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).float()  # (F, 3, H, W)
-        if x.shape[-2:] != (self.height, self.width):
-            shrink = x.shape[-2] > self.height or x.shape[-1] > self.width
-            x = F.interpolate(x, size=(self.height, self.width), mode="bilinear", align_corners=False,
-                              antialias=shrink)
-        return x / 127.5 - 1  # (F, 3, h, w)
+        frames = torch.from_numpy(np.ascontiguousarray(frames))  # (F, H, W, 3) uint8
+        return kernels.preprocess(frames, self.height, self.width)  # (F, 3, h, w) in [-1, 1]
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         return latents.float()
@@ -232,8 +227,7 @@ def to_uint8(frames: torch.Tensor, size: tuple[int, int] | None = None) -> list[
     if size and tuple(x.shape[-2:]) != tuple(size):
         mode = "nearest" if size[0] >= x.shape[-2] and size[0] % x.shape[-2] == 0 else "bilinear"
         x = F.interpolate(x, size=size, mode=mode, **({} if mode == "nearest" else {"align_corners": False}))
-    x = ((x.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
-    return list(x)
+    return list(kernels.postprocess(x).cpu().numpy())  # (F, H', W', 3): the image pipeline's conversion
 
 
 class ChunkDecoder:

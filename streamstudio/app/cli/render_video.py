@@ -26,18 +26,12 @@ log = logging.getLogger(__name__)
 
 
 def add_video_arguments(parser: argparse.ArgumentParser) -> None:
-    from streamstudio.app.settings import number
+    from streamstudio.app.settings import add_setting_flags, number
+    from streamstudio.pipelines.live_settings import VIDEO_SETTINGS
 
     g = parser.add_argument_group("video pipeline (--pipeline video)")
     g.add_argument("--frames", type=number(int, 1, 10**7), default=None, help=f"text-to-video: frames to make (default {DEFAULT_FRAMES})")
-    g.add_argument("--video-strength", type=number(float, 0, 1, low_open=True), default=DEFAULT_STRENGTH,
-                   help=f"video-to-video: how much of each input frame is re-generated, in (0, 1] (default {DEFAULT_STRENGTH})")
-    g.add_argument("--num-chunks", type=number(int, 1, 64), default=None, help="buffer chunks N (default: the checkpoint's)")
-    g.add_argument("--chunk-size", type=number(int, 1, 64), default=None, help="frames per chunk c (default: the checkpoint's)")
-    g.add_argument("--micro-steps", type=number(int, 1, 64), default=None, help="micro-steps per chunk s (default: the checkpoint's)")
-    g.add_argument("--video-guidance", type=number(float, 0, 30), default=None,
-                   help="classifier-free guidance of the video model against the empty prompt (default: the "
-                        "checkpoint's; 1 = none, one network call per step, 2x the calls otherwise)")
+    add_setting_flags(g, table=VIDEO_SETTINGS)  # --video-strength, --video-guidance, --num-chunks, ...
     g.add_argument("--prompt-change", action="append", default=None, metavar="FRAME:PROMPT",
                    help="switch to PROMPT from output frame FRAME on (repeatable)")
 
@@ -67,8 +61,10 @@ def open_input(spec: str, fps: float | None):
 
 
 def run_video_render(args) -> int:
+    from streamstudio.app.settings import config_values
     from streamstudio.app.streams import expected_frames, rtmp_config, watch
     from streamstudio.device import use_threads
+    from streamstudio.pipelines.live_settings import VIDEO_SETTINGS
     from streamstudio.streaming.runner import Runner, RunnerConfig
     from streamstudio.streaming.sinks import open_sink
     from streamstudio.streaming.sources import NoInputSource
@@ -87,16 +83,14 @@ def run_video_render(args) -> int:
         model, meta = load_video_model(getattr(args, "model", None), getattr(args, "device", None) or "auto",
                                        getattr(args, "dtype", None) or "auto")
         use_threads(getattr(args, "threads", None), next(model.parameters()).device)
-        strength = getattr(args, "video_strength", None)
-        strength = DEFAULT_STRENGTH if strength is None else strength  # 0 is a value, not "unset"
+        settings = {"strength": DEFAULT_STRENGTH, **config_values(args, VIDEO_SETTINGS)}  # the flags given
+        if source is None:
+            settings["strength"] = 1.0  # text-to-video starts from pure noise
         aspect = source.info.width / source.info.height if source is not None else None
-        stream = build_stream(model, meta, getattr(args, "prompt", None) or "",
-                              strength=1.0 if source is None else strength, seed=getattr(args, "seed", None) or 0,
+        stream = build_stream(model, meta, getattr(args, "prompt", None) or "", **settings,
+                              seed=getattr(args, "seed", None) or 0,
                               width=getattr(args, "width", None), height=getattr(args, "height", None),
-                              aspect=aspect, num_chunks=getattr(args, "num_chunks", None),
-                              chunk_size=getattr(args, "chunk_size", None),
-                              micro_steps=getattr(args, "micro_steps", None),
-                              guidance=getattr(args, "video_guidance", None),
+                              aspect=aspect, guidance=getattr(args, "video_guidance", None),
                               acceleration=getattr(args, "acceleration", None) or "none")
         height, width = stream.out_size
         if source is None:

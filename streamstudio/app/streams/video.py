@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Iterable
 
 from streamstudio.errors import ModelNotFoundError, StreamStudioError
 from streamstudio.frames import fit_aspect
+from streamstudio.pipelines.live_settings import VIDEO_SETTINGS
 
 if TYPE_CHECKING:  # torch and the models load when a stream opens, not when the CLI parses
     import numpy as np
@@ -28,7 +29,7 @@ DEFAULT_FRAMES = 48
 DEFAULT_FPS = 16.0
 
 
-DEFAULT_STRENGTH = 0.6
+DEFAULT_STRENGTH = VIDEO_SETTINGS["strength"].default  # video-to-video (the table's; 0.6)
 
 
 LATENT_SCALE = 8  # output pixels per latent pixel by default (the checkpoint's 32x32 grid -> 256x256)

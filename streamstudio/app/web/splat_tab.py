@@ -393,6 +393,9 @@ def build_splat_tab(get_image_pipeline: Callable[[], object] | None = None, slot
     server's SessionManager) counts a Stylize stream against --max-streams with the other tabs'."""
     import gradio as gr
 
+    from streamstudio.app.settings import widget
+    from streamstudio.pipelines.live_settings import SETTINGS
+
     v = ViewSettings()
     state = gr.State(None)  # a SplatSession, made on the first load
     _enter_releases_sliders()
@@ -427,7 +430,8 @@ def build_splat_tab(get_image_pipeline: Callable[[], object] | None = None, slot
             stats = gr.Markdown("")
             with gr.Row():
                 prompt = gr.Textbox("a watercolour painting, soft light", label="Stylize prompt", scale=3)
-                strength = gr.Slider(0.1, 1.0, 0.5, step=0.05, label="Strength", scale=1)
+                # the image table's strength: its range is the one the pipeline checks
+                strength = widget(SETTINGS["strength"], SETTINGS["strength"].default, label="Strength", scale=1)
             with gr.Row():
                 path = gr.Dropdown(list(TAB_PATHS), value="fly", label="Fly-through path")
                 frames = gr.Number(48, precision=0, label="Frames")

@@ -26,7 +26,7 @@ from streamstudio.frames import to_rgb
 from streamstudio.models.loading import DEFAULT_MODEL, download_command
 from streamstudio.streaming.runner import Attachment
 from streamstudio.streaming.sinks import open_sink
-from streamstudio.pipelines.live_settings import SETTINGS
+from streamstudio.pipelines.live_settings import ADDON_SCALE, SETTINGS
 
 log = logging.getLogger(__name__)
 
@@ -240,15 +240,14 @@ def addon_controls(model) -> dict:
     sliders = {}
     for i, (net, (kind, scale)) in enumerate(zip(nets, defaults)):
         name = getattr(getattr(net, "config", None), "_name_or_path", "") or type(net).__name__
-        sliders[control_scale_key(i)] = gr.Slider(
-            min(0.0, scale), max(2.0, scale), value=scale, step=0.05, elem_id=f"live-control-scale-{i}",
-            label=f"ControlNet {i + 1}: {name} ({kind}) conditioning scale")
+        sliders[control_scale_key(i)] = widget(ADDON_SCALE, scale, elem_id=f"live-control-scale-{i}",
+                                               label=f"ControlNet {i + 1}: {name} ({kind}) conditioning scale")
     ip = getattr(comps, "ip_adapter", None)
     if ip is not None:
         gr.Markdown(f"**IP-Adapter** `{ip.source}`: a reference picture steers your stream's images. The scale "
                     "and the reference are your stream's own; other streams keep theirs.", elem_id="live-ip-note")
-        sliders[IP_ADAPTER_SCALE] = gr.Slider(min(0.0, ip.scale), max(2.0, ip.scale), value=ip.scale, step=0.05,
-                                              label="IP-Adapter scale (your stream)", elem_id="live-ip-scale")
+        sliders[IP_ADAPTER_SCALE] = widget(ADDON_SCALE, ip.scale, label="IP-Adapter scale (your stream)",
+                                           elem_id="live-ip-scale")
     return sliders
 
 
@@ -285,8 +284,8 @@ def _lora_controls(manager: SessionManager) -> None:
     if not listing:
         return
     with gr.Group(elem_id="live-lora"):
-        sliders = [gr.Slider(min(0.0, scale), max(2.0, scale), value=scale, step=0.05, elem_id=f"live-lora-scale-{i}",
-                             label=f"LoRA {source} scale (all streams)") for i, (source, scale) in enumerate(listing)]
+        sliders = [widget(ADDON_SCALE, scale, elem_id=f"live-lora-scale-{i}", label=f"LoRA {source} scale (all streams)")
+                   for i, (source, scale) in enumerate(listing)]
         status = gr.Markdown("The LoRAs are fused into the server's model: their scales change every stream.",
                              elem_id="live-lora-status")
     def setter(source: str):

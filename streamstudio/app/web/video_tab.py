@@ -84,9 +84,9 @@ class TabStream:
     `GuardedFrames`, the session's prompt (`prompt()`) applied between frames when it changed,
     and the newest output kept by its view (`latest()`, `wait(count)`)."""
 
-    def __init__(self, vm: VideoModel, prompt: Callable[[], str], *, strength: float, seed: int, text: bool):
+    def __init__(self, vm: VideoModel, prompt: Callable[[], str], *, settings: dict, seed: int, text: bool):
         self.prompt, self.applied = prompt, prompt()
-        stream = build_stream(vm.model, vm.meta, self.applied, strength=strength, seed=seed, width=DISPLAY_SIDE,
+        stream = build_stream(vm.model, vm.meta, self.applied, **settings, seed=seed, width=DISPLAY_SIDE,
                               height=DISPLAY_SIDE)
         self.frames = GuardedFrames(stream, vm.guard, text)
         self._tick = np.zeros((DISPLAY_SIDE, DISPLAY_SIDE, 3), np.uint8)  # text to video: "the next frame"
@@ -154,17 +154,18 @@ class VideoSession:
     prompt: str = DEFAULT_PROMPT
     t2v: TabStream | None = None
     v2v: TabStream | None = None
-    v2v_strength: float = 0.0
+    v2v_settings: dict | None = None  # the video table's settings the webcam stream was made with
     frames_made: int = 0
     slots: object | None = None  # the server's SessionManager: each stream takes one of --max-streams
 
-    def stream(self, strength: float, seed: int, text: bool) -> TabStream:
-        """A new stream (the caller closed the one it replaces); BusyError when the server is full."""
+    def stream(self, settings: dict, seed: int, text: bool) -> TabStream:
+        """A new stream with the video table's `settings` ({"strength": 0.6}) (the caller closed the
+        one it replaces); BusyError when the server is full."""
         key = f"video-{id(self):x}-{'t2v' if text else 'v2v'}"
         if self.slots is not None:
             self.slots.take_slot(key, "Video tab")
         try:
-            stream = TabStream(cached_model(self.model), lambda: self.prompt, strength=strength, seed=seed, text=text)
+            stream = TabStream(cached_model(self.model), lambda: self.prompt, settings=settings, seed=seed, text=text)
         except BaseException:
             if self.slots is not None:
                 self.slots.free_slot(key)
@@ -189,7 +190,7 @@ def generate(session: VideoSession, prompt: str, seed: int = 0, max_frames: int 
     session.prompt = prompt
     if session.t2v is not None:
         session.t2v.close()
-    session.t2v = t2v = session.stream(1.0, int(seed), text=True)
+    session.t2v = t2v = session.stream({"strength": 1.0}, int(seed), text=True)  # from pure noise
     session.frames_made = 0
     try:
         while session.frames_made < max_frames:
@@ -219,17 +220,18 @@ def stop(session: VideoSession) -> str:
     return f"stopped after {session.frames_made} frames"
 
 
-def webcam_frame(session: VideoSession, frame: np.ndarray | None, prompt: str, strength: float,
+def webcam_frame(session: VideoSession, frame: np.ndarray | None, prompt: str, settings: dict,
                  seed: int = 0) -> np.ndarray | None:
     """Video-to-video: hand in one webcam frame, get the newest finished frame back at once (None
-    until the buffer has filled). A new strength restarts the stream."""
+    until the buffer has filled). `settings`: the Video tab's controls of the video table
+    ({"strength": 0.6}); a change restarts the stream."""
     if prompt and prompt.strip() and prompt.strip() != session.prompt:
         change_prompt(session, prompt)
     if frame is not None:
-        if session.v2v is None or not session.v2v.running or abs(session.v2v_strength - strength) > 1e-6:
+        if session.v2v is None or not session.v2v.running or session.v2v_settings != settings:
             if session.v2v is not None:
                 session.v2v.close()
-            session.v2v, session.v2v_strength = session.stream(float(strength), int(seed), text=False), strength
+            session.v2v, session.v2v_settings = session.stream(dict(settings), int(seed), text=False), dict(settings)
         session.v2v.submit(np.ascontiguousarray(frame[..., :3]).astype(np.uint8, copy=False))
     return None if session.v2v is None else session.v2v.latest()
 
@@ -239,7 +241,7 @@ def build_video_tab(slots=None) -> None:
     SessionManager) counts its streams against --max-streams with the other tabs'."""
     import gradio as gr
 
-    from streamstudio.app.settings import widget
+    from streamstudio.app.settings import video_controls, video_values, widget
     from streamstudio.pipelines.live_settings import SETTINGS
 
     state = gr.State(lambda: VideoSession(slots=slots), delete_callback=VideoSession.close)  # its threads end with the page
@@ -258,7 +260,7 @@ def build_video_tab(slots=None) -> None:
         with gr.Column():
             video = gr.Image(label="Stream", height=DISPLAY_SIDE, width=DISPLAY_SIDE, format="png")
     with gr.Accordion("Video-to-video from the webcam", open=False):
-        strength = gr.Slider(0.1, 1.0, value=0.6, step=0.05, label="Strength")
+        controls = video_controls()  # the video table's: Strength, and whatever is added there
         with gr.Row():
             cam = gr.Image(sources=["webcam"], streaming=True, label="Webcam", type="numpy")
             cam_out = gr.Image(label="Output", height=DISPLAY_SIDE, width=DISPLAY_SIDE)
@@ -269,9 +271,9 @@ def build_video_tab(slots=None) -> None:
         except StreamStudioError as exc:
             raise gr.Error(str(exc), print_exception=False) from exc
 
-    def _webcam(session, frame, text, strength_value):
+    def _webcam(session, frame, text, *values):
         try:
-            return webcam_frame(session, frame, text, strength_value)
+            return webcam_frame(session, frame, text, video_values(controls, values))
         except StreamStudioError as exc:  # the server is full: said on the page, as the Live tab says it
             raise gr.Error(str(exc), print_exception=False) from exc
 
@@ -280,4 +282,4 @@ def build_video_tab(slots=None) -> None:
     stop_btn.click(stop, state, status)
     # Gradio's own cap is generous; the session manager's slots say "busy"
     limit = 2 * slots.max_streams + 2 if slots is not None else 4
-    cam.stream(_webcam, [state, cam, prompt, strength], cam_out, stream_every=0.1, concurrency_limit=limit)
+    cam.stream(_webcam, [state, cam, prompt, *controls.values()], cam_out, stream_every=0.1, concurrency_limit=limit)
