@@ -35,6 +35,14 @@ def tiny_components_factory():
     return make
 
 
+@pytest.fixture(scope="module")
+def comps(tiny_components_factory):
+    """The tiny model's components on the CPU in float32, one set per test module (a module's
+    tests may change them: fuse a LoRA, wrap the networks). A file whose tests need their own set
+    each takes `tiny_components_factory()` instead."""
+    return tiny_components_factory()
+
+
 @pytest.fixture
 def nginx(tmp_path):
     """A real nginx-rtmp on 127.0.0.1 at a free port (tests/rtmp_server.py); skipped without it."""

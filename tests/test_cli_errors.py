@@ -100,6 +100,7 @@ CASES = {
     "splat output under /proc": lambda t: splat_cmd("sample", "/proc/out.mp4"),
     "generate output under a file": lambda t: generate_cmd(t, output=str(a_file(t) / "images")),
     "generate output under /proc": lambda t: generate_cmd(t, output="/proc/streamstudio-test"),
+    "serve output-dir a file": lambda t: ["serve", "--model", "tiny", "--output-dir", str(a_file(t))],
     # a garbage .safetensors model
     "render garbage safetensors": lambda t: render_cmd(t, "--model", garbage_model(t)),
     "generate garbage safetensors": lambda t: generate_cmd(t, "--model", garbage_model(t)),

@@ -22,13 +22,6 @@ CHECK = dict(batch=1, height=96, width=128)
 
 
 @pytest.fixture(scope="module")
-def comps():
-    from streamstudio.models.loading import load_components
-
-    return load_components("tiny", device="cpu", dtype=torch.float32)
-
-
-@pytest.fixture(scope="module")
 def taesd():
     """The image seam over the tiny UNet and a tiny TAESD."""
     from streamstudio.models.image import tiny

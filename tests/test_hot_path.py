@@ -41,13 +41,6 @@ class CountSyncs(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.fixture(scope="module")
-def comps():
-    from streamstudio.models.loading import load_components
-
-    return load_components("tiny", device="cpu", dtype=torch.float32)
-
-
 def frames(n: int) -> list[np.ndarray]:
     rng = np.random.default_rng(0)
     return [rng.integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8) for _ in range(n)]

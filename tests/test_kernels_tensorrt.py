@@ -22,13 +22,6 @@ from streamstudio.models.image.image_net import ImageCond
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
-@pytest.fixture(scope="module")
-def comps():
-    from streamstudio.models.loading import load_components
-
-    return load_components("tiny", device="cpu", dtype=torch.float32)
-
-
 def test_export_refuses_old_opset(comps, tmp_path):
     with pytest.raises(ValueError, match="opset"):
         export_onnx(vae_decoder_spec(comps.net), tmp_path / "x.onnx", opset=17)

@@ -146,6 +146,30 @@ def test_osc_settings_for_a_stream_before_it_starts(server):
         server.manager.close("later")
 
 
+def osc_bundle(unix_time: float, *elements: bytes) -> bytes:
+    """An OSC 1.0 bundle: "#bundle", a 64-bit NTP time tag (seconds since 1900, 32.32 fixed
+    point), then each element with its int32 size."""
+    ntp = unix_time + 2_208_988_800  # 1900-01-01 to 1970-01-01
+    tag = struct.pack(">II", int(ntp), int((ntp % 1) * 2**32))
+    return osc_string("#bundle") + tag + b"".join(struct.pack(">i", len(e)) + e for e in elements)
+
+
+def test_a_bundle_tagged_for_later_does_not_stop_osc_control(server):
+    """A bundle time-tagged an hour ahead stalled python-osc's dispatcher (it sleeps until the
+    tag in the server's one thread): the messages after it were never applied. Every message is
+    applied when it arrives."""
+    control = server.app.state.osc
+    before = control.applied
+    send(server.osc_port,
+         osc_bundle(time.time() + 3600, osc_message("/streamstudio/bundled/strength", 0.77)),
+         osc_bundle(time.time() - 3600, osc_message("/streamstudio/bundled/guidance", 1.25),
+                    osc_bundle(time.time() + 10**8, osc_message("/streamstudio/bundled/delta", 0.5))),
+         osc_message("/streamstudio/bundled/seed", 7))
+    wait_until(lambda: control.applied >= before + 4, timeout=5.0)
+    preset = server.manager._presets["bundled"][0]
+    assert preset == {"strength": pytest.approx(0.77), "guidance_scale": 1.25, "delta": 0.5, "seed": 7}
+
+
 def test_python_osc_client_and_loopback_bind(server):
     from pythonosc.udp_client import SimpleUDPClient
 

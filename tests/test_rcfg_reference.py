@@ -35,13 +35,6 @@ SIZE = 32
 PROMPT, NEGATIVE = "a red fox", "blurry"
 
 
-@pytest.fixture(scope="module")
-def comps():
-    from streamstudio.models.loading import load_components
-
-    return load_components("tiny", device="cpu", dtype=torch.float32)
-
-
 def encode_prompt(comps, prompt: str) -> torch.Tensor:
     """What diffusers' encode_prompt gives for one prompt (no clip skip): (1, 77, D)."""
     tok = comps.tokenizer

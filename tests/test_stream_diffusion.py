@@ -14,13 +14,6 @@ from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffu
 SIZE = 32
 
 
-@pytest.fixture(scope="module")
-def comps():
-    from streamstudio.models.loading import load_components
-
-    return load_components("tiny")
-
-
 def frames(n, seed=0, size=SIZE):
     rng = np.random.default_rng(seed)
     return [rng.integers(0, 256, (size, size, 3), dtype=np.uint8) for _ in range(n)]

@@ -21,13 +21,6 @@ SIZE = 32
 
 
 @pytest.fixture(scope="module")
-def comps():
-    from streamstudio.models.loading import load_components
-
-    return load_components("tiny", device="cpu", dtype=torch.float32)
-
-
-@pytest.fixture(scope="module")
 def sharp_comps(comps):
     """The tiny model with sharp self-attention. Its random weights give nearly uniform
     attention (every token's output is about the mean value), which carries almost none of

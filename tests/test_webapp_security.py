@@ -210,6 +210,22 @@ def test_a_damaged_scene_upload_is_one_message_and_no_traceback(server, capfd):
     assert "Traceback" not in capfd.readouterr().err
 
 
+def test_a_malformed_multipart_upload_is_a_400_with_no_traceback(server, capfd, caplog):
+    """A multipart body that does not open with its boundary raised python-multipart's parse error
+    through Gradio's upload route, and Gradio's app (built with debug=True) answered HTTP 500 with
+    the whole traceback, install paths included."""
+    with caplog.at_level("WARNING", logger="streamstudio.app.web.security"):
+        r = httpx.post(f"{server.url}/gradio_api/upload", content=b"v=0\r\na=x\r\n",
+                       headers={"content-type": "multipart/form-data; boundary=x"})
+    assert r.status_code == 400, r.text[:300]
+    assert r.json() == {"status": "failed", "error": "malformed multipart/form-data body"}
+    assert "Traceback" not in r.text and "site-packages" not in r.text
+    refused = [rec.getMessage() for rec in caplog.records if "malformed multipart" in rec.getMessage()]
+    assert len(refused) == 1 and "\n" not in refused[0]
+    assert "Traceback" not in capfd.readouterr().err
+    assert httpx.get(f"{server.url}/studio/status").status_code == 200  # the server goes on
+
+
 @pytest.mark.slow
 def test_uploads_are_deleted_on_a_timer():
     import time

@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from streamstudio.errors import StreamStudioError
 
@@ -262,6 +263,10 @@ def run(args) -> int:
 
     for noisy in ("aioice", "aiortc"):  # a line per ICE check otherwise
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    output_dir = Path(getattr(args, "output_dir", None) or "outputs")
+    if output_dir.exists() and not output_dir.is_dir():  # (said before anything starts)
+        raise StreamStudioError(f"--output-dir {output_dir} is a file; name a folder for the Live output recordings "
+                                "(it is made when missing)")
     host = bind_host(args)
     check_port_free(host, args.port)  # before the model loads
     if getattr(args, "osc_port", None) is not None:

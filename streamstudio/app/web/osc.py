@@ -104,7 +104,7 @@ class OscControl:
             raise StreamStudioError("--osc-port must be 0 to 65535")
         self.manager = manager
         self.received = self.applied = self.refused = 0
-        dispatcher = Dispatcher()
+        dispatcher = _at_once(Dispatcher)()
         dispatcher.set_default_handler(self.handle)
         try:
             self._server = BlockingOSCUDPServer((host, port), dispatcher)
@@ -114,7 +114,7 @@ class OscControl:
         self._thread = threading.Thread(target=self._serve, name="osc", daemon=True)
         self._thread.start()
 
-    def _serve(self) -> None:
+    def _serve(self) -> None:  # one thread: a packet's messages are applied in order, at once
         try:
             self._server.serve_forever(poll_interval=0.2)
         except Exception:  # pragma: no cover - the socket went away under it
@@ -142,3 +142,25 @@ class OscControl:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(5)
+
+
+def _at_once(dispatcher_class):
+    """A python-osc Dispatcher that applies every message of a packet when it arrives. python-osc
+    sleeps until a bundle's time tag before dispatching (OSC 1.0's scheduling), in the server's
+    one thread: one bundle tagged an hour ahead stopped every later message. A live control's
+    change is wanted now, so time tags (future, past or "immediately") are not waited for."""
+
+    class AtOnce(dispatcher_class):
+        def call_handlers_for_packet(self, data: bytes, client_address) -> list:
+            from pythonosc import osc_packet
+
+            try:
+                packet = osc_packet.OscPacket(data)
+            except osc_packet.ParseError:
+                return []
+            for timed in packet.messages:  # (bundles flattened, nested ones too)
+                for handler in self.handlers_for_address(timed.message.address):
+                    handler.invoke(client_address, timed.message)
+            return []
+
+    return AtOnce

@@ -257,6 +257,10 @@ def install(app, config: GuardConfig, blocks) -> None:
     enable_gradio_path_checks(blocks)
 
     found = []  # the mounted Gradio app, looked up on the first request that needs it
+    gradio_app = _find_gradio_app(app)
+    if gradio_app is not None:
+        no_tracebacks(gradio_app)
+        found.append(gradio_app)
 
     def gradio_tokens():
         if not found:
@@ -268,6 +272,29 @@ def install(app, config: GuardConfig, blocks) -> None:
 
     app.add_middleware(RequestGuard, config=config, gradio_tokens=gradio_tokens,
                        upload_files=lambda: blocks.upload_file_set)
+
+
+def no_tracebacks(gradio_app) -> None:
+    """No response carries a traceback. Gradio builds its app with debug=True, whose error page is
+    the Python traceback (install paths included); a multipart body that does not open with its
+    boundary raised python-multipart's parse error through Gradio's upload route as such a page.
+    Now: a malformed form body is the client's HTTP 400, logged in one line; any other error is
+    Starlette's plain "Internal Server Error", its traceback in the server's log once."""
+    from starlette.responses import JSONResponse
+
+    try:
+        from python_multipart.exceptions import FormParserError
+    except ImportError:  # python-multipart < 0.0.13
+        from multipart.exceptions import FormParserError
+
+    async def malformed_form(request, exc):
+        log.warning("refused %s %s from %s: malformed multipart/form-data (%s)", request.method, request.url.path,
+                    request.client.host if request.client else "?", str(exc)[:120])
+        return JSONResponse({"status": "failed", "error": "malformed multipart/form-data body"}, status_code=400)
+
+    gradio_app.debug = False
+    gradio_app.add_exception_handler(FormParserError, malformed_form)
+    gradio_app.middleware_stack = None  # (built on the first request, with the two changes)
 
 
 def _find_gradio_app(app):
