@@ -14,7 +14,10 @@ def pick_device(name: str = "auto") -> torch.device:
     """`auto` gives cuda when available, else cpu; `cuda` without a GPU is a clear error."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:  # torch's message lists twenty device types
+        raise StreamStudioError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise StreamStudioError("device 'cuda' was asked for but no CUDA GPU is available; use --device cpu")
     return device

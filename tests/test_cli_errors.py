@@ -101,6 +101,11 @@ CASES = {
     "generate output under a file": lambda t: generate_cmd(t, output=str(a_file(t) / "images")),
     "generate output under /proc": lambda t: generate_cmd(t, output="/proc/streamstudio-test"),
     "serve output-dir a file": lambda t: ["serve", "--model", "tiny", "--output-dir", str(a_file(t))],
+    "train-video output a file": lambda t: ["train-video", "--steps", "1", "--output", str(a_file(t))],
+    "train-image output a file": lambda t: ["train-image", "--steps", "1", "--output", str(a_file(t))],
+    "build-engines engine-dir a file": lambda t: ["build-engines", "--model", "tiny", "--engine-dir", str(a_file(t))],
+    # a device torch does not know (its own message lists twenty device types)
+    "render device bogus": lambda t: render_cmd(t, "--device", "bogus"),
     # a garbage .safetensors model
     "render garbage safetensors": lambda t: render_cmd(t, "--model", garbage_model(t)),
     "generate garbage safetensors": lambda t: generate_cmd(t, "--model", garbage_model(t)),
@@ -115,6 +120,14 @@ USAGE_CASES = {
     "generate guidance -5": lambda t: generate_cmd(t, "--guidance", "-5"),
     "generate filter-threshold 2": lambda t: generate_cmd(t, "--filter-threshold", "2"),
     "generate threads 0": lambda t: generate_cmd(t, "--threads", "0"),
+    # the training and engine commands' numbers (a traceback, a hang or a wrong success before)
+    "train-video size 0": lambda t: ["train-video", "--size", "0", "--output", str(t / "tv")],
+    "train-video batch-size 0": lambda t: ["train-video", "--batch-size", "0", "--output", str(t / "tv")],
+    "train-video lr nan": lambda t: ["train-video", "--lr", "nan", "--output", str(t / "tv")],
+    "train-video steps -1": lambda t: ["train-video", "--steps", "-1", "--output", str(t / "tv")],
+    "train-image vae-batch-size 0": lambda t: ["train-image", "--vae-batch-size", "0", "--output", str(t / "ti")],
+    "train-image steps -1": lambda t: ["train-image", "--steps", "-1", "--output", str(t / "ti")],
+    "build-engines width 0": lambda t: ["build-engines", "--model", "tiny", "--width", "0"],
     # 0 is a value, not "unset" (it once ran silently at the default strength)
     "render video strength 0": lambda t: ["render", "--pipeline", "video", "--input", "pattern:32x32",
                                           "--video-strength", "0", "--max-frames", "4", "--output", str(t / "v.mp4")],

@@ -22,7 +22,7 @@ PARTS = ("unet", "vae_encoder", "vae_decoder")
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    from streamstudio.app.settings import LCM_LORA_HELP
+    from streamstudio.app.settings import LCM_LORA_HELP, number
 
     p = subparsers.add_parser("build-engines", description=__doc__)
     p.add_argument("--model", default="auto",
@@ -35,21 +35,21 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--engine-dir", default=None,
                    help="engine cache folder (default $STREAMSTUDIO_ENGINE_DIR or ~/.cache/streamstudio/engines)")
     p.add_argument("--onnx-dir", default=None, help="where ONNX files go without TensorRT (default <engine-dir>/onnx)")
-    p.add_argument("--batch", type=int, nargs=3, default=None, metavar=("MIN", "OPT", "MAX"),
+    p.add_argument("--batch", type=number(int, 1, 1024), nargs=3, default=None, metavar=("MIN", "OPT", "MAX"),
                    help="engine batch range by hand (default: from --cfg, --steps, --frame-buffer-size and "
                         "--max-batch-rows, as the app will send)")
-    p.add_argument("--resolution", type=int, nargs=3, default=None, metavar=("MIN", "OPT", "MAX"),
+    p.add_argument("--resolution", type=number(int, 8, 4096, multiple=8), nargs=3, default=None, metavar=("MIN", "OPT", "MAX"),
                    help="image size range in pixels, square and non-square within it (default: exactly "
                         "--width x --height, as the app runs)")
-    p.add_argument("--width", type=int, default=None, help="image width the app runs at (default 512, 64 for tiny)")
-    p.add_argument("--height", type=int, default=None, help="image height the app runs at (default 512, 64 for tiny)")
+    p.add_argument("--width", type=number(int, 8, 4096, multiple=8), default=None, help="image width the app runs at (default 512, 64 for tiny)")
+    p.add_argument("--height", type=number(int, 8, 4096, multiple=8), default=None, help="image height the app runs at (default 512, 64 for tiny)")
     p.add_argument("--cfg", nargs="+", choices=("none", "self", "initialize", "full"), default=None,
                    help="CFG types streams may use, the usual one first (default: self, then the other three, "
                         "as web clients may switch)")
-    p.add_argument("--steps", type=int, default=None, help="denoising steps N (default 1 for turbo models, 2 otherwise)")
-    p.add_argument("--frame-buffer-size", type=int, default=1, help="frames per stream call k (default 1)")
+    p.add_argument("--steps", type=number(int, 1, 50), default=None, help="denoising steps N (default 1 for turbo models, 2 otherwise)")
+    p.add_argument("--frame-buffer-size", type=number(int, 1, 64), default=1, help="frames per stream call k (default 1)")
     p.add_argument("--sequential", action="store_true", help="streams denoise step by step instead of Stream Batch")
-    p.add_argument("--max-batch-rows", type=int, default=16,
+    p.add_argument("--max-batch-rows", type=number(int, 1, 1024), default=16,
                    help="cross-stream batching's rows per call, as serve's --max-batch-rows (default 16; 0: no "
                         "batching, as generate and render)")
     p.add_argument("--lora", action="append", default=[], metavar="PATH_OR_ID[:scale]",
@@ -155,6 +155,11 @@ def run(args) -> int:
                   else ShapeRange((1, 1, 1), res, res) if res else None)
     except ValueError as exc:
         raise StreamStudioError(str(exc)) from exc
+    from streamstudio.streaming.sinks import make_output_folder
+
+    for flag, folder in (("--engine-dir", args.engine_dir), ("--onnx-dir", args.onnx_dir)):
+        if folder:  # (before the model loads)
+            make_output_folder(folder, f"{flag} files")
     comps = _load(args)
     plan = None if args.batch else plan_for(args, comps)
     if plan is not None:

@@ -20,32 +20,34 @@ DEFAULTS = ImageTrainConfig()
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
+    from streamstudio.app.settings import number
+
     p = subparsers.add_parser("train-image", description=__doc__.splitlines()[0])
     p.add_argument("--output", default=DEFAULTS.output, help="checkpoint folder (model.safetensors + config.json)")
     p.add_argument("--stage", choices=STAGES, default=DEFAULTS.stage,
                    help="all (autoencoder, then denoiser), vae, or denoiser (needs a trained autoencoder in --output)")
-    p.add_argument("--vae-steps", type=int, default=DEFAULTS.vae_steps, help="autoencoder steps")
-    p.add_argument("--vae-batch-size", type=int, default=DEFAULTS.vae_batch_size)
-    p.add_argument("--vae-size", type=int, default=DEFAULTS.vae_size, help="autoencoder training crops, pixels")
-    p.add_argument("--vae-lr", type=float, default=DEFAULTS.vae_lr)
-    p.add_argument("--steps", type=int, default=DEFAULTS.steps, help="denoiser steps")
-    p.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size)
-    p.add_argument("--size", type=int, default=DEFAULTS.size, help="denoiser training crops, pixels")
-    p.add_argument("--lr", type=float, default=DEFAULTS.lr)
-    p.add_argument("--warmup", type=int, default=DEFAULTS.warmup)
-    p.add_argument("--pixel-weight", type=float, default=DEFAULTS.pixel_weight,
+    p.add_argument("--vae-steps", type=number(int, 1, 10**8), default=DEFAULTS.vae_steps, help="autoencoder steps")
+    p.add_argument("--vae-batch-size", type=number(int, 1, 4096), default=DEFAULTS.vae_batch_size)
+    p.add_argument("--vae-size", type=number(int, 8, 4096, multiple=8), default=DEFAULTS.vae_size, help="autoencoder training crops, pixels")
+    p.add_argument("--vae-lr", type=number(float, 0, 1, low_open=True), default=DEFAULTS.vae_lr)
+    p.add_argument("--steps", type=number(int, 1, 10**8), default=DEFAULTS.steps, help="denoiser steps")
+    p.add_argument("--batch-size", type=number(int, 1, 4096), default=DEFAULTS.batch_size)
+    p.add_argument("--size", type=number(int, 8, 4096, multiple=8), default=DEFAULTS.size, help="denoiser training crops, pixels")
+    p.add_argument("--lr", type=number(float, 0, 1, low_open=True), default=DEFAULTS.lr)
+    p.add_argument("--warmup", type=number(int, 0, 10**8), default=DEFAULTS.warmup)
+    p.add_argument("--pixel-weight", type=number(float, 0, 100), default=DEFAULTS.pixel_weight,
                    help="weight of the denoiser's pixel loss through the frozen decoder")
-    p.add_argument("--style-share", type=float, default=DEFAULTS.style_share,
+    p.add_argument("--style-share", type=number(float, 0, 1), default=DEFAULTS.style_share,
                    help=f"share of denoiser prompts naming a style (default {DEFAULTS.style_share})")
     p.add_argument("--init", default="", metavar="DIR",
                    help="start from a trained model folder (e.g. streamstudio/assets/image_builtin): "
                         "its autoencoder is kept, the denoiser trains on (a new run, not --resume)")
-    p.add_argument("--seed", type=int, default=DEFAULTS.seed)
-    p.add_argument("--save-every", type=int, default=DEFAULTS.save_every)
+    p.add_argument("--seed", type=number(int, 0, 2**63 - 1), default=DEFAULTS.seed)
+    p.add_argument("--save-every", type=number(int, 1, 10**8), default=DEFAULTS.save_every)
     p.add_argument("--resume", action="store_true", help="continue the run saved in --output")
     p.add_argument("--cpu", action="store_true", help="train on CPU even when a GPU is present")
-    p.add_argument("--max-minutes", type=float, default=0.0, help="stop and save after this wall time (0: no limit)")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--max-minutes", type=number(float, 0, 10**7), default=0.0, help="stop and save after this wall time (0: no limit)")
+    p.add_argument("--threads", type=number(int, 0, 1024), default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--export", default=None, metavar="DIR",
                    help="afterwards, write the shippable model (float16 weights + config.json) to DIR")
@@ -69,9 +71,12 @@ def run(args) -> int:
 
     from streamstudio.app.training.image import ImageTrainer, export_checkpoint
 
+    from streamstudio.streaming.sinks import make_output_folder
+
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = config_from_args(args)
+    make_output_folder(cfg.output, "checkpoint")  # a file there is said now, not after the first steps
     losses = ImageTrainer(cfg).train()
     done = [_summary(name, values) for name, values in losses.items() if values]
     if done:

@@ -15,6 +15,8 @@ DEFAULTS = VideoTrainConfig()
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
+    from streamstudio.app.settings import number
+
     p = subparsers.add_parser("train-video", description=__doc__.splitlines()[0])
     p.add_argument("--output", default=DEFAULTS.output, help="checkpoint folder (model.safetensors + config.json)")
     p.add_argument("--model", default=DEFAULTS.model, help="named model config: tiny, small, base, 4b")
@@ -22,33 +24,33 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=("flow", "distill"), default=DEFAULTS.mode,
                    help="buffered flow matching, or multistep distillation of --teacher to one step per chunk")
     p.add_argument("--teacher", default=None, help="teacher checkpoint folder (distill mode)")
-    p.add_argument("--teacher-steps", type=int, default=DEFAULTS.teacher_steps, help="teacher micro-steps per chunk")
+    p.add_argument("--teacher-steps", type=number(int, 1, 64), default=DEFAULTS.teacher_steps, help="teacher micro-steps per chunk")
     p.add_argument("--init", default=None,
                    help="start from the weights of this checkpoint folder (its architecture; new optimizer)")
     p.add_argument("--init-keep-shift", dest="init_shift_mask", action="store_false",
                    help="with --init: keep the checkpoint's window shift (default: turn the masked shift on)")
-    p.add_argument("--cond-drop", type=float, default=DEFAULTS.cond_drop,
+    p.add_argument("--cond-drop", type=number(float, 0, 1), default=DEFAULTS.cond_drop,
                    help="flow mode: share of captions replaced by the empty prompt, so the model learns the "
                         "unconditional velocity classifier-free guidance needs (e.g. 0.1)")
-    p.add_argument("--teacher-guidance", type=float, default=DEFAULTS.teacher_guidance,
+    p.add_argument("--teacher-guidance", type=number(float, 0, 30), default=DEFAULTS.teacher_guidance,
                    help="distill mode: the teacher's classifier-free guidance scale, distilled into the student")
-    p.add_argument("--distill-startup-share", type=float, default=DEFAULTS.distill_startup_share,
+    p.add_argument("--distill-startup-share", type=number(float, 0, 1), default=DEFAULTS.distill_startup_share,
                    help="distill mode: share of buffers from the sampler's start-up (uniform generation)")
-    p.add_argument("--steps", type=int, default=DEFAULTS.steps)
-    p.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size)
-    p.add_argument("--buffer-frames", type=int, default=DEFAULTS.buffer_frames, help="B = N*c frames (power of 2)")
-    p.add_argument("--ref-frames", type=int, default=DEFAULTS.ref_frames, help="K clean reference frames")
-    p.add_argument("--size", type=int, default=DEFAULTS.size, help="frame side in pixels")
-    p.add_argument("--lr", type=float, default=DEFAULTS.lr)
-    p.add_argument("--warmup", type=int, default=DEFAULTS.warmup)
-    p.add_argument("--seed", type=int, default=DEFAULTS.seed)
-    p.add_argument("--save-every", type=int, default=DEFAULTS.save_every)
+    p.add_argument("--steps", type=number(int, 1, 10**8), default=DEFAULTS.steps)
+    p.add_argument("--batch-size", type=number(int, 1, 4096), default=DEFAULTS.batch_size)
+    p.add_argument("--buffer-frames", type=number(int, 1, 1024), default=DEFAULTS.buffer_frames, help="B = N*c frames (power of 2)")
+    p.add_argument("--ref-frames", type=number(int, 0, 64), default=DEFAULTS.ref_frames, help="K clean reference frames")
+    p.add_argument("--size", type=number(int, 8, 4096), default=DEFAULTS.size, help="frame side in pixels")
+    p.add_argument("--lr", type=number(float, 0, 1, low_open=True), default=DEFAULTS.lr)
+    p.add_argument("--warmup", type=number(int, 0, 10**8), default=DEFAULTS.warmup)
+    p.add_argument("--seed", type=number(int, 0, 2**63 - 1), default=DEFAULTS.seed)
+    p.add_argument("--save-every", type=number(int, 1, 10**8), default=DEFAULTS.save_every)
     p.add_argument("--resume", action="store_true", help="continue the run saved in --output")
     p.add_argument("--cpu", action="store_true", help="train on CPU even when a GPU is present")
-    p.add_argument("--max-minutes", type=float, default=0.0, help="stop and save after this wall time (0: no limit)")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    p.add_argument("--num-chunks", type=int, default=4, help="sampling default stored with the checkpoint: N")
-    p.add_argument("--micro-steps", type=int, default=None,
+    p.add_argument("--max-minutes", type=number(float, 0, 10**7), default=0.0, help="stop and save after this wall time (0: no limit)")
+    p.add_argument("--threads", type=number(int, 0, 1024), default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--num-chunks", type=number(int, 1, 64), default=4, help="sampling default stored with the checkpoint: N")
+    p.add_argument("--micro-steps", type=number(int, 1, 64), default=None,
                    help="sampling default stored with the checkpoint: s (default 2, 1 in distill mode)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
@@ -71,9 +73,12 @@ def run(args) -> int:
 
     from streamstudio.app.training.video import VideoTrainer
 
+    from streamstudio.streaming.sinks import make_output_folder
+
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = config_from_args(args)
+    make_output_folder(cfg.output, "checkpoint")  # a file there is said now, not after the first steps
     losses = VideoTrainer(cfg).train()
     if losses:
         k = max(1, len(losses) // 10)
