@@ -202,8 +202,10 @@ def test_build_engines_command_without_tensorrt_exports_and_checks(tmp_path, cap
     assert code == 0, out
     assert "engines need TensorRT" in out and "onnxruntime rel. error" in out and "(ok)" in out
     assert (tmp_path / "onnx" / "vae_decoder" / "model.onnx").is_file()
+    capsys.readouterr()
     assert main(["build-engines", "--model", "tiny", "--resolution", "100", "200", "300",
-                 "--engine-dir", str(tmp_path)]) == 1  # not multiples of 64: a clear error
+                 "--engine-dir", str(tmp_path)]) == 2  # not multiples of 64: a usage error, before anything loads
+    assert "--resolution: must be a multiple of 64, got 100" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("dtype", ["auto", "float16"])

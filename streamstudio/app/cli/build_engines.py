@@ -38,7 +38,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--batch", type=number(int, 1, 1024), nargs=3, default=None, metavar=("MIN", "OPT", "MAX"),
                    help="engine batch range by hand (default: from --cfg, --steps, --frame-buffer-size and "
                         "--max-batch-rows, as the app will send)")
-    p.add_argument("--resolution", type=number(int, 8, 4096, multiple=8), nargs=3, default=None, metavar=("MIN", "OPT", "MAX"),
+    p.add_argument("--resolution", type=number(int, 64, 4096, multiple=64), nargs=3, default=None, metavar=("MIN", "OPT", "MAX"),
                    help="image size range in pixels, square and non-square within it (default: exactly "
                         "--width x --height, as the app runs)")
     p.add_argument("--width", type=number(int, 8, 4096, multiple=8), default=None, help="image width the app runs at (default 512, 64 for tiny)")
@@ -49,7 +49,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--steps", type=number(int, 1, 50), default=None, help="denoising steps N (default 1 for turbo models, 2 otherwise)")
     p.add_argument("--frame-buffer-size", type=number(int, 1, 64), default=1, help="frames per stream call k (default 1)")
     p.add_argument("--sequential", action="store_true", help="streams denoise step by step instead of Stream Batch")
-    p.add_argument("--max-batch-rows", type=number(int, 1, 1024), default=16,
+    p.add_argument("--max-batch-rows", type=number(int, 0, 1024), default=16,
                    help="cross-stream batching's rows per call, as serve's --max-batch-rows (default 16; 0: no "
                         "batching, as generate and render)")
     p.add_argument("--lora", action="append", default=[], metavar="PATH_OR_ID[:scale]",
@@ -147,9 +147,7 @@ def run(args) -> int:
     from streamstudio.kernels.tensorrt.cache import EngineCache
     from streamstudio.models import acceleration
 
-    res = tuple(args.resolution) if args.resolution else None
-    if res and any(r % 64 for r in res):
-        raise StreamStudioError(f"--resolution values must be multiples of 64, got {res}")
+    res = tuple(args.resolution) if args.resolution else None  # (multiples of 64: checked by its type)
     try:  # --batch by hand: that range (and 256..1024 pixels unless --resolution); else the plan's
         shapes = (ShapeRange(tuple(args.batch), *((res, res) if res else ())) if args.batch
                   else ShapeRange((1, 1, 1), res, res) if res else None)
