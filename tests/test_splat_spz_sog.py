@@ -256,6 +256,35 @@ def test_bad_sog_files_fail_clearly(tmp_path):
         load_scene(path)
 
 
+def test_a_damaged_or_truncated_sog_zip_and_an_empty_splat_fail_clearly(tmp_path):
+    """A .sog whose member header is garbled raised zipfile's BadZipFile; a truncated one was read
+    as a meta.json ("meta.json is not JSON"); a 0-byte .splat rendered a black video, exit 0."""
+    files = sog_files(random_scene(20, 0))
+    good = io.BytesIO()
+    with zipfile.ZipFile(good, "w") as z:
+        for name, data in files.items():
+            z.writestr(name, data)
+    raw = bytearray(good.getvalue())
+    raw[0:4] = b"XXXX"  # the first member's local header signature (PK\3\4): the central directory still reads
+    (tmp_path / "garbled.sog").write_bytes(bytes(raw))
+    with pytest.raises(StreamStudioError, match=r"garbled.sog: the bundle's .* is damaged .*export it again"):
+        load_scene(tmp_path / "garbled.sog")
+    crc = bytearray(good.getvalue())
+    offset = crc.find(b"PK\x03\x04") + 30 + len(next(iter(files)))  # the first member's data (stored: no compression)
+    crc[offset] ^= 0xFF
+    (tmp_path / "crc.sog").write_bytes(bytes(crc))
+    with pytest.raises(StreamStudioError, match="is damaged"):
+        load_scene(tmp_path / "crc.sog")
+    (tmp_path / "truncated.sog").write_bytes(good.getvalue()[: len(raw) // 2])
+    with pytest.raises(StreamStudioError, match="truncated or damaged"):
+        load_scene(tmp_path / "truncated.sog")
+    (tmp_path / "empty.splat").write_bytes(b"")
+    with pytest.raises(StreamStudioError, match="holds no Gaussians"):
+        load_scene(tmp_path / "empty.splat")
+    assert main(["splat", str(tmp_path / "empty.splat"), "--frames", "1", "--size", "32x32",
+                 "--output", str(tmp_path / "o.mp4")]) == 1 and not (tmp_path / "o.mp4").exists()
+
+
 def test_convert_reads_spz_and_sog_and_writes_spz(tmp_path, capsys):
     scene = random_scene(200, 1, seed=3)
     (tmp_path / "a.spz").write_bytes(spz_bytes(scene, 3))

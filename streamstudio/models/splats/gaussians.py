@@ -81,6 +81,8 @@ def load_scene(path: str | os.PathLike, max_gaussians: int | None = None) -> Gau
         raise _err(path, f"unknown scene format {suffix!r}; use a 3DGS .ply (or SuperSplat's compressed .ply), "
                          "an antimatter15 .splat, Niantic's .spz, PlayCanvas's .sog (or its meta.json), "
                          "GaussianSplats3D's .ksplat or a checkpoint .pth of fudan-zvg's 4D Gaussian splatting")
+    if len(scene) == 0:  # (an empty .splat once rendered a black video and said it had)
+        raise _err(path, "the file holds no Gaussians; give a scene with at least one")
     return scene
 
 
@@ -735,14 +737,22 @@ def read_sog(path: str | os.PathLike, max_gaussians: int | None = None) -> Gauss
     from PIL import Image, UnidentifiedImageError
 
     path = Path(path)
+    if path.suffix.lower() == ".sog" and not zipfile.is_zipfile(path):
+        raise _err(path, "not a .sog bundle: the zip file is truncated or damaged; export it again")
     if zipfile.is_zipfile(path):
-        bundle = zipfile.ZipFile(path)
+        try:
+            bundle = zipfile.ZipFile(path)
+        except (zipfile.BadZipFile, OSError) as exc:
+            raise _err(path, f"the .sog bundle is damaged ({exc}); export it again") from None
         names = set(bundle.namelist())
 
         def load(name: str) -> bytes:
             if name not in names:
                 raise _err(path, f"the bundle lacks {name}")
-            return bundle.read(name)
+            try:
+                return bundle.read(name)
+            except (zipfile.BadZipFile, OSError, EOFError) as exc:  # a bad header or CRC in that member
+                raise _err(path, f"the bundle's {name} is damaged ({exc}); export it again") from None
     else:
         bundle = None
 
