@@ -210,6 +210,20 @@ def test_a_damaged_scene_upload_is_one_message_and_no_traceback(server, capfd):
     assert "Traceback" not in capfd.readouterr().err
 
 
+def test_gradios_recording_route_is_refused_and_leaves_no_file(server):
+    """POST /gradio_api/process_recording (gr.Video's webcam recordings, which the app does not
+    use) ran ffmpeg on any posted video outside every quota and left tmp*_processed.mp4 behind."""
+    import tempfile
+
+    before = set(Path(tempfile.gettempdir()).glob("tmp*_processed*"))
+    r = httpx.post(f"{server.url}/gradio_api/process_recording",
+                   files={"video": ("clip.mp4", b"\x00\x00\x00\x18ftypmp42" + b"\x00" * 4096, "video/mp4")},
+                   data={"params": json.dumps({"mirror_webcam": True})})
+    assert r.status_code == 404 and "does not use" in r.json()["error"]
+    assert set(Path(tempfile.gettempdir()).glob("tmp*_processed*")) == before
+    assert httpx.get(f"{server.url}/studio/status").status_code == 200
+
+
 def test_a_malformed_multipart_upload_is_a_400_with_no_traceback(server, capfd, caplog):
     """A multipart body that does not open with its boundary raised python-multipart's parse error
     through Gradio's upload route, and Gradio's app (built with debug=True) answered HTTP 500 with

@@ -36,6 +36,10 @@ from streamstudio.errors import StreamStudioError
 log = logging.getLogger(__name__)
 
 UPLOAD_PATH = "/gradio_api/upload"
+# Gradio routes no component of the app uses, refused: process_recording (gr.Video and gr.Audio
+# webcam recordings; the app has neither) ran ffmpeg on any posted video outside every upload
+# quota and left tmp*_processed.mp4 files behind that outlived the upload TTL and the server.
+UNUSED_PATHS = frozenset({"/gradio_api/process_recording"})
 # What the login page needs before anyone has logged in (exact paths, then prefixes).
 PUBLIC_PATHS = frozenset({"/", "/login", "/login/", "/logout", "/favicon.ico", "/robots.txt", "/manifest.json",
                           "/theme.css", "/gradio_api/theme.css", "/gradio_api/login_check",
@@ -123,6 +127,8 @@ class RequestGuard:
         if scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)
         path = scope.get("path", "")
+        if path.rstrip("/") in UNUSED_PATHS:
+            return await _refuse(scope, send, 404, "not found (this app does not use this Gradio route)")
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         if self.config.auth is not None and not is_public(path) and not self.config.checks_own_login(path) \
                 and not self._logged_in(headers):
