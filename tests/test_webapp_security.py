@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import time
 from pathlib import Path
 
 import httpx
@@ -161,6 +162,53 @@ def test_upload_space_in_total_is_bounded():
     try:
         codes = [upload(srv.url, 150_000, f"s{i}.ply").status_code for i in range(5)]
         assert codes[:3] == [200, 200, 200] and codes[3:] == [507, 507]
+    finally:
+        srv.close()
+
+
+def test_a_made_up_authorization_header_gets_no_fresh_upload_quota():
+    """The per-client count was keyed on the peer address and the Authorization header the client
+    sends: a different bogus bearer token per upload got every upload accepted."""
+    srv = start("--uploads-per-client", "2", "--max-upload-size", "200kb", "--max-upload-total", "5mb")
+    try:
+        codes = [httpx.post(f"{srv.url}/gradio_api/upload", files={"files": (f"s{i}.ply", b"p" * 1000)},
+                            headers={"authorization": f"Bearer forged-{i}"}, timeout=30).status_code
+                 for i in range(4)]
+        assert codes == [200, 200, 429, 429], codes
+    finally:
+        srv.close()
+
+
+def test_concurrent_chunked_uploads_stay_within_the_total():
+    """The total was checked against what was on disk when each upload started: thirty concurrent
+    chunked uploads all passed the check before any was written, far beyond the cap. Each
+    upload's size (for a chunked one, the upload cap) is now reserved before its bytes are read."""
+    import concurrent.futures
+
+    srv = start("--uploads-per-client", "50", "--max-upload-size", "200kb", "--max-upload-total", "600kb")
+    size = 150_000
+
+    def chunked(i):
+        def body():  # no Content-Length: the guard cannot know the size before reading it
+            boundary = f"b{i}"
+            yield (f"--{boundary}\r\nContent-Disposition: form-data; name=\"files\"; filename=\"c{i}.ply\"\r\n"
+                   "Content-Type: application/octet-stream\r\n\r\n").encode()
+            for _ in range(size // 10_000):
+                time.sleep(0.02)  # a slow client: all of them are under way at once
+                yield b"p" * 10_000
+            yield f"\r\n--{boundary}--\r\n".encode()
+
+        return httpx.post(f"{srv.url}/gradio_api/upload", content=body(), timeout=60,
+                          headers={"content-type": f"multipart/form-data; boundary=b{i}"})
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            responses = list(pool.map(chunked, range(8)))
+        codes = [r.status_code for r in responses]
+        stored = [Path(p) for r in responses if r.status_code == 200 for p in r.json()]
+        assert 1 <= len(stored) and set(codes) <= {200, 507}, codes
+        assert sum(p.stat().st_size for p in stored) <= 600_000, codes
+        assert 507 in codes  # 8 x 150 KB is twice the total
     finally:
         srv.close()
 

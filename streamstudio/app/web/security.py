@@ -121,6 +121,7 @@ class RequestGuard:
         self._gradio_tokens = gradio_tokens or (lambda: ("", {}))
         self._upload_files = upload_files or set
         self._uploads: dict[str, deque] = {}  # client -> times of its recent uploads
+        self._reserved = 0  # bytes the uploads under way may still write (their space is taken first)
         self._lock = threading.Lock()
 
     async def __call__(self, scope, receive, send):
@@ -144,16 +145,23 @@ class RequestGuard:
             if int(length) > cap:
                 return await _refuse(scope, send, 413, f"request body too large ({int(length):,} bytes; "
                                                        f"at most {cap:,} here)")
+        reserved = 0
         if scope["method"] == "POST" and path.rstrip("/") == UPLOAD_PATH:
-            refusal = self._take_upload_slot(scope, headers, int(length) if length else cap)
+            reserved = int(length) if length else cap
+            refusal = self._take_upload_slot(scope, reserved)
             if refusal is not None:
                 return await _refuse(scope, send, *refusal)
-        if length is None and scope["method"] in ("POST", "PUT", "PATCH"):
-            body = await _read_body(receive, cap)  # chunked: read it here, up to the cap
-            if body is None:
-                return await _refuse(scope, send, 413, f"request body too large (at most {cap:,} bytes here)")
-            receive = _replay(body, receive)
-        return await self.app(scope, receive, send)
+        try:
+            if length is None and scope["method"] in ("POST", "PUT", "PATCH"):
+                body = await _read_body(receive, cap)  # chunked: read it here, up to the cap
+                if body is None:
+                    return await _refuse(scope, send, 413, f"request body too large (at most {cap:,} bytes here)")
+                receive = _replay(body, receive)
+            return await self.app(scope, receive, send)
+        finally:
+            if reserved:  # the upload is on disk now (counted there) or failed
+                with self._lock:
+                    self._reserved -= reserved
 
     # ------------------------------------------------------------------ login
     def _logged_in(self, headers: dict) -> bool:
@@ -174,10 +182,11 @@ class RequestGuard:
         return token is not None and token in tokens
 
     # ------------------------------------------------------------------ uploads
-    def _take_upload_slot(self, scope, headers: dict, size: int) -> tuple[int, str] | None:
-        """None when this upload may go on (and it is counted), else (status, reason)."""
-        client = (scope.get("client") or ("?", 0))[0]
-        key = f"{client}|{headers.get('authorization', '')[:64]}"
+    def _take_upload_slot(self, scope, size: int) -> tuple[int, str] | None:
+        """None when this upload may go on (it is counted, and `size` bytes of the total are
+        reserved for it until it ends), else (status, reason). A client is its peer address: a
+        header it sends (a made-up Authorization per upload) once gave it a fresh quota each time."""
+        key = (scope.get("client") or ("?", 0))[0]
         now = time.monotonic()
         with self._lock:
             recent = self._uploads.setdefault(key, deque())
@@ -187,11 +196,12 @@ class RequestGuard:
                 wait = self.config.upload_window_s - (now - recent[0])
                 return 429, (f"too many uploads: at most {self.config.uploads_per_client} per "
                              f"{self.config.upload_window_s / 60:g} minutes; try again in {wait:.0f} s")
-            held = self.uploads_on_disk()
+            held = self.uploads_on_disk() + self._reserved
             if held + size > self.config.max_upload_total_bytes:
                 return 507, ("the server's upload space is full; try again in a few minutes "
                              "(old uploads are removed on a timer)")
             recent.append(now)
+            self._reserved += size
             for stale in [k for k, q in self._uploads.items() if not q]:
                 del self._uploads[stale]
         return None
