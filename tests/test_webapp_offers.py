@@ -79,6 +79,10 @@ def attacks(sdp: str) -> list[tuple[str, dict | bytes, str]]:
         ("no ice-pwd", offer(sdp=without(sdp, "a=ice-pwd")), "bad_sdp"),
         ("no fingerprint", offer(sdp=without(sdp, "a=fingerprint")), "bad_sdp"),
         ("no m= line", offer(sdp=sdp.split("m=")[0]), "bad_sdp"),
+        # directions the stream cannot use (recvonly with a data channel once leaked fastrtc tasks for ever)
+        ("video recvonly", offer(sdp=sdp.replace("a=sendrecv", "a=recvonly")), "bad_direction"),
+        ("video sendonly", offer(sdp=sdp.replace("a=sendrecv", "a=sendonly")), "bad_direction"),
+        ("video inactive", offer(sdp=sdp.replace("a=sendrecv", "a=inactive")), "bad_direction"),
         ("garbage sdp", offer(sdp="hello, world"), "bad_sdp"),
         ("broken m= line", offer(sdp="v=0\r\nm=video\r\n"), "bad_sdp"),
         ("sdp not a string", offer(sdp=["v=0"]), "bad_sdp"),

@@ -190,7 +190,13 @@ def check_offer(data) -> None:
         return
     if data.get("type") != "offer":
         raise OfferRefused("bad_type", f'type must be "offer", not {str(data.get("type"))[:20]!r}')
-    check_offer_sdp(data.get("sdp"))
+    parsed = check_offer_sdp(data.get("sdp"))
+    # The stream takes the camera's frames and sends its output back. A recvonly offer (with a
+    # data channel) once left fastrtc polling for a track that never came, for ever.
+    for media in parsed.media:
+        if media.kind == "video" and (media.direction or "sendrecv") != "sendrecv":
+            raise OfferRefused("bad_direction", f"the video m= line is {media.direction}: it must be sendrecv (the "
+                                                "stream takes your camera's frames and sends its output back)")
 
 
 class GuardedOffers:
