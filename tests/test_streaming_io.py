@@ -65,6 +65,25 @@ def test_file_round_trip_keeps_count_fps_duration_and_audio(tmp_path, suffix):
     assert abs(int(out.first[..., 0].mean()) - 0) < 12
 
 
+def test_a_video_file_appears_whole_at_close_and_an_empty_one_not_at_all(tmp_path):
+    """The video is written beside its name and moved into place at close: the file already at
+    that name stays whole while the new one is written, and a sink closed with no frame leaves
+    no file."""
+    out = tmp_path / "clip.mp4"
+    out.write_bytes(b"the previous render")
+    sink = open_sink(str(out), 32, 32, 10.0)
+    for i in range(3):
+        sink.write(np.full((32, 32, 3), 40 * i, np.uint8))
+    assert out.read_bytes() == b"the previous render"  # untouched until the new file is complete
+    sink.close()
+    assert not list(tmp_path.glob(".*partial*"))
+    with open_source(str(out)) as src:
+        assert src.info.frame_count == 3
+    empty = open_sink(str(tmp_path / "empty.mp4"), 32, 32, 10.0)
+    empty.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["clip.mp4"]
+
+
 def test_audio_is_cut_at_the_video_end_when_stopped_early(tmp_path):
     clip = make_clip(tmp_path / "in.mp4", n=45, fps=15, audio=True)
     with open_source(str(clip)) as src:

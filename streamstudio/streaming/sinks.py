@@ -254,7 +254,10 @@ class _AudioPassthrough:
 
 
 class FileSink(Sink):
-    """mp4 / mov / mkv (H.264) or webm (VP9) through PyAV, with the source's audio kept."""
+    """mp4 / mov / mkv (H.264) or webm (VP9) through PyAV, with the source's audio kept. The
+    video is written to a hidden file beside `path` (`.NAME.partial.SUFFIX`) and moved into place
+    at close: a file already at `path` stays whole until the new one is complete, and a sink
+    closed with no frame leaves nothing."""
 
     def __init__(self, path: str | Path, width: int, height: int, fps: float, audio_from: AudioTrack | None = None):
         super().__init__(str(path), width, height, fps)
@@ -268,8 +271,9 @@ class FileSink(Sink):
         make_output_folder(self.path.parent)
         if self.path.is_dir():
             raise StreamStudioError(f"cannot write {self.path}: it is a folder; give a file name for the video")
+        self.partial = self.path.with_name(f".{self.path.stem}.partial{suffix}")
         try:
-            self._container = av.open(str(self.path), "w")
+            self._container = av.open(str(self.partial), "w")
         except (av.error.FFmpegError, OSError) as exc:
             raise output_error(self.path, exc) from exc
         codec = VIDEO_CODECS[suffix]
@@ -306,6 +310,10 @@ class FileSink(Sink):
                 if self._audio is not None:
                     self._audio.close()
                 self._container.close()
+                if self.status.frames_written:
+                    os.replace(self.partial, self.path)  # (atomic on one file system)
+                else:
+                    self.partial.unlink(missing_ok=True)
 
 
 class ImageSequenceSink(Sink):
