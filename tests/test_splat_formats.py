@@ -523,6 +523,22 @@ def test_a_mesh_element_after_the_vertices_is_skipped(tmp_path):
     assert torch.equal(load_scene(tmp_path / "m.ply").means, scene.means)
 
 
+def test_infinite_opacity_logits_are_fully_opaque_or_transparent_and_nan_is_refused(tmp_path):
+    """splat-transform writes alpha 1 and 0 as opacity logits +inf and -inf (log(a / (1 - a)));
+    such a .ply was refused as corrupt. They load as alpha 1 and 0; NaN is still corrupt."""
+    scene = make_scene(4, 0)
+    scene.opacity_logits = torch.tensor([float("inf"), float("-inf"), 0.0, 2.0])
+    save_scene(scene, tmp_path / "edges.ply")
+    loaded = load_scene(tmp_path / "edges.ply")
+    alpha = torch.sigmoid(loaded.opacity_logits)
+    assert torch.isfinite(loaded.opacity_logits).all()
+    assert alpha[0] >= 1 - 1e-6 and alpha[1] <= 1e-6 and torch.allclose(alpha[2:], torch.sigmoid(torch.tensor([0.0, 2.0])))
+    scene.opacity_logits = torch.tensor([float("nan"), 0.0, 0.0, 0.0])
+    save_scene(scene, tmp_path / "nan.ply")
+    with pytest.raises(StreamStudioError, match="1 Gaussians have NaN or infinite opacity_logits"):
+        load_scene(tmp_path / "nan.ply")
+
+
 def test_save_format_by_name_and_4d_refused(tmp_path):
     assert save_format("a/b.compressed.ply") == "compressed" and save_format("x.PLY") == "ply"
     assert save_format("x.splat") == "splat" and save_format("x.spz") == "spz" and save_format("x.sog") is None

@@ -95,7 +95,16 @@ def _check_memory(path, n: int, max_gaussians: int | None) -> None:
         raise _err(path, f"{n} Gaussians need about {need / 2**30:.1f} GiB but only "
                          f"{available / 2**30:.1f} GiB of memory is free; use a smaller scene")
 
+OPACITY_LOGIT_LIMIT = 20.0  # sigmoid(+-20) is 0 or 1 to 9 digits
+
+
 def _check_finite(path, scene: GaussianScene) -> None:
+    """NaN anywhere, or an infinite value but an opacity logit, is a corrupt file. Infinite opacity
+    logits are fully opaque (+inf) or transparent (-inf) Gaussians, as splat-transform writes them
+    (log(a / (1 - a)) of alpha 1 or 0, also decompressing SuperSplat's compressed .ply): clamped."""
+    logits = scene.opacity_logits
+    if torch.isinf(logits).any():
+        scene.opacity_logits = logits.clamp(-OPACITY_LOGIT_LIMIT, OPACITY_LOGIT_LIMIT)
     for name, value in scene._fields().items():
         if value is not None and not torch.isfinite(value).all():
             bad = int((~torch.isfinite(value)).reshape(len(scene), -1).any(dim=1).sum())
