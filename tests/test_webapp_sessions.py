@@ -459,6 +459,45 @@ def test_live_output_records_the_stream_to_a_file(manager, tmp_path):
     assert len(decoded) == out.attachment.frames and decoded[0].shape == (40, 64, 3)  # the stream's size
 
 
+def test_live_outputs_are_capped_per_stream_and_server_and_pushes_go_where_allowed(manager, tmp_path):
+    """Start, called with made-up session hashes against one stream, once added an output (a
+    thread and an encoder) per call, never pruned: 40 calls took the stream to 1.1 fps."""
+    pytest.importorskip("av", reason="PyAV is not installed (the GPU image has none)")
+    from streamstudio.app.cli import build_parser
+    from streamstudio.app.cli.serve import output_limits
+    from streamstudio.app.web.ui import OutputLimits, _start_output
+
+    session = manager.open("rec")
+    session.submit(frame())
+    wait_output(session)
+    limits = OutputLimits(per_stream=2, total=3, allow_push=("live.example.com",))
+    outputs: dict = {}
+    said = [_start_output(manager, outputs, f"forged-{i}", "rec", "file", f"r{i}.mp4", 10, tmp_path, limits)
+            for i in range(6)]
+    assert [m.startswith("Started") for m in said] == [True, True, False, False, False, False], said
+    assert "already has 2 output(s)" in said[2] and len(outputs) == 2
+    other = manager.open("rec2")
+    other.submit(frame())
+    wait_output(other)
+    assert _start_output(manager, outputs, "b3", "rec2", "file", "o.mp4", 10, tmp_path, limits).startswith("Started")
+    assert "already runs 3 outputs" in _start_output(manager, outputs, "b4", "rec2", "file", "p.mp4", 10, tmp_path,
+                                                     limits)
+    refused = _start_output(manager, outputs, "b3", "rec2", "rtmp", "rtmp://elsewhere.net/live/k", 10, tmp_path, limits)
+    assert "does not push to elsewhere.net" in refused and "--allow-push elsewhere.net" in refused
+    manager.close("rec")  # its outputs go with it: the next Start prunes them
+    assert _start_output(manager, outputs, "b5", "rec2", "file", "q.mp4", 10, tmp_path, limits).startswith("Started")
+    assert sorted(outputs) == ["b3", "b5"]  # b3's file output outlived its refused push
+    for out in outputs.values():
+        out.stop()
+
+    parse = build_parser().parse_args
+    assert output_limits(parse(["serve"])).allow_push is None  # loopback: any host
+    assert output_limits(parse(["serve", "--host", "0.0.0.0"])).allow_push == ()  # reachable: none by default
+    assert output_limits(parse(["serve", "--host", "0.0.0.0", "--allow-push", "A.example, b.example"])).allow_push \
+        == ("a.example", "b.example")
+    assert output_limits(parse(["serve", "--max-streams", "3"])).total == 6
+
+
 def test_live_output_refuses_a_bad_rtmp_url(manager, tmp_path):
     from streamstudio.app.web.ui import _start_output
 

@@ -56,6 +56,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--latency-probe", action="store_true",
                    help="copy a frame counter drawn in the input's top band onto the output (benchmarks/webapp.py)")
     p.add_argument("--output-dir", default="outputs", help="folder for Live output recordings (default outputs)")
+    p.add_argument("--allow-push", default=None, metavar="HOST[,HOST...]|any|none",
+                   help="the RTMP hosts the Live output tab may push a stream to (default: any when the server "
+                        "binds a loopback address, none otherwise: a page could make the server push anywhere)")
     p.add_argument("--no-stream-batching", action="store_true",
                    help="let live streams take turns on the model instead of batching their network calls together")
     p.add_argument("--max-batch-rows", type=number(int, 1, 1024), default=16,
@@ -119,6 +122,19 @@ def guard_config(args):
                        uploads_per_client=getattr(args, "uploads_per_client", 20))
 
 
+def output_limits(args):
+    """The Live output tab's limits: 2 outputs per stream, 2 per stream slot on the server, and the
+    RTMP hosts --allow-push names (default: any on loopback, none when reachable from the network)."""
+    from streamstudio.app.web.ui import OutputLimits
+
+    allow = getattr(args, "allow_push", None)
+    if allow is None:
+        allow = "any" if (args.host or "127.0.0.1") in LOOPBACK else "none"
+    hosts = None if allow.strip().lower() == "any" else tuple(
+        h.strip().lower() for h in allow.split(",") if h.strip() and h.strip().lower() != "none")
+    return OutputLimits(per_stream=2, total=2 * args.max_streams, allow_push=hosts)
+
+
 def whip_token(args) -> str | None:
     token = getattr(args, "whip_token", None)
     token = token if token is not None else os.environ.get("STREAMSTUDIO_WHIP_TOKEN")
@@ -175,7 +191,8 @@ def build_app(args, model=None):
                     rtc_config=rtc, max_viewers=getattr(args, "max_viewers", 32),
                     other_slots=lambda: set(stream.pcs)).mount(app)
     blocks = ui.build_ui(manager, rtc_config=rtc, output_dir=args.output_dir,
-                         file_ttl=int(getattr(args, "upload_ttl", 300.0)), host=args.host or "127.0.0.1")
+                         file_ttl=int(getattr(args, "upload_ttl", 300.0)), host=args.host or "127.0.0.1",
+                         output_limits=output_limits(args))
     silence_gradio_debug_prints()
     with contextlib.redirect_stdout(io.StringIO()):  # gradio prints "new /" here
         app = gr.mount_gradio_app(app, blocks, path="/", server_name=args.host or "127.0.0.1",

@@ -13,6 +13,7 @@ import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
 
 import gradio as gr
 import numpy as np
@@ -146,6 +147,17 @@ class LiveOutput:
         self.session.detach(self.attachment)
 
 
+@dataclass(frozen=True)
+class OutputLimits:
+    """What the Live output tab lets a page start: outputs per stream and on the server at most
+    (each holds a thread and an encoder), and the RTMP hosts a push may go to (None: any;
+    `serve --allow-push`, by default none when the server is reachable from the network)."""
+
+    per_stream: int = 2
+    total: int = 8
+    allow_push: tuple[str, ...] | None = None
+
+
 def clean_name(name: str, default: str) -> str:
     """A file name without folders or odd characters (the UI names no server paths)."""
     stem = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(name or default).name).strip("._") or default
@@ -173,7 +185,7 @@ def output_location(kind: str, target: str, output_dir: Path) -> str:
 
 # ---------------------------------------------------------------------- the app
 def build_ui(manager: SessionManager, rtc_config: dict | None = None, output_dir: str | Path = "outputs",
-             file_ttl: int = 300, host: str | None = None):
+             file_ttl: int = 300, host: str | None = None, output_limits: OutputLimits | None = None):
     """The app's Blocks. Files Gradio keeps for it (uploads, cached frames) are deleted `file_ttl`
     seconds after they were made, checked every minute, and all of them when the server stops.
     `host`: the address the server binds, where the Live tab's WebRTC media go."""
@@ -189,7 +201,7 @@ def build_ui(manager: SessionManager, rtc_config: dict | None = None, output_dir
             with gr.Tab("Text to image", id="t2i"):
                 _t2i_tab(manager)
             with gr.Tab("Live output", id="output"):
-                _output_tab(manager, webrtc, Path(output_dir))
+                _output_tab(manager, webrtc, Path(output_dir), output_limits or OutputLimits())
             for label, tab_id, build in extra_tabs:
                 with gr.Tab(label, id=tab_id):
                     build()
@@ -503,7 +515,7 @@ class T2IControl:
         return image, text, keep_going
 
 
-def _output_tab(manager: SessionManager, webrtc, output_dir: Path) -> None:
+def _output_tab(manager: SessionManager, webrtc, output_dir: Path, limits: OutputLimits) -> None:
     gr.Markdown("Push the Live tab's output to an RTMP server or HLS, or record it to a file on the server "
                 f"(files go to the server's output folder, `{output_dir}`). Start the Live tab first.")
     with gr.Row():
@@ -519,7 +531,7 @@ def _output_tab(manager: SessionManager, webrtc, output_dir: Path) -> None:
 
     def begin(value, kind_, target_, fps_, request: gr.Request):
         said[request.session_hash] = _start_output(manager, outputs, request.session_hash, live_id(value), kind_,
-                                                   target_, float(fps_), output_dir)
+                                                   target_, float(fps_), output_dir, limits)
         return said[request.session_hash]
 
     def end(request: gr.Request):
@@ -535,10 +547,23 @@ def _output_tab(manager: SessionManager, webrtc, output_dir: Path) -> None:
     gr.Timer(1.0).tick(refresh, outputs=[status], show_progress="hidden", queue=False)
 
 
-def _start_output(manager, outputs, key, sid, kind, target, fps, output_dir) -> str:
+def _start_output(manager, outputs, key, sid, kind, target, fps, output_dir,
+                  limits: OutputLimits = OutputLimits()) -> str:
+    for stale in [k for k, out in outputs.items() if out.session.closed]:  # their stream ended
+        outputs.pop(stale).stop()
     session = manager.get(sid) if sid else None
     if session is None or session.closed:
         return "⚠️ No live stream: start the Live tab's camera first."
+    others = [out for k, out in outputs.items() if k != key]  # (this page's own output is replaced)
+    if sum(out.session is session for out in others) >= limits.per_stream:
+        return f"⚠️ This stream already has {limits.per_stream} output(s), the most it may have; stop one first."
+    if len(others) >= limits.total:
+        return f"⚠️ The server already runs {limits.total} outputs, the most it takes; try again later."
+    if kind == "rtmp" and limits.allow_push is not None:
+        host = (urlparse(target or "").hostname or "").lower()
+        if host not in limits.allow_push:
+            return (f"⚠️ This server does not push to {host or 'that address'}: its admin can allow it with "
+                    f"`serve --allow-push {host or 'HOST'}`.")
     old = outputs.pop(key, None)
     if old is not None:
         old.stop()
