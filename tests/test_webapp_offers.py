@@ -250,6 +250,49 @@ def test_a_connection_that_sends_no_frame_is_freed(server):
     assert_no_slot_held(server, timeout=5)
 
 
+def test_a_client_that_stops_sending_frees_its_slot_after_the_idle_timeout(server):
+    """A client that sent frames and then stopped held its slot for the idle timeout (its session
+    reaped) plus the pending timeout (its connection, now without a session): about 40 s against
+    the documented 20. Now the connection goes with its session."""
+    from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription, VideoStreamTrack
+
+    class Stalls(VideoStreamTrack):
+        sent = 0
+
+        async def recv(self):
+            if self.sent >= 5:
+                await asyncio.Event().wait()  # the camera froze: no more frames, the connection stays up
+            self.sent += 1
+            return await super().recv()
+
+    stream, manager = stream_of(server), server.manager
+    saved = stream.pending_timeout, manager.idle_timeout
+    stream.pending_timeout, manager.idle_timeout = 30.0, 1.0
+
+    async def main():
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        pc.createDataChannel("text")
+        pc.addTrack(Stalls())
+        await pc.setLocalDescription(await pc.createOffer())
+        async with httpx.AsyncClient(timeout=20) as http:
+            r = await http.post(f"{server.url}/webrtc/offer",
+                                json={"sdp": pc.localDescription.sdp, "type": "offer", "webrtc_id": "stalls"})
+        await pc.setRemoteDescription(RTCSessionDescription(**r.json()))
+        try:
+            await wait_for(lambda: manager.get("stalls") is not None, timeout=15)  # frames came: a session
+            t0 = time.monotonic()
+            await wait_for(lambda: "stalls" not in stream.pcs, timeout=8)  # idle 1 s + the reaper's second
+            assert time.monotonic() - t0 < 8 and pc.connectionState != "failed"
+        finally:
+            await pc.close()
+
+    try:
+        run(main())
+    finally:
+        stream.pending_timeout, manager.idle_timeout = saved
+    assert_no_slot_held(server, timeout=5)
+
+
 def test_duplicate_webrtc_id_is_refused(server, good_sdp):
     stream = stream_of(server)
     saved, stream.pending_timeout = stream.pending_timeout, 1.5

@@ -270,18 +270,20 @@ class GuardedOffers:
     async def connection_timeout(self, pc, webrtc_id: str, time_limit: float):
         # fastrtc starts this (time_limit 30) once the remote description is set, and closes
         # a connection not up by then. This one watches the connection for its whole life: one
-        # without a session (never connected, no frame yet, or its session reaped as idle) for
-        # `pending_timeout` seconds is closed and its slot freed. It never touches a newer
+        # without a session (never connected, or no frame yet) for `pending_timeout` seconds is
+        # closed and its slot freed; one whose session ended (reaped as idle: the client stopped
+        # sending) at once, so a stalled client holds its slot for --idle-timeout, not that plus
+        # `pending_timeout` (about 40 s instead of the documented 20). It never touches a newer
         # connection under the same id. Offers that fail before it starts are freed in `guarded_offer`.
         loop = asyncio.get_running_loop()
-        seen = loop.time()
+        seen, had_session = loop.time(), False
         while self.pcs.get(webrtc_id) is pc and pc.connectionState not in ("closed", "failed"):
             now = loop.time()
             if self.manager.get(webrtc_id) is not None:
-                seen = now
-            elif now - seen >= self.pending_timeout:
-                log.info("WebRTC connection %s (%s) has had no stream for %.0f s: freeing its slot",
-                         webrtc_id, pc.connectionState, self.pending_timeout)
+                seen, had_session = now, True
+            elif had_session or now - seen >= self.pending_timeout:
+                log.info("WebRTC connection %s (%s) %s: freeing its slot", webrtc_id, pc.connectionState,
+                         "has lost its stream" if had_session else f"has had no stream for {self.pending_timeout:.0f} s")
                 await self.free(webrtc_id, pc)
                 return
             await asyncio.sleep(min(0.5, self.pending_timeout / 5))
