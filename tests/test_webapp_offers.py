@@ -210,14 +210,25 @@ def test_an_offer_never_completed_frees_its_slot(server, good_sdp):
     assert_no_slot_held(server, timeout=15)
 
 
+async def connect_with(server, track, webrtc_id: str):
+    """An aiortc client sending `track` (and the data channel fastrtc waits for), its offer
+    answered by the server's /webrtc/offer; the caller closes it."""
+    from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    pc.createDataChannel("text")
+    pc.addTrack(track)
+    await pc.setLocalDescription(await pc.createOffer())
+    async with httpx.AsyncClient(timeout=20) as http:
+        r = await http.post(f"{server.url}/webrtc/offer",
+                            json={"sdp": pc.localDescription.sdp, "type": "offer", "webrtc_id": webrtc_id})
+    await pc.setRemoteDescription(RTCSessionDescription(**r.json()))
+    return pc
+
+
 def test_a_connection_that_sends_no_frame_is_freed(server):
     """Connected (ICE and DTLS up) but never a frame: no session, so freed after the bound too."""
-    from aiortc import (
-        RTCConfiguration,
-        RTCPeerConnection,
-        RTCSessionDescription,
-        VideoStreamTrack,
-    )
+    from aiortc import VideoStreamTrack
 
     class Silent(VideoStreamTrack):
         async def recv(self):
@@ -227,14 +238,7 @@ def test_a_connection_that_sends_no_frame_is_freed(server):
     saved, stream.pending_timeout = stream.pending_timeout, 3.0
 
     async def main():
-        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-        pc.createDataChannel("text")
-        pc.addTrack(Silent())
-        await pc.setLocalDescription(await pc.createOffer())
-        async with httpx.AsyncClient(timeout=20) as http:
-            r = await http.post(f"{server.url}/webrtc/offer",
-                                json={"sdp": pc.localDescription.sdp, "type": "offer", "webrtc_id": "silent"})
-        await pc.setRemoteDescription(RTCSessionDescription(**r.json()))
+        pc = await connect_with(server, Silent(), "silent")
         try:
             await wait_for(lambda: pc.connectionState == "connected", timeout=10)
             held = status(server)
@@ -254,7 +258,7 @@ def test_a_client_that_stops_sending_frees_its_slot_after_the_idle_timeout(serve
     """A client that sent frames and then stopped held its slot for the idle timeout (its session
     reaped) plus the pending timeout (its connection, now without a session): about 40 s against
     the documented 20. Now the connection goes with its session."""
-    from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription, VideoStreamTrack
+    from aiortc import VideoStreamTrack
 
     class Stalls(VideoStreamTrack):
         sent = 0
@@ -270,14 +274,7 @@ def test_a_client_that_stops_sending_frees_its_slot_after_the_idle_timeout(serve
     stream.pending_timeout, manager.idle_timeout = 30.0, 1.0
 
     async def main():
-        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-        pc.createDataChannel("text")
-        pc.addTrack(Stalls())
-        await pc.setLocalDescription(await pc.createOffer())
-        async with httpx.AsyncClient(timeout=20) as http:
-            r = await http.post(f"{server.url}/webrtc/offer",
-                                json={"sdp": pc.localDescription.sdp, "type": "offer", "webrtc_id": "stalls"})
-        await pc.setRemoteDescription(RTCSessionDescription(**r.json()))
+        pc = await connect_with(server, Stalls(), "stalls")
         try:
             await wait_for(lambda: manager.get("stalls") is not None, timeout=15)  # frames came: a session
             t0 = time.monotonic()

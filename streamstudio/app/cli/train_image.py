@@ -70,7 +70,6 @@ def run(args) -> int:
     import torch
 
     from streamstudio.app.training.image import ImageTrainer, export_checkpoint
-
     from streamstudio.streaming.sinks import make_output_folder
 
     if args.threads:

@@ -72,7 +72,6 @@ def run(args) -> int:
     import torch
 
     from streamstudio.app.training.video import VideoTrainer
-
     from streamstudio.streaming.sinks import make_output_folder
 
     if args.threads:
