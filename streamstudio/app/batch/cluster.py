@@ -34,6 +34,7 @@ from pathlib import Path
 
 from streamstudio.app.batch.segments import (MIN_SEGMENT, Piece, keyframe_indices, part_done, plan_pieces, remove_parts,
                                        render_piece, split_allowed, stitch, write_json)
+from streamstudio.app.settings import number
 from streamstudio.errors import StreamStudioError
 from streamstudio.streaming.sources import open_source
 
@@ -53,9 +54,9 @@ def add_arguments(group) -> None:
                        help="render many files (--input a folder, a glob, a,b,c or @list.txt) or one long file in "
                             "segments: on a Ray cluster (ray://HEAD:10001, or auto: RAY_ADDRESS or a local Ray "
                             "when --workers or several GPUs ask for one) or here, one job after another (local)")
-    group.add_argument("--workers", type=int, default=None,
+    group.add_argument("--workers", type=number(int, 1, 4096), default=None,
                        help="batch workers: starts a local Ray with N workers (default: one per GPU, else one)")
-    group.add_argument("--segment-frames", type=int, default=None,
+    group.add_argument("--segment-frames", type=number(int, 1, 10**9), default=None,
                        help="batch: a file of at least twice this many frames is cut into segments of about this "
                             "many, rendered in parallel and stitched (default: one segment per worker for files of "
                             f"at least {MIN_SEGMENT} frames per worker)")
@@ -431,8 +432,6 @@ def make_executor(args, settings: dict):
     choice = args.cluster or "auto"
     if choice not in ("auto", "local") and not choice.startswith("ray://"):
         raise StreamStudioError(f"--cluster {choice!r}: use auto, local or ray://HOST:PORT")
-    if args.workers is not None and args.workers < 1:
-        raise StreamStudioError("--workers must be at least 1")
     if choice == "local":
         return LocalExecutor(settings)
     try:
@@ -513,8 +512,6 @@ def run_batch(args, on_progress: Callable[[dict], None] | None = None) -> int:
     outputs, work = output_paths(inputs, args.output)
     settings = settings_of(args)
     joblist = JobList(work, settings)
-    if args.segment_frames is not None and args.segment_frames < 1:
-        raise StreamStudioError("--segment-frames must be at least 1")
     todo = [(src, dst) for src, dst in zip(inputs, outputs) if not joblist.finished(dst)]
     executor = make_executor(args, settings) if todo else None  # its worker count sets the default cuts
     jobs, failed = plan(args, [s for s, _ in todo], [d for _, d in todo], work, executor.workers if executor else 1)

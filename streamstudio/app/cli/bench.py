@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from streamstudio.app.settings import number
 from streamstudio.errors import StreamStudioError
 
 
@@ -35,11 +36,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
     p = subparsers.add_parser("bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("benchmark")
-    g.add_argument("--frames", type=int, default=100, help="timed frames, one stream (default 100)")
-    g.add_argument("--warmup", type=int, default=10, help="untimed frames first (default 10; compile needs more)")
+    g.add_argument("--frames", type=number(int, 1, 10**7), default=100, help="timed frames, one stream (default 100)")
+    g.add_argument("--warmup", type=number(int, 0, 10**6), default=10, help="untimed frames first (default 10; compile needs more)")
     g.add_argument("--txt2img", action="store_true", help="time txt2img instead of img2img")
-    g.add_argument("--streams", type=int, default=1, help="live streams over one model (default 1)")
-    g.add_argument("--seconds", type=float, default=10.0, help="timed seconds with --streams > 1 (default 10)")
+    g.add_argument("--streams", type=number(int, 1, 1024), default=1, help="live streams over one model (default 1)")
+    g.add_argument("--seconds", type=number(float, 0, 86400, low_open=True), default=10.0, help="timed seconds with --streams > 1 (default 10)")
     g.add_argument("--no-stream-batching", action="store_true", help="with --streams: take turns, as serve does with it")
     g.add_argument("--json", default=None, metavar="FILE", help="also write the figures to FILE")
     add_pipeline_arguments(p)
@@ -115,12 +116,8 @@ def closed_loop(manager, streams: int, width: int, height: int, warmup_s: float,
 
 
 def _check(args) -> None:
-    if args.frames < 1 or args.warmup < 0:
-        raise StreamStudioError("--frames must be at least 1 and --warmup at least 0")
-    if args.streams < 1:
-        raise StreamStudioError("--streams must be at least 1")
-    if args.streams > 1 and (args.seconds <= 0 or args.txt2img):
-        raise StreamStudioError("--streams runs img2img live streams for --seconds > 0 (no --txt2img)")
+    if args.streams > 1 and args.txt2img:
+        raise StreamStudioError("--streams runs img2img live streams (no --txt2img)")
 
 
 def device_name(device) -> str:

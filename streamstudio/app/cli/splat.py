@@ -67,7 +67,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--compressed", action="store_true",
                    help="with `convert`: write SuperSplat's compressed .ply whatever OUT's name")
     p.add_argument("--fps", type=number(float, 0, 1000, low_open=True), default=None, help="video frame rate (default 24, or the path file's)")
-    p.add_argument("--time-range", nargs=2, type=float, metavar=("A", "B"), default=None,
+    p.add_argument("--time-range", nargs=2, type=number(float, -1e9, 1e9), metavar=("A", "B"), default=None,
                    help="4D scenes: the time of the first and the last frame (default the scene's range)")
     p.add_argument("--fov", type=number(float, 0, 180, low_open=True), default=None,
                    help="vertical field of view in degrees (default 50; a path file has its own)")
@@ -75,8 +75,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="camera model (default perspective): ortho frames the scene centre as the perspective view "
                         "would (or spans --ortho-height scene units); fisheye is equidistant, --fov across the "
                         "height, up to 180")
-    p.add_argument("--ortho-height", type=number(float, 0, None, low_open=True), default=None, help="ortho: scene units across the image height")
-    p.add_argument("--elevation", type=number(float), default=20.0, help="orbit elevation in degrees (default 20)")
+    p.add_argument("--ortho-height", type=number(float, 0, 1e9, low_open=True), default=None, help="ortho: scene units across the image height")
+    p.add_argument("--elevation", type=number(float, -89, 89), default=20.0, help="orbit elevation in degrees, -89..89 as the Splats tab (default 20)")
     p.add_argument("--sh-degree", type=number(int, 0, 3), default=3, help="spherical-harmonics degree 0..3 (default 3)")
     p.add_argument("--background", default="0,0,0", help="background #rrggbb, #rgb or R,G,B in 0..1 (default black)")
     p.add_argument("--mode", choices=MODES, default="rgb", help="rgb, depth or alpha (default rgb)")
