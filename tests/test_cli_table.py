@@ -12,9 +12,7 @@ import argparse
 import contextlib
 import io
 
-import pytest
-
-from streamstudio.app.cli import COMMANDS, build_parser, main, parse
+from streamstudio.app.cli import COMMANDS, build_parser, parse
 
 # each command with the arguments it needs to parse (the base must parse: checked below)
 BASE = {
