@@ -460,3 +460,35 @@ def test_the_live_tabs_offer_route_is_guarded_too(server, good_sdp):
             assert data["meta"]["error"] == code, (name, data)
     assert not component.pcs and not component.connections and not component.handlers
     assert_no_slot_held(server, timeout=0.5)
+
+
+def test_only_the_page_that_streams_sets_its_streams_inputs(server, monkeypatch):
+    """The Live tab's inputs (prompt, sliders) reach a stream through the component's
+    `set_input_gradio`, in a Gradio event of the page that sent them (issue 28): the first page
+    owns the stream; another page that learnt its id sets nothing and records nothing."""
+    from types import SimpleNamespace
+
+    from gradio.context import LocalContext
+
+    from streamstudio.app.web.webrtc import may_control
+
+    component = live_component_of(server)
+    reached = []
+    monkeypatch.setattr(type(component), "set_input", lambda self, sid, *args: reached.append((sid, args)))
+
+    def as_page(page: str, *args):
+        token = LocalContext.request.set(SimpleNamespace(session_hash=page, username=None))
+        try:
+            component.set_input_gradio("ownedstream1", *args)
+        finally:
+            LocalContext.request.reset(token)
+
+    as_page("page-a", "a cat")
+    as_page("page-b", "a forged prompt")
+    as_page("page-a", "a dog")
+    assert [args[-1] for _, args in reached] == ["a cat", "a dog"]
+    assert server.manager.owner("ownedstream1") == "page-a"
+    assert may_control(server.manager, "ownedstream1", "page-a")
+    assert not may_control(server.manager, "ownedstream1", "page-b")
+    assert may_control(server.manager, "ownedstream1", "page-b", operator=True)  # serve --auth: logged in
+    server.manager.close("ownedstream1")

@@ -78,6 +78,7 @@ def wait_until(cond, timeout: float, what: str, session=None) -> None:
 
 
 def start(manager, outputs, kind, target, tmp_path) -> LiveOutput:
+    manager.claim("live", KEY)  # this page streams it (its first inputs made it the owner)
     message = _start_output(manager, outputs, KEY, "live", kind, target, FPS, tmp_path)
     assert message.startswith("Started"), message
     return outputs[KEY]

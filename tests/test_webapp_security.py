@@ -213,6 +213,114 @@ def test_concurrent_chunked_uploads_stay_within_the_total():
         srv.close()
 
 
+def test_a_chunked_upload_goes_on_as_it_arrives_and_is_never_held_whole():
+    """A chunked upload (no Content-Length) was read whole into memory by the guard before Gradio
+    saw a byte: thirty concurrent 19 MB ones grew the server by 1.2 GB. Now each chunk reaches
+    the route (Gradio's parser writes it to a file) before the next is asked of the client."""
+    import asyncio
+
+    from streamstudio.app.web.security import UPLOAD_PATH, GuardConfig, RequestGuard
+
+    events = []
+
+    async def client():
+        for i in range(4):
+            events.append(f"client sends {i}")
+            yield {"type": "http.request", "body": b"x" * 1000, "more_body": i < 3}
+
+    async def app(scope, receive, send):  # reads the body as Gradio's upload route does
+        while True:
+            message = await receive()
+            events.append(f"route got {len(message['body'])}")
+            if not message["more_body"]:
+                break
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"[]"})
+
+    async def main():
+        chunks = client()
+        sent = []
+
+        async def send(message):
+            sent.append(message)
+
+        guard = RequestGuard(app, GuardConfig(max_upload_bytes=10_000))
+        scope = {"type": "http", "method": "POST", "path": UPLOAD_PATH, "headers": [], "client": ("10.0.0.1", 1)}
+        await guard(scope, chunks.__anext__, send)
+        return sent
+
+    sent = asyncio.run(main())
+    assert sent[0]["status"] == 200
+    assert events == [e for i in range(4) for e in (f"client sends {i}", "route got 1000")], events
+
+
+def test_a_chunked_upload_past_the_guards_cap_ends_with_the_parsers_own_error():
+    """Past the guard's cap the route's next read raises the multipart parser's error (the one on
+    which Gradio deletes its partial files); the route's answer is replaced by the guard's 413."""
+    import asyncio
+
+    from starlette.formparsers import MultiPartException
+
+    from streamstudio.app.web.security import UPLOAD_OVERHEAD_BYTES, UPLOAD_PATH, GuardConfig, RequestGuard
+
+    caught = []
+
+    async def app(scope, receive, send):  # Gradio's upload route, in short
+        try:
+            while (await receive())["more_body"]:
+                pass
+        except MultiPartException as exc:
+            caught.append(exc.message)
+            await send({"type": "http.response.start", "status": 400, "headers": []})
+            await send({"type": "http.response.body", "body": exc.message.encode()})
+
+    async def main():
+        sent = []
+
+        async def receive():
+            return {"type": "http.request", "body": b"x" * 10_000, "more_body": True}  # never ends
+
+        async def send(message):
+            sent.append(message)
+
+        guard = RequestGuard(app, GuardConfig(max_upload_bytes=50_000))
+        scope = {"type": "http", "method": "POST", "path": UPLOAD_PATH, "headers": [], "client": ("10.0.0.1", 1)}
+        await guard(scope, receive, send)
+        return sent, guard
+
+    sent, guard = asyncio.run(main())
+    assert len(caught) == 1 and str(50_000 + UPLOAD_OVERHEAD_BYTES) in caught[0]
+    assert sent[0]["status"] == 413 and b"too large" in sent[1]["body"]
+    assert guard._reserved == 0  # the upload's reserved space is given back
+
+
+def test_a_chunked_upload_past_the_cap_is_413_and_leaves_no_partial_file(tmp_path, monkeypatch):
+    """Past the cap mid-body the route's parser gets its own error, so Gradio deletes the file it
+    began (its temporary files live in the system temp folder, outside the upload quota)."""
+    import tempfile
+
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(spool))
+    srv = start("--max-upload-size", "100kb")
+    try:
+        def body():
+            yield (b'--b\r\nContent-Disposition: form-data; name="files"; filename="big.ply"\r\n'
+                   b"Content-Type: application/octet-stream\r\n\r\n")
+            for _ in range(30):
+                yield b"p" * 10_000
+            yield b"\r\n--b--\r\n"
+
+        r = httpx.post(f"{srv.url}/gradio_api/upload", content=body(), timeout=30,
+                       headers={"content-type": "multipart/form-data; boundary=b"})
+        assert r.status_code == 413 and "maximum allowed size" in r.text, r.text  # (Gradio's words)
+        ok = httpx.post(f"{srv.url}/gradio_api/upload", files={"files": ("small.ply", b"p" * 5000)}, timeout=30)
+        assert ok.status_code == 200, ok.text  # the server goes on
+    finally:
+        srv.close()
+    assert [f.name for f in spool.iterdir() if f.is_file()] == []
+
+
 # ---------------------------------------------------------------------- --auth on every route
 def test_auth_covers_every_route(secret_file):
     srv = start("--auth", "ann:secret")

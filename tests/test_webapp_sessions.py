@@ -435,13 +435,18 @@ def test_serve_options(monkeypatch, capsys):
 def test_live_output_records_the_stream_to_a_file(manager, tmp_path):
     av = pytest.importorskip("av", reason="PyAV is not installed (the GPU image has none)")
 
-    from streamstudio.app.web.ui import _output_status, _start_output
+    from streamstudio.app.web.ui import NOT_YOURS, _output_status, _start_output
 
     session = manager.open("rec")
     session.submit(frame())  # the camera's first frame (80x48) makes it a 64x40 stream
     wait_output(session)
     outputs: dict = {}
     assert "start the Live tab" in _start_output(manager, outputs, "browser", None, "file", "x.mp4", 10, tmp_path)
+    assert manager.claim("rec", "browser")  # the page that streams owns the stream (its first inputs)
+    assert not manager.claim("rec", "intruder") and manager.owner("rec") == "browser"
+    # another page that knows the stream id (it was the WHEP URL once) records nothing
+    assert _start_output(manager, outputs, "intruder", "rec", "file", "x.mp4", 10, tmp_path) == NOT_YOURS
+    assert outputs == {} and not (tmp_path / "x.mp4").exists()
     message = _start_output(manager, outputs, "browser", "rec", "file", "../../clip", 10, tmp_path)
     assert message.startswith("Started") and str(tmp_path / "clip.mp4") in message
     for i in range(1, 7):
@@ -472,20 +477,23 @@ def test_live_outputs_are_capped_per_stream_and_server_and_pushes_go_where_allow
     wait_output(session)
     limits = OutputLimits(per_stream=2, total=3, allow_push=("live.example.com",))
     outputs: dict = {}
-    said = [_start_output(manager, outputs, f"forged-{i}", "rec", "file", f"r{i}.mp4", 10, tmp_path, limits)
+    # a logged-in operator may record any stream (a page, only its own), within the caps
+    said = [_start_output(manager, outputs, f"forged-{i}", "rec", "file", f"r{i}.mp4", 10, tmp_path, limits, True)
             for i in range(6)]
     assert [m.startswith("Started") for m in said] == [True, True, False, False, False, False], said
     assert "already has 2 output(s)" in said[2] and len(outputs) == 2
     other = manager.open("rec2")
     other.submit(frame())
     wait_output(other)
+    manager.claim("rec2", "b3")  # page b3 streams rec2; b4 and b5 below are operators
     assert _start_output(manager, outputs, "b3", "rec2", "file", "o.mp4", 10, tmp_path, limits).startswith("Started")
     assert "already runs 3 outputs" in _start_output(manager, outputs, "b4", "rec2", "file", "p.mp4", 10, tmp_path,
-                                                     limits)
+                                                     limits, True)
     refused = _start_output(manager, outputs, "b3", "rec2", "rtmp", "rtmp://elsewhere.net/live/k", 10, tmp_path, limits)
     assert "does not push to elsewhere.net" in refused and "--allow-push elsewhere.net" in refused
     manager.close("rec")  # its outputs go with it: the next Start prunes them
-    assert _start_output(manager, outputs, "b5", "rec2", "file", "q.mp4", 10, tmp_path, limits).startswith("Started")
+    assert _start_output(manager, outputs, "b5", "rec2", "file", "q.mp4", 10, tmp_path, limits,
+                         True).startswith("Started")
     assert sorted(outputs) == ["b3", "b5"]  # b3's file output outlived its refused push
     for out in outputs.values():
         out.stop()
@@ -502,6 +510,7 @@ def test_live_output_refuses_a_bad_rtmp_url(manager, tmp_path):
     from streamstudio.app.web.ui import _start_output
 
     manager.open("rec")
+    manager.claim("rec", "b")
     message = _start_output(manager, {}, "b", "rec", "rtmp", "http://example.com/x", 30, tmp_path)
     assert "rtmp://host/live/streamkey" in message
 

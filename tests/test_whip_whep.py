@@ -449,3 +449,35 @@ def test_a_publisher_that_never_connects_is_freed(server):
         run(main())
     finally:
         whip.pending_timeout = saved
+
+
+def test_a_viewer_watches_by_the_watch_id_and_never_learns_the_stream_id(server):
+    """The Live tab shows `/whep/<watch id>` (issue 28): the stream id controls the stream (its
+    settings, its outputs), so a viewer must never see it, neither in the URL nor in the
+    resource's Location; the viewer gets frames, and DELETE on that Location ends it."""
+    from streamstudio.app.web.ui import whep_text
+
+    async def main():
+        pub = Publisher(server.url, "/whip/controlid7")
+        assert (await pub.start()).status_code == 201
+        await wait_for(lambda: (s := server.manager.get("controlid7")) is not None and s.processed >= 2)
+        watch = server.manager.get("controlid7").watch_id
+        shown = whep_text(server.manager, "controlid7")
+        assert f"/whep/{watch}`" in shown and "controlid7" not in shown
+        viewer = Viewer(server.url, watch)
+        try:
+            r = await viewer.start()
+            assert r.status_code == 201, r.text
+            location = r.headers["location"]
+            assert location.startswith(f"/whep/{watch}/") and "controlid7" not in location + r.text
+            await wait_for(lambda: len(viewer.times) >= 3)
+            async with httpx.AsyncClient(timeout=20) as http:
+                wrong = await http.delete(server.url + location.replace(watch, "controlid7"),
+                                          headers=headers())
+                gone = await http.delete(server.url + location, headers=headers())
+            assert wrong.status_code == 404 and gone.status_code == 200
+        finally:
+            await asyncio.gather(viewer.close(), pub.close())
+            await pub.delete()
+
+    run(main())

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import secrets
 import threading
 import time
 from collections import deque
@@ -345,6 +346,8 @@ class StreamSession:
 
     def __init__(self, sid: str, model: ServerModel, mode: str = "img2img", settings: dict | None = None):
         self.sid, self.model, self.mode = sid, model, mode
+        # the name WHEP viewers watch it by: a viewer never learns the id that controls the stream
+        self.watch_id = "w" + secrets.token_urlsafe(12)
         self.created = self.last_seen = time.monotonic()
         self.notice: str | None = None  # a rejected setting; the stream goes on
         self.last_frame: np.ndarray | None = None  # the newest frame handed in (RGB uint8)
@@ -539,6 +542,7 @@ class SessionManager:
         self._sessions: dict[str, StreamSession] = {}
         self._slots: dict[str, str] = {}  # key -> tab: the other tabs' live streams (take_slot)
         self._presets: dict[str, tuple[dict, float]] = {}
+        self._owners: dict[str, str] = {}  # stream id -> the page (Gradio session hash) that owns it
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, name="session-reaper", daemon=True)
@@ -586,6 +590,30 @@ class SessionManager:
     def get(self, sid: str) -> StreamSession | None:
         return self._sessions.get(sid)
 
+    def watched(self, name: str) -> StreamSession | None:
+        """The stream a WHEP viewer asks for by `name`: its watch id (the URL the Live tab shows),
+        or its stream id (a WHIP publisher names its stream for its viewers)."""
+        session = self._sessions.get(name)
+        if session is not None:
+            return session
+        return next((s for s in list(self._sessions.values()) if s.watch_id == name), None)
+
+    def claim(self, sid: str, owner: str | None) -> bool:
+        """Whether the page `owner` (a Gradio session hash) may set or record stream `sid`: the
+        first page that sends it inputs owns it from then on (until it closes). None: the server's
+        own code, which may."""
+        if owner is None:
+            return True
+        with self._lock:
+            held = self._owners.setdefault(sid, owner)
+            while len(self._owners) > MAX_PRESETS:  # bounded: ids a page named but never streamed
+                self._owners.pop(next(iter(self._owners)))
+        return held == owner
+
+    def owner(self, sid: str) -> str | None:
+        """The page that owns stream `sid` (`claim`), None when no page does (WHIP, the API)."""
+        return self._owners.get(sid)
+
     def settings(self, sid: str, raw: dict) -> dict:
         """Validated settings for `sid`: applied at its next frame, or kept for when it connects."""
         settings = parse_settings(raw)
@@ -605,6 +633,7 @@ class SessionManager:
         with self._lock:
             session = self._sessions.pop(sid, None)
             self._presets.pop(sid, None)
+            self._owners.pop(sid, None)
         if session is None:
             return False
         session.close(wait)

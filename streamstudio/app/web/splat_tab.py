@@ -507,7 +507,7 @@ def build_splat_tab(get_image_pipeline: Callable[[], object] | None = None, slot
     def on_add(session, gp, lp, *vals):
         if session is None or session.scene is None:
             raise StreamStudioError("load a scene first")
-        info = add_keyframe(session, view_of(*vals), float(gp or 2.0))
+        add_keyframe(session, view_of(*vals), float(gp or 2.0))
         session.path.loop = bool(lp)
         return session, path_info(session)
 

@@ -21,9 +21,8 @@ import numpy as np
 from streamstudio.app.web.sessions import BusyError, GuardedPipeline, SessionManager, StreamSession
 from streamstudio.app.settings import (IP_ADAPTER_SCALE, control_scale_key, live_controls, live_keys, settings_from_ui,
                                        widget)
-from streamstudio.app.web.webrtc import LiveHandler, live_component
+from streamstudio.app.web.webrtc import LiveHandler, live_component, may_control, operator
 from streamstudio.errors import StreamStudioError
-from streamstudio.frames import to_rgb
 from streamstudio.models.loading import DEFAULT_MODEL, download_command
 from streamstudio.streaming.runner import Attachment
 from streamstudio.streaming.sinks import open_sink
@@ -275,8 +274,10 @@ def _ip_adapter_controls(manager: SessionManager, webrtc) -> None:
         grab = gr.Button("Use the camera's current frame as the reference", elem_id="live-ip-grab")
         status = gr.Markdown("", elem_id="live-ip-status")
 
-    def sids(value, request: gr.Request):
-        return [live_id(value), f"fallback-{request.session_hash}"]
+    def sids(value, request: gr.Request):  # the page's own streams (a foreign stream id is left out)
+        sid = live_id(value)
+        own = sid if may_control(manager, sid, request.session_hash, operator(request)) else None
+        return [own, f"fallback-{request.session_hash}"]
 
     def grab_frame(value, request: gr.Request):
         image, text = grab_reference(manager, sids(value, request))
@@ -357,11 +358,14 @@ def grab_reference(manager: SessionManager, sids) -> tuple[np.ndarray | None, st
 
 
 def whep_text(manager: SessionManager, sid: str | None, request=None) -> str:
-    """The running stream's WHEP URL (app/web/whip.py): any number of players can watch its output."""
-    if not sid or manager.get(sid) is None:
+    """The running stream's WHEP URL (app/web/whip.py): any number of players can watch its output.
+    It names the stream's watch id, never the id that controls it."""
+    session = manager.get(sid) if sid else None
+    if session is None:
         return ""
     base = str(getattr(request, "base_url", "") or "").rstrip("/") if request is not None else ""
-    return (f"Watch this stream in a WHEP player (any number of viewers, one model run): `{base}/whep/{sid}` "
+    return (f"Watch this stream in a WHEP player (any number of viewers, one model run): "
+            f"`{base}/whep/{session.watch_id}` "
             "(with the server's WHIP token as the bearer token, when it has one)")
 
 
@@ -531,7 +535,7 @@ def _output_tab(manager: SessionManager, webrtc, output_dir: Path, limits: Outpu
 
     def begin(value, kind_, target_, fps_, request: gr.Request):
         said[request.session_hash] = _start_output(manager, outputs, request.session_hash, live_id(value), kind_,
-                                                   target_, float(fps_), output_dir, limits)
+                                                   target_, float(fps_), output_dir, limits, operator(request))
         return said[request.session_hash]
 
     def end(request: gr.Request):
@@ -547,13 +551,20 @@ def _output_tab(manager: SessionManager, webrtc, output_dir: Path, limits: Outpu
     gr.Timer(1.0).tick(refresh, outputs=[status], show_progress="hidden", queue=False)
 
 
+NOT_YOURS = ("⚠️ That stream is not this page's: only the page that started it (or a logged-in operator) can "
+             "record, push or steer it.")
+
+
 def _start_output(manager, outputs, key, sid, kind, target, fps, output_dir,
-                  limits: OutputLimits = OutputLimits()) -> str:
+                  limits: OutputLimits = OutputLimits(), operator: bool = False) -> str:
+    """Start page `key`'s output of stream `sid` (its own stream, or any with `operator`)."""
     for stale in [k for k, out in outputs.items() if out.session.closed]:  # their stream ended
         outputs.pop(stale).stop()
     session = manager.get(sid) if sid else None
     if session is None or session.closed:
         return "⚠️ No live stream: start the Live tab's camera first."
+    if not may_control(manager, sid, key, operator):
+        return NOT_YOURS
     others = [out for k, out in outputs.items() if k != key]  # (this page's own output is replaced)
     if sum(out.session is session for out in others) >= limits.per_stream:
         return f"⚠️ This stream already has {limits.per_stream} output(s), the most it may have; stop one first."

@@ -337,6 +337,27 @@ def build_stream(manager: SessionManager, rtc_config: dict | None = None, host: 
     return stream.guard(manager, host, pending_timeout)
 
 
+def page_session() -> str | None:
+    """The Gradio session hash of the page whose event is running (None outside an event)."""
+    from gradio.context import LocalContext
+
+    return getattr(LocalContext.request.get(None), "session_hash", None)
+
+
+def may_control(manager: SessionManager, sid: str | None, page: str | None, operator: bool = False) -> bool:
+    """Whether `page` (a Gradio session hash) may record, push or steer stream `sid`: the page
+    that owns it (`SessionManager.claim`), or a logged-in operator (`serve --auth`)."""
+    if not sid:
+        return False
+    owner = manager.owner(sid)
+    return operator or (owner is not None and owner == page)
+
+
+def operator(request) -> bool:
+    """Whether `request` comes from a logged-in user (`serve --auth`)."""
+    return bool(getattr(request, "username", None))
+
+
 def live_component(manager: SessionManager, host: str | None, pending_timeout: float = PENDING_TIMEOUT, **kwargs):
     """The Live tab's fastrtc WebRTC component with GuardedOffers' checks on its offer route
     (Gradio's /gradio_api/component_server, fn_name "offer")."""
@@ -361,6 +382,15 @@ def _studio_webrtc_class():
             @classmethod
             def get_component_class_id(cls) -> str:
                 return WebRTC.get_component_class_id()
+
+            def set_input_gradio(self, webrtc_data, *args):
+                """The page's inputs (prompt, sliders) for its stream; the first page to send
+                them owns the stream, and another page's inputs for it are dropped."""
+                sid = getattr(webrtc_data, "webrtc_id", webrtc_data)
+                if isinstance(sid, str) and not self.manager.claim(sid, page_session()):
+                    log.info("inputs for stream %s from a page that does not own it: dropped", sid)
+                    return
+                return super().set_input_gradio(webrtc_data, *args)
 
             @server
             async def offer(self, body):

@@ -331,8 +331,9 @@ class Broadcaster:
 class _Resource:
     """A WHIP or WHEP session: its peer connection and the tasks that serve it."""
 
-    def __init__(self, kind: str, sid: str, pc):
+    def __init__(self, kind: str, sid: str, pc, name: str | None = None):
         self.kind, self.sid, self.pc = kind, sid, pc
+        self.name = name or sid  # the stream as its URL names it (a viewer's: the watch id)
         self.rid = secrets.token_urlsafe(16)
         self.etag = ""
         self.created = time.monotonic()
@@ -343,7 +344,7 @@ class _Resource:
 
     @property
     def location(self) -> str:
-        return f"/{self.kind}/{self.sid}/{self.rid}"
+        return f"/{self.kind}/{self.name}/{self.rid}"
 
 
 class WhipServer:
@@ -486,7 +487,7 @@ class WhipServer:
             if kind == "whip":
                 self._check_publish(sid)
             else:
-                self._check_view(sid)
+                sid = self._check_view(sid)
         except OfferRefused as exc:
             return self._refused(exc)
         pc = None
@@ -495,7 +496,7 @@ class WhipServer:
 
             with ice.scoped(self.ice_addresses):
                 pc = RTCPeerConnection(rtc_configuration(self.rtc_config))
-                res = _Resource(kind, sid, pc)
+                res = _Resource(kind, sid, pc, stream)
                 if kind == "whip":
                     res.session = self.manager.open(sid)  # settings set for `sid` beforehand apply now
                     pc.on("track", lambda track: self._on_publisher_track(res, track))
@@ -536,12 +537,14 @@ class WhipServer:
         if len(in_use) >= self.manager.max_streams or not self.manager.has_capacity():
             raise OfferRefused("busy", self.manager.busy_message(), 503)
 
-    def _check_view(self, sid: str) -> None:
-        session = self.manager.get(sid)
+    def _check_view(self, name: str) -> str:
+        """The id of the stream a viewer asks for by `name` (`SessionManager.watched`)."""
+        session = self.manager.watched(name)
         if session is None or session.closed:
-            raise OfferRefused("no_stream", f"no running stream {sid!r}: start publishing to it first", 404)
+            raise OfferRefused("no_stream", f"no running stream {name!r}: start publishing to it first", 404)
         if sum(r.kind == "whep" for r in self.resources.values()) >= self.max_viewers:
             raise OfferRefused("busy", f"StreamStudio has {self.max_viewers} viewers already (--max-viewers)", 503)
+        return session.sid
 
     async def _discard(self, pc, sid: str | None) -> None:
         if pc is not None:
@@ -689,7 +692,7 @@ class WhipServer:
 
     def _find(self, kind: str, stream: str, rid: str) -> _Resource:
         res = self.resources.get(rid)
-        if res is None or res.kind != kind or res.sid != stream:
+        if res is None or res.kind != kind or res.name != stream:
             raise OfferRefused("no_session", f"no {kind.upper()} session here", 404)
         return res
 
