@@ -19,7 +19,8 @@ def start(*extra: str):
 
     torch.set_num_threads(1)
     args = build_parser().parse_args(["serve", "--model", "tiny", "--width", str(SIZE), "--height", str(SIZE),
-                                      "--port", str(free_port()), "--idle-timeout", "30", *extra])
+                                      "--port", str(free_port()), "--idle-timeout", "30",
+                                      "--offers-per-minute", "1000", *extra])  # (tests connect often; a test may lower it)
     return start_in_thread(args)
 
 

@@ -308,7 +308,7 @@ async def ten_viewers(srv, calls, window: float, freeze: bool) -> dict:
 
 
 def watched_show(window: float, freeze: bool) -> dict:
-    srv = start("--max-streams", "1", "--no-stream-batching")
+    srv = start("--max-streams", "1", "--no-stream-batching", "--max-viewers-per-source", "16")  # (10 from here)
     calls, handle = count_calls(srv.manager.model.comps.unet)
     try:
         out = run(ten_viewers(srv, calls, window, freeze), timeout=240)
@@ -481,3 +481,111 @@ def test_a_viewer_watches_by_the_watch_id_and_never_learns_the_stream_id(server)
             await pub.delete()
 
     run(main())
+
+
+def test_connections_and_viewers_per_source_address_are_limited():
+    """Issue 28: sixteen WHIP POSTs a minute from one address once kept most honest attempts
+    busy, and 32 WHEP viewers from one process took every viewer place. One address now gets
+    --offers-per-minute new connections (every kind counted together) and
+    --max-viewers-per-source viewers; the answers say which limit, with 429."""
+    srv = start("--offers-per-minute", "5", "--max-viewers-per-source", "2", "--whip-token", TOKEN)
+
+    async def main():
+        pub = Publisher(srv.url, "/whip/ratelimited")  # connection 1
+        viewers = [Viewer(srv.url, "ratelimited") for _ in range(6)]
+        try:
+            assert (await pub.start()).status_code == 201
+            await wait_for(lambda: (s := srv.manager.get("ratelimited")) is not None and s.processed >= 1)
+            codes = [(await v.start()).status_code for v in viewers[:3]]  # connections 2, 3; a third viewer
+            assert codes == [201, 201, 429], codes
+            assert viewers[2].response.json()["meta"]["error"] == "too_many_viewers"
+            await asyncio.gather(viewers[0].close(), viewers[1].close())
+            await wait_for(lambda: not [r for r in srv.app.state.whip.resources.values() if r.kind == "whep"])
+            assert (await viewers[3].start()).status_code == 201  # connection 4
+            assert (await viewers[4].start()).status_code == 201  # connection 5
+            await viewers[4].close()
+            await wait_for(lambda: len([r for r in srv.app.state.whip.resources.values() if r.kind == "whep"]) == 1)
+            r = await viewers[5].start()  # connection 6 within the minute
+            assert r.status_code == 429 and r.json()["meta"]["error"] == "too_many_offers", r.text
+            assert "at most 5 a minute" in r.json()["meta"]["message"]
+            sendrecv = pub.pc.localDescription.sdp.replace("a=sendonly", "a=sendrecv")  # what /webrtc/offer takes
+            offer = httpx.post(f"{srv.url}/webrtc/offer", json={"sdp": sendrecv, "type": "offer",
+                                                               "webrtc_id": "another1"}, timeout=20)
+            assert offer.json()["meta"]["error"] == "too_many_offers"  # the WebRTC API counts with them
+        finally:
+            await asyncio.gather(pub.close(), *(v.close() for v in viewers))
+
+    try:
+        run(main())
+    finally:
+        srv.close()
+
+
+VIEWER_SCRIPT = """
+import asyncio, sys, httpx
+from aiortc import RTCPeerConnection, RTCSessionDescription
+
+async def main(url):
+    pc = RTCPeerConnection()
+    pc.addTransceiver("video", direction="recvonly")
+    got = asyncio.Event()
+    def on_track(track):
+        async def loop():
+            for _ in range(3):
+                await track.recv()
+            got.set()
+            while True:
+                await track.recv()
+        asyncio.ensure_future(loop())
+    pc.on("track", on_track)
+    await pc.setLocalDescription(await pc.createOffer())
+    async with httpx.AsyncClient(timeout=20) as http:
+        r = await http.post(url, content=pc.localDescription.sdp, headers={
+            "Content-Type": "application/sdp", "Authorization": "Bearer %s"})
+    await pc.setRemoteDescription(RTCSessionDescription(r.text, "answer"))
+    await got.wait()
+    print("watching", flush=True)
+    await asyncio.sleep(3600)
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def test_a_viewer_whose_process_dies_is_dropped_within_seconds(server):
+    """A WHEP viewer killed with SIGKILL (no DELETE, no DTLS close) held its place until ICE
+    consent failed, about 27-30 s. Its RTCP reports stop with it: the server ends it within
+    VIEWER_SILENCE_S of the last one, while another viewer of the stream goes on."""
+    import subprocess
+    import sys
+
+    from streamstudio.app.web.whip import VIEWER_SILENCE_S
+
+    whep = lambda: [r for r in server.app.state.whip.resources.values() if r.kind == "whep"]  # noqa: E731
+
+    async def main():
+        pub = Publisher(server.url, "/whip/diesoon")
+        keeper = Viewer(server.url, "diesoon")
+        proc = None
+        try:
+            assert (await pub.start()).status_code == 201
+            await wait_for(lambda: (s := server.manager.get("diesoon")) is not None and s.processed >= 1)
+            assert (await keeper.start()).status_code == 201
+            proc = subprocess.Popen([sys.executable, "-c", VIEWER_SCRIPT % TOKEN, f"{server.url}/whep/diesoon"],
+                                    stdout=subprocess.PIPE, text=True)
+            line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 60)
+            assert line.strip() == "watching" and len(whep()) == 2
+            proc.kill()
+            killed = time.monotonic()
+            await wait_for(lambda: len(whep()) == 1, timeout=25)
+            gone_after = time.monotonic() - killed
+            before = len(keeper.times)
+            await asyncio.sleep(1.0)
+            assert len(keeper.times) > before  # the other viewer goes on
+        finally:
+            if proc is not None:
+                proc.kill()
+            await asyncio.gather(pub.close(), keeper.close())
+        return gone_after
+
+    gone_after = run(main())
+    assert gone_after <= VIEWER_SILENCE_S + 3, gone_after

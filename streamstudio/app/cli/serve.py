@@ -71,6 +71,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "$STREAMSTUDIO_WHIP_TOKEN; without either, --auth's USER:PASS; without --auth, none)")
     p.add_argument("--max-viewers", type=number(int, 0, 10_000), default=32,
                    help="WHEP viewers on the server at most, all streams together (default 32)")
+    p.add_argument("--max-viewers-per-source", type=number(int, 1, 10_000), default=8,
+                   help="WHEP viewers one client address may hold at once (default 8)")
+    p.add_argument("--offers-per-minute", type=number(int, 1, 100_000), default=20,
+                   help="new connections (WebRTC offers, WHIP and WHEP POSTs) one client address may make "
+                        "per minute (default 20)")
     p.add_argument("--osc-port", type=number(int, 1, 65535), default=None,
                    help="take OSC control messages on this UDP port (default: off)")
     p.add_argument("--osc-host", default="127.0.0.1",
@@ -187,8 +192,10 @@ def build_app(args, model=None):
     app = FastAPI(title="StreamStudio", **docs)
     stream = webrtc.build_stream(manager, rtc, host=args.host or "127.0.0.1")
     webrtc.mount_api(app, manager, stream)
+    manager.offer_rate = security.SourceRate(getattr(args, "offers_per_minute", 20))
     whip.WhipServer(manager, host=args.host or "127.0.0.1", token=whip_token(args), auth=guard.auth,
                     rtc_config=rtc, max_viewers=getattr(args, "max_viewers", 32),
+                    max_viewers_per_source=getattr(args, "max_viewers_per_source", 8),
                     other_slots=lambda: set(stream.pcs)).mount(app)
     blocks = ui.build_ui(manager, rtc_config=rtc, output_dir=args.output_dir,
                          file_ttl=int(getattr(args, "upload_ttl", 300.0)), host=args.host or "127.0.0.1",

@@ -14,7 +14,11 @@ Blocks (`enable_gradio_path_checks`):
   uploads); a body longer than its cap is refused with 413 before the app reads it.
 - **Bounded uploads.** Uploads per client in a time window, and the bytes this server's uploads
   hold on disk in all; Gradio's `delete_cache` (set on the Blocks) removes them on a timer and
-  at exit.
+  at exit. A chunked upload streams to disk as it arrives.
+- **New connections per source.** The guard notes each request's peer address (`peer()`); the
+  offer routes (WebRTC, the Live tab, WHIP, WHEP) take one from that address's `SourceRate`.
+
+A client is its peer address, never something it sends (a header, a token it makes up).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import time
 from base64 import b64decode
 from collections import deque
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from streamstudio.errors import StreamStudioError
@@ -68,6 +73,48 @@ def parse_size(text: str | int) -> int:
     if size <= 0:
         raise StreamStudioError(f"size {text!r} must be above zero")
     return size
+
+
+_PEER: ContextVar[str | None] = ContextVar("streamstudio_peer", default=None)
+
+
+def peer() -> str | None:
+    """The peer address of the HTTP request being served (set by `RequestGuard`), else None."""
+    return _PEER.get()
+
+
+class SourceRate:
+    """At most `per_minute` new connections (WebRTC offers, WHIP and WHEP POSTs) per source
+    address in any 60 s: sixteen WHIP POSTs a minute from one address, each holding a slot until
+    its pending timeout, once kept 13 of 19 honest attempts busy (`serve --offers-per-minute`)."""
+
+    def __init__(self, per_minute: int = 20, window_s: float = 60.0):
+        if per_minute < 1:
+            raise StreamStudioError("--offers-per-minute must be at least 1")
+        self.per_minute, self.window_s = per_minute, window_s
+        self._times: dict[str, deque] = {}
+        self._lock = threading.Lock()
+
+    def take(self, source: str | None) -> float | None:
+        """Count a new connection from `source`: None when it may go on, else the seconds until
+        it may. No source (not an HTTP request: the server's own code) is never limited."""
+        if source is None:
+            return None
+        now = time.monotonic()
+        with self._lock:
+            times = self._times.setdefault(source, deque())
+            while times and now - times[0] > self.window_s:
+                times.popleft()
+            if len(times) >= self.per_minute:
+                return self.window_s - (now - times[0])
+            times.append(now)
+            for stale in [k for k, q in self._times.items() if not q]:
+                del self._times[stale]
+        return None
+
+    def refusal_words(self, wait: float) -> str:
+        return (f"too many new connections from your address: at most {self.per_minute} a minute "
+                f"(--offers-per-minute); try again in {max(1, round(wait))} s")
 
 
 @dataclass
@@ -127,6 +174,13 @@ class RequestGuard:
     async def __call__(self, scope, receive, send):
         if scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)
+        token = _PEER.set((scope.get("client") or ("?", 0))[0])
+        try:
+            return await self._guarded(scope, receive, send)
+        finally:
+            _PEER.reset(token)
+
+    async def _guarded(self, scope, receive, send):
         path = scope.get("path", "")
         if path.rstrip("/") in UNUSED_PATHS:
             return await _refuse(scope, send, 404, "not found (this app does not use this Gradio route)")

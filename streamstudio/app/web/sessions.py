@@ -30,6 +30,7 @@ import numpy as np
 
 from streamstudio.app.streams.image import output_size
 from streamstudio.app.settings import parse_settings
+from streamstudio.app.web.security import SourceRate
 from streamstudio.errors import StreamStudioError
 from streamstudio.frames import fit_aspect
 from streamstudio.streaming.runner import Runner, RunnerConfig
@@ -543,6 +544,7 @@ class SessionManager:
         self._slots: dict[str, str] = {}  # key -> tab: the other tabs' live streams (take_slot)
         self._presets: dict[str, tuple[dict, float]] = {}
         self._owners: dict[str, str] = {}  # stream id -> the page (Gradio session hash) that owns it
+        self.offer_rate = SourceRate()  # new connections per source address (serve --offers-per-minute)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, name="session-reaper", daemon=True)

@@ -199,6 +199,16 @@ def check_offer(data) -> None:
                                                 "stream takes your camera's frames and sends its output back)")
 
 
+def take_connection(manager: SessionManager) -> None:
+    """Count a new connection against its source address's rate (`security.SourceRate`);
+    OfferRefused (429) when that address has made too many this minute."""
+    from streamstudio.app.web.security import peer
+
+    wait = manager.offer_rate.take(peer())
+    if wait is not None:
+        raise OfferRefused("too_many_offers", manager.offer_rate.refusal_words(wait), 429)
+
+
 class GuardedOffers:
     """What both fastrtc front ends of the server share (the `Stream` behind POST /webrtc/offer
     and the Live tab's `WebRTC` component, both fastrtc's WebRTCConnectionMixin): offers checked
@@ -238,6 +248,7 @@ class GuardedOffers:
             if webrtc_id in self.pcs or webrtc_id in self.connections or manager.get(webrtc_id) is not None:
                 # (a running stream of another front end, e.g. a WHIP publisher: its frames must not mix)
                 raise OfferRefused("connection_already_exists", f"a connection {webrtc_id!r} is already open", 409)
+            take_connection(manager)
         except OfferRefused as exc:
             return exc.response()
         if self.slots_in_use() >= manager.max_streams or not manager.has_capacity():

@@ -59,8 +59,9 @@ from typing import Any, Callable
 import numpy as np
 
 from streamstudio.app.web.sessions import BusyError, SessionManager
+from streamstudio.app.web.security import peer
 from streamstudio.app.web.webrtc import (MAX_CANDIDATES, MAX_SDP_BYTES, PENDING_TIMEOUT, WEBRTC_ID, OfferRefused,
-                                     check_offer_sdp)
+                                     check_offer_sdp, take_connection)
 from streamstudio.errors import StreamStudioError
 from streamstudio.streaming.runner import Attachment
 from streamstudio.streaming.sinks import Sink
@@ -70,6 +71,11 @@ log = logging.getLogger(__name__)
 SDP_TYPE = "application/sdp"
 TRICKLE_TYPE = "application/trickle-ice-sdpfrag"
 MAX_VIEWERS = 32  # WHEP viewers on the server, all streams together (--max-viewers)
+MAX_VIEWERS_PER_SOURCE = 8  # WHEP viewers one client address may hold (--max-viewers-per-source)
+# A viewer that sends no RTCP receiver report for this long while packets go to it is gone (its
+# process died, its network dropped): it is ended then, not when ICE consent fails (about 30 s).
+# Players report every second or so (aiortc every 0.5-1.5 s, browsers about 1 s).
+VIEWER_SILENCE_S = 5.0
 VIEWER_QUEUE = 30  # encoded frames a viewer may fall behind before it is reset to the next key frame
 AUDIO_QUEUE = 25  # audio frames (20 ms each) a viewer may fall behind; the oldest go first
 GOP_FRAMES = 60  # a key frame at least this often
@@ -333,6 +339,8 @@ class _Resource:
 
     def __init__(self, kind: str, sid: str, pc, name: str | None = None):
         self.kind, self.sid, self.pc = kind, sid, pc
+        self.source: str | None = None  # the client's address
+        self.report: tuple | None = None  # a viewer's last RTCP report seen (`WhipServer._viewer_silent`)
         self.name = name or sid  # the stream as its URL names it (a viewer's: the watch id)
         self.rid = secrets.token_urlsafe(16)
         self.etag = ""
@@ -353,7 +361,7 @@ class WhipServer:
     def __init__(self, manager: SessionManager, host: str | None = None, token: str | None = None,
                  auth: tuple[str, str] | None = None, rtc_config: dict | None = None,
                  pending_timeout: float = PENDING_TIMEOUT, max_viewers: int = MAX_VIEWERS,
-                 other_slots: Callable[[], set] = set):
+                 other_slots: Callable[[], set] = set, max_viewers_per_source: int = MAX_VIEWERS_PER_SOURCE):
         from streamstudio.app.web import ice
 
         if max_viewers < 0:
@@ -364,6 +372,7 @@ class WhipServer:
         self.manager, self.token, self.auth = manager, token, auth
         self.ice_addresses = ice.ice_addresses(host)
         self.rtc_config, self.pending_timeout, self.max_viewers = rtc_config, pending_timeout, max_viewers
+        self.max_viewers_per_source = max_viewers_per_source
         self.other_slots = other_slots  # stream ids other front ends hold without a session yet
         self.resources: dict[str, _Resource] = {}
         self.broadcasters: dict[str, Broadcaster] = {}
@@ -487,7 +496,8 @@ class WhipServer:
             if kind == "whip":
                 self._check_publish(sid)
             else:
-                sid = self._check_view(sid)
+                sid = self._check_view(sid, peer())
+            take_connection(self.manager)
         except OfferRefused as exc:
             return self._refused(exc)
         pc = None
@@ -497,6 +507,7 @@ class WhipServer:
             with ice.scoped(self.ice_addresses):
                 pc = RTCPeerConnection(rtc_configuration(self.rtc_config))
                 res = _Resource(kind, sid, pc, stream)
+                res.source = peer()
                 if kind == "whip":
                     res.session = self.manager.open(sid)  # settings set for `sid` beforehand apply now
                     pc.on("track", lambda track: self._on_publisher_track(res, track))
@@ -537,12 +548,17 @@ class WhipServer:
         if len(in_use) >= self.manager.max_streams or not self.manager.has_capacity():
             raise OfferRefused("busy", self.manager.busy_message(), 503)
 
-    def _check_view(self, name: str) -> str:
-        """The id of the stream a viewer asks for by `name` (`SessionManager.watched`)."""
+    def _check_view(self, name: str, source: str | None) -> str:
+        """The id of the stream a viewer asks for by `name` (`SessionManager.watched`), within the
+        viewers the server takes and those one source address may hold."""
         session = self.manager.watched(name)
         if session is None or session.closed:
             raise OfferRefused("no_stream", f"no running stream {name!r}: start publishing to it first", 404)
-        if sum(r.kind == "whep" for r in self.resources.values()) >= self.max_viewers:
+        viewers = [r for r in self.resources.values() if r.kind == "whep"]
+        if source is not None and sum(r.source == source for r in viewers) >= self.max_viewers_per_source:
+            raise OfferRefused("too_many_viewers", f"your address has {self.max_viewers_per_source} viewers open "
+                                                   "already, the most one address may (--max-viewers-per-source)", 429)
+        if len(viewers) >= self.max_viewers:
             raise OfferRefused("busy", f"StreamStudio has {self.max_viewers} viewers already (--max-viewers)", 503)
         return session.sid
 
@@ -653,11 +669,31 @@ class WhipServer:
             if session is None or session.closed or self.manager.get(res.sid) is not session:
                 reason = "the stream stopped" if session is not None and session.error else "the stream ended"
                 return await self.end(res, reason)
+            if res.kind == "whep" and res.pc.connectionState == "connected" and await self._viewer_silent(res, now):
+                return await self.end(res, f"the viewer sent no report for {VIEWER_SILENCE_S:.0f} s")
             if now - res.created > self.pending_timeout:
                 if res.pc.connectionState != "connected":
                     return await self.end(res, f"not connected after {self.pending_timeout:.0f} s")
                 if res.kind == "whip" and session.frames_in == 0:
                     return await self.end(res, f"no frame after {self.pending_timeout:.0f} s")
+
+    async def _viewer_silent(self, res: _Resource, now: float) -> bool:
+        """Whether the viewer `res` has sent no RTCP report for VIEWER_SILENCE_S seconds while
+        packets went to it (a stream with no frames, e.g. a paused publisher, drops nobody)."""
+        sender = getattr(res.tracks[0], "sender", None) if res.tracks else None
+        if sender is None:
+            return False
+        stamp, sent = None, 0
+        for stat in (await sender.getStats()).values():
+            if stat.type == "remote-inbound-rtp":
+                stamp = stat.timestamp
+            elif stat.type == "outbound-rtp":
+                sent = stat.packetsSent
+        if res.report is None or stamp != res.report[0]:
+            res.report = (stamp, now, sent)  # (the viewer's last report, when it came, packets sent then)
+            return False
+        _, heard, sent_then = res.report
+        return now - heard > VIEWER_SILENCE_S and sent > sent_then
 
     async def end(self, res: _Resource, reason: str) -> None:
         if res.closed:
