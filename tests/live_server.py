@@ -20,7 +20,8 @@ def start(*extra: str):
     torch.set_num_threads(1)
     args = build_parser().parse_args(["serve", "--model", "tiny", "--width", str(SIZE), "--height", str(SIZE),
                                       "--port", str(free_port()), "--idle-timeout", "30",
-                                      "--offers-per-minute", "1000", *extra])  # (tests connect often; a test may lower it)
+                                      # tests connect often and at once from one address; a test may lower these
+                                      "--offers-per-minute", "1000", "--max-pending-per-source", "1000", *extra])
     return start_in_thread(args)
 
 

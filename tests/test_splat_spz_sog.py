@@ -32,10 +32,15 @@ C0 = 0.28209479177387814
 PARITY = np.array([-1, -1, 1, -1, 1, 1, -1, 1, -1, 1, -1, -1, 1, -1, 1], dtype=np.float64)
 
 
-def spz_bytes(scene: GaussianScene, version: int = 3, frac: int = 12, antialiased: bool = False) -> bytes:
-    """A .spz (version 2 or 3, gzip) as the README lays it out; the scene's RDF axes go to RUB."""
+def spz_bytes(scene: GaussianScene, version: int = 3, frac: int = 12, antialiased: bool = False,
+              axes: str = "rub") -> bytes:
+    """A .spz (version 2 or 3, gzip) as the README lays it out; the scene's RDF axes go to RUB, or
+    with axes "rdf" stay as they are, as PlayCanvas splat-transform writes its .spz (its
+    src/lib/spz-module.ts: "data is baked to PLY/RDF space before saving and written with
+    `from: UNSPECIFIED`")."""
     n, degree = len(scene), scene.sh_degree
-    m = scene.means.double().numpy() * np.array([1, -1, -1])
+    flip = np.array([1, -1, -1]) if axes == "rub" else np.ones(3)
+    m = scene.means.double().numpy() * flip
     fixed = np.round(m * 2 ** frac).astype(np.int64).reshape(-1)
     pos = b"".join(int(v & 0xFFFFFF).to_bytes(3, "little") for v in fixed)
     alpha = bytes(int(np.clip(round(255 / (1 + math.exp(-float(o)))), 0, 255)) for o in scene.opacity_logits)
@@ -43,7 +48,7 @@ def spz_bytes(scene: GaussianScene, version: int = 3, frac: int = 12, antialiase
     scales = bytes(int(np.clip(round((float(s) + 10) * 16), 0, 255)) for s in scene.log_scales.reshape(-1))
     rots = bytearray()
     for w, x, y, z in torch.nn.functional.normalize(scene.quats.double(), dim=-1).tolist():
-        q = [x, -y, -z, w]  # RUB, x y z w
+        q = [x, -y, -z, w] if axes == "rub" else [x, y, z, w]  # x y z w
         if version == 2:
             s = 1 if w >= 0 else -1
             rots += bytes(int(np.clip(round(s * c * 127.5 + 127.5), 0, 255)) for c in q[:3])
@@ -57,7 +62,7 @@ def spz_bytes(scene: GaussianScene, version: int = 3, frac: int = 12, antialiase
                 word = (word << 10) | ((1 if q[i] < 0 else 0) << 9) | min(511, int(abs(q[i]) / math.sqrt(0.5) * 511 + 0.5))
         rots += word.to_bytes(4, "little")
     dim = {0: 0, 1: 3, 2: 8, 3: 15}[degree]
-    rest = scene.sh[:, 1:].double().numpy() * PARITY[:dim, None]  # (N, dim, 3), colour fastest
+    rest = scene.sh[:, 1:].double().numpy() * (PARITY[:dim, None] if axes == "rub" else 1)  # (N, dim, 3)
     sh = np.clip(np.round(rest * 128 + 128), 0, 255).astype(np.uint8).tobytes()
     head = struct.pack("<IIIBBBB", 0x5053474E, version, n, degree, frac, 1 if antialiased else 0, 0)
     return gzip.compress(head + pos + alpha + colors + scales + bytes(rots) + sh)
@@ -94,6 +99,27 @@ def test_spz_axes_a_known_gaussian(tmp_path):
     assert got.means.tolist() == [[1.0, 2.0, 3.0]]
     assert float(same_rotation(got.quats, scene.quats)) > 0.9999
     np.testing.assert_allclose(got.sh[0, 1:, 0].numpy(), [0.25, 0.5, 0.75], atol=1 / 128)
+
+
+def test_a_spz_written_as_splat_transform_writes_it_loads_upright_with_rdf_axes(tmp_path, capsys):
+    """splat-transform writes .spz without spz's RUB conversion (issue 28: its files loaded upside
+    down). Read as the spec's RUB, such a file comes out mirrored in y and z; `--spz-axes rdf`
+    (and the Splats tab's choice) reads it as written, within quantisation."""
+    scene = random_scene(300, 1, seed=11)
+    f = tmp_path / "from_splat_transform.spz"
+    f.write_bytes(spz_bytes(scene, 3, axes="rdf"))
+    as_rub = load_scene(f)
+    np.testing.assert_allclose(as_rub.means.numpy(), scene.means.numpy() * [1, -1, -1], atol=0.5 / 4096 + 1e-6)
+    got = load_scene(f, spz_axes="rdf")
+    assert float((got.means - scene.means).abs().max()) <= 0.5 / 4096 + 1e-6
+    assert float(same_rotation(got.quats, scene.quats).min()) > 0.999
+    assert float((got.sh[:, 1:] - scene.sh[:, 1:]).abs().max()) <= 0.5 / 128 + 1e-5
+    assert_renders_alike(scene, got, 1, mean_tol=4e-3)
+    out = tmp_path / "upright.ply"
+    assert main(["splat", "convert", str(f), str(out), "--spz-axes", "rdf"]) == 0
+    assert float((load_scene(out).means - scene.means).abs().max()) <= 0.5 / 4096 + 1e-6
+    with pytest.raises(StreamStudioError, match="axes 'luf'"):
+        load_scene(f, spz_axes="luf")
 
 
 def test_spz_writer_round_trip_and_antialiased_flag(tmp_path):

@@ -63,8 +63,10 @@ class Publisher:
     """A WHIP client (RFC 9725 section 4.2): POST the offer, apply the 201's answer, DELETE the
     Location to end."""
 
-    def __init__(self, base: str, path: str = "/whip", token: str | None = TOKEN, fps: float = 10.0):
+    def __init__(self, base: str, path: str = "/whip", token: str | None = TOKEN, fps: float = 10.0,
+                 local_address: str | None = None):
         self.base, self.path, self.token, self.fps = base, path, token, fps
+        self.local_address = local_address  # another loopback address (127.0.0.2): another client
         self.pc = self.response = self.location = None
 
     async def start(self) -> httpx.Response:
@@ -73,7 +75,8 @@ class Publisher:
         self.pc = RTCPeerConnection()
         self.pc.addTransceiver(synthetic_track(self.fps), direction="sendonly")
         await self.pc.setLocalDescription(await self.pc.createOffer())  # gathers every candidate
-        async with httpx.AsyncClient(timeout=20) as http:
+        transport = httpx.AsyncHTTPTransport(local_address=self.local_address) if self.local_address else None
+        async with httpx.AsyncClient(timeout=20, transport=transport) as http:
             self.response = await http.post(self.base + self.path, content=self.pc.localDescription.sdp,
                                             headers=headers(self.token))
         if self.response.status_code == 201:
@@ -589,3 +592,58 @@ def test_a_viewer_whose_process_dies_is_dropped_within_seconds(server):
 
     gone_after = run(main())
     assert gone_after <= VIEWER_SILENCE_S + 3, gone_after
+
+
+def test_one_address_cannot_hold_every_slot_with_offers_that_never_stream():
+    """Issue 28: WHIP POSTs that never connect each held a stream slot for the pending timeout,
+    so one address posting sixteen a minute kept most honest publishers busy. An address now
+    holds at most --max-pending-per-source such connections (default half of --max-streams);
+    the next gets 429 too_many_pending, and a publisher from another address still gets in."""
+    from aiortc import RTCPeerConnection
+
+    from streamstudio.app.web.sessions import SessionManager
+
+    srv = start("--max-streams", "4", "--max-pending-per-source", "2", "--whip-token", TOKEN)
+
+    async def main():
+        held, codes = [], []
+        honest = Publisher(srv.url, "/whip/honest", local_address="127.0.0.2")
+        try:
+            for i in range(4):  # offers whose answers are never applied: they never connect
+                pc = RTCPeerConnection()
+                held.append(pc)
+                pc.addTransceiver("video", direction="sendonly")
+                await pc.setLocalDescription(await pc.createOffer())
+                r = httpx.post(f"{srv.url}/whip/squat{i}", content=pc.localDescription.sdp, headers=headers(),
+                               timeout=20)
+                codes.append(r.status_code if r.status_code != 429 else r.json()["meta"]["error"])
+            assert codes == [201, 201, "too_many_pending", "too_many_pending"], codes
+            assert (await honest.start()).status_code == 201  # another address: two slots are still free
+            await wait_for(lambda: (s := srv.manager.get("honest")) is not None and s.processed >= 2)
+            # the WebRTC API's offers count as the same address's pending connections
+            pc = RTCPeerConnection()
+            held.append(pc)
+            pc.addTransceiver("video", direction="sendrecv")
+            await pc.setLocalDescription(await pc.createOffer())
+            r = httpx.post(f"{srv.url}/webrtc/offer", json={"sdp": pc.localDescription.sdp, "type": "offer",
+                                                            "webrtc_id": "squat9"}, timeout=20)
+            assert r.json()["meta"]["error"] == "too_many_pending", r.text
+            api = []
+            async with httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(local_address="127.0.0.3")) as http:
+                for i in range(2):  # another address: its first is taken, its second finds the server full
+                    r = await http.post(f"{srv.url}/webrtc/offer", json={
+                        "sdp": pc.localDescription.sdp, "type": "offer", "webrtc_id": f"api{i}"}, timeout=20)
+                    api.append(r.json().get("meta", {}).get("error") or r.json().get("type"))
+            assert api == ["answer", "concurrency_limit_reached"], api
+            assert srv.app.state.manager.pending_from("127.0.0.3") == 1  # counted by the WebRTC front end
+        finally:
+            await asyncio.gather(honest.close(), *(pc.close() for pc in held))
+
+    try:
+        run(main())
+        for slots, pending in ((4, 2), (5, 2), (1, 1)):  # the default: half the slots, at least 1
+            manager = SessionManager(srv.manager.model, max_streams=slots)
+            assert manager.max_pending_per_source == pending
+            manager.shutdown()
+    finally:
+        srv.close()

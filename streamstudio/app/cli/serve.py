@@ -73,6 +73,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="WHEP viewers on the server at most, all streams together (default 32)")
     p.add_argument("--max-viewers-per-source", type=number(int, 1, 10_000), default=8,
                    help="WHEP viewers one client address may hold at once (default 8)")
+    p.add_argument("--max-pending-per-source", type=number(int, 1, 10_000), default=None,
+                   help="connections one client address may hold before they stream (offered, not connected "
+                        "or no frame yet; each holds a stream slot for up to 20 s) (default: half of --max-streams, "
+                        "at least 1)")
     p.add_argument("--offers-per-minute", type=number(int, 1, 100_000), default=20,
                    help="new connections (WebRTC offers, WHIP and WHEP POSTs) one client address may make "
                         "per minute (default 20)")
@@ -193,6 +197,8 @@ def build_app(args, model=None):
     stream = webrtc.build_stream(manager, rtc, host=args.host or "127.0.0.1")
     webrtc.mount_api(app, manager, stream)
     manager.offer_rate = security.SourceRate(getattr(args, "offers_per_minute", 20))
+    if getattr(args, "max_pending_per_source", None) is not None:
+        manager.max_pending_per_source = args.max_pending_per_source
     whip.WhipServer(manager, host=args.host or "127.0.0.1", token=whip_token(args), auth=guard.auth,
                     rtc_config=rtc, max_viewers=getattr(args, "max_viewers", 32),
                     max_viewers_per_source=getattr(args, "max_viewers_per_source", 8),

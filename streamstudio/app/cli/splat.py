@@ -66,6 +66,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="FILE.mp4 (.mkv, .mov) or a FOLDER for PNG frames (required, but for `convert`)")
     p.add_argument("--compressed", action="store_true",
                    help="with `convert`: write SuperSplat's compressed .ply whatever OUT's name")
+    p.add_argument("--spz-axes", choices=("rub", "rdf"), default="rub",
+                   help="the axes a .spz scene holds: rub (the format's own, as Niantic's library writes) or rdf "
+                        "(the .ply's, unconverted: PlayCanvas splat-transform writes .spz so; such a scene shows "
+                        "upside down as rub) (default rub)")
     p.add_argument("--fps", type=number(float, 0, 1000, low_open=True), default=None, help="video frame rate (default 24, or the path file's)")
     p.add_argument("--time-range", nargs=2, type=number(float, -1e9, 1e9), metavar=("A", "B"), default=None,
                    help="4D scenes: the time of the first and the last frame (default the scene's range)")
@@ -178,7 +182,7 @@ def convert(args) -> int:
     if fmt is None:
         raise StreamStudioError(f"cannot write {target}: OUT must end in .ply (3DGS), .compressed.ply (SuperSplat's "
                                 f"compressed .ply), .splat or .spz")
-    scene = load_scene(source)
+    scene = load_scene(source, spz_axes=args.spz_axes)
     if fmt in ("compressed", "spz") and scene.is_4d:
         raise StreamStudioError(f"{source} is a 4D scene; {SAVE_FORMATS[fmt]} holds 3D scenes only: "
                                 "write it as .ply")
@@ -253,7 +257,7 @@ def render_scene(args) -> int:
                             impl=args.renderer, device=str(device), antialiased=args.antialiased,
                             camera=args.camera, ortho_height=args.ortho_height)
     cfg.check()
-    scene = load_scene(scene_path(args.scene))
+    scene = load_scene(scene_path(args.scene), spz_axes=args.spz_axes)
     time_range = tuple(args.time_range) if args.time_range else None
     if time_range is not None and not scene.is_4d:
         log.warning("--time-range ignored: %s is a 3D scene", args.scene)

@@ -24,6 +24,7 @@ import secrets
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -545,6 +546,9 @@ class SessionManager:
         self._presets: dict[str, tuple[dict, float]] = {}
         self._owners: dict[str, str] = {}  # stream id -> the page (Gradio session hash) that owns it
         self.offer_rate = SourceRate()  # new connections per source address (serve --offers-per-minute)
+        # connections one address may hold before they stream (serve --max-pending-per-source)
+        self.max_pending_per_source = max(1, max_streams // 2)
+        self.pending_counters: list[Callable[[str], int]] = []  # each front end's pending_from(source)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, name="session-reaper", daemon=True)
@@ -611,6 +615,11 @@ class SessionManager:
             while len(self._owners) > MAX_PRESETS:  # bounded: ids a page named but never streamed
                 self._owners.pop(next(iter(self._owners)))
         return held == owner
+
+    def pending_from(self, source: str) -> int:
+        """Connections from the address `source` that hold a slot without streaming yet (offered,
+        not connected or no frame), every front end's together."""
+        return sum(count(source) for count in self.pending_counters)
 
     def owner(self, sid: str) -> str | None:
         """The page that owns stream `sid` (`claim`), None when no page does (WHIP, the API)."""

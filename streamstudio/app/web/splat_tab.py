@@ -78,8 +78,10 @@ class SplatSession:
     path: KeyframePath | None = None  # the authored fly-through (keyframes), when there is one
 
 
-def load_into(session: SplatSession, upload: str | None, sample: str | None) -> tuple[SplatSession, str]:
-    """Load the uploaded file, else the chosen sample, into the session. Returns (session, info)."""
+def load_into(session: SplatSession, upload: str | None, sample: str | None,
+              spz_axes: str = "rub") -> tuple[SplatSession, str]:
+    """Load the uploaded file, else the chosen sample, into the session (a .spz read with the
+    axes `spz_axes`, `gaussians.SPZ_AXES`). Returns (session, info)."""
     if upload:
         path = Path(upload if isinstance(upload, str) else getattr(upload, "name", str(upload)))
     elif sample in SAMPLES:
@@ -87,7 +89,7 @@ def load_into(session: SplatSession, upload: str | None, sample: str | None) -> 
     else:
         raise StreamStudioError("upload a .ply or .splat scene, or choose a sample")
     try:
-        scene = load_scene(path)
+        scene = load_scene(path, spz_axes=spz_axes)
     except StreamStudioError as exc:  # name the file as the user knows it, not the server's temp path
         raise StreamStudioError(without_folders(str(exc), path)) from None
     session.scene, session.name, session.fit = scene, path.name, SceneFit.of(scene)
@@ -404,6 +406,8 @@ def build_splat_tab(get_image_pipeline: Callable[[], object] | None = None, slot
             sample = gr.Dropdown(list(SAMPLES), value=list(SAMPLES)[0], label="Sample scene")
             upload = gr.File(label="…or upload a .ply / .splat / .spz / .sog", elem_id="splat-upload",
                              file_types=[".ply", ".splat", ".spz", ".sog"], type="filepath")
+            spz_axes = gr.Radio([("RUB (spz's own)", "rub"), ("RDF (splat-transform)", "rdf")], value="rub",
+                                label="Axes of a .spz (upside down? try the other)", elem_id="splat-spz-axes")
             load_btn = gr.Button("Load", variant="primary")
             scene_info = gr.Markdown("No scene loaded.")
             azimuth = gr.Slider(-180, 180, v.azimuth, step=1, label="Orbit (azimuth °)")
@@ -456,8 +460,8 @@ def build_splat_tab(get_image_pipeline: Callable[[], object] | None = None, slot
     def view_of(*vals) -> ViewSettings:
         return ViewSettings(*vals[:9], vals[9].lower(), vals[10], vals[11].lower())
 
-    def on_load(session, up, smp, *vals):
-        session, info = load_into(session or SplatSession(), uploaded_path(up), smp)
+    def on_load(session, up, smp, axes, *vals):
+        session, info = load_into(session or SplatSession(), uploaded_path(up), smp, axes)
         lo, hi, step = time_slider_range(*session.scene.time_range)
         view = view_of(*vals)
         view.time = lo
@@ -547,7 +551,7 @@ def build_splat_tab(get_image_pipeline: Callable[[], object] | None = None, slot
 
     # A bad file shows one message, its toast (naming the file, not the server's temp path), not an
     # "Error" pill over each output as well; the scene loaded before stays loaded and in view.
-    load_btn.click(_guard(on_load), [state, upload, sample, *sliders], [state, scene_info, view_img, stats, t_slider],
+    load_btn.click(_guard(on_load), [state, upload, sample, spz_axes, *sliders], [state, scene_info, view_img, stats, t_slider],
                    show_progress="hidden")
     for comp in sliders:
         event = comp.release if isinstance(comp, gr.Slider) else comp.change

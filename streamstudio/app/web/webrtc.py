@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from streamstudio.app.web.security import peer
 from streamstudio.app.web.sessions import BusyError, SessionManager, StreamSession
 from streamstudio.app.settings import settings_from_ui
 from streamstudio.errors import StreamStudioError
@@ -199,12 +200,16 @@ def check_offer(data) -> None:
                                                 "stream takes your camera's frames and sends its output back)")
 
 
-def take_connection(manager: SessionManager) -> None:
-    """Count a new connection against its source address's rate (`security.SourceRate`);
-    OfferRefused (429) when that address has made too many this minute."""
-    from streamstudio.app.web.security import peer
-
-    wait = manager.offer_rate.take(peer())
+def take_connection(manager: SessionManager, takes_slot: bool = True) -> None:
+    """Count a new connection against its source address's rate (`security.SourceRate`) and,
+    one that takes a stream slot (not a WHEP viewer), against the connections that address holds
+    without a stream yet (`SessionManager.pending_from`); OfferRefused (429) past either."""
+    source = peer()
+    if takes_slot and source is not None and manager.pending_from(source) >= manager.max_pending_per_source:
+        raise OfferRefused("too_many_pending", f"your address has {manager.max_pending_per_source} connection(s) "
+                           "that have not started streaming yet, the most one address may hold "
+                           "(--max-pending-per-source); start streaming on one or wait for it to time out", 429)
+    wait = manager.offer_rate.take(source)
     if wait is not None:
         raise OfferRefused("too_many_offers", manager.offer_rate.refusal_words(wait), 429)
 
@@ -227,6 +232,7 @@ class GuardedOffers:
         ice.install()
         self.manager, self.ice_addresses = manager, ice.ice_addresses(host)
         self.pending_timeout = pending_timeout
+        manager.pending_counters.append(self.pending_from)
         return self
 
     async def guarded_offer(self, data: dict, answer: Callable[[], Any]):
@@ -249,6 +255,8 @@ class GuardedOffers:
                 # (a running stream of another front end, e.g. a WHIP publisher: its frames must not mix)
                 raise OfferRefused("connection_already_exists", f"a connection {webrtc_id!r} is already open", 409)
             take_connection(manager)
+            self.sources = {k: v for k, v in getattr(self, "sources", {}).items() if k in self.pcs}
+            self.sources[webrtc_id] = peer()
         except OfferRefused as exc:
             return exc.response()
         if self.slots_in_use() >= manager.max_streams or not manager.has_capacity():
@@ -277,6 +285,11 @@ class GuardedOffers:
     def pending(self) -> list[str]:
         """Connections that have no session: not connected yet, or no frame yet."""
         return [sid for sid in list(self.pcs) if self.manager.get(sid) is None]
+
+    def pending_from(self, source: str) -> int:
+        """Pending connections (`pending`) whose offer came from the address `source`."""
+        sources = getattr(self, "sources", {})
+        return sum(sources.get(sid) == source for sid in self.pending())
 
     async def connection_timeout(self, pc, webrtc_id: str, time_limit: float):
         # fastrtc starts this (time_limit 30) once the remote description is set, and closes

@@ -373,6 +373,7 @@ class WhipServer:
         self.ice_addresses = ice.ice_addresses(host)
         self.rtc_config, self.pending_timeout, self.max_viewers = rtc_config, pending_timeout, max_viewers
         self.max_viewers_per_source = max_viewers_per_source
+        manager.pending_counters.append(self.pending_from)
         self.other_slots = other_slots  # stream ids other front ends hold without a session yet
         self.resources: dict[str, _Resource] = {}
         self.broadcasters: dict[str, Broadcaster] = {}
@@ -497,7 +498,7 @@ class WhipServer:
                 self._check_publish(sid)
             else:
                 sid = self._check_view(sid, peer())
-            take_connection(self.manager)
+            take_connection(self.manager, takes_slot=kind == "whip")
         except OfferRefused as exc:
             return self._refused(exc)
         pc = None
@@ -547,6 +548,11 @@ class WhipServer:
         in_use = set(self.manager.ids()) | set(self.other_slots())
         if len(in_use) >= self.manager.max_streams or not self.manager.has_capacity():
             raise OfferRefused("busy", self.manager.busy_message(), 503)
+
+    def pending_from(self, source: str) -> int:
+        """WHIP publishers from the address `source` that have sent no frame yet."""
+        return sum(r.kind == "whip" and r.source == source and (r.session is None or r.session.frames_in == 0)
+                   for r in list(self.resources.values()))
 
     def _check_view(self, name: str, source: str | None) -> str:
         """The id of the stream a viewer asks for by `name` (`SessionManager.watched`), within the

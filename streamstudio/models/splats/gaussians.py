@@ -53,9 +53,9 @@ PLY_TYPES = {"float": "<f4", "float32": "<f4", "double": "<f8", "float64": "<f8"
 FOURD_COMMENT = "streamstudio-4dgs 1"
 
 
-def load_scene(path: str | os.PathLike, max_gaussians: int | None = None) -> GaussianScene:
+def load_scene(path: str | os.PathLike, max_gaussians: int | None = None, spz_axes: str = "rub") -> GaussianScene:
     """Read a `.ply` (3DGS, StreamStudio 4D or SuperSplat's compressed) or `.splat` file; bad files
-    raise StreamStudioError."""
+    raise StreamStudioError. `spz_axes`: the axes of a `.spz` file (`read_spz`)."""
     path = Path(path)
     if not path.is_file():
         raise _err(path, "no such file; give the path of a .ply or .splat Gaussian scene")
@@ -65,7 +65,7 @@ def load_scene(path: str | os.PathLike, max_gaussians: int | None = None) -> Gau
     elif suffix == ".splat":
         scene = read_splat(path, max_gaussians)
     elif suffix == ".spz":
-        scene = read_spz(path, max_gaussians)
+        scene = read_spz(path, max_gaussians, spz_axes)
     elif suffix == ".sog" or path.name.lower() == "meta.json":
         scene = read_sog(path, max_gaussians)
     elif suffix in (".pth", ".pt"):  # a checkpoint of the reference 4D Gaussian code (tensors only)
@@ -605,9 +605,17 @@ def _spz_payload(path: Path) -> tuple[dict, bytes]:
     return dict(version=version, n=n, degree=degree, frac=frac, flags=flags), b"".join(out)
 
 
-def read_spz(path: str | os.PathLike, max_gaussians: int | None = None) -> GaussianScene:
+SPZ_AXES = {"rub": "the format's own RUB axes (Niantic's spz library, and every file StreamStudio writes)",
+            "rdf": "the PLY's RDF axes, unconverted (PlayCanvas splat-transform writes its .spz so, with spz's "
+                   "`from: UNSPECIFIED`: such files show upside down when read as RUB)"}
+
+
+def read_spz(path: str | os.PathLike, max_gaussians: int | None = None, axes: str = "rub") -> GaussianScene:
     """Read Niantic's `.spz` (versions 2-3 gzip, 4 ZSTD when `zstandard` is installed) into the
-    3DGS `.ply` convention (RDF axes)."""
+    3DGS `.ply` convention (RDF axes). The format carries no axes field: `axes` says what the file
+    holds (`SPZ_AXES`), "rub" as the spec and Niantic's library write, "rdf" as splat-transform does."""
+    if axes not in SPZ_AXES:
+        raise _err(path, f".spz axes {axes!r}: use one of {', '.join(SPZ_AXES)}")
     path = Path(path)
     head, body = _spz_payload(path)
     n, degree, version = head["n"], head["degree"], head["version"]
@@ -652,10 +660,11 @@ def read_spz(path: str | os.PathLike, max_gaussians: int | None = None) -> Gauss
         xyz = rot_b.reshape(n, 3).astype(np.float32) / 127.5 - 1.0
         xyzw = np.concatenate([xyz, np.sqrt(np.maximum(0.0, 1.0 - (xyz * xyz).sum(1)))[:, None]], 1)
     sh_rest = (sh_b.reshape(n, dim, 3).astype(np.float32) - 128.0) / 128.0  # (N, dim, 3), colour fastest
-    # RUB -> RDF: positions (x, -y, -z), quaternion (w, x, -y, -z), SH by parity
-    means *= np.array([1, -1, -1], dtype=np.float32)
-    quats = np.stack([xyzw[:, 3], xyzw[:, 0], -xyzw[:, 1], -xyzw[:, 2]], 1)
-    sh_rest = sh_rest * SPZ_SH_FLIP[:dim, None]
+    quats = np.stack([xyzw[:, 3], xyzw[:, 0], xyzw[:, 1], xyzw[:, 2]], 1)  # (w, x, y, z)
+    if axes == "rub":  # RUB -> RDF: positions (x, -y, -z), quaternion (w, x, -y, -z), SH by parity
+        means *= np.array([1, -1, -1], dtype=np.float32)
+        quats *= np.array([1, 1, -1, -1], dtype=np.float32)
+        sh_rest = sh_rest * SPZ_SH_FLIP[:dim, None]
     sh = np.concatenate([dc[:, None, :], sh_rest], 1)
     scene = GaussianScene(means=torch.from_numpy(np.ascontiguousarray(means)),
                           quats=torch.from_numpy(np.ascontiguousarray(quats)),
