@@ -1,0 +1,303 @@
+"""Issue 28's attacks replayed against one `streamstudio serve --model tiny` in its own process,
+with an honest stream running throughout: offers of every direction (the WebRTC API and the Live
+tab's component route), WHIP POSTs that never connect, uploads with forged headers, concurrent
+chunked uploads, malformed multipart bodies, Gradio's unused recording route, Live-output Starts
+from made-up sessions, WHEP viewers past the per-address cap and viewers whose process is killed.
+
+Afterwards the server's threads, resident memory, idle CPU and the bytes it holds on disk are
+back at their baseline (taken after a warm-up that started everything lazy), the honest stream
+kept its frames, and every refusal was the documented one. `-s` prints the figures."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from rtmp_server import free_port
+
+psutil = pytest.importorskip("psutil")
+pytest.importorskip("aiortc")
+
+pytestmark = pytest.mark.slow
+
+VIEWER = """
+import asyncio, sys, httpx
+from aiortc import RTCPeerConnection, RTCSessionDescription
+
+async def one(url):
+    pc = RTCPeerConnection()
+    pc.addTransceiver("video", direction="recvonly")
+    got = asyncio.Event()
+    def on_track(track):
+        async def loop():
+            await track.recv()
+            got.set()
+            while True:
+                await track.recv()
+        asyncio.ensure_future(loop())
+    pc.on("track", on_track)
+    await pc.setLocalDescription(await pc.createOffer())
+    async with httpx.AsyncClient(timeout=20) as http:
+        r = await http.post(url, content=pc.localDescription.sdp, headers={"Content-Type": "application/sdp"})
+    if r.status_code != 201:
+        print(r.status_code, r.json()["meta"]["error"], flush=True)
+        return pc
+    await pc.setRemoteDescription(RTCSessionDescription(r.text, "answer"))
+    await got.wait()
+    print(201, "watching", flush=True)
+    return pc
+
+async def main(url, n):
+    pcs = [await one(url) for _ in range(n)]
+    await asyncio.sleep(3600)
+
+asyncio.run(main(sys.argv[1], int(sys.argv[2])))
+"""
+
+
+def pattern(i: int) -> np.ndarray:
+    img = np.zeros((64, 64, 3), np.uint8)
+    img[:, : (i * 5) % 64] = (200, 60, 90)
+    return img
+
+
+class Server:
+    """`streamstudio serve` in a subprocess, its temporary files in `root`."""
+
+    def __init__(self, root: Path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.root = root
+        for name in ("spool", "gradio", "out"):
+            (root / name).mkdir()
+        env = {**os.environ, "TMPDIR": str(root / "spool"), "GRADIO_TEMP_DIR": str(root / "gradio"),
+               "OMP_NUM_THREADS": "1"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "streamstudio", "serve", "--model", "tiny", "--device", "cpu", "--width", "64",
+             "--height", "64", "--port", str(self.port), "--max-streams", "3", "--idle-timeout", "5",
+             "--max-upload-size", "200kb", "--max-upload-total", "600kb", "--upload-ttl", "10",
+             "--max-viewers-per-source", "4", "--offers-per-minute", "200", "--output-dir", str(root / "out"),
+             "--threads", "1"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.process = psutil.Process(self.proc.pid)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.proc.stderr.read()[-3000:]
+            try:
+                if httpx.get(f"{self.url}/studio/status", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise AssertionError("the server did not start")
+
+    def figures(self, cpu_window: float = 3.0) -> dict:
+        p = self.process
+        p.cpu_percent(None)
+        time.sleep(cpu_window)
+        disk = sum(f.stat().st_size for f in self.root.rglob("*") if f.is_file())
+        return {"threads": p.num_threads(), "rss_mb": p.memory_info().rss / 2**20,
+                "cpu_percent": p.cpu_percent(None), "disk_bytes": disk,
+                "files": sorted(str(f.relative_to(self.root)) for f in self.root.rglob("*") if f.is_file())}
+
+    def close(self) -> str:
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            _, err = self.proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            _, err = self.proc.communicate()
+        return err
+
+
+async def client_offer(direction: str = "sendrecv", channel: bool = True) -> str:
+    from aiortc import RTCPeerConnection
+
+    pc = RTCPeerConnection()
+    pc.addTransceiver("video", direction=direction)
+    if channel:
+        pc.createDataChannel("text")
+    await pc.setLocalDescription(await pc.createOffer())
+    sdp = pc.localDescription.sdp
+    await pc.close()
+    return sdp
+
+
+def gradio_event(url: str, output_elem: str, inputs: int) -> dict:
+    config = httpx.get(f"{url}/config").json()
+    target = next(c["id"] for c in config["components"] if c.get("props", {}).get("elem_id") == output_elem)
+    return next(d for d in config["dependencies"] if d["outputs"] == [target] and len(d["inputs"]) == inputs)
+
+
+def run_event(url: str, event: dict, data: list, session: str) -> dict:
+    body = {"data": data, "event_data": None, "fn_index": event["id"], "trigger_id": event["targets"][0][0],
+            "session_hash": session}
+    assert httpx.post(f"{url}/gradio_api/queue/join", json=body).status_code == 200
+    with httpx.stream("GET", f"{url}/gradio_api/queue/data", params={"session_hash": session}, timeout=30) as s:
+        for line in s.iter_lines():
+            if line.startswith("data:"):
+                message = json.loads(line[5:])
+                if message.get("msg") == "process_completed":
+                    return message
+    raise AssertionError("the event never completed")
+
+
+def viewers_in_a_process(url: str, n: int) -> tuple[subprocess.Popen, list[str]]:
+    proc = subprocess.Popen([sys.executable, "-c", VIEWER, url, str(n)], stdout=subprocess.PIPE, text=True)
+    lines = [proc.stdout.readline().strip() for _ in range(n)]
+    return proc, lines
+
+
+def upload(url: str, size: int, name: str, headers: dict | None = None) -> int:
+    return httpx.post(f"{url}/gradio_api/upload", files={"files": (name, b"p" * size)}, headers=headers,
+                      timeout=30).status_code
+
+
+def chunked_upload(url: str, i: int, size: int = 150_000) -> int:
+    def body():
+        yield (f'--b{i}\r\nContent-Disposition: form-data; name="files"; filename="c{i}.ply"\r\n'
+               "Content-Type: application/octet-stream\r\n\r\n").encode()
+        for _ in range(size // 10_000):
+            time.sleep(0.01)
+            yield b"p" * 10_000
+        yield f"\r\n--b{i}--\r\n".encode()
+
+    return httpx.post(f"{url}/gradio_api/upload", content=body(), timeout=60,
+                      headers={"content-type": f"multipart/form-data; boundary=b{i}"}).status_code
+
+
+def warm_up(srv: Server) -> None:
+    """Start what the server starts lazily (a stream, its encoder for a viewer, an upload)."""
+    from streamstudio.app.web.webrtc import StudioClient
+
+    async def stream():
+        client = StudioClient(srv.url, pattern, fps=10)
+        await client.connect(settings={"prompt": "warm"})
+        await asyncio.sleep(2)
+        watch = httpx.get(f"{srv.url}/studio/sessions/{client.webrtc_id}").json()
+        assert watch  # the stream runs
+        loop = asyncio.get_running_loop()  # (the client keeps sending on this loop meanwhile)
+        proc, lines = await loop.run_in_executor(None, viewers_in_a_process, f"{srv.url}/whep/{client.webrtc_id}", 1)
+        assert lines == ["201 watching"], lines
+        proc.kill()
+        proc.wait()
+        await client.close()
+
+    asyncio.run(stream())
+    assert upload(srv.url, 1000, "warm.ply") == 200
+
+
+def attack(srv: Server, honest_id: str) -> dict:
+    """Every attack once; returns what the server answered, by attack."""
+    import concurrent.futures
+
+    said: dict[str, list] = {}
+    url = srv.url
+    # offers of every direction, through the API and the Live tab's component route
+    config = httpx.get(f"{url}/config").json()
+    live = next(c["id"] for c in config["components"] if c.get("props", {}).get("elem_id") == "live-webrtc")
+    for direction in ("sendonly", "recvonly", "inactive"):
+        sdp = asyncio.run(client_offer(direction))
+        for i in range(10):
+            body = {"sdp": sdp, "type": "offer", "webrtc_id": f"dir{direction}{i}"}
+            r = httpx.post(f"{url}/webrtc/offer", json=body, timeout=20)
+            said.setdefault("offer " + direction, []).append(r.json()["meta"]["error"])
+            r = httpx.post(f"{url}/gradio_api/component_server", json={
+                "component_id": live, "fn_name": "offer", "data": body, "session_hash": f"evil{i}"}, timeout=20)
+            said.setdefault("component " + direction, []).append(r.json()["meta"]["error"])
+    # sendrecv offers that never connect, and WHIP POSTs that never connect: each would hold a slot
+    sdp = asyncio.run(client_offer("sendrecv"))
+    for i in range(6):
+        r = httpx.post(f"{url}/webrtc/offer", json={"sdp": sdp, "type": "offer", "webrtc_id": f"squat{i}"},
+                       timeout=20).json()
+        said.setdefault("offer never connected", []).append(r.get("type") or r["meta"]["error"])
+    whip_sdp = asyncio.run(client_offer("sendonly", channel=False))
+    for i in range(16):
+        r = httpx.post(f"{url}/whip/squat-whip{i}", content=whip_sdp, headers={"Content-Type": "application/sdp"},
+                       timeout=20)
+        said.setdefault("whip never connected", []).append(r.status_code if r.status_code == 201
+                                                          else r.json()["meta"]["error"])
+    # uploads with a made-up Authorization each; concurrent chunked uploads past the total
+    said["forged uploads"] = [upload(url, 1000, f"f{i}.ply", {"authorization": f"Bearer forged-{i}"})
+                              for i in range(25)]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        said["chunked uploads"] = list(pool.map(lambda i: chunked_upload(url, i), range(8)))
+    said["malformed multipart"] = [httpx.post(f"{url}/gradio_api/upload", content=b"v=0\r\na=x\r\n", timeout=20,
+                                              headers={"content-type": "multipart/form-data; boundary=x"}).status_code
+                                   for _ in range(10)]
+    said["process_recording"] = [httpx.post(f"{url}/gradio_api/process_recording",
+                                            files={"video": ("a.mp4", b"x" * 1000)}, timeout=20).status_code
+                                 for _ in range(5)]
+    # Live output Starts from made-up sessions against the honest stream
+    start = gradio_event(url, "output-status", 4)
+    said["foreign outputs"] = [run_event(url, start, [honest_id, "file", f"steal{i}.mp4", 30], f"forged{i}")
+                               ["output"]["data"][0][:60] for i in range(40)]
+    # viewers past the per-address cap, then their process killed without a word
+    proc, lines = viewers_in_a_process(f"{url}/whep/{honest_id}", 6)
+    said["viewers"] = lines
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return said
+
+
+def test_the_attacks_leave_the_server_as_it_was(tmp_path):
+    from streamstudio.app.web.webrtc import StudioClient
+
+    srv = Server(tmp_path)
+    try:
+        warm_up(srv)
+        time.sleep(12)  # the warm-up's stream reaped, its upload past the TTL
+        before = srv.figures()
+
+        async def honest_run():
+            got = []
+            client = StudioClient(srv.url, pattern, lambda frame, t: got.append(t), fps=8)
+            await client.connect(settings={"prompt": "honest"})
+            loop = asyncio.get_running_loop()
+            said = await loop.run_in_executor(None, attack, srv, client.webrtc_id)
+            t = time.monotonic()
+            n0 = len(got)
+            await asyncio.sleep(3)
+            said["honest fps after"] = (len(got) - n0) / (time.monotonic() - t)
+            await client.close()
+            return said
+
+        said = asyncio.run(honest_run())
+        deadline = time.monotonic() + 60  # pending connections time out (20 s), uploads pass their TTL
+        while True:
+            after = srv.figures()
+            status = httpx.get(f"{srv.url}/studio/status").json()
+            settled = after["threads"] <= before["threads"] + 2 and after["disk_bytes"] <= before["disk_bytes"] \
+                and status["peer_connections"] == 0 and status["streams"] == 0
+            if settled or time.monotonic() > deadline:
+                break
+    finally:
+        log = srv.close()
+    print(json.dumps({"before": before, "after": after, "said": said}, indent=1, default=str))
+
+    assert set(said["offer sendonly"]) == set(said["offer recvonly"]) == {"bad_direction"}
+    assert set(said["component recvonly"]) == set(said["component inactive"]) == {"bad_direction"}
+    assert said["offer never connected"].count("answer") <= 1  # one address: half of 3 slots, at least 1
+    assert set(said["offer never connected"]) <= {"answer", "too_many_pending"}
+    assert set(said["whip never connected"]) <= {"too_many_pending", "busy"}
+    assert said["forged uploads"].count(200) <= 20 and set(said["forged uploads"]) <= {200, 429, 507}
+    assert set(said["chunked uploads"]) <= {200, 429, 507}  # (the forged ones used up this address's quota)
+    assert set(said["malformed multipart"]) <= {400, 429} and set(said["process_recording"]) == {404}
+    assert all("not this page's" in s for s in said["foreign outputs"]), said["foreign outputs"][:3]
+    assert said["viewers"].count("201 watching") == 4 and said["viewers"].count("429 too_many_viewers") == 2
+    assert said["honest fps after"] > 2, said["honest fps after"]
+    assert status["streams"] == 0 and status["peer_connections"] == 0, status
+    assert after["threads"] <= before["threads"] + 2, (before, after)
+    assert after["rss_mb"] <= before["rss_mb"] + 100, (before, after)
+    assert after["cpu_percent"] <= before["cpu_percent"] + 5, (before, after)
+    assert after["disk_bytes"] <= before["disk_bytes"], (before["files"], after["files"])
+    assert not list((tmp_path / "out").iterdir())  # no recording was started for an attacker
+    assert "Traceback" not in log, log[-3000:]
