@@ -475,6 +475,7 @@ def test_only_the_page_that_streams_sets_its_streams_inputs(server, monkeypatch)
     component = live_component_of(server)
     reached = []
     monkeypatch.setattr(type(component), "set_input", lambda self, sid, *args: reached.append((sid, args)))
+    monkeypatch.setitem(component.pcs, "ownedstream1", object())  # its page's connection is open
 
     def as_page(page: str, *args):
         token = LocalContext.request.set(SimpleNamespace(session_hash=page, username=None))

@@ -232,6 +232,7 @@ class GuardedOffers:
         ice.install()
         self.manager, self.ice_addresses = manager, ice.ice_addresses(host)
         self.pending_timeout = pending_timeout
+        self.sources: dict[str, str | None] = {}  # webrtc_id -> the address its offer came from
         manager.pending_counters.append(self.pending_from)
         return self
 
@@ -255,7 +256,7 @@ class GuardedOffers:
                 # (a running stream of another front end, e.g. a WHIP publisher: its frames must not mix)
                 raise OfferRefused("connection_already_exists", f"a connection {webrtc_id!r} is already open", 409)
             take_connection(manager)
-            self.sources = {k: v for k, v in getattr(self, "sources", {}).items() if k in self.pcs}
+            self.sources = {k: v for k, v in self.sources.items() if k in self.pcs}
             self.sources[webrtc_id] = peer()
         except OfferRefused as exc:
             return exc.response()
@@ -288,8 +289,7 @@ class GuardedOffers:
 
     def pending_from(self, source: str) -> int:
         """Pending connections (`pending`) whose offer came from the address `source`."""
-        sources = getattr(self, "sources", {})
-        return sum(sources.get(sid) == source for sid in self.pending())
+        return sum(self.sources.get(sid) == source for sid in self.pending())
 
     async def connection_timeout(self, pc, webrtc_id: str, time_limit: float):
         # fastrtc starts this (time_limit 30) once the remote description is set, and closes
@@ -409,9 +409,10 @@ def _studio_webrtc_class():
 
             def set_input_gradio(self, webrtc_data, *args):
                 """The page's inputs (prompt, sliders) for its stream; the first page to send
-                them owns the stream, and another page's inputs for it are dropped."""
+                them owns the stream, and another page's inputs for it are dropped. Only a
+                connection that exists is claimed (no squatting on an id before its page connects)."""
                 sid = getattr(webrtc_data, "webrtc_id", webrtc_data)
-                if isinstance(sid, str) and not self.manager.claim(sid, page_session()):
+                if isinstance(sid, str) and sid in self.pcs and not self.manager.claim(sid, page_session()):
                     log.info("inputs for stream %s from a page that does not own it: dropped", sid)
                     return
                 return super().set_input_gradio(webrtc_data, *args)
