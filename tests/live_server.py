@@ -65,3 +65,53 @@ async def wait_for(predicate, timeout: float = 30.0):
 
 def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 120))
+
+
+# WHEP viewers in a process of their own (killed with SIGKILL: a player that dies without a word);
+# each prints "201 watching" once it has a frame, or the refusal's status and error.
+VIEWERS_SCRIPT = """
+import asyncio, sys, httpx
+from aiortc import RTCPeerConnection, RTCSessionDescription
+
+async def one(url, headers):
+    pc = RTCPeerConnection()
+    pc.addTransceiver("video", direction="recvonly")
+    got = asyncio.Event()
+    def on_track(track):
+        async def loop():
+            await track.recv()
+            got.set()
+            while True:
+                await track.recv()
+        asyncio.ensure_future(loop())
+    pc.on("track", on_track)
+    await pc.setLocalDescription(await pc.createOffer())
+    async with httpx.AsyncClient(timeout=20) as http:
+        r = await http.post(url, content=pc.localDescription.sdp, headers=headers)
+    if r.status_code != 201:
+        print(r.status_code, r.json()["meta"]["error"], flush=True)
+        return pc
+    await pc.setRemoteDescription(RTCSessionDescription(r.text, "answer"))
+    await got.wait()
+    print(201, "watching", flush=True)
+    return pc
+
+async def main(url, n, token):
+    headers = {"Content-Type": "application/sdp"}
+    if token:
+        headers["Authorization"] = "Bearer " + token
+    pcs = [await one(url, headers) for _ in range(n)]
+    await asyncio.sleep(3600)
+
+asyncio.run(main(sys.argv[1], int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else None))
+"""
+
+
+def viewers_in_a_process(url: str, n: int, token: str | None = None):
+    """(the process, its n lines): n WHEP viewers of `url`, one after another."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", VIEWERS_SCRIPT, url, str(n), *([token] if token else [])],
+                            stdout=subprocess.PIPE, text=True)
+    return proc, [proc.stdout.readline().strip() for _ in range(n)]

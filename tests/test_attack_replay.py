@@ -22,47 +22,13 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from live_server import viewers_in_a_process
 from rtmp_server import free_port
 
 psutil = pytest.importorskip("psutil")
 pytest.importorskip("aiortc")
 
 pytestmark = pytest.mark.slow
-
-VIEWER = """
-import asyncio, sys, httpx
-from aiortc import RTCPeerConnection, RTCSessionDescription
-
-async def one(url):
-    pc = RTCPeerConnection()
-    pc.addTransceiver("video", direction="recvonly")
-    got = asyncio.Event()
-    def on_track(track):
-        async def loop():
-            await track.recv()
-            got.set()
-            while True:
-                await track.recv()
-        asyncio.ensure_future(loop())
-    pc.on("track", on_track)
-    await pc.setLocalDescription(await pc.createOffer())
-    async with httpx.AsyncClient(timeout=20) as http:
-        r = await http.post(url, content=pc.localDescription.sdp, headers={"Content-Type": "application/sdp"})
-    if r.status_code != 201:
-        print(r.status_code, r.json()["meta"]["error"], flush=True)
-        return pc
-    await pc.setRemoteDescription(RTCSessionDescription(r.text, "answer"))
-    await got.wait()
-    print(201, "watching", flush=True)
-    return pc
-
-async def main(url, n):
-    pcs = [await one(url) for _ in range(n)]
-    await asyncio.sleep(3600)
-
-asyncio.run(main(sys.argv[1], int(sys.argv[2])))
-"""
-
 
 def pattern(i: int) -> np.ndarray:
     img = np.zeros((64, 64, 3), np.uint8)
@@ -148,12 +114,6 @@ def run_event(url: str, event: dict, data: list, session: str) -> dict:
                 if message.get("msg") == "process_completed":
                     return message
     raise AssertionError("the event never completed")
-
-
-def viewers_in_a_process(url: str, n: int) -> tuple[subprocess.Popen, list[str]]:
-    proc = subprocess.Popen([sys.executable, "-c", VIEWER, url, str(n)], stdout=subprocess.PIPE, text=True)
-    lines = [proc.stdout.readline().strip() for _ in range(n)]
-    return proc, lines
 
 
 def upload(url: str, size: int, name: str, headers: dict | None = None) -> int:

@@ -11,7 +11,7 @@ import time
 import httpx
 import numpy as np
 import pytest
-from live_server import SIZE, pattern, start, wait_for
+from live_server import SIZE, pattern, start, viewers_in_a_process, wait_for
 
 TOKEN = "s3cret-token"
 
@@ -524,42 +524,10 @@ def test_connections_and_viewers_per_source_address_are_limited():
         srv.close()
 
 
-VIEWER_SCRIPT = """
-import asyncio, sys, httpx
-from aiortc import RTCPeerConnection, RTCSessionDescription
-
-async def main(url):
-    pc = RTCPeerConnection()
-    pc.addTransceiver("video", direction="recvonly")
-    got = asyncio.Event()
-    def on_track(track):
-        async def loop():
-            for _ in range(3):
-                await track.recv()
-            got.set()
-            while True:
-                await track.recv()
-        asyncio.ensure_future(loop())
-    pc.on("track", on_track)
-    await pc.setLocalDescription(await pc.createOffer())
-    async with httpx.AsyncClient(timeout=20) as http:
-        r = await http.post(url, content=pc.localDescription.sdp, headers={
-            "Content-Type": "application/sdp", "Authorization": "Bearer %s"})
-    await pc.setRemoteDescription(RTCSessionDescription(r.text, "answer"))
-    await got.wait()
-    print("watching", flush=True)
-    await asyncio.sleep(3600)
-
-asyncio.run(main(sys.argv[1]))
-"""
-
-
 def test_a_viewer_whose_process_dies_is_dropped_within_seconds(server):
     """A WHEP viewer killed with SIGKILL (no DELETE, no DTLS close) held its place until ICE
     consent failed, about 27-30 s. Its RTCP reports stop with it: the server ends it within
     VIEWER_SILENCE_S of the last one, while another viewer of the stream goes on."""
-    import subprocess
-    import sys
 
     from streamstudio.app.web.whip import VIEWER_SILENCE_S
 
@@ -573,10 +541,9 @@ def test_a_viewer_whose_process_dies_is_dropped_within_seconds(server):
             assert (await pub.start()).status_code == 201
             await wait_for(lambda: (s := server.manager.get("diesoon")) is not None and s.processed >= 1)
             assert (await keeper.start()).status_code == 201
-            proc = subprocess.Popen([sys.executable, "-c", VIEWER_SCRIPT % TOKEN, f"{server.url}/whep/diesoon"],
-                                    stdout=subprocess.PIPE, text=True)
-            line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 60)
-            assert line.strip() == "watching" and len(whep()) == 2
+            proc, lines = await asyncio.wait_for(
+                asyncio.to_thread(viewers_in_a_process, f"{server.url}/whep/diesoon", 1, TOKEN), 60)
+            assert lines == ["201 watching"] and len(whep()) == 2
             proc.kill()
             killed = time.monotonic()
             await wait_for(lambda: len(whep()) == 1, timeout=25)
