@@ -37,8 +37,8 @@ import torch.nn.functional as F
 
 from streamstudio.models.video.stream_dit import (StreamDiT, WindowSelfAttention, count_parameters, load_builtin,
                                             named_config)
-from streamstudio.pipelines.stream_video import (StreamBufferConfig, StreamDiTBackbone, StreamSampler,
-                                                 StreamVideoConfig, VideoStream)
+from streamstudio.models.video.video_net import StreamDiTBackbone
+from streamstudio.pipelines.stream_video import StreamBufferConfig, StreamSampler, StreamVideoConfig, VideoStream
 
 RESULTS = Path(__file__).resolve().parent / "results" / "stream_video.json"
 PAPER_STEP_MS_H100 = 482  # StreamDiT (arXiv 2507.03745), 4B model, 512p, one H100
@@ -178,7 +178,7 @@ def gpu_wan(repeats: int) -> dict:
     backbone = WanBackbone(transformer, lambda prompt: text)
     x = torch.randn(*WAN_1_3B_LATENT, device="cuda", dtype=torch.bfloat16)  # (B, F, C, H, W)
     t = torch.linspace(0.05, 0.95, WAN_1_3B_LATENT[1], device="cuda")[None]  # (B, F): one level per frame
-    ms = cuda_median_ms(lambda: backbone(x, t, text), repeats)
+    ms = cuda_median_ms(lambda: backbone.velocity(x, t, text), repeats)
     latent_frames = WAN_1_3B_LATENT[1]
     return {"params": count_parameters(transformer), "step_ms": ms, **anchor, "device": torch.cuda.get_device_name(),
             "peak_gb": torch.cuda.max_memory_allocated() / 2**30,

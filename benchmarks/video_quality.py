@@ -180,8 +180,8 @@ def protocol(subset: int | None = None) -> list[tuple[str, int]]:
 def render_model(model, meta: dict, prompt: str, seed: int, layout: tuple[int, int, int],
                  frames: int = FRAMES, guidance: float | None = None) -> list[np.ndarray]:
     """Text-to-video frames of a StreamDiT checkpoint at its latent size (RGB uint8)."""
-    from streamstudio.pipelines.stream_video import (StreamBufferConfig, StreamDiTBackbone, StreamVideoConfig,
-                                                     VideoStream)
+    from streamstudio.models.video.video_net import StreamDiTBackbone
+    from streamstudio.pipelines.stream_video import StreamBufferConfig, StreamVideoConfig, VideoStream
 
     n, c, s = layout
     smp = meta["sampling"]

@@ -10,7 +10,8 @@ from streamstudio.errors import StreamStudioError
 from streamstudio.models.video.stream_dit import (BASE_VOCAB, StreamDiT, StreamDiTConfig, WindowSelfAttention,
                                             count_parameters, load_checkpoint, named_config, save_checkpoint, tokenize,
                                             window_attention_mask, window_shift)
-from streamstudio.pipelines.stream_video import HashTextEmbedder, StreamBufferConfig, StreamSampler, WanBackbone
+from streamstudio.models.video.wan import HashTextEmbedder, WanBackbone
+from streamstudio.pipelines.stream_video import StreamBufferConfig, StreamSampler
 
 
 @pytest.mark.parametrize("shift", [(0, 0, 0), (1, 2, 2)])
@@ -154,11 +155,11 @@ def test_wan_adapter_per_frame_timesteps():
     text = backbone.encode_text("a red circle")
     x = torch.randn(1, 4, 4, 8, 8)  # (B, F, C, H, W)
     with torch.no_grad():
-        same = backbone(x, torch.full((1, 4), 0.25), text)
+        same = backbone.velocity(x, torch.full((1, 4), 0.25), text)
         ref = wan(x.permute(0, 2, 1, 3, 4), timestep=torch.tensor([750.0]), encoder_hidden_states=text,
                   return_dict=False)[0]
         torch.testing.assert_close(same, -ref.permute(0, 2, 1, 3, 4), rtol=1e-4, atol=1e-5)
-        mixed = backbone(x, torch.tensor([[0.25, 0.25, 0.9, 0.25]]), text)
+        mixed = backbone.velocity(x, torch.tensor([[0.25, 0.25, 0.9, 0.25]]), text)
     assert not torch.allclose(mixed[:, 2], same[:, 2], atol=1e-6)
     # and it drives the buffer sampler
     sampler = StreamSampler(backbone, StreamBufferConfig(num_chunks=2, chunk_size=2, micro_steps=1), (4, 8, 8), "red")

@@ -8,9 +8,9 @@ import torch
 
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.video.stream_dit import StreamDiT, StreamDiTConfig, TextEncoderConfig
-from streamstudio.pipelines.stream_video import (ChunkDecoder, PixelCodec, StreamBufferConfig, StreamDiTBackbone,
-                                                 StreamSampler, StreamVideoConfig, VideoStream, frame_noise,
-                                                 level_times)
+from streamstudio.models.video.video_net import PixelCodec, StreamDiTBackbone
+from streamstudio.pipelines.stream_video import (ChunkDecoder, StreamBufferConfig, StreamSampler, StreamVideoConfig,
+                                                 VideoStream, frame_noise, level_times)
 
 SHAPE = (2, 3, 3)  # (C, h, w) latents of the oracle tests
 CONFIGS = [(8, 1, 1), (4, 2, 2), (2, 4, 4), (1, 8, 8)]  # (N, c, s)
@@ -31,7 +31,7 @@ class Oracle:
     def encode_text(self, prompt: str) -> str:
         return prompt
 
-    def __call__(self, x, t, text):
+    def velocity(self, x, t, text):
         ids = self.sampler.ids  # rows after the reference frames
         k = x.shape[1] - len(ids)
         x1 = torch.stack([target(i) for i in ids])
@@ -239,10 +239,10 @@ class BoxCodec(PixelCodec):
 def test_chunk_decoder_overlap_hides_seams():
     torch.manual_seed(0)
     video = torch.linspace(-1, 1, 24).repeat_interleave(1)[:, None, None, None].expand(24, 1, 2, 2).clone()
-    whole = BoxCodec(2, 2).decode(video)
+    whole = BoxCodec().decode(video)
 
     def chunked(overlap):
-        dec = ChunkDecoder(BoxCodec(2, 2), overlap)
+        dec = ChunkDecoder(BoxCodec(), overlap)
         parts = [dec.push(video[i:i + 4]) for i in range(0, 24, 4)]
         tail = dec.flush()
         return torch.cat(parts + ([tail] if tail is not None else []))
@@ -260,20 +260,20 @@ def test_video_stream_frame_api_text_and_video():
                             height=8, width=8, out_height=16, out_width=16)
 
     class TwoChannel(PixelCodec):
-        def encode(self, frames):
-            return super().encode(frames)[:, :2]
+        def encode(self, images):
+            return super().encode(images)[:, :2]
 
         def decode(self, latents):
             return torch.cat([latents, latents[:, :1]], 1)
 
-    stream = VideoStream(StreamDiTBackbone(model), cfg, "red", codec=TwoChannel(8, 8), latent_channels=2)
+    stream = VideoStream(StreamDiTBackbone(model), cfg, "red", codec=TwoChannel(), latent_channels=2)
     frames = list(stream.frames(5))
     assert len(frames) == 5 and frames[0].shape == (16, 16, 3) and frames[0].dtype == np.uint8
     with pytest.raises(StreamStudioError):
         stream.push(np.zeros((8, 8, 3), np.uint8))
 
     cfg.buffer = StreamBufferConfig(num_chunks=2, chunk_size=2, micro_steps=1, strength=0.5)
-    v2v = VideoStream(StreamDiTBackbone(model), cfg, "red", codec=TwoChannel(8, 8), latent_channels=2)
+    v2v = VideoStream(StreamDiTBackbone(model), cfg, "red", codec=TwoChannel(), latent_channels=2)
     out = []
     for i in range(7):
         out += v2v.push(np.full((12, 12, 3), 20 * i, np.uint8))

@@ -14,7 +14,8 @@ from streamstudio.models.video.video_data import COLOURS, VideoFolder, random_sp
 from streamstudio.app.training.video import (VideoTrainConfig, VideoTrainer, distill_levels, partition_levels,
                                              teacher_target)
 from streamstudio.models.video.stream_dit import StreamDiT, StreamDiTConfig
-from streamstudio.pipelines.stream_video import StreamBufferConfig, StreamDiTBackbone, StreamSampler
+from streamstudio.models.video.video_net import StreamDiTBackbone
+from streamstudio.pipelines.stream_video import StreamBufferConfig, StreamSampler
 
 
 def small_cfg(tmp_path, **kw) -> VideoTrainConfig:
@@ -98,9 +99,9 @@ class Recorder:
     def encode_text(self, prompt):
         return self.inner.encode_text(prompt)
 
-    def __call__(self, x, t, text):
+    def velocity(self, x, t, text):
         self.calls.append(t[0].clone())
-        return self.inner(x, t, text)
+        return self.inner.velocity(x, t, text)
 
 
 @pytest.mark.parametrize("n, c", [(4, 2), (8, 1), (2, 4)])
@@ -236,7 +237,7 @@ def test_guided_velocity_is_classifier_free_guidance_against_the_empty_prompt():
         torch.testing.assert_close(guided_velocity(model, x, t, text, empty, 2.0), 2 * v_text - v_empty)
         # the sampler's backbone guides against the empty prompt too
         backbone = StreamDiTBackbone(model, guidance=0.0)
-        torch.testing.assert_close(backbone(x, t, backbone.encode_text("a red circle moving left")), v_empty)
+        torch.testing.assert_close(backbone.velocity(x, t, backbone.encode_text("a red circle moving left")), v_empty)
 
 
 def test_distillation_learns_the_guided_teacher(tmp_path):

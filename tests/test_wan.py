@@ -108,13 +108,13 @@ def test_per_frame_timesteps(loaded):
     t = torch.tensor([[0.1, 0.25, 0.9, 0.5]])
     try:
         with torch.no_grad():
-            mixed = backbone(x, t, text)
+            mixed = backbone.velocity(x, t, text)
     finally:
         hook.remove()
     per_token = seen[0].view(1, 4, 4)  # (B, F, tokens)
     torch.testing.assert_close(per_token, ((1 - t) * 1000)[..., None].expand(1, 4, 4))
     with torch.no_grad():
-        same = backbone(x, torch.full((1, 4), 0.25), text)
+        same = backbone.velocity(x, torch.full((1, 4), 0.25), text)
         ref = loaded.transformer(x.permute(0, 2, 1, 3, 4), timestep=torch.tensor([750.0]), encoder_hidden_states=text,
                                  return_dict=False)[0]
     torch.testing.assert_close(same, -ref.permute(0, 2, 1, 3, 4), rtol=1e-4, atol=1e-5)
@@ -145,10 +145,10 @@ def test_text_conditioning_through_umt5(wan_dir, loaded):
     backbone = loaded.backbone()
     x, t = torch.randn(1, 2, 4, 4, 4), torch.tensor([[0.3, 0.6]])
     with torch.no_grad():
-        v_red, v_blue = backbone(x, t, red), backbone(x, t, blue)
-        v_empty = backbone(x, t, enc(""))
+        v_red, v_blue = backbone.velocity(x, t, red), backbone.velocity(x, t, blue)
+        v_empty = backbone.velocity(x, t, enc(""))
         guided = loaded.backbone(guidance=3.0)
-        v_guided = guided(x, t, guided.encode_text("a red circle"))
+        v_guided = guided.velocity(x, t, guided.encode_text("a red circle"))
     assert (v_red - v_blue).abs().max() > 1e-4
     torch.testing.assert_close(v_guided, v_empty + 3.0 * (v_red - v_empty), rtol=1e-4, atol=1e-5)
 
@@ -193,9 +193,10 @@ def test_codec_round_trip_and_normalisation(loaded):
     codec, vae = loaded.codec, loaded.codec.vae
     rng = np.random.default_rng(0)
     frames = rng.integers(0, 256, (9, 32, 32, 3), dtype=np.uint8)
-    z = codec.encode(frames)
+    images = torch.from_numpy(frames).float().permute(0, 3, 1, 2) / 127.5 - 1  # (F, 3, H, W) in [-1, 1]
+    z = codec.encode(images)
     assert z.shape == (3, 4, 4, 4)  # (1 + 8/4, C, 32/8, 32/8)
-    x = torch.from_numpy(frames).float().permute(3, 0, 1, 2)[None] / 127.5 - 1  # (1, 3, F, H, W)
+    x = images.permute(1, 0, 2, 3)[None]  # (1, 3, F, H, W): the VAE's own layout
     with torch.no_grad():
         mode = vae.encode(x).latent_dist.mode()  # (1, C, 3, 4, 4)
         own = vae.decode(mode).sample  # (1, 3, 9, 32, 32)
@@ -215,7 +216,7 @@ def test_codec_round_trip_and_normalisation(loaded):
     stream.reset()
     torch.testing.assert_close(stream.decode(lat[:2]), whole[:5], rtol=1e-4, atol=1e-5)
     with pytest.raises(StreamStudioError, match="1 \\+ 4k frames"):
-        codec.encode(frames[:8])
+        codec.encode(images[:8])
 
 
 def test_stream_codec_of_the_wan_2_2_vae_layout():
@@ -331,7 +332,7 @@ def test_wan_1_3b_benchmark_row_shapes_on_meta():
     assert 1.3e9 <= params <= 1.5e9
     backbone = wan.WanBackbone(transformer, lambda prompt: torch.empty(1, 512, 4096, device="meta"))
     with torch.no_grad():
-        out = backbone(torch.empty(*bench.WAN_1_3B_LATENT, device="meta"), torch.rand(1, 8, device="meta"),
+        out = backbone.velocity(torch.empty(*bench.WAN_1_3B_LATENT, device="meta"), torch.rand(1, 8, device="meta"),
                        backbone.encode_text("a cat"))
     assert tuple(out.shape) == bench.WAN_1_3B_LATENT
     if not torch.cuda.is_available():

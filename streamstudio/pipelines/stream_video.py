@@ -17,14 +17,16 @@ level 0. Each frame keeps the noise sample it entered with (drawn per frame id).
 - Chunks are decoded as they leave, with an overlap of decoded frames cross-faded between
   consecutive chunks so a temporal decoder shows no seam.
 
-No I/O and no threads here; `VideoStream` is the frame-in / frame-out API (RGB uint8 HxWx3).
+No I/O and no threads here; `VideoStream` is the frame-in / frame-out API (RGB uint8 HxWx3),
+the one place pixels become [-1, 1] images and back. The backbone and the codec are the video
+seam (`models/video/video_net.py`: velocity, encode_text, encode, decode).
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Protocol
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -32,31 +34,8 @@ import torch.nn.functional as F
 
 from streamstudio import kernels
 from streamstudio.errors import StreamStudioError
-from streamstudio.models.video.stream_dit import guided_velocity
-from streamstudio.models.video.wan import HashTextEmbedder, WanBackbone  # noqa: F401  (Wan 2.1 backbone; models/video/wan.py)
+from streamstudio.models.video.video_net import PixelCodec, VideoBackbone, VideoCodec
 from streamstudio.pipelines.live_settings import VIDEO_SETTINGS, check_config
-
-
-class VideoBackbone(Protocol):
-    """Anything that gives a velocity from (latents, per-frame timesteps, text)."""
-
-    def encode_text(self, prompt: str) -> Any: ...
-
-    def __call__(self, x: torch.Tensor, t: torch.Tensor, text: Any) -> torch.Tensor:
-        """x: (1, F, C, H, W), t: (1, F) in [0, 1] -> velocity dx/dt (1, F, C, H, W)."""
-        ...
-
-
-class VideoCodec(Protocol):
-    """Frames <-> latents. `decode` may look at several frames (temporal decoders)."""
-
-    def encode(self, frames: np.ndarray) -> torch.Tensor:
-        """uint8 (F, H, W, 3) -> latents (F, C, h, w)."""
-        ...
-
-    def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        """latents (F, C, h, w) -> float frames (F, 3, H, W) in [-1, 1]."""
-        ...
 
 
 @dataclass
@@ -151,7 +130,7 @@ class StreamSampler:
         full = torch.cat([self.refs, x], dim=0)[None]  # (1, k + n, C, h, w)
         t = torch.cat([torch.ones(k, dtype=torch.float64), self.times[levels]])[None]  # (1, k + n)
         with torch.no_grad():
-            v = self.backbone(full, t.to(self.device, self.dtype), self.text)  # (1, k + n, C, h, w)
+            v = self.backbone.velocity(full, t.to(self.device, self.dtype), self.text)  # (1, k + n, C, h, w)
         return v[0, k:]
 
     def _euler(self, x: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
@@ -204,21 +183,6 @@ class StreamSampler:
 
 
 # ---------------------------------------------------------------------------- decoding
-
-
-class PixelCodec:
-    """Pixels as latents (the tiny model): resize to (height, width), [-1, 1] floats: the image
-    pipeline's frame conversion (`kernels.preprocess`, fused on a GPU)."""
-
-    def __init__(self, height: int, width: int):
-        self.height, self.width = height, width
-
-    def encode(self, frames: np.ndarray) -> torch.Tensor:
-        frames = torch.from_numpy(np.ascontiguousarray(frames))  # (F, H, W, 3) uint8
-        return kernels.preprocess(frames, self.height, self.width)  # (F, 3, h, w) in [-1, 1]
-
-    def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        return latents.float()
 
 
 def to_uint8(frames: torch.Tensor, size: tuple[int, int] | None = None) -> list[np.ndarray]:
@@ -284,7 +248,7 @@ class VideoStream:
                  codec: VideoCodec | None = None, device: torch.device | str = "cpu",
                  dtype: torch.dtype = torch.float32, latent_channels: int = 3):
         self.cfg = cfg
-        self.codec = codec or PixelCodec(cfg.height, cfg.width)
+        self.codec = codec or PixelCodec()
         shape = (latent_channels, cfg.height, cfg.width)
         self.sampler = StreamSampler(backbone, cfg.buffer, shape, prompt, device=device, dtype=dtype)
         self.decoder = ChunkDecoder(self.codec, cfg.decode_overlap)
@@ -308,6 +272,13 @@ class VideoStream:
         if self.mode not in (None, mode):
             raise StreamStudioError(f"this stream is {self.mode}; start a new stream for {mode}")
         self.mode = mode
+
+    def _images(self, frame: np.ndarray) -> torch.Tensor:
+        """RGB uint8 (H, W, 3) -> (1, 3, H', W') in [-1, 1] at the codec's pixel size (the latent
+        size times `codec.spatial`), on the stream's device: the pixels' one conversion."""
+        s = self.codec.spatial
+        frames = torch.from_numpy(np.ascontiguousarray(frame[None]))  # (1, H, W, 3) uint8
+        return kernels.preprocess(frames.to(self.sampler.device), self.cfg.height * s, self.cfg.width * s)
 
     def _emit(self, latents: torch.Tensor) -> list[np.ndarray]:
         self.sampled += latents.shape[0]
@@ -333,7 +304,7 @@ class VideoStream:
         self._set_mode("video-to-video")
         if frame.ndim != 3 or frame.shape[2] != 3 or frame.dtype != np.uint8:
             raise StreamStudioError(f"frames must be RGB uint8 HxWx3, got {frame.dtype} {frame.shape}")
-        self._last_clean = self.codec.encode(frame[None])[0]  # (C, h, w)
+        self._last_clean = self.codec.encode(self._images(frame))[0]  # (C, h, w)
         self.pending.append(self._last_clean)
         self.pushed += 1
         return self._advance()
@@ -375,24 +346,3 @@ class VideoStream:
             for frame in self.push(None)[: n - given]:
                 yield frame
                 given += 1
-
-
-# ---------------------------------------------------------------------------- backbones
-
-
-class StreamDiTBackbone:
-    """The project's StreamDiT model behind the backbone protocol (batch of one prompt), with
-    classifier-free guidance against the empty prompt when `guidance` is not 1 (two network calls
-    per step; a checkpoint distilled with `--teacher-guidance` has it built in and needs none)."""
-
-    def __init__(self, model: torch.nn.Module, guidance: float = 1.0):
-        self.model, self.guidance = model, float(guidance)
-        self._empty = None
-
-    def encode_text(self, prompt: str) -> Any:
-        if self.guidance != 1.0 and self._empty is None:
-            self._empty = self.model.encode_text([""])
-        return self.model.encode_text([prompt])
-
-    def __call__(self, x: torch.Tensor, t: torch.Tensor, text: Any) -> torch.Tensor:
-        return guided_velocity(self.model, x, t, text, self._empty, self.guidance)

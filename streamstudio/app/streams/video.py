@@ -86,8 +86,8 @@ def build_stream(model: torch.nn.Module, meta: dict, prompt: str, *, strength: f
     this buffer layout (models.acceleration.apply_video_acceleration). `guidance` (None: the
     checkpoint's `sampling.guidance`, else 1) is classifier-free guidance against the empty prompt."""
     from streamstudio.app.streams.image import output_size
-    from streamstudio.pipelines.stream_video import (StreamBufferConfig, StreamDiTBackbone, StreamVideoConfig,
-                                                     VideoStream)
+    from streamstudio.models.video.video_net import StreamDiTBackbone
+    from streamstudio.pipelines.stream_video import StreamBufferConfig, StreamVideoConfig, VideoStream
 
     if getattr(model, "is_wan", False):
         return build_wan_stream(model, prompt, strength=strength, seed=seed, width=width, height=height,

@@ -5,13 +5,13 @@ A diffusers Wan folder (the `Wan-AI/Wan2.1-T2V-1.3B-Diffusers` / `-14B-Diffusers
 `text_encoder/` UMT5EncoderModel, `tokenizer/`) loads from a local folder or a hub id (the hub
 only when it can be reached) into a `WanModel`: the pieces the buffer sampler needs.
 
-- `WanBackbone`: the transformer behind the backbone protocol, one timestep per frame (repeated
+- `WanBackbone`: the transformer behind the video seam's backbone (`velocity`), one timestep per frame (repeated
   over the frame's tokens; diffusers takes per-token timesteps since Wan 2.2), Wan's conventions
   (sigma = 1 - t, timestep sigma * 1000, output noise - data, so velocity dx/dt = -output), and
   classifier-free guidance against the empty prompt when `guidance` is not 1.
 - `UMT5TextEncoder`: the prompt as WanPipeline's `_get_t5_prompt_embeds` makes it: cleaned,
   tokenized to 512 tokens, encoded, everything past the prompt's own tokens set to zero.
-- `WanCodec`: the VideoCodec over AutoencoderKLWan, latents normalised with the VAE config's
+- `WanCodec`: the video seam's codec (`models/video/video_net.py`) over AutoencoderKLWan, latents normalised with the VAE config's
   `latents_mean` / `latents_std` as WanPipeline does. The VAE is causal in time and packs 4 frames
   into one latent frame (`scale_factor_temporal`): the first latent frame of a video is 1 frame,
   every later one 4, so n latent frames are 1 + 4 (n - 1) frames (Wan's 81 frames: 21 latents).
@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import torch
 
 from streamstudio.errors import ModelNotFoundError, StreamStudioError
@@ -103,7 +102,7 @@ class WanBackbone:
                                return_dict=False)[0]  # (B, C, F, H, W)
         return out.permute(0, 2, 1, 3, 4)
 
-    def __call__(self, x: torch.Tensor, t: torch.Tensor, text: Any) -> torch.Tensor:
+    def velocity(self, x: torch.Tensor, t: torch.Tensor, text: Any) -> torch.Tensor:
         """x: (B, F, C, H, W), t: (B, F) -> velocity (B, F, C, H, W)."""
         if self.guidance == 1.0:
             return -self._forward(x, t, text)
@@ -193,15 +192,14 @@ class WanCodec:
         return 1 + (frames - 1) // self.temporal
 
     @torch.no_grad()
-    def encode(self, frames: np.ndarray) -> torch.Tensor:
-        """uint8 (F, H, W, 3), F = 1 + 4k, H and W multiples of the spatial factor ->
+    def encode(self, images: torch.Tensor) -> torch.Tensor:
+        """(F, 3, H, W) in [-1, 1], F = 1 + 4k, H and W multiples of the spatial factor ->
         normalised latents (1 + k, C, H / 8, W / 8) (the posterior's mode, as WanVideoToVideoPipeline)."""
-        f, h, w = frames.shape[:3]
+        f, _, h, w = images.shape
         if (f - 1) % self.temporal or h % self.spatial or w % self.spatial:
             raise StreamStudioError(f"the Wan VAE encodes 1 + {self.temporal}k frames of sides that are multiples "
                                     f"of {self.spatial}; got {f} frames of {w}x{h}")
-        x = torch.from_numpy(np.ascontiguousarray(frames)).to(self.device)
-        x = x.permute(3, 0, 1, 2)[None].to(self.dtype) / 127.5 - 1  # (1, 3, F, H, W) in [-1, 1]
+        x = images.to(self.device, self.dtype).permute(1, 0, 2, 3)[None]  # (1, 3, F, H, W)
         z = self.vae.encode(x).latent_dist.mode().float()  # (1, C, 1 + k, h, w)
         return ((z - self.mean) / self.std)[0].permute(1, 0, 2, 3)  # (1 + k, C, h, w)
 
@@ -228,6 +226,7 @@ class WanStreamCodec:
 
     def __init__(self, codec: WanCodec):
         self.codec = codec
+        self.spatial = codec.spatial
         self.reset()
 
     def reset(self) -> None:
@@ -238,8 +237,8 @@ class WanStreamCodec:
         self._first = True
         self.decoded = 0  # latent frames decoded since the start
 
-    def encode(self, frames: np.ndarray) -> torch.Tensor:
-        return self.codec.encode(frames)
+    def encode(self, images: torch.Tensor) -> torch.Tensor:
+        return self.codec.encode(images)
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
