@@ -12,10 +12,14 @@ The conversion rule, everywhere:
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from streamstudio.errors import StreamStudioError
+
+if TYPE_CHECKING:
+    import torch
 
 FIT_MODES = ("crop", "pad")  # how a frame of another aspect ratio meets a size
 
@@ -35,6 +39,24 @@ def to_pixels(image) -> np.ndarray:
     if image.shape[2] == 1:
         image = np.repeat(image, 3, axis=2)
     return np.ascontiguousarray(image)
+
+
+def to_frames(image, count: int = 1) -> torch.Tensor:
+    """Any supported image(s) -> uint8 (count, H, W, 3) RGB, or (count, H, W, 4) RGBA when one
+    of them has alpha (the preprocess kernel composites it on black). Each image goes through
+    the one frame converter (`to_pixels`); `image` is one image or a list
+    of `count` of them."""
+    import torch  # (this module is numpy-only otherwise)
+
+    items = list(image) if isinstance(image, (list, tuple)) else [image]
+    if len(items) != count:
+        raise StreamStudioError(f"expected {count} frame(s) per call (frame_buffer_size), got {len(items)}")
+    frames = [to_pixels(item) for item in items]
+    if len({f.shape[2] for f in frames}) > 1:  # RGB beside RGBA: opaque alpha for the RGB ones
+        frames = [f if f.shape[2] == 4 else np.dstack([f, np.full(f.shape[:2], 255, np.uint8)]) for f in frames]
+    if len({f.shape for f in frames}) > 1:
+        raise StreamStudioError("all frames of one call must have the same size")
+    return torch.from_numpy(np.stack(frames))
 
 
 def to_rgb(image) -> np.ndarray:

@@ -156,7 +156,7 @@ def test_each_slot_gets_its_own_frames_control_image(sd):
     levels = [20, 60, 100, 140, 180]
     for level in levels:
         pipe.push(np.full((SIZE, SIZE, 3), level, np.uint8))
-        assert pipe.control.runs == levels.index(level) + 1  # one preprocessor pass per input frame
+        assert pipe.addons.control.runs == levels.index(level) + 1  # one preprocessor pass per input frame
     batch_calls = [rows for rows in seen if rows.shape[0] == 3]  # the priming trajectory's calls have one row
     assert len(batch_calls) == len(levels)
     for i, rows in enumerate(batch_calls):
@@ -188,10 +188,10 @@ def test_scale_zero_stream_is_the_plain_stream_and_scale_is_live(sd):
     zero = aligned(make_pipe(comps, nets, [0.0, 0.0], preprocessor="canny"), inputs)
     assert all(np.array_equal(a, b) for a, b in zip(plain, zero))
     live = make_pipe(comps, nets, [0.0, 0.0], preprocessor="canny")
-    live.set_control_scale(0, 1.5)
+    live.addons.set_control_scale(0, 1.5)
     assert any(not np.array_equal(a, b) for a, b in zip(plain, aligned(live, inputs)))
     with pytest.raises(StreamStudioError, match="no ControlNet"):
-        make_pipe(comps, []).set_control_scale(0, 1.0)
+        make_pipe(comps, []).addons.set_control_scale(0, 1.0)
     with pytest.raises(StreamStudioError, match="control picture"):
         make_pipe(comps, nets, mode="txt2img").push(None)
 
@@ -228,7 +228,7 @@ def test_update_changes_control_scales_live(sd):
     plain = aligned(make_pipe(comps, []), inputs)
     pipe = make_pipe(comps, nets, [0.9, 0.9])
     pipe.update(control_scales=[0.0, 0.0], guidance_scale=1.2)
-    assert [u.scale for u in pipe.control.units] == [0.0, 0.0] and pipe.config.guidance_scale == 1.2
+    assert [u.scale for u in pipe.addons.control.units] == [0.0, 0.0] and pipe.config.guidance_scale == 1.2
     assert all(np.array_equal(a, b) for a, b in zip(plain, aligned(pipe, inputs)))
     with pytest.raises(StreamStudioError, match="one scale per ControlNet"):
         pipe.update(control_scales=[1.0])
@@ -273,9 +273,9 @@ def test_web_sessions_start_from_the_clis_control_settings(sd, tmp_path):
     model = ServerModel(shared, StreamDiffusionConfig(width=SIZE, height=SIZE, steps=2), prompt="a cat")
     try:
         a, b = model.build("img2img"), model.build("img2img")
-        assert [(u.preprocessor.config.kind, u.scale) for u in a.control.units] == [("softedge", 0.6), ("none", 0.2)]
-        a.set_control_scale(0, 1.5)  # one session's change is its own
-        assert b.control.units[0].scale == 0.6
+        assert [(u.preprocessor.config.kind, u.scale) for u in a.addons.control.units] == [("softedge", 0.6), ("none", 0.2)]
+        a.addons.set_control_scale(0, 1.5)  # one session's change is its own
+        assert b.addons.control.units[0].scale == 0.6
     finally:
         model.close()
 
@@ -289,11 +289,11 @@ def test_no_upload_or_extra_sync_per_frame(sd):
     pipe = make_pipe(comps, nets[:1], cfg_type="none")
     frames = stream_frames(4, seed=8)
     pipe(frames[0])
-    first = pipe.control.scales(1, pipe.device)
+    first = pipe.addons.control.scales(1, pipe.device)
     pipe(frames[1])
-    assert pipe.control.scales(1, pipe.device) is first
-    pipe.set_control_scale(0, 0.5)
-    assert pipe.control.scales(1, pipe.device) is not first
+    assert pipe.addons.control.scales(1, pipe.device) is first
+    pipe.addons.set_control_scale(0, 0.5)
+    assert pipe.addons.control.scales(1, pipe.device) is not first
 
     def syncs(p, frame):
         with CountSyncs() as counter:
@@ -379,7 +379,7 @@ def test_web_api_control_scales_reach_the_session_stream(sd):
     try:
         pipe = model.build("img2img")
         pipe.update(**parse_settings({"control_scales": [0.25, 0.0], "guidance_scale": 1.1}))
-        assert [u.scale for u in pipe.control.units] == [0.25, 0.0] and pipe.config.guidance_scale == 1.1
+        assert [u.scale for u in pipe.addons.control.units] == [0.25, 0.0] and pipe.config.guidance_scale == 1.1
         with pytest.raises(StreamStudioError, match="one scale per ControlNet"):
             pipe.update(**parse_settings({"control_scales": [0.5]}))
     finally:
@@ -397,16 +397,16 @@ def test_txt2img_with_a_control_picture(sd, tmp_path, capsys):
     picture = np.zeros((48, 48, 3), np.uint8)
     picture[:, 24:] = 255  # a step: fitted to the stream's 32x32, then its canny edges
     pipe = make_pipe(comps, nets[:1], preprocessor="canny", mode="txt2img", steps=2)
-    pipe.set_control_image(picture)
+    pipe.addons.set_control_image(picture)
     images = pipe.generate(3)
-    assert len(images) == 3 and pipe.control.runs == 1
+    assert len(images) == 3 and pipe.addons.control.runs == 1
     zero = make_pipe(comps, nets[:1], [0.0], preprocessor="canny", mode="txt2img", steps=2)
-    zero.set_control_image(picture)
+    zero.addons.set_control_image(picture)
     plain = make_pipe(comps, [], mode="txt2img", steps=2).generate(3)
     assert all(np.array_equal(a, b) for a, b in zip(plain, zero.generate(3)))
     assert any(not np.array_equal(a, b) for a, b in zip(plain, images))
     with pytest.raises(StreamStudioError, match="img2img stream takes"):
-        make_pipe(comps, nets[:1]).set_control_image(picture)
+        make_pipe(comps, nets[:1]).addons.set_control_image(picture)
 
     nets[0].save_pretrained(tmp_path / "net")
     Image.fromarray(picture).save(tmp_path / "edges.png")
@@ -479,7 +479,7 @@ def test_txt2img_control_picture_reaches_the_net_as_diffusers_prepares_it(sd):
     hook = nets[0].register_forward_pre_hook(lambda m, a, kw: seen.append(kw["controlnet_cond"].clone()),
                                              with_kwargs=True)
     try:
-        pipe.set_control_image(picture)
+        pipe.addons.set_control_image(picture)
         pipe.generate(1)
     finally:
         hook.remove()

@@ -187,14 +187,14 @@ def test_ip_adapter_in_the_stream(comps, tmp_path):
     path = write_tiny_ip_adapter(comps.unet, tmp_path / "ip")
     with_ip = dataclasses.replace(comps, ip_adapter=IPAdapter(comps, f"{path}:0"))
     pipe = StreamDiffusion(with_ip, config, prompt="a fox")
-    pipe.set_reference((reference_image().permute(1, 2, 0).numpy() * 255).astype(np.uint8))
+    pipe.addons.set_reference((reference_image().permute(1, 2, 0).numpy() * 255).astype(np.uint8))
     zero = run(pipe)
     assert with_ip.ip_adapter.encodes == 1  # once per reference, not per frame
     assert all(np.abs(a.astype(int) - b.astype(int)).max() <= 1 for a, b in zip(plain, zero))
-    pipe.set_ip_adapter_scale(1.0)
+    pipe.addons.set_ip_adapter_scale(1.0)
     assert any(np.abs(a.astype(int) - b.astype(int)).max() > 1 for a, b in zip(plain, run(pipe)))
     with pytest.raises(StreamStudioError, match="no IP-Adapter"):
-        StreamDiffusion(comps, config).set_reference(frames[0])
+        StreamDiffusion(comps, config).addons.set_reference(frames[0])
 
 
 def test_generate_with_ip_adapter_flags(comps, tmp_path, capsys):
@@ -230,7 +230,7 @@ def test_ip_adapter_on_sdxl(tmp_path):
     plain = run(StreamDiffusion(xl, config, prompt="a fox"))
     ip = IPAdapter(xl, f"{write_tiny_ip_adapter(xl.unet, tmp_path / 'ip')}:0")
     pipe = StreamDiffusion(dataclasses.replace(xl, ip_adapter=ip), config, prompt="a fox")
-    pipe.set_reference(reference_image())
+    pipe.addons.set_reference(reference_image())
     assert all(np.abs(a.astype(int) - b.astype(int)).max() <= 1 for a, b in zip(plain, run(pipe)))
     pipe.update(ip_adapter_scale=1.0)
     assert any(np.abs(a.astype(int) - b.astype(int)).max() > 1 for a, b in zip(plain, run(pipe)))
@@ -314,8 +314,8 @@ def test_streams_with_their_own_scales_and_references_batched_together_equal_alo
 
     def stream(comps_, scale, reference):
         pipe = StreamDiffusion(comps_, config, prompt="a fox")
-        pipe.set_ip_adapter_scale(scale)
-        pipe.set_reference(reference)
+        pipe.addons.set_ip_adapter_scale(scale)
+        pipe.addons.set_reference(reference)
         return pipe
 
     solo = [stream(model, *spec) for spec in specs]
@@ -324,7 +324,7 @@ def test_streams_with_their_own_scales_and_references_batched_together_equal_alo
     try:
         shared = batched_components(model, executor)
         streams = [stream(shared, *spec) for spec in specs]
-        assert ip.scale == 0.5 and [s.ip_adapter_scale for s in streams] == [0.0, 1.5]  # the model's default kept
+        assert ip.scale == 0.5 and [s.addons.ip_adapter_scale for s in streams] == [0.0, 1.5]  # the model's default kept
         counts = [ClientStats(), ClientStats()]
         got = run_in_lockstep(executor, streams, frames, stats=counts)
         assert all(c.shared > 0 for c in counts), counts  # their UNet calls were joined

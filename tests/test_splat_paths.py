@@ -16,7 +16,7 @@ from streamstudio.app.streams.splat_paths import read_path_file, write_path_file
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.splats.gaussians import GaussianScene, save_scene
 from streamstudio.pipelines.splat_render import (Keyframe, KeyframePath, SplatRenderConfig, hermite, path_from_json,
-                                                 path_to_nerfstudio, quat_to_rotation, render_frame,
+                                                 quat_to_rotation, render_frame,
                                                  rotation_to_quat, slerp, squad_path)
 
 SH_C0 = 0.28209479177387814

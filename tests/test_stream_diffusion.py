@@ -9,7 +9,8 @@ from helpers import RecordingNet, capture_latents
 
 from streamstudio import kernels
 from streamstudio.errors import StreamStudioError
-from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig, slerp, to_frames
+from streamstudio.frames import to_frames
+from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig, slerp
 
 SIZE = 32
 

@@ -151,13 +151,13 @@ def test_ip_adapter_stream_on_the_engine_equals_eager(tiny_components_factory, m
     eager = StreamDiffusion(comps, CONFIG, prompt="a fox")
     engine = StreamDiffusion(fast, CONFIG, prompt="a fox")
     for stream in (eager, engine):
-        stream.set_reference(reference)
+        stream.addons.set_reference(reference)
     got = run(engine, inputs)
     assert_same_frames(got, run(eager, inputs))
     assert unet.calls > 0
 
     for stream in (eager, engine):
-        stream.set_ip_adapter_scale(0.3)  # the stream's own scale: its rows' ip_scale input
+        stream.addons.set_ip_adapter_scale(0.3)  # the stream's own scale: its rows' ip_scale input
     lower = run(engine, inputs)
     assert_same_frames(lower, run(eager, inputs))
     assert_differ(lower, got)
@@ -253,7 +253,7 @@ def test_a_lora_change_rebuilds_the_unet_engine(tiny_components_factory, monkeyp
     assert len(trt.unet_builds()) == 1 and fast.net.rebuilds == 0
 
     name = comps.loras.loras[0].name
-    engine.set_lora_scale(name, 0.3)  # the shared LoRA set: the eager stream sees it too
+    engine.addons.set_lora_scale(name, 0.3)  # the shared LoRA set: the eager stream sees it too
     with pytest.warns(RuntimeWarning, match="rebuilds the UNet engine"):
         second = run(engine, inputs)
     assert fast.net.rebuilds == 1 and len(trt.unet_builds()) == 2
@@ -504,7 +504,7 @@ def test_sdxl_stream_with_a_controlnet_and_an_ip_adapter_on_the_engine_equals_ea
     inputs = frames(2, seed=11)
     streams = [StreamDiffusion(c, CONFIG, prompt="a lighthouse") for c in (xl, fast)]
     for stream in streams:
-        stream.set_reference((reference_image(4).permute(1, 2, 0).numpy() * 255).astype(np.uint8))
+        stream.addons.set_reference((reference_image(4).permute(1, 2, 0).numpy() * 255).astype(np.uint8))
     eager, engine = (run(s, inputs) for s in streams)
     assert_same_frames(engine, eager)
     assert fast.net.unet_engine.calls > 0

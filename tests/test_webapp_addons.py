@@ -136,19 +136,19 @@ def test_control_scale_sliders_reach_the_sessions_pipeline(addon_model):
         assert len(values) == len(keys) - 3
         handler(frame(10), *values, 0.25, 0.0, 0.5)
         session = manager.get("a")
-        scales = lambda s: [u.scale for u in s.processor.pipe.control.units]  # noqa: E731
+        scales = lambda s: [u.scale for u in s.processor.pipe.addons.control.units]  # noqa: E731
         wait_for(lambda: session.processor.pipe is not None and scales(session) == [0.25, 0.0], session)
         # the stats record a setting just after the pipeline took it (the runner's thread): wait for both
         wait_for(lambda: session.stats()["settings"].get("control_scales") == [0.25, 0.0], session)
         handler(frame(20), *values, 1.5, 0.75, 1.25)  # moved: applied before a later frame
         wait_for(lambda: scales(session) == [1.5, 0.75], session)
-        wait_for(lambda: session.processor.pipe.ip_adapter_scale == 1.25, session)
+        wait_for(lambda: session.processor.pipe.addons.ip_adapter_scale == 1.25, session)
         # the fallback webcam path takes the same controls; that session has its own scales
         fallback_step(manager, "fb", frame(30), (*values, 0.5, 2.0, 0.0), keys)
         other = manager.get("fb")
         wait_for(lambda: other.processor.pipe is not None and scales(other) == [0.5, 2.0], other)
-        wait_for(lambda: other.processor.pipe.ip_adapter_scale == 0.0, other)
-        assert scales(session) == [1.5, 0.75] and session.processor.pipe.ip_adapter_scale == 1.25
+        wait_for(lambda: other.processor.pipe.addons.ip_adapter_scale == 0.0, other)
+        assert scales(session) == [1.5, 0.75] and session.processor.pipe.addons.ip_adapter_scale == 1.25
         cond = session.processor.pipe._stream_cond(session.processor.pipe._text, False)
         assert cond.control_scale.tolist() == [[1.5, 0.75]]  # what its UNet calls take
         assert cond.ip_scale.tolist() == [[1.25]]
@@ -340,8 +340,8 @@ def test_two_sessions_with_their_own_ip_scales_and_references_batched_equal_thei
         manager.shutdown()
     for sid, (scale, reference) in specs.items():
         solo = StreamDiffusion(addon_model.comps, replace(addon_model.config, mode="img2img"), prompt=addon_model.prompt)
-        solo.set_ip_adapter_scale(scale)
-        solo.set_reference_embeds(ip.embed(torch.from_numpy(reference).permute(2, 0, 1).float() / 255))
+        solo.addons.set_ip_adapter_scale(scale)
+        solo.addons.set_reference_embeds(ip.embed(torch.from_numpy(reference).permute(2, 0, 1).float() / 255))
         for picture, out in zip(inputs, got[sid]):
             assert np.abs(solo(picture).astype(np.int16) - out.astype(np.int16)).max() <= 1, sid
     assert any(np.abs(a.astype(np.int16) - b.astype(np.int16)).max() > 2 for a, b in zip(got["p"], got["q"]))

@@ -73,18 +73,18 @@ import torch
 
 from streamstudio import kernels
 from streamstudio.errors import StreamStudioError
-from streamstudio.frames import to_pixels
+from streamstudio.frames import to_frames
 from streamstudio.kernels.reference import CFG_CODES, CFG_NONE
-from streamstudio.models.image import feature_bank, sdxl
+from streamstudio.models.image import feature_bank
 from streamstudio.models.image.image_net import ImageCond, check_bank
 from streamstudio.models.loading import SDComponents
-from streamstudio.pipelines.control import ControlInputs, ControlUnit, Preprocessor
+from streamstudio.pipelines.addons import ADDON_SETTINGS, StreamAddOns
+from streamstudio.pipelines.control import ControlInputs
 from streamstudio.pipelines.live_settings import check_config
 from streamstudio.pipelines.prompt_encoder import PromptEncoder, PromptSpec, slerp  # noqa: F401 - slerp: re-exported
 from streamstudio.pipelines.similarity_filter import SimilarityFilter, SimilarityFilterConfig
 from streamstudio.pipelines.stream_batch import PRIMED, Guidance, Schedule, StreamBatchSampler
 
-ADDON_SETTINGS = ("control_scales", "ip_adapter_scale", "lora_scales")  # update()'s keys for the model's add-ons
 
 
 @dataclass
@@ -182,21 +182,10 @@ class StreamDiffusion:
         self._host_buffers: dict[str, torch.Tensor] = {}  # pinned staging buffers (GPU only)
         self.prompts = PromptEncoder(components.tokenizer, components.text_encoder, self.device, self.dtype,
                                      components.tokenizer_2, components.text_encoder_2)
-        nets = len(components.controlnets)
-        if control is None and nets:  # each stream its own inputs, from the model's defaults (the CLI's)
-            defaults = components.control_defaults or [("canny", 1.0)] * nets
-            control = ControlInputs([ControlUnit(Preprocessor(kind), scale) for kind, scale in defaults])
-        if control is not None and len(control) != nets:
-            raise StreamStudioError(f"{len(control)} control preprocessors for the model's {nets} ControlNets; give "
-                                    "one --control-preprocessor per --controlnet")
-        self.control = control  # ControlNets' inputs: preprocessors (once per input group) and scales
+        c = self.config  # the add-ons' state of this stream (ControlNets, IP-Adapter, LoRA text version)
+        self.addons = StreamAddOns(components, c.mode, c.height, c.width, c.frame_buffer_size, self.device,
+                                   self.dtype, control)
         self._fields: dict | None = None  # the last input group's frame fields (ControlNet images)
-        self._time_ids: torch.Tensor | None = None  # SDXL: (1, 6) of the stream's size
-        ip = components.ip_adapter  # IP-Adapter: this stream's own reference embedding and scale (per row)
-        self._ip_embeds = None if ip is None else ip.embeds  # (1, 1, D), from the model's default reference
-        self._ip_scale = None if ip is None else ip.scale_rows(ip.scale)  # (1, 1) float32 on the device
-        self._ip_scale_value = None if ip is None else ip.scale  # the same as a number (stats read it: no sync)
-        self._text_version = self._lora_text_version()
         from diffusers import LCMScheduler
 
         self.scheduler = LCMScheduler.from_config(components.scheduler_config)
@@ -262,94 +251,16 @@ class StreamDiffusion:
         self._negative_prompt = negative_prompt
         self._negative = self._encoded(self.prompts.negative, negative_prompt)
 
-    # ------------------------------------------------------------------ ControlNet, IP-Adapter, LoRA
-    def set_control_image(self, image) -> None:
-        """txt2img with ControlNets: the picture (HxWx3 uint8 RGB) every frame is controlled by,
-        fitted to the stream's size as diffusers' ControlNet pipelines fit a control image (PIL's
-        Lanczos, `control.fit_picture`) and preprocessed once, here."""
-        if self.control is None:
-            raise StreamStudioError("this model has no ControlNet (--controlnet)")
-        if self.config.mode != "txt2img":
-            raise StreamStudioError("an img2img stream takes its control images from its input frames")
-        frames = to_frames(image, self.config.frame_buffer_size)  # (k, H, W, 3 or 4) uint8
-        with torch.inference_mode():  # n x (k, 3, H, W) in [0, 1]
-            self._fields = {"control": self.control.picture_images(list(frames), self.config.height, self.config.width,
-                                                                   self.device)}
-
-    def set_control_scale(self, index: int, scale: float) -> None:
-        """ControlNet `index`'s conditioning scale, from the next call on (0: as without it)."""
-        if self.control is None:
-            raise StreamStudioError("this model has no ControlNet (--controlnet)")
-        self.control.set_scale(index, scale)
-
-    def set_reference(self, image) -> None:
-        """This stream's IP-Adapter reference image (HxWx3 uint8 RGB, or (3, H, W) float in
-        [0, 1]); its embedding is computed here, once per picture (`IPAdapter.embed`), not per
-        frame. Other streams on the model keep theirs; the first reference given on a model is
-        also the one streams built later start from (serve's --ip-image)."""
-        ip = self._ip_adapter()
-        if isinstance(image, torch.Tensor) and image.dtype.is_floating_point:
-            embeds = ip.embed(image.to(self.device))
-        else:
-            frames = to_frames(image)  # (1, H, W, 3) uint8
-            embeds = ip.embed(frames[0, ..., :3].permute(2, 0, 1).to(self.device).float() / 255.0)
-        if ip.embeds is None:
-            ip.embeds = embeds
-        self._ip_embeds = embeds
-
-    def set_reference_embeds(self, embeds: torch.Tensor | None) -> None:
-        """This stream's reference as an embedding made by `IPAdapter.embed` (1, 1, D); None: no
-        reference (the zero embedding)."""
-        self._ip_adapter()
-        self._ip_embeds = embeds
-
-    def set_ip_adapter_scale(self, scale: float) -> None:
-        """This stream's IP-Adapter scale (its rows' own: other streams keep theirs)."""
-        self._ip_scale = self._ip_adapter().scale_rows(scale)
-        self._ip_scale_value = float(scale)
-
-    @property
-    def ip_adapter_scale(self) -> float | None:
-        return self._ip_scale_value
-
-    def _ip_adapter(self):
-        if self.comps.ip_adapter is None:
-            raise StreamStudioError("this model has no IP-Adapter (--ip-adapter)")
-        return self.comps.ip_adapter
-
-    def set_lora_scale(self, name_or_source: str, scale: float) -> None:
-        """A loaded LoRA's scale (models/image/lora.py: unfused, rescaled, fused again); prompts are
-        encoded again when the LoRA changes the text encoders."""
-        if self.comps.loras is None:
-            raise StreamStudioError("no LoRA is loaded (--lora)")
-        self.comps.loras.set_scale(name_or_source, scale)
-        self._refresh_text()
-
-    def _lora_text_version(self) -> int:
-        return self.comps.loras.text_version if self.comps.loras is not None else 0
-
     def _refresh_text(self) -> None:
         """Encode the prompts again when a LoRA changed what the text encoders compute."""
-        if self._lora_text_version() != self._text_version:
-            self._text_version = self._lora_text_version()
+        if self.addons.text_changed():
             self.prompts.clear()
             self._negative = self._encoded(self.prompts.negative, self._negative_prompt)
             self._text = self._encoded(self.prompts.blend, self._prompt_spec, self.config.prompt_blend)
 
     def _stream_cond(self, cond: ImageCond, negative: bool) -> ImageCond:
-        """The prompt's condition with the stream's own fields: SDXL's time ids, the ControlNet
-        scales, IP-Adapter's reference embedding (zeros for the unconditional rows) and scale."""
-        extra = {}
-        if self.comps.is_sdxl:  # the stream's size is fixed: made once (an upload per call would sync)
-            if self._time_ids is None:
-                self._time_ids = sdxl.time_ids(self.config.height, self.config.width, 1, self.device, self.dtype)
-            extra["time_ids"] = self._time_ids
-        if self.control is not None:
-            extra["control_scale"] = self.control.scales(1, self.device)
-        ip = self.comps.ip_adapter
-        if ip is not None:  # the stream's own reference and scale (the unconditional rows: no reference)
-            extra["image_embeds"] = ip.zeros(1) if negative or self._ip_embeds is None else self._ip_embeds
-            extra["ip_scale"] = self._ip_scale
+        """The prompt's condition with the stream's own add-on fields (`StreamAddOns.cond_fields`)."""
+        extra = self.addons.cond_fields(negative)
         return replace(cond, **extra) if extra else cond
 
     def update(self, **changes) -> None:
@@ -380,19 +291,8 @@ class StreamDiffusion:
             self._text = self._encoded(self.prompts.blend, self._prompt_spec, new.prompt_blend)
         self._filter.config = SimilarityFilterConfig(new.similarity_threshold, new.max_skip_frame, new.seed)
         self._configure_temporal()
-        self._update_addons(**addons)
-
-    def _update_addons(self, control_scales=None, ip_adapter_scale=None, lora_scales=None) -> None:
-        if control_scales is not None:
-            if self.control is None or len(control_scales) != len(self.control):
-                raise StreamStudioError(f"control_scales needs one scale per ControlNet "
-                                        f"({0 if self.control is None else len(self.control)}), got {control_scales!r}")
-            for i, scale in enumerate(control_scales):
-                self.set_control_scale(i, scale)
-        if ip_adapter_scale is not None:
-            self.set_ip_adapter_scale(ip_adapter_scale)
-        for name, scale in (lora_scales or {}).items():
-            self.set_lora_scale(name, scale)
+        self.addons.update(**addons)
+        self._refresh_text()  # a LoRA scale that changed the text encoders: the prompts again, now
 
     def _make_sampler(self) -> None:
         """A sampler for the config's steps (its buffer starts empty)."""
@@ -497,9 +397,8 @@ class StreamDiffusion:
         if self.config.mode == "txt2img":
             if image is not None:
                 raise StreamStudioError("this stream is txt2img; it takes no input image")
-            if self.control is not None and self._fields is None:
-                raise StreamStudioError("a txt2img stream with ControlNets needs a control picture (set_control_image, "
-                                        "--control-image); img2img takes the input frames'")
+            self.addons.check_ready()
+            self._fields = self.addons.picture
             return None, False
         if image is None:
             raise StreamStudioError("this stream is img2img; give it an image")
@@ -511,8 +410,7 @@ class StreamDiffusion:
         if self.config.similarity_filter and self._last_out is None:
             self._filter.should_skip(x)  # records the first processed input
         with torch.inference_mode():
-            if self.control is not None:  # once per input group; the group's slots reuse them
-                self._fields = {"control": self.control.images((x.float() + 1) / 2)}  # n x (k, 3, H, W) in [0, 1]
+            self._fields = self.addons.frame_fields(x)  # once per input group; the group's slots reuse them
             latents = self._encode(x)
             self._last_x0_in = latents
             if self.config.uses_feedback and self._last_out_latent is not None:
@@ -572,19 +470,3 @@ class StreamDiffusion:
             images += self.push(None)
         images += self.flush()
         return images[:count]
-
-
-def to_frames(image, count: int = 1) -> torch.Tensor:
-    """Any supported image(s) -> uint8 (count, H, W, 3) RGB, or (count, H, W, 4) RGBA when one
-    of them has alpha (the preprocess kernel composites it on black). Each image goes through
-    the one frame converter (`streamstudio.frames.to_pixels`); `image` is one image or a list
-    of `count` of them."""
-    items = list(image) if isinstance(image, (list, tuple)) else [image]
-    if len(items) != count:
-        raise StreamStudioError(f"expected {count} frame(s) per call (frame_buffer_size), got {len(items)}")
-    frames = [to_pixels(item) for item in items]
-    if len({f.shape[2] for f in frames}) > 1:  # RGB beside RGBA: opaque alpha for the RGB ones
-        frames = [f if f.shape[2] == 4 else np.dstack([f, np.full(f.shape[:2], 255, np.uint8)]) for f in frames]
-    if len({f.shape for f in frames}) > 1:
-        raise StreamStudioError("all frames of one call must have the same size")
-    return torch.from_numpy(np.stack(frames))

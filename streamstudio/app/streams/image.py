@@ -90,12 +90,12 @@ def build_pipeline(args, mode: str, serving: bool = False, aspect: float | None 
         print(f"note: {note}")
     pipe = new_stream(comps, config, prompt=args.prompt, negative_prompt=args.negative_prompt)
     if getattr(args, "ip_image", None):
-        pipe.set_reference(_read_picture(args.ip_image, "--ip-image"))
+        pipe.addons.set_reference(_read_picture(args.ip_image, "--ip-image"))
     if getattr(args, "control_image", None):
         if mode != "txt2img":
             raise StreamStudioError("--control-image is for txt2img (no --input); img2img controls each input frame "
                                     "by itself")
-        pipe.set_control_image(_read_picture(args.control_image, "--control-image"))
+        pipe.addons.set_control_image(_read_picture(args.control_image, "--control-image"))
     return pipe
 
 

@@ -496,7 +496,7 @@ class StreamSession:
     def _ip_stats(self, pipe) -> dict:
         if pipe is None or getattr(self.model.comps, "ip_adapter", None) is None:
             return {}
-        return {"ip_adapter": {"scale": pipe.ip_adapter_scale, "own_reference": self.has_reference}}
+        return {"ip_adapter": {"scale": pipe.addons.ip_adapter_scale, "own_reference": self.has_reference}}
 
     # ------------------------------------------------------------------ the runner's thread
     def _between_frames(self, pts: float) -> None:
@@ -511,7 +511,7 @@ class StreamSession:
         with _reported(self.sid):
             self.processor.open(self.size)
             if reference is not _MISSING:
-                self.processor.pipe.set_reference_embeds(reference)
+                self.processor.pipe.addons.set_reference_embeds(reference)
                 self.has_reference = True
             if not changes:
                 return
