@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import collections
 import threading
 
 import numpy as np
 import torch
+from torch.overrides import TorchFunctionMode
 
 from streamstudio.models.image.image_net import WrappedImageNet
 
@@ -183,3 +185,21 @@ def run_in_lockstep(executor, streams, inputs, stats=None, timeout: float = 120.
     if errors:  # the first real error, not the broken barriers it left the other threads
         raise next((e for e in errors if not isinstance(e, threading.BrokenBarrierError)), errors[0])
     return outs
+
+
+TENSOR_SYNCS = {torch.Tensor.item: "item", torch.Tensor.cpu: "cpu", torch.Tensor.tolist: "tolist",
+                torch.Tensor.__bool__: "bool", torch.Tensor.__float__: "float", torch.Tensor.__int__: "int",
+                torch.Tensor.__index__: "index", torch.Tensor.numpy: "numpy"}
+
+
+class CountSyncs(TorchFunctionMode):
+    """Counts the tensor calls that make the host wait for the device."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = collections.Counter()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in TENSOR_SYNCS:
+            self.counts[TENSOR_SYNCS[func]] += 1
+        return func(*args, **(kwargs or {}))

@@ -9,25 +9,11 @@ import numpy as np
 import pytest
 import torch
 
+from addon_models import SIZE, make_pipe, stream_frames, tiny_controlnet
+
 from streamstudio.errors import ModelNotFoundError, StreamStudioError
 from streamstudio.models.image import controlnet, sdxl
 from streamstudio.models.image.controlnet import ControlNetSpec, load_controlnet, parse_controlnet
-
-
-def tiny_controlnet(unet, seed=0):
-    """ControlNetModel.from_unet with random zero convolutions (a trained net's are not zero), the
-    control image's embedding strong enough that its content shows in the output."""
-    from diffusers import ControlNetModel
-
-    net = ControlNetModel.from_unet(unet, conditioning_embedding_out_channels=(8, 8, 8, 8))
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for module in list(net.controlnet_down_blocks) + [net.controlnet_mid_block]:
-            for p in module.parameters():
-                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
-        for p in net.controlnet_cond_embedding.conv_out.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 2.0)
-    return net.eval().requires_grad_(False)
 
 
 @pytest.fixture(scope="module")
@@ -117,24 +103,6 @@ def test_load_controlnet_from_folder_and_clear_errors(sd, tmp_path):
 
 
 # ------------------------------------------------------------------ ControlNets in the stream pipeline
-SIZE = 32
-
-
-def stream_frames(n, seed=0):
-    rng = np.random.default_rng(seed)
-    return [rng.integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8) for _ in range(n)]
-
-
-def make_pipe(comps, nets, scales=None, preprocessor="none", **kw):
-    from streamstudio.pipelines.control import ControlInputs, ControlUnit, Preprocessor
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
-
-    with_nets = dataclasses.replace(comps, controlnets=list(nets))
-    control = ControlInputs([ControlUnit(Preprocessor(preprocessor), s) for s in (scales or [1.0] * len(nets))]) \
-        if nets else None
-    kw = {"width": SIZE, "height": SIZE, "steps": 3, "strength": 0.7, **kw}
-    return StreamDiffusion(with_nets, StreamDiffusionConfig(**kw), prompt="a red fox", negative_prompt="blurry",
-                           control=control)
 
 
 def aligned(pipe, inputs):
@@ -283,7 +251,7 @@ def test_web_sessions_start_from_the_clis_control_settings(sd, tmp_path):
 def test_no_upload_or_extra_sync_per_frame(sd):
     """The per-call scales stay on the device until a scale changes (an upload is a host sync on a
     GPU), and a ControlNet frame makes as many sync calls as a plain one (test_hot_path's count)."""
-    from test_hot_path import CountSyncs
+    from helpers import CountSyncs
 
     comps, nets = sd
     pipe = make_pipe(comps, nets[:1], cfg_type="none")
@@ -310,7 +278,7 @@ def test_warm_up_feeds_every_field_the_model_takes(tmp_path):
     pooled text and time ids, the ControlNets' images and scales and IP-Adapter's embedding:
     the UNet takes it (an SDXL UNet refuses a call without them) and its fields are the ones a
     stream's calls have, so a compiled graph is not compiled again at the first frame."""
-    from test_ip_adapter import write_tiny_ip_adapter
+    from addon_models import write_tiny_ip_adapter
 
     from streamstudio.models.acceleration import BatchPlan, warm_up
     from streamstudio.models.image.ip_adapter import IPAdapter

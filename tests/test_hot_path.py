@@ -16,29 +16,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 
+from helpers import CountSyncs
 from test_gpu_branches import CUDA, CudaOnCpu, OnCuda, fake_gpu  # noqa: F401 (fixture)
 
 from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
 SIZE = 64
-TENSOR_SYNCS = {torch.Tensor.item: "item", torch.Tensor.cpu: "cpu", torch.Tensor.tolist: "tolist",
-                torch.Tensor.__bool__: "bool", torch.Tensor.__float__: "float", torch.Tensor.__int__: "int",
-                torch.Tensor.__index__: "index", torch.Tensor.numpy: "numpy"}
-
-
-class CountSyncs(TorchFunctionMode):
-    """Counts the tensor calls that make the host wait for the device."""
-
-    def __init__(self):
-        super().__init__()
-        self.counts = collections.Counter()
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func in TENSOR_SYNCS:
-            self.counts[TENSOR_SYNCS[func]] += 1
-        return func(*args, **(kwargs or {}))
 
 
 def frames(n: int) -> list[np.ndarray]:

@@ -7,46 +7,11 @@ import numpy as np
 import pytest
 import torch
 
+from addon_models import EMBED_DIM, reference_image, write_tiny_ip_adapter
+
 from streamstudio.errors import ModelNotFoundError, StreamStudioError
 from streamstudio.models.image.ip_adapter import IPAdapter, IPAdapterSpec, locate, parse_ip_adapter
 
-EMBED_DIM = 32
-
-
-def write_tiny_ip_adapter(unet, folder, seed=0):
-    """ip-adapter.safetensors (image_proj.* and ip_adapter.* keys, as h94/IP-Adapter's files) and
-    image_encoder/ (a tiny CLIPVisionModelWithProjection) in `folder`; returns the file."""
-    from diffusers.models.attention_processor import IPAdapterAttnProcessor
-    from diffusers.models.embeddings import ImageProjection
-    from safetensors.torch import save_file
-    from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection
-
-    torch.manual_seed(seed)
-    tensors, key_id = {}, 1
-    cross = unet.config.cross_attention_dim
-    for name in unet.attn_processors:  # the adapter numbers the cross-attention layers 1, 3, 5, ...
-        if not name.endswith("attn1.processor"):
-            if name.startswith("mid_block"):
-                hidden = unet.config.block_out_channels[-1]
-            elif name.startswith("up_blocks"):
-                hidden = list(reversed(unet.config.block_out_channels))[int(name[len("up_blocks.")])]
-            else:
-                hidden = unet.config.block_out_channels[int(name[len("down_blocks.")])]
-            sd = IPAdapterAttnProcessor(hidden_size=hidden, cross_attention_dim=cross, scale=1.0).state_dict()
-            tensors[f"ip_adapter.{key_id}.to_k_ip.weight"] = sd["to_k_ip.0.weight"]
-            tensors[f"ip_adapter.{key_id}.to_v_ip.weight"] = sd["to_v_ip.0.weight"]
-            key_id += 2
-    proj = ImageProjection(cross_attention_dim=cross, image_embed_dim=EMBED_DIM, num_image_text_embeds=4).state_dict()
-    tensors.update({"image_proj.proj.weight": proj["image_embeds.weight"], "image_proj.proj.bias": proj["image_embeds.bias"],
-                    "image_proj.norm.weight": proj["norm.weight"], "image_proj.norm.bias": proj["norm.bias"]})
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "ip-adapter_tiny.safetensors"
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
-    encoder = CLIPVisionModelWithProjection(CLIPVisionConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=32,
-        patch_size=8, projection_dim=EMBED_DIM))
-    encoder.save_pretrained(folder / "image_encoder")
-    return path
 
 
 def unet_out(unet, embeds=None, rows=2):
@@ -61,10 +26,6 @@ def unet_out(unet, embeds=None, rows=2):
 @pytest.fixture
 def comps(tiny_components_factory):
     return tiny_components_factory()
-
-
-def reference_image(seed=0):
-    return torch.from_numpy(np.random.default_rng(seed).random((3, 32, 32), dtype=np.float32))
 
 
 def test_parse_and_locate(tmp_path):

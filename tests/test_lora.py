@@ -8,16 +8,10 @@ import copy
 import pytest
 import torch
 
+from addon_models import make_lora
+
 from streamstudio.errors import StreamStudioError
-from streamstudio.models.image.lora import LoraSet, LoraSpec, parse_lora, save_random_lora
-
-def make_lora(base, folder, seed=0, rank=4, alpha=8, text=False, file_name=None):
-    """A random LoRA (diffusers/peft layout, .safetensors) for `base`'s UNet (and text encoder),
-    and the peft-wrapped copies it was made from, as the reference."""
-    _, unet, text_encoder = save_random_lora(base, folder, rank=rank, alpha=alpha, seed=seed, text=text,
-                                             file_name=file_name)
-    return unet, text_encoder
-
+from streamstudio.models.image.lora import LoraSet, LoraSpec, parse_lora
 
 def inputs(seed=1):
     g = torch.Generator().manual_seed(seed)

@@ -153,7 +153,7 @@ def test_bad_yaml_scale_entries(tmp_path):
 
 @pytest.fixture(scope="module")
 def controlnet_folder(tmp_path_factory):
-    from test_controlnet import tiny_controlnet
+    from addon_models import tiny_controlnet
 
     from streamstudio.models.loading import load_components
 

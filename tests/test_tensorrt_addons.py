@@ -15,9 +15,8 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from addon_models import reference_image, tiny_controlnet, write_tiny_ip_adapter
 from helpers import SpecEngine
-from test_controlnet import tiny_controlnet
-from test_ip_adapter import reference_image, write_tiny_ip_adapter
 
 from streamstudio.errors import StreamStudioError
 from streamstudio.kernels.tensorrt.build import ShapeRange, engine_key, profile_for
@@ -192,7 +191,7 @@ def test_cache_key_covers_controlnets_ip_adapter_and_fused_loras(tiny_components
     """The UNet engine's cache key changes when a ControlNet is added (and with its weights), when
     an IP-Adapter is added, and when a LoRA is fused or its scale changes; removing the LoRA gives
     the base key back (the base engine is found in the cache again)."""
-    from test_lora import make_lora
+    from addon_models import make_lora
 
     from streamstudio.models.image.ip_adapter import IPAdapter
     from streamstudio.models.image.lora import LoraSet
@@ -231,7 +230,7 @@ def test_a_lora_change_rebuilds_the_unet_engine(tiny_components_factory, monkeyp
     """With LoRAs the UNet engine is rebuilt (not refit) when they change: the next call builds the
     engine of the new weights (a new cache key) and its frames equal eager's with the new scale;
     removing the LoRA asks for the base weights' key again. The program says so."""
-    from test_lora import make_lora
+    from addon_models import make_lora
 
     from streamstudio.models.image.lora import LoraSet
 
@@ -383,7 +382,7 @@ def test_build_engines_builds_the_unet_engine_the_app_looks_up_with_addons(tiny_
                                                                            tmp_path):
     """`build-engines --controlnet ... --lora ...` builds the UNet engine of the same cache key as the
     app's `--acceleration tensorrt` with those add-ons (the ControlNet inside, the LoRA fused)."""
-    from test_lora import make_lora
+    from addon_models import make_lora
 
     from streamstudio.app.cli import main
     from streamstudio.kernels import tensorrt as trt_kernels
@@ -455,7 +454,7 @@ def test_controlnet_streams_batched_across_users_on_the_engine(with_controlnets,
     eagerly."""
     from helpers import run_in_lockstep
 
-    from test_controlnet import make_pipe, stream_frames
+    from addon_models import make_pipe, stream_frames
 
     from streamstudio.app.streams.image import stream_plan
     from streamstudio.models.batching import BatchExecutor, BatchingConfig, batched_components

@@ -24,8 +24,8 @@ SIZE = 32
 
 @pytest.fixture(scope="module")
 def addon_model(tmp_path_factory):
-    from test_controlnet import tiny_controlnet
-    from test_ip_adapter import write_tiny_ip_adapter
+    from addon_models import tiny_controlnet
+    from addon_models import write_tiny_ip_adapter
 
     from streamstudio.models.image.controlnet import load_controlnet
     from streamstudio.models.image.ip_adapter import IPAdapter

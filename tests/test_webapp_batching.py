@@ -445,7 +445,7 @@ def test_calls_of_other_condition_fields_run_apart_correctly_and_say_so(tiny_com
     (another condition layout): their calls never join, each gets exactly what it gets alone, and
     each stream's counts say it shared none of its calls (they could not join); two streams of the
     same layout share theirs."""
-    from test_controlnet import tiny_controlnet
+    from addon_models import tiny_controlnet
 
     from streamstudio.models.batching import ClientStats
     from streamstudio.models.image.image_net import DiffusersImageNet, ImageCond

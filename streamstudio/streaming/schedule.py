@@ -152,12 +152,12 @@ class PromptSchedule:
     def check(self, pipe) -> None:
         """Refuse, before a run starts, scales the pipeline cannot take: control_scales without one
         per ControlNet, ip_adapter_scale without an IP-Adapter."""
-        nets = len(getattr(pipe, "control", None) or ())
+        nets = len(pipe.comps.controlnets)
         for key in self.track("control_scales")[:1]:
             if len(key.value) != nets:
                 raise StreamStudioError(f"the prompt schedule sets {len(key.value)} ControlNet scale(s) but the model "
                                         f"has {nets} ControlNet(s) (--controlnet); give one scale per ControlNet")
-        if self.track("ip_adapter_scale") and getattr(pipe.comps, "ip_adapter", None) is None:
+        if self.track("ip_adapter_scale") and pipe.comps.ip_adapter is None:
             raise StreamStudioError("the prompt schedule sets ip_adapter_scale but the model has no IP-Adapter "
                                     "(--ip-adapter)")
 
