@@ -5,7 +5,7 @@
 # STREAMSTUDIO_PREBUILT_KERNELS; streamstudio/kernels/cuda_build.py loads the file named for its
 # build key and the GPU's architecture, and builds only when there is none or it does not load).
 #
-# The target is the GPU image (/work/.library/device/KINDS.md; tests/test_gpu_session.py keeps
+# The target is the GPU image (/work/.library/device/KINDS.md; tests/acceleration/test_gpu_session.py keeps
 # these in step with it): Python 3.12, torch 2.11.0+cu130, H100 / H200 = sm_90. The build runs
 # in a Python 3.12 virtual environment with that torch from PyPI (about 4.7 GB, made once, kept in
 # $GPU_PREBUILD_VENV), with CUDA 13.0's nvcc, for sm_90 only. About 2 minutes on 2 cores.

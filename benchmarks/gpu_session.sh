@@ -33,7 +33,7 @@
 #   run(command="bash benchmarks/gpu_session.sh second", carry=[".whl", ".gpu_ext"], timeout_s=255)
 # Each group's budget (GPU_SESSION_BUDGET, default 460 s for first, 235 s for second) leaves the call
 # a margin; a stage is started only when its limit fits what is left (else it is recorded as not
-# started), so the summary is always printed. `--plan` prints the plan as JSON (tests/test_gpu_session.py
+# started), so the summary is always printed. `--plan` prints the plan as JSON (tests/acceleration/test_gpu_session.py
 # checks it fits); any stage can be named alone (`bash benchmarks/gpu_session.sh tests kernels`).
 # GPU_LIMIT_<stage>=SECONDS overrides a stage's limit, for a rerun of what a call cut short.
 # .whl holds the wheels the image lacks (benchmarks/gpu_wheels.sh), .gpu_ext the prebuilt extensions.
@@ -47,7 +47,7 @@
 #
 # --dry-run (anywhere, no GPU needed): builds nothing and times nothing; the tests stage only
 # collects (`pytest --collect-only -m gpu` over the same files), each benchmark stage runs its
-# script with --help (which imports everything the script imports). tests/test_gpu_session.py runs
+# script with --help (which imports everything the script imports). tests/acceleration/test_gpu_session.py runs
 # it in an environment without PyAV, Gradio or fastrtc, as on the GPU image.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -96,7 +96,7 @@ DEFAULT_BUDGET=$BUDGET_FIRST
 [ "$GROUP" = second ] && DEFAULT_BUDGET=$BUDGET_SECOND
 BUDGET=${GPU_SESSION_BUDGET:-$DEFAULT_BUDGET}  # seconds for the whole script
 
-if [ "$PLAN" = 1 ]; then  # the plan as JSON, for tests/test_gpu_session.py and docs/kernels.md
+if [ "$PLAN" = 1 ]; then  # the plan as JSON, for tests/acceleration/test_gpu_session.py and docs/kernels.md
   printf '{"reserve": %s, "budget": %s, "stages": [' "$RESERVE" "$BUDGET"
   sep=""
   for s in $STAGES; do printf '%s{"stage": "%s", "limit": %s}' "$sep" "$s" "${LIMIT[$s]}"; sep=", "; done
@@ -173,9 +173,9 @@ stage() {  # stage NAME COMMAND... (its limit: LIMIT[NAME])
 }
 
 # The gpu tests' files: only these are imported, so a module that needs what the GPU image lacks
-# (PyAV, Gradio, fastrtc) cannot stop the run (tests/test_gpu_session.py checks that every gpu test
+# (PyAV, Gradio, fastrtc) cannot stop the run (tests/acceleration/test_gpu_session.py checks that every gpu test
 # is collected this way).
-mapfile -t GPU_TEST_FILES < <(grep -l -E 'mark\.gpu' tests/test_*.py)
+mapfile -t GPU_TEST_FILES < <(grep -l -E 'mark\.gpu' tests/*/test_*.py)
 
 if [ "$DRY" = 1 ]; then
   HELP=(--help)

@@ -6,7 +6,7 @@
 # PyAV, Gradio, fastrtc and aiortc (and Gradio's FastAPI/pydantic/uvicorn) are not carried: together
 # they exceed the 64 MiB the device tool carries with the working tree, and nothing the GPU run does
 # needs them (gpu_session.sh imports only the test files with gpu tests; webapp is reported missing).
-# tests/test_gpu_session.py counts the pinned wheels below as part of the GPU image.
+# tests/acceleration/test_gpu_session.py counts the pinned wheels below as part of the GPU image.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exclude="$(git rev-parse --git-dir)/info/exclude"  # .whl/ stays out of git

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 
 import numpy as np
 import torch
@@ -203,3 +204,20 @@ class CountSyncs(TorchFunctionMode):
         if func in TENSOR_SYNCS:
             self.counts[TENSOR_SYNCS[func]] += 1
         return func(*args, **(kwargs or {}))
+
+
+# a web session's frames: a test picture in, wait for processed output
+def frame(value: int = 0, h: int = 48, w: int = 80) -> np.ndarray:
+    img = np.zeros((h, w, 3), np.uint8)
+    img[:, : w // 2] = (value, 255 - value, 60)
+    img[h // 2:, :, 2] = 200
+    return img
+
+
+def wait_output(session, count: int = 1, timeout: float = 30.0) -> np.ndarray:
+    deadline = time.monotonic() + timeout
+    while session.processed < count:
+        assert session.error is None, session.error
+        assert time.monotonic() < deadline, "no output in time"
+        time.sleep(0.01)
+    return session.latest()

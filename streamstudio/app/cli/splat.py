@@ -41,7 +41,7 @@ VIDEO_SUFFIXES = (".mp4", ".mkv", ".mov")
 
 
 # The renderer's names, written here so that parsing imports no torch (the kernels and the
-# pipeline import it); tests/test_cli_startup.py keeps them equal to kernels.splat.IMPLS and
+# pipeline import it); tests/cli/test_cli_startup.py keeps them equal to kernels.splat.IMPLS and
 # pipelines.splat_render.PATHS / MODES.
 PATHS = ("orbit", "turntable", "fly")
 MODES = ("rgb", "depth", "alpha")

@@ -366,7 +366,7 @@ __global__ void __launch_bounds__(256) cosine_finish_kernel(const float* __restr
 namespace {
 
 // kernel<<<grid, block, 0, s>>>(args...). Built with STREAMSTUDIO_HOST_EMULATION (the CPU test
-// tests/test_kernels_emulated.py compiles this file with g++), the emulator runs every thread
+// tests/acceleration/test_kernels_emulated.py compiles this file with g++), the emulator runs every thread
 // of the grid one after another instead: all kernels but the cosine reduction are element-wise
 // without inter-thread communication, so that computes exactly what the GPU computes.
 template <typename... KArgs, typename... Args>

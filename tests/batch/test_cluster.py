@@ -75,7 +75,7 @@ def test_batch_without_ray_matches_local_renders_and_resumes(tmp_path, capsys, m
     """Many files here without Ray, bitwise equal to local renders; a second run renders only
     what is missing; other settings are refused. (It failed now and then late in a full run: the
     tiny model's weights depended on other threads' draws from torch's global generator, fixed by
-    tiny.redraw_parameters; tests/test_tiny_weights.py keeps that.)"""
+    tiny.redraw_parameters; tests/image/test_tiny_weights.py keeps that.)"""
     monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
     clips = make_inputs(tmp_path / "in", shorts=2)
     (tmp_path / "in" / "broken.mp4").write_text("not a video")
@@ -227,7 +227,7 @@ def test_ray_renders_six_clips_and_a_long_one_in_three_segments(ray_cluster, tmp
 
 @pytest.mark.parametrize("argv, message, code", [
     (["--cluster", "slurm"], "error: --cluster 'slurm': use auto, local or ray://HOST:PORT", 1),
-    # numbers are the usage error of their range (tests/test_cli_table.py), said on the last line
+    # numbers are the usage error of their range (tests/cli/test_cli_table.py), said on the last line
     (["--workers", "0"], "error: argument --workers: must be in [1, 4096], got 0", 2),
     (["--segment-frames", "0"], "error: argument --segment-frames: must be in [1, 1000000000], got 0", 2),
     (["--cluster", "local", "--pipeline", "video"], "error: --cluster and batch inputs take --pipeline image", 1),

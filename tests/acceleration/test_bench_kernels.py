@@ -1,7 +1,7 @@
 """benchmarks/kernels.py on the CPU: the sizes it times on a GPU, its CPU run and its JSON.
 
 Its GPU path (CUDA graphs, events, the L2 size, the fused rows) runs on the CPU with faked
-torch.cuda functions in tests/test_gpu_branches.py.
+torch.cuda functions in tests/acceleration/test_gpu_branches.py.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 H100_L2 = 50 * 2**20
 
 

@@ -49,7 +49,7 @@ def test_several_streams_over_one_model(tmp_path, capsys, batching):
 
 
 @pytest.mark.parametrize("argv, words, code", [
-    (["--frames", "0"], "--frames", 2),  # numbers: the usage error of their range (tests/test_cli_table.py)
+    (["--frames", "0"], "--frames", 2),  # numbers: the usage error of their range (tests/cli/test_cli_table.py)
     (["--streams", "0"], "--streams", 2),
     (["--streams", "2", "--txt2img"], "no --txt2img", 1),
 ])

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from helpers import CountSyncs
-from test_gpu_branches import CUDA, CudaOnCpu, OnCuda, fake_gpu  # noqa: F401 (fixture)
+from gpu_fakes import CUDA, CudaOnCpu, OnCuda
 
 from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 

@@ -174,7 +174,7 @@ def test_4b_benchmark_feeds_512p_latents_of_an_8x_vae():
     import sys
     from pathlib import Path
 
-    bench_dir = str(Path(__file__).resolve().parent.parent / "benchmarks")
+    bench_dir = str(Path(__file__).resolve().parents[2] / "benchmarks")
     if bench_dir not in sys.path:
         sys.path.insert(0, bench_dir)
     import stream_video as bench
@@ -198,7 +198,7 @@ def test_gpu_timer_of_the_video_benchmark_runs_with_a_faked_device(monkeypatch):
     import sys
     from pathlib import Path
 
-    bench_dir = str(Path(__file__).resolve().parent.parent / "benchmarks")
+    bench_dir = str(Path(__file__).resolve().parents[2] / "benchmarks")
     if bench_dir not in sys.path:
         sys.path.insert(0, bench_dir)
     import stream_video as bench

@@ -16,7 +16,7 @@ from streamstudio.kernels.splat import pick_impl, rasterize_gaussians
 from streamstudio.kernels.splat_reference import quat_scale_to_covar
 from helpers import random_gaussians
 
-ASSETS = Path(__file__).resolve().parents[1] / "streamstudio" / "assets"
+ASSETS = Path(__file__).resolve().parents[2] / "streamstudio" / "assets"
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import frame, wait_output
+
 from streamstudio.app.web.sessions import BusyError, ServerModel, SessionManager, parse_settings
 from streamstudio.errors import StreamStudioError
 from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
@@ -29,22 +31,6 @@ def manager(model):
     m = SessionManager(model, max_streams=2, idle_timeout=30.0)
     yield m
     m.shutdown()
-
-
-def frame(value: int = 0, h: int = 48, w: int = 80) -> np.ndarray:
-    img = np.zeros((h, w, 3), np.uint8)
-    img[:, : w // 2] = (value, 255 - value, 60)
-    img[h // 2:, :, 2] = 200
-    return img
-
-
-def wait_output(session, count: int = 1, timeout: float = 30.0) -> np.ndarray:
-    deadline = time.monotonic() + timeout
-    while session.processed < count:
-        assert session.error is None, session.error
-        assert time.monotonic() < deadline, "no output in time"
-        time.sleep(0.01)
-    return session.latest()
 
 
 # ---------------------------------------------------------------------- settings

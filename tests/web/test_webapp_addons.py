@@ -3,7 +3,7 @@ ControlNet and the IP-Adapter's scale (each session's own, through the Live tab'
 the IP-Adapter's reference picture (an upload, or the camera's current frame: the session's own),
 a scale slider per LoRA (server-wide: fused weights) and the /studio/lora endpoint; none of them
 for a model without add-ons. Tiny ControlNets, a tiny IP-Adapter and a random LoRA as
-tests/test_controlnet.py, tests/test_ip_adapter.py and tests/test_lora.py make them."""
+tests/image/test_controlnet.py, tests/image/test_ip_adapter.py and tests/image/test_lora.py make them."""
 
 from __future__ import annotations
 

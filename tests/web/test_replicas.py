@@ -8,7 +8,7 @@ import time
 
 import pytest
 import torch
-from test_webapp_sessions import frame, wait_output
+from helpers import frame, wait_output
 
 from streamstudio.models.batching import BatchingConfig
 from streamstudio.app.web.replicas import ReplicaModel, ReplicaSessionManager, replica_devices

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_session.sh"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import gpu_summary  # noqa: E402
@@ -53,7 +53,7 @@ triton typer typing-extensions typing-inspect urllib3 uvloop wadler-lindig werkz
 """.split()
 
 BLOCKER = '''\
-"""Made by tests/test_gpu_session.py: hide what the GPU image does not have."""
+"""Made by tests/acceleration/test_gpu_session.py: hide what the GPU image does not have."""
 import importlib.machinery
 import importlib.metadata
 import re
@@ -103,7 +103,7 @@ def gpu_tests_by_syntax() -> dict[str, set[str]]:
     """{file: {test functions}} of every test carrying the gpu mark: decorated with it (directly
     or through pytest.param marks), in a class that is, or in a module whose pytestmark is."""
     found = {}
-    for path in sorted((ROOT / "tests").glob("test_*.py")):
+    for path in sorted((ROOT / "tests").glob("*/test_*.py")):
         tree = ast.parse(path.read_text())
         marked = lambda node: any("mark.gpu" in ast.unparse(d) for d in node.decorator_list)  # noqa: E731
         module_marked = any(isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "pytestmark" for t in n.targets)
@@ -119,15 +119,15 @@ def gpu_tests_by_syntax() -> dict[str, set[str]]:
                         if module_marked or marked(node) or marked(item):
                             names.add(f"{node.name}::{item.name}")
         if names:
-            found[f"tests/{path.name}"] = names
+            found[path.relative_to(ROOT).as_posix()] = names
     return found
 
 
 def test_the_gpu_tests_are_found_by_the_scripts_selection():
     """The script runs the files `grep -l 'mark\\.gpu'` names; every file with a gpu test is one."""
     by_syntax = gpu_tests_by_syntax()
-    assert {"tests/test_kernels_ops.py", "tests/test_splat_cuda.py"} <= set(by_syntax)
-    grepped = {f"tests/{p.name}" for p in (ROOT / "tests").glob("test_*.py") if re.search(r"mark\.gpu", p.read_text())}
+    assert {"tests/acceleration/test_kernels_ops.py", "tests/splats/test_splat_cuda.py"} <= set(by_syntax)
+    grepped = {p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").glob("*/test_*.py") if re.search(r"mark\.gpu", p.read_text())}
     assert set(by_syntax) <= grepped
 
 
@@ -153,13 +153,13 @@ def test_dry_run_on_the_gpu_image_collects_every_gpu_test_and_imports_every_benc
     # every gpu test, and no error: collected node ids against the test files' syntax trees
     collected: dict[str, set[str]] = {}
     for line in log.splitlines():
-        m = re.match(r"^(tests/test_\w+\.py)::(\S+?)(\[.*\])?$", line.strip())
+        m = re.match(r"^(tests/\w+/test_\w+\.py)::(\S+?)(\[.*\])?$", line.strip())
         if m:
             collected.setdefault(m.group(1), set()).add(m.group(2))
     expected = gpu_tests_by_syntax()
     for file, names in expected.items():
         assert names <= collected.get(file, set()), (file, names - collected.get(file, set()))
-    n_collected = sum(1 for ln in log.splitlines() if re.match(r"^tests/test_\w+\.py::", ln.strip()))
+    n_collected = sum(1 for ln in log.splitlines() if re.match(r"^tests/\w+/test_\w+\.py::", ln.strip()))
     assert n_collected >= sum(len(v) for v in expected.values())
     # the tests stage and tests_slow split the gpu tests between them (slow: the second call's)
     counts = [re.search(r"(\d+)/\d+ tests collected", stages[name]["last_line"]) for name in ("tests", "tests_slow")]
@@ -264,9 +264,9 @@ def test_summary_of_a_killed_and_a_failed_stage(tmp_path):
         """))
     gpu_summary.record(out, "stream_diffusion", rc=1, seconds=12, limit=150, log=failed)
     tests_log = tmp_path / "tests.log"
-    tests_log.write_text("collected 105 items\n\ntests/test_kernels_ops.py::test_gpu_a[x] PASSED [  1%]\n"
-                         "tests/test_kernels_ops.py::test_gpu_b FAILED [  2%]\n"
-                         "tests/test_splat_cuda.py::test_c SKIPPED (needs TensorRT) [  3%]\n")
+    tests_log.write_text("collected 105 items\n\ntests/acceleration/test_kernels_ops.py::test_gpu_a[x] PASSED [  1%]\n"
+                         "tests/acceleration/test_kernels_ops.py::test_gpu_b FAILED [  2%]\n"
+                         "tests/splats/test_splat_cuda.py::test_c SKIPPED (needs TensorRT) [  3%]\n")
     gpu_summary.record(out, "tests", rc=137, seconds=190, limit=180, log=tests_log)
     text = gpu_summary.table([out])
     eager = figure(text, "img2img eager (fps)")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "streamstudio"
 LAYERS = {"kernels": 0, "models": 1, "pipelines": 2, "streaming": 3, "app": 4}
 

@@ -17,7 +17,7 @@ from streamstudio.pipelines.splat_render import (Camera, SceneFit, SplatRenderCo
                                                  render_frame)
 
 
-ASSETS = Path(__file__).resolve().parents[1] / "streamstudio" / "assets"
+ASSETS = Path(__file__).resolve().parents[2] / "streamstudio" / "assets"
 
 
 def one_gaussian(pos, rgb=(1.0, 0.0, 0.0)) -> GaussianScene:

@@ -318,7 +318,7 @@ def test_wan_1_3b_benchmark_row_shapes_on_meta():
     of N=4 c=2 (8 latent frames) at 480x832 = 60x104 latents, run on the meta device here."""
     import sys
 
-    bench_dir = str(Path(__file__).resolve().parent.parent / "benchmarks")
+    bench_dir = str(Path(__file__).resolve().parents[2] / "benchmarks")
     if bench_dir not in sys.path:
         sys.path.insert(0, bench_dir)
     import stream_video as bench

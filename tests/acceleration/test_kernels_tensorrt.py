@@ -1,6 +1,6 @@
 """TensorRT path without TensorRT: the export's opset, engine cache keys, profiles, the engine
 builder against a stand-in of TensorRT 10's and 11's Python API, and the acceleration modes' CPU
-behaviour (the model specs' own exports: tests/test_export_specs.py)."""
+behaviour (the model specs' own exports: tests/acceleration/test_export_specs.py)."""
 
 from __future__ import annotations
 

@@ -20,7 +20,6 @@ import importlib.util
 import json
 import re
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -29,113 +28,15 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
+
+from gpu_fakes import CUDA, GPU_NAME, CudaOnCpu, OnCuda
 
 from streamstudio import kernels
 from streamstudio.errors import StreamStudioError
 from streamstudio.kernels import cuda_build, reference
 from streamstudio.kernels.reference import CFG_FULL, CFG_INITIALIZE, CFG_NONE, CFG_SELF
 
-ROOT = Path(__file__).resolve().parents[1]
-GPU_NAME = "NVIDIA H100 80GB HBM3"
-CUDA = torch.device("cuda")
-
-
-# ------------------------------------------------------------------ fakes
-class FakeEvent:
-    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
-        self.t = None
-
-    def record(self, stream=None):
-        self.t = time.perf_counter()
-
-    def synchronize(self):
-        assert self.t is not None, "synchronize() on an event never recorded"
-
-    def elapsed_time(self, end: "FakeEvent") -> float:
-        return 1e3 * (end.t - self.t)  # milliseconds, as torch.cuda.Event
-
-
-@pytest.fixture
-def fake_gpu(monkeypatch):
-    """torch.cuda as on a one-GPU machine (the functions the package calls)."""
-    calls = SimpleNamespace(sync=0, names=[], stream_sync=0)
-
-    class FakeStream:
-        def synchronize(self):
-            calls.stream_sync += 1
-
-    def get_device_name(device=None):
-        calls.names.append(device)
-        return GPU_NAME
-
-    def synchronize(device=None):
-        calls.sync += 1
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(torch.cuda, "get_device_name", get_device_name)
-    monkeypatch.setattr(torch.cuda, "synchronize", synchronize)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: FakeStream())
-    monkeypatch.setattr(torch.version, "cuda", "12.8")
-    return calls
-
-
-def _cpu(d):
-    if isinstance(d, torch.device) and d.type == "cuda":
-        return torch.device("cpu")
-    if isinstance(d, str) and d.split(":")[0] == "cuda":
-        return "cpu"
-    return d
-
-
-class CudaOnCpu(TorchFunctionMode):
-    """Tensors and modules asked for on "cuda" are made (or moved) on the CPU; pinned host
-    memory (which needs the CUDA driver) is made as plain memory."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func is torch.device:  # device objects stay "cuda": the code's branches read them
-            return func(*args, **(kwargs or {}))
-        kwargs = {k: _cpu(v) if k == "device" else v for k, v in (kwargs or {}).items() if k != "pin_memory"}
-        return func(*(_cpu(a) for a in args), **kwargs)
-
-
-@pytest.fixture
-def cuda_on_cpu():
-    with CudaOnCpu():
-        yield
-
-
-class FakeParam:
-    def __init__(self, dtype=torch.float16, device=CUDA):
-        self.device, self.dtype, self.is_cuda, self.requires_grad = device, dtype, True, False
-
-
-class OnCuda(nn.Module):
-    """A module that reports its parameters on CUDA (what the code reads the device from)."""
-
-    def __init__(self, inner: nn.Module, dtype=torch.float16):
-        super().__init__()
-        self.inner, self._dtype = inner, dtype
-        self.config = getattr(inner, "config", None)
-        self.cfg = getattr(inner, "cfg", None)
-
-    def parameters(self, recurse: bool = True):
-        yield FakeParam(self._dtype)
-
-    def forward(self, *args, **kwargs):
-        return self.inner(*args, **kwargs)
-
-    def encode(self, *args, **kwargs):
-        return self.inner.encode(*args, **kwargs)
-
-    def decode(self, *args, **kwargs):
-        return self.inner.decode(*args, **kwargs)
-
-
+ROOT = Path(__file__).resolve().parents[2]
 def load_benchmark(name: str):
     """benchmarks/<name>.py as a module (its folder on sys.path, as when it runs as a script)."""
     if str(ROOT / "benchmarks") not in sys.path:

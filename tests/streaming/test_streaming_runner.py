@@ -187,7 +187,7 @@ def test_ctrl_c_during_run_closes_the_output(tmp_path, monkeypatch):
     """Ctrl-C reaches the main thread as a KeyboardInterrupt inside run()'s wait loop: it is
     raised there once 20 frames are processed (deterministic; `_thread.interrupt_main` from the
     processor thread was lost now and then late in the full suite). A real SIGINT to a running
-    `render` is tests/test_render_cli.py's."""
+    `render` is tests/cli/test_render_cli.py's."""
     class Slow:
         def __init__(self):
             self.n = 0
