@@ -115,3 +115,58 @@ def viewers_in_a_process(url: str, n: int, token: str | None = None):
     proc = subprocess.Popen([sys.executable, "-c", VIEWERS_SCRIPT, url, str(n), *([token] if token else [])],
                             stdout=subprocess.PIPE, text=True)
     return proc, [proc.stdout.readline().strip() for _ in range(n)]
+
+
+# A WHIP publisher in a process of its own (an encoder that crashes: SIGKILL, no DELETE): it
+# publishes the test card at 15 fps and prints "201 LOCATION" once its connection is up.
+PUBLISHER_SCRIPT = """
+import asyncio, sys, time, httpx
+from aiortc import RTCPeerConnection, RTCSessionDescription, VideoStreamTrack
+from aiortc.mediastreams import VIDEO_CLOCK_RATE, VIDEO_TIME_BASE
+from av import VideoFrame
+import numpy as np
+
+class Card(VideoStreamTrack):
+    def __init__(self):
+        super().__init__()
+        self.i, self.t0 = 0, time.time()
+
+    async def recv(self):
+        await asyncio.sleep(max(0.0, self.t0 + self.i / 15 - time.time()))
+        img = np.zeros((96, 128, 3), np.uint8)
+        img[:, :64] = (200, 40, 40)
+        img[:, (4 * self.i) % 128:(4 * self.i) % 128 + 8] = 255
+        frame = VideoFrame.from_ndarray(img, format="rgb24")
+        frame.pts, frame.time_base = int(self.i * VIDEO_CLOCK_RATE / 15), VIDEO_TIME_BASE
+        self.i += 1
+        return frame
+
+async def main(url, token):
+    pc = RTCPeerConnection()
+    pc.addTransceiver(Card(), direction="sendonly")
+    await pc.setLocalDescription(await pc.createOffer())
+    headers = {"Content-Type": "application/sdp", **({"Authorization": "Bearer " + token} if token else {})}
+    async with httpx.AsyncClient(timeout=20) as http:
+        r = await http.post(url, content=pc.localDescription.sdp, headers=headers)
+    if r.status_code != 201:
+        print(r.status_code, r.json()["meta"]["error"], flush=True)
+        return
+    await pc.setRemoteDescription(RTCSessionDescription(r.text, "answer"))
+    while pc.connectionState != "connected":
+        await asyncio.sleep(0.05)
+    print(201, r.headers["location"], flush=True)
+    await asyncio.sleep(3600)
+
+asyncio.run(main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None))
+"""
+
+
+def publisher_in_a_process(url: str, token: str | None = None):
+    """(the process, its line): a WHIP publisher to `url` in a process of its own."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", PUBLISHER_SCRIPT, url, *([token] if token else [])],
+                            stdout=subprocess.PIPE, text=True)
+    return proc, proc.stdout.readline().strip()
+

@@ -11,7 +11,7 @@ import time
 import httpx
 import numpy as np
 import pytest
-from live_server import SIZE, pattern, start, viewers_in_a_process, wait_for
+from live_server import SIZE, pattern, publisher_in_a_process, start, viewers_in_a_process, wait_for
 
 TOKEN = "s3cret-token"
 
@@ -181,7 +181,7 @@ def test_publish_view_delete(server):
         async with httpx.AsyncClient(timeout=10) as http:
             url = server.url + pub.location
             options = await http.options(url)
-            assert options.status_code == 204 and "DELETE" in options.headers["allow"]
+            assert options.status_code == 200 and "DELETE" in options.headers["allow"]
             assert options.headers["access-control-allow-origin"] == "*"
             frag = "a=ice-ufrag:{}\r\na=ice-pwd:{}\r\nm=video 9 UDP/TLS/RTP/SAVPF 0\r\na=mid:0\r\n" \
                    "a=candidate:1 1 udp 2113937151 127.0.0.1 9 typ host\r\n"
@@ -235,8 +235,81 @@ def test_refusals(server):
     assert httpx.post(base, content="hello", headers=basic, auth=("obs", TOKEN)).status_code == 400  # let in
     assert httpx.post(base, content="hello", headers=basic, auth=("obs", "nope")).status_code == 401
     r = httpx.options(base)
-    assert r.status_code == 204 and r.headers["accept-post"] == "application/sdp" and "POST" in r.headers["allow"]
+    assert r.status_code == 200 and r.headers["accept-post"] == "application/sdp" and "POST" in r.headers["allow"]
     assert httpx.get(f"{server.url}/studio/status").json()["streams"] == 0  # nothing held on by a refusal
+
+
+def test_protocol_details_follow_rfc_9725(server):
+    """Each point of issue 29's list, against the text of RFC 9725 (WHIP; the WHEP draft -03 has
+    the same sentences in its 4.1, 4.3, 4.4.1 and 4.4.2)."""
+    async def main():
+        pub = Publisher(server.url, "/whip/details")
+        try:
+            assert (await pub.start()).status_code == 201
+            session_url, etag = server.url + pub.location, pub.response.headers["etag"]
+            async with httpx.AsyncClient(timeout=10) as http:
+                # 4.1: "the WHIP endpoints and sessions MUST return a 2xx successful response with no
+                # content when a GET request is received" (HEAD: the same, without a body)
+                for url in (f"{server.url}/whip", f"{server.url}/whip/details", session_url,
+                            f"{server.url}/whep/details"):
+                    for method in ("GET", "HEAD"):
+                        r = await http.request(method, url)
+                        assert r.status_code == 204 and r.content == b"", (method, url, r.status_code)
+                r = await http.get(f"{server.url}/whip/details/not-a-session")
+                assert r.status_code == 404 and r.json()["meta"]["error"] == "no_session"
+                # 4.2: "The "200 OK" response to any OPTIONS request SHOULD include an Accept-Post
+                # header with a media type value of "application/sdp""
+                r = await http.options(f"{server.url}/whip/details")
+                assert r.status_code == 200 and r.headers["accept-post"] == "application/sdp"
+                frag = "a=ice-ufrag:{}\r\na=ice-pwd:{}\r\nm=video 9 UDP/TLS/RTP/SAVPF 0\r\na=mid:0\r\n{}"
+                sdp = pub.pc.localDescription.sdp.splitlines()
+                ufrag = next(line.split(":", 1)[1] for line in sdp if line.startswith("a=ice-ufrag:"))
+                pwd = next(line.split(":", 1)[1] for line in sdp if line.startswith("a=ice-pwd:"))
+                host = frag.format(ufrag, pwd, "a=candidate:1 1 udp 2113937151 127.0.0.1 9 typ host\r\n")
+                patch = headers(content_type="application/trickle-ice-sdpfrag")
+                # 4.3.1: "a "428 Precondition Required" response for a missing entity-tag and a "412
+                # Precondition Failed" response for a non-matching entity-tag"
+                r = await http.patch(session_url, content=host, headers=patch)
+                assert r.status_code == 428 and r.json()["meta"]["error"] == "etag_missing"
+                r = await http.patch(session_url, content=host, headers={**patch, "If-Match": '"other"'})
+                assert r.status_code == 412
+                # 4.3.2: a trickle PATCH gets "204 No Content" "and MUST NOT include an ETag header"
+                r = await http.patch(session_url, content=host, headers={**patch, "If-Match": etag})
+                assert r.status_code == 204 and "etag" not in r.headers and r.content == b""
+                # 4.3.2: a candidate whose address cannot be resolved (an mDNS .local name) is
+                # "silently discard[ed]": answered as fast as any other (aiortc took 1.01 s)
+                mdns = frag.format(ufrag, pwd, "a=candidate:2 1 udp 2113937151 "
+                                               "1f2e3d4c-aaaa-bbbb-cccc-123456789abc.local 50000 typ host\r\n")
+                t0 = time.monotonic()
+                r = await http.patch(session_url, content=mdns, headers={**patch, "If-Match": etag})
+                mdns_s = time.monotonic() - t0
+                assert r.status_code == 204 and mdns_s < 0.5, mdns_s
+        finally:
+            await pub.delete()
+            await pub.close()
+
+    run(main())
+
+
+def test_cors_without_a_login_is_for_the_origins_named():
+    """4.2: "The WHIP endpoints MUST support OPTIONS requests for Cross-Origin Resource Sharing
+    (CORS)". Without a token a page of any origin could publish into a local server, so only the
+    page origins --whip-cors names get CORS headers (with a login: any, the token is the credential)."""
+    page = "http://127.0.0.1:8123"
+    srv = start("--whip-cors", page)
+    try:
+        preflight = {"Origin": page, "Access-Control-Request-Method": "POST",
+                     "Access-Control-Request-Headers": "content-type"}
+        r = httpx.options(f"{srv.url}/whip/cam", headers=preflight)
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == page
+        assert "POST" in r.headers["access-control-allow-methods"] and r.headers["vary"] == "Origin"
+        r = httpx.post(f"{srv.url}/whip/cam", content="hello", headers={"Origin": page, **headers(None)})
+        assert r.status_code == 400 and r.headers["access-control-allow-origin"] == page  # a reason it can read
+        other = {**preflight, "Origin": "http://evil.example"}
+        r = httpx.options(f"{srv.url}/whip/cam", headers=other)
+        assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+    finally:
+        srv.close()
 
 
 def test_whep_needs_a_running_stream(server):
@@ -559,6 +632,73 @@ def test_a_viewer_whose_process_dies_is_dropped_within_seconds(server):
 
     gone_after = run(main())
     assert gone_after <= VIEWER_SILENCE_S + 3, gone_after
+
+
+def test_a_publisher_killed_without_delete_is_replaced_by_its_reconnect_and_viewers_go_on(server):
+    """Issue 29: an encoder that crashes (SIGKILL: no DELETE, no DTLS close) held its stream name
+    until the idle timeout, so its reconnect got 409 for 20 s. A new POST with valid credentials
+    to the same name now replaces it at once (MediaMTX's default): the stale session ends, the
+    stream (its session, settings and counters) goes on, and its WHEP viewer keeps receiving on
+    the same resource without reconnecting. A stream whose source is not a WHIP publisher is
+    still refused (409)."""
+    whip = server.app.state.whip
+
+    async def main():
+        proc = None
+        viewer = Viewer(server.url, "reconnect")
+        pub = Publisher(server.url, "/whip/reconnect")
+        try:
+            proc, line = await asyncio.wait_for(
+                asyncio.to_thread(publisher_in_a_process, f"{server.url}/whip/reconnect", TOKEN), 60)
+            assert line.startswith("201 /whip/reconnect/"), line
+            await wait_for(lambda: (s := server.manager.get("reconnect")) is not None and s.processed >= 2)
+            session = server.manager.get("reconnect")
+            assert (await viewer.start()).status_code == 201
+            await wait_for(lambda: len(viewer.times) >= 3)
+            viewer_rid = next(r.rid for r in whip.resources.values() if r.kind == "whep" and r.sid == "reconnect")
+            proc.kill()
+            proc.wait()
+            t0 = time.monotonic()
+            response = await pub.start()  # the encoder's reconnect, at once
+            replaced_after = time.monotonic() - t0
+            assert response.status_code == 201, response.text
+            assert server.manager.get("reconnect") is session  # the same stream goes on
+            publishers = [r for r in whip.resources.values() if r.kind == "whip" and r.sid == "reconnect"]
+            assert [r.location for r in publishers] == [pub.location]  # the stale session ended
+            processed = session.processed
+            await wait_for(lambda: session.processed >= processed + 3, timeout=20)  # the new publisher's frames
+            seen = len(viewer.times)
+            await wait_for(lambda: len(viewer.times) >= seen + 3, timeout=20)
+            assert viewer_rid in whip.resources and viewer.pc.connectionState == "connected"
+            return replaced_after
+        finally:
+            if proc is not None:
+                proc.kill()
+            await asyncio.gather(pub.close(), viewer.close())
+
+    assert run(main()) < 1.0
+
+
+def test_a_stream_from_another_front_end_is_not_taken_over(server):
+    """Replacing is for WHIP publishers only: a stream fed by the API's /webrtc/offer client keeps
+    answering a WHIP POST to its name with 409."""
+    from live_server import connected
+
+    async def main():
+        client, got = await connected(server.url, "a cat")
+        try:
+            await wait_for(lambda: len(got.processed()) >= 2)
+            pub = Publisher(server.url, f"/whip/{client.webrtc_id}")
+            try:
+                response = await pub.start()
+            finally:
+                await pub.close()
+            assert response.status_code == 409 and response.json()["meta"]["error"] == "stream_in_use"
+            assert server.manager.get(client.webrtc_id) is not None
+        finally:
+            await client.close()
+
+    run(main())
 
 
 def test_one_address_cannot_hold_every_slot_with_offers_that_never_stream():

@@ -69,6 +69,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--whip-token", default=None, metavar="TOKEN",
                    help="bearer token WHIP publishers (OBS) and WHEP viewers must send (default: "
                         "$STREAMSTUDIO_WHIP_TOKEN; without either, --auth's USER:PASS; without --auth, none)")
+    p.add_argument("--whip-cors", action="append", default=[], metavar="ORIGIN",
+                   help="a web page origin (https://studio.example.com, or * for any) whose pages may publish "
+                        "(WHIP) and watch (WHEP) without a login; repeatable (default: none; with a token or "
+                        "--auth, any origin may, the token being the credential)")
     p.add_argument("--max-viewers", type=number(int, 0, 10_000), default=32,
                    help="WHEP viewers on the server at most, all streams together (default 32)")
     p.add_argument("--max-viewers-per-source", type=number(int, 1, 10_000), default=8,
@@ -202,6 +206,7 @@ def build_app(args, model=None):
     whip.WhipServer(manager, host=args.host or "127.0.0.1", token=whip_token(args), auth=guard.auth,
                     rtc_config=rtc, max_viewers=getattr(args, "max_viewers", 32),
                     max_viewers_per_source=getattr(args, "max_viewers_per_source", 8),
+                    cors_origins=tuple(getattr(args, "whip_cors", None) or ()),
                     other_slots=lambda: set(stream.pcs)).mount(app)
     blocks = ui.build_ui(manager, rtc_config=rtc, output_dir=args.output_dir,
                          file_ttl=int(getattr(args, "upload_ttl", 300.0)), host=args.host or "127.0.0.1",

@@ -2,11 +2,18 @@
 
 WHIP (OBS 30+, GStreamer's whipsink, MediaMTX, browsers) publishes into a stream:
 
-    POST    /whip, /whip/{stream}     application/sdp offer -> 201, the SDP answer, Location, ETag
-    PATCH   /whip/{stream}/{session}  application/trickle-ice-sdpfrag: remote candidates (204);
-                                      an ICE restart is answered 422 (RFC 9725 4.3.1)
+    POST    /whip, /whip/{stream}     application/sdp offer -> 201, the SDP answer, Location, ETag;
+                                      a POST to a stream that has a WHIP publisher replaces it
+                                      (an encoder reconnecting): the stream, its settings and its
+                                      WHEP viewers go on
+    PATCH   /whip/{stream}/{session}  application/trickle-ice-sdpfrag with If-Match: the session's
+                                      ETag (428 without it, 412 for another): remote candidates
+                                      (204, no ETag; mDNS .local ones dropped); an ICE restart is
+                                      answered 422 (RFC 9725 4.3.1-4.3.2)
     DELETE  /whip/{stream}/{session}  ends the session and frees the stream (200)
-    OPTIONS any of them               Allow, Accept-Post / Accept-Patch (and CORS, below)
+    OPTIONS any of them               200: Allow, Accept-Post / Accept-Patch (and CORS, below)
+    GET, HEAD any of them             204 with no content (RFC 9725 4.1); 404 for a session URL
+                                      that names no session
 
 WHEP players watch a stream's processed output, any number per stream:
 
@@ -39,9 +46,11 @@ behind by the model's latency).
 Login: a bearer token (`Authorization: Bearer ...`, as OBS sends it) equal to `--whip-token`
 (or $STREAMSTUDIO_WHIP_TOKEN), or HTTP basic auth with the token as the password (any user name:
 for clients that only take `user:pass@host` URLs); without a token, `--auth`'s `USER:PASS` as the
-token, or HTTP basic auth with that login; without either, no login (the server binds to loopback by default). CORS headers
-go out only when a login is required (otherwise pages of other origins could publish into or
-watch a local server): `Access-Control-Allow-Origin: *`, the token being the credential.
+token, or HTTP basic auth with that login; without either, no login (the server binds to loopback by default). CORS
+(RFC 9725 4.2: endpoints "MUST support OPTIONS requests for Cross-Origin Resource Sharing"): when
+a login is required, `Access-Control-Allow-Origin: *`, the token being the credential; without a
+login only the page origins `--whip-cors` names get CORS headers (any page could otherwise publish
+into or watch a local server).
 """
 
 from __future__ import annotations
@@ -361,7 +370,8 @@ class WhipServer:
     def __init__(self, manager: SessionManager, host: str | None = None, token: str | None = None,
                  auth: tuple[str, str] | None = None, rtc_config: dict | None = None,
                  pending_timeout: float = PENDING_TIMEOUT, max_viewers: int = MAX_VIEWERS,
-                 other_slots: Callable[[], set] = set, max_viewers_per_source: int = MAX_VIEWERS_PER_SOURCE):
+                 other_slots: Callable[[], set] = set, max_viewers_per_source: int = MAX_VIEWERS_PER_SOURCE,
+                 cors_origins: tuple[str, ...] = ()):
         from streamstudio.app.web import ice
 
         if max_viewers < 0:
@@ -373,6 +383,7 @@ class WhipServer:
         self.ice_addresses = ice.ice_addresses(host)
         self.rtc_config, self.pending_timeout, self.max_viewers = rtc_config, pending_timeout, max_viewers
         self.max_viewers_per_source = max_viewers_per_source
+        self.cors_origins = tuple(cors_origins)  # --whip-cors: pages allowed without a login
         manager.pending_counters.append(self.pending_from)
         self.other_slots = other_slots  # stream ids other front ends hold without a session yet
         self.resources: dict[str, _Resource] = {}
@@ -404,33 +415,63 @@ class WhipServer:
             return ok
         return False
 
-    def _headers(self, extra: dict | None = None) -> dict:
-        headers = dict(extra or {})
+    def _allowed_origin(self, origin: str | None) -> str | None:
+        """The Access-Control-Allow-Origin for a request from `origin`: any page when a login is
+        required (the token is the credential), else only the pages --whip-cors names."""
         if self.login_required:
-            headers.update({"Access-Control-Allow-Origin": "*",
+            return "*"
+        if origin and (origin in self.cors_origins or "*" in self.cors_origins):
+            return origin
+        return None
+
+    def _headers(self, extra: dict | None = None, origin: str | None = None) -> dict:
+        headers = dict(extra or {})
+        allowed = self._allowed_origin(origin)
+        if allowed is not None:
+            headers.update({"Access-Control-Allow-Origin": allowed,
                             "Access-Control-Expose-Headers": "Location, ETag, Accept-Patch, Accept-Post, Link"})
+            if allowed != "*":
+                headers["Vary"] = "Origin"
         return headers
 
-    def _refused(self, exc: OfferRefused):
+    def _refused(self, exc: OfferRefused, origin: str | None = None):
         response = exc.response()
-        response.headers.update(self._headers())
+        response.headers.update(self._headers(origin=origin))
         if exc.status == 401:
             response.headers["WWW-Authenticate"] = 'Bearer realm="StreamStudio"'
         return response
 
-    def _options(self, methods: str, post: bool):
+    def _options(self, request, methods: str, post: bool):
+        """OPTIONS (RFC 9725 4.2: "The "200 OK" response to any OPTIONS request SHOULD include an
+        Accept-Post header"), also the browsers' CORS preflight (no login asked)."""
         from fastapi.responses import Response
 
+        origin = request.headers.get("origin")
         headers = {"Allow": methods}
         if post:
             headers["Accept-Post"] = SDP_TYPE
         else:
             headers["Accept-Patch"] = TRICKLE_TYPE
-        if self.login_required:
+        if self._allowed_origin(origin) is not None:
             headers.update({"Access-Control-Allow-Methods": methods,
                             "Access-Control-Allow-Headers": "Authorization, Content-Type, If-Match",
                             "Access-Control-Max-Age": "86400"})
-        return Response(status_code=204, headers=self._headers(headers))
+        return Response(status_code=200, headers=self._headers(headers, origin))
+
+    def _get(self, request, stream: str | None = None, rid: str | None = None):
+        """GET and HEAD (RFC 9725 4.1: the endpoints and sessions "MUST return a 2xx successful
+        response with no content when a GET request is received"); a session URL that names no
+        session is 404."""
+        from fastapi.responses import Response
+
+        origin = request.headers.get("origin")
+        if rid is not None:
+            kind = request.url.path.strip("/").split("/")[0]
+            try:
+                self._find(kind, stream, rid)
+            except OfferRefused as exc:
+                return self._refused(exc, origin)
+        return Response(status_code=204, headers=self._headers(origin=origin))
 
     async def _read_sdp(self, request, content_type: str) -> str:
         if not self.authorized(request.headers):
@@ -465,18 +506,32 @@ class WhipServer:
         async def delete(request: Request, stream: str, rid: str):
             return await self._delete(request, stream, rid)
 
-        for f in (whip_post, whep_post, patch, delete):
+        async def options_endpoint(request: Request):
+            return self._options(request, "GET, HEAD, POST, OPTIONS", True)
+
+        async def options_session(request: Request):
+            return self._options(request, "GET, HEAD, PATCH, DELETE, OPTIONS", False)
+
+        async def get_endpoint(request: Request, stream: str | None = None):
+            return self._get(request)
+
+        async def get_session(request: Request, stream: str, rid: str):
+            return self._get(request, stream, rid)
+
+        for f in (whip_post, whep_post, patch, delete, options_endpoint, options_session, get_endpoint, get_session):
             f.__annotations__["request"] = Request  # resolved here: this module has lazy annotations
         for kind in ("whip", "whep"):
             app.add_api_route(f"/{kind}/{{stream}}/{{rid}}", patch, methods=["PATCH"], include_in_schema=False)
             app.add_api_route(f"/{kind}/{{stream}}/{{rid}}", delete, methods=["DELETE"], include_in_schema=False)
-            app.add_api_route(f"/{kind}/{{stream}}/{{rid}}", lambda: self._options("PATCH, DELETE, OPTIONS", False),
-                              methods=["OPTIONS"], include_in_schema=False)
-            app.add_api_route(f"/{kind}/{{stream}}", lambda: self._options("POST, OPTIONS", True),
-                              methods=["OPTIONS"], include_in_schema=False)
+            app.add_api_route(f"/{kind}/{{stream}}/{{rid}}", options_session, methods=["OPTIONS"],
+                              include_in_schema=False)
+            app.add_api_route(f"/{kind}/{{stream}}/{{rid}}", get_session, methods=["GET", "HEAD"],
+                              include_in_schema=False)
+            app.add_api_route(f"/{kind}/{{stream}}", options_endpoint, methods=["OPTIONS"], include_in_schema=False)
+            app.add_api_route(f"/{kind}/{{stream}}", get_endpoint, methods=["GET", "HEAD"], include_in_schema=False)
         app.add_api_route("/whip", whip_post, methods=["POST"], include_in_schema=False)
-        app.add_api_route("/whip", lambda: self._options("POST, OPTIONS", True), methods=["OPTIONS"],
-                          include_in_schema=False)
+        app.add_api_route("/whip", options_endpoint, methods=["OPTIONS"], include_in_schema=False)
+        app.add_api_route("/whip", get_endpoint, methods=["GET", "HEAD"], include_in_schema=False)
         app.add_api_route("/whip/{stream}", whip_post, methods=["POST"], include_in_schema=False)
         app.add_api_route("/whep/{stream}", whep_post, methods=["POST"], include_in_schema=False)
         app.state.whip = self
@@ -488,20 +543,25 @@ class WhipServer:
 
         from streamstudio.app.web import ice
 
+        origin = request.headers.get("origin")
         try:
             sdp = await self._read_sdp(request, SDP_TYPE)
             if stream is not None and not WEBRTC_ID.fullmatch(stream):
                 raise OfferRefused("bad_stream", "the stream name must be 1 to 64 letters, digits, '-' or '_'")
             check_sdp(sdp, kind)
             sid = stream or secrets.token_hex(8)
+            old = None  # the publisher a new one replaces (a reconnect: same name, valid login)
             if kind == "whip":
-                self._check_publish(sid)
+                old = self._publisher(sid)
+                if old is None:
+                    self._check_publish(sid)
             else:
                 sid = self._check_view(sid, peer())
-            take_connection(self.manager, takes_slot=kind == "whip")
+            take_connection(self.manager, takes_slot=kind == "whip" and old is None)
         except OfferRefused as exc:
-            return self._refused(exc)
+            return self._refused(exc, origin)
         pc = None
+        owned = kind == "whip" and old is None  # a session this POST opens (closed again if it fails)
         try:
             from aiortc import RTCPeerConnection, RTCSessionDescription
 
@@ -509,8 +569,8 @@ class WhipServer:
                 pc = RTCPeerConnection(rtc_configuration(self.rtc_config))
                 res = _Resource(kind, sid, pc, stream)
                 res.source = peer()
-                if kind == "whip":
-                    res.session = self.manager.open(sid)  # settings set for `sid` beforehand apply now
+                if kind == "whip":  # settings set for `sid` beforehand apply now
+                    res.session = self.manager.open(sid) if old is None else old.session
                     pc.on("track", lambda track: self._on_publisher_track(res, track))
                 await pc.setRemoteDescription(RTCSessionDescription(sdp, "offer"))
                 if kind == "whep":
@@ -519,27 +579,42 @@ class WhipServer:
                 if kind == "whep":
                     self._bind_viewer(res)
         except BusyError as exc:
-            await self._discard(pc, sid if kind == "whip" else None)
+            await self._discard(pc, sid if owned else None)
             self._prune(sid)
-            return self._refused(OfferRefused("busy", str(exc), 503))
+            return self._refused(OfferRefused("busy", str(exc), 503), origin)
         except OfferRefused as exc:
-            await self._discard(pc, sid if kind == "whip" else None)
+            await self._discard(pc, sid if owned else None)
             self._prune(sid)
-            return self._refused(exc)
+            return self._refused(exc, origin)
         except Exception as exc:  # aiortc refused the offer (bad parameters, nothing in common)
-            await self._discard(pc, sid if kind == "whip" else None)
+            await self._discard(pc, sid if owned else None)
             self._prune(sid)
             log.info("%s offer for %s refused: %s: %s", kind.upper(), sid, type(exc).__name__, exc)
             return self._refused(OfferRefused("offer_refused", f"the offer was refused: {type(exc).__name__}: "
-                                              f"{str(exc)[:200]}"))
+                                              f"{str(exc)[:200]}"), origin)
         answer = pc.localDescription.sdp
         res.etag = _etag(answer)
+        if old is not None:  # the stream goes on: its session, settings and viewers stay
+            old.session = None
+            await self.end(old, "replaced by a new publisher on the same stream")
         self.resources[res.rid] = res
         pc.on("connectionstatechange", lambda: self._on_state(res))
         res.tasks.append(asyncio.ensure_future(self._watch(res)))
         log.info("%s session %s for stream %s", kind.upper(), res.rid[:6], sid)
         return Response(answer, status_code=201, media_type=SDP_TYPE, headers=self._headers({
-            "Location": res.location, "ETag": res.etag, "Accept-Patch": TRICKLE_TYPE}))
+            "Location": res.location, "ETag": res.etag, "Accept-Patch": TRICKLE_TYPE}, origin))
+
+    def _publisher(self, sid: str) -> _Resource | None:
+        """The live WHIP publisher of stream `sid`, which a new POST to the same name replaces
+        (an encoder reconnecting after a crash or a network drop, without DELETE: as MediaMTX
+        does by default); None when the stream has no such publisher (its source is a page or a
+        /webrtc/offer client, or it ended)."""
+        session = self.manager.get(sid)
+        for res in self.resources.values():
+            if res.kind == "whip" and res.sid == sid and not res.closed and res.session is not None \
+                    and res.session is session and not session.closed:
+                return res
+        return None
 
     def _check_publish(self, sid: str) -> None:
         if self.manager.get(sid) is not None or sid in self.other_slots() or \
@@ -741,29 +816,32 @@ class WhipServer:
     async def _delete(self, request, stream: str, rid: str):
         from fastapi.responses import Response
 
-        kind = request.url.path.strip("/").split("/")[0]
+        kind, origin = request.url.path.strip("/").split("/")[0], request.headers.get("origin")
         try:
             if not self.authorized(request.headers):
                 raise OfferRefused("unauthorized", "a valid bearer token is needed", 401)
             res = self._find(kind, stream, rid)
         except OfferRefused as exc:
-            return self._refused(exc)
+            return self._refused(exc, origin)
         await self.end(res, "DELETE")
-        return Response(status_code=200, headers=self._headers())
+        return Response(status_code=200, headers=self._headers(origin=origin))
 
     async def _patch(self, request, stream: str, rid: str):
         from aiortc.sdp import candidate_from_sdp
         from fastapi.responses import Response
 
-        kind = request.url.path.strip("/").split("/")[0]
+        kind, origin = request.url.path.strip("/").split("/")[0], request.headers.get("origin")
         try:
             frag = await self._read_sdp(request, TRICKLE_TYPE)
             res = self._find(kind, stream, rid)
             match = request.headers.get("if-match")
-            if match is not None and match.strip() != "*" and match.strip() != res.etag:
+            if match is None:  # RFC 9725 4.3.1: "428 Precondition Required" for a missing entity-tag
+                raise OfferRefused("etag_missing", "a PATCH needs If-Match: the ETag of the session's 201 "
+                                   "(RFC 9725 4.3.1)", 428)
+            if match.strip() != "*" and match.strip() != res.etag:
                 raise OfferRefused("etag_mismatch", "If-Match does not match this session's ETag", 412)
             lines = [line.strip() for line in frag.splitlines() if line.strip()]
-            if match is not None and match.strip() == "*" or any(line.startswith(("a=ice-ufrag:", "a=ice-pwd:"))
+            if match.strip() == "*" or any(line.startswith(("a=ice-ufrag:", "a=ice-pwd:"))
                                                                   and line not in self._offer_ice(res)
                                                                   for line in lines):
                 raise OfferRefused("ice_restart_unsupported", "ICE restarts are not supported: start a new "
@@ -782,15 +860,22 @@ class WhipServer:
                     candidate.sdpMid = mid
                     if mid is None:
                         candidate.sdpMLineIndex = 0
+                    if candidate.ip.lower().endswith(".local"):
+                        # an mDNS name (a browser's hidden host address): a server cannot resolve it
+                        # (aiortc tried for a second per candidate); RFC 9725 4.3.2: a session "not
+                        # able to resolve the connection address ... MUST silently discard the
+                        # candidate". The browser's checks still reach us (peer-reflexive).
+                        continue
                     candidates.append(candidate)
         except OfferRefused as exc:
-            return self._refused(exc)
+            return self._refused(exc, origin)
         for candidate in candidates:
             try:
                 await res.pc.addIceCandidate(candidate)
             except Exception as exc:  # noqa: BLE001 - one bad candidate is the client's loss only
                 log.info("%s %s: a candidate was not added: %s", kind.upper(), rid[:6], exc)
-        return Response(status_code=204, headers=self._headers({"ETag": res.etag}))
+        # RFC 9725 4.3.2: a trickle PATCH's 204 "MUST NOT include an ETag header"
+        return Response(status_code=204, headers=self._headers(origin=origin))
 
     @staticmethod
     def _offer_ice(res: _Resource) -> set[str]:
