@@ -219,6 +219,14 @@ class SettingType:
             raise argparse.ArgumentTypeError(str(exc).replace(f" (option {self.setting.flag})", "")) from None
 
 
+def host_port(text: str) -> tuple[str, int]:
+    """An argparse type for HOST:PORT (a UDP or TCP target): a host and a port 1-65535."""
+    host, sep, port = str(text).rpartition(":")
+    if not sep or not host.strip("[]"):
+        raise argparse.ArgumentTypeError(f"HOST:PORT expected, got {text!r}")
+    return host.strip("[]"), number(int, 1, 65535)(port)
+
+
 def number(kind: type = float, low: float | None = None, high: float | None = None, low_open: bool = False,
            multiple: int = 1):
     """An argparse type for a number flag that no settings-table entry declares (sizes, counts,

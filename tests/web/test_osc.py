@@ -211,3 +211,117 @@ def test_add_on_scales_by_osc():
         settings_from_message("/streamstudio/s/ip_adapter_scale", (0.6, 0.7))
     with pytest.raises(StreamStudioError, match="control_scales is a list"):
         parse_settings(settings_from_message("/streamstudio/s/control_scales", ())[1])
+
+
+# ---------------------------------------------------------------------- feedback (issue 29)
+def parse_osc(datagram: bytes) -> tuple[str, list]:
+    """An OSC 1.0 message read back by the spec (not python-osc): a padded address, a padded
+    type-tag string, then int32 / float32 big-endian and padded strings; T and F carry no bytes."""
+    def string(at: int) -> tuple[str, int]:
+        end = datagram.index(b"\0", at)
+        return datagram[at:end].decode(), at + (end - at) // 4 * 4 + 4
+
+    address, at = string(0)
+    tags, at = string(at)
+    assert tags.startswith(",")
+    args = []
+    for tag in tags[1:]:
+        if tag == "i":
+            args.append(struct.unpack(">i", datagram[at:at + 4])[0])
+            at += 4
+        elif tag == "f":
+            args.append(struct.unpack(">f", datagram[at:at + 4])[0])
+            at += 4
+        elif tag == "s":
+            text, at = string(at)
+            args.append(text)
+        elif tag in "TF":
+            args.append(tag == "T")
+        else:
+            raise AssertionError(f"unexpected OSC type tag {tag!r}")
+    return address, args
+
+
+def listen() -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.settimeout(5.0)
+    return sock
+
+
+def received(sock: socket.socket, until: str, limit: int = 200) -> dict[str, list]:
+    """address -> arguments of the messages read until one at `until` arrives."""
+    got = {}
+    for _ in range(limit):
+        data, _ = sock.recvfrom(65536)
+        address, args = parse_osc(data)
+        got[address] = args
+        if address == until:
+            return got
+    raise AssertionError(f"no {until} in {limit} messages: {sorted(got)}")
+
+
+def test_get_is_answered_to_the_sender_with_the_streams_state(server):
+    """A control surface asks /streamstudio/STREAM/get and gets the stream's state back at the port
+    it sent from, from the OSC port: fps, frames, latency, the prompt and every applied setting."""
+    session = server.manager.open("oscget")
+    feeder = Feeder(session)
+    sock = listen()
+    try:
+        wait_until(lambda: session.processed >= 3)
+        send(server.osc_port, osc_message("/streamstudio/oscget/prompt", "a paper boat"),
+             osc_message("/streamstudio/oscget/strength", 0.55), osc_message("/streamstudio/oscget/seed", 9))
+        wait_until(lambda: session.stats()["settings"].get("seed") == 9)
+        sock.sendto(osc_message("/streamstudio/oscget/get"), ("127.0.0.1", server.osc_port))
+        got = received(sock, "/streamstudio/oscget/strength")  # the settings come in name order
+        assert got["/streamstudio/oscget/prompt"] == ["a paper boat"]
+        assert got["/streamstudio/oscget/strength"] == [pytest.approx(0.55, abs=1e-6)]
+        assert got["/streamstudio/oscget/fps"][0] > 0 and got["/streamstudio/oscget/processed"][0] >= 3
+        assert got["/streamstudio/oscget/latency_ms"][0] > 0
+        sock.sendto(osc_message("/streamstudio/oscget/get"), ("127.0.0.1", server.osc_port))
+        assert received(sock, "/streamstudio/oscget/seed")["/streamstudio/oscget/seed"] == [9]
+        sock.sendto(osc_message("/streamstudio/get"), ("127.0.0.1", server.osc_port))
+        assert "oscget" in received(sock, "/streamstudio/streams")["/streamstudio/streams"]
+        sock.sendto(osc_message("/streamstudio/nobody/get"), ("127.0.0.1", server.osc_port))
+        assert "no running stream" in received(sock, "/streamstudio/nobody/error")["/streamstudio/nobody/error"][0]
+    finally:
+        sock.close()
+        feeder.stop()
+        server.manager.close("oscget")
+
+
+def test_feedback_sends_every_streams_state_to_the_target(server):
+    """--osc-feedback HOST:PORT: twice a second, each running stream's state goes to the target
+    without being asked (a blend as /blend "prompt" weight ...)."""
+    from streamstudio.app.web.osc import FEEDBACK_INTERVAL, OscControl
+
+    sock = listen()
+    osc = OscControl(server.manager, 0, feedback=sock.getsockname())
+    session = server.manager.open("oscfeed")
+    feeder = Feeder(session)
+    try:
+        server.manager.settings("oscfeed", {"prompt": [["a fox", 0.25], ["a wolf", 0.75]]})
+        wait_until(lambda: session.processed >= 2 and session.stats()["settings"].get("prompt") is not None)
+        t0 = time.monotonic()
+        got = {}
+        while "/streamstudio/oscfeed/blend" not in got or "/streamstudio/oscfeed/fps" not in got:
+            got.update(received(sock, "/streamstudio/oscfeed/processed"))
+            assert time.monotonic() - t0 < 10 * FEEDBACK_INTERVAL + 5, sorted(got)
+        blend = got["/streamstudio/oscfeed/blend"]
+        assert blend[0::2] == ["a fox", "a wolf"] and blend[1::2] == [pytest.approx(0.25), pytest.approx(0.75)]
+        assert got["/streamstudio/oscfeed/fps"][0] >= 0 and osc.sent > 0
+    finally:
+        osc.close()
+        sock.close()
+        feeder.stop()
+        server.manager.close("oscfeed")
+
+
+def test_osc_feedback_flag_is_checked_before_anything_loads(capsys):
+    from streamstudio.app.cli import main
+
+    assert main(["serve", "--model", "tiny", "--osc-feedback", "127.0.0.1:9000"]) == 1
+    assert "--osc-feedback sends from the OSC port: give --osc-port too" in capsys.readouterr().err
+    for bad in ("9000", "host:0", "host:port", ":9000"):
+        assert main(["serve", "--osc-port", "9001", "--osc-feedback", bad]) == 2  # a usage error
+        assert "argument --osc-feedback" in capsys.readouterr().err

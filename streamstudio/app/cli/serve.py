@@ -30,7 +30,7 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     from streamstudio.app.settings import add_pipeline_arguments
-    from streamstudio.app.settings import number
+    from streamstudio.app.settings import host_port, number
 
     p = subparsers.add_parser("serve", description=__doc__.splitlines()[0])
     p.add_argument("--host", default=None, help="address to bind (default 127.0.0.1; anything else "
@@ -86,6 +86,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "per minute (default 20)")
     p.add_argument("--osc-port", type=number(int, 1, 65535), default=None,
                    help="take OSC control messages on this UDP port (default: off)")
+    p.add_argument("--osc-feedback", type=host_port, default=None, metavar="HOST:PORT",
+                   help="send every running stream's state (fps, latency, prompt, settings) to this OSC "
+                        "target twice a second, from the --osc-port (default: off; queries are answered "
+                        "without it)")
     p.add_argument("--osc-host", default="127.0.0.1",
                    help="address the OSC port binds (default 127.0.0.1; OSC has no login)")
     add_pipeline_arguments(p)
@@ -176,6 +180,11 @@ def silence_gradio_debug_prints() -> None:
     gradio.routes.print = quiet_print
 
 
+def check_osc(args) -> None:
+    if getattr(args, "osc_feedback", None) is not None and getattr(args, "osc_port", None) is None:
+        raise StreamStudioError("--osc-feedback sends from the OSC port: give --osc-port too")
+
+
 def build_app(args, model=None):
     """(FastAPI app, SessionManager): the Gradio UI at /, the WebRTC and JSON API beside it, all
     behind the request guard (`app/web/security.py`)."""
@@ -219,10 +228,12 @@ def build_app(args, model=None):
     security.install(app, guard, blocks)
     app.state.manager = manager
     app.state.osc = None
+    check_osc(args)
     if getattr(args, "osc_port", None) is not None:
         from streamstudio.app.web.osc import OscControl
 
-        app.state.osc = OscControl(manager, args.osc_port, args.osc_host)
+        app.state.osc = OscControl(manager, args.osc_port, args.osc_host,
+                                   feedback=getattr(args, "osc_feedback", None))
     return app, manager
 
 
@@ -304,6 +315,7 @@ def run(args) -> int:
                                 "(it is made when missing)")
     host = bind_host(args)
     check_port_free(host, args.port)  # before the model loads
+    check_osc(args)
     if getattr(args, "osc_port", None) is not None:
         check_port_free(args.osc_host, args.osc_port, socket.SOCK_DGRAM, "--osc-port")
     from streamstudio.models.hub import check_model_source
