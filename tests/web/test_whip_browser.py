@@ -1,0 +1,214 @@
+"""WHIP and WHEP with a real, independent client (issue 29): Debian's Chromium (headless,
+Playwright) publishes its fake camera over WHIP and watches the processed stream over WHEP from
+pages served by another origin (another port: every request is cross-origin, so the CORS preflight
+of RFC 9725 4.2 is exercised), with the browser's own RTCPeerConnection, fetch and getStats. The
+RFC clients written here (test_whip_whep.py) stay; this checks that what a browser sends is taken."""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from live_server import SIZE, start
+from rtmp_server import free_port
+
+CHROMIUM = "/usr/bin/chromium"
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream"]
+TOKEN = "browser-token"
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (apt-get install chromium)")
+
+# A WHIP publisher as a web page writes one (RFC 9725 4.2: POST the offer with every candidate
+# gathered, apply the 201's answer); the fake camera at 320x240.
+PUBLISH_JS = """async ([url, token]) => {
+  const media = await navigator.mediaDevices.getUserMedia({video: {width: 320, height: 240}});
+  const pc = new RTCPeerConnection();
+  pc.addTransceiver(media.getVideoTracks()[0], {direction: 'sendonly'});
+  await pc.setLocalDescription(await pc.createOffer());
+  await new Promise(done => {
+    if (pc.iceGatheringState === 'complete') return done();
+    pc.addEventListener('icegatheringstatechange', () => pc.iceGatheringState === 'complete' && done());
+    setTimeout(done, 3000);
+  });
+  const res = await fetch(url, {method: 'POST', body: pc.localDescription.sdp,
+                                headers: {'Content-Type': 'application/sdp', 'Authorization': 'Bearer ' + token}});
+  const text = await res.text();
+  if (res.status !== 201) return {status: res.status, body: text};
+  await pc.setRemoteDescription({type: 'answer', sdp: text});
+  window.studio = {pc, location: new URL(res.headers.get('Location'), url).href};
+  return {status: res.status, location: res.headers.get('Location'), etag: res.headers.get('ETag')};
+}"""
+
+# A WHEP viewer: a recvonly transceiver, the stream shown in a <video>.
+WATCH_JS = """async ([url, token]) => {
+  const pc = new RTCPeerConnection();
+  pc.addTransceiver('video', {direction: 'recvonly'});
+  const video = document.createElement('video');
+  video.muted = true; video.autoplay = true; video.playsInline = true;
+  document.body.appendChild(video);
+  pc.ontrack = event => { video.srcObject = new MediaStream([event.track]); };
+  await pc.setLocalDescription(await pc.createOffer());
+  await new Promise(done => {
+    if (pc.iceGatheringState === 'complete') return done();
+    pc.addEventListener('icegatheringstatechange', () => pc.iceGatheringState === 'complete' && done());
+    setTimeout(done, 3000);
+  });
+  const res = await fetch(url, {method: 'POST', body: pc.localDescription.sdp,
+                                headers: {'Content-Type': 'application/sdp', 'Authorization': 'Bearer ' + token}});
+  const text = await res.text();
+  if (res.status !== 201) return {status: res.status, body: text};
+  await pc.setRemoteDescription({type: 'answer', sdp: text});
+  window.studio = {pc, video, location: new URL(res.headers.get('Location'), url).href};
+  return {status: res.status, location: res.headers.get('Location')};
+}"""
+
+# What the page's connection says: its state and (a viewer) the inbound video's decoding.
+STATS_JS = """async () => {
+  const {pc, video} = window.studio;
+  const out = {state: pc.connectionState, decoded: 0, fps: null, width: null, height: null, sent: 0};
+  for (const s of (await pc.getStats()).values()) {
+    if (s.type === 'inbound-rtp' && s.kind === 'video') {
+      out.decoded = s.framesDecoded || 0; out.fps = s.framesPerSecond ?? null;
+      out.width = s.frameWidth ?? null; out.height = s.frameHeight ?? null;
+    }
+    if (s.type === 'outbound-rtp' && s.kind === 'video') out.sent = s.framesSent || 0;
+  }
+  if (video) { out.playing_width = video.videoWidth; out.playing_height = video.videoHeight; }
+  return out;
+}"""
+
+DELETE_JS = """async ([token]) => {
+  const res = await fetch(window.studio.location, {method: 'DELETE', headers: {'Authorization': 'Bearer ' + token}});
+  window.studio.pc.close();
+  return res.status;
+}"""
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = start("--max-streams", "2", "--whip-token", TOKEN)
+    yield srv
+    srv.close()
+
+
+@pytest.fixture(scope="module")
+def page_origin():
+    """An empty page on another port of 127.0.0.1: another origin than the server's."""
+
+    class Blank(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = b"<!doctype html><title>studio client</title><body></body>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Blank)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@contextlib.contextmanager
+def chromium():
+    """A headless Debian chromium with a fake webcam, in a fresh profile."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    profile = tempfile.mkdtemp(prefix="streamstudio-chromium-")
+    try:
+        with sync_api.sync_playwright() as p:
+            ctx = p.chromium.launch_persistent_context(profile, executable_path=CHROMIUM, args=FLAGS, headless=True)
+            try:
+                yield ctx
+            finally:
+                ctx.close()
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def poll(page, predicate, timeout: float = 40.0) -> dict:
+    """STATS_JS of `page` until `predicate` holds (the last stats, for the assertion message)."""
+    deadline, stats = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        stats = page.evaluate(STATS_JS)
+        if predicate(stats):
+            return stats
+        page.wait_for_timeout(250)
+    raise AssertionError(f"timed out; the page's last stats: {stats}")
+
+
+def test_chromium_publishes_over_whip_and_watches_over_whep(server, page_origin):
+    """A Chromium page publishes its fake camera to /whip/browser; another page (the same origin,
+    not the server's) watches /whep/browser: the viewer decodes the processed frames at the
+    model's size (the camera's 4:3 with the tiny model's 64 as the longer side), both connections
+    are up, and the publisher's DELETE frees the stream."""
+    with chromium() as ctx:
+        publisher, viewer = ctx.new_page(), ctx.new_page()
+        publisher.goto(page_origin)
+        viewer.goto(page_origin)
+        published = publisher.evaluate(PUBLISH_JS, [f"{server.url}/whip/browser", TOKEN])
+        assert published["status"] == 201, published
+        assert published["location"].startswith("/whip/browser/") and published["etag"]
+        poll(publisher, lambda s: s["state"] == "connected" and s["sent"] > 5)
+        session = server.manager.get("browser")
+        deadline = time.monotonic() + 40
+        while session.processed < 3:  # the browser's frames go through the model
+            assert time.monotonic() < deadline, session.stats()
+            time.sleep(0.1)
+
+        watching = viewer.evaluate(WATCH_JS, [f"{server.url}/whep/browser", TOKEN])
+        assert watching["status"] == 201, watching
+        first = poll(viewer, lambda s: s["state"] == "connected" and s["decoded"] >= 5)
+        later = poll(viewer, lambda s: s["decoded"] >= first["decoded"] + 10)
+        assert (later["width"], later["height"]) == (SIZE, SIZE * 3 // 4), later  # 320x240 -> 64x48
+        assert (later["playing_width"], later["playing_height"]) == (SIZE, SIZE * 3 // 4), later
+        assert session.stats()["frames_in"] > 10 and session.error is None
+
+        assert publisher.evaluate(DELETE_JS, [TOKEN]) == 200
+        deadline = time.monotonic() + 15
+        while server.manager.get("browser") is not None or server.app.state.whip.resources:
+            assert time.monotonic() < deadline, "the stream and its viewer were not freed"
+            time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_five_chromium_viewers_and_a_publisher_that_reconnects(server, page_origin):
+    """Five Chromium viewers of one stream each decode it; then the publisher comes back on a new
+    connection (a second page POSTs to the same name, as a restarted encoder does): it replaces the
+    first at once, the first page's connection is ended by the server, and every viewer goes on
+    decoding on its own WHEP session without reconnecting."""
+    with chromium() as ctx:
+        first, again = ctx.new_page(), ctx.new_page()
+        viewers = [ctx.new_page() for _ in range(5)]
+        for page in (first, again, *viewers):
+            page.goto(page_origin)
+        assert first.evaluate(PUBLISH_JS, [f"{server.url}/whip/stage", TOKEN])["status"] == 201
+        poll(first, lambda s: s["state"] == "connected" and s["sent"] > 5)
+        session = server.manager.get("stage")
+        for page in viewers:
+            assert page.evaluate(WATCH_JS, [f"{server.url}/whep/stage", TOKEN])["status"] == 201
+        counts = [poll(page, lambda s: s["state"] == "connected" and s["decoded"] >= 10)["decoded"] for page in viewers]
+
+        t0 = time.monotonic()
+        replaced = again.evaluate(PUBLISH_JS, [f"{server.url}/whip/stage", TOKEN])
+        assert replaced["status"] == 201 and time.monotonic() - t0 < 5, replaced
+        poll(again, lambda s: s["state"] == "connected" and s["sent"] > 5)
+        poll(first, lambda s: s["state"] in ("closed", "failed", "disconnected"), timeout=40)
+        assert server.manager.get("stage") is session
+        for page, count in zip(viewers, counts):
+            later = poll(page, lambda s, c=count: s["decoded"] >= c + 15)
+            assert later["state"] == "connected", later
+        assert len([r for r in server.app.state.whip.resources.values() if r.kind == "whep"]) == 5
