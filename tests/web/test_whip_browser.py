@@ -26,12 +26,9 @@ TOKEN = "browser-token"
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (apt-get install chromium)")
 
-# A WHIP publisher as a web page writes one (RFC 9725 4.2: POST the offer with every candidate
-# gathered, apply the 201's answer); the fake camera at 320x240.
-PUBLISH_JS = """async ([url, token]) => {
-  const media = await navigator.mediaDevices.getUserMedia({video: {width: 320, height: 240}});
-  const pc = new RTCPeerConnection();
-  pc.addTransceiver(media.getVideoTracks()[0], {direction: 'sendonly'});
+# The offer as a web page makes it (RFC 9725 4.2): every candidate gathered (3 s at most), POSTed
+# with the token, the 201's answer applied; a refusal returns {status, body}.
+SIGNAL_JS = """
   await pc.setLocalDescription(await pc.createOffer());
   await new Promise(done => {
     if (pc.iceGatheringState === 'complete') return done();
@@ -43,7 +40,14 @@ PUBLISH_JS = """async ([url, token]) => {
   const text = await res.text();
   if (res.status !== 201) return {status: res.status, body: text};
   await pc.setRemoteDescription({type: 'answer', sdp: text});
-  window.studio = {pc, location: new URL(res.headers.get('Location'), url).href};
+"""
+
+# A WHIP publisher as a web page writes one: the fake camera at 320x240.
+PUBLISH_JS = """async ([url, token]) => {
+  const media = await navigator.mediaDevices.getUserMedia({video: {width: 320, height: 240}});
+  const pc = new RTCPeerConnection();
+  pc.addTransceiver(media.getVideoTracks()[0], {direction: 'sendonly'});
+""" + SIGNAL_JS + """  window.studio = {pc, location: new URL(res.headers.get('Location'), url).href};
   return {status: res.status, location: res.headers.get('Location'), etag: res.headers.get('ETag')};
 }"""
 
@@ -55,18 +59,7 @@ WATCH_JS = """async ([url, token]) => {
   video.muted = true; video.autoplay = true; video.playsInline = true;
   document.body.appendChild(video);
   pc.ontrack = event => { video.srcObject = new MediaStream([event.track]); };
-  await pc.setLocalDescription(await pc.createOffer());
-  await new Promise(done => {
-    if (pc.iceGatheringState === 'complete') return done();
-    pc.addEventListener('icegatheringstatechange', () => pc.iceGatheringState === 'complete' && done());
-    setTimeout(done, 3000);
-  });
-  const res = await fetch(url, {method: 'POST', body: pc.localDescription.sdp,
-                                headers: {'Content-Type': 'application/sdp', 'Authorization': 'Bearer ' + token}});
-  const text = await res.text();
-  if (res.status !== 201) return {status: res.status, body: text};
-  await pc.setRemoteDescription({type: 'answer', sdp: text});
-  window.studio = {pc, video, location: new URL(res.headers.get('Location'), url).href};
+""" + SIGNAL_JS + """  window.studio = {pc, video, location: new URL(res.headers.get('Location'), url).href};
   return {status: res.status, location: res.headers.get('Location')};
 }"""
 
