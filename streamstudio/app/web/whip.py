@@ -143,13 +143,16 @@ class SharedEncoder(Sink):
         self._ctx = None
         self._since_key = self._frame_index = 0
         self.frames = self.packets = 0  # encoded / sent
+        self.encode_ms: collections.deque = collections.deque(maxlen=300)  # the last frames' encode times
 
     def request_keyframe(self) -> None:
         self._keyframe = True
 
     def write(self, frame: np.ndarray, pts: float | None = None) -> None:
+        t0 = time.perf_counter()
         try:
             packets = self._encode(frame)
+            self.encode_ms.append(1000 * (time.perf_counter() - t0))
         except Exception:  # a broken encoder loses this frame; the next starts a new encoder
             log.exception("WHEP %s encoder failed", self.codec)
             self._ctx = None
@@ -338,7 +341,8 @@ class Broadcaster:
             track.stop()
 
     def stats(self) -> dict:
-        return {codec: {"viewers": len(self.video[codec]), "frames_encoded": e.frames, "packets": e.packets}
+        return {codec: {"viewers": len(self.video[codec]), "frames_encoded": e.frames, "packets": e.packets,
+                        "encode_ms": round(float(np.median(e.encode_ms)), 2) if e.encode_ms else None}
                 for codec, e in self.encoders.items()}
 
 
