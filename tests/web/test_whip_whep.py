@@ -165,6 +165,12 @@ def test_publish_view_delete(server):
         session = lambda: server.manager.get("stage1")  # noqa: E731
         await wait_for(lambda: session() is not None and session().processed >= 3)
         assert session().stats()["settings"]["prompt"] == "a neon city"  # the settings set beforehand
+        # the publisher's frames leave aiortc's jitter buffer at their marker packet (app/web/rtp_receive.py)
+        from streamstudio.app.web.rtp_receive import MarkerJitterBuffer
+
+        res = next(r for r in server.app.state.whip.resources.values() if r.kind == "whip" and r.sid == "stage1")
+        buffers = [t.receiver._RTCRtpReceiver__jitter_buffer for t in res.pc.getTransceivers()]
+        assert any(isinstance(b, MarkerJitterBuffer) and b.early >= 3 for b in buffers), buffers
 
         viewer = Viewer(server.url, "stage1")
         response = await viewer.start()
