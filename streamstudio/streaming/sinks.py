@@ -4,7 +4,7 @@ push, HLS, a virtual camera (optional extra) and a null sink.
 `open_sink(spec, width, height, fps, audio_from=None)` picks one from a string:
 
     out.mp4 | out.mkv | out.webm | frames/ | "frames/%05d.png" | rtmp://host/app/key |
-    hls:DIR | DIR/index.m3u8 | virtualcam | null
+    hls:DIR | DIR/index.m3u8 | virtualcam | ndi://NAME (an NDI source: streaming/ndi.py) | null
 
 Every sink takes RGB uint8 (H, W, 3) frames through `write(frame, pts_seconds)`, keeps a
 `status` (frames written, lost, reconnects, last error) and is closed by `close()`, after
@@ -629,6 +629,11 @@ def sink_kind(spec: str) -> str:
         raise StreamStudioError("no output given; use a video file, a folder, rtmp://... or hls:DIR")
     if low.startswith(("rtmp://", "rtmps://")):
         return "rtmp"
+    if low.startswith("ndi://"):
+        from streamstudio.streaming.ndi import parse_ndi
+
+        parse_ndi(spec)
+        return "ndi"
     if low.startswith("hls:") or low.endswith(".m3u8"):
         return "hls"
     if low in ("virtualcam", "vcam") or low.startswith("virtualcam:"):
@@ -672,6 +677,10 @@ def open_sink(spec: str, width: int, height: int, fps: float, audio_from: AudioT
         return HlsSink(spec[4:] if spec.lower().startswith("hls:") else Path(spec).parent, width, height, fps)
     if kind == "virtualcam":
         return VirtualCameraSink(width, height, fps, device=spec.split(":", 1)[1] if ":" in spec else None)
+    if kind == "ndi":
+        from streamstudio.streaming.ndi import NdiSink
+
+        return NdiSink(spec, width, height, fps)
     if kind == "null":
         return NullSink(spec, width, height, fps)
     if kind == "file":

@@ -5,7 +5,8 @@ Every source yields `VideoFrame`s: an RGB uint8 (H, W, 3) image and its timestam
 from the first frame. `open_source(spec)` picks one from a string:
 
     clip.mp4 | frames/ | "frames/*.png" | webcam:0 | pattern | pattern:640x360@30 | screen | screen:1 |
-    rtmp://host/app/key (any network stream ffmpeg reads, taken live)
+    rtmp://host/app/key (any network stream ffmpeg reads, taken live) |
+    ndi://NAME (an NDI source, optional extra: streaming/ndi.py)
 
 `resample_file(source, fps)` puts a video file at another frame rate (`ResampledSource`: frames
 picked by timestamp, dropped or repeated, duration kept); live sources keep their own timing.
@@ -607,6 +608,11 @@ def source_kind(spec: str) -> str:
         return "pattern"
     if re.match(r"^(rtmps?|rtsp|srt|udp|tcp|https?)://", low):
         return "stream"
+    if low.startswith("ndi://"):
+        from streamstudio.streaming.ndi import parse_ndi
+
+        parse_ndi(spec)
+        return "ndi"
     path = Path(spec).expanduser()
     if path.is_dir() or any(c in spec for c in "*?["):
         return "images"
@@ -632,6 +638,10 @@ def open_source(spec: str, fps: float | None = None, max_side: int = MAX_SIDE, r
         return PatternSource(w, h, rate, realtime=realtime)
     if kind == "stream":
         return VideoFileSource(spec, max_side=max_side, live=True)
+    if kind == "ndi":
+        from streamstudio.streaming.ndi import NdiSource
+
+        return NdiSource(spec, max_side=max_side)
     path = Path(spec).expanduser()
     if kind == "images":
         return ImageSequenceSource(image_files(str(path)), fps=fps or DEFAULT_FPS, max_side=max_side,

@@ -160,6 +160,29 @@ def test_live_output_to_hls_writes_a_playable_playlist(manager, live, tmp_path):
 
 
 # ---------------------------------------------------------------------- a server that goes away
+def test_live_output_as_an_ndi_source_is_received_by_name(manager, live, tmp_path):
+    """The Live output tab's NDI choice: the stream becomes an NDI source named by the target
+    (cleaned), which a receiver on the network finds and gets at the stream's size."""
+    pytest.importorskip("NDIlib")
+    import secrets
+
+    from streamstudio.streaming.ndi import NdiSource
+
+    session = manager.get(live)
+    outputs: dict = {}
+    name = f"studio out {secrets.token_hex(3)}"
+    out = start(manager, outputs, "ndi", name + "/../!", tmp_path)
+    assert out.location == f"ndi://{name}"
+    try:
+        with NdiSource(out.location, find_timeout=20) as source:
+            assert (source.info.width, source.info.height) == (W, H)
+            frames = [f for _, f in zip(range(3), source.frames())]
+        assert len(frames) == 3 and frames[-1].image.shape == (H, W, 3)
+    finally:
+        _stop_output(outputs, KEY)
+    assert session.error is None and not session.closed
+
+
 def test_rtmp_server_gone_mid_stream_stops_the_output_not_the_stream(nginx, manager, live, tmp_path):
     session = manager.get(live)
     outputs: dict = {}

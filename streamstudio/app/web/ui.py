@@ -165,7 +165,8 @@ def clean_name(name: str, default: str) -> str:
 
 def output_location(kind: str, target: str, output_dir: Path) -> str:
     """Where a Live output tab's output goes (a `streaming.sinks.open_sink` spec): kind file |
-    rtmp | hls; files and HLS playlists go under `output_dir`, under a cleaned name."""
+    rtmp | hls | ndi; files and HLS playlists go under `output_dir`, under a cleaned name; an NDI
+    source is named by the target (cleaned)."""
     if kind == "rtmp":
         if not re.match(r"^rtmps?://[^\s/]+/\S+$", target or ""):
             raise StreamStudioError("give an RTMP URL like rtmp://host/live/streamkey")
@@ -179,7 +180,10 @@ def output_location(kind: str, target: str, output_dir: Path) -> str:
         suffix_ok = Path(name).suffix.lower() in (".mp4", ".mkv", ".webm", ".mov")
         output_dir.mkdir(parents=True, exist_ok=True)
         return str(output_dir / (name if suffix_ok else name + ".mp4"))
-    raise StreamStudioError(f"unknown output kind {kind!r}; use file, rtmp or hls")
+    if kind == "ndi":
+        name = re.sub(r"[^A-Za-z0-9 ._-]+", "_", target or "").strip(" ._") or "StreamStudio"
+        return f"ndi://{name[:64]}"
+    raise StreamStudioError(f"unknown output kind {kind!r}; use file, rtmp, hls or ndi")
 
 
 # ---------------------------------------------------------------------- the app
@@ -520,11 +524,12 @@ class T2IControl:
 
 
 def _output_tab(manager: SessionManager, webrtc, output_dir: Path, limits: OutputLimits) -> None:
-    gr.Markdown("Push the Live tab's output to an RTMP server or HLS, or record it to a file on the server "
+    gr.Markdown("Push the Live tab's output to an RTMP server or HLS, send it as an NDI source (TouchDesigner, "
+                "OBS, vMix, Resolume on the network see it by name), or record it to a file on the server "
                 f"(files go to the server's output folder, `{output_dir}`). Start the Live tab first.")
     with gr.Row():
-        kind = gr.Radio(["file", "rtmp", "hls"], value="file", label="Output")
-        target = gr.Textbox(label="File name, RTMP URL or HLS stream name", value="recording.mp4")
+        kind = gr.Radio(["file", "rtmp", "hls", "ndi"], value="file", label="Output")
+        target = gr.Textbox(label="File name, RTMP URL, HLS stream name or NDI source name", value="recording.mp4")
         fps = gr.Slider(5, 60, value=30, step=1, label="Output fps")
     with gr.Row():
         start = gr.Button("Start", variant="primary")
