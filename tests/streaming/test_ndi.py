@@ -120,3 +120,37 @@ def test_a_missing_source_says_what_it_saw():
     with pytest.raises(StreamStudioError, match="no NDI source 'nobody-here' within 1 s"):
         NdiSource("ndi://nobody-here", find_timeout=1)
     assert time.monotonic() - t0 < 5
+
+
+def test_serve_and_render_take_an_ndi_source(tmp_path):
+    """`serve --input ndi://NAME --input-stream cam` streams an NDI sender through the model as
+    the stream `cam` (started before the sender exists: it is looked for again); `render --input
+    ndi://NAME` records it to a file."""
+    import av
+    from live_server import start
+
+    name = f"streamstudio-in-{secrets.token_hex(3)}"
+    server = start("--input", f"ndi://{name}", "--input-stream", "cam")
+    sender = None
+    try:
+        time.sleep(1.0)  # the feed is looking already
+        sender = Sender(f"ndi://{name}")
+        deadline = time.monotonic() + 60
+        while (session := server.manager.get("cam")) is None or session.processed < 5:
+            assert time.monotonic() < deadline, "the NDI input never reached the model"
+            time.sleep(0.1)
+        assert session.error is None and server.app.state.feed.frames >= 5
+    finally:
+        server.close()
+    try:
+        from streamstudio.app.cli import main
+
+        out = tmp_path / "ndi.mp4"
+        assert main(["render", "--model", "tiny", "--input", f"ndi://{name}", "--max-frames", "12", "--width", "64",
+                     "--height", "48", "--steps", "1", "--output", str(out)]) == 0
+        with av.open(str(out)) as c:
+            frames = list(c.decode(video=0))
+        assert len(frames) >= 5 and (frames[0].width, frames[0].height) == (64, 48)  # (a live input drops some)
+    finally:
+        if sender is not None:
+            sender.close()

@@ -86,6 +86,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "per minute (default 20)")
     p.add_argument("--osc-port", type=number(int, 1, 65535), default=None,
                    help="take OSC control messages on this UDP port (default: off)")
+    p.add_argument("--input", default=None, metavar="SOURCE",
+                   help="a live source the server streams itself (ndi://NAME, webcam:N, rtmp://..., srt://..., "
+                        "pattern): a stream like a WHIP publisher's, named by --input-stream, for WHEP viewers, "
+                        "the Live outputs and OSC; reopened when it stops (default: none)")
+    p.add_argument("--input-stream", default="input", metavar="NAME",
+                   help="the stream name --input feeds (default input)")
     p.add_argument("--osc-feedback", type=host_port, default=None, metavar="HOST:PORT",
                    help="send every running stream's state (fps, latency, prompt, settings) to this OSC "
                         "target twice a second, from the --osc-port (default: off; queries are answered "
@@ -229,20 +235,76 @@ def build_app(args, model=None):
     app.state.manager = manager
     app.state.osc = None
     check_osc(args)
+    if getattr(args, "input", None):
+        from streamstudio.streaming.sources import source_kind
+
+        source_kind(args.input)  # before the model loads
     if getattr(args, "osc_port", None) is not None:
         from streamstudio.app.web.osc import OscControl
 
         app.state.osc = OscControl(manager, args.osc_port, args.osc_host,
                                    feedback=getattr(args, "osc_feedback", None))
+    app.state.feed = None
+    if getattr(args, "input", None):
+        app.state.feed = InputFeed(manager, args.input, args.input_stream)
     return app, manager
 
 
+class InputFeed:
+    """`serve --input`: a live source the server reads in a thread of its own into the stream
+    `name` (as a WHIP publisher feeds one); a source that stops, or cannot be opened yet (an NDI
+    sender not started), is tried again every RETRY_S seconds until the server stops."""
+
+    RETRY_S = 2.0
+
+    def __init__(self, manager, spec: str, name: str):
+        from streamstudio.app.web.webrtc import WEBRTC_ID
+        from streamstudio.streaming.sources import source_kind
+
+        if not WEBRTC_ID.fullmatch(name):
+            raise StreamStudioError("--input-stream must be 1 to 64 letters, digits, '-' or '_'")
+        source_kind(spec)  # a spec that cannot be opened says so now
+        self.manager, self.spec, self.name = manager, spec, name
+        self.frames = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="serve-input", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from streamstudio.streaming.sources import open_source
+
+        log = logging.getLogger(__name__)
+        while not self._stop.is_set():
+            try:
+                with open_source(self.spec) as source:
+                    log.info("--input %s feeds the stream %r", source.info.description or self.spec, self.name)
+                    session = self.manager.open(self.name)
+                    for frame in source.frames():
+                        if self._stop.is_set() or session.closed:
+                            break
+                        session.submit(frame.image)
+                        self.frames += 1
+            except StreamStudioError as exc:  # not there yet, gone, or every slot busy: said, tried again
+                log.warning("--input %s: %s; trying again in %.0f s", self.spec, exc, self.RETRY_S)
+            except Exception:  # noqa: BLE001 - a bug: its traceback, and the server goes on
+                log.exception("--input %s failed", self.spec)
+            self._stop.wait(self.RETRY_S)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
 def close_extras(app) -> None:
-    """Stop what build_app started beside the HTTP server (the OSC port)."""
+    """Stop what build_app started beside the HTTP server (the OSC port, the --input feed)."""
     osc = getattr(app.state, "osc", None)
     if osc is not None:
         osc.close()
         app.state.osc = None
+    feed = getattr(app.state, "feed", None)
+    if feed is not None:
+        feed.close()
+        app.state.feed = None
 
 
 @dataclass
