@@ -7,29 +7,24 @@ its NDI plugin, vMix, Resolume), through `ndi-python` (an optional extra: pip in
     ndi://NAME?ips=A,B         also look for sources at these addresses (where multicast
                                discovery does not reach: other subnets, containers)
 
-`NdiSource` receives a sender's video (RGBX, as the runtime converts it) and yields RGB frames
-timed by the sender's timecodes (from the first frame's); `NdiSink` sends RGB frames as an NDI source (RGBX), each with
-its pts as the NDI timecode (100 ns units). Discovery on this machine also asks 127.0.0.1, so a
+`NdiReceiver` takes a sender's video (RGBX, as the runtime converts it) as RGB frames with the
+sender's timecodes; `NdiSender` sends RGB frames as an NDI source (RGBX), each with its time as
+the NDI timecode (100 ns units). The frame API over them: `streaming.sources.NdiSource` and
+`streaming.sinks.NdiSink` (this module imports neither). Discovery also asks 127.0.0.1, so a
 sender and a receiver on one machine find each other without multicast.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from urllib.parse import parse_qs, urlparse
 
 import numpy as np
 
 from streamstudio.errors import StreamStudioError
-from streamstudio.frames import fit
-from streamstudio.streaming.sinks import Sink
-from streamstudio.streaming.sources import MAX_SIDE, Source, SourceInfo, VideoFrame, to_rgb_frame
 
 FIND_TIMEOUT = 10.0  # seconds a source is looked for
 FIND_ROUND = 2.0  # seconds one finder looks before a new one asks the addresses again
-FIRST_FRAME_TIMEOUT = 10.0  # seconds for a found source's first frame (its size)
-FRAME_TIMEOUT = 5.0  # seconds without a frame before a source is said to have stopped
 TICKS = 10_000_000  # NDI times are in 100 ns units
 
 
@@ -92,14 +87,13 @@ def find_source(name: str, ips: list[str] | None = None, timeout: float = FIND_T
                             "(on another subnet: ndi://NAME?ips=ADDRESS)")
 
 
-class NdiSource(Source):
-    """The video of an NDI source, live: RGB frames as they come, pts from the sender's timestamps."""
+class NdiReceiver:
+    """A connection to the NDI source named by an ndi:// spec: `next(timeout)` gives its next
+    video frame as (RGB (H, W, 3) uint8, the sender's timecode in seconds, its frame rate)."""
 
-    def __init__(self, spec: str, max_side: int = MAX_SIDE, find_timeout: float = FIND_TIMEOUT):
-        super().__init__()
+    def __init__(self, spec: str, find_timeout: float = FIND_TIMEOUT):
         self._ndi = ndi = _ndi()
         name, ips = parse_ndi(spec)
-        self.max_side, self.spec = max_side, spec
         source = find_source(name, ips, find_timeout)
         settings = ndi.RecvCreateV3()
         settings.color_format = ndi.RECV_COLOR_FORMAT_RGBX_RGBA
@@ -109,25 +103,17 @@ class NdiSource(Source):
             raise StreamStudioError(f"the NDI runtime could not make a receiver for {source.ndi_name!r}")
         ndi.recv_connect(self._recv, source)
         self.name = source.ndi_name
-        first = self._next(FIRST_FRAME_TIMEOUT)
-        if first is None:
-            self.close()
-            raise StreamStudioError(f"the NDI source {self.name!r} sent no video within {FIRST_FRAME_TIMEOUT:.0f} s")
-        self._first = first
-        h, w = first[0].shape[:2]
-        fps = first[2] or 30.0
-        self.info = SourceInfo(width=w, height=h, fps=fps, live=True, description=f"ndi://{self.name}")
 
-    def _next(self, timeout: float) -> tuple[np.ndarray, float | None, float | None] | None:
-        """(RGB frame, timestamp s or None, frame rate) of the next video frame, None after `timeout`."""
+    def next(self, timeout: float) -> tuple[np.ndarray, float, float | None] | None:
+        """The next video frame, None after `timeout` s without one (audio and metadata dropped)."""
         ndi = self._ndi
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             kind, video, audio, meta = ndi.recv_capture_v2(self._recv, 200)
             if kind == ndi.FRAME_TYPE_VIDEO:
                 try:
-                    rgb = to_rgb_frame(np.ascontiguousarray(video.data[:, :, :3]), self.max_side)
-                    t = video.timecode / TICKS  # the sender's own time of the frame (NdiSink: its pts)
+                    rgb = np.ascontiguousarray(video.data[:, :, :3])
+                    t = video.timecode / TICKS  # the sender's own time of the frame (NdiSender: its pts)
                     fps = video.frame_rate_N / video.frame_rate_D if video.frame_rate_D else None
                 finally:
                     ndi.recv_free_video_v2(self._recv, video)
@@ -138,31 +124,16 @@ class NdiSource(Source):
                 ndi.recv_free_metadata(self._recv, meta)
         return None
 
-    def frames(self) -> Iterator[VideoFrame]:
-        item, index, start, t0 = self._first, 0, time.monotonic(), None
-        while item is not None:
-            rgb, stamp, _ = item
-            if stamp is not None:
-                t0 = stamp if t0 is None else t0
-                pts = stamp - t0
-            else:
-                pts = time.monotonic() - start
-            yield VideoFrame(rgb, pts, index)
-            index += 1
-            item = self._next(FRAME_TIMEOUT)
-        self.warnings.append(f"the NDI source {self.name!r} sent no frame for {FRAME_TIMEOUT:.0f} s")
-
     def close(self) -> None:
-        if getattr(self, "_recv", None) is not None:
+        if self._recv is not None:
             self._ndi.recv_destroy(self._recv)
             self._recv = None
 
 
-class NdiSink(Sink):
-    """Frames out as an NDI source called NAME (others see "HOST (NAME)")."""
+class NdiSender:
+    """An NDI source called NAME (others see "HOST (NAME)"): `send(rgb, seconds)`."""
 
-    def __init__(self, spec: str, width: int, height: int, fps: float):
-        super().__init__(spec, width, height, fps)
+    def __init__(self, spec: str, fps: float):
         self._ndi = ndi = _ndi()
         name, _ = parse_ndi(spec)
         settings = ndi.SendCreate()
@@ -174,18 +145,19 @@ class NdiSink(Sink):
         self.name = name
         self._frame = ndi.VideoFrameV2()
         self._frame.FourCC = ndi.FOURCC_VIDEO_TYPE_RGBX
-        rate = float(fps)
-        self._frame.frame_rate_N, self._frame.frame_rate_D = (int(round(rate * 1000)), 1000)
-        self._rgbx = np.full((height, width, 4), 255, np.uint8)
+        self._frame.frame_rate_N, self._frame.frame_rate_D = int(round(float(fps) * 1000)), 1000
+        self._rgbx: np.ndarray | None = None
 
-    def write(self, frame: np.ndarray, pts: float | None = None) -> None:
-        self._rgbx[:, :, :3] = fit(frame, self.width, self.height)
+    def send(self, rgb: np.ndarray, seconds: float | None = None) -> None:
+        h, w = rgb.shape[:2]
+        if self._rgbx is None or self._rgbx.shape[:2] != (h, w):
+            self._rgbx = np.full((h, w, 4), 255, np.uint8)
+        self._rgbx[:, :, :3] = rgb
         self._frame.data = self._rgbx
-        self._frame.timecode = self._ndi.SEND_TIMECODE_SYNTHESIZE if pts is None else int(round(pts * TICKS))
+        self._frame.timecode = self._ndi.SEND_TIMECODE_SYNTHESIZE if seconds is None else int(round(seconds * TICKS))
         self._ndi.send_send_video_v2(self._send, self._frame)
-        self.status.frames_written += 1
 
     def close(self) -> None:
-        if not self.status.closed:
-            self.status.closed = True
+        if self._send is not None:
             self._ndi.send_destroy(self._send)
+            self._send = None

@@ -618,6 +618,27 @@ class VirtualCameraSink(Sink):
             self._cam.close()
 
 
+class NdiSink(Sink):
+    """Frames out as an NDI source (ndi://NAME, `streaming/ndi.py`), each frame's pts as its NDI
+    timecode."""
+
+    def __init__(self, spec: str, width: int, height: int, fps: float):
+        super().__init__(spec, width, height, fps)
+        from streamstudio.streaming.ndi import NdiSender
+
+        self._sender = NdiSender(spec, fps)
+        self.name = self._sender.name
+
+    def write(self, frame: np.ndarray, pts: float | None = None) -> None:
+        self._sender.send(fit(frame, self.width, self.height), pts)
+        self.status.frames_written += 1
+
+    def close(self) -> None:
+        if not self.status.closed:
+            self.status.closed = True
+            self._sender.close()
+
+
 # ---------------------------------------------------------------------------- spec parsing
 def sink_kind(spec: str) -> str:
     """What `open_sink` opens for `spec`, said without opening anything (the CLI checks an
@@ -678,8 +699,6 @@ def open_sink(spec: str, width: int, height: int, fps: float, audio_from: AudioT
     if kind == "virtualcam":
         return VirtualCameraSink(width, height, fps, device=spec.split(":", 1)[1] if ":" in spec else None)
     if kind == "ndi":
-        from streamstudio.streaming.ndi import NdiSink
-
         return NdiSink(spec, width, height, fps)
     if kind == "null":
         return NullSink(spec, width, height, fps)

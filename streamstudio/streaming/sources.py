@@ -586,6 +586,44 @@ class ScreenSource(Source):
         self._sct.close()
 
 
+class NdiSource(Source):
+    """The video of an NDI source (ndi://NAME, `streaming/ndi.py`), live: RGB frames as they come,
+    pts from the sender's timecodes (the first frame's at 0)."""
+
+    FIRST_FRAME_TIMEOUT = 10.0  # seconds for a found source's first frame (its size)
+    FRAME_TIMEOUT = 5.0  # seconds without a frame before the source is said to have stopped
+
+    def __init__(self, spec: str, max_side: int = MAX_SIDE, find_timeout: float | None = None):
+        super().__init__()
+        from streamstudio.streaming.ndi import FIND_TIMEOUT, NdiReceiver
+
+        self.max_side = max_side
+        self._recv = NdiReceiver(spec, FIND_TIMEOUT if find_timeout is None else find_timeout)
+        self.name = self._recv.name
+        self._first = self._recv.next(self.FIRST_FRAME_TIMEOUT)
+        if self._first is None:
+            self.close()
+            raise StreamStudioError(f"the NDI source {self.name!r} sent no video within "
+                                    f"{self.FIRST_FRAME_TIMEOUT:.0f} s")
+        h, w = self._first[0].shape[:2]
+        w, h = scaled_size(w, h, max_side)
+        self.info = SourceInfo(width=w, height=h, fps=self._first[2] or DEFAULT_FPS, live=True,
+                               description=f"ndi://{self.name}")
+
+    def frames(self) -> Iterator[VideoFrame]:
+        item, index, t0 = self._first, 0, None
+        while item is not None:
+            rgb, stamp, _ = item
+            t0 = stamp if t0 is None else t0
+            yield VideoFrame(to_rgb_frame(rgb, self.max_side), stamp - t0, index)
+            index += 1
+            item = self._recv.next(self.FRAME_TIMEOUT)
+        self.warnings.append(f"the NDI source {self.name!r} sent no frame for {self.FRAME_TIMEOUT:.0f} s")
+
+    def close(self) -> None:
+        self._recv.close()
+
+
 # ---------------------------------------------------------------------------- spec parsing
 _PATTERN = re.compile(r"^pattern(?::(\d+)x(\d+))?(?:@(\d+(?:\.\d+)?))?$")
 
@@ -639,8 +677,6 @@ def open_source(spec: str, fps: float | None = None, max_side: int = MAX_SIDE, r
     if kind == "stream":
         return VideoFileSource(spec, max_side=max_side, live=True)
     if kind == "ndi":
-        from streamstudio.streaming.ndi import NdiSource
-
         return NdiSource(spec, max_side=max_side)
     path = Path(spec).expanduser()
     if kind == "images":

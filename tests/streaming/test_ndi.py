@@ -93,7 +93,7 @@ def first_index(image: np.ndarray) -> int:
 def test_render_sends_to_ndi(tmp_path):
     """`render --output ndi://NAME` makes an NDI source others receive at the render's size."""
     from streamstudio.app.cli import main
-    from streamstudio.streaming.ndi import NdiSource
+    from streamstudio.streaming.sources import NdiSource
 
     name = f"streamstudio-render-{secrets.token_hex(3)}"
     got: list = []
@@ -114,7 +114,7 @@ def test_render_sends_to_ndi(tmp_path):
 
 
 def test_a_missing_source_says_what_it_saw():
-    from streamstudio.streaming.ndi import NdiSource
+    from streamstudio.streaming.sources import NdiSource
 
     t0 = time.monotonic()
     with pytest.raises(StreamStudioError, match="no NDI source 'nobody-here' within 1 s"):

@@ -166,7 +166,7 @@ def test_live_output_as_an_ndi_source_is_received_by_name(manager, live, tmp_pat
     pytest.importorskip("NDIlib")
     import secrets
 
-    from streamstudio.streaming.ndi import NdiSource
+    from streamstudio.streaming.sources import NdiSource
 
     session = manager.get(live)
     outputs: dict = {}
