@@ -599,8 +599,9 @@ class WhipServer:
         answer = pc.localDescription.sdp
         res.etag = _etag(answer)
         if old is not None:  # the stream goes on: its session, settings and viewers stay
-            old.session = None
-            await self.end(old, "replaced by a new publisher on the same stream")
+            for stale in [r for r in self.resources.values() if r.kind == "whip" and r.sid == sid]:
+                stale.session = None  # (also one that replaced `old` meanwhile: the newest POST wins)
+                await self.end(stale, "replaced by a new publisher on the same stream")
         self.resources[res.rid] = res
         pc.on("connectionstatechange", lambda: self._on_state(res))
         res.tasks.append(asyncio.ensure_future(self._watch(res)))
