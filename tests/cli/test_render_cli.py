@@ -305,3 +305,15 @@ def test_render_without_a_size_keeps_the_inputs_aspect(tmp_path):
     Image.fromarray(np.full((36, 64, 3), 90, np.uint8)).save(tmp_path / "in" / "0.png")  # 16:9
     assert render("--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), *TINY) == 0
     assert Image.open(tmp_path / "out" / "frame_000000.png").size == (64, 40)  # 64 x 36 -> a multiple of 8
+
+
+def test_frames_is_refused_for_the_image_pipeline(tmp_path, capsys):
+    """`render --frames N` is the video pipeline's flag; the image pipeline ignored it and ran a
+    live input until stopped. It is now an error that names --max-frames, before a model loads."""
+    from streamstudio.app.cli import main
+
+    assert main(["render", "--model", "tiny", "--input", "pattern:64x48@30", "--frames", "10",
+                 "--output", str(tmp_path / "out.mp4")]) == 1
+    err = capsys.readouterr().err
+    assert "--frames is the video pipeline's" in err and "--max-frames" in err
+    assert not (tmp_path / "out.mp4").exists()

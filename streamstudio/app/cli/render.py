@@ -182,6 +182,9 @@ def _check_args(args) -> None:
         raise StreamStudioError("--output is required (a video file, a folder, rtmp://... or hls:DIR)")
     if args.max_frames is not None and args.max_frames < 1:
         raise StreamStudioError("--max-frames must be at least 1")
+    if args.pipeline == "image" and getattr(args, "frames", None) is not None:  # (it was ignored without a word)
+        raise StreamStudioError("--frames is the video pipeline's (frames of text-to-video); the image pipeline "
+                                "stops after --max-frames N")
     if args.fps is not None and args.fps <= 0:
         raise StreamStudioError("--fps must be positive")
     if getattr(args, "rtmp_timeout", None) is not None and args.rtmp_timeout <= 0:
