@@ -7,16 +7,20 @@ RFC clients written here (test_whip_whep.py) stay; this checks that what a brows
 from __future__ import annotations
 
 import contextlib
-import http.server
 import shutil
+import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import pytest
 from live_server import SIZE, start
-from rtmp_server import free_port
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+if str(BENCHMARKS) not in sys.path:
+    sys.path.insert(0, str(BENCHMARKS))
+import glass_to_glass  # noqa: E402  (the page origin and the pages' offer steps, shared with the benchmark)
+from glass_to_glass import SIGNAL_JS  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -25,22 +29,6 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
 TOKEN = "browser-token"
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (apt-get install chromium)")
-
-# The offer as a web page makes it (RFC 9725 4.2): every candidate gathered (3 s at most), POSTed
-# with the token, the 201's answer applied; a refusal returns {status, body}.
-SIGNAL_JS = """
-  await pc.setLocalDescription(await pc.createOffer());
-  await new Promise(done => {
-    if (pc.iceGatheringState === 'complete') return done();
-    pc.addEventListener('icegatheringstatechange', () => pc.iceGatheringState === 'complete' && done());
-    setTimeout(done, 3000);
-  });
-  const res = await fetch(url, {method: 'POST', body: pc.localDescription.sdp,
-                                headers: {'Content-Type': 'application/sdp', 'Authorization': 'Bearer ' + token}});
-  const text = await res.text();
-  if (res.status !== 201) return {status: res.status, body: text};
-  await pc.setRemoteDescription({type: 'answer', sdp: text});
-"""
 
 # A WHIP publisher as a web page writes one: the fake camera at 320x240.
 PUBLISH_JS = """async ([url, token]) => {
@@ -95,25 +83,8 @@ def server():
 @pytest.fixture(scope="module")
 def page_origin():
     """An empty page on another port of 127.0.0.1: another origin than the server's."""
-
-    class Blank(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = b"<!doctype html><title>studio client</title><body></body>"
-            self.send_response(200)
-            self.send_header("Content-Type", "text/html")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Blank)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/"
-    httpd.shutdown()
-    httpd.server_close()
+    with glass_to_glass.page_origin() as origin:
+        yield origin
 
 
 @contextlib.contextmanager
