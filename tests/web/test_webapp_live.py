@@ -28,6 +28,12 @@ def test_client_gets_processed_frames(server):
         client, got = await connected(server.url, "a cat")
         session = lambda: server.manager.get(client.webrtc_id)  # noqa: E731
         await wait_for(lambda: len(got.processed()) >= 5 and session() is not None and session().processed >= 5)
+        # the client's video is decoded at each frame's marker packet (app/web/rtp_receive.py)
+        from streamstudio.app.web.rtp_receive import MarkerJitterBuffer
+
+        pc = server.app.state.studio_stream.pcs[client.webrtc_id]
+        buffers = [t.receiver._RTCRtpReceiver__jitter_buffer for t in pc.getTransceivers() if t.receiver.track]
+        assert any(isinstance(b, MarkerJitterBuffer) and b.early >= 3 for b in buffers), buffers
         stats = await client.stats()
         async with httpx.AsyncClient() as http:
             status = (await http.get(f"{server.url}/studio/status")).json()

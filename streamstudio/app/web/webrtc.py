@@ -266,7 +266,9 @@ class GuardedOffers:
                 "message": manager.busy_message()}})
         try:
             with ice.scoped(self.ice_addresses):
-                return await answer()
+                result = await answer()
+            receive_video_without_delay(self.pcs.get(webrtc_id))
+            return result
         except (ValueError, InvalidStateError, InvalidAccessError) as exc:  # aiortc refused it
             await self.free(webrtc_id, self.pcs.get(webrtc_id))
             return OfferRefused("offer_refused", f"the offer was refused: {str(exc)[:200]}").response()
@@ -359,6 +361,17 @@ def build_stream(manager: SessionManager, rtc_config: dict | None = None, host: 
                           concurrency_limit=manager.max_streams, rtc_configuration=rtc_config,
                           server_rtc_configuration=rtc_config, verbose=False)
     return stream.guard(manager, host, pending_timeout)
+
+
+def receive_video_without_delay(pc) -> None:
+    """The incoming video of a page's or client's connection decoded at each frame's last packet
+    (`rtp_receive.MarkerJitterBuffer`), before its media flow (the answer has just been made)."""
+    from streamstudio.app.web.rtp_receive import receive_without_delay
+
+    for transceiver in pc.getTransceivers() if pc is not None else ():
+        track = transceiver.receiver.track if transceiver.receiver is not None else None
+        if track is not None and track.kind == "video":
+            receive_without_delay(pc, track)
 
 
 def page_session() -> str | None:
