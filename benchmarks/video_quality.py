@@ -23,6 +23,8 @@ The same measures on the training data's own clips (`--data`) are the reference.
     python3 benchmarks/video_quality.py --data            # the metrics on the data itself
     python3 benchmarks/video_quality.py --subset 4        # a quick look: 4 prompts x 1 seed
 
+    python3 benchmarks/video_quality.py --seeds 2 3 4 5 6 7 8 9   # held-out seeds: the spread
+
 Each run is stored under its label in benchmarks/results/video_quality.json (other labels kept)
 and printed as a table against the targets. One render of 32 frames takes a few seconds on one
 CPU thread.
@@ -72,6 +74,7 @@ class VideoMeasure:
     across: float  # mean |px/frame| across it
     backwards: float  # share of steps against the prompt
     vanished: int  # frames without the object
+    vanished_at: list[int]  # their indices (0 = the first frame out)
     area_cv: float
     boundary_jumps: list[float]  # centroid jumps (px) across chunk boundaries
     inner_jumps: list[float]  # centroid jumps inside chunks
@@ -131,7 +134,7 @@ def measure_video(frames: list[np.ndarray], prompt: str, seed: int, chunk_size: 
         direction_ok=bool(along) and mean_along >= MIN_SPEED and mean_along > mean_across,
         along=mean_along, across=mean_across,
         backwards=float(np.mean(np.array(along) < 0)) if along else 1.0,
-        vanished=int((~present).sum()),
+        vanished=int((~present).sum()), vanished_at=[int(i) for i in np.flatnonzero(~present)],
         area_cv=float(area.std() / area.mean()) if area.mean() > 0 else float("inf"),
         boundary_jumps=bound, inner_jumps=inner,
         background_boundary=[float(b) for b in bg_bound], background_inner=[float(b) for b in bg_inner])
@@ -152,8 +155,20 @@ def summarize(videos: list[VideoMeasure], chunk_size: int) -> dict:
         by_dir.setdefault(name, [0, 0])
         by_dir[name][0] += int(v.direction_ok)
         by_dir[name][1] += 1
+    at: dict[int, int] = {}
+    for v in videos:
+        for i in v.vanished_at:
+            at[i] = at.get(i, 0) + 1
+    by_seed: dict[int, list[VideoMeasure]] = {}
+    for v in videos:
+        by_seed.setdefault(v.seed, []).append(v)
     return {
         "videos": len(videos),
+        "vanished_at_frame": {str(i): at[i] for i in sorted(at)},
+        "by_seed": {str(seed): {"direction": f"{sum(v.direction_ok for v in vs)}/{len(vs)}",
+                                "vanished_frames": sum(v.vanished for v in vs),
+                                "area_cv": round(float(np.mean([v.area_cv for v in vs])), 3)}
+                    for seed, vs in sorted(by_seed.items())},
         "direction": sum(v.direction_ok for v in videos),
         "direction_by_prompt": {k: f"{a}/{b}" for k, (a, b) in by_dir.items()},
         "speed_along_px_per_frame": float(np.mean([v.along for v in videos])),
@@ -170,11 +185,13 @@ def summarize(videos: list[VideoMeasure], chunk_size: int) -> dict:
     }
 
 
-def protocol(subset: int | None = None) -> list[tuple[str, int]]:
-    """(prompt, seed) pairs: all 44, or the first `subset` prompts with seed 0."""
+def protocol(subset: int | None = None, seeds: tuple[int, ...] | None = None) -> list[tuple[str, int]]:
+    """(prompt, seed) pairs: every prompt with each of `seeds` (default the protocol's two: 44), or
+    the first `subset` prompts with the first seed."""
+    seeds = tuple(seeds) if seeds else SEEDS
     if subset:
-        return [(p, SEEDS[0]) for p in PROMPTS[:subset]]
-    return [(p, s) for p in PROMPTS for s in SEEDS]
+        return [(p, seeds[0]) for p in PROMPTS[:subset]]
+    return [(p, s) for p in PROMPTS for s in seeds]
 
 
 def render_model(model, meta: dict, prompt: str, seed: int, layout: tuple[int, int, int],
@@ -254,6 +271,11 @@ def table(label: str, result: dict) -> str:
     lines = [f"{label}: {result['source']}, layout {result['layout']}, {n} videos x {FRAMES} frames, "
              f"{result['seconds']:.0f} s"]
     lines += [f"  {a:<{w0}}  {b:<{w1}}  target {c}" for a, b, c in rows]
+    if len(s.get("by_seed", {})) > 1:  # the spread over seeds
+        lines.append("  per seed: " + "; ".join(f"{k}: direction {v['direction']}, vanished {v['vanished_frames']}, "
+                                                 f"area CV {v['area_cv']:.3f}" for k, v in s["by_seed"].items()))
+    if s.get("vanished_at_frame"):
+        lines.append("  vanished frames by index: " + ", ".join(f"{k}: {v}" for k, v in s["vanished_at_frame"].items()))
     return "\n".join(lines)
 
 
@@ -265,12 +287,15 @@ def main(argv=None) -> int:
                         help="classifier-free guidance (default: the checkpoint's, else 1)")
     parser.add_argument("--data", action="store_true", help="measure the training data's clips instead of a model")
     parser.add_argument("--subset", type=int, default=None, help="only the first K prompts, seed 0 (quick)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None,
+                        help="seeds other than the protocol's 0 and 1 (held out: the model was not selected on "
+                             "them); the table adds each seed's figures and where frames vanish")
     parser.add_argument("--label", default=None, help="name of this run in the JSON (default from the source)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--output", default=str(RESULTS))
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    pairs = protocol(args.subset)
+    pairs = protocol(args.subset, args.seeds)
     start = time.perf_counter()
     if args.data:
         layout, source, guidance = (1, 1, 1), "training data (render_shape_clip)", 1.0
@@ -292,6 +317,8 @@ def main(argv=None) -> int:
                                                     + (f" g={guidance:g}" if guidance != 1.0 else ""))
     if args.subset:
         label += f" (subset {args.subset})"
+    if args.seeds:
+        label += " seeds " + ",".join(map(str, args.seeds))
     result = {"source": source, "layout": "N={} c={} s={}".format(*layout)
               + ("" if args.data or guidance == 1.0 else f" guidance {guidance:g}"), "seconds": seconds,
               "threads": args.threads, "summary": summarize(videos, layout[1]),

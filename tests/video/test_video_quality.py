@@ -34,6 +34,22 @@ def test_protocol_is_44_renders_of_the_training_vocabulary():
     assert {p.split()[4] for p, _ in pairs} == {"left", "right", "up", "down"}
     assert len({p.split()[1] for p, _ in pairs}) == 7 and len({p.split()[2] for p, _ in pairs}) == 3
     assert vq.protocol(3) == [(p, 0) for p in vq.PROMPTS[:3]]
+    held_out = vq.protocol(seeds=(7, 2024))  # the held-out seeds: every prompt with each
+    assert len(held_out) == 44 and {s for _, s in held_out} == {7, 2024}
+
+
+def test_vanished_frames_are_counted_where_they_are_and_per_seed():
+    """Blank frames 0, 1 and 5 of a clip: the summary says how many vanished at each frame index
+    (the start-up diagnosis) and gives each seed's figures (the spread over seeds)."""
+    clip = square_clip([(6 + i, 10) for i in range(8)])
+    for i in (0, 1, 5):
+        clip[i] = np.zeros_like(clip[i])
+    a = vq.measure_video(clip, "a white square moving right", 7, chunk_size=2)
+    b = vq.measure_video(square_clip([(6 + i, 10) for i in range(8)]), "a white square moving right", 11, 2)
+    assert a.vanished_at == [0, 1, 5] and b.vanished_at == []
+    summary = vq.summarize([a, b], chunk_size=2)
+    assert summary["vanished_at_frame"] == {"0": 1, "1": 1, "5": 1}
+    assert summary["by_seed"]["7"]["vanished_frames"] == 3 and summary["by_seed"]["11"]["vanished_frames"] == 0
 
 
 def test_the_training_data_meets_every_target():
