@@ -62,6 +62,16 @@ SIGNAL_JS = """
   await pc.setRemoteDescription({type: 'answer', sdp: text});
 """
 
+# A WHEP viewer's connection: a recvonly video transceiver, the stream shown in a <video>.
+VIEWER_JS = """
+  const pc = new RTCPeerConnection();
+  pc.addTransceiver('video', {direction: 'recvonly'});
+  const video = document.createElement('video');
+  video.muted = true; video.autoplay = true; video.playsInline = true;
+  document.body.appendChild(video);
+  pc.ontrack = event => { video.srcObject = new MediaStream([event.track]); };
+"""
+
 PUBLISH_JS = """async ([url, token, bits, blocks]) => {
   const canvas = document.createElement('canvas');
   canvas.width = 320; canvas.height = 240;
@@ -88,13 +98,7 @@ PUBLISH_JS = """async ([url, token, bits, blocks]) => {
 }"""
 
 WATCH_JS = """async ([url, token, bits, blocks]) => {
-  const pc = new RTCPeerConnection();
-  pc.addTransceiver('video', {direction: 'recvonly'});
-  const video = document.createElement('video');
-  video.muted = true; video.autoplay = true; video.playsInline = true;
-  document.body.appendChild(video);
-  pc.ontrack = event => { video.srcObject = new MediaStream([event.track]); };
-""" + SIGNAL_JS + """
+""" + VIEWER_JS + SIGNAL_JS + """
   const seen = [];  // [counter, presented at (ms), receive to presentation (ms)]
   const canvas = document.createElement('canvas');
   const g = canvas.getContext('2d', {willReadFrequently: true});

@@ -20,7 +20,7 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 if str(BENCHMARKS) not in sys.path:
     sys.path.insert(0, str(BENCHMARKS))
 import glass_to_glass  # noqa: E402  (the page origin and the pages' offer steps, shared with the benchmark)
-from glass_to_glass import SIGNAL_JS  # noqa: E402
+from glass_to_glass import SIGNAL_JS, VIEWER_JS  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -41,13 +41,7 @@ PUBLISH_JS = """async ([url, token]) => {
 
 # A WHEP viewer: a recvonly transceiver, the stream shown in a <video>.
 WATCH_JS = """async ([url, token]) => {
-  const pc = new RTCPeerConnection();
-  pc.addTransceiver('video', {direction: 'recvonly'});
-  const video = document.createElement('video');
-  video.muted = true; video.autoplay = true; video.playsInline = true;
-  document.body.appendChild(video);
-  pc.ontrack = event => { video.srcObject = new MediaStream([event.track]); };
-""" + SIGNAL_JS + """  window.studio = {pc, video, location: new URL(res.headers.get('Location'), url).href};
+""" + VIEWER_JS + SIGNAL_JS + """  window.studio = {pc, video, location: new URL(res.headers.get('Location'), url).href};
   return {status: res.status, location: res.headers.get('Location')};
 }"""
 

@@ -47,14 +47,16 @@ class MarkerJitterBuffer(JitterBuffer):
         return JitterFrame(data=b"".join(p._data for p in packets), timestamp=last.timestamp)
 
 
-def receive_without_delay(pc, track) -> bool:
-    """Give the receiver of `track` (a remote video track of `pc`, before media flows) a
-    MarkerJitterBuffer. False when aiortc's receiver has no such buffer (another aiortc)."""
-    for transceiver in pc.getTransceivers():
+def receive_video_without_delay(pc) -> int:
+    """Give every receiver of remote video on `pc` (once its remote description is set, before
+    media flow) a MarkerJitterBuffer; receivers that have one already, or whose aiortc keeps no
+    such buffer, are left as they are. Returns how many were given one."""
+    given = 0
+    for transceiver in pc.getTransceivers() if pc is not None else ():
         receiver = transceiver.receiver
-        if track is not None and receiver is not None and receiver.track is track and track.kind == "video":
-            if not isinstance(getattr(receiver, "_RTCRtpReceiver__jitter_buffer", None), JitterBuffer):
-                return False
+        track = receiver.track if receiver is not None else None
+        buffer = getattr(receiver, "_RTCRtpReceiver__jitter_buffer", None)
+        if track is not None and track.kind == "video" and type(buffer) is JitterBuffer:
             receiver._RTCRtpReceiver__jitter_buffer = MarkerJitterBuffer()
-            return True
-    return False
+            given += 1
+    return given

@@ -242,6 +242,7 @@ class GuardedOffers:
         from fastapi.responses import JSONResponse
 
         from streamstudio.app.web import ice
+        from streamstudio.app.web.rtp_receive import receive_video_without_delay
 
         manager = self.manager
         try:
@@ -267,7 +268,7 @@ class GuardedOffers:
         try:
             with ice.scoped(self.ice_addresses):
                 result = await answer()
-            receive_video_without_delay(self.pcs.get(webrtc_id))
+            receive_video_without_delay(self.pcs.get(webrtc_id))  # decoded at each frame's last packet
             return result
         except (ValueError, InvalidStateError, InvalidAccessError) as exc:  # aiortc refused it
             await self.free(webrtc_id, self.pcs.get(webrtc_id))
@@ -361,17 +362,6 @@ def build_stream(manager: SessionManager, rtc_config: dict | None = None, host: 
                           concurrency_limit=manager.max_streams, rtc_configuration=rtc_config,
                           server_rtc_configuration=rtc_config, verbose=False)
     return stream.guard(manager, host, pending_timeout)
-
-
-def receive_video_without_delay(pc) -> None:
-    """The incoming video of a page's or client's connection decoded at each frame's last packet
-    (`rtp_receive.MarkerJitterBuffer`), before its media flow (the answer has just been made)."""
-    from streamstudio.app.web.rtp_receive import receive_without_delay
-
-    for transceiver in pc.getTransceivers() if pc is not None else ():
-        track = transceiver.receiver.track if transceiver.receiver is not None else None
-        if track is not None and track.kind == "video":
-            receive_without_delay(pc, track)
 
 
 def page_session() -> str | None:

@@ -659,11 +659,11 @@ class WhipServer:
 
     # ------------------------------------------------------------------ WHIP: the publisher
     def _on_publisher_track(self, res: _Resource, track) -> None:
-        from streamstudio.app.web.rtp_receive import receive_without_delay
+        from streamstudio.app.web.rtp_receive import receive_video_without_delay
 
         res.tracks.append(track)
         if track.kind == "video":
-            receive_without_delay(res.pc, track)  # a frame decoded at its last packet, not a frame later
+            receive_video_without_delay(res.pc)  # a frame decoded at its last packet, not a frame later
         if track.kind == "video" and not any(t.kind == "video" for t in res.tracks[:-1]):
             res.tasks.append(asyncio.ensure_future(self._read_video(res, track)))
         elif track.kind == "audio" and not any(t.kind == "audio" for t in res.tracks[:-1]):
