@@ -43,6 +43,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="model replicas, one per GPU (cuda:0 .. N-1; with --device cpu, N CPU replicas), each with "
                         "its own batching and --max-streams streams; a new stream goes to the least-loaded one "
                         "(app/web/replicas.py)")
+    p.add_argument("--cluster", default=None, metavar="auto|local|ray://HOST:10001|HOST:6379",
+                   help="model replicas as Ray actors, one process each: one per GPU of the cluster (CPU nodes: "
+                        "--node-replicas); this server stays the one front end and moves a failed replica's "
+                        "streams to the others. local: a Ray on this machine; auto: $RAY_ADDRESS, else local "
+                        "(docs/cluster.md)")
+    p.add_argument("--node-replicas", type=number(int, 1, 64), default=1,
+                   help="with --cluster, CPU replicas on each node without GPUs (default 1)")
     p.add_argument("--idle-timeout", type=number(float, 0, 86400, low_open=True), default=20.0,
                    help="free a stream that sent no frame for this many seconds (default 20)")
     p.add_argument("--max-upload-size", default="20mb", help="largest upload accepted (default 20mb)")
@@ -203,7 +210,11 @@ def build_app(args, model=None):
     guard = guard_config(args)
     guard.self_auth_prefixes = ("/whip", "/whep")  # they take a bearer token (app/web/whip.py)
     rtc = webrtc.rtc_config_from_env()
-    if model is None and getattr(args, "gpus", 1) != 1:  # N replicas of the model (app/web/replicas.py)
+    if model is None and getattr(args, "cluster", None):  # replicas as Ray actors (app/web/ray_replicas.py)
+        from streamstudio.app.web.ray_replicas import build_manager
+
+        manager = build_manager(args)
+    elif model is None and getattr(args, "gpus", 1) != 1:  # N replicas of the model (app/web/replicas.py)
         from streamstudio.app.web.replicas import build_manager
 
         manager = build_manager(args)

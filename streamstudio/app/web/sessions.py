@@ -133,6 +133,11 @@ class ServerModel:
             return new_stream(self._stream_comps, replace(self.config, mode=mode, width=width, height=height),
                               prompt=self.prompt, negative_prompt=self.negative_prompt)
 
+    def processor(self, mode: str, sid: str) -> "StreamProcessor":
+        """The frame step of stream `sid` on this model (`serve --cluster`'s remote replicas
+        return one that runs in a Ray actor)."""
+        return StreamProcessor(self, mode, sid)
+
     def close(self) -> None:
         if self.executor is not None:
             self.executor.close()
@@ -290,6 +295,9 @@ class StreamProcessor:
         if self.pipe is None:
             self.pipe = self.model.build(self.mode, size)
 
+    def close(self) -> None:
+        """The stream ended: nothing to free here (its pipeline goes with the session)."""
+
     @property
     def stats(self):
         """The pipeline's similarity-filter counts (the runner's metrics read `skipped`)."""
@@ -364,7 +372,7 @@ class StreamSession:
         self._size: tuple[int, int] | None = model.size if mode == "txt2img" else None  # camera: the first frame's
         self._source = PushSource(width, height, maxsize=1, description=f"stream {sid}")
         self._view = NullSink("the page's view", width, height, DEFAULT_FPS)  # keeps the latest output
-        self.processor = StreamProcessor(model, mode, sid)
+        self.processor = model.processor(mode, sid)
         self.runner = Runner(self._source, self.processor, self._view, RunnerConfig(live=True, queue_size=1),
                              on_input=self._between_frames).start()
 
@@ -463,6 +471,7 @@ class StreamSession:
                 self.runner.wait(wait)
             except StreamStudioError:
                 pass  # a failure was logged when it happened
+        self.processor.close()
 
     def metrics(self):
         """The stream's `streaming.runner.RunMetrics`: frames in, processed, out, drops, latency."""
@@ -478,7 +487,8 @@ class StreamSession:
             "skip_rate": round(float(pipe.skip_rate), 3) if pipe is not None else 0.0,
             "frame_latency": pipe.latency_frames if pipe is not None else None,
             "frames_in": self._source.received, "processed": m.frames_out, "dropped": self._source.dropped + m.dropped,
-            "settings": _jsonable(self._applied), "error": self.error, "notice": self.notice,
+            "settings": _jsonable(self._applied), "error": self.error,
+            "notice": self.notice or getattr(self.processor, "notice", None),
             "batching": self._batching_stats(),
             **self._ip_stats(pipe),
         }

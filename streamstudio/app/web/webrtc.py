@@ -532,6 +532,8 @@ def status_payload(manager: SessionManager, stream=None) -> dict:
            "fps": round(sum(m.recent_fps for m in metrics), 2), "frames_out": sum(m.frames_out for m in metrics)}
     if stream is not None:
         out.update(peer_connections=len(stream.pcs), pending=len(stream.pending()), in_use=stream.slots_in_use())
+    if hasattr(manager, "stats"):  # serve --gpus / --cluster: every replica, its node, load and health
+        out["replicas"] = manager.stats()
     return out
 
 

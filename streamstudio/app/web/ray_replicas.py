@@ -1,0 +1,636 @@
+"""`serve --cluster`: model replicas as Ray actors (one process each), this server the one front end.
+
+The server keeps what it always had: the web app, WebRTC, WHIP/WHEP, OSC and every session's
+runner, settings and sinks. Only each stream's frame step (`StreamProcessor`) moves into a replica
+actor (`ReplicaActor`): the actor loads the model once, with its own cross-stream batching
+executor, and runs the steps of the streams placed on it. docs/cluster.md has the measurements that
+chose this shape (one front end, frames into the actors through Ray compiled graphs).
+
+- **Transport.** One channel per replica: a dispatcher thread (`RemoteReplica`) sends the requests
+  its streams made since the last round (open, settings, frames, close) as one batch and hands
+  each stream its reply. Through a Ray compiled graph (`ray.dag`: the actor's `step` bound once,
+  a shared-memory channel, no task per frame) when this process is a driver of the cluster; by
+  plain actor calls under Ray client (`ray://`), which compiled graphs do not support. Frames are
+  cut to the stream's aspect and resized to its size here, so no more than the model's input
+  crosses. The actor runs a batch's frames in threads, so its batching executor batches them as
+  in one process.
+- **Placement.** A new stream goes to the least-loaded healthy replica (`ReplicaSessionManager`);
+  the busy message comes only when every healthy replica is full (`--max-streams` per replica).
+- **Replicas.** One per GPU (`num_gpus=1`) on nodes with GPUs; `--node-replicas N` CPU replicas
+  on nodes without (each taking its share of the node's cores as torch threads), pinned to their
+  node. A watcher looks at the cluster every `WATCH_S` seconds: a node that joins gets its
+  replicas, a replica that died is started again where there is room.
+- **Faults.** A replica whose actor dies (a segfault, a CUDA abort, its node lost), that does not
+  answer within `STEP_TIMEOUT_S`, or whose network fails with an error that is not a user's, is
+  marked failed. Each of its streams moves to another healthy replica at its next frame: opened
+  there at the same size with every setting it had, the frame sent again, and a notice in its
+  stats saying so; only when no replica has room does the stream stop with the error. The other
+  replicas' streams never notice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import statistics
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from streamstudio.app.web.replicas import ReplicaSessionManager
+from streamstudio.app.web.sessions import ModelGuard, ServerModel, SessionManager, StreamProcessor
+from streamstudio.errors import StreamStudioError
+from streamstudio.frames import fit
+from streamstudio.models.hub import first_line
+
+log = logging.getLogger(__name__)
+
+# A replica that answers no round within this is failed. Deaths (the process, its node) are seen at
+# once (Ray's error, the watcher); this is for a replica that hangs, so it is long: a slow round of a
+# loaded CPU is not a hang.
+STEP_TIMEOUT_S = 60.0
+WATCH_S = 2.0  # how often the watcher looks for new nodes and dead replicas
+TRANSPORTS = ("compiled", "calls")
+
+
+# ---------------------------------------------------------------------------- in the actor
+class ReplicaActor:
+    """One model replica in its own process: the model loaded once (`ServerModel`, its own
+    batching executor) and the frame steps of the streams placed on it, by stream id."""
+
+    def __init__(self, settings: dict, threads: int | None = None):
+        import torch
+
+        from streamstudio.app.streams import batching_config, build_pipeline
+
+        if threads:
+            torch.set_num_threads(threads)
+        args = argparse.Namespace(**settings)
+        pipe = build_pipeline(args, "img2img", serving=True)
+        self.model = ServerModel(pipe.comps, pipe.config, prompt=args.prompt, negative_prompt=args.negative_prompt,
+                                 latency_probe=getattr(args, "latency_probe", False), batching=batching_config(args))
+        self.steps: dict[str, StreamProcessor] = {}
+        self.pool = ThreadPoolExecutor(max_workers=max(1, int(getattr(args, "max_streams", 4))),
+                                       thread_name_prefix="replica-stream")
+        self.device = str(pipe.comps.device) if hasattr(pipe.comps, "device") else str(args.device)
+
+    def info(self) -> dict:
+        """What the front end shows and needs: the process, its node, the model's description."""
+        import ray
+
+        context = ray.get_runtime_context()
+        model = self.model
+        return {"pid": os.getpid(), "node_id": context.get_node_id(), "node_ip": ray.util.get_node_ip_address(),
+                "device": self.device, "name": model.name, "demo": model.is_demo, "config": model.config,
+                "prompt": model.prompt, "negative_prompt": model.negative_prompt,
+                "fixed_shapes": bool(model._stream_comps.net.fixed_shapes)}
+
+    def step(self, batch: list[dict]) -> dict:
+        """One round: every request of `batch` (open, apply, frame, close; a stream's requests
+        in order), the frames run together. Returns {"replies": {sid: reply}, "batching": ...}."""
+        t0 = time.perf_counter()
+        replies: dict[str, dict] = {}
+        frames = []
+        for request in batch:
+            sid, op = request["sid"], request["op"]
+            try:
+                if op == "frame":
+                    if sid not in self.steps:
+                        raise StreamStudioError(f"stream {sid} is not open on this replica")
+                    # (a copy: the frame is read from the channel's buffer, which the next round reuses)
+                    frame = None if request["frame"] is None else np.array(request["frame"])
+                    frames.append((sid, self.pool.submit(self.steps[sid], frame)))
+                    continue
+                replies[sid] = self._control(sid, op, request)
+            except StreamStudioError as exc:
+                replies[sid] = {"error": str(exc)}
+            except Exception as exc:  # a bug: said in the replica's log, the stream stops
+                log.exception("stream %s: %s", sid, op)
+                replies[sid] = {"error": f"{op} failed on the replica ({_first_line(exc)})"}
+        for sid, future in frames:
+            replies[sid] = self._frame_reply(sid, future)
+        return {"replies": replies, "batching": self.model.batching_stats(), "streams": len(self.steps),
+                "step_ms": 1000 * (time.perf_counter() - t0)}
+
+    def _control(self, sid: str, op: str, request: dict) -> dict:
+        if op == "open":
+            step = self.steps[sid] = StreamProcessor(self.model, request["mode"], sid)
+            step.open(tuple(request["size"]))
+            if request.get("settings"):
+                step.apply(request["settings"])
+        elif op == "apply":
+            self.steps[sid].apply(request["changes"])
+        elif op == "close":
+            self.steps.pop(sid, None)
+        return {}
+
+    def _frame_reply(self, sid: str, future) -> dict:
+        try:
+            out = future.result()
+        except StreamStudioError as exc:
+            return {"error": str(exc)}
+        except Exception as exc:  # the replica's network: a device fault, out of memory, ...
+            log.exception("replica network failed")
+            return {"error": f"{type(exc).__name__}: {exc}", "replica_failed": True}
+        pipe = self.steps[sid].pipe
+        return {"frame": out, "skipped": pipe.stats.skipped, "skip_rate": float(pipe.skip_rate),
+                "latency_frames": pipe.latency_frames}
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+# ---------------------------------------------------------------------------- in the front end
+class _QuietTeardown(logging.Filter):
+    """Ray logs a traceback when a compiled graph's teardown cannot cancel the task of an actor
+    that has died: expected here (a failed replica's graph), so said once by `RemoteReplica.fail`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Error cancelling worker task")
+
+
+_ray_graph_log = logging.getLogger("ray.dag.compiled_dag_node")
+_ray_graph_log.setLevel(logging.WARNING)  # (a line per graph set up and torn down otherwise)
+_ray_graph_log.addFilter(_QuietTeardown())
+
+
+class ReplicaLost(Exception):
+    """The replica a request went to failed; the request was not answered."""
+
+
+@dataclass
+class RemoteReplica:
+    """The front end's handle on one replica actor, in the place `replicas.Replica` has in
+    `serve --gpus`: its index, sessions, failure, and the channel its streams' requests go through."""
+
+    index: int
+    actor: object
+    info: dict
+    transport: str = "compiled"
+    sessions: set[str] = field(default_factory=set)
+    failed: str | None = None
+    batching: dict | None = None
+    frames: int = 0
+
+    def __post_init__(self):
+        self.model = RemoteModel(self)
+        self.device, self.node = self.info["device"], self.info["node_ip"]
+        self._queue: list[tuple[dict, Future]] = []
+        self._wake = threading.Condition()
+        self._closed = False
+        self._graph = None
+        self.overheads: deque[float] = deque(maxlen=100)  # ms of each recent round not spent in the replica's step
+        self._thread = threading.Thread(target=self._loop, name=f"replica-{self.index}", daemon=True)
+        self._thread.start()
+
+    @property
+    def name(self) -> str:
+        return f"model replica {self.index} ({self.device} on {self.node})"
+
+    def call(self, request: dict, timeout: float = STEP_TIMEOUT_S + 5) -> dict:
+        """Send `request` in the next round and wait for its reply; ReplicaLost when the replica failed."""
+        future = self.send(request)
+        return future.result(timeout=timeout)
+
+    def send(self, request: dict) -> Future:
+        future: Future = Future()
+        with self._wake:
+            if self.failed is not None or self._closed:
+                future.set_exception(ReplicaLost(self.failed or f"{self.name} was shut down"))
+                return future
+            self._queue.append((request, future))
+            self._wake.notify()
+        return future
+
+    def fail(self, why: str) -> None:
+        """Mark the replica failed (once): every request waiting or sent later gets ReplicaLost."""
+        with self._wake:
+            if self.failed is not None:
+                return
+            self.failed = f"{self.name} failed ({why})"
+            waiting, self._queue = self._queue, []
+            self._wake.notify()
+        log.error("%s; its %d stream(s) move to the other replicas", self.failed, len(self.sessions))
+        for _, future in waiting:
+            future.set_exception(ReplicaLost(self.failed))
+
+    def close(self) -> None:
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        self._thread.join(timeout=5)
+        self._teardown(wait=True)
+
+    # ------------------------------------------------------------------ the dispatcher thread
+    def _loop(self) -> None:
+        try:
+            self._connect()
+        except Exception as exc:
+            self.fail(f"its channel could not be set up: {_first_line(exc)}")
+            return
+        while True:
+            with self._wake:
+                while not self._queue and not self._closed and self.failed is None:
+                    self._wake.wait()
+                if self._closed or self.failed is not None:
+                    return
+                batch, self._queue = self._queue, []
+            try:
+                t0 = time.perf_counter()
+                result = self._round([request for request, _ in batch])
+                self.overheads.append(1000 * (time.perf_counter() - t0) - result["step_ms"])
+            except Exception as exc:  # the actor died, its node was lost, the channel broke, a timeout
+                self.fail(_first_line(exc))
+                for _, future in batch:
+                    future.set_exception(ReplicaLost(self.failed))
+                self._teardown()
+                return
+            self.batching = result.get("batching")
+            for request, future in batch:
+                reply = dict(result["replies"].get(request["sid"], {}))
+                if reply.get("frame") is not None:  # (a copy: the channel's buffer is written again next round)
+                    reply["frame"] = np.array(reply["frame"])
+                if reply.get("replica_failed"):
+                    future.set_exception(ReplicaLost(f"{self.name} failed ({reply['error']})"))
+                    self.fail(reply["error"])
+                else:
+                    self.frames += request["op"] == "frame"
+                    future.set_result(reply)
+            del result  # frees the channel's buffer for the next round
+
+    def _connect(self) -> None:
+        """The compiled graph of the actor's `step` (made once, before the first round)."""
+        if self.transport == "compiled":
+            from ray.dag import InputNode
+
+            with InputNode() as inp:
+                dag = self.actor.step.bind(inp)
+            self._graph = dag.experimental_compile(_buffer_size_bytes=1 << 21)  # grows with larger rounds
+
+    def _round(self, batch: list[dict]) -> dict:
+        import ray
+
+        if self._graph is not None:
+            return ray.get(self._graph.execute(batch), timeout=STEP_TIMEOUT_S)
+        return ray.get(self.actor.step.remote(batch), timeout=STEP_TIMEOUT_S)
+
+    def _teardown(self, wait: bool = False) -> None:
+        """Free the graph's channels and the actor (after a failure in a thread of its own: a lost
+        node's teardown may wait)."""
+        graph, self._graph = self._graph, None
+
+        def free():
+            import ray
+
+            try:
+                if graph is not None:
+                    graph.teardown()
+                ray.kill(self.actor)
+            except Exception as exc:  # a dead actor: nothing left to free
+                log.debug("teardown of %s: %s", self.name, exc)
+
+        if wait:
+            free()
+        else:
+            threading.Thread(target=free, name=f"replica-{self.index}-teardown", daemon=True).start()
+
+    def stats(self) -> dict:
+        return {"replica": self.index, "device": self.device, "node": self.node, "node_id": self.info["node_id"],
+                "pid": self.info["pid"], "sessions": len(self.sessions), "frames": self.frames,
+                "healthy": self.failed is None, "failed": self.failed, "batching": self.batching,
+                "transport": self.transport, "overhead_ms": self.overhead_ms()}
+
+    def overhead_ms(self) -> float | None:
+        """The median time of the recent rounds not spent in the replica's step: the transport both
+        ways (the channel, serialisation; across machines, the network)."""
+        recent = list(self.overheads)
+        return round(statistics.median(recent), 3) if recent else None
+
+
+class RemoteModel:
+    """What the web app reads of a model (`ServerModel`'s description: name, size, defaults), for a
+    replica in another process; its streams' steps are `RemoteStreamProcessor`s. Model-wide
+    changes that need the weights in this process (LoRA scales, the Splats tab's own stream, an
+    IP-Adapter reference) are refused with a clear error."""
+
+    comps = None
+    executor = None
+    latency_probe = False
+
+    def __init__(self, replica: RemoteReplica):
+        self.replica, self.manager = replica, None  # the manager is set when the replica joins it
+        self.config = replica.info["config"]
+        self.name, self.is_demo = replica.info["name"], replica.info["demo"]
+        self.prompt, self.negative_prompt = replica.info["prompt"], replica.info["negative_prompt"]
+        self.guard = ModelGuard()
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return self.config.width, self.config.height
+
+    def stream_size(self, aspect: float | None) -> tuple[int, int]:
+        from streamstudio.app.streams.image import output_size
+
+        if aspect is None or self.replica.info["fixed_shapes"]:
+            return self.size
+        return output_size(None, None, max(self.size), aspect)
+
+    def processor(self, mode: str, sid: str) -> "RemoteStreamProcessor":
+        return RemoteStreamProcessor(self.manager, self.replica, mode, sid)
+
+    def build(self, *args, **kwargs):
+        raise StreamStudioError("with --cluster the model runs in the replicas, so this tab's stream is not "
+                                "available; serve without --cluster to use it")
+
+    def batching_stats(self) -> dict | None:
+        return self.replica.batching
+
+    def lora_listing(self) -> list:
+        return []
+
+    def set_lora_scales(self, scales: dict):
+        raise StreamStudioError("LoRA scales cannot be changed on a --cluster server (the replicas load them "
+                                "from --lora at start)")
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class _PipeState:
+    """What a session reads of its stream's pipeline, from the replica's last reply."""
+
+    skip_rate: float = 0.0
+    latency_frames: int | None = None
+    skipped: int = 0
+
+    @property
+    def stats(self):
+        return self
+
+
+class RemoteStreamProcessor:
+    """A stream's frame step run by a replica actor: the frame fitted to the stream's size here,
+    stepped there. Keeps every setting it applied, so that when its replica fails it opens the
+    stream again on another one (`ClusterSessionManager.move`) and goes on."""
+
+    def __init__(self, manager: "ClusterSessionManager", replica: RemoteReplica, mode: str, sid: str):
+        self.manager, self.replica, self.mode, self.sid = manager, replica, mode, sid
+        self.pipe: _PipeState | None = None
+        self.fit = "crop"
+        self.calls = None
+        self.notice: str | None = None
+        self._size: tuple[int, int] | None = None
+        self._settings: dict = {}
+
+    @property
+    def stats(self):
+        return self.pipe
+
+    def open(self, size: tuple[int, int]) -> None:
+        if self.pipe is None:
+            self._size = size
+            self._request({"op": "open", "mode": self.mode, "size": size, "settings": {}})
+            self.pipe = _PipeState()
+
+    def apply(self, changes: dict) -> None:
+        changes = dict(changes)
+        self.fit = changes.pop("fit", self.fit)
+        if self.mode == "txt2img":
+            changes.pop("strength", None)
+        if changes:
+            self._request({"op": "apply", "changes": changes})
+            self._settings.update(changes)
+
+    def __call__(self, frame: np.ndarray) -> np.ndarray:
+        width, height = self._size  # (txt2img: the frame only asks for the next image)
+        frame = None if self.mode == "txt2img" else fit(frame, width, height, self.fit)
+        reply = self._request({"op": "frame", "frame": frame})
+        self.pipe.skip_rate, self.pipe.skipped = reply["skip_rate"], reply["skipped"]
+        self.pipe.latency_frames = reply["latency_frames"]
+        return reply["frame"]
+
+    def close(self) -> None:
+        if self.pipe is not None:
+            self.replica.send({"sid": self.sid, "op": "close"})  # not waited for
+
+    def _request(self, request: dict) -> dict:
+        request["sid"] = self.sid
+        try:
+            reply = self.replica.call(request)
+        except ReplicaLost as exc:
+            self._move(str(exc))
+            reply = self.replica.call(request)  # (a second loss in a row stops the stream)
+        if "error" in reply:
+            raise StreamStudioError(reply["error"])
+        return reply
+
+    def _move(self, why: str) -> None:
+        """Open this stream on another healthy replica, with its size and settings."""
+        old = self.replica
+        self.replica = self.manager.move(self.sid, old, why)
+        if self.pipe is not None:
+            self.replica.call({"sid": self.sid, "op": "open", "mode": self.mode, "size": self._size,
+                               "settings": dict(self._settings)})
+        self.notice = f"{why}; the stream moved to {self.replica.name}"
+        log.warning("stream %s moved from %s to %s", self.sid, old.name, self.replica.name)
+
+
+class ClusterSessionManager(ReplicaSessionManager):
+    """Sessions over replica actors that come and go: least-loaded placement among the healthy
+    ones (`--max-streams` each), a failed replica's streams moved to the others, the cluster
+    watched for new nodes and dead replicas."""
+
+    def __init__(self, cluster: "RayReplicas", max_streams: int = 4, idle_timeout: float = 20.0,
+                 preset_ttl: float = 120.0):
+        self.cluster = cluster
+        replicas = cluster.start_wanted(wait=True)
+        if not replicas:
+            raise StreamStudioError(f"no model replica could start on the Ray cluster ({cluster.address})")
+        self._configured = self.per_replica = max_streams
+        self.replicas = list(replicas)
+        self._placed: dict[str, RemoteReplica] = {}
+        for replica in replicas:
+            replica.model.manager = self
+        SessionManager.__init__(self, replicas[0].model, max_streams=max_streams, idle_timeout=idle_timeout,
+                                preset_ttl=preset_ttl, owns_model=True)
+        self._watch = threading.Thread(target=self._watch_loop, name="replica-watcher", daemon=True)
+        self._watch.start()
+
+    @property
+    def max_streams(self) -> int:
+        """Every healthy replica's streams together."""
+        return self._configured * max(1, len(self._healthy()))
+
+    @max_streams.setter
+    def max_streams(self, value: int) -> None:  # (the base class sets it once)
+        pass
+
+    def _healthy(self) -> list[RemoteReplica]:
+        return [r for r in self.replicas if r.failed is None]
+
+    def busy_message(self) -> str:
+        if not self._healthy():
+            return ("StreamStudio cannot take live streams: no model replica is running on the cluster; it "
+                    "starts new ones as nodes join (see `ray status`)")
+        return super().busy_message()
+
+    def move(self, sid: str, old: RemoteReplica, why: str) -> RemoteReplica:
+        """Place stream `sid`, whose replica `old` failed, on another healthy replica with room."""
+        with self._lock:
+            old.sessions.discard(sid)
+            replica = self._pick()
+            if replica is None:
+                self._placed.pop(sid, None)
+                raise StreamStudioError(f"{why}; no other model replica has room, reconnect in a minute")
+            replica.sessions.add(sid)
+            self._placed[sid] = replica
+            return replica
+
+    def _watch_loop(self) -> None:
+        while not self._stop.wait(WATCH_S):
+            try:
+                for replica in self.cluster.check(self.replicas):
+                    replica.model.manager = self
+                    with self._lock:
+                        self.replicas.append(replica)
+                    log.info("%s joined (%d replica(s) healthy)", replica.name, len(self._healthy()))
+            except Exception:  # pragma: no cover - keep watching
+                log.exception("replica watcher")
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        for sid in self.ids():
+            self.close(sid)
+        for replica in self.replicas:
+            replica.close()
+        self.cluster.shutdown()
+
+    def stats(self) -> list[dict]:
+        return [r.stats() for r in self.replicas]
+
+
+class RayReplicas:
+    """The Ray side of `serve --cluster`: connecting, and starting replica actors where the
+    cluster has room for them (one per GPU; `node_replicas` on a node without GPUs)."""
+
+    def __init__(self, settings: dict, address: str | None, node_replicas: int = 1, transport: str | None = None,
+                 num_cpus: int | None = None):
+        import ray
+
+        self.ray = ray
+        self.started = False
+        if not ray.is_initialized():
+            if address:
+                ray.init(address=address, log_to_driver=False)
+            else:
+                ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+                self.started = True
+        self.address = address or "a local Ray"
+        self.settings, self.node_replicas = settings, node_replicas
+        client = address is not None and address.startswith("ray://")
+        self.transport = transport or ("calls" if client else "compiled")
+        if self.transport not in TRANSPORTS:
+            raise StreamStudioError(f"replica transport {self.transport!r}: use one of {', '.join(TRANSPORTS)}")
+        self._actor_class = ray.remote(ReplicaActor)
+        self._count = 0
+        self._starting: list[tuple[object, str, object]] = []  # (actor, node id, its info ref)
+
+    def _nodes(self) -> list[dict]:
+        return [n for n in self.ray.nodes() if n.get("Alive")]
+
+    def start_wanted(self, live: list[RemoteReplica] = (), wait: bool = False) -> list[RemoteReplica]:
+        """Start the replicas each live node should have and does not; with `wait`, return them
+        once loaded (else `check` picks them up when ready)."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        have: dict[str, int] = {}
+        for replica in live:
+            if replica.failed is None:
+                have[replica.info["node_id"]] = have.get(replica.info["node_id"], 0) + 1
+        for _, node_id, _ in self._starting:
+            have[node_id] = have.get(node_id, 0) + 1
+        for node in self._nodes():
+            gpus, cpus = int(node["Resources"].get("GPU", 0)), int(node["Resources"].get("CPU", 1))
+            want = gpus or self.node_replicas
+            for _ in range(want - have.get(node["NodeID"], 0)):
+                strategy = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+                if gpus:
+                    options, settings, threads = {"num_gpus": 1}, {**self.settings, "device": "cuda"}, None
+                else:  # a CPU replica: its share of the node's cores, as torch threads
+                    threads = max(1, cpus // want)
+                    options, settings = {"num_cpus": 0}, {**self.settings, "device": "cpu"}
+                actor = self._actor_class.options(max_restarts=0, scheduling_strategy=strategy,
+                                                  **options).remote(settings, threads)
+                self._starting.append((actor, node["NodeID"], actor.info.remote()))
+        if not wait:
+            return []
+        return self._ready(timeout=None)
+
+    def _ready(self, timeout: float | None) -> list[RemoteReplica]:
+        """The started replicas that have loaded their model (those that failed to are dropped, said once)."""
+        ready = []
+        refs = [ref for _, _, ref in self._starting]
+        if not refs:
+            return ready
+        done, _ = self.ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        for actor, node_id, ref in list(self._starting):
+            if ref not in done:
+                continue
+            self._starting.remove((actor, node_id, ref))
+            try:
+                info = self.ray.get(ref)
+            except Exception as exc:
+                log.error("a model replica on node %s did not start: %s", node_id[:8], _first_line(exc))
+                continue
+            ready.append(RemoteReplica(self._count, actor, info, self.transport))
+            self._count += 1
+        return ready
+
+    def check(self, replicas: list[RemoteReplica]) -> list[RemoteReplica]:
+        """The watcher's look: replicas on nodes that died are failed at once; nodes with fewer
+        replicas than they should have get new ones. Returns the replicas that became ready."""
+        alive = {n["NodeID"] for n in self._nodes()}
+        for replica in replicas:
+            if replica.failed is None and replica.info["node_id"] not in alive:
+                replica.fail("its node left the cluster")
+        self.start_wanted(replicas)
+        return self._ready(timeout=0)
+
+    def shutdown(self) -> None:
+        for actor, _, _ in self._starting:
+            self.ray.kill(actor)
+        if self.started:
+            self.ray.shutdown()
+
+
+def _first_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {first_line(exc)}"
+
+
+def build_manager(args) -> ClusterSessionManager:
+    """`serve --cluster auto|local|ray://HOST:10001|HOST:6379`: replicas on that cluster, the
+    sessions over them."""
+    choice = args.cluster
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise StreamStudioError("serve --cluster needs Ray: pip install 'streamstudio[ray]'") from None
+    if getattr(args, "gpus", 1) != 1:
+        raise StreamStudioError("--gpus and --cluster do not go together: with --cluster every GPU of the cluster "
+                                "gets a replica")
+    address = {"auto": os.environ.get("RAY_ADDRESS") or None, "local": None}.get(choice, choice)
+    # what the replicas need to load the model as this command would (argparse's callables stay here)
+    settings = {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool, list, tuple, type(None)))}
+    cluster = RayReplicas(settings, address, node_replicas=args.node_replicas,
+                          transport=os.environ.get("STREAMSTUDIO_REPLICA_TRANSPORT") or None)
+    try:
+        return ClusterSessionManager(cluster, max_streams=args.max_streams, idle_timeout=args.idle_timeout)
+    except BaseException:
+        cluster.shutdown()
+        raise

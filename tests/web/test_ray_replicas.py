@@ -1,0 +1,248 @@
+"""`serve --cluster` (app/web/ray_replicas.py): the model's replicas in Ray actors, two CPU actors of
+the tiny model on a local Ray here. The web app streams through them unchanged; their steps equal
+the in-process step; placement spreads streams and is busy only when every replica is full; a
+replica killed with SIGKILL moves its streams to the other and a new replica takes its place.
+The two-node test (slow) runs two Ray nodes on this machine and kills one."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+from helpers import frame
+from live_server import connected, run, wait_for
+from rtmp_server import free_port
+
+from streamstudio.app.web.sessions import BusyError
+from streamstudio.errors import StreamStudioError
+
+pytest.importorskip("ray")
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def server():
+    import live_server
+    from streamstudio.app.web import ray_replicas
+
+    watch, ray_replicas.WATCH_S = ray_replicas.WATCH_S, 0.5
+    server = live_server.start("--cluster", "local", "--node-replicas", "2", "--max-streams", "2", "--device", "cpu")
+    yield server
+    server.close()
+    ray_replicas.WATCH_S = watch
+    import ray
+
+    assert not ray.is_initialized()  # the local Ray this server started is gone with it
+
+
+def status(server) -> dict:
+    return httpx.get(server.url + "/studio/status", timeout=10).json()
+
+
+def pump(sessions, stop: threading.Event, value=lambda k: (7 * k) % 256):
+    """Hand every session a new frame 20 times a second until `stop`."""
+    k = 0
+    while not stop.is_set():
+        for s in sessions:
+            if not s.closed:
+                s.submit(frame(value(k), 64, 64))
+        k += 1
+        time.sleep(0.05)
+
+
+def test_web_clients_stream_through_two_replica_processes(server):
+    async def main():
+        a, got_a = await connected(server.url, "a cat")
+        b, got_b = await connected(server.url, "a dog")
+        try:
+            await wait_for(lambda: len(got_a.processed()) >= 3 and len(got_b.processed()) >= 3, 90)
+            replicas = status(server)["replicas"]
+            assert sorted(r["sessions"] for r in replicas) == [1, 1]  # one stream on each
+            assert len({r["pid"] for r in replicas} | {os.getpid()}) == 3  # two processes, neither this one
+            assert all(r["healthy"] and r["node"] and r["frames"] > 0 for r in replicas)
+        finally:
+            await a.close()
+            await b.close()
+
+    run(main())
+
+
+def test_the_remote_step_equals_the_in_process_step(server):
+    """The same frames through a replica actor and through the step in this process (the same
+    tiny model, the same settings): the same pictures."""
+    from streamstudio.app.cli import build_parser
+    from streamstudio.app.cli.serve import build_model
+    from streamstudio.app.web.sessions import StreamProcessor
+
+    manager = server.manager
+    remote = manager.replicas[0].model.processor("img2img", "same")
+    args = build_parser().parse_args(["serve", "--model", "tiny", "--width", "64", "--height", "64", "--device", "cpu"])
+    model = build_model(args)
+    local = StreamProcessor(model, "img2img", "same")
+    try:
+        for step in (remote, local):
+            step.open((64, 64))
+            step.apply({"prompt": "a watercolor", "seed": 11, "strength": 0.6})
+        frames = [frame(v, 64, 64) for v in (0, 90, 180, 250)]
+        got = [remote(f) for f in frames]
+        want = [local(f) for f in frames]
+    finally:
+        remote.close()
+        model.close()
+    assert [g.shape for g in got] == [(64, 64, 3)] * 4
+    assert max(np.abs(g.astype(int) - w.astype(int)).max() for g, w in zip(got, want)) <= 1
+    assert remote.pipe.latency_frames == local.pipe.latency_frames
+
+
+def test_placement_spreads_streams_and_is_busy_only_when_every_replica_is_full(server):
+    manager = server.manager
+    opened = [manager.open(f"p{i}") for i in range(4)]
+    try:
+        assert sorted(manager.replica_of(s.sid).index for s in opened) == [0, 0, 1, 1]
+        with pytest.raises(BusyError, match="all 2 model replica"):
+            manager.open("p4")
+    finally:
+        for s in opened:
+            manager.close(s.sid)
+
+
+def test_a_killed_replica_moves_its_streams_and_a_new_replica_starts(server):
+    manager = server.manager
+    a, b = manager.open("ka"), manager.open("kb")
+    stop = threading.Event()
+    feeder = threading.Thread(target=pump, args=([a, b], stop), daemon=True)
+    feeder.start()
+    try:
+        assert wait_for_sync(lambda: a.processed >= 3 and b.processed >= 3, 90)
+        victim = manager.replica_of("kb")
+        survivor = manager.replica_of("ka")
+        assert victim is not survivor
+        os.kill(victim.info["pid"], signal.SIGKILL)  # a hard crash: no Python error, the process is gone
+        seen_a, seen_b = a.processed, b.processed
+        assert wait_for_sync(lambda: b.processed >= seen_b + 5, 60), b.stats()
+        assert a.processed >= seen_a + 5 and a.error is None and b.error is None
+        notice = b.stats()["notice"]
+        assert f"model replica {victim.index}" in notice and f"moved to model replica {survivor.index}" in notice
+        replicas = {r["replica"]: r for r in status(server)["replicas"]}
+        assert replicas[victim.index]["healthy"] is False and "failed" in replicas[victim.index]["failed"]
+        # the watcher starts a replica in its place, and a new stream goes there (it is the least loaded)
+        assert wait_for_sync(lambda: len(manager._healthy()) == 2, 120), status(server)
+        fresh = manager.open("kc")
+        assert manager.replica_of("kc") not in (victim, survivor)
+        fresh.submit(frame(30, 64, 64))
+        assert wait_for_sync(lambda: fresh.processed >= 1 or fresh.error is not None, 60)
+        assert fresh.error is None
+    finally:
+        stop.set()
+        feeder.join()
+        for sid in ("ka", "kb", "kc"):
+            manager.close(sid)
+
+
+def wait_for_sync(predicate, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_cluster_options_are_checked(monkeypatch):
+    from streamstudio.app.cli import build_parser
+    from streamstudio.app.web.ray_replicas import build_manager
+
+    parse = build_parser().parse_args
+    with pytest.raises(StreamStudioError, match="--gpus and --cluster do not go together"):
+        build_manager(parse(["serve", "--model", "tiny", "--cluster", "local", "--gpus", "2"]))
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
+    with pytest.raises(StreamStudioError, match=r"needs Ray: pip install 'streamstudio\[ray\]'"):
+        build_manager(parse(["serve", "--model", "tiny", "--cluster", "auto"]))
+
+
+# ---------------------------------------------------------------------------- two nodes (slow)
+def ray_cli(*args: str, **kwargs) -> subprocess.Popen:
+    exe = os.path.join(os.path.dirname(sys.executable), "ray")
+    return subprocess.Popen([exe, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True, **kwargs)
+
+
+def port_open(port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def processes_of_session(sid: int) -> list[int]:
+    out = subprocess.run(["ps", "-e", "-o", "pid=,sid="], capture_output=True, text=True).stdout.split()
+    return [int(p) for p, s in zip(out[::2], out[1::2]) if int(s) == sid]
+
+
+@pytest.mark.slow
+def test_two_nodes_spread_streams_and_a_lost_node_moves_them(monkeypatch):
+    """Two Ray nodes on this machine (loopback): a stream on each; the second node's processes
+    killed; its stream moves to the first and the first node's stream keeps its frame rate;
+    nothing of the lost node is left running."""
+    import ray
+
+    from streamstudio.app.cli import build_parser
+    from streamstudio.app.web import ray_replicas
+
+    port = free_port()
+    # loopback only, so without Ray's token authentication (`ray start --head` turns it on by default)
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    head = ray_cli("start", "--head", "--block", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
+                   "--node-ip-address=127.0.0.1", env=env)
+    node = None
+    manager = None
+    try:
+        address = f"127.0.0.1:{port}"
+        assert wait_for_sync(lambda: port_open(port), 90)
+        node = ray_cli("start", "--block", f"--address={address}", "--num-cpus=1", "--node-ip-address=127.0.0.1",
+                       env=env)
+        ray.init(address=address, log_to_driver=False)
+        assert wait_for_sync(lambda: len([n for n in ray.nodes() if n["Alive"]]) == 2, 90)
+        watch, ray_replicas.WATCH_S = ray_replicas.WATCH_S, 0.5
+        args = build_parser().parse_args(["serve", "--model", "tiny", "--cluster", address, "--max-streams", "2",
+                                          "--width", "64", "--height", "64", "--device", "cpu"])
+        manager = ray_replicas.build_manager(args)
+        assert len({r.info["node_id"] for r in manager.replicas}) == 2  # one replica on each node
+        a, b = manager.open("na"), manager.open("nb")
+        assert manager.replica_of("na").info["node_id"] != manager.replica_of("nb").info["node_id"]
+        stop = threading.Event()
+        feeder = threading.Thread(target=pump, args=([a, b], stop), daemon=True)
+        feeder.start()
+        assert wait_for_sync(lambda: a.processed >= 5 and b.processed >= 5, 90)
+        head_node = ray.get_runtime_context().get_node_id()
+        lost, kept = (b, a) if manager.replica_of("nb").info["node_id"] != head_node else (a, b)
+        before = kept.metrics().recent_fps
+        os.killpg(node.pid, signal.SIGKILL)  # the second node: its raylet and every worker of it
+        node.wait(10)
+        seen = lost.processed
+        assert wait_for_sync(lambda: lost.processed >= seen + 5, 60), lost.stats()
+        assert "moved to" in lost.stats()["notice"] and kept.error is None
+        time.sleep(3)
+        after = kept.metrics().recent_fps
+        assert after >= 0.5 * before, (before, after)
+        stop.set()
+        feeder.join()
+        assert wait_for_sync(lambda: not processes_of_session(node.pid), 30), processes_of_session(node.pid)
+    finally:
+        ray_replicas.WATCH_S = watch if "watch" in locals() else ray_replicas.WATCH_S
+        if manager is not None:
+            manager.shutdown()
+        if ray.is_initialized():
+            ray.shutdown()
+        for proc in (node, head):
+            if proc is not None and proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
