@@ -7,9 +7,11 @@ The two-node test (slow) runs two Ray nodes on this machine and kills one."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -74,15 +76,21 @@ def test_web_clients_stream_through_two_replica_processes(server):
     run(main())
 
 
-def test_the_remote_step_equals_the_in_process_step(server):
-    """The same frames through a replica actor and through the step in this process (the same
+@pytest.mark.parametrize("transport", ["calls", "compiled"])
+def test_the_remote_step_equals_the_in_process_step(server, transport):
+    """The same frames through a replica actor (by plain calls, the CPU replicas' default, and
+    through a compiled graph over the same actor) and through the step in this process (the same
     tiny model, the same settings): the same pictures."""
     from streamstudio.app.cli import build_parser
     from streamstudio.app.cli.serve import build_model
+    from streamstudio.app.web.ray_replicas import RemoteReplica
     from streamstudio.app.web.sessions import StreamProcessor
 
-    manager = server.manager
-    remote = manager.replicas[0].model.processor("img2img", "same")
+    first = server.manager.replicas[0]
+    assert first.transport == "calls"  # a CPU replica: no core spent spinning on a channel
+    replica = first if transport == "calls" else RemoteReplica(99, first.actor, first.info, "compiled")
+    replica.model.manager = server.manager
+    remote = replica.model.processor("img2img", "same-" + transport)
     args = build_parser().parse_args(["serve", "--model", "tiny", "--width", "64", "--height", "64", "--device", "cpu"])
     model = build_model(args)
     local = StreamProcessor(model, "img2img", "same")
@@ -93,9 +101,12 @@ def test_the_remote_step_equals_the_in_process_step(server):
         frames = [frame(v, 64, 64) for v in (0, 90, 180, 250)]
         got = [remote(f) for f in frames]
         want = [local(f) for f in frames]
+        assert replica.failed is None and replica.overhead_ms() is not None
     finally:
         remote.close()
         model.close()
+        if replica is not first:
+            replica.close(kill=False)  # the graph only: the actor is the server's replica 0
     assert [g.shape for g in got] == [(64, 64, 3)] * 4
     assert max(np.abs(g.astype(int) - w.astype(int)).max() for g, w in zip(got, want)) <= 1
     assert remote.pipe.latency_frames == local.pipe.latency_frames
@@ -200,8 +211,11 @@ def test_two_nodes_spread_streams_and_a_lost_node_moves_them(monkeypatch):
     # loopback only, so without Ray's token authentication (`ray start --head` turns it on by default)
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    # its own temp folder (short: Ray's socket paths must fit 107 bytes), so that `ray start` does not
+    # leave /tmp/ray/ray_current_cluster naming this cluster to every later local ray.init()
+    temp = tempfile.mkdtemp(prefix="rt", dir="/tmp")
     head = ray_cli("start", "--head", "--block", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
-                   "--node-ip-address=127.0.0.1", env=env)
+                   "--node-ip-address=127.0.0.1", f"--temp-dir={temp}", env=env)
     node = None
     manager = None
     try:
@@ -246,3 +260,6 @@ def test_two_nodes_spread_streams_and_a_lost_node_moves_them(monkeypatch):
             if proc is not None and proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(10)
+        shutil.rmtree(temp, ignore_errors=True)
+        assert not os.path.exists("/tmp/ray/ray_current_cluster") or str(port) not in open(
+            "/tmp/ray/ray_current_cluster").read()

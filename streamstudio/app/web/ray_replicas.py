@@ -8,9 +8,14 @@ chose this shape (one front end, frames into the actors through Ray compiled gra
 
 - **Transport.** One channel per replica: a dispatcher thread (`RemoteReplica`) sends the requests
   its streams made since the last round (open, settings, frames, close) as one batch and hands
-  each stream its reply. Through a Ray compiled graph (`ray.dag`: the actor's `step` bound once,
-  a shared-memory channel, no task per frame) when this process is a driver of the cluster; by
-  plain actor calls under Ray client (`ray://`), which compiled graphs do not support. Frames are
+  each stream its reply. Two ways (`--replica-transport`), measured in docs/cluster.md:
+  "compiled", a Ray compiled graph (`ray.dag`: the actor's `step` bound once, a shared-memory
+  channel, no task per frame; under 1 ms a 512x512 frame, but Ray's channels wait by spinning, so
+  the replica's process keeps a CPU core busy all the time and the front end one while a round is
+  under way), or "calls", plain actor calls (about 7 ms more a frame here, no core spent waiting).
+  The default: compiled for GPU replicas (the model is on the GPU; a host core is cheap there),
+  calls for CPU replicas (a spinning core would be taken from the model itself) and under Ray
+  client (`ray://`), which compiled graphs do not support. Frames are
   cut to the stream's aspect and resized to its size here, so no more than the model's input
   crosses. The actor runs a batch's frames in threads, so its batching executor batches them as
   in one process.
@@ -219,12 +224,13 @@ class RemoteReplica:
         for _, future in waiting:
             future.set_exception(ReplicaLost(self.failed))
 
-    def close(self) -> None:
+    def close(self, kill: bool = True) -> None:
+        """Stop the dispatcher and free the channel; `kill`: the actor too."""
         with self._wake:
             self._closed = True
             self._wake.notify()
         self._thread.join(timeout=5)
-        self._teardown(wait=True)
+        self._teardown(wait=True, kill=kill)
 
     # ------------------------------------------------------------------ the dispatcher thread
     def _loop(self) -> None:
@@ -279,7 +285,7 @@ class RemoteReplica:
             return ray.get(self._graph.execute(batch), timeout=STEP_TIMEOUT_S)
         return ray.get(self.actor.step.remote(batch), timeout=STEP_TIMEOUT_S)
 
-    def _teardown(self, wait: bool = False) -> None:
+    def _teardown(self, wait: bool = False, kill: bool = True) -> None:
         """Free the graph's channels and the actor (after a failure in a thread of its own: a lost
         node's teardown may wait)."""
         graph, self._graph = self._graph, None
@@ -290,7 +296,8 @@ class RemoteReplica:
             try:
                 if graph is not None:
                     graph.teardown()
-                ray.kill(self.actor)
+                if kill:
+                    ray.kill(self.actor)
             except Exception as exc:  # a dead actor: nothing left to free
                 log.debug("teardown of %s: %s", self.name, exc)
 
@@ -519,7 +526,7 @@ class RayReplicas:
     """The Ray side of `serve --cluster`: connecting, and starting replica actors where the
     cluster has room for them (one per GPU; `node_replicas` on a node without GPUs)."""
 
-    def __init__(self, settings: dict, address: str | None, node_replicas: int = 1, transport: str | None = None,
+    def __init__(self, settings: dict, address: str | None, node_replicas: int = 1, transport: str = "auto",
                  num_cpus: int | None = None):
         import ray
 
@@ -533,10 +540,12 @@ class RayReplicas:
                 self.started = True
         self.address = address or "a local Ray"
         self.settings, self.node_replicas = settings, node_replicas
-        client = address is not None and address.startswith("ray://")
-        self.transport = transport or ("calls" if client else "compiled")
-        if self.transport not in TRANSPORTS:
-            raise StreamStudioError(f"replica transport {self.transport!r}: use one of {', '.join(TRANSPORTS)}")
+        if transport not in ("auto", *TRANSPORTS):
+            raise StreamStudioError(f"--replica-transport {transport!r}: use auto, {' or '.join(TRANSPORTS)}")
+        if transport == "compiled" and address is not None and address.startswith("ray://"):
+            raise StreamStudioError("--replica-transport compiled needs a driver of the cluster: Ray client (ray://) "
+                                    "cannot run compiled graphs; give the cluster's HOST:6379 from one of its nodes")
+        self.transport = "calls" if address is not None and address.startswith("ray://") else transport
         self._actor_class = ray.remote(ReplicaActor)
         self._count = 0
         self._starting: list[tuple[object, str, object]] = []  # (actor, node id, its info ref)
@@ -588,7 +597,10 @@ class RayReplicas:
             except Exception as exc:
                 log.error("a model replica on node %s did not start: %s", node_id[:8], _first_line(exc))
                 continue
-            ready.append(RemoteReplica(self._count, actor, info, self.transport))
+            transport = self.transport
+            if transport == "auto":  # (see the module's docstring)
+                transport = "compiled" if str(info["device"]).startswith("cuda") else "calls"
+            ready.append(RemoteReplica(self._count, actor, info, transport))
             self._count += 1
         return ready
 
@@ -628,7 +640,7 @@ def build_manager(args) -> ClusterSessionManager:
     # what the replicas need to load the model as this command would (argparse's callables stay here)
     settings = {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool, list, tuple, type(None)))}
     cluster = RayReplicas(settings, address, node_replicas=args.node_replicas,
-                          transport=os.environ.get("STREAMSTUDIO_REPLICA_TRANSPORT") or None)
+                          transport=getattr(args, "replica_transport", "auto"))
     try:
         return ClusterSessionManager(cluster, max_streams=args.max_streams, idle_timeout=args.idle_timeout)
     except BaseException:

@@ -8,8 +8,8 @@ executor; live sessions are placed on the least-loaded replica that is healthy a
   sessions keep streaming. A reconnect (a new session) lands on a healthy replica.
 - The replicas live in the server's process (their executors are threads): an error a replica's
   network raises ends only that replica, but a crash that takes the process down (a segfault,
-  a lost CUDA context that aborts) takes every replica with it; process or Ray-actor replicas
-  would isolate those too (docs/cluster.md).
+  a lost CUDA context that aborts) takes every replica with it; `serve --cluster local` runs each
+  replica in a process of its own (app/web/ray_replicas.py).
 - On a machine without N GPUs, `--gpus N --device cpu` makes N CPU replicas (tests).
 """
 
