@@ -174,6 +174,17 @@ def test_cluster_options_are_checked(monkeypatch):
     parse = build_parser().parse_args
     with pytest.raises(StreamStudioError, match="--gpus and --cluster do not go together"):
         build_manager(parse(["serve", "--model", "tiny", "--cluster", "local", "--gpus", "2"]))
+    from streamstudio.app import ray_connect
+    from streamstudio.app.web.ray_replicas import RayReplicas
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray was joined before the options were checked")
+
+    monkeypatch.setattr(ray_connect, "connect_ray", no_ray)
+    with pytest.raises(StreamStudioError, match="--replica-transport 'bogus'"):
+        RayReplicas({}, None, transport="bogus")
+    with pytest.raises(StreamStudioError, match="Ray client"):
+        RayReplicas({}, "ray://head:10001", transport="compiled")
     monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
     with pytest.raises(StreamStudioError, match=r"needs Ray: pip install 'streamstudio\[ray\]'"):
         build_manager(parse(["serve", "--model", "tiny", "--cluster", "auto"]))

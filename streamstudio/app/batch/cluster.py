@@ -306,14 +306,10 @@ class RayExecutor:
     def __init__(self, settings: dict, address: str | None, workers: int | None):
         import ray
 
+        from streamstudio.app.ray_connect import connect_ray
+
         self.ray = ray
-        self.started = False
-        if not ray.is_initialized():
-            if address:
-                ray.init(address=address, log_to_driver=False)
-            else:
-                ray.init(num_cpus=workers or None, include_dashboard=False, log_to_driver=False)
-                self.started = True
+        self.started = connect_ray(address, workers or None)
         resources = ray.cluster_resources()
         self.gpus = int(resources.get("GPU", 0))
         cpus = int(resources.get("CPU", 1))

@@ -526,25 +526,20 @@ class RayReplicas:
     """The Ray side of `serve --cluster`: connecting, and starting replica actors where the
     cluster has room for them (one per GPU; `node_replicas` on a node without GPUs)."""
 
-    def __init__(self, settings: dict, address: str | None, node_replicas: int = 1, transport: str = "auto",
-                 num_cpus: int | None = None):
+    def __init__(self, settings: dict, address: str | None, node_replicas: int = 1, transport: str = "auto"):
         import ray
 
-        self.ray = ray
-        self.started = False
-        if not ray.is_initialized():
-            if address:
-                ray.init(address=address, log_to_driver=False)
-            else:
-                ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
-                self.started = True
-        self.address = address or "a local Ray"
-        self.settings, self.node_replicas = settings, node_replicas
-        if transport not in ("auto", *TRANSPORTS):
+        from streamstudio.app.ray_connect import connect_ray
+
+        if transport not in ("auto", *TRANSPORTS):  # said before Ray starts
             raise StreamStudioError(f"--replica-transport {transport!r}: use auto, {' or '.join(TRANSPORTS)}")
         if transport == "compiled" and address is not None and address.startswith("ray://"):
             raise StreamStudioError("--replica-transport compiled needs a driver of the cluster: Ray client (ray://) "
                                     "cannot run compiled graphs; give the cluster's HOST:6379 from one of its nodes")
+        self.ray = ray
+        self.started = connect_ray(address)
+        self.address = address or "a local Ray"
+        self.settings, self.node_replicas = settings, node_replicas
         self.transport = "calls" if address is not None and address.startswith("ray://") else transport
         self._actor_class = ray.remote(ReplicaActor)
         self._count = 0
