@@ -186,27 +186,51 @@ def test_pipeline_timesteps_are_the_pipelines():
     assert default in img2img and txt == 999 and 0 < default < txt
 
 
-@pytest.mark.slow
-def test_short_training_run_saves_resumes_and_loads(tmp_path):
-    from streamstudio.app import cli
+def test_a_short_joint_run_on_photographs_saves_resumes_and_loads(tmp_path, monkeypatch):
+    """train-image's default stage end to end on a few photographs: the autoencoder's warm-up,
+    then every network through the pipeline's step; --resume continues, --export loads."""
+    from PIL import Image
 
+    from streamstudio.app import cli
+    from streamstudio.models.image import photo_data
+
+    root = tmp_path / "photos"
+    lines = []
+    for k in range(2):
+        path = f"usr/share/backgrounds/p{k}.png"
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(image_data.test_card(96 + 32 * k)).save(root / path)
+        lines.append(f"{path}\tpkg\tGPL-2+\ttrain")
+    (tmp_path / "list.tsv").write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr(photo_data, "DATA_LIST", tmp_path / "list.tsv")
     out = tmp_path / "run"
 
     def args(steps: int, *extra: str) -> list[str]:
-        return ["train-image", "--output", str(out), "--vae-steps", "3", "--steps", str(steps), "--vae-size", "32",
-                "--size", "32", "--vae-batch-size", "2", "--batch-size", "2", "--save-every", "2", "--no-progress",
-                *extra]
+        return ["train-image", "--output", str(out), "--photos", str(root), "--steps", str(steps), "--ae-warmup", "1",
+                "--size", "32", "--batch-size", "2", "--save-every", "2", "--no-progress", *extra]
 
     assert cli.main(args(2)) == 0
     state = json.loads((out / "trainer_state.json").read_text())
-    assert (state["vae_step"], state["step"]) == (3, 2)
-    assert cli.main(args(4, "--resume", "--export", str(tmp_path / "shipped"))) == 0
-    assert json.loads((out / "trainer_state.json").read_text())["step"] == 4
+    assert state["joint_step"] == 2 and len(state["losses"]["joint"]) == 2
+    assert cli.main(args(3, "--resume", "--export", str(tmp_path / "shipped"))) == 0
+    assert json.loads((out / "trainer_state.json").read_text())["joint_step"] == 3
     assert (tmp_path / "shipped" / "model.safetensors").stat().st_size < (out / "model.safetensors").stat().st_size
     comps = load_components(str(tmp_path / "shipped"))
-    assert comps.is_demo and comps.step_type == "turbo"
+    assert comps.is_demo and comps.step_type == "turbo" and comps.vae_scale_factor == 4
     pipe = StreamDiffusion(comps, StreamDiffusionConfig(width=64, height=64, steps=1), prompt="red")
     assert pipe(image_data.test_card(64)).shape == (64, 64, 3)
+
+
+@pytest.mark.slow
+def test_the_two_stage_recipe_still_trains(tmp_path):
+    from streamstudio.app import cli
+
+    out = tmp_path / "run"
+    args = ["train-image", "--stage", "all", "--output", str(out), "--vae-steps", "3", "--steps", "2",
+            "--vae-size", "32", "--size", "32", "--vae-batch-size", "2", "--batch-size", "2", "--no-progress"]
+    assert cli.main(args) == 0
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert (state["vae_step"], state["step"]) == (3, 2)
 
 
 # Bounds: the shipped checkpoint's measured figures (in brackets) with a margin; the figures are

@@ -1,6 +1,7 @@
-"""`streamstudio train-image`: train the built-in image model (autoencoder, then a one-step denoiser).
+"""`streamstudio train-image`: train the built-in image model (autoencoder, UNet and text encoder end to end).
 
-    streamstudio train-image --output runs/image_builtin --max-minutes 45
+    streamstudio train-image --fetch-photos data/photos     # the training photographs (Debian packages)
+    streamstudio train-image --output runs/image_builtin --photos data/photos --max-minutes 45
     streamstudio train-image --output runs/image_builtin --resume     # continue a stopped run
 
     streamstudio train-image --output runs/image_builtin --export streamstudio/assets/image_builtin
@@ -25,14 +26,25 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("train-image", description=__doc__.splitlines()[0])
     p.add_argument("--output", default=DEFAULTS.output, help="checkpoint folder (model.safetensors + config.json)")
     p.add_argument("--stage", choices=STAGES, default=DEFAULTS.stage,
-                   help="all (autoencoder, then denoiser), vae, or denoiser (needs a trained autoencoder in --output)")
+                   help="joint (default: every network end to end through the pipeline's step), all (autoencoder, "
+                        "then denoiser), vae, or denoiser (needs a trained autoencoder in --output)")
+    p.add_argument("--photos", default=DEFAULTS.photos, metavar="DIR",
+                   help="the unpacked photograph packages (see --fetch-photos); without it, procedural images only")
+    p.add_argument("--photo-share", type=number(float, 0, 1), default=DEFAULTS.photo_share,
+                   help=f"share of each batch cut from the photographs (default {DEFAULTS.photo_share})")
+    p.add_argument("--ae-warmup", type=number(int, 0, 10**8), default=DEFAULTS.ae_warmup,
+                   help="joint stage: first steps that train the autoencoder alone")
+    p.add_argument("--ae-weight", type=number(float, 0, 100), default=DEFAULTS.ae_weight,
+                   help="joint stage: weight of the autoencoder's own reconstruction")
+    p.add_argument("--fetch-photos", default=None, metavar="DIR",
+                   help="download the listed Debian photograph packages into DIR (apt-get download, dpkg-deb -x) and stop")
     p.add_argument("--vae-steps", type=number(int, 1, 10**8), default=DEFAULTS.vae_steps, help="autoencoder steps")
     p.add_argument("--vae-batch-size", type=number(int, 1, 4096), default=DEFAULTS.vae_batch_size)
     p.add_argument("--vae-size", type=number(int, 8, 4096, multiple=8), default=DEFAULTS.vae_size, help="autoencoder training crops, pixels")
     p.add_argument("--vae-lr", type=number(float, 0, 1, low_open=True), default=DEFAULTS.vae_lr)
-    p.add_argument("--steps", type=number(int, 1, 10**8), default=DEFAULTS.steps, help="denoiser steps")
+    p.add_argument("--steps", type=number(int, 1, 10**8), default=DEFAULTS.steps, help="joint or denoiser steps")
     p.add_argument("--batch-size", type=number(int, 1, 4096), default=DEFAULTS.batch_size)
-    p.add_argument("--size", type=number(int, 8, 4096, multiple=8), default=DEFAULTS.size, help="denoiser training crops, pixels")
+    p.add_argument("--size", type=number(int, 8, 4096, multiple=8), default=DEFAULTS.size, help="joint or denoiser training crops, pixels")
     p.add_argument("--lr", type=number(float, 0, 1, low_open=True), default=DEFAULTS.lr)
     p.add_argument("--warmup", type=number(int, 0, 10**8), default=DEFAULTS.warmup)
     p.add_argument("--pixel-weight", type=number(float, 0, 100), default=DEFAULTS.pixel_weight,
@@ -72,6 +84,11 @@ def run(args) -> int:
     from streamstudio.app.training.image import ImageTrainer, export_checkpoint
     from streamstudio.streaming.sinks import make_output_folder
 
+    if args.fetch_photos:
+        from streamstudio.models.image.photo_data import fetch
+
+        print(f"the training photographs are in {fetch(args.fetch_photos)}")
+        return 0
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = config_from_args(args)

@@ -6,20 +6,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-STAGES = ("all", "vae", "denoiser")
+STAGES = ("joint", "all", "vae", "denoiser")
 
 
 @dataclass
 class ImageTrainConfig:
     output: str = "runs/image_builtin"
-    stage: str = "all"  # all | vae | denoiser
+    stage: str = "joint"  # joint | all (vae, then denoiser) | vae | denoiser
     vae_steps: int = 3000
     vae_batch_size: int = 16
     vae_size: int = 64  # autoencoder training crops (pixels)
     vae_lr: float = 2e-3
     steps: int = 4000  # denoiser steps
     batch_size: int = 16
-    size: int = 96  # denoiser training crops (pixels; latents are size / 8)
+    size: int = 96  # denoiser and joint training crops (pixels)
     lr: float = 1e-3
     warmup: int = 100
     min_lr_ratio: float = 0.05
@@ -28,6 +28,11 @@ class ImageTrainConfig:
     default_share: float = 0.5  # share of denoiser samples at the default strength's t
     txt2img_share: float = 0.15  # share at txt2img's t
     style_share: float = 0.38  # denoiser prompts naming a style: image_data.DEFAULT_STYLE_SHARE (a test keeps them equal)
+    photos: str = ""  # a folder holding the unpacked photograph packages (photo_data.fetch); "" = procedural only
+    photo_share: float = 0.75  # share of each batch cut from the photographs (the rest procedural)
+    ae_warmup: int = 500  # joint stage: its first steps train the autoencoder alone (noisy latents), then all
+    ae_weight: float = 0.5  # joint stage: the weight of the autoencoder's own reconstruction (no noise)
+    txt2img_weight: float = 0.3  # joint stage: the weight of txt2img's samples (their x0 is the look's mean)
     init: str = ""  # start from this model folder (e.g. the shipped one): its autoencoder and denoiser
     seed: int = 0
     save_every: int = 200

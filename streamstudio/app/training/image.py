@@ -1,4 +1,16 @@
-"""Training of the built-in image model (`streamstudio train-image`), in two stages.
+"""Training of the built-in image model (`streamstudio train-image`).
+
+joint (the default, what the shipped model ran): the autoencoder, the UNet and the text
+   encoder learn together, end to end through the pipeline's own one-step img2img: an image
+   (a crop of a photograph, `models/image/photo_data.py`, or a procedural one) is encoded to
+   unit-power latents, noised at a t of the pipeline's schedule, the UNet's eps goes through the
+   turbo step, and the decoded x0 must match the look the prompt names applied to the image (L1
+   on pixels and on their differences). The encoder so learns latents whose structure survives
+   the noise the pipeline adds (a joint source-channel code), which a frozen autoencoder
+   trained alone cannot: this is what keeps a photograph's edges at strength 0.5. The
+   autoencoder's own reconstruction (no noise) is a second term, for small strengths.
+
+The older two-stage recipe (`--stage all`, or `vae` and `denoiser` alone):
 
 1. vae: the pixel-shuffle autoencoder learns to reconstruct procedural images
    (`models/image/image_data.py`) and the looks applied to them: L1 on pixels plus L1 on their
@@ -78,10 +90,15 @@ def _edges(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return x[..., :, 1:] - x[..., :, :-1], x[..., 1:, :] - x[..., :-1, :]
 
 
-def recon_loss(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """L1 on pixels and on their differences (images in [-1, 1])."""
+def recon_loss(pred: torch.Tensor, target: torch.Tensor, per_sample: bool = False) -> torch.Tensor:
+    """L1 on pixels and on their differences (images in [-1, 1]); (B,) with per_sample."""
     (px, py), (tx, ty) = _edges(pred), _edges(target)
-    return (pred - target).abs().mean() + 0.5 * ((px - tx).abs().mean() + (py - ty).abs().mean())
+    dims = (1, 2, 3) if per_sample else None
+
+    def l1(a, b):
+        return (a - b).abs().mean(dim=dims)
+
+    return l1(pred, target) + 0.5 * (l1(px, tx) + l1(py, ty))
 
 
 def export_checkpoint(run: str | Path, dest: str | Path) -> Path:
@@ -113,7 +130,7 @@ class ImageTrainer:
         self.cfg = cfg
         self.out = Path(cfg.output)
         self.device = pick_device("cpu" if cfg.cpu else "auto")
-        self.state = {"vae_step": 0, "step": 0, "seconds": 0.0, "scaled": False, "losses": {}}
+        self.state = {"vae_step": 0, "step": 0, "joint_step": 0, "seconds": 0.0, "scaled": False, "losses": {}}
         config = None
         if cfg.resume and cfg.init:
             raise StreamStudioError("--init starts a new run from a model; --resume continues a run: use one")
@@ -127,6 +144,13 @@ class ImageTrainer:
         self.vae_opt = torch.optim.AdamW(self.parts["vae"].parameters(), lr=cfg.vae_lr, weight_decay=0.0)
         params = list(self.parts["unet"].parameters()) + list(self.parts["text_encoder"].parameters())
         self.opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+        self.joint_opt = torch.optim.AdamW([p for n in ("vae", "unet", "text_encoder") for p in self.parts[n].parameters()],
+                                           lr=cfg.lr, weight_decay=0.0)
+        self.photos = None
+        if cfg.photos and cfg.photo_share > 0:
+            from streamstudio.models.image.photo_data import PhotoSet
+
+            self.photos = PhotoSet(cfg.photos, "train", progress=cfg.progress)
         if cfg.resume:
             self._resume()
         elif cfg.init:
@@ -168,6 +192,8 @@ class ImageTrainer:
             opts = torch.load(opt_file, weights_only=True)
             self.vae_opt.load_state_dict(opts["vae"])
             self.opt.load_state_dict(opts["denoiser"])
+            if "joint" in opts:
+                self.joint_opt.load_state_dict(opts["joint"])
 
     def save(self) -> None:
         from safetensors.torch import save_file
@@ -179,13 +205,15 @@ class ImageTrainer:
         info = {"name": builtin_image.BUILTIN_NAME, "model": model_cfg, "scheduler": dict(SCHEDULER_CONFIG),
                 "step_type": "turbo", "default_size": 256,
                 "train": train, "trained": {"vae_steps": self.state["vae_step"], "denoiser_steps": self.state["step"],
+                                            "joint_steps": self.state.get("joint_step", 0),
                                             "seconds": round(self.state["seconds"], 1),
                                             "final_losses": {k: v[-1] for k, v in self.state["losses"].items() if v}}}
         tmp = self.out / "model.safetensors.tmp"
         save_file(builtin_image.state_dict(self.parts), str(tmp))
         tmp.replace(self.out / "model.safetensors")
         (self.out / "config.json").write_text(json.dumps(info, indent=1, default=list))
-        torch.save({"vae": self.vae_opt.state_dict(), "denoiser": self.opt.state_dict()}, self.out / "optimizer.pt")
+        torch.save({"vae": self.vae_opt.state_dict(), "denoiser": self.opt.state_dict(),
+                    "joint": self.joint_opt.state_dict()}, self.out / "optimizer.pt")
         (self.out / "trainer_state.json").write_text(json.dumps(self.state))
         log.info("saved vae step %d, denoiser step %d to %s", self.state["vae_step"], self.state["step"], self.out)
 
@@ -254,6 +282,46 @@ class ImageTrainer:
             loss = loss + cfg.pixel_weight * (w * (rec - x_target).abs()).mean()
         return loss
 
+    # ------------------------------------------------------------------ joint: all networks, end to end
+    def joint_batch(self, seed: int) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+        """(inputs, targets, prompts) in [0, 1]: photo crops (photo_share of the batch, when
+        --photos is given) and procedural images, each with a prompt and its look."""
+        cfg = self.cfg
+        n_photo = round(cfg.batch_size * cfg.photo_share) if self.photos is not None else 0
+        parts = []
+        if n_photo:
+            parts.append(self.photos.crops(seed, n_photo, cfg.size))
+        if cfg.batch_size - n_photo:
+            parts.append(image_data.random_images(seed, cfg.batch_size - n_photo, cfg.size))
+        images = torch.cat(parts)
+        targets, prompts = image_data.styled(images, seed, cfg.style_share)
+        return images, targets, prompts
+
+    def joint_loss(self, step: int) -> torch.Tensor:
+        cfg = self.cfg
+        seed = (cfg.seed * 1_000_003 + step) * 2 + 1
+        images, targets, prompts = self.joint_batch(seed)
+        net = DiffusersImageNet(self.parts["unet"], self.parts["vae"])  # the pipeline's seam (scaled latents)
+        x_in, x_target = images.to(self.device) * 2 - 1, targets.to(self.device) * 2 - 1
+        z = net.encode(x_in)  # (B, C, s, s), with gradients: the encoder learns what survives the noise
+        gen = torch.Generator().manual_seed(seed + 1)
+        if step < cfg.ae_warmup:  # the autoencoder first: through the noise from the start, the decoder
+            # learns the mean picture and the encoder gets no gradient (measured: a collapse)
+            z_noisy = z + 0.1 * torch.randn(z.shape, generator=gen).to(z)
+            return recon_loss(net.decode(z_noisy), x_in)
+        t = self._timesteps(gen, cfg.batch_size).to(self.device)
+        noise = torch.randn(z.shape, generator=gen).to(self.device)
+        abar = self.abar[t].view(-1, 1, 1, 1)
+        alpha, beta = abar.sqrt(), (1 - abar).sqrt()
+        x = alpha * z + beta * noise
+        eps = net.eps(x, t, ImageCond(text=self.encode_text(prompts)))
+        x0 = (x - beta * eps) / alpha  # the pipeline's turbo step
+        w = torch.where(t == self.t_txt, cfg.txt2img_weight, 1.0)  # (B,)
+        loss = (w * recon_loss(net.decode(x0), x_target, per_sample=True)).mean()
+        if cfg.ae_weight:
+            loss = loss + cfg.ae_weight * recon_loss(net.decode(z), x_in)
+        return loss
+
     # ------------------------------------------------------------------ loop
     def _run(self, name: str, total: int, key: str, loss_fn, opt, params, base_lr: float, start: float,
              modules) -> list[float]:
@@ -302,6 +370,18 @@ class ImageTrainer:
         self.stopped = False
         out: dict[str, list[float]] = {}
         vae, unet, text = self.parts["vae"], self.parts["unet"], self.parts["text_encoder"]
+        if cfg.stage == "joint":
+            if not vae.config.power_norm:
+                raise StreamStudioError("the joint stage trains a power-normalised autoencoder (the default "
+                                        "config); this model's autoencoder is not one: use --stage all")
+            params = [p for m in (vae, unet, text) for p in m.parameters()]
+            for m in (vae, unet, text):
+                m.requires_grad_(True)
+            out["joint"] = self._run("joint", cfg.steps, "joint_step", self.joint_loss, self.joint_opt, params,
+                                     cfg.lr, start, [vae, unet, text])
+            self.state["scaled"] = True  # power-normalised latents: scaling_factor 1
+            self.save()
+            return out
         if cfg.stage in ("all", "vae"):
             vae.requires_grad_(True)
             out["vae"] = self._run("vae", cfg.vae_steps, "vae_step", self.vae_loss, self.vae_opt,

@@ -4,8 +4,10 @@ CLIP text encoder and a word-level tokenizer, built from configs (trained by
 
 The autoencoder never convolves at full resolution: the encoder starts with a 2x2
 space-to-depth (PixelUnshuffle) and the decoder ends with depth-to-space (PixelShuffle), so
-256x256 costs a few milliseconds on one CPU core. Latents are 1/8 of the image, 4 channels,
-as Stable Diffusion's. The UNet and text encoder are diffusers / transformers classes with tiny
+256x256 costs a few milliseconds on one CPU core. The shipped model's latents are 1/4 of the
+image with 8 channels, each image's latents scaled to mean square 1 (`power_norm`), so the
+noise the pipeline adds at a strength is the noise training saw; the older design (1/8, 4
+channels, as Stable Diffusion's) still loads from its config. The UNet and text encoder are diffusers / transformers classes with tiny
 configs, so the pipeline, the feature bank and the exporters treat them as any SD model's.
 """
 
@@ -25,19 +27,29 @@ BUILTIN_NAME = "builtin"
 TEXT_DIM = 64
 MAX_TOKENS = 32  # the tokenizer's model_max_length and the text encoder's positions
 
+LATENT_CHANNELS = 8
+# Latents at 1/4 of the image, 8 channels. The UNet's levels run at 1/4, 1/8 and 1/16 of the
+# image; self- and cross-attention only at the last (256 tokens at 256x256), and the prompt
+# also reaches every level through the time embedding (addition_embed_type "text": pooled text
+# added to it), so a look can change every pixel without attention over 4096 tokens.
 UNET_CONFIG = dict(
-    sample_size=16,
-    in_channels=4,
-    out_channels=4,
-    down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-    up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-    block_out_channels=(32, 64),
+    sample_size=64,
+    in_channels=LATENT_CHANNELS,
+    out_channels=LATENT_CHANNELS,
+    down_block_types=("DownBlock2D", "DownBlock2D", "CrossAttnDownBlock2D"),
+    up_block_types=("CrossAttnUpBlock2D", "UpBlock2D", "UpBlock2D"),
+    block_out_channels=(16, 32, 64),
     layers_per_block=1,
     cross_attention_dim=TEXT_DIM,
     attention_head_dim=8,
     norm_num_groups=8,
+    addition_embed_type="text",
+    addition_embed_type_num_heads=4,
 )
-VAE_CONFIG = dict(channels=32, latent_channels=4, scaling_factor=1.0)
+# channels: the decoder's width at 1/2 of the image; block_out_channels: 3 levels (latents at
+# 1/4), the encoder's and the decoder's widths at 1/4 last; power_norm: unit mean-square latents
+VAE_CONFIG = dict(channels=16, latent_channels=LATENT_CHANNELS, scaling_factor=1.0, block_out_channels=(16, 32, 48),
+                  power_norm=True)
 SPECIALS = ("<|startoftext|>", "<|endoftext|>")
 
 
@@ -62,7 +74,9 @@ class _Decoded:
 
 
 class PixelShuffleAutoencoder(ModelMixin, ConfigMixin):
-    """Images (B, 3, H, W) in [-1, 1] <-> latents (B, 4, H/8, W/8); H, W multiples of 8.
+    """Images (B, 3, H, W) in [-1, 1] <-> latents (B, C, H/f, W/f), f = 2 ** (len(block_out_channels)
+    - 1): 8 (4 channels, as Stable Diffusion's) or 4 (the photographic model: more channels, less
+    compression); H, W multiples of f.
 
     `encode(x).latents` and `decode(z).sample`, as diffusers' AutoencoderTiny (the pipeline
     scales latents by `config.scaling_factor`, set after training so they have unit variance).
@@ -70,32 +84,55 @@ class PixelShuffleAutoencoder(ModelMixin, ConfigMixin):
 
     @register_to_config
     def __init__(self, channels: int = 32, latent_channels: int = 4, scaling_factor: float = 1.0,
-                 block_out_channels: tuple = (32, 32, 64, 64)):
+                 block_out_channels: tuple = (32, 32, 64, 64), power_norm: bool = False):
         super().__init__()
         c = channels
-        self.encoder = nn.Sequential(
-            nn.PixelUnshuffle(2),  # (B, 12, H/2, W/2)
-            nn.Conv2d(12, c, 3, padding=1), nn.ReLU(),
-            nn.Conv2d(c, c, 3, stride=2, padding=1), nn.ReLU(),  # H/4
-            _Res(c), nn.ReLU(),
-            nn.Conv2d(c, 2 * c, 3, stride=2, padding=1), nn.ReLU(),  # H/8
-            _Res(2 * c), nn.ReLU(), _Res(2 * c), nn.ReLU(),
-            nn.Conv2d(2 * c, latent_channels, 3, padding=1),
-        )
-        self.decoder = nn.Sequential(
-            nn.Conv2d(latent_channels, 2 * c, 3, padding=1), nn.ReLU(),
-            _Res(2 * c), nn.ReLU(), _Res(2 * c), nn.ReLU(),
-            nn.Upsample(scale_factor=2, mode="nearest"),  # H/4
-            nn.Conv2d(2 * c, c, 3, padding=1), nn.ReLU(),
-            _Res(c), nn.ReLU(),
-            nn.Upsample(scale_factor=2, mode="nearest"),  # H/2
-            nn.Conv2d(c, c, 3, padding=1), nn.ReLU(),
-            nn.Conv2d(c, 12, 3, padding=1),
-            nn.PixelShuffle(2),  # (B, 3, H, W)
-        )
+        factor = 2 ** (len(block_out_channels) - 1)
+        if factor == 8:
+            self.encoder = nn.Sequential(
+                nn.PixelUnshuffle(2),  # (B, 12, H/2, W/2)
+                nn.Conv2d(12, c, 3, padding=1), nn.ReLU(),
+                nn.Conv2d(c, c, 3, stride=2, padding=1), nn.ReLU(),  # H/4
+                _Res(c), nn.ReLU(),
+                nn.Conv2d(c, 2 * c, 3, stride=2, padding=1), nn.ReLU(),  # H/8
+                _Res(2 * c), nn.ReLU(), _Res(2 * c), nn.ReLU(),
+                nn.Conv2d(2 * c, latent_channels, 3, padding=1),
+            )
+            self.decoder = nn.Sequential(
+                nn.Conv2d(latent_channels, 2 * c, 3, padding=1), nn.ReLU(),
+                _Res(2 * c), nn.ReLU(), _Res(2 * c), nn.ReLU(),
+                nn.Upsample(scale_factor=2, mode="nearest"),  # H/4
+                nn.Conv2d(2 * c, c, 3, padding=1), nn.ReLU(),
+                _Res(c), nn.ReLU(),
+                nn.Upsample(scale_factor=2, mode="nearest"),  # H/2
+                nn.Conv2d(c, c, 3, padding=1), nn.ReLU(),
+                nn.Conv2d(c, 12, 3, padding=1),
+                nn.PixelShuffle(2),  # (B, 3, H, W)
+            )
+        elif factor == 4:
+            enc, wide = block_out_channels[-2], block_out_channels[-1]
+            self.encoder = nn.Sequential(
+                nn.PixelUnshuffle(4),  # (B, 48, H/4, W/4): every pixel of a 4x4 block, no convolution at H
+                nn.Conv2d(48, enc, 3, padding=1), nn.ReLU(),
+                _Res(enc), nn.ReLU(),
+                nn.Conv2d(enc, latent_channels, 3, padding=1),  # (B, C, H/4, W/4)
+            )
+            self.decoder = nn.Sequential(
+                nn.Conv2d(latent_channels, wide, 3, padding=1), nn.ReLU(),
+                _Res(wide), nn.ReLU(), _Res(wide), nn.ReLU(),
+                nn.PixelShuffle(2),  # (B, wide / 4, H/2, W/2)
+                nn.Conv2d(wide // 4, c, 3, padding=1), nn.ReLU(),
+                _Res(c), nn.ReLU(),
+                nn.Conv2d(c, 12, 3, padding=1),
+                nn.PixelShuffle(2),  # (B, 3, H, W)
+            )
+        else:
+            raise ValueError(f"block_out_channels {block_out_channels}: 3 (4x latents) or 4 (8x) blocks")
 
     def encode(self, x: torch.Tensor, return_dict: bool = True):
-        z = self.encoder(x)  # (B, 4, H/8, W/8), unscaled
+        z = self.encoder(x)  # (B, C, H/f, W/f), unscaled
+        if self.config.power_norm:  # each image's latents to mean square 1 (deep JSCC's power constraint)
+            z = z * torch.rsqrt(z.pow(2).mean(dim=(1, 2, 3), keepdim=True) + 1e-6)
         return _Encoded(z) if return_dict else (z,)
 
     def decode(self, z: torch.Tensor, return_dict: bool = True, **_):

@@ -46,6 +46,7 @@ STYLES = {
     "posterized": "posterize", "poster": "posterize", "pencil sketch": "sketch", "sketch": "sketch",
     "pencil drawing": "sketch", "pixel art": "pixel", "pixelated": "pixel", "8-bit": "pixel",
     "oil painting": "oil", "painting": "oil", "blurry": "blur", "soft focus": "blur",
+    "watercolor": "watercolor", "watercolour": "watercolor",
 }
 SUBJECTS = ("cat", "dog", "person", "face", "hand", "city", "street", "forest", "mountain", "car", "house",
             "room", "portrait", "landscape", "flower", "sky", "sea", "man", "woman", "robot", "tree", "bird")
@@ -175,6 +176,12 @@ def apply_style(x: torch.Tensor, style: str) -> torch.Tensor:
         return _quantize(_saturate(_box_blur(x, 5), 1.25), 6)
     if style == "blur":
         return _box_blur(_box_blur(x, 5), 5)
+    if style == "watercolor":  # soft washes of lighter colour on white paper, darker at the edges
+        wash = _saturate(_box_blur(_box_blur(x, 3), 3), 1.2)
+        y = luminance(wash)
+        gx = F.pad(y[..., :, 2:] - y[..., :, :-2], (1, 1, 0, 0))
+        gy = F.pad(y[..., 2:, :] - y[..., :-2, :], (0, 0, 1, 1))
+        return (0.3 + 0.75 * _quantize(wash, 8) - 1.5 * torch.sqrt(gx ** 2 + gy ** 2)).clamp(0, 1)
     raise ValueError(f"unknown style {style!r}")
 
 
@@ -477,13 +484,21 @@ def styled_batch(seed: int, batch: int, size: int,
                  style_share: float = DEFAULT_STYLE_SHARE) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
     """(inputs, targets, prompts): procedural images, the looks their prompts name, the prompts."""
     images = random_images(seed, batch, size)
+    targets, prompts = styled(images, seed, style_share)
+    return images, targets, prompts
+
+
+def styled(images: torch.Tensor, seed: int,
+           style_share: float = DEFAULT_STYLE_SHARE) -> tuple[torch.Tensor, list[str]]:
+    """(targets, prompts) for any images (B, 3, H, W) in [0, 1]: a prompt per image drawn from
+    the vocabulary (a pure function of the seed) and its look applied to the image."""
     gen = torch.Generator().manual_seed(seed + 7_777_777)
     prompts, targets = [], torch.empty_like(images)
-    for b in range(batch):
+    for b in range(images.shape[0]):
         prompt, look = random_prompt(gen, style_share)
         prompts.append(prompt)
         targets[b] = apply_look(images[b:b + 1], look)[0]
-    return images, targets, prompts
+    return targets, prompts
 
 
 def test_card(size: int = 256) -> np.ndarray:
