@@ -24,6 +24,7 @@ The same measures on the training data's own clips (`--data`) are the reference.
     python3 benchmarks/video_quality.py --subset 4        # a quick look: 4 prompts x 1 seed
 
     python3 benchmarks/video_quality.py --seeds 2 3 4 5 6 7 8 9   # held-out seeds: the spread
+    python3 benchmarks/video_quality.py --no-warmup ...            # show the start-up's frames (before issue 30)
 
 Each run is stored under its label in benchmarks/results/video_quality.json (other labels kept)
 and printed as a table against the targets. One render of 32 frames takes a few seconds on one
@@ -195,15 +196,18 @@ def protocol(subset: int | None = None, seeds: tuple[int, ...] | None = None) ->
 
 
 def render_model(model, meta: dict, prompt: str, seed: int, layout: tuple[int, int, int],
-                 frames: int = FRAMES, guidance: float | None = None) -> list[np.ndarray]:
-    """Text-to-video frames of a StreamDiT checkpoint at its latent size (RGB uint8)."""
+                 frames: int = FRAMES, guidance: float | None = None, warmup: bool | None = None) -> list[np.ndarray]:
+    """Text-to-video frames of a StreamDiT checkpoint at its latent size (RGB uint8); `warmup`
+    (None: the checkpoint's `sampling.warmup`, else on, as `build_stream`) drops the frames the
+    start-up generation touched."""
     from streamstudio.models.video.video_net import StreamDiTBackbone
     from streamstudio.pipelines.stream_video import StreamBufferConfig, StreamVideoConfig, VideoStream
 
     n, c, s = layout
     smp = meta["sampling"]
     cfg = StreamVideoConfig(StreamBufferConfig(num_chunks=n, chunk_size=c, micro_steps=s,
-                                               ref_frames=smp.get("ref_frames", 0), seed=seed),
+                                               ref_frames=smp.get("ref_frames", 0), seed=seed,
+                                               warmup=bool(smp.get("warmup", True) if warmup is None else warmup)),
                             height=smp["height"], width=smp["width"])
     guidance = smp.get("guidance", 1.0) if guidance is None else guidance
     stream = VideoStream(StreamDiTBackbone(model, guidance), cfg, prompt)
@@ -290,6 +294,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=None,
                         help="seeds other than the protocol's 0 and 1 (held out: the model was not selected on "
                              "them); the table adds each seed's figures and where frames vanish")
+    parser.add_argument("--no-warmup", action="store_true",
+                        help="show the frames the start-up generation touched (the sampler before issue 30)")
     parser.add_argument("--label", default=None, help="name of this run in the JSON (default from the source)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--output", default=str(RESULTS))
@@ -310,17 +316,21 @@ def main(argv=None) -> int:
                   else (smp["num_chunks"], smp["chunk_size"], smp["micro_steps"]))
         source = folder
         guidance = smp.get("guidance", 1.0) if args.guidance is None else args.guidance
-        videos = [measure_video(render_model(model, meta, p, s, layout, guidance=guidance), p, s, layout[1])
-                  for p, s in pairs]
+        warmup = False if args.no_warmup else None
+        videos = [measure_video(render_model(model, meta, p, s, layout, guidance=guidance, warmup=warmup), p, s,
+                                layout[1]) for p, s in pairs]
     seconds = time.perf_counter() - start
     label = args.label or ("data" if args.data else f"{Path(source).name} N={layout[0]} c={layout[1]} s={layout[2]}"
                                                     + (f" g={guidance:g}" if guidance != 1.0 else ""))
+    if args.no_warmup and not args.label:
+        label += " no warm-up"
     if args.subset:
         label += f" (subset {args.subset})"
     if args.seeds:
         label += " seeds " + ",".join(map(str, args.seeds))
     result = {"source": source, "layout": "N={} c={} s={}".format(*layout)
               + ("" if args.data or guidance == 1.0 else f" guidance {guidance:g}"), "seconds": seconds,
+              "warmup": None if args.data else not args.no_warmup,
               "threads": args.threads, "summary": summarize(videos, layout[1]),
               "videos": [{"prompt": v.prompt, "seed": v.seed, "direction_ok": v.direction_ok,
                           "along": round(v.along, 3), "vanished": v.vanished, "area_cv": round(v.area_cv, 3)}

@@ -9,7 +9,13 @@ is at t = 1: its c frames leave (and become the reference frames), and c new fra
 level 0. Each frame keeps the noise sample it entered with (drawn per frame id).
 
 - Text-to-video starts as in the paper: one uniform-noise generation of N*c frames, whose
-  states at levels (N-1-j)*s fill chunk j.
+  states at levels (N-1-j)*s fill chunk j. With `warmup` (on for the built-in model) the frames
+  that generation touched, the first (N-1)*c, are made and dropped before any frame is shown: the
+  first frame shown entered the buffer as noise and went through every level in the streaming
+  buffer, beside older frames, as every later one does (issue 30: a small model's uniform
+  generation, every frame at one noise level with no formed frame to follow, loses its object
+  in some frames, and a frame keeps what it became there). It costs (N-1)*s buffer calls once,
+  as many as the start-up itself.
 - Video-to-video (SDEdit): levels span [t_start, 1] with t_start = 1 - strength, and an input
   frame enters as (1 - t_start) * noise + t_start * encode(frame); the first N*c input frames
   start the buffer through the same uniform generation.
@@ -47,6 +53,15 @@ class StreamBufferConfig:
     strength: float = 1.0  # 1 = text-to-video from pure noise; < 1 = SDEdit video-to-video (the table's 0.6)
     shift: float = 1.0  # timestep shift (> 1 spends more levels near noise)
     seed: int = 0
+    # text-to-video: drop the (N-1)*c frames the start-up's uniform generation touched ((N-1)*s
+    # more calls before the first frame); off here (the paper's start), on in `build_stream` for
+    # StreamDiT checkpoints (their `sampling.warmup`, default on)
+    warmup: bool = False
+
+    @property
+    def warmup_frames(self) -> int:
+        """Frames a text-to-video start makes and drops: those with a part made by the start-up."""
+        return (self.num_chunks - 1) * self.chunk_size if self.warmup else 0
 
     @property
     def levels(self) -> int:  # T
@@ -98,7 +113,8 @@ class StreamSampler:
         self.noise: dict[int, torch.Tensor] = {}  # each buffered frame's own noise sample
         self.refs = torch.empty(0, *self.shape, device=self.device, dtype=dtype)  # (k <= K, C, h, w)
         self.next_id = 0
-        self.calls = 0  # buffer calls since start (startup calls not counted)
+        self.calls = 0  # buffer calls since start (startup and warm-up calls not counted)
+        self.startup_calls = 0  # calls of the start-up (uniform generation, then any warm-up)
         self.started = False
 
     # ------------------------------------------------------------------ text
@@ -140,7 +156,9 @@ class StreamSampler:
 
     # ------------------------------------------------------------------ start and step
     def start(self, clean: torch.Tensor | None = None) -> None:
-        """Fill the buffer by one uniform generation of N*c frames (clean: (N*c, C, h, w) for SDEdit)."""
+        """Fill the buffer by one uniform generation of N*c frames (clean: (N*c, C, h, w) for SDEdit);
+        text-to-video with `cfg.warmup` then runs the buffer until those frames' chunks that the
+        generation touched have left, dropping them (`warmup_frames`)."""
         cfg = self.cfg
         n, c, s = cfg.num_chunks, cfg.chunk_size, cfg.micro_steps
         u, self.ids = self._enter(clean, cfg.frames)  # (N*c, C, h, w)
@@ -153,7 +171,15 @@ class StreamSampler:
                     self.levels[j * c : (j + 1) * c] = k
             if k < (n - 1) * s:
                 u = self._euler(u, torch.full((cfg.frames,), k, dtype=torch.long))
+                self.startup_calls += 1
         self.started = True
+        if clean is None and cfg.warmup:
+            for _ in range(cfg.warmup_frames // c):  # chunks 0 .. N-2 leave, unseen
+                done = None
+                while done is None:
+                    done = self.step()
+            self.startup_calls += self.calls
+            self.calls = 0
 
     def step(self, clean_next: torch.Tensor | None = None) -> torch.Tensor | None:
         """One call. Every s calls returns the finished chunk (c, C, h, w) and admits c new

@@ -281,3 +281,68 @@ def test_video_stream_frame_api_text_and_video():
     assert len(out) == 7
     with pytest.raises(StreamStudioError):
         v2v.push(np.zeros((8, 8), np.uint8))
+
+
+# ---------------------------------------------------------------------------- warm-up (issue 30)
+
+
+@pytest.mark.parametrize("n,c,s", CONFIGS[:3])
+def test_warmup_shows_only_frames_made_by_streaming_calls(n, c, s):
+    """With `warmup`, every frame shown went through every level in streaming calls (the buffer at
+    N different levels), none in a call of the start-up's uniform generation (every frame at one
+    level). The paper's start shows frames that did not (so the check can fail)."""
+    for warmup in (True, False):
+        oracle = Oracle()
+        cfg = StreamBufferConfig(num_chunks=n, chunk_size=c, micro_steps=s, warmup=warmup)
+        sampler = StreamSampler(oracle, cfg, SHAPE, "p", dtype=torch.float64)
+        oracle.sampler = sampler
+        sampler.start()
+        shown = []
+        while len(shown) < 2 * n * c:
+            done = sampler.step()
+            if done is not None:
+                shown.extend(done)
+        # the exact velocity: frame i becomes target(i)
+        first = next(i for i in range(n * c) if torch.allclose(shown[0], target(i), rtol=0, atol=1e-9))
+        streamed: dict[int, list[float]] = {}  # frame id -> its times in streaming calls
+        for ids, ts in oracle.calls:
+            if len(set(ts)) > 1:
+                for i, t in zip(ids, ts):
+                    streamed.setdefault(i, []).append(t)
+        levels = pytest.approx(level_times(cfg)[:-1].tolist())
+        whole = [streamed.get(i) == levels for i in range(first, first + len(shown))]
+        if warmup:
+            assert all(whole) and first == (n - 1) * c
+            assert sampler.startup_calls == 2 * (n - 1) * s and sampler.calls == len(shown) // c * s
+        else:
+            assert first == 0 and not all(whole)
+
+
+@pytest.mark.parametrize("n,c,s,k", [(4, 2, 2, 0), (4, 2, 1, 2)])
+def test_warmup_drops_the_startup_frames_and_changes_nothing_else(n, c, s, k):
+    """A random network: the warmed-up stream is the plain stream without its first (N-1)*c frames
+    (the same noise per frame id; dropped chunks still become the reference frames)."""
+    model = small_model()
+    shape = (2, 8, 8)
+    outs = []
+    for warmup in (False, True):
+        cfg = StreamBufferConfig(num_chunks=n, chunk_size=c, micro_steps=s, ref_frames=k, seed=4, warmup=warmup)
+        sampler = StreamSampler(StreamDiTBackbone(model), cfg, shape, "a red circle", dtype=torch.float64)
+        sampler.start()
+        out = []
+        while len(out) < 16:
+            done = sampler.step()
+            if done is not None:
+                out.extend(done)
+        outs.append(torch.stack(out))
+    drop = (n - 1) * c
+    assert StreamBufferConfig(num_chunks=n, chunk_size=c, warmup=True).warmup_frames == drop
+    torch.testing.assert_close(outs[1][: 16 - drop], outs[0][drop:16], rtol=1e-9, atol=1e-9)
+
+
+def test_video_to_video_has_no_warmup():
+    """An input frame's output stays aligned with it: the SDEdit start drops nothing."""
+    sampler, oracle = oracle_sampler(4, 2, 2, strength=0.5)
+    sampler.cfg.warmup = True
+    sampler.start(torch.stack([target(i) for i in range(8)]))
+    assert sampler.startup_calls == 6 and sampler.calls == 0 and sampler.ids[0] == 0

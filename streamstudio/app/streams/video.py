@@ -77,14 +77,17 @@ def latent_size(side: tuple[int, int], patch: int, window: tuple[int, int, int],
 def build_stream(model: torch.nn.Module, meta: dict, prompt: str, *, strength: float = 1.0, seed: int = 0,
                  width: int | None = None, height: int | None = None, aspect: float | None = None,
                  num_chunks: int | None = None, chunk_size: int | None = None, micro_steps: int | None = None,
-                 guidance: float | None = None, acceleration: str = "none") -> VideoStream:
+                 guidance: float | None = None, acceleration: str = "none",
+                 warmup: bool | None = None) -> VideoStream:
     """A VideoStream with the checkpoint's sampling defaults, overridden where given, on the
     model's device and dtype. Its output is `width` x `height`; a side not given follows `aspect`
     (the input's width / height; None: the checkpoint's grid) with the checkpoint's side times
     LATENT_SCALE as the longer one, as the image render sizes its output. The latent grid follows
     the output's aspect (`latent_size`). `acceleration` compile or tensorrt wraps the network for
     this buffer layout (models.acceleration.apply_video_acceleration). `guidance` (None: the
-    checkpoint's `sampling.guidance`, else 1) is classifier-free guidance against the empty prompt."""
+    checkpoint's `sampling.guidance`, else 1) is classifier-free guidance against the empty prompt.
+    `warmup` (None: the checkpoint's `sampling.warmup`, else on) drops the text-to-video frames the
+    start-up's uniform generation touched (`StreamBufferConfig.warmup`, issue 30)."""
     from streamstudio.app.streams.image import output_size
     from streamstudio.models.video.video_net import StreamDiTBackbone
     from streamstudio.pipelines.stream_video import StreamBufferConfig, StreamVideoConfig, VideoStream
@@ -99,7 +102,8 @@ def build_stream(model: torch.nn.Module, meta: dict, prompt: str, *, strength: f
         chunk_size=chunk_size or sampling.get("chunk_size", 2),
         micro_steps=micro_steps or sampling.get("micro_steps", 2),
         ref_frames=sampling.get("ref_frames", 0),
-        strength=strength, seed=seed)
+        strength=strength, seed=seed,
+        warmup=bool(sampling.get("warmup", True) if warmup is None else warmup))
     side = (sampling.get("height", 32), sampling.get("width", 32))
     out_w, out_h = output_size(width, height, max(side) * LATENT_SCALE, aspect or side[1] / side[0])
     lat_h, lat_w = latent_size(side, model.cfg.patch_size, tuple(model.cfg.window), out_w / out_h)
