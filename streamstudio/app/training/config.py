@@ -30,8 +30,10 @@ class ImageTrainConfig:
     style_share: float = 0.38  # denoiser prompts naming a style: image_data.DEFAULT_STYLE_SHARE (a test keeps them equal)
     photos: str = ""  # a folder holding the unpacked photograph packages (photo_data.fetch); "" = procedural only
     photo_share: float = 0.75  # share of each batch cut from the photographs (the rest procedural)
+    landscape_share: float = 0.125  # share of landscape layouts under prompts naming one (txt2img's sky over ground)
     ae_warmup: int = 500  # joint stage: its first steps train the autoencoder alone (noisy latents), then all
     ae_weight: float = 0.5  # joint stage: the weight of the autoencoder's own reconstruction (no noise)
+    latent_weight: float = 0.5  # joint stage: MSE of x0 to the look's latents (encode of the target)
     txt2img_weight: float = 0.3  # joint stage: the weight of txt2img's samples (their x0 is the look's mean)
     init: str = ""  # start from this model folder (e.g. the shipped one): its autoencoder and denoiser
     seed: int = 0

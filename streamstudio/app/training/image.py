@@ -287,14 +287,24 @@ class ImageTrainer:
         """(inputs, targets, prompts) in [0, 1]: photo crops (photo_share of the batch, when
         --photos is given) and procedural images, each with a prompt and its look."""
         cfg = self.cfg
+        n_land = round(cfg.batch_size * cfg.landscape_share)
         n_photo = round(cfg.batch_size * cfg.photo_share) if self.photos is not None else 0
+        n_photo = min(n_photo, cfg.batch_size - n_land)
         parts = []
         if n_photo:
             parts.append(self.photos.crops(seed, n_photo, cfg.size))
-        if cfg.batch_size - n_photo:
-            parts.append(image_data.random_images(seed, cfg.batch_size - n_photo, cfg.size))
+        if cfg.batch_size - n_photo - n_land:
+            parts.append(image_data.random_images(seed, cfg.batch_size - n_photo - n_land, cfg.size))
         images = torch.cat(parts)
         targets, prompts = image_data.styled(images, seed, cfg.style_share)
+        if n_land:  # landscape layouts under prompts that name one: what txt2img draws for those words
+            land = image_data.landscapes(seed + 3, n_land, cfg.size)
+            land_targets, land_prompts = image_data.styled(land, seed + 3, cfg.style_share, image_data.LANDSCAPE_WORDS)
+            words = image_data.LANDSCAPE_WORDS
+            land_prompts = [p if any(w in p.split() for w in words) else f"a {words[(seed + k) % len(words)]}, {p}".strip(", ")
+                            for k, p in enumerate(land_prompts)]  # every one names a landscape
+            images, targets = torch.cat([images, land]), torch.cat([targets, land_targets])
+            prompts = prompts + land_prompts
         return images, targets, prompts
 
     def joint_loss(self, step: int) -> torch.Tensor:
@@ -318,8 +328,15 @@ class ImageTrainer:
         x0 = (x - beta * eps) / alpha  # the pipeline's turbo step
         w = torch.where(t == self.t_txt, cfg.txt2img_weight, 1.0)  # (B,)
         loss = (w * recon_loss(net.decode(x0), x_target, per_sample=True)).mean()
+        half = cfg.batch_size // 2  # the autoencoder on plain pictures and on looks (which the decoder must draw)
+        x_ae = torch.cat([x_in[:half], x_target[half:]])
+        z_ae = net.encode(x_ae)
         if cfg.ae_weight:
-            loss = loss + cfg.ae_weight * recon_loss(net.decode(z), x_in)
+            loss = loss + cfg.ae_weight * recon_loss(net.decode(z_ae), x_ae)
+        if cfg.latent_weight:  # x0 toward the look's own latents: the direct signal that teaches the looks
+            with torch.no_grad():
+                z_target = torch.cat([net.encode(x_target[:half]), z_ae[half:]])
+            loss = loss + cfg.latent_weight * (w.view(-1, 1, 1, 1) * (x0 - z_target).pow(2)).mean()
         return loss
 
     # ------------------------------------------------------------------ loop

@@ -110,11 +110,13 @@ def _mix(style_share: float) -> tuple[float, float, float, float]:
     return 0.12, 0.12 + 0.72 * style_share, 0.12 + 0.72 * style_share + rest, 0.12 + 0.72 * style_share + 2 * rest
 
 
-def random_prompt(gen: torch.Generator, style_share: float = DEFAULT_STYLE_SHARE) -> tuple[str, Look]:
-    """A prompt and its look: a style, a grading, a colour, style + colour, or nothing."""
+def random_prompt(gen: torch.Generator, style_share: float = DEFAULT_STYLE_SHARE,
+                  subjects: tuple[str, ...] = SUBJECTS) -> tuple[str, Look]:
+    """A prompt and its look: a style, a grading, a colour, style + colour, or nothing; the
+    subject word (when the template has one) is drawn from `subjects`."""
     plain, style, grade, colour = _mix(style_share)
     u = float(torch.rand((), generator=gen))
-    subject = _pick(gen, SUBJECTS)
+    subject = _pick(gen, subjects)
     if u < plain:
         return _pick(gen, IDENTITY).format(s=subject).strip(), Look()
     if u < style:
@@ -488,17 +490,58 @@ def styled_batch(seed: int, batch: int, size: int,
     return images, targets, prompts
 
 
-def styled(images: torch.Tensor, seed: int,
-           style_share: float = DEFAULT_STYLE_SHARE) -> tuple[torch.Tensor, list[str]]:
+def styled(images: torch.Tensor, seed: int, style_share: float = DEFAULT_STYLE_SHARE,
+           subjects: tuple[str, ...] = SUBJECTS) -> tuple[torch.Tensor, list[str]]:
     """(targets, prompts) for any images (B, 3, H, W) in [0, 1]: a prompt per image drawn from
     the vocabulary (a pure function of the seed) and its look applied to the image."""
     gen = torch.Generator().manual_seed(seed + 7_777_777)
     prompts, targets = [], torch.empty_like(images)
     for b in range(images.shape[0]):
-        prompt, look = random_prompt(gen, style_share)
+        prompt, look = random_prompt(gen, style_share, subjects)
         prompts.append(prompt)
         targets[b] = apply_look(images[b:b + 1], look)[0]
     return targets, prompts
+
+
+LANDSCAPE_WORDS = ("landscape", "mountain", "sea", "sky")  # prompts over `landscapes` images name these
+
+
+def landscape(gen, s):
+    """A landscape's layout: a sky (blue, or a sunset's orange over purple) over a ground of
+    grass, sand or sea at a horizon around the middle, sometimes a mountain range and a sun."""
+    yy, xx = _grid(s)
+    horizon = _uniform(gen, -0.2, 0.35)  # y in [-1, 1], down is +
+    t = ((yy + 1) / (horizon + 1)).clamp(0, 1)
+    if float(torch.rand((), generator=gen)) < 0.7:  # a day sky: deep blue above, pale at the horizon
+        top, low = torch.tensor([0.15, 0.35, 0.8]), torch.tensor([0.65, 0.8, 0.95])
+    else:  # a sunset
+        top, low = torch.tensor([0.3, 0.15, 0.45]), torch.tensor([1.0, 0.6, 0.25])
+    img = top.view(3, 1, 1) + (low - top).view(3, 1, 1) * t
+    if float(torch.rand((), generator=gen)) < 0.4:  # the sun
+        cx, cy, r = _uniform(gen, -0.8, 0.8), _uniform(gen, -0.9, horizon - 0.2), _uniform(gen, 0.05, 0.15)
+        m = _soft(((xx - cx) ** 2 + (yy - cy) ** 2).sqrt() - r, s, 1.5)
+        img = img * (1 - m) + torch.tensor([1.0, 0.95, 0.7]).view(3, 1, 1) * m
+    if float(torch.rand((), generator=gen)) < 0.5:  # a mountain range: a jagged ridge above the horizon
+        ridge = torch.zeros(s)
+        for k in range(1, 5):
+            ridge += _uniform(gen, 0.02, 0.12) / k * torch.sin(xx[0] * math.pi * k * _uniform(gen, 0.5, 2) + _uniform(gen, 0, 6))
+        ridge = horizon - _uniform(gen, 0.1, 0.35) + ridge
+        m = _soft(ridge.view(1, s) - yy, s, 1.5)
+        shade = torch.tensor([0.3, 0.32, 0.4]) * _uniform(gen, 0.6, 1.3)
+        img = img * (1 - m) + shade.view(3, 1, 1) * m
+    ground = _pick(gen, ([0.25, 0.55, 0.2], [0.8, 0.7, 0.45], [0.1, 0.3, 0.55], [0.35, 0.45, 0.2]))
+    depth = ((yy - horizon) / (1 - horizon)).clamp(0, 1)
+    ground = torch.tensor(ground).view(3, 1, 1) * (0.75 + 0.35 * depth)
+    ground = ground + 0.05 * (_rand(gen, 1, s // 4 + 1, s // 4 + 1) - 0.5).repeat_interleave(4, 1).repeat_interleave(4, 2)[:, :s, :s]
+    m = _soft(horizon - yy, s, 1.0)
+    return (img * (1 - m) + ground * m).clamp(0, 1)
+
+
+def landscapes(seed: int, batch: int, size: int) -> torch.Tensor:
+    """(batch, 3, size, size) landscape layouts in [0, 1], a pure function of the seed."""
+    gen = torch.Generator().manual_seed(seed)
+    out = torch.stack([landscape(gen, size) for _ in range(batch)])
+    return out.flip(-1) if float(torch.rand((), generator=gen)) < 0.5 else out
 
 
 def test_card(size: int = 256) -> np.ndarray:
