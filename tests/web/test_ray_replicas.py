@@ -167,6 +167,28 @@ def wait_for_sync(predicate, timeout: float) -> bool:
     return True
 
 
+def test_a_round_with_a_streams_frame_and_its_close_answers_both():
+    """The replica's round in this process (no Ray): a stream's frame and its close in one round
+    (a client leaving while its last frame is on the way) is answered, not a replica failure; a
+    frame or a settings change for a stream the replica does not hold is that stream's error."""
+    from streamstudio.app.cli import build_parser
+    from streamstudio.app.web.ray_replicas import ReplicaActor
+
+    args = build_parser().parse_args(["serve", "--model", "tiny", "--width", "64", "--height", "64", "--device", "cpu"])
+    actor = ReplicaActor({k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool, list, tuple,
+                                                                                  type(None)))})
+    opened = actor.step([{"sid": "a", "op": "open", "mode": "img2img", "size": (64, 64), "settings": {}},
+                         {"sid": "b", "op": "open", "mode": "img2img", "size": (64, 64), "settings": {}}])
+    assert opened["replies"] == {"a": {}, "b": {}} and opened["streams"] == 2
+    both = actor.step([{"sid": "a", "op": "frame", "frame": frame(90, 64, 64)}, {"sid": "a", "op": "close"},
+                       {"sid": "b", "op": "frame", "frame": frame(30, 64, 64)}])
+    assert both["replies"]["a"] == {} and both["replies"]["b"]["frame"].shape == (64, 64, 3)
+    assert both["streams"] == 1
+    gone = actor.step([{"sid": "a", "op": "frame", "frame": frame(90, 64, 64)},
+                       {"sid": "c", "op": "apply", "changes": {"prompt": "red"}}])
+    assert "not open" in gone["replies"]["a"]["error"] and "not open" in gone["replies"]["c"]["error"]
+
+
 def test_cluster_options_are_checked(monkeypatch):
     from streamstudio.app.cli import build_parser
     from streamstudio.app.web.ray_replicas import build_manager

@@ -109,7 +109,8 @@ class ReplicaActor:
                         raise StreamStudioError(f"stream {sid} is not open on this replica")
                     # (a copy: the frame is read from the channel's buffer, which the next round reuses)
                     frame = None if request["frame"] is None else np.array(request["frame"])
-                    frames.append((sid, self.pool.submit(self.steps[sid], frame)))
+                    step = self.steps[sid]  # (kept: a close later in this round removes the stream)
+                    frames.append((sid, step, self.pool.submit(step, frame)))
                     continue
                 replies[sid] = self._control(sid, op, request)
             except StreamStudioError as exc:
@@ -117,8 +118,9 @@ class ReplicaActor:
             except Exception as exc:  # a bug: said in the replica's log, the stream stops
                 log.exception("stream %s: %s", sid, op)
                 replies[sid] = {"error": f"{op} failed on the replica ({_first_line(exc)})"}
-        for sid, future in frames:
-            replies[sid] = self._frame_reply(sid, future)
+        for sid, step, future in frames:
+            if sid not in replies:  # (a close in the same round has answered for the stream)
+                replies[sid] = self._frame_reply(step, future)
         return {"replies": replies, "batching": self.model.batching_stats(), "streams": len(self.steps),
                 "step_ms": 1000 * (time.perf_counter() - t0)}
 
@@ -129,12 +131,14 @@ class ReplicaActor:
             if request.get("settings"):
                 step.apply(request["settings"])
         elif op == "apply":
+            if sid not in self.steps:
+                raise StreamStudioError(f"stream {sid} is not open on this replica")
             self.steps[sid].apply(request["changes"])
         elif op == "close":
             self.steps.pop(sid, None)
         return {}
 
-    def _frame_reply(self, sid: str, future) -> dict:
+    def _frame_reply(self, step: StreamProcessor, future) -> dict:
         try:
             out = future.result()
         except StreamStudioError as exc:
@@ -142,7 +146,7 @@ class ReplicaActor:
         except Exception as exc:  # the replica's network: a device fault, out of memory, ...
             log.exception("replica network failed")
             return {"error": f"{type(exc).__name__}: {exc}", "replica_failed": True}
-        pipe = self.steps[sid].pipe
+        pipe = step.pipe
         return {"frame": out, "skipped": pipe.stats.skipped, "skip_rate": float(pipe.skip_rate),
                 "latency_frames": pipe.latency_frames}
 
