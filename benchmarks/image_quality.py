@@ -30,6 +30,7 @@ the targets.
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 
@@ -188,7 +189,7 @@ def main() -> int:
     print(f"speed: {result['fps_256']:.1f} fps img2img 256x256 on {result['threads']} threads (target >= "
           f"{TARGETS['fps_min']}); weights {result['size_mb']:.1f} MB (target < {TARGETS['size_mb_max']})")
     path = Path(args.output)
-    store = __import__("json").loads(path.read_text()) if path.is_file() else {}
+    store = json.loads(path.read_text()) if path.is_file() else {}
     store[args.label or args.model] = result
     write_json(path, store)
     print(f"stored as {args.label or args.model!r} in {path}")

@@ -176,6 +176,16 @@ def reference_video(model, cfg: StreamBufferConfig, shape, prompt, total):
     return video[:total]
 
 
+
+def stream(sampler: StreamSampler, frames: int) -> list[torch.Tensor]:
+    """Step a started sampler until at least `frames` frames came out; all of them, in order."""
+    out = []
+    while len(out) < frames:
+        done = sampler.step()
+        if done is not None:
+            out.extend(done)
+    return out
+
 @pytest.mark.parametrize("n,c,s,k", [(4, 2, 2, 0), (2, 4, 4, 0), (4, 2, 1, 2)])
 def test_streaming_equals_whole_video_reference(n, c, s, k):
     model = small_model()
@@ -183,11 +193,7 @@ def test_streaming_equals_whole_video_reference(n, c, s, k):
     shape = (2, 8, 8)
     sampler = StreamSampler(StreamDiTBackbone(model), cfg, shape, "a red circle", dtype=torch.float64)
     sampler.start()
-    out = []
-    while len(out) < 12:
-        done = sampler.step()
-        if done is not None:
-            out.extend(done)
+    out = stream(sampler, 12)
     ref = reference_video(model, cfg, shape, "a red circle", 12)
     torch.testing.assert_close(torch.stack(out[:12]), ref, rtol=1e-9, atol=1e-9)
 
@@ -198,11 +204,7 @@ def test_temporal_window_one_equals_per_frame_uniform_sampling():
     shape = (2, 8, 8)
     sampler = StreamSampler(StreamDiTBackbone(model), cfg, shape, "blue", dtype=torch.float64)
     sampler.start()
-    out = []
-    while len(out) < 10:
-        done = sampler.step()
-        if done is not None:
-            out.extend(done)
+    out = stream(sampler, 10)
     times = level_times(cfg)
     text = model.encode_text(["blue"])
     for i in range(10):
@@ -297,11 +299,7 @@ def test_warmup_shows_only_frames_made_by_streaming_calls(n, c, s):
         sampler = StreamSampler(oracle, cfg, SHAPE, "p", dtype=torch.float64)
         oracle.sampler = sampler
         sampler.start()
-        shown = []
-        while len(shown) < 2 * n * c:
-            done = sampler.step()
-            if done is not None:
-                shown.extend(done)
+        shown = stream(sampler, 2 * n * c)
         # the exact velocity: frame i becomes target(i)
         first = next(i for i in range(n * c) if torch.allclose(shown[0], target(i), rtol=0, atol=1e-9))
         streamed: dict[int, list[float]] = {}  # frame id -> its times in streaming calls
@@ -329,11 +327,7 @@ def test_warmup_drops_the_startup_frames_and_changes_nothing_else(n, c, s, k):
         cfg = StreamBufferConfig(num_chunks=n, chunk_size=c, micro_steps=s, ref_frames=k, seed=4, warmup=warmup)
         sampler = StreamSampler(StreamDiTBackbone(model), cfg, shape, "a red circle", dtype=torch.float64)
         sampler.start()
-        out = []
-        while len(out) < 16:
-            done = sampler.step()
-            if done is not None:
-                out.extend(done)
+        out = stream(sampler, 16)
         outs.append(torch.stack(out))
     drop = (n - 1) * c
     assert StreamBufferConfig(num_chunks=n, chunk_size=c, warmup=True).warmup_frames == drop

@@ -258,6 +258,19 @@ class ImageTrainer:
                   return_tensors="pt").input_ids
         return self.parts["text_encoder"](ids.to(self.device))[0]  # (B, L, D)
 
+    def one_step(self, net: DiffusersImageNet, z: torch.Tensor, gen: torch.Generator,
+                 prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The pipeline's one img2img step on scaled latents z (B, C, s, s): a t of its schedule,
+        z noised to x_t with the noise drawn from `gen`, the UNet's eps through the turbo step
+        x0 = (x - sqrt(1 - abar) eps) / sqrt(abar). Returns (t (B,), abar (B, 1, 1, 1), x0)."""
+        t = self._timesteps(gen, z.shape[0]).to(self.device)
+        noise = torch.randn(z.shape, generator=gen).to(self.device)
+        abar = self.abar[t].view(-1, 1, 1, 1)
+        alpha, beta = abar.sqrt(), (1 - abar).sqrt()
+        x = alpha * z + beta * noise
+        eps = net.eps(x, t, ImageCond(text=self.encode_text(prompts)))
+        return t, abar, (x - beta * eps) / alpha
+
     def denoiser_loss(self, step: int) -> torch.Tensor:
         cfg = self.cfg
         seed = (cfg.seed * 1_000_003 + step) * 2 + 1
@@ -268,13 +281,7 @@ class ImageTrainer:
             z_in = net.encode(images.to(self.device) * 2 - 1)  # (B, 4, s, s)
             z_out = net.encode(x_target)
         gen = torch.Generator().manual_seed(seed + 1)
-        t = self._timesteps(gen, cfg.batch_size).to(self.device)
-        noise = torch.randn(z_in.shape, generator=gen).to(self.device)
-        abar = self.abar[t].view(-1, 1, 1, 1)
-        alpha, beta = abar.sqrt(), (1 - abar).sqrt()
-        x = alpha * z_in + beta * noise
-        eps = net.eps(x, t, ImageCond(text=self.encode_text(prompts)))
-        x0 = (x - beta * eps) / alpha  # the pipeline's turbo step
+        t, abar, x0 = self.one_step(net, z_in, gen, prompts)
         w = (abar / self.abar[self.t_default]).clamp(0.05, 1.0)  # txt2img's x0 is 14x the eps error
         loss = ((x0 - z_out).pow(2) * w).mean()
         if cfg.pixel_weight:
@@ -319,13 +326,7 @@ class ImageTrainer:
             # learns the mean picture and the encoder gets no gradient (measured: a collapse)
             z_noisy = z + 0.1 * torch.randn(z.shape, generator=gen).to(z)
             return recon_loss(net.decode(z_noisy), x_in)
-        t = self._timesteps(gen, cfg.batch_size).to(self.device)
-        noise = torch.randn(z.shape, generator=gen).to(self.device)
-        abar = self.abar[t].view(-1, 1, 1, 1)
-        alpha, beta = abar.sqrt(), (1 - abar).sqrt()
-        x = alpha * z + beta * noise
-        eps = net.eps(x, t, ImageCond(text=self.encode_text(prompts)))
-        x0 = (x - beta * eps) / alpha  # the pipeline's turbo step
+        t, _, x0 = self.one_step(net, z, gen, prompts)
         w = torch.where(t == self.t_txt, cfg.txt2img_weight, 1.0)  # (B,)
         loss = (w * recon_loss(net.decode(x0), x_target, per_sample=True)).mean()
         half = cfg.batch_size // 2  # the autoencoder on plain pictures and on looks (which the decoder must draw)

@@ -90,8 +90,7 @@ def _load(path: Path, short_side: int) -> np.ndarray:
         im = im.convert("RGB")
         scale = short_side / min(im.size)
         size = (max(short_side, round(im.size[0] * scale)), max(short_side, round(im.size[1] * scale)))
-        im.draft("RGB", size)  # JPEG: decode at a reduced scale when it can
-        im = im.convert("RGB").resize(size, Image.Resampling.LANCZOS, reducing_gap=3.0)
+        im = im.resize(size, Image.Resampling.LANCZOS, reducing_gap=3.0)
         return np.asarray(im, dtype=np.uint8).copy()  # (H, W, 3)
 
 
