@@ -13,6 +13,7 @@ import pytest
 from clips import frame_image, make_clip, probe
 
 from streamstudio.app.cli import main
+from streamstudio.models.loading import BUILTIN_DIR
 
 av = pytest.importorskip("av", reason="PyAV is not installed (the GPU image has none)")
 
@@ -103,6 +104,10 @@ CASES = {
     "serve output-dir a file": lambda t: ["serve", "--model", "tiny", "--output-dir", str(a_file(t))],
     "train-video output a file": lambda t: ["train-video", "--steps", "1", "--output", str(a_file(t))],
     "train-image output a file": lambda t: ["train-image", "--steps", "1", "--output", str(a_file(t))],
+    "train-image latent-channels without init": lambda t: ["train-image", "--latent-channels", "16", "--output",
+                                                          str(t / "ti")],
+    "train-image latent-channels not a multiple": lambda t: ["train-image", "--init", str(BUILTIN_DIR),
+                                                             "--latent-channels", "13", "--output", str(t / "ti")],
     "build-engines engine-dir a file": lambda t: ["build-engines", "--model", "tiny", "--engine-dir", str(a_file(t))],
     # a device torch does not know (its own message lists twenty device types)
     "render device bogus": lambda t: render_cmd(t, "--device", "bogus"),

@@ -273,3 +273,45 @@ def test_landscape_layouts_put_sky_over_ground_and_are_seeded():
     sky_blue = (top[:, 2] - top[:, :2].mean(1)).mean((1, 2))  # the day skies are bluer at the top than the ground
     assert (sky_blue > (bottom[:, 2] - bottom[:, :2].mean(1)).mean((1, 2))).float().mean() >= 0.5
     assert all(w in image_data.vocabulary() for w in image_data.LANDSCAPE_WORDS)
+
+
+def test_widened_latents_repeat_each_channel(tmp_path):
+    """--latent-channels 2C on the shipped C-channel model: the encoder's latents are each old
+    channel twice, and with the copies equal the decoder and the UNet compute what the old ones
+    did (the split input weights sum to the old ones): a repetition code, the start of the
+    fine-tune (how the shipped model went from 8 to 16 channels)."""
+    from safetensors.torch import load_file
+
+    from streamstudio.app.training.image import ImageTrainConfig, ImageTrainer
+    from streamstudio.models.image import builtin_image
+
+    old = builtin_image.build(json.loads((BUILTIN_DIR / "config.json").read_text())["model"])
+    builtin_image.load_state(old, {k: v.float() for k, v in load_file(str(BUILTIN_DIR / "model.safetensors")).items()})
+    c = old["config"]["vae"]["latent_channels"]
+    wide = ImageTrainer(ImageTrainConfig(output=str(tmp_path / "run"), init=str(BUILTIN_DIR), latent_channels=2 * c,
+                                         cpu=True, progress=False)).parts
+    x = torch.from_numpy(image_data.test_card(64)).permute(2, 0, 1).float()[None] / 127.5 - 1
+    text = torch.randn(1, 4, 64)
+    with torch.no_grad():
+        z_old, z_new = old["vae"].encode(x).latents, wide["vae"].encode(x).latents
+        assert z_new.shape[1] == 2 * c
+        torch.testing.assert_close(z_new, torch.cat([z_old, z_old], 1))  # power_norm: mean square 1 either way
+        torch.testing.assert_close(wide["vae"].decode(z_new).sample, old["vae"].decode(z_old).sample)
+        eps_old = old["unet"](z_old, 499, encoder_hidden_states=text).sample
+        eps_new = wide["unet"](z_new, 499, encoder_hidden_states=text).sample
+        torch.testing.assert_close(eps_new, torch.cat([eps_old, eps_old], 1), atol=1e-4, rtol=1e-4)
+    assert wide["config"]["unet"]["in_channels"] == wide["config"]["vae"]["latent_channels"] == 2 * c
+    with pytest.raises(Exception, match="multiple"):
+        ImageTrainer(ImageTrainConfig(output=str(tmp_path / "x"), init=str(BUILTIN_DIR), latent_channels=c + 1, cpu=True))
+    with pytest.raises(Exception, match="--init"):
+        ImageTrainer(ImageTrainConfig(output=str(tmp_path / "y"), latent_channels=2 * c, cpu=True))
+
+
+def test_edge_loss_is_one_minus_the_benchmarks_edge_correlation():
+    from streamstudio.app.training.image import edge_loss
+
+    held = photo_data.held_out(64)
+    a, b = held["cat"], held["rocket"]
+    for other in (b, gaussian_blur(a, 2), a):
+        ta, tb = (torch.from_numpy(p).permute(2, 0, 1).double()[None] / 127.5 - 1 for p in (a, other))
+        assert float(1 - edge_loss(ta, tb)[0]) == pytest.approx(edge_correlation(a, other), abs=1e-4)

@@ -54,6 +54,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--init", default="", metavar="DIR",
                    help="start from a trained model folder (e.g. streamstudio/assets/image_builtin): "
                         "its autoencoder is kept, the denoiser trains on (a new run, not --resume)")
+    p.add_argument("--latent-channels", type=number(int, 0, 256), default=DEFAULTS.latent_channels, metavar="C",
+                   help="with --init: widen the model's latents to C channels, a multiple of its own (each channel "
+                        "repeated, then trained on; 0 keeps them)")
+    p.add_argument("--edge-weight", type=number(float, 0, 100), default=DEFAULTS.edge_weight,
+                   help="joint stage: weight of the edge term (1 - correlation of Sobel edge maps, output vs look)")
     p.add_argument("--seed", type=number(int, 0, 2**63 - 1), default=DEFAULTS.seed)
     p.add_argument("--save-every", type=number(int, 1, 10**8), default=DEFAULTS.save_every)
     p.add_argument("--resume", action="store_true", help="continue the run saved in --output")

@@ -36,6 +36,8 @@ class ImageTrainConfig:
     latent_weight: float = 0.5  # joint stage: MSE of x0 to the look's latents (encode of the target)
     txt2img_weight: float = 0.3  # joint stage: the weight of txt2img's samples (their x0 is the look's mean)
     init: str = ""  # start from this model folder (e.g. the shipped one): its autoencoder and denoiser
+    latent_channels: int = 0  # with init: widen the model's latents to this many channels (a multiple; 0 keeps them)
+    edge_weight: float = 0.0  # joint stage: weight of 1 - correlation of the Sobel edge maps of x0's picture and the look
     seed: int = 0
     save_every: int = 200
     resume: bool = False

@@ -90,6 +90,24 @@ def _edges(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return x[..., :, 1:] - x[..., :, :-1], x[..., 1:, :] - x[..., :-1, :]
 
 
+def sobel_magnitude(x: torch.Tensor) -> torch.Tensor:
+    """(B, H, W) Sobel gradient magnitude of the luminance of images (B, 3, H, W), edges
+    replicated: image_metrics.sobel (Rec. 601 luma) in torch, differentiable."""
+    y = (x * torch.tensor([0.299, 0.587, 0.114], device=x.device, dtype=x.dtype).view(1, 3, 1, 1)).sum(1)
+    p = torch.nn.functional.pad(y[:, None], (1, 1, 1, 1), mode="replicate")[:, 0]
+    gx = (p[:, :-2, 2:] + 2 * p[:, 1:-1, 2:] + p[:, 2:, 2:]) - (p[:, :-2, :-2] + 2 * p[:, 1:-1, :-2] + p[:, 2:, :-2])
+    gy = (p[:, 2:, :-2] + 2 * p[:, 2:, 1:-1] + p[:, 2:, 2:]) - (p[:, :-2, :-2] + 2 * p[:, :-2, 1:-1] + p[:, :-2, 2:])
+    return (gx.pow(2) + gy.pow(2) + 1e-8).sqrt()
+
+
+def edge_loss(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """(B,) 1 - Pearson correlation of the Sobel edge maps (what image_metrics.edge_correlation
+    measures): edges where the target has them, of any overall strength."""
+    a, b = sobel_magnitude(pred).flatten(1), sobel_magnitude(target).flatten(1)
+    a, b = a - a.mean(1, keepdim=True), b - b.mean(1, keepdim=True)
+    return 1 - (a * b).sum(1) / (a.norm(dim=1) * b.norm(dim=1) + 1e-6)
+
+
 def recon_loss(pred: torch.Tensor, target: torch.Tensor, per_sample: bool = False) -> torch.Tensor:
     """L1 on pixels and on their differences (images in [-1, 1]); (B,) with per_sample."""
     (px, py), (tx, ty) = _edges(pred), _edges(target)
@@ -134,6 +152,8 @@ class ImageTrainer:
         config = None
         if cfg.resume and cfg.init:
             raise StreamStudioError("--init starts a new run from a model; --resume continues a run: use one")
+        if cfg.latent_channels and not cfg.init:
+            raise StreamStudioError("--latent-channels widens the model given by --init; give --init DIR")
         if cfg.resume:
             config = self._read_config()
         elif cfg.init:
@@ -171,7 +191,13 @@ class ImageTrainer:
         if not path.is_file() or not (path.parent / "model.safetensors").is_file():
             raise StreamStudioError(f"--init {self.cfg.init}: no model.safetensors and config.json there "
                                     "(give a trained model folder, e.g. streamstudio/assets/image_builtin)")
-        return json.loads(path.read_text())["model"]
+        config = json.loads(path.read_text())["model"]
+        if self.cfg.latent_channels and self.cfg.latent_channels != config["vae"]["latent_channels"]:
+            try:  # the widened config; _init_from widens the weights the same way
+                config, _ = builtin_image.widen_latents(config, {}, self.cfg.latent_channels, weights=False)
+            except ValueError as e:
+                raise StreamStudioError(f"--latent-channels: {e}") from e
+        return config
 
     def _init_from(self, folder: Path) -> None:
         """A trained model's weights (float16 ones too) as the start of a new run: its
@@ -179,6 +205,9 @@ class ImageTrainer:
         from safetensors.torch import load_file
 
         state = {k: v.float() for k, v in load_file(str(folder / "model.safetensors")).items()}
+        config = json.loads((folder / "config.json").read_text())["model"]
+        if self.cfg.latent_channels and self.cfg.latent_channels != config["vae"]["latent_channels"]:
+            _, state = builtin_image.widen_latents(config, state, self.cfg.latent_channels)
         builtin_image.load_state(self.parts, state)
         self.state.update(vae_step=self.cfg.vae_steps, scaled=True)
 
@@ -328,12 +357,18 @@ class ImageTrainer:
             return recon_loss(net.decode(z_noisy), x_in)
         t, _, x0 = self.one_step(net, z, gen, prompts)
         w = torch.where(t == self.t_txt, cfg.txt2img_weight, 1.0)  # (B,)
-        loss = (w * recon_loss(net.decode(x0), x_target, per_sample=True)).mean()
+        picture = net.decode(x0)
+        loss = (w * recon_loss(picture, x_target, per_sample=True)).mean()
+        if cfg.edge_weight:  # img2img samples only: txt2img's target is the look's mean, not its edges
+            loss = loss + cfg.edge_weight * ((t != self.t_txt) * edge_loss(picture, x_target)).mean()
         half = cfg.batch_size // 2  # the autoencoder on plain pictures and on looks (which the decoder must draw)
         x_ae = torch.cat([x_in[:half], x_target[half:]])
         z_ae = net.encode(x_ae)
         if cfg.ae_weight:
-            loss = loss + cfg.ae_weight * recon_loss(net.decode(z_ae), x_ae)
+            rec = net.decode(z_ae)
+            loss = loss + cfg.ae_weight * recon_loss(rec, x_ae)
+            if cfg.edge_weight:
+                loss = loss + cfg.ae_weight * cfg.edge_weight * edge_loss(rec, x_ae).mean()
         if cfg.latent_weight:  # x0 toward the look's own latents: the direct signal that teaches the looks
             with torch.no_grad():
                 z_target = torch.cat([net.encode(x_target[:half]), z_ae[half:]])

@@ -254,3 +254,33 @@ def load_state(parts: dict, state: dict[str, torch.Tensor], strict: bool = True)
         if missing or unexpected:
             raise ValueError(f"the {prefix} weights do not match their config "
                              f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+
+
+def widen_latents(config: dict, state: dict[str, torch.Tensor], channels: int,
+                  weights: bool = True) -> tuple[dict, dict]:
+    """(config, state) of the same model with `channels` latent channels, a whole multiple k of
+    its own C, each old channel repeated k times (a repetition code): the encoder's last
+    convolution and the UNet's conv_out repeat their outputs, the decoder's first convolution and
+    the UNet's conv_in split their input weights evenly over the copies. With power_norm the
+    latents' mean square stays 1, so each of the C*k channels carries the power one of C did: the
+    pipeline's noise, independent per channel, averages out k-fold over the copies (k times the
+    signal-to-noise ratio the C-channel model saw), which further training then spends on more
+    than repetition. The UNet and decoder see the old latents plus less noise: the start of a
+    fine-tune, not the same outputs. weights=False: only the config (state returned as given)."""
+    old = config["vae"]["latent_channels"]
+    if channels % old or channels < old:
+        raise ValueError(f"latent channels {channels}: a whole multiple of the model's {old}")
+    if len(config["vae"]["block_out_channels"]) != 3:
+        raise ValueError("widening needs the 4x-latent autoencoder (3 blocks)")
+    k = channels // old
+    config = json.loads(json.dumps(config))
+    config["vae"]["latent_channels"] = config["unet"]["in_channels"] = config["unet"]["out_channels"] = channels
+    if not weights:
+        return config, state
+    state = dict(state)
+    enc_last = "vae.encoder.5"  # Conv2d(enc, C): PixelUnshuffle, Conv, ReLU, _Res, ReLU, Conv
+    for key in (f"{enc_last}.weight", f"{enc_last}.bias", "unet.conv_out.weight", "unet.conv_out.bias"):
+        state[key] = state[key].repeat(k, *([1] * (state[key].dim() - 1)))  # outputs: c, then its copies
+    for key in ("vae.decoder.0.weight", "unet.conv_in.weight"):
+        state[key] = state[key].repeat(1, k, 1, 1) / k  # inputs: the k copies share the weight
+    return config, state
