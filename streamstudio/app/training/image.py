@@ -8,7 +8,11 @@ joint (the default, what the shipped model ran): the autoencoder, the UNet and t
    on pixels and on their differences). The encoder so learns latents whose structure survives
    the noise the pipeline adds (a joint source-channel code), which a frozen autoencoder
    trained alone cannot: this is what keeps a photograph's edges at strength 0.5. The
-   autoencoder's own reconstruction (no noise) is a second term, for small strengths.
+   autoencoder's own reconstruction (no noise) is a second term, for small strengths. With
+   --edge-weight, both pictures also pay 1 - the correlation of their Sobel edge maps with the
+   target's (what benchmarks/image_quality.py measures): L1 averages an edge it is unsure of
+   into a blur, the correlation asks for the edge. --init with --latent-channels starts from a
+   trained model with its latents widened by repetition (builtin_image.widen_latents).
 
 The older two-stage recipe (`--stage all`, or `vae` and `denoiser` alone):
 
