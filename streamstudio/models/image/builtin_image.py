@@ -5,7 +5,8 @@ CLIP text encoder and a word-level tokenizer, built from configs (trained by
 The autoencoder never convolves at full resolution: the encoder starts with a 2x2
 space-to-depth (PixelUnshuffle) and the decoder ends with depth-to-space (PixelShuffle), so
 256x256 costs a few milliseconds on one CPU core. The shipped model's latents are 1/4 of the
-image with 8 channels, each image's latents scaled to mean square 1 (`power_norm`), so the
+image with 16 channels (trained from scratch at 8, then widened by `widen_latents` and trained
+on), each image's latents scaled to mean square 1 (`power_norm`), so the
 noise the pipeline adds at a strength is the noise training saw; the older design (1/8, 4
 channels, as Stable Diffusion's) still loads from its config. The UNet and text encoder are diffusers / transformers classes with tiny
 configs, so the pipeline, the feature bank and the exporters treat them as any SD model's.
@@ -27,7 +28,7 @@ BUILTIN_NAME = "builtin"
 TEXT_DIM = 64
 MAX_TOKENS = 32  # the tokenizer's model_max_length and the text encoder's positions
 
-LATENT_CHANNELS = 8
+LATENT_CHANNELS = 8  # a new model's (train-image's stage 1); the shipped one is widened to 16 (its config.json)
 # Latents at 1/4 of the image, 8 channels. The UNet's levels run at 1/4, 1/8 and 1/16 of the
 # image; self- and cross-attention only at the last (256 tokens at 256x256), and the prompt
 # also reaches every level through the time embedding (addition_embed_type "text": pooled text
