@@ -102,6 +102,21 @@ def photo_figures(comps, pipe: StreamDiffusion, photos: dict[str, np.ndarray]) -
     return rows
 
 
+def more_figures(pipe: StreamDiffusion, photos: dict[str, np.ndarray]) -> dict:
+    """Edge correlation of img2img (no prompt) and of the sigma-4 blur, per picture, printed."""
+    rows = {}
+    for name, img in photos.items():
+        pipe.set_prompt("")
+        out = pipe(img)
+        rows[name] = {"edge": m.edge_correlation(img, out), "edge_blur4": m.edge_correlation(img, m.gaussian_blur(img, 4.0))}
+    print("\nmore held out (edge / blur4): " + ", ".join(f"{k} {v['edge']:.3f}/{v['edge_blur4']:.3f}"
+                                                       for k, v in rows.items()))
+    edges = [v["edge"] for v in rows.values()]
+    print(f"  edge >= {TARGETS['edge_min']} on {sum(e >= TARGETS['edge_min'] for e in edges)} of {len(edges)}, "
+          f"above the blur on {sum(v['edge'] > v['edge_blur4'] for v in rows.values())}")
+    return rows
+
+
 def txt2img_figures(comps) -> dict:
     pipe = pipeline(comps, "txt2img")
     out = {}
@@ -160,6 +175,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="builtin")
     ap.add_argument("--photos", default=None, help="the unpacked training photographs: also measure the tune split")
+    ap.add_argument("--more", action="store_true",
+                    help="also scikit-image's other bundled pictures (photo_data.MORE_HELD_OUT): edges only")
     ap.add_argument("--label", default=None)
     ap.add_argument("--frames", type=int, default=40, help="frames timed for the speed figure")
     ap.add_argument("--output", default=str(RESULTS / "image_quality.json"))
@@ -171,6 +188,8 @@ def main() -> int:
     result = {"date": utc_now(), "model": args.model, "threads": torch.get_num_threads(),
               "held_out": photo_figures(comps, pipe, held)}
     print_table("held out", result["held_out"])
+    if args.more:
+        result["held_out_more"] = more_figures(pipe, photo_data.held_out(SIZE, more=True))
     if args.photos:
         tune = photo_data.PhotoSet(args.photos, "tune", short_side=SIZE)
         photos = {}

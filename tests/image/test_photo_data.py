@@ -72,3 +72,13 @@ def test_held_out_photographs_are_scikit_images():
     assert set(held) == {"astronaut", "coffee", "cat", "rocket", "motorcycle"}
     assert all(img.shape == (64, 64, 3) and img.dtype == np.uint8 for img in held.values())
     assert len({img.tobytes() for img in held.values()}) == 5
+
+
+def test_more_held_out_pictures_are_scikit_images_others():
+    more = photo_data.held_out(32, more=True)
+    assert set(more) == {name for name, _ in photo_data.MORE_HELD_OUT} and len(more) == 11
+    assert all(img.shape == (32, 32, 3) and img.dtype == np.uint8 for img in more.values())
+    camera = more["camera"].astype(int)  # a grey photograph comes as three equal channels
+    assert (camera[..., 0] == camera[..., 1]).all() and camera.std() > 20
+    files = {file for _, file in photo_data.HELD_OUT}
+    assert not files & {file for _, file in photo_data.MORE_HELD_OUT}
