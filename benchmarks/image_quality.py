@@ -69,6 +69,11 @@ def autoencode(comps, image: np.ndarray) -> np.ndarray:
     return ((y[0].float().clamp(-1, 1) + 1) * 127.5).round().byte().permute(1, 2, 0).cpu().numpy()
 
 
+def edge_figures(img: np.ndarray, out: np.ndarray) -> dict:
+    """Sobel edge correlation of the output with its input, and of a sigma-4 blur (the baseline)."""
+    return {"edge": m.edge_correlation(img, out), "edge_blur4": m.edge_correlation(img, m.gaussian_blur(img, 4.0))}
+
+
 def photo_figures(comps, pipe: StreamDiffusion, photos: dict[str, np.ndarray]) -> dict:
     prompts = ("", "a photo", "red", "blue", "black and white", "sepia", *STYLE_WORDS)
     names = list(photos)
@@ -82,8 +87,7 @@ def photo_figures(comps, pipe: StreamDiffusion, photos: dict[str, np.ndarray]) -
             "ae_psnr": m.psnr(ae, img), "ae_ssim": m.ssim(ae, img),
             "bicubic_psnr": m.psnr(m.bicubic_down_up(img, factor), img),
             "bicubic_ssim": m.ssim(m.bicubic_down_up(img, factor), img),
-            "edge": m.edge_correlation(img, out[""]), "edge_a_photo": m.edge_correlation(img, out["a photo"]),
-            "edge_blur4": m.edge_correlation(img, m.gaussian_blur(img, 4.0)),
+            **edge_figures(img, out[""]), "edge_a_photo": m.edge_correlation(img, out["a photo"]),
             "edge_unrelated": m.edge_correlation(img, other),
             "ssim": m.ssim(out[""], img),
             "red_minus_blue_redness": m.redness(out["red"]) - m.redness(out["blue"]),
@@ -108,7 +112,7 @@ def more_figures(pipe: StreamDiffusion, photos: dict[str, np.ndarray]) -> dict:
     for name, img in photos.items():
         pipe.set_prompt("")
         out = pipe(img)
-        rows[name] = {"edge": m.edge_correlation(img, out), "edge_blur4": m.edge_correlation(img, m.gaussian_blur(img, 4.0))}
+        rows[name] = edge_figures(img, out)
     print("\nmore held out (edge / blur4): " + ", ".join(f"{k} {v['edge']:.3f}/{v['edge_blur4']:.3f}"
                                                        for k, v in rows.items()))
     edges = [v["edge"] for v in rows.values()]

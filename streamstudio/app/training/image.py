@@ -195,7 +195,7 @@ class ImageTrainer:
         if not path.is_file() or not (path.parent / "model.safetensors").is_file():
             raise StreamStudioError(f"--init {self.cfg.init}: no model.safetensors and config.json there "
                                     "(give a trained model folder, e.g. streamstudio/assets/image_builtin)")
-        config = json.loads(path.read_text())["model"]
+        config = self.init_config = json.loads(path.read_text())["model"]  # the init model's own, for _init_from
         if self.cfg.latent_channels and self.cfg.latent_channels != config["vae"]["latent_channels"]:
             try:  # the widened config; _init_from widens the weights the same way
                 config, _ = builtin_image.widen_latents(config, {}, self.cfg.latent_channels, weights=False)
@@ -209,9 +209,9 @@ class ImageTrainer:
         from safetensors.torch import load_file
 
         state = {k: v.float() for k, v in load_file(str(folder / "model.safetensors")).items()}
-        config = json.loads((folder / "config.json").read_text())["model"]
-        if self.cfg.latent_channels and self.cfg.latent_channels != config["vae"]["latent_channels"]:
-            _, state = builtin_image.widen_latents(config, state, self.cfg.latent_channels)
+        channels = self.parts["config"]["vae"]["latent_channels"]
+        if channels != self.init_config["vae"]["latent_channels"]:  # _read_init_config widened the config
+            _, state = builtin_image.widen_latents(self.init_config, state, channels)
         builtin_image.load_state(self.parts, state)
         self.state.update(vae_step=self.cfg.vae_steps, scaled=True)
 
