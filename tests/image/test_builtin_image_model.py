@@ -11,6 +11,7 @@ The bounds are the figures measured on the shipped checkpoint with a margin
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -204,7 +205,7 @@ def test_a_short_joint_run_on_photographs_saves_resumes_and_loads(tmp_path, monk
     assert cli.main(args(2)) == 0
     state = json.loads((out / "trainer_state.json").read_text())
     assert state["joint_step"] == 2 and len(state["losses"]["joint"]) == 2
-    assert cli.main(args(3, "--resume", "--export", str(tmp_path / "shipped"))) == 0
+    assert cli.main(args(3, "--resume", "--layout-size", "48", "--export", str(tmp_path / "shipped"))) == 0
     assert json.loads((out / "trainer_state.json").read_text())["joint_step"] == 3
     assert (tmp_path / "shipped" / "model.safetensors").stat().st_size < (out / "model.safetensors").stat().st_size
     comps = load_components(str(tmp_path / "shipped"))
@@ -274,6 +275,27 @@ def test_landscape_layouts_put_sky_over_ground_and_are_seeded():
     sky_blue = (top[:, 2] - top[:, :2].mean(1)).mean((1, 2))  # the day skies are bluer at the top than the ground
     assert (sky_blue > (bottom[:, 2] - bottom[:, :2].mean(1)).mean((1, 2))).float().mean() >= 0.5
     assert all(w in image_data.vocabulary() for w in image_data.LANDSCAPE_WORDS)
+
+
+def test_layout_loss_is_txt2img_of_a_landscape_at_the_layout_size(tmp_path, monkeypatch):
+    """--layout-size: one landscape a step, drawn from pure noise at txt2img's t (999) at that
+    size, under a prompt naming a landscape; its x0 is pulled to the layout (sky over ground)."""
+    from streamstudio.app.training.image import DiffusersImageNet, ImageTrainConfig, ImageTrainer
+
+    trainer = ImageTrainer(ImageTrainConfig(output=str(tmp_path / "run"), init=str(BUILTIN_DIR), layout_size=64,
+                                            cpu=True, progress=False))
+    net = DiffusersImageNet(trainer.parts["unet"], trainer.parts["vae"])
+    seen, prompts = [], []
+    eps, encode_text = net.eps, trainer.encode_text
+    monkeypatch.setattr(net, "eps", lambda x, t, cond: seen.append((x.shape, t.tolist())) or eps(x, t, cond))
+    monkeypatch.setattr(trainer, "encode_text", lambda p: prompts.extend(p) or encode_text(p))
+    loss = trainer.layout_loss(net, 7)
+    c = trainer.parts["config"]["vae"]["latent_channels"]
+    assert seen == [((1, c, 16, 16), [999])]
+    assert len(prompts) == 1 and set(re.findall(r"[a-z]+", prompts[0])) & set(image_data.LANDSCAPE_WORDS)
+    loss.backward()
+    assert loss.item() > 0 and trainer.parts["unet"].conv_out.weight.grad.abs().sum() > 0
+    assert torch.equal(trainer.layout_loss(net, 7).detach(), loss.detach())  # a pure function of the seed
 
 
 def test_widened_latents_repeat_each_channel(tmp_path):

@@ -59,6 +59,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "repeated, then trained on; 0 keeps them)")
     p.add_argument("--edge-weight", type=number(float, 0, 100), default=DEFAULTS.edge_weight,
                    help="joint stage: weight of the edge term (1 - correlation of Sobel edge maps, output vs look)")
+    p.add_argument("--layout-size", type=number(int, 0, 4096, multiple=16), default=DEFAULTS.layout_size, metavar="PX",
+                   help="joint stage: also train one txt2img landscape a step at PX pixels (the pipeline's size, 256: "
+                        "sky over ground needs the whole height; 0: none)")
     p.add_argument("--seed", type=number(int, 0, 2**63 - 1), default=DEFAULTS.seed)
     p.add_argument("--save-every", type=number(int, 1, 10**8), default=DEFAULTS.save_every)
     p.add_argument("--resume", action="store_true", help="continue the run saved in --output")

@@ -338,14 +338,39 @@ class ImageTrainer:
         images = torch.cat(parts)
         targets, prompts = image_data.styled(images, seed, cfg.style_share)
         if n_land:  # landscape layouts under prompts that name one: what txt2img draws for those words
-            land = image_data.landscapes(seed + 3, n_land, cfg.size)
-            land_targets, land_prompts = image_data.styled(land, seed + 3, cfg.style_share, image_data.LANDSCAPE_WORDS)
-            words = image_data.LANDSCAPE_WORDS
-            land_prompts = [p if any(w in p.split() for w in words) else f"a {words[(seed + k) % len(words)]}, {p}".strip(", ")
-                            for k, p in enumerate(land_prompts)]  # every one names a landscape
+            land, land_targets, land_prompts = self.landscape_batch(seed + 3, n_land, cfg.size)
             images, targets = torch.cat([images, land]), torch.cat([targets, land_targets])
             prompts = prompts + land_prompts
         return images, targets, prompts
+
+    def landscape_batch(self, seed: int, n: int, size: int) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+        """(inputs, targets, prompts): n landscape layouts of `size` pixels, each under a prompt that
+        names a landscape (and sometimes a look)."""
+        land = image_data.landscapes(seed, n, size)
+        targets, prompts = image_data.styled(land, seed, self.cfg.style_share, image_data.LANDSCAPE_WORDS)
+        words = image_data.LANDSCAPE_WORDS
+        prompts = [p if any(w in p.split() for w in words) else f"a {words[(seed + k) % len(words)]}, {p}".strip(", ")
+                   for k, p in enumerate(prompts)]  # every one names a landscape
+        return land, targets, prompts
+
+    def layout_loss(self, net: DiffusersImageNet, seed: int) -> torch.Tensor:
+        """txt2img of one landscape at --layout-size pixels, from pure noise at txt2img's t: x0 must
+        be the layout (L1 on pixels and latents). Sky over ground needs the picture's whole height:
+        the UNet has no position embedding, only its convolutions' zero padding tells top from
+        bottom, and at the 96-pixel crops that is learned at a 6x6 grid of 1/16 tokens, not the
+        16x16 grid of the pipeline's 256 pixels."""
+        _, target, prompts = self.landscape_batch(seed, 1, self.cfg.layout_size)
+        x_target = target.to(self.device) * 2 - 1
+        with torch.no_grad():
+            z_target = net.encode(x_target)
+        gen = torch.Generator().manual_seed(seed + 1)
+        abar = self.abar[self.t_txt]
+        x = (1 - abar).sqrt() * torch.randn(z_target.shape, generator=gen).to(self.device) + abar.sqrt() * z_target
+        t = torch.full((1,), self.t_txt, device=self.device)
+        eps = net.eps(x, t, ImageCond(text=self.encode_text(prompts)))
+        x0 = (x - (1 - abar).sqrt() * eps) / abar.sqrt()
+        return self.cfg.txt2img_weight * (recon_loss(net.decode(x0), x_target)
+                                          + self.cfg.latent_weight * (x0 - z_target).pow(2).mean())
 
     def joint_loss(self, step: int) -> torch.Tensor:
         cfg = self.cfg
@@ -377,6 +402,8 @@ class ImageTrainer:
             with torch.no_grad():
                 z_target = torch.cat([net.encode(x_target[:half]), z_ae[half:]])
             loss = loss + cfg.latent_weight * (w.view(-1, 1, 1, 1) * (x0 - z_target).pow(2)).mean()
+        if cfg.layout_size:
+            loss = loss + self.layout_loss(net, seed + 5)
         return loss
 
     # ------------------------------------------------------------------ loop
