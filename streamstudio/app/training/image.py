@@ -292,11 +292,12 @@ class ImageTrainer:
         return self.parts["text_encoder"](ids.to(self.device))[0]  # (B, L, D)
 
     def one_step(self, net: DiffusersImageNet, z: torch.Tensor, gen: torch.Generator,
-                 prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The pipeline's one img2img step on scaled latents z (B, C, s, s): a t of its schedule,
-        z noised to x_t with the noise drawn from `gen`, the UNet's eps through the turbo step
-        x0 = (x - sqrt(1 - abar) eps) / sqrt(abar). Returns (t (B,), abar (B, 1, 1, 1), x0)."""
-        t = self._timesteps(gen, z.shape[0]).to(self.device)
+                 prompts: list[str], t: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The pipeline's one step on scaled latents z (B, C, s, s): a t of its schedule drawn from
+        `gen` (or the t (B,) given), z noised to x_t with the noise drawn from `gen`, the UNet's eps
+        through the turbo step x0 = (x - sqrt(1 - abar) eps) / sqrt(abar). Returns (t (B,),
+        abar (B, 1, 1, 1), x0)."""
+        t = (self._timesteps(gen, z.shape[0]) if t is None else t).to(self.device)
         noise = torch.randn(z.shape, generator=gen).to(self.device)
         abar = self.abar[t].view(-1, 1, 1, 1)
         alpha, beta = abar.sqrt(), (1 - abar).sqrt()
@@ -364,11 +365,7 @@ class ImageTrainer:
         with torch.no_grad():
             z_target = net.encode(x_target)
         gen = torch.Generator().manual_seed(seed + 1)
-        abar = self.abar[self.t_txt]
-        x = (1 - abar).sqrt() * torch.randn(z_target.shape, generator=gen).to(self.device) + abar.sqrt() * z_target
-        t = torch.full((1,), self.t_txt, device=self.device)
-        eps = net.eps(x, t, ImageCond(text=self.encode_text(prompts)))
-        x0 = (x - (1 - abar).sqrt() * eps) / abar.sqrt()
+        _, _, x0 = self.one_step(net, z_target, gen, prompts, t=torch.full((1,), self.t_txt))
         return self.cfg.txt2img_weight * (recon_loss(net.decode(x0), x_target)
                                           + self.cfg.latent_weight * (x0 - z_target).pow(2).mean())
 
