@@ -71,6 +71,18 @@ def test_resume_continues_exactly(tmp_path):
         VideoTrainer(small_cfg(tmp_path / "c", resume=True))
 
 
+def test_workers_draw_the_same_batches_as_the_loop(tmp_path):
+    """--workers: processes draw the batches ahead (what a GPU waits for); the run is the same,
+    step for step, as the loop drawing them itself, and a resumed run with workers starts its
+    loader at the step it resumes from."""
+    straight = VideoTrainer(small_cfg(tmp_path / "a", steps=5, cond_drop=0.3)).train()
+    ahead = VideoTrainer(small_cfg(tmp_path / "b", steps=5, cond_drop=0.3, workers=2)).train()
+    np.testing.assert_allclose(ahead, straight, rtol=1e-5)
+    VideoTrainer(small_cfg(tmp_path / "c", steps=2, cond_drop=0.3, workers=1)).train()
+    rest = VideoTrainer(small_cfg(tmp_path / "c", steps=5, cond_drop=0.3, workers=2, resume=True)).train()
+    np.testing.assert_allclose(rest, straight[2:], rtol=1e-4)
+
+
 def test_distillation_runs_from_a_teacher(tmp_path):
     VideoTrainer(small_cfg(tmp_path / "t", steps=4)).train()
     cfg = small_cfg(tmp_path / "s", steps=4, mode="distill", teacher=str(tmp_path / "t" / "run"), teacher_steps=2,

@@ -49,6 +49,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--cpu", action="store_true", help="train on CPU even when a GPU is present")
     p.add_argument("--max-minutes", type=number(float, 0, 10**7), default=0.0, help="stop and save after this wall time (0: no limit)")
     p.add_argument("--threads", type=number(int, 0, 1024), default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--workers", type=number(int, 0, 256), default=DEFAULTS.workers,
+                   help="flow mode: processes that draw the batches ahead of the training loop (on a GPU the "
+                        "synthetic clips and noise, drawn on one CPU core, are what it waits for; 0: none)")
     p.add_argument("--num-chunks", type=number(int, 1, 64), default=4, help="sampling default stored with the checkpoint: N")
     p.add_argument("--micro-steps", type=number(int, 1, 64), default=None,
                    help="sampling default stored with the checkpoint: s (default 2, 1 in distill mode)")

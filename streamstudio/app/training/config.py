@@ -76,4 +76,5 @@ class VideoTrainConfig:
     cpu: bool = False
     max_minutes: float = 0.0  # stop (and save) after this much wall time; 0 = no limit
     progress: bool = True
+    workers: int = 0  # flow mode: processes that draw the batches ahead of the loop (0: the loop draws them)
     sampling: dict = field(default_factory=lambda: {"num_chunks": 4, "chunk_size": 2, "micro_steps": 2})

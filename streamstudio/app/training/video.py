@@ -29,7 +29,7 @@ import json
 import logging
 import math
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -99,6 +99,55 @@ def lr_at(cfg: VideoTrainConfig, step: int) -> float:
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
 
+@dataclass
+class FlowDraw:
+    """Everything random in one flow-matching step, on the CPU: clean clips (B, F, C, H, W), the
+    captions (some dropped to ""), the levels (B, F) and the noise (B, F, C, H, W)."""
+
+    clips: torch.Tensor
+    captions: list[str]
+    levels: torch.Tensor
+    noise: torch.Tensor
+
+
+def draw_clips(cfg: VideoTrainConfig, data, step: int, process: int) -> tuple[torch.Tensor, list[str], torch.Generator]:
+    """Step `step`'s clips (B, K + buffer, C, H, W) and captions, and the generator the rest of its
+    randomness is drawn from: all seeded by (seed, step, process)."""
+    seed = (cfg.seed * 1_000_003 + step) * 64 + process
+    frames = cfg.ref_frames + cfg.buffer_frames
+    if data is None:
+        clips, caps = synthetic_batch(seed, cfg.batch_size, frames, cfg.size)
+    else:
+        clips, caps = data.batch(seed, cfg.batch_size, frames)
+    return clips, caps, torch.Generator().manual_seed(seed)
+
+
+def draw_flow(cfg: VideoTrainConfig, data, step: int, process: int) -> FlowDraw:
+    """Step `step`'s FlowDraw: each caption replaced by the empty prompt with probability
+    `cond_drop` (the unconditional branch classifier-free guidance needs), then the levels
+    (reference frames at 1, clean, then the partitioned buffer), then the noise."""
+    clips, caps, gen = draw_clips(cfg, data, step, process)
+    if cfg.cond_drop:
+        drop = torch.rand(len(caps), generator=gen) < cfg.cond_drop
+        caps = ["" if d else c for c, d in zip(caps, drop.tolist())]
+    t, _ = partition_levels(gen, cfg.batch_size, cfg.buffer_frames)
+    levels = torch.cat([torch.ones(cfg.batch_size, cfg.ref_frames), t], dim=1)  # (B, F)
+    return FlowDraw(clips, caps, levels, torch.randn(clips.shape, generator=gen))
+
+
+class _FlowSteps(torch.utils.data.Dataset):
+    """Steps start, start + 1, ... as a dataset, for --workers processes to draw ahead."""
+
+    def __init__(self, cfg: VideoTrainConfig, data, start: int, process: int):
+        self.cfg, self.data, self.start, self.process = cfg, data, start, process
+
+    def __len__(self) -> int:
+        return max(0, self.cfg.steps - self.start)
+
+    def __getitem__(self, i: int) -> FlowDraw:
+        return draw_flow(self.cfg, self.data, self.start + i, self.process)
+
+
 class VideoTrainer:
     """`VideoTrainer(cfg).train()` -> list of losses (one per step run)."""
 
@@ -163,35 +212,25 @@ class VideoTrainer:
 
     # ------------------------------------------------------------------ data and losses
     def _batch(self, step: int) -> tuple[torch.Tensor, list[str], torch.Generator]:
-        cfg = self.cfg
-        seed = (cfg.seed * 1_000_003 + step) * 64 + self.acc.process_index
-        frames = cfg.ref_frames + cfg.buffer_frames
-        if self.data is None:
-            clips, caps = synthetic_batch(seed, cfg.batch_size, frames, cfg.size)
-        else:
-            clips, caps = self.data.batch(seed, cfg.batch_size, frames)
-        gen = torch.Generator().manual_seed(seed)
+        clips, caps, gen = draw_clips(self.cfg, self.data, step, self.acc.process_index)
         return clips.to(self.acc.device), caps, gen
 
-    def _levels(self, gen: torch.Generator) -> torch.Tensor:
-        """(B, K + buffer) levels: reference frames at 1 (clean), then the partitioned buffer."""
-        t, _ = partition_levels(gen, self.cfg.batch_size, self.cfg.buffer_frames)
-        ref = torch.ones(self.cfg.batch_size, self.cfg.ref_frames)
-        return torch.cat([ref, t], dim=1).to(self.acc.device)
+    def _flow_draws(self):
+        """(step, FlowDraw) from self.step on: drawn here, or by --workers processes ahead of the loop."""
+        if not self.cfg.workers:
+            step = self.step
+            while True:
+                yield step, draw_flow(self.cfg, self.data, step, self.acc.process_index)
+                step += 1
+        loader = torch.utils.data.DataLoader(_FlowSteps(self.cfg, self.data, self.step, self.acc.process_index),
+                                             batch_size=None, num_workers=self.cfg.workers, prefetch_factor=4)
+        yield from enumerate(loader, start=self.step)
 
-    def _drop_captions(self, caps: list[str], gen: torch.Generator) -> list[str]:
-        """Each caption replaced by the empty prompt with probability `cond_drop` (the unconditional
-        branch classifier-free guidance needs)."""
-        if not self.cfg.cond_drop:
-            return caps
-        drop = torch.rand(len(caps), generator=gen) < self.cfg.cond_drop
-        return ["" if d else c for c, d in zip(caps, drop.tolist())]
-
-    def flow_loss(self, x1: torch.Tensor, caps: list[str], gen: torch.Generator) -> torch.Tensor:
-        """x1: (B, F, C, H, W) clean clips -> buffered flow-matching loss (reference frames excluded)."""
-        caps = self._drop_captions(caps, gen)
-        t = self._levels(gen)  # (B, F)
-        noise = torch.randn(x1.shape, generator=gen).to(x1.device)
+    def flow_loss(self, draw: FlowDraw) -> torch.Tensor:
+        """Buffered flow-matching loss of one draw (reference frames excluded)."""
+        dev = self.acc.device
+        x1, t, noise = draw.clips.to(dev), draw.levels.to(dev), draw.noise.to(dev)  # (B, F, C, H, W), (B, F)
+        caps = draw.captions
         tt = t[:, :, None, None, None]
         xt = (1 - tt) * noise + tt * x1
         model = self.acc.unwrap_model(self.model)
@@ -226,7 +265,7 @@ class VideoTrainer:
         losses: list[float] = []
         bar = tqdm(total=cfg.steps, initial=self.step, disable=not (cfg.progress and self.acc.is_main_process),
                    desc=f"train-video ({cfg.mode})")
-        loss_fn = self.flow_loss if cfg.mode == "flow" else self.distill_loss
+        draws = self._flow_draws() if cfg.mode == "flow" else None
         self.model.train()
         start = time.time()
         while self.step < cfg.steps:
@@ -236,8 +275,12 @@ class VideoTrainer:
                 break
             for group in self.opt.param_groups:
                 group["lr"] = lr_at(cfg, self.step)
-            x1, caps, gen = self._batch(self.step)
-            loss = loss_fn(x1, caps, gen)
+            if draws is not None:
+                step, draw = next(draws)
+                assert step == self.step, (step, self.step)  # the loader follows the loop's steps
+                loss = self.flow_loss(draw)
+            else:
+                loss = self.distill_loss(*self._batch(self.step))
             self.acc.backward(loss)
             if cfg.grad_clip:
                 self.acc.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
