@@ -291,6 +291,37 @@ def test_landscape_layouts_put_sky_over_ground_and_are_seeded():
     assert all(w in image_data.vocabulary() for w in image_data.LANDSCAPE_WORDS)
 
 
+@pytest.mark.parametrize("prediction", ["epsilon", "v_prediction"])
+def test_one_step_recovers_the_clean_latents_from_a_perfect_prediction(tmp_path, monkeypatch, prediction):
+    """--prediction: a UNet that outputs the true eps (the noise), or the true v = sqrt(abar) eps -
+    sqrt(1 - abar) x0 (Salimans & Ho 2022, "v-parameterization"), makes the turbo step give back
+    the clean latents exactly, at txt2img's t and at an img2img one; the exported model says its
+    prediction type, which the pipeline reads, and a resumed run keeps it."""
+    from streamstudio.app.training.image import DiffusersImageNet, ImageTrainConfig, ImageTrainer
+    from streamstudio.models.image.tiny import SCHEDULER_CONFIG
+    from diffusers import DDPMScheduler
+
+    run = tmp_path / "run"
+    trainer = ImageTrainer(ImageTrainConfig(output=str(run), init=str(BUILTIN_DIR), prediction=prediction,
+                                            cpu=True, progress=False))
+    net = DiffusersImageNet(trainer.parts["unet"], trainer.parts["vae"])
+    abar_all = DDPMScheduler.from_config(SCHEDULER_CONFIG).alphas_cumprod  # the schedule, from diffusers
+    z = torch.randn(2, trainer.parts["config"]["vae"]["latent_channels"], 8, 8, generator=torch.Generator().manual_seed(1))
+    for t_val in (999, 500):
+        noise = torch.randn(z.shape, generator=torch.Generator().manual_seed(5))  # one_step's first draw
+        abar = abar_all[t_val]
+        truth = noise if prediction == "epsilon" else abar.sqrt() * noise - (1 - abar).sqrt() * z
+        monkeypatch.setattr(net, "eps", lambda x, t, cond, truth=truth: truth)
+        _, _, x0 = trainer.one_step(net, z, torch.Generator().manual_seed(5), ["a photo"] * 2,
+                                    t=torch.full((2,), t_val))
+        torch.testing.assert_close(x0, z, rtol=0, atol=2e-4)
+    trainer.save()
+    assert json.loads((run / "config.json").read_text())["scheduler"]["prediction_type"] == prediction
+    assert load_components(str(run)).prediction_type == prediction
+    resumed = ImageTrainer(ImageTrainConfig(output=str(run), resume=True, cpu=True, progress=False))
+    assert resumed.prediction == prediction
+
+
 def test_layout_loss_is_txt2img_of_a_landscape_at_the_layout_size(tmp_path, monkeypatch):
     """--layout-size: one landscape a step, drawn from pure noise at txt2img's t (999) at that
     size, under a prompt naming a landscape; its x0 is pulled to the layout (sky over ground)."""

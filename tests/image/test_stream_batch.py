@@ -90,3 +90,16 @@ def test_txt2img_groups_draw_fresh_noise():
     a, _ = s.advance(None, 0, none)
     b, _ = s.advance(None, 1, none)
     assert not torch.allclose(a, b)
+
+
+def test_a_v_prediction_model_gives_the_true_eps():
+    """v_prediction (Salimans & Ho 2022): for x_t = alpha x0 + beta eps the model outputs
+    v = alpha eps - beta x0; the sampler turns the true v back into the true eps at every level."""
+    s = StreamBatchSampler(LinearNet(), schedule(4), frames=1, stream_batch=True, latent_shape=SHAPE, seed=3,
+                           v_prediction=True)
+    coef = schedule(4).coef  # (N, 6): alpha, beta, ...
+    alpha, beta = coef[:, 0].view(-1, 1, 1, 1), coef[:, 1].view(-1, 1, 1, 1)
+    gen = torch.Generator().manual_seed(0)
+    x0, eps = torch.randn(4, *SHAPE, generator=gen), torch.randn(4, *SHAPE, generator=gen)
+    x_t = alpha * x0 + beta * eps
+    torch.testing.assert_close(s._to_eps(alpha * eps - beta * x0, x_t, coef), eps, rtol=0, atol=1e-5)

@@ -62,6 +62,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--layout-size", type=number(int, 0, 4096, multiple=16), default=DEFAULTS.layout_size, metavar="PX",
                    help="joint stage: also train one txt2img landscape a step at PX pixels (the pipeline's size, 256: "
                         "sky over ground needs the whole height; 0: none)")
+    p.add_argument("--prediction", choices=("epsilon", "v_prediction"), default="",
+                   help="what the UNet predicts (default: the resumed run's or the --init model's, else epsilon). "
+                        "v_prediction: x0 = sqrt(abar) x - sqrt(1 - abar) v, so text to image's one step from pure "
+                        "noise does not divide the UNet's error by sqrt(abar) (0.068); with --init, the model "
+                        "learns the new output anew")
     p.add_argument("--seed", type=number(int, 0, 2**63 - 1), default=DEFAULTS.seed)
     p.add_argument("--save-every", type=number(int, 1, 10**8), default=DEFAULTS.save_every)
     p.add_argument("--resume", action="store_true", help="continue the run saved in --output")

@@ -54,6 +54,8 @@ from streamstudio.models.image.image_net import DiffusersImageNet, ImageCond
 from streamstudio.models.image.tiny import SCHEDULER_CONFIG
 from streamstudio.app.training.config import STAGES, ImageTrainConfig  # noqa: F401 (re-exported)
 
+PREDICTIONS = ("", "epsilon", "v_prediction")  # "": the resumed run's or the --init model's (else epsilon)
+
 log = logging.getLogger(__name__)
 
 def lr_at(base: float, step: int, total: int, warmup: int, min_ratio: float) -> float:
@@ -158,10 +160,13 @@ class ImageTrainer:
             raise StreamStudioError("--init starts a new run from a model; --resume continues a run: use one")
         if cfg.latent_channels and not cfg.init:
             raise StreamStudioError("--latent-channels widens the model given by --init; give --init DIR")
+        if cfg.prediction not in PREDICTIONS:
+            raise StreamStudioError(f"--prediction {cfg.prediction!r}: use one of {', '.join(p for p in PREDICTIONS if p)}")
         if cfg.resume:
             config = self._read_config()
         elif cfg.init:
             config = self._read_init_config()
+        self.prediction = cfg.prediction or self._saved_prediction() or "epsilon"
         self.parts = builtin_image.build(config, seed=cfg.seed)
         for name in ("unet", "vae", "text_encoder"):
             self.parts[name].to(self.device)
@@ -189,6 +194,13 @@ class ImageTrainer:
             raise StreamStudioError(f"nothing to resume in {self.out}: no trainer_state.json; "
                                     "run without --resume to start a new run")
         return json.loads(path.read_text())["model"]
+
+    def _saved_prediction(self) -> str | None:
+        """The prediction type of the run resumed or the model started from (None: neither)."""
+        folder = self.out if self.cfg.resume else Path(self.cfg.init) if self.cfg.init else None
+        if folder is None:
+            return None
+        return json.loads((folder / "config.json").read_text()).get("scheduler", {}).get("prediction_type", "epsilon")
 
     def _read_init_config(self) -> dict:
         path = Path(self.cfg.init) / "config.json"
@@ -235,7 +247,7 @@ class ImageTrainer:
         model_cfg = dict(self.parts["config"])
         model_cfg["vae"] = {k: v for k, v in dict(self.parts["vae"].config).items() if not k.startswith("_")}
         train = asdict(self.cfg)
-        info = {"name": builtin_image.BUILTIN_NAME, "model": model_cfg, "scheduler": dict(SCHEDULER_CONFIG),
+        info = {"name": builtin_image.BUILTIN_NAME, "model": model_cfg, "scheduler": dict(SCHEDULER_CONFIG, prediction_type=self.prediction),
                 "step_type": "turbo", "default_size": 256,
                 "train": train, "trained": {"vae_steps": self.state["vae_step"], "denoiser_steps": self.state["step"],
                                             "joint_steps": self.state.get("joint_step", 0),
@@ -294,16 +306,20 @@ class ImageTrainer:
     def one_step(self, net: DiffusersImageNet, z: torch.Tensor, gen: torch.Generator,
                  prompts: list[str], t: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The pipeline's one step on scaled latents z (B, C, s, s): a t of its schedule drawn from
-        `gen` (or the t (B,) given), z noised to x_t with the noise drawn from `gen`, the UNet's eps
-        through the turbo step x0 = (x - sqrt(1 - abar) eps) / sqrt(abar). Returns (t (B,),
+        `gen` (or the t (B,) given), z noised to x_t with the noise drawn from `gen`, the UNet's
+        output through the turbo step: an eps model's x0 = (x - sqrt(1 - abar) eps) / sqrt(abar),
+        a v model's x0 = sqrt(abar) x - sqrt(1 - abar) v (v = sqrt(abar) eps - sqrt(1 - abar) x0,
+        Salimans & Ho 2022: nothing divides by sqrt(abar), 0.068 at txt2img's t). Returns (t (B,),
         abar (B, 1, 1, 1), x0)."""
         t = (self._timesteps(gen, z.shape[0]) if t is None else t).to(self.device)
         noise = torch.randn(z.shape, generator=gen).to(self.device)
         abar = self.abar[t].view(-1, 1, 1, 1)
         alpha, beta = abar.sqrt(), (1 - abar).sqrt()
         x = alpha * z + beta * noise
-        eps = net.eps(x, t, ImageCond(text=self.encode_text(prompts)))
-        return t, abar, (x - beta * eps) / alpha
+        out = net.eps(x, t, ImageCond(text=self.encode_text(prompts)))  # the UNet's output: eps or v
+        if self.prediction == "v_prediction":
+            return t, abar, alpha * x - beta * out
+        return t, abar, (x - beta * out) / alpha
 
     def denoiser_loss(self, step: int) -> torch.Tensor:
         cfg = self.cfg
