@@ -17,7 +17,7 @@ model: one step, strength 0.5, guidance 1.0, residual CFG "self".
   the input (`image_data.apply_style`) than the plain prompt's output is (mean absolute
   difference), and how far it is from the plain output;
 - txt2img: "red" vs "blue" colour, "" vs random noise (high-frequency energy), top vs bottom of
-  "a landscape";
+  "a landscape", the saturation of "a black and white photo of a cat" and of "a photo of a cat";
 - speed: img2img frames per second at 256x256 on 2 CPU threads (target >= 15), and the model's
   file size (target < 20 MB).
 
@@ -124,7 +124,7 @@ def more_figures(pipe: StreamDiffusion, photos: dict[str, np.ndarray]) -> dict:
 def txt2img_figures(comps) -> dict:
     pipe = pipeline(comps, "txt2img")
     out = {}
-    for prompt in ("", "red", "blue", "a landscape", "a black and white photo of a cat"):
+    for prompt in ("", "red", "blue", "a landscape", "a black and white photo of a cat", "a photo of a cat"):
         pipe.set_prompt(prompt)
         out[prompt] = pipe()
     noise = np.random.default_rng(0).integers(0, 256, out[""].shape, dtype=np.uint8)
@@ -139,7 +139,8 @@ def txt2img_figures(comps) -> dict:
             "hf_plain": hf(out[""]), "hf_noise": hf(noise),
             "landscape_top_minus_bottom_blueness": m.blueness(land[:half]) - m.blueness(land[half:]),
             "landscape_top_minus_bottom_luma": float(m.luma(land[:half]).mean() - m.luma(land[half:]).mean()),
-            "cat_bw_saturation": m.saturation(out["a black and white photo of a cat"])}
+            "cat_bw_saturation": m.saturation(out["a black and white photo of a cat"]),
+            "cat_photo_saturation": m.saturation(out["a photo of a cat"])}
 
 
 def speed(comps, image: np.ndarray, frames: int = 40) -> float:

@@ -62,6 +62,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--layout-size", type=number(int, 0, 4096, multiple=16), default=DEFAULTS.layout_size, metavar="PX",
                    help="joint stage: also train one txt2img landscape a step at PX pixels (the pipeline's size, 256: "
                         "sky over ground needs the whole height; 0: none)")
+    p.add_argument("--layout-weight", type=number(float, 0, 100), default=DEFAULTS.layout_weight, metavar="W",
+                   help="the layout term's weight (with --layout-size; 0.3, as txt2img's samples in the batch)")
     p.add_argument("--prediction", choices=("epsilon", "v_prediction"), default="",
                    help="what the UNet predicts (default: the resumed run's or the --init model's, else epsilon). "
                         "v_prediction: x0 = sqrt(abar) x - sqrt(1 - abar) v, so text to image's one step from pure "

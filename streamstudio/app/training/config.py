@@ -38,6 +38,7 @@ class ImageTrainConfig:
     init: str = ""  # start from this model folder (e.g. the shipped one): its autoencoder and denoiser
     latent_channels: int = 0  # with init: widen the model's latents to this many channels (a multiple; 0 keeps them)
     layout_size: int = 0  # joint stage: also one txt2img landscape a step at this size (the pipeline's 256; 0: none)
+    layout_weight: float = 0.3  # the layout term's weight (as txt2img's samples in the batch)
     prediction: str = ""  # what the UNet predicts: epsilon or v_prediction ("": the resumed run's or --init's)
     edge_weight: float = 0.0  # joint stage: weight of 1 - correlation of the Sobel edge maps of x0's picture and the look
     seed: int = 0

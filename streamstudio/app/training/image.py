@@ -382,8 +382,7 @@ class ImageTrainer:
             z_target = net.encode(x_target)
         gen = torch.Generator().manual_seed(seed + 1)
         _, _, x0 = self.one_step(net, z_target, gen, prompts, t=torch.full((1,), self.t_txt))
-        return self.cfg.txt2img_weight * (recon_loss(net.decode(x0), x_target)
-                                          + self.cfg.latent_weight * (x0 - z_target).pow(2).mean())
+        return self.cfg.layout_weight * (recon_loss(net.decode(x0), x_target) + self.cfg.latent_weight * (x0 - z_target).pow(2).mean())
 
     def joint_loss(self, step: int) -> torch.Tensor:
         cfg = self.cfg
