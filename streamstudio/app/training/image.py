@@ -156,6 +156,7 @@ class ImageTrainer:
         self.device = pick_device("cpu" if cfg.cpu else "auto")
         self.state = {"vae_step": 0, "step": 0, "joint_step": 0, "seconds": 0.0, "scaled": False, "losses": {}}
         config = None
+        self.saved_prediction = None  # the resumed run's or the --init model's prediction type
         if cfg.resume and cfg.init:
             raise StreamStudioError("--init starts a new run from a model; --resume continues a run: use one")
         if cfg.latent_channels and not cfg.init:
@@ -166,7 +167,7 @@ class ImageTrainer:
             config = self._read_config()
         elif cfg.init:
             config = self._read_init_config()
-        self.prediction = cfg.prediction or self._saved_prediction() or "epsilon"
+        self.prediction = cfg.prediction or self.saved_prediction or "epsilon"
         self.parts = builtin_image.build(config, seed=cfg.seed)
         for name in ("unet", "vae", "text_encoder"):
             self.parts[name].to(self.device)
@@ -193,21 +194,19 @@ class ImageTrainer:
         if not (self.out / "trainer_state.json").is_file() or not path.is_file():
             raise StreamStudioError(f"nothing to resume in {self.out}: no trainer_state.json; "
                                     "run without --resume to start a new run")
-        return json.loads(path.read_text())["model"]
+        return self._model_config(json.loads(path.read_text()))
 
-    def _saved_prediction(self) -> str | None:
-        """The prediction type of the run resumed or the model started from (None: neither)."""
-        folder = self.out if self.cfg.resume else Path(self.cfg.init) if self.cfg.init else None
-        if folder is None:
-            return None
-        return json.loads((folder / "config.json").read_text()).get("scheduler", {}).get("prediction_type", "epsilon")
+    def _model_config(self, info: dict) -> dict:
+        """A saved config.json's model part; its prediction type noted in self.saved_prediction."""
+        self.saved_prediction = info.get("scheduler", {}).get("prediction_type", "epsilon")
+        return info["model"]
 
     def _read_init_config(self) -> dict:
         path = Path(self.cfg.init) / "config.json"
         if not path.is_file() or not (path.parent / "model.safetensors").is_file():
             raise StreamStudioError(f"--init {self.cfg.init}: no model.safetensors and config.json there "
                                     "(give a trained model folder, e.g. streamstudio/assets/image_builtin)")
-        config = self.init_config = json.loads(path.read_text())["model"]  # the init model's own, for _init_from
+        config = self.init_config = self._model_config(json.loads(path.read_text()))  # the init model's own, for _init_from
         if self.cfg.latent_channels and self.cfg.latent_channels != config["vae"]["latent_channels"]:
             try:  # the widened config; _init_from widens the weights the same way
                 config, _ = builtin_image.widen_latents(config, {}, self.cfg.latent_channels, weights=False)
@@ -247,7 +246,8 @@ class ImageTrainer:
         model_cfg = dict(self.parts["config"])
         model_cfg["vae"] = {k: v for k, v in dict(self.parts["vae"].config).items() if not k.startswith("_")}
         train = asdict(self.cfg)
-        info = {"name": builtin_image.BUILTIN_NAME, "model": model_cfg, "scheduler": dict(SCHEDULER_CONFIG, prediction_type=self.prediction),
+        info = {"name": builtin_image.BUILTIN_NAME, "model": model_cfg,
+                "scheduler": dict(SCHEDULER_CONFIG, prediction_type=self.prediction),
                 "step_type": "turbo", "default_size": 256,
                 "train": train, "trained": {"vae_steps": self.state["vae_step"], "denoiser_steps": self.state["step"],
                                             "joint_steps": self.state.get("joint_step", 0),
@@ -382,7 +382,8 @@ class ImageTrainer:
             z_target = net.encode(x_target)
         gen = torch.Generator().manual_seed(seed + 1)
         _, _, x0 = self.one_step(net, z_target, gen, prompts, t=torch.full((1,), self.t_txt))
-        return self.cfg.layout_weight * (recon_loss(net.decode(x0), x_target) + self.cfg.latent_weight * (x0 - z_target).pow(2).mean())
+        return self.cfg.layout_weight * (recon_loss(net.decode(x0), x_target)
+                                         + self.cfg.latent_weight * (x0 - z_target).pow(2).mean())
 
     def joint_loss(self, step: int) -> torch.Tensor:
         cfg = self.cfg

@@ -136,7 +136,8 @@ def draw_flow(cfg: VideoTrainConfig, data, step: int, process: int) -> FlowDraw:
 
 
 class _FlowSteps(torch.utils.data.Dataset):
-    """Steps start, start + 1, ... as a dataset, for --workers processes to draw ahead."""
+    """Steps start, start + 1, ... up to the run's last: drawn in order here, or by --workers
+    processes ahead (a DataLoader over it)."""
 
     def __init__(self, cfg: VideoTrainConfig, data, start: int, process: int):
         self.cfg, self.data, self.start, self.process = cfg, data, start, process
@@ -146,6 +147,9 @@ class _FlowSteps(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> FlowDraw:
         return draw_flow(self.cfg, self.data, self.start + i, self.process)
+
+    def __iter__(self):  # drawn in the loop's own process (no --workers)
+        return (self[i] for i in range(len(self)))
 
 
 class VideoTrainer:
@@ -217,14 +221,11 @@ class VideoTrainer:
 
     def _flow_draws(self):
         """(step, FlowDraw) from self.step on: drawn here, or by --workers processes ahead of the loop."""
-        if not self.cfg.workers:
-            step = self.step
-            while True:
-                yield step, draw_flow(self.cfg, self.data, step, self.acc.process_index)
-                step += 1
-        loader = torch.utils.data.DataLoader(_FlowSteps(self.cfg, self.data, self.step, self.acc.process_index),
-                                             batch_size=None, num_workers=self.cfg.workers, prefetch_factor=4)
-        yield from enumerate(loader, start=self.step)
+        steps = _FlowSteps(self.cfg, self.data, self.step, self.acc.process_index)
+        if self.cfg.workers:
+            steps = torch.utils.data.DataLoader(steps, batch_size=None, num_workers=self.cfg.workers,
+                                                prefetch_factor=4)
+        yield from enumerate(steps, start=self.step)
 
     def flow_loss(self, draw: FlowDraw) -> torch.Tensor:
         """Buffered flow-matching loss of one draw (reference frames excluded)."""
