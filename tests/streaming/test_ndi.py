@@ -146,11 +146,13 @@ def test_serve_and_render_take_an_ndi_source(tmp_path):
         from streamstudio.app.cli import main
 
         out = tmp_path / "ndi.mp4"
-        assert main(["render", "--model", "tiny", "--input", f"ndi://{name}", "--max-frames", "12", "--width", "64",
+        assert main(["render", "--model", "tiny", "--input", f"ndi://{name}", "--max-frames", "60", "--width", "64",
                      "--height", "48", "--steps", "1", "--output", str(out)]) == 0
         with av.open(str(out)) as c:
             frames = list(c.decode(video=0))
-        assert len(frames) >= 5 and (frames[0].width, frames[0].height) == (64, 48)  # (a live input drops some)
+        # A live input drops what the model cannot keep up with (CI once kept 3 of 12 while warming up),
+        # so the run reads 60 (about 2 s of the sender) and asks for 5 of them.
+        assert len(frames) >= 5 and (frames[0].width, frames[0].height) == (64, 48)
     finally:
         if sender is not None:
             sender.close()
