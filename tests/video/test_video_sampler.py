@@ -151,7 +151,7 @@ def reference_video(model, cfg: StreamBufferConfig, shape, prompt, total):
     level = torch.zeros(frames, dtype=torch.long)
 
     def velocity(lo, hi):
-        r = max(0, lo - k) if lo > 0 else lo
+        r = lo - k if lo >= k else lo  # the K references, once K frames are finished
         t = torch.cat([torch.ones(lo - r, dtype=torch.float64), times[level[lo:hi]]])
         with torch.no_grad():
             return model(video[r:hi][None], t[None], text)[0, lo - r:]
@@ -186,9 +186,12 @@ def stream(sampler: StreamSampler, frames: int) -> list[torch.Tensor]:
             out.extend(done)
     return out
 
-@pytest.mark.parametrize("n,c,s,k", [(4, 2, 2, 0), (2, 4, 4, 0), (4, 2, 1, 2)])
-def test_streaming_equals_whole_video_reference(n, c, s, k):
-    model = small_model()
+@pytest.mark.parametrize("n,c,s,k,window", [(4, 2, 2, 0, None), (2, 4, 4, 0, None), (4, 2, 1, 2, None),
+                                            (4, 1, 2, 4, (4, 4, 4))])
+def test_streaming_equals_whole_video_reference(n, c, s, k, window):
+    """The last case: one frame a chunk and 4 references under a temporal window of 4 (the
+    built-in model's), which took 5 frames after the first rotation and failed."""
+    model = small_model() if window is None else small_model(window=window)
     cfg = StreamBufferConfig(num_chunks=n, chunk_size=c, micro_steps=s, ref_frames=k, seed=3)
     shape = (2, 8, 8)
     sampler = StreamSampler(StreamDiTBackbone(model), cfg, shape, "a red circle", dtype=torch.float64)
