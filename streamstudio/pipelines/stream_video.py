@@ -143,7 +143,7 @@ class StreamSampler:
     def _velocity(self, x: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
         """x: (n, C, h, w) at `levels` (n,), reference frames prepended -> velocity (n, C, h, w).
         The references join once all K of them are out: a model trained with K sees K, never the
-        1 .. K-1 of the first rotations (a windowed model could not even take K+N*c-1 frames)."""
+        1 .. K-1 of the first rotations (a temporal window may not even divide N*c + 1 .. N*c + K - 1)."""
         refs = self.refs if self.refs.shape[0] == self.cfg.ref_frames else self.refs[:0]
         k = refs.shape[0]
         full = torch.cat([refs, x], dim=0)[None]  # (1, k + n, C, h, w)
