@@ -42,9 +42,15 @@ WEAK_PROMPT = "a white triangle moving left"
 WEAK_SEEDS = tuple(range(40, 70))
 
 
+SPEC_KEYS = ("g", "hi", "lo", "tau", "shift", "apg", "ag", "agp")
+
+
 def parse_spec(spec: str) -> dict[str, float]:
     """"g:3,shift:1.5" -> {"g": 3.0, "shift": 1.5, ...} with the defaults filled in."""
     d = {k: float(v) for k, v in (part.split(":") for part in spec.split(","))}
+    unknown = sorted(set(d) - set(SPEC_KEYS))
+    if unknown:
+        raise ValueError(f"{spec}: unknown key(s) {unknown}; known: {', '.join(SPEC_KEYS)}")
     d.setdefault("g", 1.0)
     d.setdefault("hi", d["g"])
     d.setdefault("lo", d["g"])
@@ -140,16 +146,20 @@ def main(argv=None) -> int:
     print("| spec | 22 prompts x 4 seeds: direction | vanished (videos) | area CV "
           "| weak prompt x 30 seeds: direction | vanished (videos) | area CV |")
     for spec in args.spec:
-        parse_spec(spec)  # a typo fails before any render
-        if "ag" in spec and not args.weak:
+        try:  # a typo fails before any render
+            sp = parse_spec(spec)
+        except ValueError as e:
+            p.error(str(e))
+        if (sp.get("ag") or sp.get("agp")) and not args.weak:
             p.error(f"{spec}: autoguidance needs --weak DIR")
         jobs = [(args.model, args.weak, spec, prompt, s) for s in TUNE_SEEDS for prompt in vq.PROMPTS]
         jobs += [(args.model, args.weak, spec, WEAK_PROMPT, s) for s in WEAK_SEEDS]
         with Pool(args.workers) as pool:
             videos = pool.map(_job, jobs, chunksize=1)
-        parts = {"prompts": split_figures(videos[:88]), "weak_prompt": split_figures(videos[88:])}
+        n = len(TUNE_SEEDS) * len(vq.PROMPTS)  # the 88 renders of every prompt come first
+        parts = {"prompts": split_figures(videos[:n]), "weak_prompt": split_figures(videos[n:])}
         a, w = parts["prompts"], parts["weak_prompt"]
-        print(f"| {spec} | {a['direction']}/88 | {a['vanished_frames']} ({a['videos_with_vanished_frames']}) "
+        print(f"| {spec} | {a['direction']}/{n} | {a['vanished_frames']} ({a['videos_with_vanished_frames']}) "
               f"| {a['area_cv']:.3f} | {w['direction']}/30 | {w['vanished_frames']} "
               f"({w['videos_with_vanished_frames']}) | {w['area_cv']:.3f} |")
         label = args.label or Path(args.model).name

@@ -81,3 +81,8 @@ def test_autoguidance_guides_against_the_weak_model(inputs):
         mixed = sweep.VariantBackbone(model, sweep.parse_spec("g:3,ag:0.5"), weak)
         torch.testing.assert_close(mixed.velocity(x, t, mixed.encode_text("a red circle")),
                                    vu + 3 * (vc - vu) + 0.5 * (vc - vw))
+
+
+def test_a_misspelt_spec_is_refused():
+    with pytest.raises(ValueError, match="unknown key"):
+        sweep.parse_spec("gg:3")
