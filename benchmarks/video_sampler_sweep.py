@@ -13,6 +13,8 @@ seeds 40-69 (30 renders; never used for anything else). Each variant is one `--s
     ag:A              autoguidance (Karras et al. 2024) added to CFG: + A (v_text - v_weak), v_weak from
                       `--weak DIR` (an earlier, less trained checkpoint of the same model)
     agp:A             autoguidance alone: v_weak + A (v_text - v_weak)
+    s:S               micro-steps per chunk (the shipped 2)
+    ab2:1 / heun:1    the buffer's second-order solvers (StreamBufferConfig.solver; the shipped: Euler)
 
     python3 benchmarks/video_sampler_sweep.py --spec g:3 --spec shift:1.5,g:3 --workers 2
 
@@ -42,7 +44,7 @@ WEAK_PROMPT = "a white triangle moving left"
 WEAK_SEEDS = tuple(range(40, 70))
 
 
-SPEC_KEYS = ("g", "hi", "lo", "tau", "shift", "apg", "ag", "agp")
+SPEC_KEYS = ("g", "hi", "lo", "tau", "shift", "apg", "ag", "agp", "s", "ab2", "heun")
 
 
 def parse_spec(spec: str) -> dict[str, float]:
@@ -55,7 +57,13 @@ def parse_spec(spec: str) -> dict[str, float]:
     d.setdefault("hi", d["g"])
     d.setdefault("lo", d["g"])
     d.setdefault("tau", 0.0)
+    if d.get("ab2") and d.get("heun"):
+        raise ValueError(f"{spec}: one solver at a time (ab2 or heun)")
     return d
+
+
+def solver(spec: dict[str, float]) -> str:
+    return "ab2" if spec.get("ab2") else "heun" if spec.get("heun") else "euler"
 
 
 class VariantBackbone(StreamDiTBackbone):
@@ -91,11 +99,11 @@ class VariantBackbone(StreamDiTBackbone):
 
 
 def render(model, spec: dict[str, float], prompt: str, seed: int, weak=None) -> list[np.ndarray]:
-    """The built-in layout (N=8, c=1, s=2, warm-up) with the spec's guidance and shift."""
+    """The built-in layout (N=8, c=1, warm-up) with the spec's guidance, shift, micro-steps (2) and solver."""
     from streamstudio.pipelines.stream_video import StreamBufferConfig, StreamVideoConfig, VideoStream
 
-    buffer = StreamBufferConfig(num_chunks=8, chunk_size=1, micro_steps=2, seed=seed, shift=spec.get("shift", 1.0),
-                                warmup=True)
+    buffer = StreamBufferConfig(num_chunks=8, chunk_size=1, micro_steps=int(spec.get("s", 2)), seed=seed,
+                                shift=spec.get("shift", 1.0), warmup=True, solver=solver(spec))
     stream = VideoStream(VariantBackbone(model, spec, weak), StreamVideoConfig(buffer, height=32, width=32), prompt)
     with torch.inference_mode():
         return list(stream.frames(vq.FRAMES))
@@ -139,6 +147,8 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=2, help="render processes (one thread each)")
     p.add_argument("--label", default=None, help="name of the model in the JSON (default: its folder)")
     p.add_argument("--output", default=str(RESULTS))
+    p.add_argument("--part", choices=("both", "prompts", "weak"), default="both",
+                   help="render the 88 renders of every prompt, the weak prompt's 30, or both (a screen)")
     args = p.parse_args(argv)
     stored = json.loads(Path(args.output).read_text()) if Path(args.output).exists() else {}
     stored.setdefault("split", {"prompts_x_seeds": list(TUNE_SEEDS), "weak_prompt": WEAK_PROMPT,
@@ -152,18 +162,27 @@ def main(argv=None) -> int:
             p.error(str(e))
         if (sp.get("ag") or sp.get("agp")) and not args.weak:
             p.error(f"{spec}: autoguidance needs --weak DIR")
-        jobs = [(args.model, args.weak, spec, prompt, s) for s in TUNE_SEEDS for prompt in vq.PROMPTS]
-        jobs += [(args.model, args.weak, spec, WEAK_PROMPT, s) for s in WEAK_SEEDS]
+        parts_jobs = {"prompts": [(args.model, args.weak, spec, prompt, s) for s in TUNE_SEEDS for prompt in vq.PROMPTS],
+                      "weak_prompt": [(args.model, args.weak, spec, WEAK_PROMPT, s) for s in WEAK_SEEDS]}
+        if args.part != "both":
+            parts_jobs = {k: v for k, v in parts_jobs.items() if k.startswith(args.part)}
+        jobs = [j for part in parts_jobs.values() for j in part]
         with Pool(args.workers) as pool:
             videos = pool.map(_job, jobs, chunksize=1)
-        n = len(TUNE_SEEDS) * len(vq.PROMPTS)  # the 88 renders of every prompt come first
-        parts = {"prompts": split_figures(videos[:n]), "weak_prompt": split_figures(videos[n:])}
-        a, w = parts["prompts"], parts["weak_prompt"]
-        print(f"| {spec} | {a['direction']}/{n} | {a['vanished_frames']} ({a['videos_with_vanished_frames']}) "
-              f"| {a['area_cv']:.3f} | {w['direction']}/30 | {w['vanished_frames']} "
-              f"({w['videos_with_vanished_frames']}) | {w['area_cv']:.3f} |")
+        parts, at = {}, 0
+        for name, part in parts_jobs.items():
+            parts[name] = split_figures(videos[at:at + len(part)])
+            at += len(part)
+        cells = []
+        for name in ("prompts", "weak_prompt"):
+            f = parts.get(name)
+            cells += (["-"] * 3 if f is None else
+                      [f"{f['direction']}/{f['videos']}", f"{f['vanished_frames']} ({f['videos_with_vanished_frames']})",
+                       f"{f['area_cv']:.3f}"])
+        print(f"| {spec} | " + " | ".join(cells) + " |", flush=True)
         label = args.label or Path(args.model).name
-        stored.setdefault("runs", {})[f"{label} {spec}"] = {**parts, "videos": videos}
+        key = f"{label} {spec}" + ("" if args.part == "both" else f" [{args.part} only]")
+        stored.setdefault("runs", {})[key] = {**parts, "videos": videos}
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         Path(args.output).write_text(json.dumps(stored, indent=1))
     return 0

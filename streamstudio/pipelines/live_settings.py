@@ -14,6 +14,7 @@ from streamstudio.errors import StreamStudioError
 from streamstudio.frames import FIT_MODES
 
 CFG_TYPES = ("none", "self", "initialize", "full")  # the names of kernels.reference.CFG_CODES (no torch here)
+VIDEO_SOLVERS = ("euler", "ab2", "heun")  # a video frame's step from one level to the next (pipelines/stream_video)
 TEMPORAL_MODES = ("off", "feedback", "bank", "both")  # temporal consistency: none, latent feedback, feature bank, both
 MAX_PROMPT_CHARS = 1000  # the text encoder reads 77 tokens (~300 characters); more is refused from clients
 MAX_PROMPTS = 3  # prompts in one blend
@@ -161,6 +162,10 @@ VIDEO_SETTINGS: dict[str, LiveSetting] = _table(
                 low=1, high=64, cli_optional=True, live=False),
     LiveSetting("micro_steps", int, 2, "micro-steps per chunk s (default: the checkpoint's)", flag="--micro-steps",
                 low=1, high=64, cli_optional=True, live=False),
+    LiveSetting("solver", str, "euler", "how a frame moves one noise level: euler (the paper's), ab2 (second "
+                "order from the frame's last velocity, no more network calls) or heun (second order, 2x the "
+                "calls) (default: the checkpoint's)", flag="--video-solver", choices=VIDEO_SOLVERS,
+                cli_optional=True, live=False),
 )
 
 

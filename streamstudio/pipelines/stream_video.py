@@ -4,7 +4,8 @@ The buffer holds K clean reference frames and N chunks of c latent frames (B = K
 Chunk j (0 = oldest) sits at levels (N-1-j)*s ... (N-j)*s - 1 of T = s*N noise levels
 t_0 < t_1 < ... < t_T = 1 (flow matching: t = 0 noise, t = 1 data). Every call runs the
 backbone once over the whole buffer with one timestep per frame and moves every frame one
-level up with an Euler step of its own size t_{k+1} - t_k. After every s calls the oldest chunk
+level up with an Euler step of its own size t_{k+1} - t_k (`solver`: or a second-order step,
+Adams-Bashforth on the frame's velocity one level below, or Heun with a second network call). After every s calls the oldest chunk
 is at t = 1: its c frames leave (and become the reference frames), and c new frames enter at
 level 0. Each frame keeps the noise sample it entered with (drawn per frame id).
 
@@ -41,7 +42,10 @@ import torch.nn.functional as F
 from streamstudio import kernels
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.video.video_net import PixelCodec, VideoBackbone, VideoCodec
-from streamstudio.pipelines.live_settings import VIDEO_SETTINGS, check_config
+from streamstudio.pipelines.live_settings import VIDEO_SETTINGS, VIDEO_SOLVERS, check_config
+
+
+SOLVERS = VIDEO_SOLVERS
 
 
 @dataclass
@@ -53,6 +57,10 @@ class StreamBufferConfig:
     strength: float = 1.0  # 1 = text-to-video from pure noise; < 1 = SDEdit video-to-video (the table's 0.6)
     shift: float = 1.0  # timestep shift (> 1 spends more levels near noise)
     seed: int = 0
+    # how a frame moves one level: "euler" (the paper's), "ab2" (second-order Adams-Bashforth on the
+    # frame's velocity of its previous level: no more network calls), "heun" (second order, two
+    # buffer calls a level)
+    solver: str = "euler"
     # text-to-video: drop the (N-1)*c frames the start-up's uniform generation touched ((N-1)*s
     # more calls before the first frame); off here (the paper's start), on in `build_stream` for
     # StreamDiT checkpoints (their `sampling.warmup`, default on)
@@ -75,6 +83,8 @@ class StreamBufferConfig:
         check_config(self, VIDEO_SETTINGS)  # strength, num_chunks, chunk_size, micro_steps: the table's ranges
         if self.ref_frames < 0:
             raise StreamStudioError(f"ref_frames must be >= 0, got {self.ref_frames}")
+        if self.solver not in SOLVERS:
+            raise StreamStudioError(f"unknown video solver {self.solver!r}; choose one of {', '.join(SOLVERS)}")
 
 
 def level_times(cfg: StreamBufferConfig) -> torch.Tensor:
@@ -109,6 +119,7 @@ class StreamSampler:
         self.set_prompt(prompt)
         self.x = torch.empty(0, *self.shape, device=self.device, dtype=dtype)  # (n, C, h, w)
         self.levels = torch.empty(0, dtype=torch.long)  # (n,)
+        self.v_prev, self.v_level = self._no_history(0)  # each row's velocity at its last level (ab2)
         self.ids: list[int] = []
         self.noise: dict[int, torch.Tensor] = {}  # each buffered frame's own noise sample
         self.refs = torch.empty(0, *self.shape, device=self.device, dtype=dtype)  # (k <= K, C, h, w)
@@ -152,10 +163,31 @@ class StreamSampler:
             v = self.backbone.velocity(full, t.to(self.device, self.dtype), self.text)  # (1, k + n, C, h, w)
         return v[0, k:]
 
-    def _euler(self, x: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
-        """One Euler step of every frame from its level to the next (per-frame step size)."""
-        dt = (self.times[levels + 1] - self.times[levels]).to(self.device, self.dtype)  # (n,)
-        return x + dt[:, None, None, None] * self._velocity(x, levels)
+    def _level_step(self, x: torch.Tensor, levels: torch.Tensor, v_prev: torch.Tensor,
+                    v_level: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every frame of x (n, C, h, w) from its level to the next (per-frame step size) with the
+        config's solver; returns the new frames and the velocity at `levels` (the next call's
+        history). v_prev (n, C, h, w): each frame's velocity at level v_level (n,) (-1: none).
+        - euler: x + dt v.
+        - ab2: variable-step Adams-Bashforth, x + dt ((1 + a) v - a v_prev) with a = dt / (2 dt_prev),
+          for a frame whose history is its previous level; Euler for its first step.
+        - heun: the trapezoid x + dt (v + v') / 2, v' at the Euler guess and the next level."""
+        dt = (self.times[levels + 1] - self.times[levels]).to(self.device, self.dtype)[:, None, None, None]
+        v = self._velocity(x, levels)
+        solver = self.cfg.solver
+        if solver == "heun":
+            return x + dt * (v + self._velocity(x + dt * v, levels + 1)) / 2, v
+        if solver == "ab2":
+            has = (v_level == levels - 1) & (levels > 0)  # (n,) frames whose last step was the level below
+            prev = (levels - 1).clamp_min(0)
+            dt_prev = (self.times[levels] - self.times[prev]).clamp_min(1e-12).to(self.device, self.dtype)
+            a = torch.where(has.to(self.device), dt[:, 0, 0, 0] / (2 * dt_prev), 0.0)[:, None, None, None]
+            return x + dt * (v + a * (v - v_prev)), v
+        return x + dt * v, v
+
+    def _no_history(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return (torch.zeros(n, *self.shape, device=self.device, dtype=self.dtype),
+                torch.full((n,), -1, dtype=torch.long))
 
     # ------------------------------------------------------------------ start and step
     def start(self, clean: torch.Tensor | None = None) -> None:
@@ -165,15 +197,20 @@ class StreamSampler:
         cfg = self.cfg
         n, c, s = cfg.num_chunks, cfg.chunk_size, cfg.micro_steps
         u, self.ids = self._enter(clean, cfg.frames)  # (N*c, C, h, w)
+        u_v, u_level = self._no_history(cfg.frames)  # the uniform generation's velocity history
         self.x = torch.empty_like(u)
         self.levels = torch.empty(cfg.frames, dtype=torch.long)
+        self.v_prev, self.v_level = self._no_history(cfg.frames)
         for k in range((n - 1) * s + 1):
             for j in range(n):
-                if (n - 1 - j) * s == k:  # chunk j takes the uniform state at its level
-                    self.x[j * c : (j + 1) * c] = u[j * c : (j + 1) * c]
-                    self.levels[j * c : (j + 1) * c] = k
+                if (n - 1 - j) * s == k:  # chunk j takes the uniform state (and its history) at its level
+                    rows = slice(j * c, (j + 1) * c)
+                    self.x[rows], self.levels[rows] = u[rows], k
+                    self.v_prev[rows], self.v_level[rows] = u_v[rows], u_level[rows]
             if k < (n - 1) * s:
-                u = self._euler(u, torch.full((cfg.frames,), k, dtype=torch.long))
+                level = torch.full((cfg.frames,), k, dtype=torch.long)
+                u, u_v = self._level_step(u, level, u_v, u_level)
+                u_level = level
                 self.startup_calls += 1
         self.started = True
         if clean is None and cfg.warmup:
@@ -189,7 +226,8 @@ class StreamSampler:
         frames (clean_next: their clean latents (c, C, h, w) for video-to-video)."""
         if not self.started:
             raise StreamStudioError("the stream sampler was not started; call start() first")
-        self.x = self._euler(self.x, self.levels)
+        self.x, self.v_prev = self._level_step(self.x, self.levels, self.v_prev, self.v_level)
+        self.v_level = self.levels
         self.levels = self.levels + 1
         self.calls += 1
         if self.calls % self.cfg.micro_steps:
@@ -205,6 +243,9 @@ class StreamSampler:
         new, new_ids = self._enter(clean_next, c)
         self.x = torch.cat([self.x[c:], new])
         self.levels = torch.cat([self.levels[c:], torch.zeros(c, dtype=torch.long)])
+        v_new, level_new = self._no_history(c)
+        self.v_prev = torch.cat([self.v_prev[c:], v_new])
+        self.v_level = torch.cat([self.v_level[c:], level_new])
         self.ids = self.ids[c:] + new_ids
         k = self.cfg.ref_frames
         self.refs = torch.cat([self.refs, done])[-k:] if k else self.refs

@@ -119,7 +119,7 @@ def test_one_range_for_the_video_flags_the_video_tab_and_the_buffer(capsys):
     with pytest.raises(StreamStudioError, match=r"^num_chunks must be in \[1, 64\], got 0"):
         StreamBufferConfig(num_chunks=0).validate()
     buffer = StreamBufferConfig()  # the checkpoint-free defaults are the table's (strength: 1 there, text-to-video)
-    for name in ("num_chunks", "chunk_size", "micro_steps"):
+    for name in ("num_chunks", "chunk_size", "micro_steps", "solver"):
         assert getattr(buffer, name) == live_settings.VIDEO_SETTINGS[name].default, name
 
 

@@ -261,6 +261,32 @@ def test_builtin_model_on_the_gpu_in_float16():
     assert np.mean(hits) >= 0.8, hits
 
 
+def test_video_solver_comes_from_the_checkpoint_or_the_flag():
+    """`sampling.solver` of the checkpoint (euler when it names none) unless --video-solver says
+    otherwise; heun makes two buffer calls a level, ab2 as many as euler."""
+    from streamstudio.app.settings import config_values
+    from streamstudio.pipelines.live_settings import VIDEO_SETTINGS
+
+    model, meta = load_video_model(None, "cpu", "float32")
+    calls = []
+    model.register_forward_pre_hook(lambda module, args: calls.append(1))
+    plain = {**meta, "sampling": {k: v for k, v in meta["sampling"].items() if k != "solver"}}
+    counts = {}
+    for solver, m, flag in (("euler", plain, None), ("ab2", {**plain, "sampling": {**plain["sampling"], "solver": "ab2"}},
+                                                     None), ("heun", plain, "heun")):
+        stream = build_stream(model, m, "a red circle moving left", width=32, height=32, solver=flag)
+        assert stream.sampler.cfg.solver == solver
+        calls.clear()
+        with torch.inference_mode():
+            list(stream.frames(2))
+        counts[solver] = len(calls)
+    assert counts["ab2"] == counts["euler"] and counts["heun"] == 2 * counts["euler"]
+    parser = argparse.ArgumentParser()
+    add_video_arguments(parser)
+    assert config_values(parser.parse_args(["--video-solver", "ab2"]), VIDEO_SETTINGS)["solver"] == "ab2"
+    assert "solver" not in config_values(parser.parse_args([]), VIDEO_SETTINGS)  # the checkpoint's
+
+
 def test_video_guidance_comes_from_the_checkpoint_or_the_flag(tmp_path):
     """The stream guides with the checkpoint's `sampling.guidance` unless --video-guidance says
     otherwise; guidance 1 keeps one network call a step, 2 guides against the empty prompt."""

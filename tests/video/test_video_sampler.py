@@ -142,39 +142,60 @@ def small_model(window=(2, 4, 4), temporal_position=True, seed=0) -> StreamDiT:
 
 
 def reference_video(model, cfg: StreamBufferConfig, shape, prompt, total):
-    """Whole video held at once, one level per frame; every call sees the frames of the window."""
+    """Whole video held at once, one level per frame; every call sees the frames of the window.
+    The solver (cfg.solver) is written per frame from its textbook form, with each frame's
+    velocity history kept by frame index (the start-up's uniform generation hands its own on)."""
     n, c, s, k = cfg.num_chunks, cfg.chunk_size, cfg.micro_steps, cfg.ref_frames
     times = level_times(cfg)
     text = model.encode_text([prompt])
     frames = total + n * c
     video = torch.stack([frame_noise(cfg.seed, i, shape) for i in range(frames)]).double()  # (F, C, h, w)
     level = torch.zeros(frames, dtype=torch.long)
+    history: dict[int, tuple[int, torch.Tensor]] = {}  # frame -> (level, its velocity there)
 
-    def velocity(lo, hi):
-        r = lo - k if lo >= k else lo  # the K references, once K frames are finished
-        t = torch.cat([torch.ones(lo - r, dtype=torch.float64), times[level[lo:hi]]])
+    def step(x, lv, v, v_guess, hist):
+        """One frame x from level lv to lv + 1; v its velocity, v_guess (heun) the one at the Euler
+        guess and the next level, hist its (level, velocity) before or None."""
+        h = float(times[lv + 1] - times[lv])
+        if cfg.solver == "heun":
+            return x + h * (v + v_guess) / 2
+        if cfg.solver == "ab2" and hist is not None and hist[0] == lv - 1:  # Adams-Bashforth, variable step
+            h0 = float(times[lv] - times[lv - 1])
+            return x + h * ((1 + h / (2 * h0)) * v - h / (2 * h0) * hist[1])
+        return x + h * v
+
+    def net(x, t):
         with torch.no_grad():
-            return model(video[r:hi][None], t[None], text)[0, lo - r:]
+            return model(x[None], t[None], text)[0]
 
     u = video[: n * c].clone()  # the uniform start
-    for step in range((n - 1) * s + 1):
+    u_hist: dict[int, tuple[int, torch.Tensor]] = {}
+    for st in range((n - 1) * s + 1):
         for j in range(n):
-            if (n - 1 - j) * s == step:
-                video[j * c:(j + 1) * c], level[j * c:(j + 1) * c] = u[j * c:(j + 1) * c], step
-        if step < (n - 1) * s:
-            dt = times[step + 1] - times[step]
-            with torch.no_grad():
-                u = u + dt * model(u[None], torch.full((1, n * c), float(times[step])), text)[0]
+            if (n - 1 - j) * s == st:
+                video[j * c:(j + 1) * c], level[j * c:(j + 1) * c] = u[j * c:(j + 1) * c], st
+                history.update({i: u_hist[i] for i in range(j * c, (j + 1) * c) if i in u_hist})
+        if st < (n - 1) * s:
+            t = torch.full((n * c,), float(times[st]), dtype=torch.float64)
+            v = net(u, t)
+            guess = net(u + float(times[st + 1] - times[st]) * v, torch.full_like(t, float(times[st + 1])))
+            u = torch.stack([step(u[i], st, v[i], guess[i], u_hist.get(i)) for i in range(n * c)])
+            u_hist = {i: (st, v[i]) for i in range(n * c)}
     lo = 0
     while lo < total:
         hi = lo + n * c
-        dt = (times[level[lo:hi] + 1] - times[level[lo:hi]])[:, None, None, None]
-        video[lo:hi] = video[lo:hi] + dt * velocity(lo, hi)
+        r = lo - k if lo >= k else lo  # the K references, once K frames are finished
+        refs, t_refs = video[r:lo], torch.ones(lo - r, dtype=torch.float64)
+        v = net(torch.cat([refs, video[lo:hi]]), torch.cat([t_refs, times[level[lo:hi]]]))[lo - r:]
+        h = (times[level[lo:hi] + 1] - times[level[lo:hi]])[:, None, None, None]
+        guess = net(torch.cat([refs, video[lo:hi] + h * v]), torch.cat([t_refs, times[level[lo:hi] + 1]]))[lo - r:]
+        new = [step(video[i], int(level[i]), v[i - lo], guess[i - lo], history.get(i)) for i in range(lo, hi)]
+        history.update({i: (int(level[i]), v[i - lo]) for i in range(lo, hi)})
+        video[lo:hi] = torch.stack(new)
         level[lo:hi] += 1
         while lo < frames and level[lo] == cfg.levels:
             lo += 1
     return video[:total]
-
 
 
 def stream(sampler: StreamSampler, frames: int) -> list[torch.Tensor]:
@@ -186,13 +207,16 @@ def stream(sampler: StreamSampler, frames: int) -> list[torch.Tensor]:
             out.extend(done)
     return out
 
-@pytest.mark.parametrize("n,c,s,k,window", [(4, 2, 2, 0, None), (2, 4, 4, 0, None), (4, 2, 1, 2, None),
-                                            (4, 1, 2, 4, (4, 4, 4))])
-def test_streaming_equals_whole_video_reference(n, c, s, k, window):
-    """The last case: one frame a chunk and 4 references under a temporal window of 4 (the
-    built-in model's), which took 5 frames after the first rotation and failed."""
+@pytest.mark.parametrize("n,c,s,k,window,solver", [
+    (4, 2, 2, 0, None, "euler"), (2, 4, 4, 0, None, "euler"), (4, 2, 1, 2, None, "euler"),
+    (4, 1, 2, 4, (4, 4, 4), "euler"), (4, 2, 2, 0, None, "ab2"), (4, 1, 2, 0, (4, 4, 4), "ab2"),
+    (4, 2, 1, 2, None, "ab2"), (4, 2, 2, 0, None, "heun"), (4, 2, 1, 2, None, "heun")])
+def test_streaming_equals_whole_video_reference(n, c, s, k, window, solver):
+    """The fourth case: one frame a chunk and 4 references under a temporal window of 4 (the
+    built-in model's), which took 5 frames after the first rotation and failed. The ab2 cases
+    check each frame's velocity history across the start-up's hand-over and the rotations."""
     model = small_model() if window is None else small_model(window=window)
-    cfg = StreamBufferConfig(num_chunks=n, chunk_size=c, micro_steps=s, ref_frames=k, seed=3)
+    cfg = StreamBufferConfig(num_chunks=n, chunk_size=c, micro_steps=s, ref_frames=k, seed=3, solver=solver)
     shape = (2, 8, 8)
     sampler = StreamSampler(StreamDiTBackbone(model), cfg, shape, "a red circle", dtype=torch.float64)
     sampler.start()
@@ -343,3 +367,52 @@ def test_video_to_video_has_no_warmup():
     sampler.cfg.warmup = True
     sampler.start(torch.stack([target(i) for i in range(8)]))
     assert sampler.startup_calls == 6 and sampler.calls == 0 and sampler.ids[0] == 0
+
+
+# ---------------------------------------------------------------------------- solvers (issue 30)
+
+
+class Decay:
+    """dx/dt = lam * x for every frame: x(1) = x(t_0) exp(lam (1 - t_0)), whatever the buffer."""
+
+    lam = -1.5
+
+    def encode_text(self, prompt: str) -> str:
+        return prompt
+
+    def velocity(self, x, t, text):
+        return self.lam * x
+
+
+@pytest.mark.parametrize("solver,order", [("euler", 1), ("ab2", 2), ("heun", 2)])
+def test_solver_error_falls_with_its_order(solver, order):
+    """Halving the level spacing divides a p-th order method's global error by about 2^p
+    (Euler 2, Adams-Bashforth 2 and Heun 4): the frames, streamed through the buffer and through
+    the start-up, against the exact solution of a linear ODE."""
+    errors = []
+    for s in (4, 8, 16):
+        cfg = StreamBufferConfig(num_chunks=4, chunk_size=1, micro_steps=s, seed=1, solver=solver)
+        sampler = StreamSampler(Decay(), cfg, SHAPE, "p", dtype=torch.float64)
+        sampler.start()
+        out = stream(sampler, 8)
+        exact = [frame_noise(1, i, SHAPE).double() * np.exp(Decay.lam) for i in range(8)]
+        errors.append(max(float((o - e).abs().max()) for o, e in zip(out, exact)))
+    ratios = [errors[0] / errors[1], errors[1] / errors[2]]
+    assert all(2 ** order * 0.8 < r < 2 ** order * 1.25 for r in ratios), (errors, ratios)
+
+
+def test_ab2_keeps_straight_paths_exact():
+    """On a straight path the velocity does not change, so Adams-Bashforth is exact too."""
+    oracle = Oracle()
+    cfg = StreamBufferConfig(num_chunks=4, chunk_size=2, micro_steps=2, solver="ab2")
+    sampler = StreamSampler(oracle, cfg, SHAPE, "p", dtype=torch.float64)
+    oracle.sampler = sampler
+    sampler.start()
+    out = stream(sampler, 12)
+    for i, frame in enumerate(out[:12]):
+        torch.testing.assert_close(frame, target(i), rtol=0, atol=1e-12)
+
+
+def test_unknown_solver_is_refused():
+    with pytest.raises(StreamStudioError, match="unknown video solver 'rk4'"):
+        StreamBufferConfig(solver="rk4").validate()

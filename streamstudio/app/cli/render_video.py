@@ -107,7 +107,7 @@ def run_video_render(args) -> int:
     name = "the built-in StreamDiT" if getattr(args, "model", None) in BUILTIN_NAMES else args.model
     fitted = f" ({fit})" if aspect is not None and abs(aspect - width / height) >= 0.01 else ""
     print(f"model {name}, {width}x{height}{fitted}, buffer {b.num_chunks} chunks x {b.chunk_size} frames, "
-          f"{b.micro_steps} micro-step(s), on {next(model.parameters()).device}", flush=True)
+          f"{b.micro_steps} micro-step(s) ({b.solver}), on {next(model.parameters()).device}", flush=True)
     info = source.info
     total = info.frame_count or (round(info.duration * info.fps) if info.duration else None)
     runner = Runner(source, processor, sink, RunnerConfig(live=False, max_frames=max_frames))

@@ -78,7 +78,7 @@ def build_stream(model: torch.nn.Module, meta: dict, prompt: str, *, strength: f
                  width: int | None = None, height: int | None = None, aspect: float | None = None,
                  num_chunks: int | None = None, chunk_size: int | None = None, micro_steps: int | None = None,
                  guidance: float | None = None, acceleration: str = "none",
-                 warmup: bool | None = None) -> VideoStream:
+                 warmup: bool | None = None, solver: str | None = None) -> VideoStream:
     """A VideoStream with the checkpoint's sampling defaults, overridden where given, on the
     model's device and dtype. Its output is `width` x `height`; a side not given follows `aspect`
     (the input's width / height; None: the checkpoint's grid) with the checkpoint's side times
@@ -87,7 +87,9 @@ def build_stream(model: torch.nn.Module, meta: dict, prompt: str, *, strength: f
     this buffer layout (models.acceleration.apply_video_acceleration). `guidance` (None: the
     checkpoint's `sampling.guidance`, else 1) is classifier-free guidance against the empty prompt.
     `warmup` (None: the checkpoint's `sampling.warmup`, else on) drops the text-to-video frames the
-    start-up's uniform generation touched (`StreamBufferConfig.warmup`, issue 30)."""
+    start-up's uniform generation touched (`StreamBufferConfig.warmup`, issue 30). `solver` (None:
+    the checkpoint's `sampling.solver`, else euler) is how a frame moves one level
+    (`StreamBufferConfig.solver`)."""
     from streamstudio.app.streams.image import output_size
     from streamstudio.models.video.video_net import StreamDiTBackbone
     from streamstudio.pipelines.stream_video import StreamBufferConfig, StreamVideoConfig, VideoStream
@@ -95,7 +97,8 @@ def build_stream(model: torch.nn.Module, meta: dict, prompt: str, *, strength: f
     if getattr(model, "is_wan", False):
         return build_wan_stream(model, prompt, strength=strength, seed=seed, width=width, height=height,
                                 aspect=aspect, num_chunks=num_chunks, chunk_size=chunk_size,
-                                micro_steps=micro_steps, guidance=guidance, acceleration=acceleration)
+                                micro_steps=micro_steps, guidance=guidance, acceleration=acceleration,
+                                solver=solver)
     sampling = meta.get("sampling", {})
     buffer = StreamBufferConfig(
         num_chunks=num_chunks or sampling.get("num_chunks", 4),
@@ -103,7 +106,8 @@ def build_stream(model: torch.nn.Module, meta: dict, prompt: str, *, strength: f
         micro_steps=micro_steps or sampling.get("micro_steps", 2),
         ref_frames=sampling.get("ref_frames", 0),
         strength=strength, seed=seed,
-        warmup=bool(sampling.get("warmup", True) if warmup is None else warmup))
+        warmup=bool(sampling.get("warmup", True) if warmup is None else warmup),
+        solver=solver or sampling.get("solver", "euler"))
     side = (sampling.get("height", 32), sampling.get("width", 32))
     out_w, out_h = output_size(width, height, max(side) * LATENT_SCALE, aspect or side[1] / side[0])
     lat_h, lat_w = latent_size(side, model.cfg.patch_size, tuple(model.cfg.window), out_w / out_h)
@@ -137,7 +141,8 @@ def load_wan_model(model: str, device: torch.device, dtype: str | torch.dtype = 
 def build_wan_stream(model: wan.WanModel, prompt: str, *, strength: float = 1.0, seed: int = 0,
                      width: int | None = None, height: int | None = None, aspect: float | None = None,
                      num_chunks: int | None = None, chunk_size: int | None = None, micro_steps: int | None = None,
-                     guidance: float | None = None, acceleration: str = "none") -> VideoStream:
+                     guidance: float | None = None, acceleration: str = "none",
+                     solver: str | None = None) -> VideoStream:
     """Text-to-video over a Wan checkpoint: its transformer as the backbone (per-frame timesteps),
     its VAE decoding the chunks as one continuing video (`WanCodec.stream`: the first chunk of c
     latent frames gives 1 + 4 (c - 1) frames, every later chunk 4c), the Wan sampling defaults
@@ -154,7 +159,8 @@ def build_wan_stream(model: wan.WanModel, prompt: str, *, strength: float = 1.0,
                                 "use none or compile")
     s = model.sampling
     buffer = StreamBufferConfig(num_chunks=num_chunks or s["num_chunks"], chunk_size=chunk_size or s["chunk_size"],
-                                micro_steps=micro_steps or s["micro_steps"], shift=s["shift"], seed=seed)
+                                micro_steps=micro_steps or s["micro_steps"], shift=s["shift"], seed=seed,
+                                solver=solver or s.get("solver", "euler"))
     out_w, out_h = output_size(width, height, max(s["height"], s["width"]), s["width"] / s["height"])
     lat_h, lat_w = model.latent_size(out_h, out_w)
     cfg = StreamVideoConfig(buffer, height=lat_h, width=lat_w, out_height=out_h, out_width=out_w, decode_overlap=0)
