@@ -38,6 +38,7 @@ import json
 import math
 import time
 from dataclasses import dataclass
+from multiprocessing import Pool
 from pathlib import Path
 
 import numpy as np
@@ -196,10 +197,11 @@ def protocol(subset: int | None = None, seeds: tuple[int, ...] | None = None) ->
 
 
 def render_model(model, meta: dict, prompt: str, seed: int, layout: tuple[int, int, int],
-                 frames: int = FRAMES, guidance: float | None = None, warmup: bool | None = None) -> list[np.ndarray]:
+                 frames: int = FRAMES, guidance: float | None = None, warmup: bool | None = None,
+                 solver: str | None = None) -> list[np.ndarray]:
     """Text-to-video frames of a StreamDiT checkpoint at its latent size (RGB uint8); `warmup`
     (None: the checkpoint's `sampling.warmup`, else on, as `build_stream`) drops the frames the
-    start-up generation touched."""
+    start-up generation touched; `solver` (None: the checkpoint's `sampling.solver`, else euler)."""
     from streamstudio.models.video.video_net import StreamDiTBackbone
     from streamstudio.pipelines.stream_video import StreamBufferConfig, StreamVideoConfig, VideoStream
 
@@ -207,7 +209,8 @@ def render_model(model, meta: dict, prompt: str, seed: int, layout: tuple[int, i
     smp = meta["sampling"]
     cfg = StreamVideoConfig(StreamBufferConfig(num_chunks=n, chunk_size=c, micro_steps=s,
                                                ref_frames=smp.get("ref_frames", 0), seed=seed,
-                                               warmup=bool(smp.get("warmup", True) if warmup is None else warmup)),
+                                               warmup=bool(smp.get("warmup", True) if warmup is None else warmup),
+                                               solver=solver or smp.get("solver", "euler")),
                             height=smp["height"], width=smp["width"])
     guidance = smp.get("guidance", 1.0) if guidance is None else guidance
     stream = VideoStream(StreamDiTBackbone(model, guidance), cfg, prompt)
@@ -283,6 +286,22 @@ def table(label: str, result: dict) -> str:
     return "\n".join(lines)
 
 
+_MODELS: dict[str, tuple] = {}
+
+
+def _measure_job(job: tuple) -> VideoMeasure:
+    """One render of the protocol, measured (in a worker process: the model is loaded once there)."""
+    from streamstudio.models.video.stream_dit import load_checkpoint
+
+    folder, prompt, seed, layout, guidance, warmup, solver, threads = job
+    torch.set_num_threads(threads)
+    if folder not in _MODELS:
+        _MODELS[folder] = load_checkpoint(folder)
+    model, meta = _MODELS[folder]
+    frames = render_model(model, meta, prompt, seed, layout, guidance=guidance, warmup=warmup, solver=solver)
+    return measure_video(frames, prompt, seed, layout[1])
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="checkpoint folder (default: the built-in model)")
@@ -296,6 +315,9 @@ def main(argv=None) -> int:
                              "them); the table adds each seed's figures and where frames vanish")
     parser.add_argument("--no-warmup", action="store_true",
                         help="show the frames the start-up generation touched (the sampler before issue 30)")
+    parser.add_argument("--solver", choices=("euler", "ab2", "heun"), default=None,
+                        help="the buffer's solver (default: the checkpoint's, else euler)")
+    parser.add_argument("--workers", type=int, default=1, help="render processes (each with --threads threads)")
     parser.add_argument("--label", default=None, help="name of this run in the JSON (default from the source)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--output", default=str(RESULTS))
@@ -304,7 +326,7 @@ def main(argv=None) -> int:
     pairs = protocol(args.subset, args.seeds)
     start = time.perf_counter()
     if args.data:
-        layout, source, guidance = (1, 1, 1), "training data (render_shape_clip)", 1.0
+        layout, source, guidance, solver = (1, 1, 1), "training data (render_shape_clip)", 1.0, "euler"
         videos = [measure_video(data_clip(p, s), p, s, chunk_size=1) for p, s in pairs]
     else:
         from streamstudio.models.video.stream_dit import BUILTIN_CHECKPOINT, load_checkpoint
@@ -317,11 +339,17 @@ def main(argv=None) -> int:
         source = folder
         guidance = smp.get("guidance", 1.0) if args.guidance is None else args.guidance
         warmup = False if args.no_warmup else None
-        videos = [measure_video(render_model(model, meta, p, s, layout, guidance=guidance, warmup=warmup), p, s,
-                                layout[1]) for p, s in pairs]
+        solver = args.solver or smp.get("solver", "euler")
+        jobs = [(folder, p, s, layout, guidance, warmup, solver, args.threads) for p, s in pairs]
+        if args.workers > 1:
+            with Pool(args.workers) as pool:
+                videos = pool.map(_measure_job, jobs, chunksize=1)
+        else:
+            videos = [_measure_job(j) for j in jobs]
     seconds = time.perf_counter() - start
     label = args.label or ("data" if args.data else f"{Path(source).name} N={layout[0]} c={layout[1]} s={layout[2]}"
-                                                    + (f" g={guidance:g}" if guidance != 1.0 else ""))
+                                                    + (f" g={guidance:g}" if guidance != 1.0 else "")
+                                                    + (f" {solver}" if solver != "euler" else ""))
     if args.no_warmup and not args.label:
         label += " no warm-up"
     if args.subset:
@@ -329,7 +357,8 @@ def main(argv=None) -> int:
     if args.seeds:
         label += " seeds " + ",".join(map(str, args.seeds))
     result = {"source": source, "layout": "N={} c={} s={}".format(*layout)
-              + ("" if args.data or guidance == 1.0 else f" guidance {guidance:g}"), "seconds": seconds,
+              + ("" if args.data or guidance == 1.0 else f" guidance {guidance:g}")
+              + ("" if args.data or solver == "euler" else f" solver {solver}"), "seconds": seconds,
               "warmup": None if args.data else not args.no_warmup,
               "threads": args.threads, "summary": summarize(videos, layout[1]),
               "videos": [{"prompt": v.prompt, "seed": v.seed, "direction_ok": v.direction_ok,

@@ -207,3 +207,28 @@ def test_gpu_timer_of_the_video_benchmark_runs_with_a_faked_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: syncs.append(1))
     ms = bench.cuda_median_ms(lambda: calls.append(torch.is_inference_mode_enabled()), 3)
     assert ms >= 0 and len(calls) == 4 and all(calls) and len(syncs) == 4
+
+
+def test_builtin_frame_rate_runs_with_the_checkpoints_solver_and_euler_beside_it(monkeypatch):
+    """benchmarks/stream_video.builtin_fps samples with the checkpoint's own solver (its label
+    names it) and times Euler beside it when the checkpoint's is another."""
+    import sys
+    from pathlib import Path
+
+    bench_dir = str(Path(__file__).resolve().parents[2] / "benchmarks")
+    if bench_dir not in sys.path:
+        sys.path.insert(0, bench_dir)
+    import stream_video as bench
+
+    model, meta = bench.load_builtin()
+    solvers = []
+    real = bench.StreamBufferConfig
+    monkeypatch.setattr(bench, "StreamBufferConfig", lambda **kw: solvers.append(kw["solver"]) or real(**kw))
+    for solver in ("heun", "euler"):
+        smp = {**meta["sampling"], "solver": solver}
+        monkeypatch.setattr(bench, "load_builtin", lambda smp=smp: (model, {**meta, "sampling": smp}))
+        solvers.clear()
+        f = bench.builtin_fps(1)
+        assert f["frames"] >= 1 and f["fps"] > 0
+        assert solvers == ([solver, "euler"] if solver != "euler" else ["euler"])
+        assert ("fps_euler" in f) == (solver != "euler") and (solver in f["buffer"]) == (solver != "euler")

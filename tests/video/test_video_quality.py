@@ -189,3 +189,19 @@ def test_builtin_model_shows_its_object_from_the_first_frame():
     for prompt, seed in STARTUP_CASES:
         assert empty_frames(prompt, seed, None) == [], (prompt, seed)  # the default: warm-up on
     assert any(empty_frames(p, s, False) for p, s in STARTUP_CASES)
+
+
+def test_quality_run_in_workers_with_another_solver_equals_one_process(tmp_path):
+    """`--workers 2` renders the same videos as one process, and `--solver` reaches the sampler
+    (its label and layout say so; ab2 renders other frames than the checkpoint's euler)."""
+    import json
+
+    out = tmp_path / "q.json"
+    vq.main(["--subset", "2", "--solver", "ab2", "--workers", "2", "--label", "w2", "--output", str(out)])
+    vq.main(["--subset", "2", "--solver", "ab2", "--output", str(out)])
+    vq.main(["--subset", "2", "--label", "euler", "--output", str(out)])
+    runs = {k.split(" (subset")[0]: v for k, v in json.loads(out.read_text())["runs"].items()}
+    one = next(k for k in runs if k not in ("w2", "euler"))
+    assert "ab2" in one and "solver ab2" in runs[one]["layout"] and "solver" not in runs["euler"]["layout"]
+    assert runs["w2"]["videos"] == runs[one]["videos"]
+    assert [v["area_cv"] for v in runs["euler"]["videos"]] != [v["area_cv"] for v in runs[one]["videos"]]
