@@ -121,7 +121,8 @@ def builtin_fps(frames: int) -> dict:
 
     def fps(solver: str) -> tuple[int, float]:
         cfg = StreamVideoConfig(StreamBufferConfig(num_chunks=s["num_chunks"], chunk_size=s["chunk_size"],
-                                                   micro_steps=s["micro_steps"], solver=solver),
+                                                   micro_steps=s["micro_steps"], solver=solver,
+                                                   clip_sample=bool(s.get("clip_sample", False))),
                                 out_height=32, out_width=32)
         stream = VideoStream(StreamDiTBackbone(model, guidance), cfg, "a blue square moving up")
         with torch.inference_mode():

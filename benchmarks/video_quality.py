@@ -198,10 +198,11 @@ def protocol(subset: int | None = None, seeds: tuple[int, ...] | None = None) ->
 
 def render_model(model, meta: dict, prompt: str, seed: int, layout: tuple[int, int, int],
                  frames: int = FRAMES, guidance: float | None = None, warmup: bool | None = None,
-                 solver: str | None = None) -> list[np.ndarray]:
+                 solver: str | None = None, clip_sample: bool | None = None) -> list[np.ndarray]:
     """Text-to-video frames of a StreamDiT checkpoint at its latent size (RGB uint8); `warmup`
     (None: the checkpoint's `sampling.warmup`, else on, as `build_stream`) drops the frames the
-    start-up generation touched; `solver` (None: the checkpoint's `sampling.solver`, else euler)."""
+    start-up generation touched; `solver` (None: the checkpoint's `sampling.solver`, else euler) and
+    `clip_sample` (None: the checkpoint's `sampling.clip_sample`, else off)."""
     from streamstudio.models.video.video_net import StreamDiTBackbone
     from streamstudio.pipelines.stream_video import StreamBufferConfig, StreamVideoConfig, VideoStream
 
@@ -210,7 +211,9 @@ def render_model(model, meta: dict, prompt: str, seed: int, layout: tuple[int, i
     cfg = StreamVideoConfig(StreamBufferConfig(num_chunks=n, chunk_size=c, micro_steps=s,
                                                ref_frames=smp.get("ref_frames", 0), seed=seed,
                                                warmup=bool(smp.get("warmup", True) if warmup is None else warmup),
-                                               solver=solver or smp.get("solver", "euler")),
+                                               solver=solver or smp.get("solver", "euler"),
+                                               clip_sample=bool(smp.get("clip_sample", False)
+                                                                if clip_sample is None else clip_sample)),
                             height=smp["height"], width=smp["width"])
     guidance = smp.get("guidance", 1.0) if guidance is None else guidance
     stream = VideoStream(StreamDiTBackbone(model, guidance), cfg, prompt)
@@ -293,12 +296,13 @@ def _measure_job(job: tuple) -> VideoMeasure:
     """One render of the protocol, measured (in a worker process: the model is loaded once there)."""
     from streamstudio.models.video.stream_dit import load_checkpoint
 
-    folder, prompt, seed, layout, guidance, warmup, solver, threads = job
+    folder, prompt, seed, layout, guidance, warmup, solver, clip, threads = job
     torch.set_num_threads(threads)
     if folder not in _MODELS:
         _MODELS[folder] = load_checkpoint(folder)
     model, meta = _MODELS[folder]
-    frames = render_model(model, meta, prompt, seed, layout, guidance=guidance, warmup=warmup, solver=solver)
+    frames = render_model(model, meta, prompt, seed, layout, guidance=guidance, warmup=warmup, solver=solver,
+                          clip_sample=clip)
     return measure_video(frames, prompt, seed, layout[1])
 
 
@@ -317,6 +321,8 @@ def main(argv=None) -> int:
                         help="show the frames the start-up generation touched (the sampler before issue 30)")
     parser.add_argument("--solver", choices=("euler", "ab2", "heun"), default=None,
                         help="the buffer's solver (default: the checkpoint's, else euler)")
+    parser.add_argument("--clip-sample", choices=("on", "off"), default=None,
+                        help="clip each predicted clean frame to [-1, 1] (default: the checkpoint's)")
     parser.add_argument("--workers", type=int, default=1, help="render processes (each with --threads threads)")
     parser.add_argument("--label", default=None, help="name of this run in the JSON (default from the source)")
     parser.add_argument("--threads", type=int, default=1)
@@ -326,7 +332,7 @@ def main(argv=None) -> int:
     pairs = protocol(args.subset, args.seeds)
     start = time.perf_counter()
     if args.data:
-        layout, source, guidance, solver = (1, 1, 1), "training data (render_shape_clip)", 1.0, "euler"
+        layout, source, guidance, solver, clip = (1, 1, 1), "training data (render_shape_clip)", 1.0, "euler", False
         videos = [measure_video(data_clip(p, s), p, s, chunk_size=1) for p, s in pairs]
     else:
         from streamstudio.models.video.stream_dit import BUILTIN_CHECKPOINT, load_checkpoint
@@ -340,7 +346,8 @@ def main(argv=None) -> int:
         guidance = smp.get("guidance", 1.0) if args.guidance is None else args.guidance
         warmup = False if args.no_warmup else None
         solver = args.solver or smp.get("solver", "euler")
-        jobs = [(folder, p, s, layout, guidance, warmup, solver, args.threads) for p, s in pairs]
+        clip = smp.get("clip_sample", False) if args.clip_sample is None else args.clip_sample == "on"
+        jobs = [(folder, p, s, layout, guidance, warmup, solver, clip, args.threads) for p, s in pairs]
         if args.workers > 1:
             with Pool(args.workers) as pool:
                 videos = pool.map(_measure_job, jobs, chunksize=1)
@@ -349,7 +356,8 @@ def main(argv=None) -> int:
     seconds = time.perf_counter() - start
     label = args.label or ("data" if args.data else f"{Path(source).name} N={layout[0]} c={layout[1]} s={layout[2]}"
                                                     + (f" g={guidance:g}" if guidance != 1.0 else "")
-                                                    + (f" {solver}" if solver != "euler" else ""))
+                                                    + (f" {solver}" if solver != "euler" else "")
+                                                    + (" clip" if clip else ""))
     if args.no_warmup and not args.label:
         label += " no warm-up"
     if args.subset:
@@ -358,7 +366,8 @@ def main(argv=None) -> int:
         label += " seeds " + ",".join(map(str, args.seeds))
     result = {"source": source, "layout": "N={} c={} s={}".format(*layout)
               + ("" if args.data or guidance == 1.0 else f" guidance {guidance:g}")
-              + ("" if args.data or solver == "euler" else f" solver {solver}"), "seconds": seconds,
+              + ("" if args.data or solver == "euler" else f" solver {solver}")
+              + (" clip_sample" if clip else ""), "seconds": seconds,
               "warmup": None if args.data else not args.no_warmup,
               "threads": args.threads, "summary": summarize(videos, layout[1]),
               "videos": [{"prompt": v.prompt, "seed": v.seed, "direction_ok": v.direction_ok,

@@ -14,7 +14,8 @@ seeds 40-69 (30 renders; never used for anything else). Each variant is one `--s
                       `--weak DIR` (an earlier, less trained checkpoint of the same model)
     agp:A             autoguidance alone: v_weak + A (v_text - v_weak)
     s:S               micro-steps per chunk (the shipped 2)
-    ab2:1 / heun:1    the buffer's second-order solvers (StreamBufferConfig.solver; the shipped: Euler)
+    ab2:1 / heun:1    the buffer's second-order solvers (StreamBufferConfig.solver)
+    clip:1            clip each predicted clean frame to [-1, 1] (StreamBufferConfig.clip_sample)
 
     python3 benchmarks/video_sampler_sweep.py --spec g:3 --spec shift:1.5,g:3 --workers 2
 
@@ -44,7 +45,7 @@ WEAK_PROMPT = "a white triangle moving left"
 WEAK_SEEDS = tuple(range(40, 70))
 
 
-SPEC_KEYS = ("g", "hi", "lo", "tau", "shift", "apg", "ag", "agp", "s", "ab2", "heun")
+SPEC_KEYS = ("g", "hi", "lo", "tau", "shift", "apg", "ag", "agp", "s", "ab2", "heun", "clip")
 
 
 def parse_spec(spec: str) -> dict[str, float]:
@@ -103,7 +104,8 @@ def render(model, spec: dict[str, float], prompt: str, seed: int, weak=None) -> 
     from streamstudio.pipelines.stream_video import StreamBufferConfig, StreamVideoConfig, VideoStream
 
     buffer = StreamBufferConfig(num_chunks=8, chunk_size=1, micro_steps=int(spec.get("s", 2)), seed=seed,
-                                shift=spec.get("shift", 1.0), warmup=True, solver=solver(spec))
+                                shift=spec.get("shift", 1.0), warmup=True, solver=solver(spec),
+                                clip_sample=bool(spec.get("clip")))
     stream = VideoStream(VariantBackbone(model, spec, weak), StreamVideoConfig(buffer, height=32, width=32), prompt)
     with torch.inference_mode():
         return list(stream.frames(vq.FRAMES))

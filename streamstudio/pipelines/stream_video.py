@@ -42,10 +42,7 @@ import torch.nn.functional as F
 from streamstudio import kernels
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.video.video_net import PixelCodec, VideoBackbone, VideoCodec
-from streamstudio.pipelines.live_settings import VIDEO_SETTINGS, VIDEO_SOLVERS, check_config
-
-
-SOLVERS = VIDEO_SOLVERS
+from streamstudio.pipelines.live_settings import VIDEO_SETTINGS, check_config
 
 
 @dataclass
@@ -61,6 +58,10 @@ class StreamBufferConfig:
     # frame's velocity of its previous level: no more network calls), "heun" (second order, two
     # buffer calls a level)
     solver: str = "euler"
+    # clip each velocity's predicted clean frame x + (1 - t) v to [-range, range] (diffusers'
+    # `clip_sample`): for a pixel-space model, whose data lie in [-1, 1]; off for latents
+    clip_sample: bool = False
+    clip_sample_range: float = 1.0
     # text-to-video: drop the (N-1)*c frames the start-up's uniform generation touched ((N-1)*s
     # more calls before the first frame); off here (the paper's start), on in `build_stream` for
     # StreamDiT checkpoints (their `sampling.warmup`, default on)
@@ -80,11 +81,11 @@ class StreamBufferConfig:
         return self.num_chunks * self.chunk_size
 
     def validate(self) -> None:
-        check_config(self, VIDEO_SETTINGS)  # strength, num_chunks, chunk_size, micro_steps: the table's ranges
+        check_config(self, VIDEO_SETTINGS)  # strength, num_chunks, chunk_size, micro_steps, solver: the table's
         if self.ref_frames < 0:
             raise StreamStudioError(f"ref_frames must be >= 0, got {self.ref_frames}")
-        if self.solver not in SOLVERS:
-            raise StreamStudioError(f"unknown video solver {self.solver!r}; choose one of {', '.join(SOLVERS)}")
+        if self.clip_sample_range <= 0:
+            raise StreamStudioError(f"clip_sample_range must be > 0, got {self.clip_sample_range}")
 
 
 def level_times(cfg: StreamBufferConfig) -> torch.Tensor:
@@ -160,8 +161,18 @@ class StreamSampler:
         full = torch.cat([refs, x], dim=0)[None]  # (1, k + n, C, h, w)
         t = torch.cat([torch.ones(k, dtype=torch.float64), self.times[levels]])[None]  # (1, k + n)
         with torch.no_grad():
-            v = self.backbone.velocity(full, t.to(self.device, self.dtype), self.text)  # (1, k + n, C, h, w)
-        return v[0, k:]
+            v = self.backbone.velocity(full, t.to(self.device, self.dtype), self.text)[0, k:]  # (n, C, h, w)
+        if self.cfg.clip_sample:
+            v = self._clip(x, self.times[levels], v)
+        return v
+
+    def _clip(self, x: torch.Tensor, t: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The velocity toward the predicted clean frame x + (1 - t) v clipped to the data range;
+        frames at t = 1 (Heun's second call at the last level) are clean already and kept."""
+        r = self.cfg.clip_sample_range
+        rest = (1 - t).to(self.device, self.dtype)[:, None, None, None]  # (n, 1, 1, 1)
+        x0 = (x + rest * v).clamp(-r, r)
+        return torch.where(rest > 0, (x0 - x) / rest.clamp_min(1e-12), v)
 
     def _level_step(self, x: torch.Tensor, levels: torch.Tensor, v_prev: torch.Tensor,
                     v_level: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -200,7 +200,9 @@ def test_quality_run_in_workers_with_another_solver_equals_one_process(tmp_path)
     vq.main(["--subset", "2", "--solver", "ab2", "--workers", "2", "--label", "w2", "--output", str(out)])
     vq.main(["--subset", "2", "--solver", "ab2", "--output", str(out)])
     vq.main(["--subset", "2", "--label", "euler", "--output", str(out)])
+    vq.main(["--subset", "2", "--label", "clip", "--clip-sample", "on", "--output", str(out)])
     runs = {k.split(" (subset")[0]: v for k, v in json.loads(out.read_text())["runs"].items()}
+    assert "clip_sample" in runs.pop("clip")["layout"]
     one = next(k for k in runs if k not in ("w2", "euler"))
     assert "ab2" in one and "solver ab2" in runs[one]["layout"] and "solver" not in runs["euler"]["layout"]
     assert runs["w2"]["videos"] == runs[one]["videos"]

@@ -414,5 +414,34 @@ def test_ab2_keeps_straight_paths_exact():
 
 
 def test_unknown_solver_is_refused():
-    with pytest.raises(StreamStudioError, match="unknown video solver 'rk4'"):
+    with pytest.raises(StreamStudioError, match="solver must be one of euler, ab2, heun, got 'rk4'"):
         StreamBufferConfig(solver="rk4").validate()
+
+
+class FarOracle(Oracle):
+    """The exact velocity toward targets three times the data range's scale (most values beyond +-1)."""
+
+    def velocity(self, x, t, text):
+        ids = self.sampler.ids
+        x1 = torch.stack([3 * target(i) for i in ids])
+        return ((x1 - x[0]) / (1 - t[0, :, None, None, None]).clamp_min(1e-12))[None]
+
+
+@pytest.mark.parametrize("solver", ["euler", "ab2"])
+def test_clip_sample_lands_on_the_clipped_target(solver):
+    """diffusers' clip_sample: the predicted clean frame is clipped to [-r, r] before each step, so
+    a frame whose exact target lies outside ends on the target clipped (and on the target itself
+    without the clip). (Heun's second call at t = 1 meets the exact field's 0 / 0 there.)"""
+    for clip in (True, False):
+        oracle = FarOracle()
+        cfg = StreamBufferConfig(num_chunks=4, chunk_size=1, micro_steps=2, solver=solver, clip_sample=clip,
+                                 clip_sample_range=1.5)
+        sampler = StreamSampler(oracle, cfg, SHAPE, "p", dtype=torch.float64)
+        oracle.sampler = sampler
+        sampler.start()
+        out = stream(sampler, 6)
+        for i, frame in enumerate(out[:6]):
+            want = 3 * target(i)
+            torch.testing.assert_close(frame, want.clamp(-1.5, 1.5) if clip else want, rtol=0, atol=1e-9)
+    with pytest.raises(StreamStudioError, match="clip_sample_range"):
+        StreamBufferConfig(clip_sample=True, clip_sample_range=0).validate()

@@ -89,7 +89,8 @@ def build_stream(model: torch.nn.Module, meta: dict, prompt: str, *, strength: f
     `warmup` (None: the checkpoint's `sampling.warmup`, else on) drops the text-to-video frames the
     start-up's uniform generation touched (`StreamBufferConfig.warmup`, issue 30). `solver` (None:
     the checkpoint's `sampling.solver`, else euler) is how a frame moves one level
-    (`StreamBufferConfig.solver`)."""
+    (`StreamBufferConfig.solver`); the checkpoint's `sampling.clip_sample` (a pixel-space model's)
+    clips each predicted clean frame to [-1, 1]."""
     from streamstudio.app.streams.image import output_size
     from streamstudio.models.video.video_net import StreamDiTBackbone
     from streamstudio.pipelines.stream_video import StreamBufferConfig, StreamVideoConfig, VideoStream
@@ -107,7 +108,8 @@ def build_stream(model: torch.nn.Module, meta: dict, prompt: str, *, strength: f
         ref_frames=sampling.get("ref_frames", 0),
         strength=strength, seed=seed,
         warmup=bool(sampling.get("warmup", True) if warmup is None else warmup),
-        solver=solver or sampling.get("solver", "euler"))
+        solver=solver or sampling.get("solver", "euler"),
+        clip_sample=bool(sampling.get("clip_sample", False)))
     side = (sampling.get("height", 32), sampling.get("width", 32))
     out_w, out_h = output_size(width, height, max(side) * LATENT_SCALE, aspect or side[1] / side[0])
     lat_h, lat_w = latent_size(side, model.cfg.patch_size, tuple(model.cfg.window), out_w / out_h)
