@@ -5,9 +5,10 @@ Chunk j (0 = oldest) sits at levels (N-1-j)*s ... (N-j)*s - 1 of T = s*N noise l
 t_0 < t_1 < ... < t_T = 1 (flow matching: t = 0 noise, t = 1 data). Every call runs the
 backbone once over the whole buffer with one timestep per frame and moves every frame one
 level up with an Euler step of its own size t_{k+1} - t_k (`solver`: or a second-order step,
-Adams-Bashforth on the frame's velocity one level below, or Heun with a second network call). After every s calls the oldest chunk
-is at t = 1: its c frames leave (and become the reference frames), and c new frames enter at
-level 0. Each frame keeps the noise sample it entered with (drawn per frame id).
+Adams-Bashforth on the frame's velocity one level below, or Heun with a second network call).
+After every s calls the oldest chunk is at t = 1: its c frames leave (and become the reference
+frames), and c new frames enter at level 0. Each frame keeps the noise sample it entered with
+(drawn per frame id).
 
 - Text-to-video starts as in the paper: one uniform-noise generation of N*c frames, whose
   states at levels (N-1-j)*s fill chunk j. With `warmup` (on for the built-in model) the frames
