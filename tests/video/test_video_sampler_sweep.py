@@ -86,3 +86,26 @@ def test_autoguidance_guides_against_the_weak_model(inputs):
 def test_a_misspelt_spec_is_refused():
     with pytest.raises(ValueError, match="unknown key"):
         sweep.parse_spec("gg:3")
+
+
+def test_solver_keys_pick_the_buffers_solver_and_refuse_two(monkeypatch):
+    """s, ab2 / heun and clip reach the buffer config the sweep renders with."""
+    seen = {}
+    import streamstudio.pipelines.stream_video as sv
+
+    class Stop(Exception):
+        pass
+
+    def fake_stream(backbone, cfg, prompt):
+        seen.update(solver=cfg.buffer.solver, s=cfg.buffer.micro_steps, clip=cfg.buffer.clip_sample)
+        raise Stop
+
+    monkeypatch.setattr(sv, "VideoStream", fake_stream)
+    with pytest.raises(Stop):
+        sweep.render(None, sweep.parse_spec("g:3,heun:1,clip:1,s:3"), "a red circle moving left", 0)
+    assert seen == {"solver": "heun", "s": 3, "clip": True}
+    with pytest.raises(Stop):
+        sweep.render(None, sweep.parse_spec("g:3"), "a red circle moving left", 0)
+    assert seen == {"solver": "euler", "s": 2, "clip": False}
+    with pytest.raises(ValueError, match="one solver"):
+        sweep.parse_spec("ab2:1,heun:1")
