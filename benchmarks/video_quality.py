@@ -338,7 +338,7 @@ def main(argv=None) -> int:
         from streamstudio.models.video.stream_dit import BUILTIN_CHECKPOINT, load_checkpoint
 
         folder = args.model or str(BUILTIN_CHECKPOINT)
-        model, meta = load_checkpoint(folder)
+        model, meta = _MODELS.setdefault(folder, load_checkpoint(folder))  # workers fork with it loaded
         smp = meta["sampling"]
         layout = (tuple(int(v) for v in args.layout.split(",")) if args.layout
                   else (smp["num_chunks"], smp["chunk_size"], smp["micro_steps"]))

@@ -121,7 +121,9 @@ class StreamSampler:
         self.set_prompt(prompt)
         self.x = torch.empty(0, *self.shape, device=self.device, dtype=dtype)  # (n, C, h, w)
         self.levels = torch.empty(0, dtype=torch.long)  # (n,)
-        self.v_prev, self.v_level = self._no_history(0)  # each row's velocity at its last level (ab2)
+        # ab2: each row's velocity one level below its own (every frame moves one level a call, so a
+        # frame above level 0 always has one; rows at level 0 are not read); None for the others
+        self.v_prev: torch.Tensor | None = None
         self.ids: list[int] = []
         self.noise: dict[int, torch.Tensor] = {}  # each buffered frame's own noise sample
         self.refs = torch.empty(0, *self.shape, device=self.device, dtype=dtype)  # (k <= K, C, h, w)
@@ -175,31 +177,27 @@ class StreamSampler:
         x0 = (x + rest * v).clamp(-r, r)
         return torch.where(rest > 0, (x0 - x) / rest.clamp_min(1e-12), v)
 
-    def _level_step(self, x: torch.Tensor, levels: torch.Tensor, v_prev: torch.Tensor,
-                    v_level: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _level_step(self, x: torch.Tensor, levels: torch.Tensor,
+                    v_prev: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Every frame of x (n, C, h, w) from its level to the next (per-frame step size) with the
         config's solver; returns the new frames and the velocity at `levels` (the next call's
-        history). v_prev (n, C, h, w): each frame's velocity at level v_level (n,) (-1: none).
+        history). v_prev (n, C, h, w): each frame's velocity one level below (None: none yet).
         - euler: x + dt v.
         - ab2: variable-step Adams-Bashforth, x + dt ((1 + a) v - a v_prev) with a = dt / (2 dt_prev),
-          for a frame whose history is its previous level; Euler for its first step.
+          for a frame above level 0; Euler for its first step.
         - heun: the trapezoid x + dt (v + v') / 2, v' at the Euler guess and the next level."""
         dt = (self.times[levels + 1] - self.times[levels]).to(self.device, self.dtype)[:, None, None, None]
         v = self._velocity(x, levels)
         solver = self.cfg.solver
         if solver == "heun":
             return x + dt * (v + self._velocity(x + dt * v, levels + 1)) / 2, v
-        if solver == "ab2":
-            has = (v_level == levels - 1) & (levels > 0)  # (n,) frames whose last step was the level below
+        if solver == "ab2" and v_prev is not None:
             prev = (levels - 1).clamp_min(0)
             dt_prev = (self.times[levels] - self.times[prev]).clamp_min(1e-12).to(self.device, self.dtype)
-            a = torch.where(has.to(self.device), dt[:, 0, 0, 0] / (2 * dt_prev), 0.0)[:, None, None, None]
+            has = (levels > 0).to(self.device)  # (n,) frames that made a step before this one
+            a = torch.where(has, dt[:, 0, 0, 0] / (2 * dt_prev), 0.0)[:, None, None, None]
             return x + dt * (v + a * (v - v_prev)), v
         return x + dt * v, v
-
-    def _no_history(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return (torch.zeros(n, *self.shape, device=self.device, dtype=self.dtype),
-                torch.full((n,), -1, dtype=torch.long))
 
     # ------------------------------------------------------------------ start and step
     def start(self, clean: torch.Tensor | None = None) -> None:
@@ -209,20 +207,20 @@ class StreamSampler:
         cfg = self.cfg
         n, c, s = cfg.num_chunks, cfg.chunk_size, cfg.micro_steps
         u, self.ids = self._enter(clean, cfg.frames)  # (N*c, C, h, w)
-        u_v, u_level = self._no_history(cfg.frames)  # the uniform generation's velocity history
+        u_v = None  # the uniform generation's velocity one level below
         self.x = torch.empty_like(u)
         self.levels = torch.empty(cfg.frames, dtype=torch.long)
-        self.v_prev, self.v_level = self._no_history(cfg.frames)
+        self.v_prev = torch.zeros_like(u)
         for k in range((n - 1) * s + 1):
             for j in range(n):
                 if (n - 1 - j) * s == k:  # chunk j takes the uniform state (and its history) at its level
                     rows = slice(j * c, (j + 1) * c)
                     self.x[rows], self.levels[rows] = u[rows], k
-                    self.v_prev[rows], self.v_level[rows] = u_v[rows], u_level[rows]
+                    if u_v is not None:
+                        self.v_prev[rows] = u_v[rows]
             if k < (n - 1) * s:
                 level = torch.full((cfg.frames,), k, dtype=torch.long)
-                u, u_v = self._level_step(u, level, u_v, u_level)
-                u_level = level
+                u, u_v = self._level_step(u, level, u_v)
                 self.startup_calls += 1
         self.started = True
         if clean is None and cfg.warmup:
@@ -238,8 +236,7 @@ class StreamSampler:
         frames (clean_next: their clean latents (c, C, h, w) for video-to-video)."""
         if not self.started:
             raise StreamStudioError("the stream sampler was not started; call start() first")
-        self.x, self.v_prev = self._level_step(self.x, self.levels, self.v_prev, self.v_level)
-        self.v_level = self.levels
+        self.x, self.v_prev = self._level_step(self.x, self.levels, self.v_prev)
         self.levels = self.levels + 1
         self.calls += 1
         if self.calls % self.cfg.micro_steps:
@@ -255,9 +252,10 @@ class StreamSampler:
         new, new_ids = self._enter(clean_next, c)
         self.x = torch.cat([self.x[c:], new])
         self.levels = torch.cat([self.levels[c:], torch.zeros(c, dtype=torch.long)])
-        v_new, level_new = self._no_history(c)
-        self.v_prev = torch.cat([self.v_prev[c:], v_new])
-        self.v_level = torch.cat([self.v_level[c:], level_new])
+        if self.cfg.solver == "ab2":  # the new rows' history is never read (level 0); others keep none
+            self.v_prev = torch.cat([self.v_prev[c:], torch.zeros_like(self.v_prev[:c])])
+        else:
+            self.v_prev = None
         self.ids = self.ids[c:] + new_ids
         k = self.cfg.ref_frames
         self.refs = torch.cat([self.refs, done])[-k:] if k else self.refs
