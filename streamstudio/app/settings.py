@@ -152,10 +152,13 @@ def widget(setting: LiveSetting, value, **change):
     raise ValueError(f"setting {s.name} has no widget")
 
 
-def video_controls() -> dict:
-    """The Video tab's controls of the video table {name: component}, in order, at the table's
-    defaults. Call inside a Gradio Blocks."""
-    return {s.name: widget(s, s.default) for s in live_settings.VIDEO_SETTINGS.values() if s.widget is not None}
+def video_controls(names=None, values: dict | None = None) -> dict:
+    """The Video tab's controls of the video table {name: component}, in order (all that have a
+    widget, or those of `names`), showing `values` (the table's default for a setting not there).
+    Call inside a Gradio Blocks."""
+    chosen = [s for s in live_settings.VIDEO_SETTINGS.values() if s.widget is not None
+              and (names is None or s.name in names)]
+    return {s.name: widget(s, (values or {}).get(s.name, s.default)) for s in chosen}
 
 
 def video_values(names, values) -> dict:

@@ -165,7 +165,9 @@ VIDEO_SETTINGS: dict[str, LiveSetting] = _table(
     LiveSetting("solver", str, "euler", "how a frame moves one noise level: euler (the paper's), ab2 (second "
                 "order from the frame's last velocity, no more network calls) or heun (second order, 2x the "
                 "calls) (default: the checkpoint's)", flag="--video-solver", choices=VIDEO_SOLVERS,
-                cli_optional=True, live=False),
+                choice_labels=("Euler (fastest)", "AB2 (second order, no extra calls)",
+                               "Heun (steadiest, half the frame rate)"),
+                cli_optional=True, live=False, widget="radio", label="Step", elem_id="video-solver"),
 )
 
 

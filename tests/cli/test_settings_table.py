@@ -91,13 +91,14 @@ def test_a_new_video_setting_reaches_the_command_line_the_config_file_and_the_vi
     assert args.dummy_blur == 0.75
     with gr.Blocks():
         controls = app_settings.video_controls()
-    assert list(controls) == ["strength", "dummy_blur"]
+    assert list(controls) == ["strength", "solver", "dummy_blur"]
     knob = controls["dummy_blur"]
     assert isinstance(knob, gr.Slider) and (knob.minimum, knob.maximum, knob.value, knob.label) == (0.0, 1.0, 0.5,
                                                                                                   "Dummy blur")
-    assert app_settings.video_values(tuple(controls), [0.6, 0.3]) == {"strength": 0.6, "dummy_blur": 0.3}
+    assert app_settings.video_values(tuple(controls), [0.6, "heun", 0.3]) == {"strength": 0.6, "solver": "heun",
+                                                                              "dummy_blur": 0.3}
     with pytest.raises(StreamStudioError, match=r"^dummy_blur must be in \[0, 1\], got 2 \(option --dummy-blur\)$"):
-        app_settings.video_values(tuple(controls), [0.6, 2])
+        app_settings.video_values(tuple(controls), [0.6, "euler", 2])
 
 
 def test_one_range_for_the_video_flags_the_video_tab_and_the_buffer(capsys):
@@ -279,3 +280,24 @@ def test_every_pipeline_setting_reaches_the_config_from_the_command_line():
     config = build_pipeline(build_parser(argv).parse_args(argv), "img2img").config
     assert {name: getattr(config, name) for name in chosen} == chosen
     assert config.similarity_filter  # the threshold given turns the filter on
+
+
+def test_the_video_tabs_step_is_the_video_solver_flags_choices(capsys):
+    """The Video tab's Step radio offers --video-solver's choices (the page sends the name, shows
+    the label), starts at the value it is given (the tab gives the checkpoint's) and the page's
+    value is checked as the flag's is."""
+    import gradio as gr
+
+    from streamstudio.pipelines.live_settings import VIDEO_SOLVERS
+
+    with gr.Blocks():
+        step = app_settings.video_controls(["solver"], {"solver": "heun"})["solver"]
+        default = app_settings.video_controls(["solver"])["solver"]
+    assert isinstance(step, gr.Radio) and step.value == "heun" and default.value == "euler"
+    assert [value for _, value in step.choices] == list(VIDEO_SOLVERS) == ["euler", "ab2", "heun"]
+    assert app_settings.video_values(["solver"], ["ab2"]) == {"solver": "ab2"}
+    with pytest.raises(StreamStudioError, match=r"^solver must be one of euler, ab2, heun, got 'rk4'"):
+        app_settings.video_values(["solver"], ["rk4"])
+    with pytest.raises(SystemExit):
+        render_parser().parse_args(["render", "--video-solver", "rk4"])
+    assert "--video-solver: solver must be one of euler, ab2, heun, got 'rk4'" in capsys.readouterr().err

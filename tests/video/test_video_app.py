@@ -202,6 +202,26 @@ def test_video_tab_callbacks():
     session.v2v.close()
 
 
+def test_video_tab_step_reaches_both_streams():
+    """The tab's Step (its solver) builds the text-to-video stream and the webcam's; a change of it
+    restarts the webcam's stream; none is the checkpoint's (the built-in model's: euler)."""
+    session = video_tab.VideoSession()
+    list(video_tab.generate(session, "a red circle moving left", max_frames=1, solver="heun"))
+    assert session.t2v.frames.stream.cfg.buffer.solver == "heun"
+    list(video_tab.generate(session, "a red circle moving left", max_frames=1))
+    assert session.t2v.frames.stream.cfg.buffer.solver == video_tab.builtin_solver() == "euler"
+    frame = np.full((48, 64, 3), 200, np.uint8)
+    video_tab.webcam_frame(session, frame, "a red circle", {"strength": 0.5, "solver": "ab2"})
+    first = session.v2v
+    assert first.frames.stream.cfg.buffer.solver == "ab2"
+    video_tab.webcam_frame(session, frame, "a red circle", {"strength": 0.5, "solver": "ab2"})
+    assert session.v2v is first  # unchanged settings: the same stream
+    video_tab.webcam_frame(session, frame, "a red circle", {"strength": 0.5, "solver": "heun"})
+    assert session.v2v is not first and not first.running
+    assert session.v2v.frames.stream.cfg.buffer.solver == "heun"
+    session.close()
+
+
 def test_video_tab_stop_and_a_failure(monkeypatch):
     """Stop ends a text-to-video stream (its runner stops; the generator ends within a frame or
     two); a failure in a stream's runner reaches the page as a StreamStudioError."""

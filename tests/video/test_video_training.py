@@ -11,8 +11,8 @@ from safetensors.torch import load_file
 
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.video.video_data import COLOURS, VideoFolder, random_spec, render_shape_clip, synthetic_batch
-from streamstudio.app.training.video import (VideoTrainConfig, VideoTrainer, distill_levels, partition_levels,
-                                             teacher_target)
+from streamstudio.app.training.video import (VideoTrainConfig, VideoTrainer, context_fade, distill_levels,
+                                             draw_flow, partition_levels, teacher_target)
 from streamstudio.models.video.stream_dit import StreamDiT, StreamDiTConfig
 from streamstudio.models.video.video_net import StreamDiTBackbone
 from streamstudio.pipelines.stream_video import StreamBufferConfig, StreamSampler
@@ -284,3 +284,59 @@ def test_distillation_learns_the_guided_teacher(tmp_path):
         unconditional = real(teacher, x_a, t_a, dt, steps, teacher.encode_text([""] * x_a.shape[0]))
     torch.testing.assert_close(targets[0.0]["out"], unconditional)
     assert not torch.allclose(targets[1.0]["out"], unconditional, atol=1e-5)
+
+
+def test_context_fade_fades_a_prefix_of_whole_chunks_at_its_share():
+    gen = torch.Generator().manual_seed(0)
+    chunk = torch.tensor([1, 2, 4, 8] * 100)
+    fade = context_fade(gen, chunk, 8, 0.5)
+    faded_rows = 0
+    for row, c in zip(fade, chunk.tolist()):
+        if c == 8:
+            assert bool((row == 1).all())  # one chunk: nothing older to fade
+            continue
+        m = int((row < 1).sum())
+        if m:
+            faded_rows += 1
+            assert m % c == 0 and m < 8  # whole chunks, and the newest chunk always kept
+            assert bool((row[:m] == row[0]).all()) and bool((row[m:] == 1).all())  # the oldest, one factor
+    assert 0.4 < faded_rows / 300 < 0.6  # binomial sd 0.029
+    assert bool((context_fade(gen, chunk, 8, 0.0) == 1).all())
+
+
+def test_context_fade_shows_faded_frames_and_leaves_them_out_of_the_loss(tmp_path):
+    """A frame faded by 0 is its background colour alone (the shape is gone), one faded by a keeps
+    a of its shape's contrast; the loss is the plain flow loss over the frames shown as they are."""
+    trainer = VideoTrainer(small_cfg(tmp_path, batch_size=2, context_fade=1.0))
+    draw = draw_flow(trainer.cfg, None, 0, 0)
+    draw.fade = torch.tensor([[0.0, 0.0, 1.0, 1.0], [0.5, 1.0, 1.0, 1.0]])
+    seen = {}
+
+    def spy(module, args):
+        seen["x"] = args[0].detach().clone()
+    trainer.model.register_forward_pre_hook(spy)
+    loss = trainer.flow_loss(draw)
+    t = draw.levels[:, :, None, None, None]
+    shown = (seen["x"] - (1 - t) * draw.noise) / t  # the clean frames the input was made of
+    clip = draw.clips
+    for f in (0, 1):  # faded by 0: one flat colour, the background (the value most pixels have)
+        flat = clip[0, f].flatten(1).mode(dim=1).values[:, None, None].expand_as(clip[0, f])
+        torch.testing.assert_close(shown[0, f], flat, atol=1e-4, rtol=0)
+    bg = clip[1, 0].flatten(1).mode(dim=1).values[:, None, None]
+    torch.testing.assert_close(shown[1, 0] - bg, 0.5 * (clip[1, 0] - bg), atol=1e-4, rtol=0)
+    torch.testing.assert_close(shown[:, 2:], clip[:, 2:], atol=1e-4, rtol=0)
+    with torch.no_grad():
+        v = trainer.model(seen["x"], draw.levels, trainer.model.encode_text(draw.captions))
+    err = (v - (clip - draw.noise)).pow(2).mean(dim=(2, 3, 4))  # (B, F)
+    kept = torch.cat([err[0, 2:], err[1, 1:]])
+    torch.testing.assert_close(loss.detach(), kept.mean(), rtol=1e-5, atol=1e-7)
+    with pytest.raises(StreamStudioError, match="context-fade"):
+        VideoTrainer(small_cfg(tmp_path / "bad", mode="distill", context_fade=0.3))
+
+
+def test_context_fade_off_draws_what_runs_without_it_drew(tmp_path):
+    a = draw_flow(small_cfg(tmp_path), None, 3, 0)
+    b = draw_flow(small_cfg(tmp_path, context_fade=0.5), None, 3, 0)
+    assert a.fade is None and b.fade is not None
+    torch.testing.assert_close(a.noise, b.noise)
+    torch.testing.assert_close(a.levels, b.levels)

@@ -32,6 +32,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--cond-drop", type=number(float, 0, 1), default=DEFAULTS.cond_drop,
                    help="flow mode: share of captions replaced by the empty prompt, so the model learns the "
                         "unconditional velocity classifier-free guidance needs (e.g. 0.1)")
+    p.add_argument("--context-fade", type=number(float, 0, 1), default=DEFAULTS.context_fade,
+                   help="flow mode: share of buffers whose oldest chunks are shown faded toward their median "
+                        "colour and left out of the loss, so newer frames learn to redraw what the older "
+                        "ones lost (e.g. 0.3)")
     p.add_argument("--teacher-guidance", type=number(float, 0, 30), default=DEFAULTS.teacher_guidance,
                    help="distill mode: the teacher's classifier-free guidance scale, distilled into the student")
     p.add_argument("--distill-startup-share", type=number(float, 0, 1), default=DEFAULTS.distill_startup_share,

@@ -61,6 +61,7 @@ class VideoTrainConfig:
     init: str | None = None  # start (flow mode) from the weights of this checkpoint folder, new optimizer
     init_shift_mask: bool = True  # with init: turn the masked window shift on (False keeps the checkpoint's)
     cond_drop: float = 0.0  # share of captions replaced by "" (flow mode), for classifier-free guidance
+    context_fade: float = 0.0  # flow mode: share of buffers whose oldest chunks are faded (training.video.context_fade)
     teacher_guidance: float = 1.0  # distill mode: the teacher's classifier-free guidance, distilled into the student
     steps: int = 1000
     batch_size: int = 8

@@ -102,12 +102,35 @@ def lr_at(cfg: VideoTrainConfig, step: int) -> float:
 @dataclass
 class FlowDraw:
     """Everything random in one flow-matching step, on the CPU: clean clips (B, F, C, H, W), the
-    captions (some dropped to ""), the levels (B, F) and the noise (B, F, C, H, W)."""
+    captions (some dropped to ""), the levels (B, F) and the noise (B, F, C, H, W); `fade` (B, F):
+    how much of each frame's content the network's input keeps (1 everywhere without
+    --context-fade; see `context_fade`)."""
 
     clips: torch.Tensor
     captions: list[str]
     levels: torch.Tensor
     noise: torch.Tensor
+    fade: torch.Tensor | None = None
+
+
+def context_fade(gen: torch.Generator, chunk: torch.Tensor, frames: int, share: float) -> torch.Tensor:
+    """(B, frames) fade factors, oldest frame first: with probability `share` a sample (with more
+    than one chunk) fades its m oldest chunks (m uniform in 1 .. N-1) by one factor a ~ U(0, 1),
+    the rest keep 1. A faded frame is shown as its median colour + a (frame - median) and is left
+    out of the loss, so the newer frames learn to draw the caption's content when the frames
+    ahead of them in the buffer have lost it: the sampler's own failure (an object that fades
+    from frame to frame, or a buffer that never drew it), which the clean clips never show."""
+    batch = chunk.shape[0]
+    pick = torch.rand(batch, generator=gen) < share  # (B,)
+    u = torch.rand(batch, generator=gen)  # (B,) how many chunks
+    a = torch.rand(batch, generator=gen)  # (B,) fade factor
+    fade = torch.ones(batch, frames)
+    for b in range(batch):
+        n = frames // int(chunk[b])
+        if pick[b] and n > 1:
+            m = 1 + int(u[b] * (n - 1))  # 1 .. n-1 chunks
+            fade[b, : m * int(chunk[b])] = a[b]
+    return fade
 
 
 def draw_clips(cfg: VideoTrainConfig, data, step: int, process: int) -> tuple[torch.Tensor, list[str], torch.Generator]:
@@ -130,9 +153,14 @@ def draw_flow(cfg: VideoTrainConfig, data, step: int, process: int) -> FlowDraw:
     if cfg.cond_drop:
         drop = torch.rand(len(caps), generator=gen) < cfg.cond_drop
         caps = ["" if d else c for c, d in zip(caps, drop.tolist())]
-    t, _ = partition_levels(gen, cfg.batch_size, cfg.buffer_frames)
+    t, chunk = partition_levels(gen, cfg.batch_size, cfg.buffer_frames)
     levels = torch.cat([torch.ones(cfg.batch_size, cfg.ref_frames), t], dim=1)  # (B, F)
-    return FlowDraw(clips, caps, levels, torch.randn(clips.shape, generator=gen))
+    noise = torch.randn(clips.shape, generator=gen)
+    fade = None
+    if cfg.context_fade:  # drawn after the noise, so runs without it draw what they drew before
+        fade = torch.cat([torch.ones(cfg.batch_size, cfg.ref_frames),
+                          context_fade(gen, chunk, cfg.buffer_frames, cfg.context_fade)], dim=1)  # (B, F)
+    return FlowDraw(clips, caps, levels, noise, fade)
 
 
 class _FlowSteps(torch.utils.data.Dataset):
@@ -164,6 +192,8 @@ class VideoTrainer:
             raise StreamStudioError(f"--buffer-frames must be a power of two, got {cfg.buffer_frames}")
         if not 0.0 <= cfg.cond_drop < 1.0:
             raise StreamStudioError(f"--cond-drop is a share in [0, 1), got {cfg.cond_drop}")
+        if not 0.0 <= cfg.context_fade <= 1.0 or (cfg.context_fade and cfg.mode != "flow"):
+            raise StreamStudioError(f"--context-fade is a share in [0, 1] for --mode flow, got {cfg.context_fade}")
         if cfg.mode == "distill" and cfg.sampling["num_chunks"] * cfg.sampling["chunk_size"] != cfg.buffer_frames:
             raise StreamStudioError(f"distillation learns the layout it will sample: --num-chunks x chunk size "
                                     f"must be --buffer-frames {cfg.buffer_frames}")
@@ -228,16 +258,25 @@ class VideoTrainer:
         yield from enumerate(steps, start=self.step)
 
     def flow_loss(self, draw: FlowDraw) -> torch.Tensor:
-        """Buffered flow-matching loss of one draw (reference frames excluded)."""
+        """Buffered flow-matching loss of one draw (reference frames and faded frames excluded)."""
         dev = self.acc.device
         x1, t, noise = draw.clips.to(dev), draw.levels.to(dev), draw.noise.to(dev)  # (B, F, C, H, W), (B, F)
         caps = draw.captions
         tt = t[:, :, None, None, None]
-        xt = (1 - tt) * noise + tt * x1
+        shown = x1
+        if draw.fade is not None:
+            a = draw.fade.to(dev)[:, :, None, None, None]  # (B, F, 1, 1, 1)
+            median = x1.flatten(3).median(dim=3).values[..., None, None]  # (B, F, C, 1, 1)
+            shown = median + a * (x1 - median)
+        xt = (1 - tt) * noise + tt * shown
         model = self.acc.unwrap_model(self.model)
         v = self.model(xt, t, model.encode_text(caps))  # (B, F, C, H, W)
         k = self.cfg.ref_frames
-        return (v[:, k:] - (x1 - noise)[:, k:]).pow(2).mean()
+        err = (v[:, k:] - (x1 - noise)[:, k:]).pow(2)  # (B, F-K, C, H, W)
+        if draw.fade is None:
+            return err.mean()
+        keep = (draw.fade[:, k:] == 1).to(dev, err.dtype)  # (B, F-K) frames shown as they are
+        return (err.mean(dim=(2, 3, 4)) * keep).sum() / keep.sum()
 
     def distill_loss(self, x1: torch.Tensor, caps: list[str], gen: torch.Generator) -> torch.Tensor:
         """Student's one step per segment of the sampled layout vs the teacher's `teacher_steps`."""

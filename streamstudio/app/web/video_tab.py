@@ -47,6 +47,13 @@ def cached_model(model: str | None = None) -> VideoModel:
     return VideoModel(*load_video_model(model))
 
 
+def builtin_solver() -> str:
+    """The built-in model's solver (its checkpoint's `sampling.solver`): the tab's Step at start."""
+    from streamstudio.models.video.stream_dit import BUILTIN_CHECKPOINT, read_checkpoint_config
+
+    return read_checkpoint_config(BUILTIN_CHECKPOINT)["sampling"].get("solver", "euler")
+
+
 class GuardedFrames(VideoFrames):
     """A tab stream's processor (`processor(frame)`, one output per input): `VideoFrames` with its
     network calls in the model guard's frame context. Text to video (`text`): the handed-in frame
@@ -181,16 +188,17 @@ class VideoSession:
                 stream.close()
 
 
-def generate(session: VideoSession, prompt: str, seed: int = 0, max_frames: int = MAX_FRAMES
-             ) -> Iterator[tuple[np.ndarray, str]]:
-    """Text-to-video: yield (frame, status) as frames are made, until stopped or `max_frames`."""
+def generate(session: VideoSession, prompt: str, seed: int = 0, max_frames: int = MAX_FRAMES,
+             solver: str | None = None) -> Iterator[tuple[np.ndarray, str]]:
+    """Text-to-video: yield (frame, status) as frames are made, until stopped or `max_frames`;
+    `solver` (the tab's Step; None: the checkpoint's) is how a frame moves one level."""
     prompt = (prompt or "").strip()
     if not prompt:
         raise StreamStudioError("write a prompt first, e.g. 'a blue square moving up'")
     session.prompt = prompt
     if session.t2v is not None:
         session.t2v.close()
-    session.t2v = t2v = session.stream({"strength": 1.0}, int(seed), text=True)  # from pure noise
+    session.t2v = t2v = session.stream({"strength": 1.0, "solver": solver}, int(seed), text=True)  # from pure noise
     session.frames_made = 0
     try:
         while session.frames_made < max_frames:
@@ -224,7 +232,7 @@ def webcam_frame(session: VideoSession, frame: np.ndarray | None, prompt: str, s
                  seed: int = 0) -> np.ndarray | None:
     """Video-to-video: hand in one webcam frame, get the newest finished frame back at once (None
     until the buffer has filled). `settings`: the Video tab's controls of the video table
-    ({"strength": 0.6}); a change restarts the stream."""
+    ({"strength": 0.6, "solver": "euler"}); a change restarts the stream."""
     if prompt and prompt.strip() and prompt.strip() != session.prompt:
         change_prompt(session, prompt)
     if frame is not None:
@@ -242,7 +250,7 @@ def build_video_tab(slots=None) -> None:
     import gradio as gr
 
     from streamstudio.app.settings import video_controls, video_values, widget
-    from streamstudio.pipelines.live_settings import SETTINGS
+    from streamstudio.pipelines.live_settings import SETTINGS, VIDEO_SETTINGS
 
     state = gr.State(lambda: VideoSession(slots=slots), delete_callback=VideoSession.close)  # its threads end with the page
     gr.Markdown("Streaming video diffusion (StreamDiT-style buffer). The built-in model is tiny (32x32 pixels, "
@@ -253,6 +261,7 @@ def build_video_tab(slots=None) -> None:
             prompt = widget(SETTINGS["prompt"], DEFAULT_PROMPT, label="Prompt (press Enter to change it mid-stream)",
                             lines=1, elem_id=None)
             seed = widget(SETTINGS["seed"], 0)
+            step = video_controls(["solver"], {"solver": builtin_solver()})["solver"]  # both streams'
             with gr.Row():
                 start_btn = gr.Button("Generate", variant="primary")
                 stop_btn = gr.Button("Stop")
@@ -260,26 +269,26 @@ def build_video_tab(slots=None) -> None:
         with gr.Column():
             video = gr.Image(label="Stream", height=DISPLAY_SIDE, width=DISPLAY_SIDE, format="png")
     with gr.Accordion("Video-to-video from the webcam", open=False):
-        controls = video_controls()  # the video table's: Strength, and whatever is added there
+        controls = video_controls([n for n in VIDEO_SETTINGS if n != "solver"])  # Strength, and what is added there
         with gr.Row():
             cam = gr.Image(sources=["webcam"], streaming=True, label="Webcam", type="numpy")
             cam_out = gr.Image(label="Output", height=DISPLAY_SIDE, width=DISPLAY_SIDE)
 
-    def _generate(session, text, seed_value):
+    def _generate(session, text, seed_value, solver):
         try:
-            yield from generate(session, text, int(seed_value or 0))
+            yield from generate(session, text, int(seed_value or 0), solver=video_values(["solver"], [solver])["solver"])
         except StreamStudioError as exc:
             raise gr.Error(str(exc), print_exception=False) from exc
 
-    def _webcam(session, frame, text, *values):
+    def _webcam(session, frame, text, solver, *values):
         try:
-            return webcam_frame(session, frame, text, video_values(controls, values))
+            return webcam_frame(session, frame, text, video_values(["solver", *controls], [solver, *values]))
         except StreamStudioError as exc:  # the server is full: said on the page, as the Live tab says it
             raise gr.Error(str(exc), print_exception=False) from exc
 
-    start_btn.click(_generate, [state, prompt, seed], [video, status])
+    start_btn.click(_generate, [state, prompt, seed, step], [video, status])
     prompt.submit(change_prompt, [state, prompt], status)
     stop_btn.click(stop, state, status)
     # Gradio's own cap is generous; the session manager's slots say "busy"
     limit = 2 * slots.max_streams + 2 if slots is not None else 4
-    cam.stream(_webcam, [state, cam, prompt, *controls.values()], cam_out, stream_every=0.1, concurrency_limit=limit)
+    cam.stream(_webcam, [state, cam, prompt, step, *controls.values()], cam_out, stream_every=0.1, concurrency_limit=limit)
