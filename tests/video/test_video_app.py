@@ -206,8 +206,8 @@ def test_video_tab_step_reaches_both_streams():
     """The tab's Step (its solver) builds the text-to-video stream and the webcam's; a change of it
     restarts the webcam's stream; none is the checkpoint's (the built-in model's: euler)."""
     session = video_tab.VideoSession()
-    list(video_tab.generate(session, "a red circle moving left", max_frames=1, solver="heun"))
-    assert session.t2v.frames.stream.cfg.buffer.solver == "heun"
+    (_, status), = video_tab.generate(session, "a red circle moving left", max_frames=1, solver="heun")
+    assert session.t2v.frames.stream.cfg.buffer.solver == "heun" and status.endswith("· heun step")
     list(video_tab.generate(session, "a red circle moving left", max_frames=1))
     assert session.t2v.frames.stream.cfg.buffer.solver == video_tab.builtin_solver() == "euler"
     frame = np.full((48, 64, 3), 200, np.uint8)

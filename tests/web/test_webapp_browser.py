@@ -322,17 +322,29 @@ def test_browser_walks_the_tabs(server, tmp_path):
         _stop_in_page(page, server)
         stopped = _t2i_stop_after_typing(page)
         output_status = _live_output_keeps_its_error(page)
-        page.get_by_role("tab", name="Video").click()
-        page.wait_for_timeout(500)
+        video_status = _video_heun_step(page)
         page.screenshot(path=str(ARTIFACTS / "webapp_video_tab.png"), full_page=True)
         splats = _splats_in_page(page, bad)
     assert (stats["w"], stats["h"]) == BUILTIN and stats["w"] / stats["h"] == 4 / 3, stats  # the camera's 640x480
     assert stopped["status"] == "Stopped." and stopped["src_before"] == stopped["src_after"], stopped
     assert all("No live stream" in text for text in output_status), output_status
+    assert "· heun step" in video_status, video_status  # the Step radio reached the stream
     assert splats["enter_rerendered"], "Enter in the azimuth box did not re-render the view"
     assert splats["time_labels"] == ["0", "1"], splats["time_labels"]
     assert "my_scene.ply" in splats["toast"] and str(tmp_path) not in splats["toast"], splats["toast"]
     assert splats["toasts"] == 1 and splats["pills"] == 0, splats
+
+
+def _video_heun_step(page) -> str:
+    """The Video tab: pick the Heun step, Generate, and read the status the stream reports."""
+    page.get_by_role("tab", name="Video").click()
+    page.locator("#video-solver").get_by_text("Heun", exact=False).click()
+    page.locator("#video-generate").click()
+    status = page.locator("#video-status textarea")
+    page.wait_for_function("el => el.value.includes('frame')", arg=status.element_handle(), timeout=60_000)
+    text = status.input_value()
+    page.locator("#video-stop").click()
+    return text
 
 
 def _t2i_stop_after_typing(page) -> dict:

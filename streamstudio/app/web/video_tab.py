@@ -126,6 +126,11 @@ class TabStream:
                 self._made.wait(left)
             return self._outputs >= count
 
+    @property
+    def solver(self) -> str:
+        """How the stream moves a frame one level (euler, ab2, heun)."""
+        return self.frames.stream.cfg.buffer.solver
+
     def latest(self) -> np.ndarray | None:
         """The newest finished frame (None until the stream's buffer has filled)."""
         return self._view.last if self.frames.finished else None
@@ -206,7 +211,7 @@ def generate(session: VideoSession, prompt: str, seed: int = 0, max_frames: int 
             if not t2v.wait(session.frames_made + 1):
                 break  # stopped (Stop, or a failure: raised below)
             session.frames_made += 1
-            yield t2v.latest(), f"frame {session.frames_made} · {t2v.applied}"
+            yield t2v.latest(), f"frame {session.frames_made} · {t2v.applied} · {t2v.solver} step"
         if t2v.runner.error is not None:
             raise t2v.runner.error
     finally:
@@ -263,9 +268,9 @@ def build_video_tab(slots=None) -> None:
             seed = widget(SETTINGS["seed"], 0)
             step = video_controls(["solver"], {"solver": builtin_solver()})["solver"]  # both streams'
             with gr.Row():
-                start_btn = gr.Button("Generate", variant="primary")
-                stop_btn = gr.Button("Stop")
-            status = gr.Textbox(label="Status", interactive=False)
+                start_btn = gr.Button("Generate", variant="primary", elem_id="video-generate")
+                stop_btn = gr.Button("Stop", elem_id="video-stop")
+            status = gr.Textbox(label="Status", interactive=False, elem_id="video-status")
         with gr.Column():
             video = gr.Image(label="Stream", height=DISPLAY_SIDE, width=DISPLAY_SIDE, format="png")
     with gr.Accordion("Video-to-video from the webcam", open=False):
