@@ -275,7 +275,7 @@ class VideoTrainer:
         err = (v[:, k:] - (x1 - noise)[:, k:]).pow(2)  # (B, F-K, C, H, W)
         if draw.fade is None:
             return err.mean()
-        keep = (draw.fade[:, k:] == 1).to(dev, err.dtype)  # (B, F-K) frames shown as they are
+        keep = (draw.fade[:, k:] == 1).to(dev, err.dtype)  # (B, F-K) frames shown as they are (a faded one's a < 1)
         return (err.mean(dim=(2, 3, 4)) * keep).sum() / keep.sum()
 
     def distill_loss(self, x1: torch.Tensor, caps: list[str], gen: torch.Generator) -> torch.Tensor:
