@@ -124,13 +124,10 @@ def context_fade(gen: torch.Generator, chunk: torch.Tensor, frames: int, share: 
     pick = torch.rand(batch, generator=gen) < share  # (B,)
     u = torch.rand(batch, generator=gen)  # (B,) how many chunks
     a = torch.rand(batch, generator=gen)  # (B,) fade factor
-    fade = torch.ones(batch, frames)
-    for b in range(batch):
-        n = frames // int(chunk[b])
-        if pick[b] and n > 1:
-            m = 1 + int(u[b] * (n - 1))  # 1 .. n-1 chunks
-            fade[b, : m * int(chunk[b])] = a[b]
-    return fade
+    n = frames // chunk  # (B,) chunks per sample
+    m = 1 + (u * (n - 1)).long()  # (B,) 1 .. n-1 faded chunks
+    faded = (pick & (n > 1))[:, None] & (torch.arange(frames)[None] < (m * chunk)[:, None])  # (B, frames)
+    return torch.where(faded, a[:, None], 1.0)
 
 
 def draw_clips(cfg: VideoTrainConfig, data, step: int, process: int) -> tuple[torch.Tensor, list[str], torch.Generator]:
