@@ -213,9 +213,11 @@ def main() -> None:
     else:
         import ray
 
+        from streamstudio.app.ray_connect import connect_ray
+
         clips, frames = (4, 24) if opts.quick else (6, 48)
         t0 = time.perf_counter()
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        connect_ray(None, num_cpus=2)  # a local Ray on 127.0.0.1 only
         ray_start = time.perf_counter() - t0
         try:
             with tempfile.TemporaryDirectory() as tmp:

@@ -45,6 +45,7 @@ TARGET_GPU_NOTE = "GPU, a real model: <= 50 ms on top of the model's step (not m
 TOKEN = "g2g"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--disable-features=WebRtcHideLocalIpsWithMdns",  # host candidates without mDNS: no multicast
          "--autoplay-policy=no-user-gesture-required"]
 
 # The page's offer, POSTed with the token, the answer applied (RFC 9725 4.2).
@@ -64,7 +65,7 @@ SIGNAL_JS = """
 
 # A WHEP viewer's connection: a recvonly video transceiver, the stream shown in a <video>.
 VIEWER_JS = """
-  const pc = new RTCPeerConnection();
+  const pc = new RTCPeerConnection({iceServers: []});
   pc.addTransceiver('video', {direction: 'recvonly'});
   const video = document.createElement('video');
   video.muted = true; video.autoplay = true; video.playsInline = true;
@@ -90,7 +91,7 @@ PUBLISH_JS = """async ([url, token, bits, blocks]) => {
   draw();
   const stream = canvas.captureStream(30);
   setInterval(draw, 1000 / 30);
-  const pc = new RTCPeerConnection();
+  const pc = new RTCPeerConnection({iceServers: []});
   pc.addTransceiver(stream.getVideoTracks()[0], {direction: 'sendonly'});
 """ + SIGNAL_JS + """
   window.studio = {pc, drawn};

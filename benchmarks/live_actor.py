@@ -133,7 +133,10 @@ def main() -> None:
     args = ap.parse_args()
     import ray
 
+    from streamstudio.app.ray_connect import loopback_only
+
     count = 60 if args.quick else 300
+    loopback_only()  # every Ray listener on 127.0.0.1
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         actor = ray.remote(num_cpus=1)(Replica).remote()

@@ -71,10 +71,10 @@ def run(coro):
 # each prints "201 watching" once it has a frame, or the refusal's status and error.
 VIEWERS_SCRIPT = """
 import asyncio, sys, httpx
-from aiortc import RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
 async def one(url, headers):
-    pc = RTCPeerConnection()
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     pc.addTransceiver("video", direction="recvonly")
     got = asyncio.Event()
     def on_track(track):
@@ -121,7 +121,7 @@ def viewers_in_a_process(url: str, n: int, token: str | None = None):
 # publishes the test card at 15 fps and prints "201 LOCATION" once its connection is up.
 PUBLISHER_SCRIPT = """
 import asyncio, sys, time, httpx
-from aiortc import RTCPeerConnection, RTCSessionDescription, VideoStreamTrack
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription, VideoStreamTrack
 from aiortc.mediastreams import VIDEO_CLOCK_RATE, VIDEO_TIME_BASE
 from av import VideoFrame
 import numpy as np
@@ -142,7 +142,7 @@ class Card(VideoStreamTrack):
         return frame
 
 async def main(url, token):
-    pc = RTCPeerConnection()
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     pc.addTransceiver(Card(), direction="sendonly")
     await pc.setLocalDescription(await pc.createOffer())
     headers = {"Content-Type": "application/sdp", **({"Authorization": "Bearer " + token} if token else {})}

@@ -3,12 +3,30 @@ app/batch/cluster.py and `serve --cluster`'s replicas in app/web/ray_replicas.py
 
 from __future__ import annotations
 
+import os
+
+# Ray's switch for a one-machine cluster (its default on macOS and Windows): every Ray process takes
+# 127.0.0.1 as its node address, and Ray 2.60's servers bind their node address, so GCS, the raylet,
+# the object manager and every worker listen on loopback alone. Without it Ray replaces 127.0.0.1 by
+# the machine's address and listens on every interface (`ss -ltnp` shows `*:PORT`).
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def loopback_only() -> None:
+    """Make the local Ray that this process starts next listen on 127.0.0.1 only: the processes it
+    spawns read LOOPBACK_ENV from the environment, this one from Ray's constant (read at call time,
+    so it holds though ray was imported before)."""
+    os.environ[LOOPBACK_ENV] = "0"
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False
+
 
 def connect_ray(address: str | None, num_cpus: int | None = None) -> bool:
     """Connect to the Ray cluster at `address` (HOST:6379, ray://HOST:10001, auto), or start a
-    local one with `num_cpus` CPUs (None: all) when `address` is empty. Nothing happens when this
-    process is already connected. Returns whether this call started a local Ray (the caller
-    shuts it down when done)."""
+    local one with `num_cpus` CPUs (None: all) when `address` is empty, listening on 127.0.0.1 only
+    (`loopback_only`). Nothing happens when this process is already connected. Returns whether
+    this call started a local Ray (the caller shuts it down when done)."""
     import ray
 
     if ray.is_initialized():
@@ -16,5 +34,6 @@ def connect_ray(address: str | None, num_cpus: int | None = None) -> bool:
     if address:
         ray.init(address=address, log_to_driver=False)
         return False
+    loopback_only()
     ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
     return True

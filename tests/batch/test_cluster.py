@@ -4,6 +4,7 @@ with a local `render` of its input (tiny model, CPU, one thread, same seed)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -172,7 +173,9 @@ def test_batch_inputs_and_their_outputs(tmp_path):
 @pytest.fixture(scope="module")
 def ray_cluster():
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    from streamstudio.app.ray_connect import connect_ray
+
+    assert connect_ray(None, num_cpus=2)  # a local Ray on 127.0.0.1 only
     yield ray
     ray.shutdown()
 
@@ -217,6 +220,32 @@ def test_ray_workers_render_like_local_and_a_killed_workers_job_completes(ray_cl
     run_on_ray(tmp_path, monkeypatch, ray_cluster, shorts=1, schedule=schedule)
     err = capsys.readouterr().err
     assert "ray (local: 2 CPU worker(s))" in err and "1 worker(s) lost, their jobs run again" in err
+
+
+def test_a_local_ray_listens_on_loopback_only(ray_cluster):
+    """Every socket the local Ray's processes listen on (GCS, raylet, object manager, workers) is
+    on 127.0.0.1: Ray alone would replace 127.0.0.1 by the machine's address and listen on `*`."""
+    import ipaddress
+
+    import psutil
+
+    @ray_cluster.remote
+    def where() -> str:
+        return ray_cluster.util.get_node_ip_address()
+
+    assert ray_cluster.get(where.remote()) == "127.0.0.1"
+    listening = []
+    for proc in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            listening += [(proc.name(), c.laddr.ip) for c in proc.net_connections("inet")
+                          if c.status == psutil.CONN_LISTEN]
+    assert listening, "no Ray process listens (the check is stale)"
+
+    def loopback(ip: str) -> bool:
+        address = ipaddress.ip_address(ip)
+        return address.is_loopback or getattr(address, "ipv4_mapped", None) is not None and \
+            address.ipv4_mapped.is_loopback
+    assert all(loopback(ip) for _, ip in listening), listening
 
 
 @pytest.mark.slow

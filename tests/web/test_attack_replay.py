@@ -85,9 +85,9 @@ class Server:
 
 
 async def client_offer(direction: str = "sendrecv", channel: bool = True) -> str:
-    from aiortc import RTCPeerConnection
+    from aiortc import RTCConfiguration, RTCPeerConnection
 
-    pc = RTCPeerConnection()
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     pc.addTransceiver("video", direction=direction)
     if channel:
         pc.createDataChannel("text")

@@ -262,7 +262,12 @@ def test_two_nodes_spread_streams_and_a_lost_node_moves_them(monkeypatch):
     port = free_port()
     # loopback only, so without Ray's token authentication (`ray start --head` turns it on by default)
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    # two nodes: Ray's cluster mode on (a local Ray elsewhere in this process may have turned it off,
+    # app/ray_connect.loopback_only); each node still names 127.0.0.1 as its address
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"}
+    from ray._private import ray_constants
+
+    monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", True)
     # its own temp folder (short: Ray's socket paths must fit 107 bytes), so that `ray start` does not
     # leave /tmp/ray/ray_current_cluster naming this cluster to every later local ray.init()
     temp = tempfile.mkdtemp(prefix="rt", dir="/tmp")

@@ -22,6 +22,7 @@ CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--disable-features=WebRtcHideLocalIpsWithMdns",  # host candidates without mDNS: no multicast
          "--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream"]
 SIZE = 64  # the tiny model's side (the login test's server)
 BUILTIN = (256, 192)  # the built-in model's 256 as the longer side, at the fake camera's 640x480 (4:3)

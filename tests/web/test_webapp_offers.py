@@ -151,14 +151,14 @@ def test_a_normal_client_connects_at_once_after_the_attacks(server, good_sdp):
 def test_failures_inside_fastrtc_free_the_slot(server, good_sdp, monkeypatch):
     """An offer that passes the checks but fails in aiortc/fastrtc after taking a slot: the peer
     connection is closed and every table entry dropped; a bug answers 500, bad input 400."""
-    from aiortc import RTCPeerConnection
+    from aiortc import RTCConfiguration, RTCPeerConnection
 
     stream = stream_of(server)
     made = []
 
     def failing(error):
         async def handle_offer(body, set_outputs):
-            pc = RTCPeerConnection()
+            pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
             made.append(pc)
             stream.pcs[body["webrtc_id"]] = pc
             stream.handlers[body["webrtc_id"]] = object()

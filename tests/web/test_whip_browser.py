@@ -25,6 +25,7 @@ from glass_to_glass import SIGNAL_JS, VIEWER_JS  # noqa: E402
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--disable-features=WebRtcHideLocalIpsWithMdns",  # host candidates without mDNS: no multicast
          "--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream"]
 TOKEN = "browser-token"
 
@@ -33,7 +34,7 @@ pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM}
 # A WHIP publisher as a web page writes one: the fake camera at 320x240.
 PUBLISH_JS = """async ([url, token]) => {
   const media = await navigator.mediaDevices.getUserMedia({video: {width: 320, height: 240}});
-  const pc = new RTCPeerConnection();
+  const pc = new RTCPeerConnection({iceServers: []});
   pc.addTransceiver(media.getVideoTracks()[0], {direction: 'sendonly'});
 """ + SIGNAL_JS + """  window.studio = {pc, location: new URL(res.headers.get('Location'), url).href};
   return {status: res.status, location: res.headers.get('Location'), etag: res.headers.get('ETag')};

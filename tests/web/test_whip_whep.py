@@ -70,9 +70,9 @@ class Publisher:
         self.pc = self.response = self.location = None
 
     async def start(self) -> httpx.Response:
-        from aiortc import RTCPeerConnection, RTCSessionDescription
+        from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
-        self.pc = RTCPeerConnection()
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         self.pc.addTransceiver(synthetic_track(self.fps), direction="sendonly")
         await self.pc.setLocalDescription(await self.pc.createOffer())  # gathers every candidate
         transport = httpx.AsyncHTTPTransport(local_address=self.local_address) if self.local_address else None
@@ -111,9 +111,9 @@ class Viewer:
         self._task = None
 
     async def start(self) -> httpx.Response:
-        from aiortc import RTCPeerConnection, RTCSessionDescription
+        from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
-        self.pc = RTCPeerConnection()
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         self.pc.addTransceiver("video", direction="recvonly")
         self.pc.on("track", lambda track: self._receive(track))
         await self.pc.setLocalDescription(await self.pc.createOffer())
@@ -456,11 +456,11 @@ def prefer(pc, kind: str, codec: str) -> None:
 def test_h264_with_audio_passed_through(server):
     """An H.264 publisher with audio (as OBS sends): H.264 viewers get the processed video and
     the publisher's audio."""
-    from aiortc import AudioStreamTrack, RTCPeerConnection, RTCSessionDescription
+    from aiortc import AudioStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
     from aiortc.mediastreams import MediaStreamError
 
     async def main():
-        pc = RTCPeerConnection()
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         pc.addTransceiver(synthetic_track(10), direction="sendonly")
         pc.addTransceiver(AudioStreamTrack(), direction="sendonly")
         prefer(pc, "video", "h264")
@@ -474,7 +474,7 @@ def test_h264_with_audio_passed_through(server):
             session = lambda: server.manager.get("h264show")  # noqa: E731
             await wait_for(lambda: session() is not None and session().processed >= 3)
 
-            viewer = RTCPeerConnection()
+            viewer = RTCPeerConnection(RTCConfiguration(iceServers=[]))
             viewer.addTransceiver("video", direction="recvonly")
             viewer.addTransceiver("audio", direction="recvonly")
             prefer(viewer, "video", "h264")
@@ -515,9 +515,9 @@ def test_a_publisher_that_never_connects_is_freed(server):
 
     async def main():
         pub = Publisher(server.url, "/whip/ghost")
-        from aiortc import RTCPeerConnection
+        from aiortc import RTCConfiguration, RTCPeerConnection
 
-        pub.pc = RTCPeerConnection()
+        pub.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         pub.pc.addTransceiver(synthetic_track(10), direction="sendonly")
         await pub.pc.setLocalDescription(await pub.pc.createOffer())
         async with httpx.AsyncClient(timeout=20) as http:  # the answer is never applied: no ICE, no frame
@@ -712,7 +712,7 @@ def test_one_address_cannot_hold_every_slot_with_offers_that_never_stream():
     so one address posting sixteen a minute kept most honest publishers busy. An address now
     holds at most --max-pending-per-source such connections (default half of --max-streams);
     the next gets 429 too_many_pending, and a publisher from another address still gets in."""
-    from aiortc import RTCPeerConnection
+    from aiortc import RTCConfiguration, RTCPeerConnection
 
     from streamstudio.app.web.sessions import SessionManager
 
@@ -723,7 +723,7 @@ def test_one_address_cannot_hold_every_slot_with_offers_that_never_stream():
         honest = Publisher(srv.url, "/whip/honest", local_address="127.0.0.2")
         try:
             for i in range(4):  # offers whose answers are never applied: they never connect
-                pc = RTCPeerConnection()
+                pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
                 held.append(pc)
                 pc.addTransceiver("video", direction="sendonly")
                 await pc.setLocalDescription(await pc.createOffer())
@@ -734,7 +734,7 @@ def test_one_address_cannot_hold_every_slot_with_offers_that_never_stream():
             assert (await honest.start()).status_code == 201  # another address: two slots are still free
             await wait_for(lambda: (s := srv.manager.get("honest")) is not None and s.processed >= 2)
             # the WebRTC API's offers count as the same address's pending connections
-            pc = RTCPeerConnection()
+            pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
             held.append(pc)
             pc.addTransceiver("video", direction="sendrecv")
             await pc.setLocalDescription(await pc.createOffer())

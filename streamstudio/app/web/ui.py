@@ -21,7 +21,7 @@ import numpy as np
 from streamstudio.app.web.sessions import BusyError, GuardedPipeline, SessionManager, StreamSession
 from streamstudio.app.settings import (IP_ADAPTER_SCALE, control_scale_key, live_controls, live_keys, settings_from_ui,
                                        widget)
-from streamstudio.app.web.webrtc import LiveHandler, live_component, may_control, operator
+from streamstudio.app.web.webrtc import LiveHandler, explicit_rtc_config, live_component, may_control, operator
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.loading import DEFAULT_MODEL, download_command
 from streamstudio.streaming.runner import Attachment
@@ -212,6 +212,7 @@ def build_ui(manager: SessionManager, rtc_config: dict | None = None, output_dir
 
 
 def _live_tab(manager: SessionManager, rtc_config: dict | None, host: str | None):
+    rtc_config = explicit_rtc_config(rtc_config)
     with gr.Row():
         with gr.Column(scale=3):
             webrtc = live_component(manager, host, label="Webcam → StreamStudio", mode="send-receive",

@@ -63,6 +63,12 @@ def rtc_config_from_env(environ=None) -> dict[str, Any]:
     return {"iceServers": servers}
 
 
+def explicit_rtc_config(rtc_config: dict | None) -> dict[str, Any]:
+    """`rtc_config`, or no ICE servers when it is None: fastrtc hands None on to aiortc, whose
+    RTCPeerConnection then asks a public STUN server (stun.l.google.com) for every connection."""
+    return {"iceServers": []} if rtc_config is None else rtc_config
+
+
 def current_webrtc_id() -> str:
     from fastrtc.utils import get_current_context
 
@@ -358,6 +364,7 @@ def build_stream(manager: SessionManager, rtc_config: dict | None = None, host: 
 
         offer.__annotations__["body"] = Body  # resolved here: this module has lazy annotations
 
+    rtc_config = explicit_rtc_config(rtc_config)
     stream = StudioStream(LiveHandler(manager), mode="send-receive", modality="video",
                           concurrency_limit=manager.max_streams, rtc_configuration=rtc_config,
                           server_rtc_configuration=rtc_config, verbose=False)
