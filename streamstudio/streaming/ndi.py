@@ -8,15 +8,21 @@ its NDI plugin, vMix, Resolume), through `ndi-python` (an optional extra: pip in
                                discovery does not reach: other subnets, containers)
 
 `NdiReceiver` takes a sender's video (RGBX, as the runtime converts it) as RGB frames with the
-sender's timecodes; `NdiSender` sends RGB frames as an NDI source (RGBX), each with its time as
-the NDI timecode (100 ns units). The frame API over them: `streaming.sources.NdiSource` and
-`streaming.sinks.NdiSink` (this module imports neither). Discovery also asks 127.0.0.1, so a
-sender and a receiver on one machine find each other without multicast.
+sender's timecodes, only while it is connected (`connect`, `disconnect`: a source is found and
+measured before a model loads, and its frames taken once the model is ready); `NdiSender` sends
+RGB frames as an NDI source (RGBX), each with its time in the stream as the NDI timecode (100 ns
+units; never the clock at send time), advertising the frame rate those times measure. The frame
+API over them: `streaming.sources.NdiSource` and `streaming.sinks.NdiSink` (this module imports
+neither). Discovery also asks 127.0.0.1, so a sender and a receiver on one machine find each
+other without multicast.
 """
 
 from __future__ import annotations
 
+import math
 import time
+from collections import deque
+from fractions import Fraction
 from urllib.parse import parse_qs, urlparse
 
 import numpy as np
@@ -26,6 +32,12 @@ from streamstudio.errors import StreamStudioError
 FIND_TIMEOUT = 10.0  # seconds a source is looked for
 FIND_ROUND = 2.0  # seconds one finder looks before a new one asks the addresses again
 TICKS = 10_000_000  # NDI times are in 100 ns units
+RATE_WINDOW = 30  # frames whose times measure the rate a sender advertises
+RATE_MIN_FRAMES = 5  # frames sent before a measured rate is advertised (the configured one until then)
+RATE_CHANGE = 0.02  # the advertised rate follows a measured one that differs by more than 2 %
+# broadcast rates (NTSC's 1000/1001 ones too): a measured rate within 0.5 % of one is advertised as it
+STANDARD_RATES = tuple(Fraction(n * k, d) for n in (24, 25, 30, 48, 50, 60, 120)
+                       for k, d in ((1, 1), (1000, 1001)) if not (n in (25, 50) and d == 1001))
 
 
 def _ndi():
@@ -87,25 +99,53 @@ def find_source(name: str, ips: list[str] | None = None, timeout: float = FIND_T
                             "(on another subnet: ndi://NAME?ips=ADDRESS)")
 
 
-class NdiReceiver:
-    """A connection to the NDI source named by an ndi:// spec: `next(timeout)` gives its next
-    video frame as (RGB (H, W, 3) uint8, the sender's timecode in seconds, its frame rate)."""
+def frame_rate(fps: float) -> tuple[int, int]:
+    """(frame_rate_N, frame_rate_D) of a rate in frames a second: a broadcast rate within 0.5 %
+    exactly (29.97 -> 30000/1001), any other to 1/1000 fps (7.5 -> 15/2)."""
+    fps = float(fps)
+    if not (math.isfinite(fps) and fps > 0):
+        raise StreamStudioError(f"an NDI frame rate must be a positive number, got {fps!r}")
+    near = min(STANDARD_RATES, key=lambda r: abs(fps - r))
+    rate = near if abs(fps - near) <= 0.005 * near else Fraction(max(1, round(fps * 1000)), 1000)
+    return rate.numerator, rate.denominator
 
-    def __init__(self, spec: str, find_timeout: float = FIND_TIMEOUT):
-        self._ndi = ndi = _ndi()
+
+class NdiReceiver:
+    """A receiver of the NDI source named by an ndi:// spec, found when made: `connect()` starts
+    taking its video, `next(timeout)` gives its next frame as (RGB (H, W, 3) uint8, the sender's
+    timecode in seconds, its frame rate), `disconnect()` stops (what is sent meanwhile is never
+    seen, so nothing stale waits for the next `connect`)."""
+
+    def __init__(self, spec: str, find_timeout: float = FIND_TIMEOUT, connect: bool = True):
+        self._ndi = _ndi()
         name, ips = parse_ndi(spec)
-        source = find_source(name, ips, find_timeout)
+        self._source = find_source(name, ips, find_timeout)
+        self.name = self._source.ndi_name
+        self._recv = None
+        if connect:
+            self.connect()
+
+    @property
+    def connected(self) -> bool:
+        return self._recv is not None
+
+    def connect(self) -> None:
+        if self._recv is not None:
+            return
+        ndi = self._ndi
         settings = ndi.RecvCreateV3()
         settings.color_format = ndi.RECV_COLOR_FORMAT_RGBX_RGBA
         settings.bandwidth = ndi.RECV_BANDWIDTH_HIGHEST
-        self._recv = ndi.recv_create_v3(settings)
-        if self._recv is None:
-            raise StreamStudioError(f"the NDI runtime could not make a receiver for {source.ndi_name!r}")
-        ndi.recv_connect(self._recv, source)
-        self.name = source.ndi_name
+        recv = ndi.recv_create_v3(settings)
+        if recv is None:
+            raise StreamStudioError(f"the NDI runtime could not make a receiver for {self.name!r}")
+        ndi.recv_connect(recv, self._source)
+        self._recv = recv
 
     def next(self, timeout: float) -> tuple[np.ndarray, float, float | None] | None:
         """The next video frame, None after `timeout` s without one (audio and metadata dropped)."""
+        if self._recv is None:
+            raise StreamStudioError(f"the NDI receiver of {self.name!r} is not connected")
         ndi = self._ndi
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -124,18 +164,26 @@ class NdiReceiver:
                 ndi.recv_free_metadata(self._recv, meta)
         return None
 
-    def close(self) -> None:
+    def disconnect(self) -> None:
         if self._recv is not None:
             self._ndi.recv_destroy(self._recv)
             self._recv = None
 
+    close = disconnect
+
 
 class NdiSender:
-    """An NDI source called NAME (others see "HOST (NAME)"): `send(rgb, seconds)`."""
+    """An NDI source called NAME (others see "HOST (NAME)"): `send(rgb, seconds)`. A frame's NDI
+    timecode is its time in the stream: `seconds` (the input frame's pts, carried through), or,
+    without it, one frame at `fps` after the last (a stream paced at a constant rate). The rate it
+    advertises is the one those times measure over the last RATE_WINDOW frames (a live stream
+    sends what its model keeps up with), `fps` until RATE_MIN_FRAMES have gone."""
 
     def __init__(self, spec: str, fps: float):
         self._ndi = ndi = _ndi()
         name, _ = parse_ndi(spec)
+        self.fps = fps = float(fps)
+        rate = frame_rate(fps)  # (checked before the runtime makes anything)
         settings = ndi.SendCreate()
         settings.ndi_name = name
         settings.clock_video = False  # frames go out as they are made (a live stream's own pace)
@@ -145,8 +193,14 @@ class NdiSender:
         self.name = name
         self._frame = ndi.VideoFrameV2()
         self._frame.FourCC = ndi.FOURCC_VIDEO_TYPE_RGBX
-        self._frame.frame_rate_N, self._frame.frame_rate_D = int(round(float(fps) * 1000)), 1000
+        self._frame.frame_rate_N, self._frame.frame_rate_D = rate
+        self._times: deque[float] = deque(maxlen=RATE_WINDOW)
         self._rgbx: np.ndarray | None = None
+
+    @property
+    def rate(self) -> float:
+        """The frame rate advertised now."""
+        return self._frame.frame_rate_N / self._frame.frame_rate_D
 
     def send(self, rgb: np.ndarray, seconds: float | None = None) -> None:
         h, w = rgb.shape[:2]
@@ -154,8 +208,28 @@ class NdiSender:
             self._rgbx = np.full((h, w, 4), 255, np.uint8)
         self._rgbx[:, :, :3] = rgb
         self._frame.data = self._rgbx
-        self._frame.timecode = self._ndi.SEND_TIMECODE_SYNTHESIZE if seconds is None else int(round(seconds * TICKS))
+        t = self._time(seconds)
+        self._frame.timecode = round(t * TICKS)
+        self._measure(t)
         self._ndi.send_send_video_v2(self._send, self._frame)
+
+    def _time(self, seconds: float | None) -> float:
+        if seconds is not None:
+            return float(seconds)
+        return self._times[-1] + 1.0 / self.fps if self._times else 0.0
+
+    def _measure(self, t: float) -> None:
+        """Advertise the rate of the last frames' times: a broadcast rate as soon as they measure
+        one, any other once it moved by more than RATE_CHANGE (a live rate's jitter is not news)."""
+        if self._times and t <= self._times[-1]:  # a repeated or earlier time (a new run): start again
+            self._times.clear()
+        self._times.append(t)
+        if len(self._times) < RATE_MIN_FRAMES:
+            return
+        measured = (len(self._times) - 1) / (self._times[-1] - self._times[0])
+        rate = frame_rate(measured)
+        if Fraction(*rate) in STANDARD_RATES or abs(measured - self.rate) > RATE_CHANGE * self.rate:
+            self._frame.frame_rate_N, self._frame.frame_rate_D = rate
 
     def close(self) -> None:
         if self._send is not None:

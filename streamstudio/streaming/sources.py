@@ -588,7 +588,10 @@ class ScreenSource(Source):
 
 class NdiSource(Source):
     """The video of an NDI source (ndi://NAME, `streaming/ndi.py`), live: RGB frames as they come,
-    pts from the sender's timecodes (the first frame's at 0)."""
+    pts from the sender's timecodes (the first frame's at 0). Made, it finds the source and reads
+    one frame for its size and rate, then lets go of it; `frames()` connects again, so the frames
+    sent before it is asked (while a model loads) are never taken, and a recording does not open
+    on a frame held for the load time."""
 
     FIRST_FRAME_TIMEOUT = 10.0  # seconds for a found source's first frame (its size)
     FRAME_TIMEOUT = 5.0  # seconds without a frame before the source is said to have stopped
@@ -598,23 +601,29 @@ class NdiSource(Source):
         from streamstudio.streaming.ndi import FIND_TIMEOUT, NdiReceiver
 
         self.max_side = max_side
-        self._recv = NdiReceiver(spec, FIND_TIMEOUT if find_timeout is None else find_timeout)
+        self._recv = NdiReceiver(spec, FIND_TIMEOUT if find_timeout is None else find_timeout, connect=False)
         self.name = self._recv.name
-        self._first = self._recv.next(self.FIRST_FRAME_TIMEOUT)
-        if self._first is None:
+        rgb, _, fps = self._first_frame()
+        self._recv.disconnect()  # its size and rate known; its frames are taken from frames() on
+        w, h = scaled_size(rgb.shape[1], rgb.shape[0], max_side)
+        self.info = SourceInfo(width=w, height=h, fps=fps or DEFAULT_FPS, live=True,
+                               description=f"ndi://{self.name}")
+
+    def _first_frame(self) -> tuple[np.ndarray, float, float | None]:
+        """Connect, and the first frame sent from then on; StreamStudioError when none comes."""
+        self._recv.connect()
+        first = self._recv.next(self.FIRST_FRAME_TIMEOUT)
+        if first is None:
             self.close()
             raise StreamStudioError(f"the NDI source {self.name!r} sent no video within "
                                     f"{self.FIRST_FRAME_TIMEOUT:.0f} s")
-        h, w = self._first[0].shape[:2]
-        w, h = scaled_size(w, h, max_side)
-        self.info = SourceInfo(width=w, height=h, fps=self._first[2] or DEFAULT_FPS, live=True,
-                               description=f"ndi://{self.name}")
+        return first
 
     def frames(self) -> Iterator[VideoFrame]:
-        item, index, t0 = self._first, 0, None
+        item = self._first_frame()
+        index, t0 = 0, item[1]
         while item is not None:
             rgb, stamp, _ = item
-            t0 = stamp if t0 is None else t0
             yield VideoFrame(to_rgb_frame(rgb, self.max_side), stamp - t0, index)
             index += 1
             item = self._recv.next(self.FRAME_TIMEOUT)

@@ -2,9 +2,10 @@
 pipeline into a file, a folder of images, an RTMP server or an HLS folder.
 
 Files and folders are rendered frame-aligned (output frame i is input frame i, with its
-timestamp, and the source's audio kept); webcams, screens and patterns run live (the latest
-frame is processed, late frames are dropped and counted). --fps on a video file resamples it
-by timestamps (frames dropped or repeated), so its duration and audio stay as they were."""
+timestamp, and the source's audio kept); webcams, screens, patterns, network streams and NDI
+sources (ndi://NAME) run live (the latest frame is processed, late frames are dropped and
+counted). --fps on a video file resamples it by timestamps (frames dropped or repeated), so
+its duration and audio stay as they were."""
 
 from __future__ import annotations
 
@@ -31,10 +32,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("render", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     io = p.add_argument_group("input and output")
     io.add_argument("--input", default=None,
-                    help="a video file, a folder or glob of images, webcam:N, pattern[:WxH][@FPS] or screen[:N]")
+                    help="a video file, a folder or glob of images, webcam:N, pattern[:WxH][@FPS], screen[:N], a "
+                         "network stream (rtmp://, srt://, ...) or ndi://NAME (an NDI source, found by name: "
+                         "its size is read at once, its frames are taken once the model is ready)")
     io.add_argument("--output", default=None,
                     help="out.mp4|.mkv|.webm|.mov, a folder (PNG frames), frames/%%05d.png, rtmp://host/app/key, "
-                         "hls:DIR, virtualcam or null")
+                         "hls:DIR, virtualcam, ndi://NAME (an NDI source others receive, each frame's time as "
+                         "its timecode, the rate it is sent at advertised) or null")
     io.add_argument("--config", default=None, help="a YAML file with any of these settings (dashes or underscores)")
     io.add_argument("--prompt-schedule", default=None,
                     help="a file of prompts (and ControlNet / IP-Adapter scales) at timestamps, blended over --transition "
