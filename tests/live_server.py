@@ -21,7 +21,8 @@ def start(*extra: str):
     args = build_parser().parse_args(["serve", "--model", "tiny", "--width", str(SIZE), "--height", str(SIZE),
                                       "--port", str(free_port()), "--idle-timeout", "30",
                                       # tests connect often and at once from one address; a test may lower these
-                                      "--offers-per-minute", "1000", "--max-pending-per-source", "1000", *extra])
+                                      "--offers-per-minute", "1000", "--max-pending-per-source", "1000",
+                                      "--max-pending", "1000", *extra])
     return start_in_thread(args)
 
 
@@ -47,11 +48,11 @@ class Collector:
         return [f for f in self.frames if f.mean() > 5]  # past the black waiting frames
 
 
-async def connected(url: str, prompt: str, make=pattern, fps: float = 15.0):
+async def connected(url: str, prompt: str, make=pattern, fps: float = 15.0, token: str | None = None):
     from streamstudio.app.web.webrtc import StudioClient
 
     got = Collector()
-    client = StudioClient(url, make, got, fps=fps)
+    client = StudioClient(url, make, got, fps=fps, token=token)
     await client.connect(settings={"prompt": prompt, "seed": 3})
     return client, got
 

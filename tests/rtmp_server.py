@@ -153,3 +153,23 @@ def read_stream(url: str, result: dict, timeout: float = 1.5) -> None:
                 result["count"] = result.get("count", 0) + 1
     except av.error.FFmpegError as exc:
         result["end"] = str(exc)
+
+
+def ffprobe(url: str, timeout: float = 20.0) -> dict:
+    """The first video stream of `url` (a file, an RTMP URL) as ffprobe reads it, with the number of
+    frames it decodes (`nb_read_frames`, files only); {} when ffprobe finds none in time."""
+    import json
+    import shutil
+    import subprocess
+
+    exe = shutil.which("ffprobe")
+    assert exe, "ffprobe is missing (apt-get install ffmpeg)"
+    count = [] if url.startswith("rtmp") else ["-count_frames"]
+    try:
+        out = subprocess.run([exe, "-v", "error", *count, "-select_streams", "v:0", "-show_entries",
+                              "stream=codec_name,width,height,nb_read_frames", "-of", "json", url],
+                             capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {}
+    streams = json.loads(out.stdout or "{}").get("streams") or [{}]
+    return streams[0]

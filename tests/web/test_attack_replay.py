@@ -197,9 +197,10 @@ def attack(srv: Server, honest_id: str) -> dict:
                                             files={"video": ("a.mp4", b"x" * 1000)}, timeout=20).status_code
                                  for _ in range(5)]
     # Live output Starts from made-up sessions against the honest stream
-    start = gradio_event(url, "output-status", 4)
-    said["foreign outputs"] = [run_event(url, start, [honest_id, "file", f"steal{i}.mp4", 30], f"forged{i}")
-                               ["output"]["data"][0][:60] for i in range(40)]
+    start = gradio_event(url, "output-status", 5)  # (the page's stream, the stream chosen, kind, target, fps)
+    said["foreign outputs"] = [run_event(url, start, [honest_id, honest_id if i % 2 else "live", "file",
+                                                      f"steal{i}.mp4", 30], f"forged{i}")["output"]["data"][0][:60]
+                               for i in range(40)]
     # viewers past the per-address cap, then their process killed without a word
     proc, lines = viewers_in_a_process(f"{url}/whep/{honest_id}", 6)
     said["viewers"] = lines

@@ -56,7 +56,7 @@ def free_udp_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server():
+def server(tmp_path_factory):
     from streamstudio.app.cli import build_parser
     from streamstudio.app.cli.serve import start_in_thread
 
@@ -67,6 +67,7 @@ def server():
     osc_port = free_udp_port()
     args = build_parser().parse_args(["serve", "--model", "tiny", "--width", str(SIZE), "--height", str(SIZE),
                                       "--port", str(port), "--osc-port", str(osc_port),
+                                      "--output-dir", str(tmp_path_factory.mktemp("outputs")),
                                       *SERVER_SETTINGS])
     srv = start_in_thread(args)
     srv.osc_port = osc_port
@@ -552,3 +553,45 @@ def test_the_log_throttle_caps_every_address_together():
     assert allowed.count(0) == LOG_BURST and allowed.count(None) == 500 - LOG_BURST == throttle.held
     now[0] = 10.0
     assert throttle.allow("127.0.1.240") == 1  # held once before: said in its next line
+
+
+def test_osc_starts_and_stops_a_streams_outputs(server, tmp_path):
+    """Issue 44: outputs from OSC, as from the API: /STREAM/output KIND TARGET [FPS] starts one in
+    the server's registry, /STREAM/output_stop stops them; a bad one is refused in one line."""
+    session = server.manager.open("oscout")
+    feeder = Feeder(session)
+    outputs = server.app.state.outputs
+    try:
+        wait_until(lambda: session.processed >= 2)
+        send(server.osc_port, osc_message("/streamstudio/oscout/output", "file", "osc-out.mp4", 12.0))
+        wait_until(lambda: any(o.attachment.frames >= 3 for o in outputs.of("oscout")))
+        [out] = outputs.of("oscout")
+        assert (out.kind, out.attachment.fps) == ("file", 12.0)
+        assert out.location.endswith("osc-out.mp4")
+        send(server.osc_port, osc_message("/streamstudio/oscout/output", "srt", "x"))  # refused, logged
+        send(server.osc_port, osc_message("/streamstudio/oscout/output_stop"))
+        wait_until(lambda: outputs.of("oscout") == [] and not out.running)
+        assert out.attachment.frames >= 3
+    finally:
+        feeder.stop()
+        server.manager.close("oscout")
+
+
+def test_a_named_stream_is_answered_by_its_name(server):
+    """A WHIP publisher's or serve --input's stream is named by its URL for everyone: replies use
+    that name; a page's stream keeps its secret id behind the watch id."""
+    from streamstudio.app.web.osc import OscControl
+
+    session = server.manager.open("stage")
+    session.named = True
+    page = server.manager.open("page" + "7f" * 10)
+    control = OscControl(server.manager, 0)
+    try:
+        assert control.stream_state("stage")[0][0].startswith("/streamstudio/stage/")
+        assert control.stream_state(page.sid)[0][0].startswith(f"/streamstudio/{page.watch_id}/")
+        names = dict(control._answer("/streamstudio/get"))["/streamstudio/streams"]
+        assert "stage" in names and page.watch_id in names and page.sid not in names
+    finally:
+        control.close()
+        server.manager.close("stage")
+        server.manager.close(page.sid)

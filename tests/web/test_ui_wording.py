@@ -23,7 +23,7 @@ def demo():
     served model: the Live and Text to image tabs only read its names and defaults."""
     model = SimpleNamespace(name="stand-in", size=(64, 64), comps=None, is_demo=False, prompt="a cat",
                             negative_prompt="", config=StreamDiffusionConfig(width=64, height=64, steps=1))
-    manager = SimpleNamespace(model=model, max_streams=1, pending_counters=[])
+    manager = SimpleNamespace(model=model, max_streams=1, pending_lists=[], peer_counters={})
     real, ui.optional_tabs = ui.optional_tabs, lambda manager: []
     try:
         return ui.build_ui(manager, file_ttl=60)

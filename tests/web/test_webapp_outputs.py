@@ -1,7 +1,8 @@
 """The web app's Live output tab end to end: a live session over the tiny model pushed through
-the tab's own functions (`_start_output`, `_output_status`, `_stop_output`: what the Start,
-status timer and Stop controls call) to a real nginx-rtmp on 127.0.0.1 and to HLS, read back
-with PyAV; a server that goes away mid-stream; and the live stream ending before Stop.
+the tab's own functions (`_start_output`, `_output_status`, `_stop_output`, `_tab_status`: what
+the Start, status timer and Stop controls call) over the server's output registry
+(app/web/outputs.py) to a real nginx-rtmp on 127.0.0.1 and to HLS, read back with PyAV; a server
+that goes away mid-stream; the live stream ending before Stop; which streams a page may output.
 RTMP tests skip without nginx-rtmp (the `nginx` fixture, conftest.py and rtmp_server.py)."""
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import pytest
 from rtmp_server import read_stream
 
 from streamstudio.app.web.sessions import ServerModel, SessionManager
-from streamstudio.app.web.ui import LiveOutput, _output_status, _start_output, _stop_output
+from streamstudio.app.web.outputs import LiveOutput, Outputs
+from streamstudio.app.web.ui import _output_status, _start_output, _stop_output, _tab_status
 from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
 
 av = pytest.importorskip("av", reason="PyAV is not installed (the GPU image has none)")
@@ -77,18 +79,28 @@ def wait_until(cond, timeout: float, what: str, session=None) -> None:
         time.sleep(0.02)
 
 
-def start(manager, outputs, kind, target, tmp_path) -> LiveOutput:
+@pytest.fixture
+def outputs(manager, tmp_path):
+    registry = Outputs(manager, tmp_path)
+    yield registry
+    registry.close()
+
+
+def start(manager, outputs, kind, target) -> LiveOutput:
     manager.claim("live", KEY)  # this page streams it (its first inputs made it the owner)
-    message = _start_output(manager, outputs, KEY, "live", kind, target, FPS, tmp_path)
+    message = _start_output(manager, outputs, KEY, "live", kind, target, FPS)
     assert message.startswith("Started"), message
-    return outputs[KEY]
+    return outputs.of("live", owner=KEY)[-1]
+
+
+def stop(outputs, out: LiveOutput) -> str:
+    return _stop_output(outputs, KEY, out.oid)
 
 
 # ---------------------------------------------------------------------- RTMP
-def test_live_output_to_rtmp_is_played_back_and_ends_cleanly(nginx, manager, live, tmp_path):
+def test_live_output_to_rtmp_is_played_back_and_ends_cleanly(nginx, manager, outputs, live, tmp_path):
     session = manager.get(live)
-    outputs: dict = {}
-    out = start(manager, outputs, "rtmp", nginx.url("studio"), tmp_path)
+    out = start(manager, outputs, "rtmp", nginx.url("studio"))
     assert nginx.url("studio") in out.location
     wait_until(lambda: out.attachment.frames >= 5, 20, "the first frames sent", session)
 
@@ -96,13 +108,13 @@ def test_live_output_to_rtmp_is_played_back_and_ends_cleanly(nginx, manager, liv
     viewer = threading.Thread(target=read_stream, args=(nginx.url("studio"), played, 5.0), daemon=True)
     viewer.start()  # a viewer joining the live stream
     wait_until(lambda: played.get("count", 0) >= 10, 20, f"frames played back ({played})")
-    status = _output_status(outputs.get(KEY))
+    status = _output_status(out)
     assert status.startswith("**running**") and "lost 0 · reconnects 0" in status, status
 
     t_stop = time.monotonic()
-    stopped = _stop_output(outputs, KEY)
+    stopped = stop(outputs, out)
     assert stopped.startswith(f"Stopped: {out.attachment.frames} frame(s) at a constant {FPS:g} fps")
-    assert KEY not in outputs and _output_status(outputs.get(KEY)) == "Not running."
+    assert outputs.of("live") == [] and _output_status(None) == "Not running."
     assert not out.attachment.running and out.attachment.error is None
     assert out.attachment.sink.status.closed and out.attachment.sink.status.error is None
     sent = out.attachment
@@ -133,16 +145,15 @@ def test_live_output_to_rtmp_is_played_back_and_ends_cleanly(nginx, manager, liv
 
 
 # ---------------------------------------------------------------------- HLS
-def test_live_output_to_hls_writes_a_playable_playlist(manager, live, tmp_path):
+def test_live_output_to_hls_writes_a_playable_playlist(manager, outputs, live, tmp_path):
     session = manager.get(live)
-    outputs: dict = {}
-    out = start(manager, outputs, "hls", "../my stream", tmp_path)  # a cleaned name, inside the output folder
+    out = start(manager, outputs, "hls", "../my stream")  # a cleaned name, inside the output folder
     folder = tmp_path / "hls" / "my_stream"
     assert out.location == str(folder / "index.m3u8")
     wait_until(lambda: out.attachment.frames >= 8, 20, "frames sent", session)
-    assert _output_status(outputs.get(KEY)).startswith("**running**")
+    assert _output_status(out).startswith("**running**")
 
-    message = _stop_output(outputs, KEY)
+    message = stop(outputs, out)
     assert message.startswith(f"Stopped: {out.attachment.frames} frame(s)")
     assert out.attachment.error is None and not out.attachment.running
     playlist = folder / "index.m3u8"
@@ -160,18 +171,18 @@ def test_live_output_to_hls_writes_a_playable_playlist(manager, live, tmp_path):
 
 
 # ---------------------------------------------------------------------- a server that goes away
-def test_live_output_as_an_ndi_source_is_received_by_name(manager, live, tmp_path):
+def test_live_output_as_an_ndi_source_is_received_by_name(manager, outputs, live, tmp_path, monkeypatch):
     """The Live output tab's NDI choice: the stream becomes an NDI source named by the target
-    (cleaned), which a receiver on the network finds and gets at the stream's size."""
-    pytest.importorskip("NDIlib")
-    import secrets
+    (cleaned), which a receiver finds and gets at the stream's size (ndi-python faked at its
+    boundary: the runtime announces by multicast; tests/ndi_fake.py)."""
+    from ndi_fake import install_fake_ndi
 
     from streamstudio.streaming.sources import NdiSource
 
+    install_fake_ndi(monkeypatch)
     session = manager.get(live)
-    outputs: dict = {}
-    name = f"studio out {secrets.token_hex(3)}"
-    out = start(manager, outputs, "ndi", name + "/../!", tmp_path)
+    name = "studio out"
+    out = start(manager, outputs, "ndi", name + "/../!")
     assert out.location == f"ndi://{name}"
     try:
         with NdiSource(out.location, find_timeout=20) as source:
@@ -179,14 +190,40 @@ def test_live_output_as_an_ndi_source_is_received_by_name(manager, live, tmp_pat
             frames = [f for _, f in zip(range(3), source.frames())]
         assert len(frames) == 3 and frames[-1].image.shape == (H, W, 3)
     finally:
-        _stop_output(outputs, KEY)
+        stop(outputs, out)
     assert session.error is None and not session.closed
 
 
-def test_rtmp_server_gone_mid_stream_stops_the_output_not_the_stream(nginx, manager, live, tmp_path):
+# ---------------------------------------------------------------------- which streams a page outputs
+def test_a_page_outputs_its_own_stream_an_operator_any_and_two_a_stream(manager, outputs, live, tmp_path):
+    """Issue 44: the tab took only its page's Live camera, one output a page. Now a page outputs
+    its own stream (up to the limit per stream, from one page), never another page's, and a
+    logged-in operator any running stream, such as a WHIP publisher's, which the stream choices
+    list for it alone."""
+    from streamstudio.app.web.ui import LIVE, _tab_streams, _visible_outputs
+
+    manager.claim("live", KEY)
+    obs = manager.open("obs")  # a stream no page owns (a WHIP publisher, serve --input)
+    obs.submit(np.zeros((H, W, 3), np.uint8))
+    said = [_start_output(manager, outputs, KEY, "live", "file", f"{n}.mp4", FPS) for n in ("a", "b", "c")]
+    assert [m.split(":")[0] for m in said[:2]] == ["Started", "Started"] and "2 output(s)" in said[2], said
+    assert _start_output(manager, outputs, "other page", "live", "file", "x.mp4", FPS).startswith("⚠️ That stream")
+    assert _start_output(manager, outputs, KEY, "obs", "file", "x.mp4", FPS).startswith("⚠️ That stream")
+    assert _tab_streams(manager, operator=False) == [("This page's Live camera", LIVE)]
+    assert ("obs", "obs") in _tab_streams(manager, operator=True)
+    assert _start_output(manager, outputs, "admin page", "obs", "file", "obs.mp4", FPS, operator=True) \
+        .startswith("Started")
+    assert [o.location for o in _visible_outputs(manager, outputs, "other page", "live")] == []
+    mine = _visible_outputs(manager, outputs, KEY, "live")
+    assert len(mine) == 2 and all(o.owner == KEY for o in mine)
+    assert _stop_output(outputs, "other page", mine[0].oid).startswith("⚠️ That stream")  # not its output
+    assert _stop_output(outputs, KEY, mine[0].oid).startswith("Stopped:")
+    assert len(outputs.of("live")) == 1 and len(outputs.of("obs")) == 1
+
+
+def test_rtmp_server_gone_mid_stream_stops_the_output_not_the_stream(nginx, manager, outputs, live, tmp_path):
     session = manager.get(live)
-    outputs: dict = {}
-    out = start(manager, outputs, "rtmp", nginx.url("gone"), tmp_path)
+    out = start(manager, outputs, "rtmp", nginx.url("gone"))
     wait_until(lambda: out.attachment.frames >= 5, 20, "the first frames sent", session)
     sent = out.attachment.frames
 
@@ -194,14 +231,14 @@ def test_rtmp_server_gone_mid_stream_stops_the_output_not_the_stream(nginx, mana
     seen = []  # what the tab's status timer shows meanwhile
 
     def failed() -> bool:
-        seen.append(_output_status(outputs.get(KEY)))
+        seen.append(_output_status(out))
         return out.attachment.error is not None
 
     wait_until(failed, 20, "the output to report the lost server", session)
     wait_until(lambda: not out.attachment.running, 5, "the output thread to end")
     retrying = [s for s in seen if s.startswith("**running**") and "last error: RTMP" in s]
     assert retrying and "lost 0" not in retrying[-1], seen[-3:]  # while it retries, the tab says so
-    status = _output_status(outputs.get(KEY))
+    status = _output_status(out)
     assert status.startswith("❌ Stopped:") and "RTMP" in status and nginx.url("gone") in status, status
     assert "reconnect attempts failed" in out.attachment.error and out.attachment.sink.status.frames_lost >= 1
     assert out.attachment.sink.status.closed and out.attachment.frames >= sent
@@ -213,43 +250,39 @@ def test_rtmp_server_gone_mid_stream_stops_the_output_not_the_stream(nginx, mana
     wait_until(lambda: session.processed >= processed + 5, 20, "frames after the output failed", session)
     assert session.latest().shape == (H, W, 3)
 
-    stopped = _stop_output(outputs, KEY)  # Stop still answers after a failure, and repeats it
+    stopped = stop(outputs, out)  # Stop still answers after a failure, and repeats it
     assert stopped.startswith("Stopped:") and "It had failed" in stopped and "RTMP" in stopped
-    assert _output_status(outputs.get(KEY)) == "Not running."
+    assert outputs.of("live") == [] and stop(outputs, out) == "Not running."
 
 
 # ---------------------------------------------------------------------- the stream ending first
-def test_live_output_finishes_when_its_live_stream_ends(manager, live, tmp_path):
+def test_live_output_finishes_when_its_live_stream_ends(manager, outputs, live, tmp_path):
     """The camera stops or the page goes away (the session is freed) before Stop is pressed: the
     output ends by itself and the recording is finished, not left open for ever."""
     session = manager.get(live)
-    outputs: dict = {}
-    out = start(manager, outputs, "file", "before-stop.mp4", tmp_path)
+    out = start(manager, outputs, "file", "before-stop.mp4")
     wait_until(lambda: out.attachment.frames >= 5, 20, "frames recorded", session)
     manager.close(live)
     wait_until(lambda: not out.attachment.running, 5, "the output to end with its stream")
     assert out.attachment.sink.status.closed and out.attachment.error is None
-    status = _output_status(outputs.get(KEY))
+    status = _output_status(out)
     assert status.startswith("**stopped**") and "the live stream ended" in status, status
     with av.open(str(tmp_path / "before-stop.mp4")) as c:  # finished: playable to the last frame
         frames = list(c.decode(video=0))
     assert len(frames) == out.attachment.frames and (frames[0].width, frames[0].height) == (W, H)
-    assert _stop_output(outputs, KEY).startswith(f"Stopped: {out.attachment.frames} frame(s)")
+    assert stop(outputs, out).startswith(f"Stopped: {out.attachment.frames} frame(s)")
 
 
 # ---------------------------------------------------------------------- what a recording looks like
-def test_a_recording_has_a_constant_frame_rate_and_the_tab_says_where_it_went(manager, live, tmp_path):
+def test_a_recording_has_a_constant_frame_rate_and_the_tab_says_where_it_went(manager, outputs, live, tmp_path):
     """At the 30 fps setting a recording once came out at 16.8 fps on average with
     r_frame_rate 90000/1; now every frame is 1/fps after the last, as players expect, and the
     status line keeps what Stop said (and what a failed Start said) instead of "Not running."."""
-    from streamstudio.app.web.ui import _tab_status
-
     session = manager.get(live)
-    outputs: dict = {}
-    out = start(manager, outputs, "file", "constant.mp4", tmp_path)
+    out = start(manager, outputs, "file", "constant.mp4")
     wait_until(lambda: out.attachment.frames >= 12, 20, "frames recorded", session)
-    said = {KEY: _stop_output(outputs, KEY)}
-    assert _tab_status(outputs, said, KEY) == said[KEY] and "constant.mp4" in said[KEY]
+    said = stop(outputs, out)
+    assert _tab_status(outputs.of("live"), said) == said and "constant.mp4" in said
     with av.open(str(tmp_path / "constant.mp4")) as c:  # (a stream's fields only while it is open)
         stream = c.streams.video[0]
         guessed, average = float(stream.guessed_rate), float(stream.average_rate)
@@ -258,5 +291,5 @@ def test_a_recording_has_a_constant_frame_rate_and_the_tab_says_where_it_went(ma
     assert guessed == pytest.approx(FPS) and average == pytest.approx(FPS, rel=0.02)
     steps = np.diff(times)
     assert np.allclose(steps, 1 / FPS, atol=2e-5), steps  # constant: no wall-clock jitter in the timestamps
-    failed = {KEY: _start_output(manager, outputs, KEY, "nobody", "file", "x.mp4", FPS, tmp_path)}
-    assert _tab_status(outputs, failed, KEY) == failed[KEY] and "No live stream" in failed[KEY]
+    failed = _start_output(manager, outputs, KEY, "nobody", "file", "x.mp4", FPS)
+    assert _tab_status([], failed) == failed and "No live stream" in failed

@@ -365,7 +365,8 @@ def test_handler_says_busy_and_closes_the_stream(manager):
 
 # ---------------------------------------------------------------------- UI helpers, serve options
 def test_ui_helpers():
-    from streamstudio.app.web.ui import blend_spec, clean_name, format_stats
+    from streamstudio.app.web.outputs import clean_name
+    from streamstudio.app.web.ui import blend_spec, format_stats
 
     assert blend_spec(["a cat", "", "a dog"], [1.0, 0.5, 0.0]) == "a cat"
     assert blend_spec(["a cat", "a dog", ""], [1.0, 0.5, 1.0]) == [("a cat", 1.0), ("a dog", 0.5)]
@@ -421,29 +422,30 @@ def test_serve_options(monkeypatch, capsys):
 def test_live_output_records_the_stream_to_a_file(manager, tmp_path):
     av = pytest.importorskip("av", reason="PyAV is not installed (the GPU image has none)")
 
+    from streamstudio.app.web.outputs import Outputs
     from streamstudio.app.web.ui import NOT_YOURS, _output_status, _start_output
 
     session = manager.open("rec")
     session.submit(frame())  # the camera's first frame (80x48) makes it a 64x40 stream
     wait_output(session)
-    outputs: dict = {}
-    assert "start the Live tab" in _start_output(manager, outputs, "browser", None, "file", "x.mp4", 10, tmp_path)
+    outputs = Outputs(manager, tmp_path)
+    assert "start the Live tab" in _start_output(manager, outputs, "browser", None, "file", "x.mp4", 10)
     assert manager.claim("rec", "browser")  # the page that streams owns the stream (its first inputs)
     assert not manager.claim("rec", "intruder") and manager.owner("rec") == "browser"
     # another page that knows the stream id (it was the WHEP URL once) records nothing
-    assert _start_output(manager, outputs, "intruder", "rec", "file", "x.mp4", 10, tmp_path) == NOT_YOURS
-    assert outputs == {} and not (tmp_path / "x.mp4").exists()
-    message = _start_output(manager, outputs, "browser", "rec", "file", "../../clip", 10, tmp_path)
+    assert _start_output(manager, outputs, "intruder", "rec", "file", "x.mp4", 10) == NOT_YOURS
+    assert outputs.of() == [] and not (tmp_path / "x.mp4").exists()
+    message = _start_output(manager, outputs, "browser", "rec", "file", "../../clip", 10)
     assert message.startswith("Started") and str(tmp_path / "clip.mp4") in message
     for i in range(1, 7):
         session.submit(frame(20 * i))
         wait_output(session, i + 1)
-    out = outputs.pop("browser")
+    [out] = outputs.of("rec", owner="browser")
     deadline = time.monotonic() + 10
     while out.attachment.frames < 3 and time.monotonic() < deadline:
         time.sleep(0.02)
     assert "running" in _output_status(out)
-    out.stop()
+    outputs.stop(out.oid)
     assert out.attachment.frames >= 3 and out.attachment.error is None and not out.attachment.running
     with av.open(str(tmp_path / "clip.mp4")) as container:
         decoded = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
@@ -456,33 +458,29 @@ def test_live_outputs_are_capped_per_stream_and_server_and_pushes_go_where_allow
     pytest.importorskip("av", reason="PyAV is not installed (the GPU image has none)")
     from streamstudio.app.cli import build_parser
     from streamstudio.app.cli.serve import output_limits
-    from streamstudio.app.web.ui import OutputLimits, _start_output
+    from streamstudio.app.web.outputs import OutputLimits, Outputs
+    from streamstudio.app.web.ui import _start_output
 
     session = manager.open("rec")
     session.submit(frame())
     wait_output(session)
-    limits = OutputLimits(per_stream=2, total=3, allow_push=("live.example.com",))
-    outputs: dict = {}
+    outputs = Outputs(manager, tmp_path, OutputLimits(per_stream=2, total=3, allow_push=("live.example.com",)))
     # a logged-in operator may record any stream (a page, only its own), within the caps
-    said = [_start_output(manager, outputs, f"forged-{i}", "rec", "file", f"r{i}.mp4", 10, tmp_path, limits, True)
-            for i in range(6)]
+    said = [_start_output(manager, outputs, f"forged-{i}", "rec", "file", f"r{i}.mp4", 10, True) for i in range(6)]
     assert [m.startswith("Started") for m in said] == [True, True, False, False, False, False], said
-    assert "already has 2 output(s)" in said[2] and len(outputs) == 2
+    assert "already has 2 output(s)" in said[2] and len(outputs.of()) == 2
     other = manager.open("rec2")
     other.submit(frame())
     wait_output(other)
     manager.claim("rec2", "b3")  # page b3 streams rec2; b4 and b5 below are operators
-    assert _start_output(manager, outputs, "b3", "rec2", "file", "o.mp4", 10, tmp_path, limits).startswith("Started")
-    assert "already runs 3 outputs" in _start_output(manager, outputs, "b4", "rec2", "file", "p.mp4", 10, tmp_path,
-                                                     limits, True)
-    refused = _start_output(manager, outputs, "b3", "rec2", "rtmp", "rtmp://elsewhere.net/live/k", 10, tmp_path, limits)
+    assert _start_output(manager, outputs, "b3", "rec2", "file", "o.mp4", 10).startswith("Started")
+    assert "already runs 3 outputs" in _start_output(manager, outputs, "b4", "rec2", "file", "p.mp4", 10, True)
+    refused = _start_output(manager, outputs, "b3", "rec2", "rtmp", "rtmp://elsewhere.net/live/k", 10)
     assert "does not push to elsewhere.net" in refused and "--allow-push elsewhere.net" in refused
     manager.close("rec")  # its outputs go with it: the next Start prunes them
-    assert _start_output(manager, outputs, "b5", "rec2", "file", "q.mp4", 10, tmp_path, limits,
-                         True).startswith("Started")
-    assert sorted(outputs) == ["b3", "b5"]  # b3's file output outlived its refused push
-    for out in outputs.values():
-        out.stop()
+    assert _start_output(manager, outputs, "b5", "rec2", "file", "q.mp4", 10, True).startswith("Started")
+    assert sorted(o.owner for o in outputs.of()) == ["b3", "b5"]  # b3's file output outlived its refused push
+    outputs.close()
 
     parse = build_parser().parse_args
     assert output_limits(parse(["serve"])).allow_push is None  # loopback: any host
@@ -493,11 +491,12 @@ def test_live_outputs_are_capped_per_stream_and_server_and_pushes_go_where_allow
 
 
 def test_live_output_refuses_a_bad_rtmp_url(manager, tmp_path):
+    from streamstudio.app.web.outputs import Outputs
     from streamstudio.app.web.ui import _start_output
 
     manager.open("rec")
     manager.claim("rec", "b")
-    message = _start_output(manager, {}, "b", "rec", "rtmp", "http://example.com/x", 30, tmp_path)
+    message = _start_output(manager, Outputs(manager, tmp_path), "b", "rec", "rtmp", "http://example.com/x", 30)
     assert "rtmp://host/live/streamkey" in message
 
 

@@ -13,8 +13,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx
 import pytest
-from live_server import SIZE, start
+from live_server import SIZE, publisher_in_a_process, start
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 if str(BENCHMARKS) not in sys.path:
@@ -141,6 +142,83 @@ def test_chromium_publishes_over_whip_and_watches_over_whep(server, page_origin)
         while server.manager.get("browser") is not None or server.app.state.whip.resources:
             assert time.monotonic() < deadline, "the stream and its viewer were not freed"
             time.sleep(0.1)
+
+
+@pytest.mark.skipif(shutil.which("ffprobe") is None, reason="ffprobe is missing (apt-get install ffmpeg)")
+def test_chromium_publishes_and_the_stream_is_pushed_to_rtmp(server, page_origin, nginx):
+    """Issue 44, OBS in and RTMP out with a browser as the encoder: a Chromium page publishes its
+    fake camera over WHIP; `POST /studio/outputs/{stream}` pushes the processed stream to a real
+    nginx-rtmp, and ffprobe, an independent reader, finds H.264 at the stream's size there."""
+    from rtmp_server import ffprobe
+
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    with chromium() as ctx:
+        publisher = ctx.new_page()
+        publisher.goto(page_origin)
+        assert publisher.evaluate(PUBLISH_JS, [f"{server.url}/whip/chrome-out", TOKEN])["status"] == 201
+        poll(publisher, lambda s: s["state"] == "connected" and s["sent"] > 5)
+        deadline = time.monotonic() + 40
+        while (session := server.manager.get("chrome-out")) is None or session.processed < 3:
+            assert time.monotonic() < deadline, "no processed frame"
+            time.sleep(0.1)
+        r = httpx.post(f"{server.url}/studio/outputs/chrome-out", headers=auth, timeout=30,
+                       json={"kind": "rtmp", "target": nginx.url("chrome"), "fps": 15})
+        assert r.status_code == 201, r.text
+        probed = ffprobe(nginx.url("chrome"))
+        # the fake camera's 320x240 at the tiny model's 64 wide
+        assert (probed.get("codec_name"), probed.get("width"), probed.get("height")) == ("h264", SIZE, SIZE * 3 // 4)
+        stopped = httpx.delete(server.url + r.headers["location"], headers=auth)
+        assert stopped.status_code == 200 and stopped.json()["output"]["frames"] > 0
+        assert publisher.evaluate(DELETE_JS, [TOKEN]) == 200
+
+
+# A WHEP player that follows the 201's server-sent events link (the WHEP extension), as
+# broadcast-box's and Eyevinn's players do: each event with the page's clock and the connection's state.
+FOLLOW_EVENTS_JS = """async ([url]) => {
+  const link = window.studio.link;
+  const m = link && link.match(/<([^>]+)>;\\s*rel="urn:ietf:params:whep:ext:core:server-sent-events"/);
+  if (!m) return null;
+  window.studio.events = [];
+  const source = new EventSource(new URL(m[1], url).href);
+  for (const name of ['active', 'inactive'])
+    source.addEventListener(name, e => window.studio.events.push(
+      {name, data: JSON.parse(e.data), at: performance.now(), state: window.studio.pc.connectionState}));
+  await new Promise(done => source.addEventListener('active', done, {once: true}));
+  return m[1];
+}"""
+
+WATCH_WITH_LINK_JS = WATCH_JS.replace("  window.studio = {pc, video,", "  window.studio = {link: res.headers.get('Link'), pc, video,")
+
+
+def test_a_chromium_viewer_is_told_at_once_when_the_publisher_ends(server, page_origin):
+    """Issue 44: a WHEP viewer got no signal when its publisher ended; Chromium noticed by ICE
+    after 6 s (disconnected) and 16 s (failed). The 201 now links the viewer's event stream (the
+    WHEP server-sent events extension): `active` while it runs, `inactive` the moment the publisher
+    ends, while the connection still looks up to the browser."""
+    proc, line = publisher_in_a_process(f"{server.url}/whip/ending", TOKEN)
+    try:
+        assert line.startswith("201 /whip/ending/"), line
+        with chromium() as ctx:
+            viewer = ctx.new_page()
+            viewer.goto(page_origin)
+            assert viewer.evaluate(WATCH_WITH_LINK_JS, [f"{server.url}/whep/ending", TOKEN])["status"] == 201
+            poll(viewer, lambda s: s["state"] == "connected" and s["decoded"] >= 3)
+            sse = viewer.evaluate(FOLLOW_EVENTS_JS, [f"{server.url}/whep/ending"])
+            assert sse and sse.endswith("/sse"), sse
+            asked = viewer.evaluate("() => performance.now()")
+            r = httpx.delete(server.url + line.split()[1], headers={"Authorization": f"Bearer {TOKEN}"})
+            assert r.status_code == 200
+            deadline = time.monotonic() + 10
+            while not (events := viewer.evaluate("() => window.studio.events"))[1:]:
+                assert time.monotonic() < deadline, events
+                viewer.wait_for_timeout(50)
+        active, inactive = events[:2]
+        assert (active["name"], inactive["name"]) == ("active", "inactive"), events
+        assert inactive["data"]["reason"] == "the publisher ended" and inactive["state"] == "connected", inactive
+        print(f"\nthe viewer was told {inactive['at'] - asked:.0f} ms after the publisher's DELETE was sent")
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 @pytest.mark.slow

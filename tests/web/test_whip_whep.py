@@ -153,7 +153,8 @@ class Viewer:
 # ---------------------------------------------------------------------- tests
 def test_publish_view_delete(server):
     async def main():
-        r = httpx.post(f"{server.url}/studio/settings/stage1", json={"prompt": "a neon city", "seed": 5})
+        r = httpx.post(f"{server.url}/studio/settings/stage1", json={"prompt": "a neon city", "seed": 5},
+                       headers={"Authorization": f"Bearer {TOKEN}"})
         assert r.status_code == 200
         pub = Publisher(server.url, "/whip/stage1")
         response = await pub.start()
@@ -242,7 +243,7 @@ def test_refusals(server):
     assert httpx.post(base, content="hello", headers=basic, auth=("obs", "nope")).status_code == 401
     r = httpx.options(base)
     assert r.status_code == 200 and r.headers["accept-post"] == "application/sdp" and "POST" in r.headers["allow"]
-    assert httpx.get(f"{server.url}/studio/status").json()["streams"] == 0  # nothing held on by a refusal
+    assert httpx.get(f"{server.url}/studio/status", headers={"Authorization": f"Bearer {TOKEN}"}).json()["streams"] == 0
 
 
 def test_protocol_details_follow_rfc_9725(server):
@@ -347,6 +348,206 @@ def test_auth_fallback_and_guard():
         assert httpx.get(f"{srv.url}/studio/status").status_code == 401  # the rest still wants the login
     finally:
         srv.close()
+
+
+def test_control_routes_are_behind_the_publish_door(server):
+    """Issue 44: with --whip-token (no --auth), anyone who knew a stream's name could steer or end
+    it through /studio/settings and /studio/sessions. Every /studio route now wants the publish
+    credential (the bearer token, or basic auth with it as the password)."""
+    from base64 import b64encode
+
+    url = server.url
+    open_calls = [("POST", "/studio/settings/door", {"prompt": "taken over"}), ("DELETE", "/studio/sessions/door", None),
+                  ("GET", "/studio/sessions/door", None), ("GET", "/studio/status", None),
+                  ("POST", "/studio/lora", {"scales": {}})]
+    for method, path, body in open_calls:
+        for auth in (None, "Bearer wrong-token", f"Basic {b64encode(b'x:wrong').decode()}"):
+            r = httpx.request(method, url + path, json=body, headers={"Authorization": auth} if auth else {})
+            assert r.status_code == 401, (method, path, auth, r.status_code)
+            assert r.headers["www-authenticate"].startswith("Bearer")
+    assert "door" not in server.manager._presets  # the refused settings were not kept
+    ok = httpx.post(url + "/studio/settings/door", json={"prompt": "a boat"}, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert ok.status_code == 200 and ok.json()["status"] == "ok", ok.text
+    basic = b64encode(f"obs:{TOKEN}".encode()).decode()
+    assert httpx.get(url + "/studio/status", headers={"Authorization": f"Basic {basic}"}).status_code == 200
+
+
+def test_a_view_token_watches_and_does_nothing_else():
+    """--whep-token is the viewers' credential: WHEP takes it, WHIP, the control routes and a
+    publisher's session URL refuse it; the publish token still watches. The same token for both
+    is refused at start-up."""
+    from streamstudio.errors import StreamStudioError
+
+    with pytest.raises(StreamStudioError, match="must differ"):
+        start("--whip-token", "same", "--whep-token", "same")
+    srv = start("--whip-token", TOKEN, "--whep-token", "view-only")
+
+    async def main():
+        pub = Publisher(srv.url, "/whip/viewed")
+        squat = Publisher(srv.url, "/whip/viewed2", token="view-only")
+        viewer, owner_view = Viewer(srv.url, "viewed", token="view-only"), Viewer(srv.url, "viewed", token=TOKEN)
+        anonymous = Viewer(srv.url, "viewed", token=None)
+        try:
+            assert (await pub.start()).status_code == 201
+            assert (await squat.start()).status_code == 401  # a viewer cannot publish
+            await wait_for(lambda: (s := srv.manager.get("viewed")) is not None and s.processed >= 1)
+            assert (await anonymous.start()).status_code == 401
+            assert (await viewer.start()).status_code == 201
+            assert (await owner_view.start()).status_code == 201
+            await wait_for(lambda: len(viewer.times) >= 2)
+            view = {"Authorization": "Bearer view-only"}
+            assert httpx.post(f"{srv.url}/studio/settings/viewed", json={"prompt": "x"}, headers=view).status_code == 401
+            assert httpx.delete(f"{srv.url}/studio/sessions/viewed", headers=view).status_code == 401
+            assert httpx.delete(httpx.URL(srv.url).join(pub.location), headers=view).status_code == 401
+            assert srv.manager.get("viewed") is not None
+        finally:
+            await asyncio.gather(pub.close(), squat.close(), viewer.close(), owner_view.close(), anonymous.close())
+
+    try:
+        run(main())
+    finally:
+        srv.close()
+
+
+def test_a_live_publisher_is_replaced_only_by_its_credential_or_once_stale():
+    """Without a token any client replaced a live publisher. Now, on an open door, a second
+    publisher to a live stream gets 409 while the first sends frames, and takes the stream once
+    the first has sent nothing for STALE_PUBLISHER_S (its process gone without DELETE)."""
+    from streamstudio.app.web.whip import STALE_PUBLISHER_S
+
+    srv = start("--max-streams", "2")
+
+    async def main():
+        first, second = Publisher(srv.url, "/whip/held", token=None), Publisher(srv.url, "/whip/held", token=None)
+        try:
+            assert (await first.start()).status_code == 201
+            await wait_for(lambda: (s := srv.manager.get("held")) is not None and s.processed >= 2)
+            session = srv.manager.get("held")
+            r = await second.start()
+            assert r.status_code == 409 and r.json()["meta"]["error"] == "stream_in_use", r.text
+            await second.close()
+            first.pc.getTransceivers()[0].sender.replaceTrack(None)  # the encoder stops sending, says nothing
+            stopped = time.monotonic()
+            second = Publisher(srv.url, "/whip/held", token=None)
+            while (r := await second.start()).status_code == 409:
+                await second.close()
+                second = Publisher(srv.url, "/whip/held", token=None)
+                assert time.monotonic() - stopped < STALE_PUBLISHER_S + 10, "never replaced"
+                await asyncio.sleep(0.5)
+            assert r.status_code == 201, r.text
+            assert time.monotonic() - stopped >= STALE_PUBLISHER_S - 0.5  # not before it was stale
+            assert srv.manager.get("held") is session  # the stream goes on
+            processed = session.processed
+            await wait_for(lambda: session.processed >= processed + 2)
+        finally:
+            await asyncio.gather(first.close(), second.close())
+
+    try:
+        run(main())
+    finally:
+        srv.close()
+
+
+def offer_sdp() -> str:
+    """A real sendonly offer (aiortc), never answered: for the checks before a connection."""
+    from aiortc import RTCConfiguration, RTCPeerConnection
+
+    async def make():
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        pc.addTransceiver("video", direction="sendonly")
+        await pc.setLocalDescription(await pc.createOffer())
+        sdp = pc.localDescription.sdp
+        await pc.close()
+        return sdp
+
+    return run(make())
+
+
+@pytest.mark.parametrize("trusted", [False, True])
+def test_forwarded_addresses_are_believed_only_from_a_trusted_proxy(trusted):
+    """Issue 44: uvicorn believed X-Forwarded-For from 127.0.0.1 by default, so a local client
+    passed the per-address rate by rotating the header, or locked another address out by naming
+    it. Now a client is its peer address unless --trusted-proxy names the proxy it comes through."""
+    extra = ("--trusted-proxy", "127.0.0.1") if trusted else ()
+    srv = start("--offers-per-minute", "2", "--whip-token", TOKEN, *extra)
+    sdp = offer_sdp()
+    try:
+        codes = []
+        for i in range(4):  # a rotating forged address each time
+            r = httpx.post(f"{srv.url}/whip/fwd{i}", content=sdp, timeout=20,
+                           headers={**headers(), "X-Forwarded-For": f"10.9.8.{i}"})
+            codes.append(r.status_code if r.status_code != 429 else r.json()["meta"]["error"])
+        if trusted:  # through a trusted proxy: four clients, one offer each
+            assert codes == [201] * 4, codes
+        else:  # one client (127.0.0.1): its third offer in the minute is refused
+            assert codes == [201, 201, "too_many_offers", "too_many_offers"], codes
+        if trusted:
+            return
+        # naming another address never uses up that address's rate
+        victim = httpx.AsyncHTTPTransport(local_address="127.0.0.43")
+        async def as_victim():
+            async with httpx.AsyncClient(transport=victim, timeout=20) as http:
+                return (await http.post(f"{srv.url}/whip/victim", content=sdp, headers=headers())).status_code
+        for _ in range(3):
+            httpx.post(f"{srv.url}/whip/forged", content=sdp, timeout=20,
+                       headers={**headers(), "X-Forwarded-For": "127.0.0.43"})
+        assert run(as_victim()) == 201
+    finally:
+        srv.close()
+
+
+def test_offers_that_never_stream_from_many_addresses_cannot_keep_a_publisher_out():
+    """Issue 44: never-connecting offers from a few addresses, each within its own per-address
+    cap, filled every slot, and an honest publisher got 0 of 12 tries. Now at most --max-pending
+    connections of every address together wait for their first frame (here 2 of 4 slots); a new
+    one ends the waiting one of the address that offered most this minute (ties: the oldest), an
+    address that offered more than every waiting one's is refused (503), and a publisher that
+    offers once always gets in."""
+    srv = start("--max-streams", "4", "--max-pending", "2", "--max-pending-per-source", "2",
+                "--offers-per-minute", "20", "--whip-token", TOKEN)
+    sdp = offer_sdp()
+
+    async def post(address: str, name: str) -> int:
+        transport = httpx.AsyncHTTPTransport(local_address=address)
+        async with httpx.AsyncClient(transport=transport, timeout=20) as http:
+            return (await http.post(f"{srv.url}/whip/{name}", content=sdp, headers=headers())).status_code
+
+    async def main():
+        codes = [await post(f"127.0.0.{2 + i}", f"squat{i}") for i in range(4)]
+        assert codes == [201] * 4, codes  # each ended the oldest waiting one
+        waiting = srv.manager.pending_connections()
+        assert sorted(p.source for p in waiting) == ["127.0.0.4", "127.0.0.5"]  # the cap holds: 2, the newest
+        assert len(srv.manager.ids()) == 2
+        # 127.0.0.2 offers again: more often than the waiting ones' addresses, so it may not end them
+        assert await post("127.0.0.2", "again") == 503
+        honest = Publisher(srv.url, "/whip/honest", local_address="127.0.0.9")
+        try:
+            assert (await honest.start()).status_code == 201
+            await wait_for(lambda: (s := srv.manager.get("honest")) is not None and s.processed >= 2)
+            assert all(p.source != "127.0.0.9" for p in srv.manager.pending_connections())  # streaming now
+            for i in range(3):  # and the waiting ones' churn never ends it
+                await post(f"127.0.0.{10 + i}", f"late{i}")
+            assert srv.manager.get("honest") is not None and not srv.manager.get("honest").closed
+        finally:
+            await honest.close()
+
+    try:
+        run(main())
+    finally:
+        srv.close()
+
+
+def test_a_trusted_proxy_must_be_an_address():
+    from streamstudio.app.cli.serve import proxy_options
+    from streamstudio.errors import StreamStudioError
+
+    class Args:
+        trusted_proxy = ["not an address"]
+
+    with pytest.raises(StreamStudioError, match="--trusted-proxy"):
+        proxy_options(Args())
+    Args.trusted_proxy = ["127.0.0.1", "10.0.0.0/8"]
+    assert proxy_options(Args()) == {"proxy_headers": True, "forwarded_allow_ips": ["127.0.0.1", "10.0.0.0/8"]}
 
 
 def count_calls(module):
@@ -691,7 +892,7 @@ def test_a_stream_from_another_front_end_is_not_taken_over(server):
     from live_server import connected
 
     async def main():
-        client, got = await connected(server.url, "a cat")
+        client, got = await connected(server.url, "a cat", token=TOKEN)
         try:
             await wait_for(lambda: len(got.processed()) >= 2)
             pub = Publisher(server.url, f"/whip/{client.webrtc_id}")
@@ -743,12 +944,14 @@ def test_one_address_cannot_hold_every_slot_with_offers_that_never_stream():
             assert r.json()["meta"]["error"] == "too_many_pending", r.text
             api = []
             async with httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(local_address="127.0.0.3")) as http:
-                for i in range(2):  # another address: its first is taken, its second finds the server full
+                for i in range(2):  # another address: its first takes the last slot; its second finds the
+                    # server full and ends a waiting connection of 127.0.0.1, which offered more this minute
                     r = await http.post(f"{srv.url}/webrtc/offer", json={
                         "sdp": pc.localDescription.sdp, "type": "offer", "webrtc_id": f"api{i}"}, timeout=20)
                     api.append(r.json().get("meta", {}).get("error") or r.json().get("type"))
-            assert api == ["answer", "concurrency_limit_reached"], api
-            assert srv.app.state.manager.pending_from("127.0.0.3") == 1  # counted by the WebRTC front end
+            assert api == ["answer", "answer"], api
+            assert srv.app.state.manager.pending_from("127.0.0.3") == 2  # counted by the WebRTC front end
+            assert srv.app.state.manager.pending_from("127.0.0.1") == 1
         finally:
             await asyncio.gather(honest.close(), *(pc.close() for pc in held))
 

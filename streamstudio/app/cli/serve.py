@@ -3,7 +3,7 @@
 Binds to 127.0.0.1:7860 unless --host is given. Settings from the environment:
 STREAMSTUDIO_AUTH (USER:PASS, as --auth), STREAMSTUDIO_TURN_URLS, STREAMSTUDIO_TURN_USERNAME,
 STREAMSTUDIO_TURN_CREDENTIAL and STREAMSTUDIO_STUN_URLS (ICE servers for use across networks),
-STREAMSTUDIO_WHIP_TOKEN (as --whip-token).
+STREAMSTUDIO_WHIP_TOKEN (as --whip-token), STREAMSTUDIO_WHEP_TOKEN (as --whep-token).
 """
 
 from __future__ import annotations
@@ -78,8 +78,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--batch-wait-ms", type=number(float, 0, 1000), default=2.0,
                    help="cross-stream batching: how long a call waits for other streams' calls (default 2 ms)")
     p.add_argument("--whip-token", default=None, metavar="TOKEN",
-                   help="bearer token WHIP publishers (OBS) and WHEP viewers must send (default: "
+                   help="bearer token WHIP publishers (OBS) must send, and every control route (/studio/*: "
+                        "settings, sessions, outputs); WHEP viewers may send it too (default: "
                         "$STREAMSTUDIO_WHIP_TOKEN; without either, --auth's USER:PASS; without --auth, none)")
+    p.add_argument("--whep-token", default=None, metavar="TOKEN",
+                   help="a bearer token that lets WHEP players watch and do nothing else (default: "
+                        "$STREAMSTUDIO_WHEP_TOKEN; without either, viewers need --whip-token or the --auth login, "
+                        "so that nothing a viewer holds can publish or steer a stream)")
     p.add_argument("--whip-cors", action="append", default=[], metavar="ORIGIN",
                    help="a web page origin (https://studio.example.com, or * for any) whose pages may publish "
                         "(WHIP) and watch (WHEP) without a login; repeatable (default: none; with a token or "
@@ -90,11 +95,19 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="WHEP viewers one client address may hold at once (default 8)")
     p.add_argument("--max-pending-per-source", type=number(int, 1, 10_000), default=None,
                    help="connections one client address may hold before they stream (offered, not connected "
-                        "or no frame yet; each holds a stream slot for up to 20 s) (default: half of --max-streams, "
+                        "or no frame yet; each holds a stream slot for up to 8 s) (default: half of --max-streams, "
                         "at least 1)")
+    p.add_argument("--max-pending", type=number(int, 1, 10_000), default=None,
+                   help="connections of every address together that may hold a stream slot before they stream; at "
+                        "the cap a new connection ends the waiting one of the address that made the most "
+                        "connections this minute (default: half of --max-streams, at least 1)")
     p.add_argument("--offers-per-minute", type=number(int, 1, 100_000), default=20,
                    help="new connections (WebRTC offers, WHIP and WHEP POSTs) one client address may make "
                         "per minute (default 20)")
+    p.add_argument("--trusted-proxy", action="append", default=[], metavar="ADDR",
+                   help="a reverse proxy (an address or a network, e.g. 127.0.0.1 or 10.0.0.0/8) whose "
+                        "X-Forwarded-For / X-Forwarded-Proto headers are believed; repeatable (default: none: a "
+                        "client is its peer address, whatever it sends)")
     p.add_argument("--osc-port", type=number(int, 1, 65535), default=None,
                    help="take OSC control messages on this UDP port (default: off)")
     p.add_argument("--input", default=None, metavar="SOURCE",
@@ -103,6 +116,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "the Live outputs and OSC; reopened when it stops (default: none)")
     p.add_argument("--input-stream", default="input", metavar="NAME",
                    help="the stream name --input feeds (default input)")
+    p.add_argument("--output", action="append", default=[], metavar="URL",
+                   help="with --input: an output of its stream, started as soon as it runs and again whenever it "
+                        "restarts: rtmp://HOST/APP/KEY, ndi://NAME, NAME.m3u8 (HLS) or a file name (.mp4, .mkv, .webm, "
+                        ".mov; under --output-dir); repeatable, up to 2 (the outputs a stream may have)")
     p.add_argument("--osc-feedback", type=host_port, default=None, metavar="HOST:PORT",
                    help="send every running stream's state (fps, latency, prompt, settings) to this OSC "
                         "target twice a second, from the --osc-port (default: off; queries are answered "
@@ -159,7 +176,7 @@ def guard_config(args):
 def output_limits(args):
     """The Live output tab's limits: 2 outputs per stream, 2 per stream slot on the server, and the
     RTMP hosts --allow-push names (default: any on loopback, none when reachable from the network)."""
-    from streamstudio.app.web.ui import OutputLimits
+    from streamstudio.app.web.outputs import OutputLimits
 
     allow = getattr(args, "allow_push", None)
     if allow is None:
@@ -173,6 +190,15 @@ def whip_token(args) -> str | None:
     token = getattr(args, "whip_token", None)
     token = token if token is not None else os.environ.get("STREAMSTUDIO_WHIP_TOKEN")
     return token or None
+
+
+def credentials(args):
+    """Who may publish and control (--whip-token, --auth) and who may watch (--whep-token)."""
+    from streamstudio.app.web.security import Credentials
+
+    view = getattr(args, "whep_token", None)
+    view = view if view is not None else os.environ.get("STREAMSTUDIO_WHEP_TOKEN")
+    return Credentials(publish_token=whip_token(args), view_token=view or None, auth=parse_auth(args.auth))
 
 
 GRADIO_DEBUG_PRINTS = ("content_type",)  # gradio 5.50 prints this for every component request
@@ -197,6 +223,19 @@ def silence_gradio_debug_prints() -> None:
     gradio.routes.print = quiet_print
 
 
+def check_outputs(args) -> list[tuple[str, str]]:
+    """`--output` URLs as (kind, target), checked before the model loads."""
+    from streamstudio.app.web.outputs import parse_output_url
+
+    urls = list(getattr(args, "output", None) or ())
+    if urls and not getattr(args, "input", None):
+        raise StreamStudioError("--output sends the --input stream out: give --input too (other streams' outputs "
+                                "start from the Live output tab or POST /studio/outputs/{stream})")
+    if len(urls) > 2:
+        raise StreamStudioError(f"--output given {len(urls)} times: a stream may have 2 outputs")
+    return [parse_output_url(u) for u in urls]
+
+
 def check_osc(args) -> None:
     if getattr(args, "osc_feedback", None) is not None and getattr(args, "osc_port", None) is None:
         raise StreamStudioError("--osc-feedback sends from the OSC port: give --osc-port too")
@@ -208,11 +247,12 @@ def build_app(args, model=None):
     import gradio as gr
     from fastapi import FastAPI
 
-    from streamstudio.app.web import security, ui, webrtc, whip
+    from streamstudio.app.web import outputs, security, ui, webrtc, whip
     from streamstudio.app.web.sessions import SessionManager
 
     guard = guard_config(args)
     guard.self_auth_prefixes = ("/whip", "/whep")  # they take a bearer token (app/web/whip.py)
+    guard.credentials = credentials(args)  # /studio/* behind the publish credential
     rtc = webrtc.rtc_config_from_env()
     if model is None and getattr(args, "cluster", None):  # replicas as Ray actors (app/web/ray_replicas.py)
         from streamstudio.app.web.ray_replicas import build_manager
@@ -233,14 +273,17 @@ def build_app(args, model=None):
     manager.offer_rate = security.SourceRate(getattr(args, "offers_per_minute", 20))
     if getattr(args, "max_pending_per_source", None) is not None:
         manager.max_pending_per_source = args.max_pending_per_source
-    whip.WhipServer(manager, host=args.host or "127.0.0.1", token=whip_token(args), auth=guard.auth,
+    if getattr(args, "max_pending", None) is not None:
+        manager.max_pending = args.max_pending
+    whip.WhipServer(manager, host=args.host or "127.0.0.1", credentials=guard.credentials,
                     rtc_config=rtc, max_viewers=getattr(args, "max_viewers", 32),
                     max_viewers_per_source=getattr(args, "max_viewers_per_source", 8),
                     cors_origins=tuple(getattr(args, "whip_cors", None) or ()),
                     other_slots=lambda: set(stream.pcs)).mount(app)
-    blocks = ui.build_ui(manager, rtc_config=rtc, output_dir=args.output_dir,
-                         file_ttl=int(getattr(args, "upload_ttl", 300.0)), host=args.host or "127.0.0.1",
-                         output_limits=output_limits(args))
+    live_outputs = outputs.Outputs(manager, args.output_dir, output_limits(args))
+    outputs.mount(app, live_outputs)
+    blocks = ui.build_ui(manager, rtc_config=rtc, outputs=live_outputs,
+                         file_ttl=int(getattr(args, "upload_ttl", 300.0)), host=args.host or "127.0.0.1")
     silence_gradio_debug_prints()
     with contextlib.redirect_stdout(io.StringIO()):  # gradio prints "new /" here
         app = gr.mount_gradio_app(app, blocks, path="/", server_name=args.host or "127.0.0.1",
@@ -258,10 +301,10 @@ def build_app(args, model=None):
         from streamstudio.app.web.osc import OscControl
 
         app.state.osc = OscControl(manager, args.osc_port, args.osc_host,
-                                   feedback=getattr(args, "osc_feedback", None))
+                                   feedback=getattr(args, "osc_feedback", None), outputs=live_outputs)
     app.state.feed = None
     if getattr(args, "input", None):
-        app.state.feed = InputFeed(manager, args.input, args.input_stream)
+        app.state.feed = InputFeed(manager, args.input, args.input_stream, check_outputs(args), live_outputs)
     return app, manager
 
 
@@ -272,7 +315,7 @@ class InputFeed:
 
     RETRY_S = 2.0
 
-    def __init__(self, manager, spec: str, name: str):
+    def __init__(self, manager, spec: str, name: str, outputs: list[tuple[str, str]] = (), live_outputs=None):
         from streamstudio.app.web.webrtc import WEBRTC_ID
         from streamstudio.streaming.sources import source_kind
 
@@ -280,6 +323,7 @@ class InputFeed:
             raise StreamStudioError("--input-stream must be 1 to 64 letters, digits, '-' or '_'")
         source_kind(spec)  # a spec that cannot be opened says so now
         self.manager, self.spec, self.name = manager, spec, name
+        self.outputs, self.live_outputs = list(outputs), live_outputs  # `serve --output`: (kind, target)
         self.frames = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="serve-input", daemon=True)
@@ -294,16 +338,39 @@ class InputFeed:
                 with open_source(self.spec) as source:
                     log.info("--input %s feeds the stream %r", source.info.description or self.spec, self.name)
                     session = self.manager.open(self.name)
+                    session.named = True  # --input-stream names it for viewers, OSC and the outputs
                     for frame in source.frames():
                         if self._stop.is_set() or session.closed:
                             break
                         session.submit(frame.image)
                         self.frames += 1
+                        if self.frames == 1 or self.frames % 30 == 0:  # (again after a failure or a restart)
+                            self._start_outputs(source.info.fps)
             except StreamStudioError as exc:  # not there yet, gone, or every slot busy: said, tried again
                 log.warning("--input %s: %s; trying again in %.0f s", self.spec, exc, self.RETRY_S)
             except Exception:  # noqa: BLE001 - a bug: its traceback, and the server goes on
                 log.exception("--input %s failed", self.spec)
             self._stop.wait(self.RETRY_S)
+
+    def _start_outputs(self, fps: float | None) -> None:
+        """Start each `--output` the stream does not run now (first frame, a restarted stream, an
+        output whose server went away); a refusal is said and tried again 30 frames later."""
+        if self.live_outputs is None:
+            return
+        from streamstudio.app.web.outputs import DEFAULT_FPS, OutputRefused
+
+        running = {(o.kind, o.target) for o in self.live_outputs.of(self.name) if o.running}
+        for kind, target in self.outputs:
+            if (kind, target) in running:
+                continue
+            for old in [o for o in self.live_outputs.of(self.name) if (o.kind, o.target) == (kind, target)]:
+                self.live_outputs.stop(old.oid)  # a failed one: its place goes to the new one
+            try:
+                out = self.live_outputs.start(self.name, kind, target, min(60.0, fps or DEFAULT_FPS))
+            except OutputRefused as exc:
+                logging.getLogger(__name__).warning("--output %s: %s", target, exc)
+            else:
+                logging.getLogger(__name__).info("--output: the stream %r goes to %s", self.name, out.location)
 
     def close(self) -> None:
         self._stop.set()
@@ -320,6 +387,9 @@ def close_extras(app) -> None:
     if feed is not None:
         feed.close()
         app.state.feed = None
+    live_outputs = getattr(app.state, "outputs", None)
+    if live_outputs is not None:
+        live_outputs.close()
 
 
 @dataclass
@@ -340,12 +410,28 @@ class ServerThread:
         self.manager.shutdown()
 
 
+def proxy_options(args) -> dict:
+    """uvicorn's proxy-header options: believed only from the --trusted-proxy addresses (uvicorn's
+    own default believes X-Forwarded-For from 127.0.0.1, so any local client could name itself)."""
+    import ipaddress
+
+    trusted = list(getattr(args, "trusted_proxy", None) or ())
+    for addr in trusted:
+        try:
+            ipaddress.ip_network(addr, strict=False)
+        except ValueError:
+            raise StreamStudioError(f"--trusted-proxy {addr!r} is not an address or a network "
+                                    "(write it like 127.0.0.1, ::1 or 10.0.0.0/8)") from None
+    return {"proxy_headers": bool(trusted), "forwarded_allow_ips": trusted or ""}
+
+
 def start_in_thread(args, model=None, timeout: float = 60.0) -> ServerThread:
     import uvicorn
 
     app, manager = build_app(args, model)
     host = bind_host(args)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=args.port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=args.port, log_level="warning",
+                                           **proxy_options(args)))
     thread = threading.Thread(target=server.run, name="streamstudio-server", daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout
@@ -391,8 +477,10 @@ def run(args) -> int:
         raise StreamStudioError(f"--output-dir {output_dir} is a file; name a folder for the Live output recordings "
                                 "(it is made when missing)")
     host = bind_host(args)
+    proxy_options(args)  # a bad --trusted-proxy is said before the model loads
     check_port_free(host, args.port)  # before the model loads
     check_osc(args)
+    check_outputs(args)
     if getattr(args, "osc_port", None) is not None:
         check_port_free(args.osc_host, args.osc_port, socket.SOCK_DGRAM, "--osc-port")
     from streamstudio.models.hub import check_model_source
@@ -405,7 +493,7 @@ def run(args) -> int:
     if app.state.osc is not None:
         print("OSC control on udp://{}:{}".format(*app.state.osc.address))
     try:
-        uvicorn.run(app, host=host, port=args.port, log_level="warning")
+        uvicorn.run(app, host=host, port=args.port, log_level="warning", **proxy_options(args))
     except OSError as exc:
         raise StreamStudioError(f"cannot serve on {host}:{args.port}: {exc}; pick another --port") from exc
     finally:

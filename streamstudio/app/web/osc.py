@@ -13,18 +13,23 @@ changes a running stream's settings, through the same checks as `POST /studio/se
     /streamstudio/{stream}/ip_adapter_scale 0.6       the stream's IP-Adapter scale
 
 `{stream}` is the stream's id, the one that controls it (a WHIP stream's name, a `webrtc_id`);
-settings for a stream that has not started yet are kept for it, as the API does.
+settings for a stream that has not started yet are kept for it, as the API does. Outputs, as
+`POST /studio/outputs/{stream}` starts them (app/web/outputs.py):
+
+    /streamstudio/{stream}/output      "rtmp" "rtmp://host/live/key" [30]   KIND TARGET [FPS]
+    /streamstudio/{stream}/output_stop ["ID"]    that output, or every output of the stream
 
 Feedback, for a control surface that shows what runs:
 
     /streamstudio/{stream}/get        the stream's state, answered to the packet's source address
                                       and port; {stream}: its id or its watch id
-    /streamstudio/get                 the running streams: /streamstudio/streams "w1" "w2" ...
+    /streamstudio/get                 the running streams' public names: /streamstudio/streams "stage" "w1" ...
     --osc-feedback HOST:PORT          the state of every running stream sent there every 0.5 s
 
 The state of one stream is one message per value, from the OSC port. A reply names a stream by
-its watch id (the name WHEP viewers watch it by, `/whep/<watch id>`), never by the id that
-controls it, so no reply (nor a forged packet's reply, below) gives a control id away:
+its public name: a named stream's own name (a WHIP publisher's URL, `serve --input`'s stream),
+else its watch id (the name WHEP viewers watch it by, `/whep/<watch id>`), never by the secret id
+that controls a page's stream, so no reply (nor a forged packet's reply, below) gives one away:
 
     /streamstudio/{watch id}/fps         float   output frames per second now
     /streamstudio/{watch id}/latency_ms  float   frame in to frame out (absent before the first)
@@ -364,7 +369,7 @@ class OscControl:
     Counters: `received` (messages), `applied`, `refused`, `malformed` (packets), `sent`."""
 
     def __init__(self, manager: SessionManager, port: int, host: str = "127.0.0.1",
-                 feedback: tuple[str, int] | None = None):
+                 feedback: tuple[str, int] | None = None, outputs=None):
         try:
             import pythonosc  # noqa: F401 - replies and feedback are built with it
         except ImportError:
@@ -372,6 +377,7 @@ class OscControl:
         if not 0 <= port <= 65535:
             raise StreamStudioError("--osc-port must be 0 to 65535")
         self.manager, self.feedback = manager, feedback
+        self.outputs = outputs  # app.web.outputs.Outputs: /streamstudio/{stream}/output and /output_stop
         self.received = self.applied = self.refused = self.malformed = self.sent = 0
         self.buckets, self.throttle = ReplyBuckets(), LogThrottle()
         try:
@@ -422,6 +428,10 @@ class OscControl:
         try:
             if address.rstrip("/").endswith("/get"):
                 return self._answer(address)
+            if address.rstrip("/").endswith(("/output", "/output_stop")):
+                self._output(address, args)
+                self.applied += 1
+                return []
             current = None
             if address.rstrip("/").endswith("/blend"):
                 session = self.manager.get(address.strip("/").split("/")[1]) if address.count("/") >= 2 else None
@@ -434,6 +444,25 @@ class OscControl:
             why = exc if isinstance(exc, StreamStudioError) else f"{type(exc).__name__}: {exc}"
             self.warn(sender, f"{_one_line(address)} {_one_line(args)} refused: {_one_line(why)}")
         return []
+
+    def _output(self, address: str, args: tuple) -> None:
+        """`/streamstudio/{stream}/output KIND TARGET [FPS]` starts an output of the stream (as `POST
+        /studio/outputs/{stream}`); `/streamstudio/{stream}/output_stop [ID]` stops that output, or
+        every output of the stream."""
+        parts = address.strip("/").split("/")
+        if self.outputs is None or len(parts) != 3 or parts[0] != PREFIX or not WEBRTC_ID.fullmatch(parts[1]):
+            raise StreamStudioError(f"address must be /{PREFIX}/<stream>/output or /output_stop")
+        stream = parts[1]
+        if parts[2] == "output_stop":
+            ids = [str(a) for a in args] or [o.oid for o in self.outputs.of(stream)]
+            for oid in ids:
+                self.outputs.stop(oid, stream)
+            return
+        if not 2 <= len(args) <= 3 or not all(isinstance(a, str) for a in args[:2]):
+            raise StreamStudioError("/output takes KIND TARGET [FPS]: rtmp|hls|file|ndi, a URL or name, a number")
+        fps = _number(args[2]) if len(args) == 3 else 30.0
+        out = self.outputs.start(stream, args[0], args[1], fps)
+        log.info("OSC started output %s of stream %s: %s", out.oid, stream, out.location)
 
     # ------------------------------------------------------------------ replies and feedback
     def _reply(self, sender: tuple, messages: list[tuple[str, list]], cap: int) -> None:
@@ -461,19 +490,19 @@ class OscControl:
         self._sendto(encode(address, args), target)
 
     def stream_state(self, name: str) -> list[tuple[str, list]]:
-        """The state messages of the stream `name` (its id or its watch id), under its watch id."""
+        """The state messages of the stream `name` (its id or its watch id), under its public name."""
         session = self.manager.watched(name)
         if session is None or session.closed:
             return [(f"/{PREFIX}/error", ["no such stream"])]
         stats = session.stats()
         stats["settings"] = live_values(session)
-        return state_messages(session.watch_id, stats)
+        return state_messages(session.public_name, stats)
 
     def _answer(self, address: str) -> list[tuple[str, list]]:
         parts = address.strip("/").split("/")
         if parts == [PREFIX, "get"]:
             sessions = [self.manager.get(sid) for sid in self.manager.ids()]
-            return [(f"/{PREFIX}/streams", [s.watch_id for s in sessions if s is not None])]
+            return [(f"/{PREFIX}/streams", [s.public_name for s in sessions if s is not None])]
         if len(parts) != 3 or parts[0] != PREFIX or not WEBRTC_ID.fullmatch(parts[1]):
             raise StreamStudioError(f"a query is /{PREFIX}/get or /{PREFIX}/<stream>/get")
         return self.stream_state(parts[1])

@@ -112,9 +112,102 @@ class SourceRate:
                 del self._times[stale]
         return None
 
+    def recent(self, source: str | None) -> int:
+        """The connections `source` made in the last window (0 for None)."""
+        now = time.monotonic()
+        with self._lock:
+            return sum(now - t <= self.window_s for t in self._times.get(source, ()))
+
     def refusal_words(self, wait: float) -> str:
         return (f"too many new connections from your address: at most {self.per_minute} a minute "
                 f"(--offers-per-minute); try again in {max(1, round(wait))} s")
+
+
+ANONYMOUS = ""  # the identity of a client when the door it uses needs no credential
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """Who may publish and control streams, and who may watch them.
+
+    - **publish**: a bearer token equal to `publish_token` (`--whip-token`), or HTTP basic auth
+      with it as the password (any user name: clients that only take `user:pass@host` URLs); without
+      a token, `--auth`'s USER:PASS as the bearer token or as basic auth. WHIP, and every control
+      route (`/studio/*`: settings, sessions, outputs, LoRA scales) when either is set.
+    - **view**: the publish credential, or a bearer token equal to `view_token` (`--whep-token`),
+      which opens WHEP and nothing else. Without a publish credential and a view token, viewing is
+      as open as publishing.
+
+    A credential's identity ("token", "view", "user:NAME"; ANONYMOUS on an open door) tells a
+    reconnecting publisher from another client: only the same identity replaces a live publisher."""
+
+    publish_token: str | None = None
+    view_token: str | None = None
+    auth: tuple[str, str] | None = None
+
+    def __post_init__(self):
+        for flag, token in (("--whip-token", self.publish_token), ("--whep-token", self.view_token)):
+            if token is not None and not token.strip():
+                raise StreamStudioError(f"{flag} must not be empty")
+        if self.view_token is not None and self.view_token == self.publish_token:
+            raise StreamStudioError("--whep-token must differ from --whip-token: a viewer could publish and control")
+
+    @property
+    def publish_required(self) -> bool:
+        return self.publish_token is not None or self.auth is not None
+
+    @property
+    def view_required(self) -> bool:
+        return self.publish_required or self.view_token is not None
+
+    def publisher(self, headers) -> str | None:
+        """The identity `headers` publish and control with; None when they may not."""
+        if not self.publish_required:
+            return ANONYMOUS
+        scheme, value = _authorization(headers)
+        if scheme == "bearer":
+            if self.publish_token is not None:
+                return "token" if _same(value, self.publish_token) else None
+            return f"user:{self.auth[0]}" if _same(value, f"{self.auth[0]}:{self.auth[1]}") else None
+        if scheme == "basic":
+            user, _, password = _basic(value)
+            if self.auth is not None and _same(user, self.auth[0]) & _same(password, self.auth[1]):
+                return f"user:{user}"
+            if self.publish_token is not None and _same(password, self.publish_token):
+                return "token"
+        return None
+
+    def viewer(self, headers) -> str | None:
+        """The identity `headers` watch with; None when they may not."""
+        if not self.view_required:
+            return ANONYMOUS
+        identity = self.publisher(headers)
+        if identity is not None:
+            return identity
+        scheme, value = _authorization(headers)
+        if self.view_token is not None and scheme in ("bearer", "basic"):
+            given = value if scheme == "bearer" else _basic(value)[2]
+            return "view" if _same(given, self.view_token) else None
+        return None
+
+
+def _authorization(headers) -> tuple[str, str]:
+    """(scheme in lower case, value) of the Authorization header; ("", "") without one."""
+    scheme, _, value = headers.get("authorization", "").strip().partition(" ")
+    value = value.strip()
+    return (scheme.lower(), value) if value else ("", "")
+
+
+def _basic(value: str) -> tuple[str, str, str]:
+    """HTTP basic auth's (user, ":", password); empty strings when it does not decode."""
+    try:
+        return b64decode(value).decode("utf-8").partition(":")
+    except (ValueError, UnicodeDecodeError):
+        return "", "", ""
+
+
+def _same(given: str, expected: str) -> bool:
+    return secrets.compare_digest(given.encode(), expected.encode())
 
 
 @dataclass
@@ -130,9 +223,17 @@ class GuardConfig:
     # Routes that check their own login (WHIP/WHEP: a bearer token, as OBS sends it; app/web/whip.py):
     # the guard lets them through under --auth and still caps their bodies.
     self_auth_prefixes: tuple[str, ...] = ()
+    # The control routes: behind the publish credential when there is one (`Credentials`); under
+    # --auth a login (cookie, basic) or the publish bearer token opens them.
+    credentials: Credentials | None = None
+    control_prefixes: tuple[str, ...] = ("/studio",)
 
     def checks_own_login(self, path: str) -> bool:
-        return any(path == p or path.startswith(p + "/") for p in self.self_auth_prefixes)
+        return _under(path, self.self_auth_prefixes)
+
+    def is_control(self, path: str) -> bool:
+        return self.credentials is not None and self.credentials.publish_required and \
+            _under(path, self.control_prefixes)
 
     def body_cap(self, path: str) -> int:
         if path == UPLOAD_PATH or path == UPLOAD_PATH + "/":
@@ -140,6 +241,10 @@ class GuardConfig:
         if path.startswith(SMALL_BODY_PREFIXES):
             return SMALL_BODY_BYTES
         return self.max_body_bytes
+
+
+def _under(path: str, prefixes: tuple[str, ...]) -> bool:
+    return any(path == p or path.startswith(p + "/") for p in prefixes)
 
 
 def enable_gradio_path_checks(blocks) -> None:
@@ -185,7 +290,13 @@ class RequestGuard:
         if path.rstrip("/") in UNUSED_PATHS:
             return await _refuse(scope, send, 404, "not found (this app does not use this Gradio route)")
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        if self.config.auth is not None and not is_public(path) and not self.config.checks_own_login(path) \
+        if self.config.is_control(path):
+            if self.config.credentials.publisher(headers) is None and \
+                    not (self.config.auth is not None and self._logged_in(headers)):
+                return await _refuse(scope, send, 401, "the control routes need the publish credential: "
+                                     "Authorization: Bearer <--whip-token> (or the --auth login)",
+                                     {"www-authenticate": 'Bearer realm="StreamStudio"'})
+        elif self.config.auth is not None and not is_public(path) and not self.config.checks_own_login(path) \
                 and not self._logged_in(headers):
             return await _refuse(scope, send, 401, "log in first (the server has --auth)",
                                  {"www-authenticate": 'Basic realm="StreamStudio"'})

@@ -24,7 +24,7 @@ import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -358,6 +358,7 @@ class StreamSession:
         self.sid, self.model, self.mode = sid, model, mode
         # the name WHEP viewers watch it by: a viewer never learns the id that controls the stream
         self.watch_id = "w" + secrets.token_urlsafe(12)
+        self.named = False  # its id is a public name (a WHIP publisher's URL, serve --input's stream)
         self.created = self.last_seen = time.monotonic()
         self.notice: str | None = None  # a rejected setting; the stream goes on
         self.last_frame: np.ndarray | None = None  # the newest frame handed in (RGB uint8)
@@ -424,6 +425,12 @@ class StreamSession:
     def refused(self, exc: StreamStudioError) -> None:
         """A setting asked for was refused: said in the stream's stats; the stream goes on."""
         self.notice = f"setting not applied: {exc}"
+
+    @property
+    def public_name(self) -> str:
+        """The name replies show (OSC): the id of a named stream (a WHIP publisher, serve --input),
+        else the watch id, so the id that controls a page's stream never leaves the server."""
+        return self.sid if self.named else self.watch_id
 
     def attach(self, sink, fps: float | None = None):
         """Feed `sink` this stream's outputs from now on (`streaming.runner.Attachment`)."""
@@ -541,6 +548,16 @@ def _jsonable(settings: dict) -> dict:
     return {k: ([list(p) for p in v] if k == "prompt" and not isinstance(v, str) else v) for k, v in settings.items()}
 
 
+@dataclass(frozen=True)
+class Pending:
+    """A connection that holds a stream slot without streaming yet (offered, not connected, or no
+    frame yet): where it came from, since when, and how to end it (closes it, frees its slot)."""
+
+    source: str | None
+    since: float  # time.monotonic() of its offer
+    drop: Callable[[], Awaitable[None]]
+
+
 class SessionManager:
     """Open, find and free sessions; at most `max_streams` live streams at once, the Live tab's
     sessions and the other tabs' streams (the Video tab's, Splats Stylize: `take_slot`) together."""
@@ -558,7 +575,10 @@ class SessionManager:
         self.offer_rate = SourceRate()  # new connections per source address (serve --offers-per-minute)
         # connections one address may hold before they stream (serve --max-pending-per-source)
         self.max_pending_per_source = max(1, max_streams // 2)
-        self.pending_counters: list[Callable[[str], int]] = []  # each front end's pending_from(source)
+        # connections of every address together that hold a slot without streaming (serve --max-pending)
+        self.max_pending = max(1, max_streams // 2)
+        self.pending_lists: list[Callable[[], list[Pending]]] = []  # each front end's pending connections
+        self.peer_counters: dict[str, Callable[[], int]] = {}  # peer connections by kind (/studio/status)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, name="session-reaper", daemon=True)
@@ -626,10 +646,14 @@ class SessionManager:
                 self._owners.pop(next(iter(self._owners)))
         return held == owner
 
+    def pending_connections(self) -> list[Pending]:
+        """Connections that hold a slot without streaming yet (offered, not connected or no
+        frame), every front end's together."""
+        return [p for pending in self.pending_lists for p in pending()]
+
     def pending_from(self, source: str) -> int:
-        """Connections from the address `source` that hold a slot without streaming yet (offered,
-        not connected or no frame), every front end's together."""
-        return sum(count(source) for count in self.pending_counters)
+        """`pending_connections` from the address `source`."""
+        return sum(p.source == source for p in self.pending_connections())
 
     def owner(self, sid: str) -> str | None:
         """The page that owns stream `sid` (`claim`), None when no page does (WHIP, the API)."""

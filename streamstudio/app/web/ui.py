@@ -9,23 +9,18 @@ output folder under a cleaned file name.
 from __future__ import annotations
 
 import logging
-import re
 import threading
-from dataclasses import dataclass
-from pathlib import Path
-from urllib.parse import urlparse
 
 import gradio as gr
 import numpy as np
 
+from streamstudio.app.web.outputs import LiveOutput, OutputRefused, Outputs
 from streamstudio.app.web.sessions import BusyError, GuardedPipeline, SessionManager, StreamSession
 from streamstudio.app.settings import (IP_ADAPTER_SCALE, control_scale_key, live_controls, live_keys, settings_from_ui,
                                        widget)
 from streamstudio.app.web.webrtc import LiveHandler, explicit_rtc_config, live_component, may_control, operator
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.loading import DEFAULT_MODEL, download_command
-from streamstudio.streaming.runner import Attachment
-from streamstudio.streaming.sinks import open_sink
 from streamstudio.pipelines.live_settings import ADDON_SCALE, SETTINGS
 
 log = logging.getLogger(__name__)
@@ -131,67 +126,14 @@ def live_id(webrtc_value) -> str | None:
     return getattr(webrtc_value, "webrtc_id", None)
 
 
-# ---------------------------------------------------------------------- live output
-@dataclass
-class LiveOutput:
-    """One of the Live output tab's outputs: a sink attached to a live session. Its attachment
-    (`streaming.runner.Attachment`) writes the stream's newest output at a constant frame rate
-    from its own thread, so a slow network sink never slows the stream."""
-
-    session: StreamSession
-    attachment: Attachment
-    location: str  # where it goes: a file, an RTMP URL, an HLS playlist
-
-    def stop(self) -> None:
-        self.session.detach(self.attachment)
-
-
-@dataclass(frozen=True)
-class OutputLimits:
-    """What the Live output tab lets a page start: outputs per stream and on the server at most
-    (each holds a thread and an encoder), and the RTMP hosts a push may go to (None: any;
-    `serve --allow-push`, by default none when the server is reachable from the network)."""
-
-    per_stream: int = 2
-    total: int = 8
-    allow_push: tuple[str, ...] | None = None
-
-
-def clean_name(name: str, default: str) -> str:
-    """A file name without folders or odd characters (the UI names no server paths)."""
-    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(name or default).name).strip("._") or default
-    return stem[:80]
-
-
-def output_location(kind: str, target: str, output_dir: Path) -> str:
-    """Where a Live output tab's output goes (a `streaming.sinks.open_sink` spec): kind file |
-    rtmp | hls | ndi; files and HLS playlists go under `output_dir`, under a cleaned name; an NDI
-    source is named by the target (cleaned)."""
-    if kind == "rtmp":
-        if not re.match(r"^rtmps?://[^\s/]+/\S+$", target or ""):
-            raise StreamStudioError("give an RTMP URL like rtmp://host/live/streamkey")
-        return target
-    if kind == "hls":
-        folder = output_dir / "hls" / clean_name(target, "live")
-        folder.mkdir(parents=True, exist_ok=True)
-        return str(folder / "index.m3u8")
-    if kind == "file":
-        name = clean_name(target, "recording.mp4")
-        suffix_ok = Path(name).suffix.lower() in (".mp4", ".mkv", ".webm", ".mov")
-        output_dir.mkdir(parents=True, exist_ok=True)
-        return str(output_dir / (name if suffix_ok else name + ".mp4"))
-    if kind == "ndi":
-        name = re.sub(r"[^A-Za-z0-9 ._-]+", "_", target or "").strip(" ._") or "StreamStudio"
-        return f"ndi://{name[:64]}"
-    raise StreamStudioError(f"unknown output kind {kind!r}; use file, rtmp, hls or ndi")
-
-
 # ---------------------------------------------------------------------- the app
-def build_ui(manager: SessionManager, rtc_config: dict | None = None, output_dir: str | Path = "outputs",
-             file_ttl: int = 300, host: str | None = None, output_limits: OutputLimits | None = None):
+def build_ui(manager: SessionManager, rtc_config: dict | None = None, outputs: Outputs | None = None,
+             file_ttl: int = 300, host: str | None = None):
     """The app's Blocks. Files Gradio keeps for it (uploads, cached frames) are deleted `file_ttl`
     seconds after they were made, checked every minute, and all of them when the server stops.
-    `host`: the address the server binds, where the Live tab's WebRTC media go."""
+    `host`: the address the server binds, where the Live tab's WebRTC media go; `outputs`: the
+    server's live outputs (app/web/outputs.py), which the Live output tab starts and stops."""
+    outputs = outputs if outputs is not None else Outputs(manager)
     extra_tabs = optional_tabs(manager)
     with gr.Blocks(title="StreamStudio", analytics_enabled=False, css=CSS,
                    delete_cache=(min(60, file_ttl), file_ttl)) as demo:
@@ -204,7 +146,7 @@ def build_ui(manager: SessionManager, rtc_config: dict | None = None, output_dir
             with gr.Tab("Text to image", id="t2i"):
                 _t2i_tab(manager)
             with gr.Tab("Live output", id="output"):
-                _output_tab(manager, webrtc, Path(output_dir), output_limits or OutputLimits())
+                _output_tab(manager, outputs, webrtc)
             for label, tab_id, build in extra_tabs:
                 with gr.Tab(label, id=tab_id):
                     build()
@@ -524,95 +466,121 @@ class T2IControl:
         return image, text, keep_going
 
 
-def _output_tab(manager: SessionManager, webrtc, output_dir: Path, limits: OutputLimits) -> None:
-    gr.Markdown("Push the Live tab's output to an RTMP server or HLS, send it as an NDI source (TouchDesigner, "
-                "OBS, vMix, Resolume on the network see it by name), or record it to a file on the server "
-                f"(files go to the server's output folder, `{output_dir}`). Start the Live tab first.")
+LIVE = "live"  # the Live output tab's stream choice for the page's own Live-tab camera
+NOT_YOURS = ("⚠️ That stream is not this page's: only the page that started it (or a logged-in operator) can "
+             "record, push or steer it.")
+
+
+def _output_tab(manager: SessionManager, outputs: Outputs, webrtc) -> None:
+    gr.Markdown("Push a live stream to an RTMP server or HLS, send it as an NDI source (TouchDesigner, OBS, vMix, "
+                "Resolume on the network see it by name), or record it to a file on the server (files go to the "
+                f"server's output folder, `{outputs.output_dir}`). A page outputs its own Live-tab camera; a "
+                "logged-in operator (`serve --auth`) any running stream: WHIP publishers such as OBS, "
+                f"`serve --input`, other pages. Up to {outputs.limits.per_stream} outputs a stream; scripts use "
+                "`POST /studio/outputs/{stream}`.")
     with gr.Row():
+        # (choices change each second: allow_custom_value lets a choice made from them through Gradio's
+        # check against the first ones; _start_output checks what a page may output)
+        stream = gr.Dropdown([("This page's Live camera", LIVE)], value=LIVE, label="Stream",
+                             elem_id="output-stream", allow_custom_value=True)
         kind = gr.Radio(["file", "rtmp", "hls", "ndi"], value="file", label="Output")
         target = gr.Textbox(label="File name, RTMP URL, HLS stream name or NDI source name", value="recording.mp4")
         fps = gr.Slider(5, 60, value=30, step=1, label="Output fps")
     with gr.Row():
         start = gr.Button("Start", variant="primary")
+        which = gr.Dropdown([], label="Output to stop", elem_id="output-which", allow_custom_value=True)
         stop = gr.Button("Stop")
     status = gr.Markdown("Not running.", elem_id="output-status")
-    outputs: dict[str, LiveOutput] = {}
-    said: dict[str, str] = {}  # the last thing said to each browser session, kept until the next
+    said: dict[str, str] = {}  # the last thing Start or Stop said to each browser session
 
-    def begin(value, kind_, target_, fps_, request: gr.Request):
-        said[request.session_hash] = _start_output(manager, outputs, request.session_hash, live_id(value), kind_,
-                                                   target_, float(fps_), output_dir, limits, operator(request))
+    def begin(value, chosen, kind_, target_, fps_, request: gr.Request):
+        sid = live_id(value) if chosen in (None, "", LIVE) else chosen
+        said[request.session_hash] = _start_output(manager, outputs, request.session_hash, sid, kind_, target_,
+                                                   float(fps_), operator(request))
         return said[request.session_hash]
 
-    def end(request: gr.Request):
-        said[request.session_hash] = _stop_output(outputs, request.session_hash)
+    def end(oid, request: gr.Request):
+        said[request.session_hash] = _stop_output(outputs, request.session_hash, oid, operator(request))
         return said[request.session_hash]
 
-    start.click(begin, inputs=[webrtc, kind, target, fps], outputs=[status])
-    stop.click(end, outputs=[status])
+    start.click(begin, inputs=[webrtc, stream, kind, target, fps], outputs=[status])
+    stop.click(end, inputs=[which], outputs=[status])
 
-    def refresh(request: gr.Request):
-        return _tab_status(outputs, said, request.session_hash)
+    def refresh(value, chosen, oid, request: gr.Request):
+        page, op = request.session_hash, operator(request)
+        sid = live_id(value) if chosen in (None, "", LIVE) else chosen
+        streams = _tab_streams(manager, op)
+        mine = _visible_outputs(manager, outputs, page, sid, op)
+        stoppable = [(_output_label(o), o.oid) for o in mine]
+        keep = oid if oid in {v for _, v in stoppable} else (stoppable[-1][1] if stoppable else None)
+        return (gr.update(choices=streams, value=chosen if chosen in {v for _, v in streams} else LIVE),
+                gr.update(choices=stoppable, value=keep), _tab_status(mine, said.get(page)))
 
-    gr.Timer(1.0).tick(refresh, outputs=[status], show_progress="hidden", queue=False)
+    gr.Timer(1.0).tick(refresh, inputs=[webrtc, stream, which], outputs=[stream, which, status],
+                       show_progress="hidden", queue=False)
 
 
-NOT_YOURS = ("⚠️ That stream is not this page's: only the page that started it (or a logged-in operator) can "
-             "record, push or steer it.")
+def _tab_streams(manager: SessionManager, operator: bool) -> list[tuple[str, str]]:
+    """The stream choices of the Live output tab: the page's own camera, and for an operator every
+    running stream by its id (a WHIP publisher's name, `serve --input`'s, another page's)."""
+    choices = [("This page's Live camera", LIVE)]
+    if operator:
+        choices += [(sid, sid) for sid in manager.ids()]
+    return choices
 
 
-def _start_output(manager, outputs, key, sid, kind, target, fps, output_dir,
-                  limits: OutputLimits = OutputLimits(), operator: bool = False) -> str:
-    """Start page `key`'s output of stream `sid` (its own stream, or any with `operator`)."""
-    for stale in [k for k, out in outputs.items() if out.session.closed]:  # their stream ended
-        outputs.pop(stale).stop()
+def _visible_outputs(manager: SessionManager, outputs: Outputs, page: str, sid: str | None,
+                     operator: bool = False) -> list[LiveOutput]:
+    """The outputs of stream `sid` this page may see and stop: every one for a page that may
+    control the stream (its own, or an operator's), else only those it started."""
+    if not sid:
+        return []
+    everyone = may_control(manager, sid, page, operator)
+    return [o for o in outputs.of(sid) if everyone or o.owner == page]
+
+
+def _start_output(manager: SessionManager, outputs: Outputs, page: str, sid: str | None, kind: str, target: str,
+                  fps: float, operator: bool = False) -> str:
+    """Start page `page`'s output of stream `sid` (its own stream, or any with `operator`)."""
     session = manager.get(sid) if sid else None
     if session is None or session.closed:
-        return "⚠️ No live stream: start the Live tab's camera first."
-    if not may_control(manager, sid, key, operator):
+        return "⚠️ No live stream: start the Live tab's camera first" + (
+            " (or pick another running stream)." if operator else ".")
+    if not may_control(manager, sid, page, operator):
         return NOT_YOURS
-    others = [out for k, out in outputs.items() if k != key]  # (this page's own output is replaced)
-    if sum(out.session is session for out in others) >= limits.per_stream:
-        return f"⚠️ This stream already has {limits.per_stream} output(s), the most it may have; stop one first."
-    if len(others) >= limits.total:
-        return f"⚠️ The server already runs {limits.total} outputs, the most it takes; try again later."
-    if kind == "rtmp" and limits.allow_push is not None:
-        host = (urlparse(target or "").hostname or "").lower()
-        if host not in limits.allow_push:
-            return (f"⚠️ This server does not push to {host or 'that address'}: its admin can allow it with "
-                    f"`serve --allow-push {host or 'HOST'}`.")
-    old = outputs.pop(key, None)
-    if old is not None:
-        old.stop()
     try:
-        location = output_location(kind, target, output_dir)
-        sink = open_sink(location, *session.size, fps)
-    except Exception as exc:  # StreamStudioError, or the encoder library's own error
+        out = outputs.start(sid, kind, target, fps, owner=page)
+    except OutputRefused as exc:
         return f"⚠️ Could not start the output: {exc}"
-    try:
-        attachment = session.attach(sink, fps)
-    except StreamStudioError:  # the stream ended meanwhile
-        sink.close()
-        return "⚠️ No live stream: start the Live tab's camera first."
-    outputs[key] = LiveOutput(session, attachment, location)
-    return f"Started: {kind} → `{location}`"
+    return f"Started: {kind} → `{out.location}`"
 
 
-def _stop_output(outputs, key) -> str:
-    out = outputs.pop(key, None)
+def _stop_output(outputs: Outputs, page: str, oid: str | None, operator: bool = False) -> str:
+    out = outputs.get(oid) if oid else None
     if out is None:
         return "Not running."
-    out.stop()
+    if out.owner != page and not operator and not may_control(outputs.manager, out.sid, page):
+        return NOT_YOURS
+    try:
+        outputs.stop(oid)
+    except OutputRefused:  # stopped meanwhile (another page, the API)
+        return "Not running."
     a = out.attachment
     text = f"Stopped: {a.frames} frame(s) at a constant {a.fps:g} fps → `{out.location}`"
     return text + (f". It had failed: {a.error}" if a.error else ".")
 
 
-def _tab_status(outputs: dict, said: dict, key: str) -> str:
-    """What the status line shows each second: the running output's status, else the last
-    thing Start or Stop said (an error, where the recording went), else "Not running."."""
-    out = outputs.get(key)
-    return _output_status(out) if out is not None else said.get(key, "Not running.")
+def _tab_status(mine: list[LiveOutput], said: str | None) -> str:
+    """What the status line shows each second: each visible output's status, then the last thing
+    Start or Stop said (an error, where the recording went), else "Not running."."""
+    lines = [_output_status(o) for o in mine]
+    if said and not (lines and said.startswith("Started")):
+        lines.append(said)
+    return "\n\n".join(lines) or "Not running."
+
+
+def _output_label(out: LiveOutput) -> str:
+    return f"{out.kind} → {out.location}" + ("" if out.running else " (stopped)")
 
 
 def _output_status(out: LiveOutput | None) -> str:

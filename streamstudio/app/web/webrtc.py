@@ -34,7 +34,7 @@ from typing import Any, Callable
 import numpy as np
 
 from streamstudio.app.web.security import peer
-from streamstudio.app.web.sessions import BusyError, SessionManager, StreamSession
+from streamstudio.app.web.sessions import BusyError, Pending, SessionManager, StreamSession
 from streamstudio.app.settings import settings_from_ui
 from streamstudio.errors import StreamStudioError
 
@@ -122,7 +122,9 @@ MAX_SDP_BYTES = 32 * 1024  # a browser's offer is 3-10 KB
 MAX_OFFER_BODY = 64 * 1024
 MAX_MEDIA = 8  # m= sections in one offer
 MAX_CANDIDATES = 64  # a=candidate lines in one offer: each one is an address the server probes
-PENDING_TIMEOUT = 20.0  # seconds a connection may hold a stream without a session (no frame yet)
+# Seconds a connection may hold a stream slot without a session (not connected, or no frame yet):
+# a browser or OBS connects and sends its first frame well within 2 s on a LAN.
+PENDING_TIMEOUT = 8.0
 WEBRTC_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 OFFER_KINDS = ("video", "application")  # the webcam track and the data channel fastrtc waits for
 
@@ -220,6 +222,29 @@ def take_connection(manager: SessionManager, takes_slot: bool = True) -> None:
         raise OfferRefused("too_many_offers", manager.offer_rate.refusal_words(wait), 429)
 
 
+async def make_room(manager: SessionManager, source: str | None, full: bool) -> None:
+    """Keep connections that never stream from holding the server: at most `manager.max_pending`
+    connections of every address together may hold a slot without streaming. When the server is
+    `full` or at that cap, a new connection from `source` ends the pending connection of another
+    address that made the most connections this minute (the oldest of those), if it made at least
+    as many as `source`: twenty addresses offering without end cannot keep out a publisher that
+    offers once. OfferRefused 503 when the cap is reached and no pending connection may go."""
+    pending = manager.pending_connections()
+    at_cap = len(pending) >= manager.max_pending
+    if not full and not at_cap:
+        return
+    rate = manager.offer_rate
+    others = [p for p in pending if p.source != source]
+    victim = max(others, key=lambda p: (rate.recent(p.source), -p.since), default=None)
+    if victim is not None and rate.recent(victim.source) >= rate.recent(source):
+        log.info("a connection from %s that has not streamed for %.1f s ends to make room for one from %s",
+                 victim.source, time.monotonic() - victim.since, source)
+        await victim.drop()
+    elif at_cap:
+        raise OfferRefused("busy", f"{len(pending)} connection(s) are starting up, the most the server holds at "
+                                   "once (--max-pending); try again in a few seconds", 503)
+
+
 class GuardedOffers:
     """What both fastrtc front ends of the server share (the `Stream` behind POST /webrtc/offer
     and the Live tab's `WebRTC` component, both fastrtc's WebRTCConnectionMixin): offers checked
@@ -231,15 +256,18 @@ class GuardedOffers:
     ice_addresses: list
     pending_timeout: float
 
-    def guard(self, manager: SessionManager, host: str | None, pending_timeout: float = PENDING_TIMEOUT):
-        """Take offers for `manager`'s streams, with ICE on `host`'s addresses; returns self."""
+    def guard(self, manager: SessionManager, host: str | None, pending_timeout: float = PENDING_TIMEOUT,
+              kind: str = "webrtc_offer"):
+        """Take offers for `manager`'s streams, with ICE on `host`'s addresses; returns self.
+        `kind` names its connections in /studio/status (`SessionManager.peer_counters`)."""
         from streamstudio.app.web import ice
 
         ice.install()
         self.manager, self.ice_addresses = manager, ice.ice_addresses(host)
         self.pending_timeout = pending_timeout
-        self.sources: dict[str, str | None] = {}  # webrtc_id -> the address its offer came from
-        manager.pending_counters.append(self.pending_from)
+        self.sources: dict[str, tuple[str | None, float]] = {}  # webrtc_id -> (its offer's address, time)
+        manager.pending_lists.append(self.pending_connections)
+        manager.peer_counters[kind] = lambda: len(self.pcs)
         return self
 
     async def guarded_offer(self, data: dict, answer: Callable[[], Any]):
@@ -264,7 +292,8 @@ class GuardedOffers:
                 raise OfferRefused("connection_already_exists", f"a connection {webrtc_id!r} is already open", 409)
             take_connection(manager)
             self.sources = {k: v for k, v in self.sources.items() if k in self.pcs}
-            self.sources[webrtc_id] = peer()
+            await make_room(manager, peer(), self.slots_in_use() >= manager.max_streams or not manager.has_capacity())
+            self.sources[webrtc_id] = (peer(), time.monotonic())
         except OfferRefused as exc:
             return exc.response()
         if self.slots_in_use() >= manager.max_streams or not manager.has_capacity():
@@ -296,9 +325,14 @@ class GuardedOffers:
         """Connections that have no session: not connected yet, or no frame yet."""
         return [sid for sid in list(self.pcs) if self.manager.get(sid) is None]
 
-    def pending_from(self, source: str) -> int:
-        """Pending connections (`pending`) whose offer came from the address `source`."""
-        return sum(self.sources.get(sid) == source for sid in self.pending())
+    def pending_connections(self) -> list[Pending]:
+        """`pending` as `sessions.Pending`s, for the server's cap on them (`make_room`)."""
+        out = []
+        for sid in self.pending():
+            source, since = self.sources.get(sid, (None, 0.0))
+            pc = self.pcs.get(sid)
+            out.append(Pending(source, since, functools.partial(self.free, sid, pc)))
+        return out
 
     async def connection_timeout(self, pc, webrtc_id: str, time_limit: float):
         # fastrtc starts this (time_limit 30) once the remote description is set, and closes
@@ -395,7 +429,7 @@ def operator(request) -> bool:
 def live_component(manager: SessionManager, host: str | None, pending_timeout: float = PENDING_TIMEOUT, **kwargs):
     """The Live tab's fastrtc WebRTC component with GuardedOffers' checks on its offer route
     (Gradio's /gradio_api/component_server, fn_name "offer")."""
-    return _studio_webrtc_class()(**kwargs).guard(manager, host, pending_timeout)
+    return _studio_webrtc_class()(**kwargs).guard(manager, host, pending_timeout, kind="live_tab")
 
 
 @functools.cache
@@ -528,17 +562,20 @@ async def read_json(request, limit: int):
 
 def status_payload(manager: SessionManager, stream=None) -> dict:
     """`streams`: sessions running (any front end); `fps` and `frames_out`: their output frame
-    rates together and the frames they have put out (their runners' metrics); `peer_connections`
-    / `pending`: the WebRTC connections /webrtc/offer holds / those without a session yet (not
-    connected, or no frame); `in_use`: the streams these take together, what `max_streams` is
-    checked against."""
+    rates together and the frames they have put out (their runners' metrics); `connections`: the
+    WebRTC peer connections by kind (webrtc_offer, live_tab, whip, whep) and `peer_connections`
+    all of them; `pending`: the connections holding a slot without a stream yet (not connected,
+    or no frame; every front end's); `in_use`: the streams /webrtc/offer's connections and the
+    sessions take together, what `max_streams` is checked against."""
     model = manager.model
     metrics = [s.metrics() for s in map(manager.get, manager.ids()) if s is not None]
     out = {"model": model.name, "demo": model.is_demo, "size": list(model.size),
            "max_streams": manager.max_streams, "streams": len(manager),
            "fps": round(sum(m.recent_fps for m in metrics), 2), "frames_out": sum(m.frames_out for m in metrics)}
+    counts = {kind: count() for kind, count in manager.peer_counters.items()}
+    out.update(connections=counts, peer_connections=sum(counts.values()), pending=len(manager.pending_connections()))
     if stream is not None:
-        out.update(peer_connections=len(stream.pcs), pending=len(stream.pending()), in_use=stream.slots_in_use())
+        out.update(in_use=stream.slots_in_use())
     if hasattr(manager, "stats"):  # serve --gpus / --cluster: every replica, its node, load and health
         out["replicas"] = manager.stats()
     return out
@@ -557,8 +594,9 @@ class StudioClient:
 
     def __init__(self, url: str, make_frame: Callable[[int], np.ndarray],
                  on_frame: Callable[[np.ndarray, float], None] | None = None, fps: float = 30.0,
-                 webrtc_id: str | None = None, auth: tuple[str, str] | None = None):
+                 webrtc_id: str | None = None, auth: tuple[str, str] | None = None, token: str | None = None):
         self.url, self.make_frame, self.fps = url.rstrip("/"), make_frame, fps
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}  # the server's --whip-token
         self.on_frame = on_frame or (lambda frame, t: None)
         self.webrtc_id = webrtc_id or secrets.token_hex(8)
         self.auth = auth
@@ -571,7 +609,7 @@ class StudioClient:
         import httpx
         from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
-        async with httpx.AsyncClient(auth=self.auth, timeout=timeout) as http:
+        async with httpx.AsyncClient(auth=self.auth, headers=self.headers, timeout=timeout) as http:
             if settings:
                 await self._post(http, f"/studio/settings/{self.webrtc_id}", settings)
             self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
@@ -597,13 +635,13 @@ class StudioClient:
     async def update(self, settings: dict) -> dict:
         import httpx
 
-        async with httpx.AsyncClient(auth=self.auth, timeout=10) as http:
+        async with httpx.AsyncClient(auth=self.auth, headers=self.headers, timeout=10) as http:
             return await self._post(http, f"/studio/settings/{self.webrtc_id}", settings)
 
     async def stats(self) -> dict | None:
         import httpx
 
-        async with httpx.AsyncClient(auth=self.auth, timeout=10) as http:
+        async with httpx.AsyncClient(auth=self.auth, headers=self.headers, timeout=10) as http:
             response = await http.get(f"{self.url}/studio/sessions/{self.webrtc_id}")
         return response.json() if response.status_code == 200 else None
 

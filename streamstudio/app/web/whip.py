@@ -4,8 +4,8 @@ WHIP (OBS 30+, GStreamer's whipsink, MediaMTX, browsers) publishes into a stream
 
     POST    /whip, /whip/{stream}     application/sdp offer -> 201, the SDP answer, Location, ETag;
                                       a POST to a stream that has a WHIP publisher replaces it
-                                      (an encoder reconnecting): the stream, its settings and its
-                                      WHEP viewers go on
+                                      (an encoder reconnecting with the same credential, or a stale
+                                      publisher): the stream, its settings and its WHEP viewers go on
     PATCH   /whip/{stream}/{session}  application/trickle-ice-sdpfrag with If-Match: the session's
                                       ETag (428 without it, 412 for another): remote candidates
                                       (204, no ETag; mDNS .local ones dropped); an ICE restart is
@@ -43,14 +43,19 @@ sender encodes Opus itself: cheap next to video); viewers of streams without aud
 tab, `/webrtc/offer`) get none. It is not delayed to match the processed video (which is
 behind by the model's latency).
 
-Login: a bearer token (`Authorization: Bearer ...`, as OBS sends it) equal to `--whip-token`
-(or $STREAMSTUDIO_WHIP_TOKEN), or HTTP basic auth with the token as the password (any user name:
-for clients that only take `user:pass@host` URLs); without a token, `--auth`'s `USER:PASS` as the
-token, or HTTP basic auth with that login; without either, no login (the server binds to loopback by default). CORS
-(RFC 9725 4.2: endpoints "MUST support OPTIONS requests for Cross-Origin Resource Sharing"): when
-a login is required, `Access-Control-Allow-Origin: *`, the token being the credential; without a
-login only the page origins `--whip-cors` names get CORS headers (any page could otherwise publish
-into or watch a local server).
+Login (`security.Credentials`): publishing needs the publish credential, a bearer token
+(`Authorization: Bearer ...`, as OBS sends it) equal to `--whip-token` (or $STREAMSTUDIO_WHIP_TOKEN),
+or HTTP basic auth with the token as the password (any user name: for clients that only take
+`user:pass@host` URLs); without a token, `--auth`'s `USER:PASS` as the token, or HTTP basic auth
+with that login; without either, no login (the server binds to loopback by default). Watching
+takes the publish credential or the view token `--whep-token`, which opens WHEP only: a viewer
+cannot publish, replace a publisher or steer a stream. A POST to a stream with a live publisher
+replaces it only with the same credential (a reconnect, at once) or once it is stale (no frame for
+STALE_PUBLISHER_S s, or its connection failed); else 409. CORS (RFC 9725 4.2: endpoints "MUST
+support OPTIONS requests for Cross-Origin Resource Sharing"): when a login is required,
+`Access-Control-Allow-Origin: *`, the token being the credential; without a login only the page
+origins `--whip-cors` names get CORS headers (any page could otherwise publish into or watch a
+local server).
 """
 
 from __future__ import annotations
@@ -58,19 +63,20 @@ from __future__ import annotations
 import asyncio
 import collections
 import fractions
+import functools
 import hashlib
+import json
 import logging
 import secrets
 import time
-from base64 import b64decode
 from typing import Any, Callable
 
 import numpy as np
 
-from streamstudio.app.web.sessions import BusyError, SessionManager
-from streamstudio.app.web.security import peer
+from streamstudio.app.web.sessions import BusyError, Pending, SessionManager
+from streamstudio.app.web.security import ANONYMOUS, Credentials, peer
 from streamstudio.app.web.webrtc import (MAX_CANDIDATES, MAX_SDP_BYTES, PENDING_TIMEOUT, WEBRTC_ID, OfferRefused,
-                                     check_offer_sdp, take_connection)
+                                     check_offer_sdp, make_room, take_connection)
 from streamstudio.errors import StreamStudioError
 from streamstudio.streaming.runner import Attachment
 from streamstudio.streaming.sinks import Sink
@@ -92,6 +98,14 @@ KEYFRAME_MIN_INTERVAL = 0.5  # seconds between forced key frames (viewers joinin
 VIDEO_CLOCK = 90_000
 VIDEO_TIME_BASE = fractions.Fraction(1, VIDEO_CLOCK)
 CODECS = ("vp8", "h264")  # what the shared encoders make (aiortc negotiates these two)
+# A live publisher that has sent no video frame for this long (an encoder that crashed or lost its
+# network) may be replaced by a publisher with another credential, or on an open door by anyone.
+STALE_PUBLISHER_S = 3.0
+# The WHEP server-sent events extension (draft-ietf-wish-whep): a viewer's event stream, linked from
+# its 201, tells it when its stream ends (a player otherwise notices 6-16 s later, by ICE).
+SSE_REL = "urn:ietf:params:whep:ext:core:server-sent-events"
+SSE_EVENTS = ("active", "inactive")
+SSE_KEEPALIVE_S = 15.0
 
 
 # ---------------------------------------------------------------------- offer checks
@@ -358,6 +372,9 @@ class _Resource:
         self.rid = secrets.token_urlsafe(16)
         self.etag = ""
         self.created = time.monotonic()
+        self.last_media = self.created  # a publisher's last video frame (`WhipServer._stale`)
+        self.identity = ANONYMOUS  # the credential it came with (`security.Credentials`)
+        self.listeners: list[asyncio.Queue] = []  # a viewer's event streams (WhipServer._events)
         self.tasks: list[asyncio.Task] = []
         self.tracks: list = []
         self.session = None
@@ -371,8 +388,8 @@ class _Resource:
 class WhipServer:
     """The WHIP and WHEP endpoints of one server (see the module docstring)."""
 
-    def __init__(self, manager: SessionManager, host: str | None = None, token: str | None = None,
-                 auth: tuple[str, str] | None = None, rtc_config: dict | None = None,
+    def __init__(self, manager: SessionManager, host: str | None = None, credentials: Credentials | None = None,
+                 rtc_config: dict | None = None,
                  pending_timeout: float = PENDING_TIMEOUT, max_viewers: int = MAX_VIEWERS,
                  other_slots: Callable[[], set] = set, max_viewers_per_source: int = MAX_VIEWERS_PER_SOURCE,
                  cors_origins: tuple[str, ...] = ()):
@@ -380,15 +397,15 @@ class WhipServer:
 
         if max_viewers < 0:
             raise StreamStudioError("--max-viewers must be 0 or more")
-        if token is not None and not token.strip():
-            raise StreamStudioError("--whip-token must not be empty")
         ice.install()
-        self.manager, self.token, self.auth = manager, token, auth
+        self.manager, self.credentials = manager, credentials or Credentials()
         self.ice_addresses = ice.ice_addresses(host)
         self.rtc_config, self.pending_timeout, self.max_viewers = rtc_config, pending_timeout, max_viewers
         self.max_viewers_per_source = max_viewers_per_source
         self.cors_origins = tuple(cors_origins)  # --whip-cors: pages allowed without a login
-        manager.pending_counters.append(self.pending_from)
+        manager.pending_lists.append(self.pending_connections)
+        for kind in ("whip", "whep"):
+            manager.peer_counters[kind] = functools.partial(self._count, kind)
         self.other_slots = other_slots  # stream ids other front ends hold without a session yet
         self.resources: dict[str, _Resource] = {}
         self.broadcasters: dict[str, Broadcaster] = {}
@@ -396,28 +413,17 @@ class WhipServer:
     # ------------------------------------------------------------------ HTTP
     @property
     def login_required(self) -> bool:
-        return self.token is not None or self.auth is not None
+        return self.credentials.view_required
 
-    def authorized(self, headers) -> bool:
-        if not self.login_required:
-            return True
-        scheme, _, value = headers.get("authorization", "").strip().partition(" ")
-        value = value.strip()
-        if scheme.lower() == "bearer" and value:
-            expected = self.token if self.token is not None else f"{self.auth[0]}:{self.auth[1]}"
-            return secrets.compare_digest(value.encode(), expected.encode())
-        if scheme.lower() == "basic" and value:  # clients that only know URL credentials (user:pass@host)
-            try:
-                given = b64decode(value).decode("utf-8")
-            except (ValueError, UnicodeDecodeError):
-                return False
-            ok = False
-            if self.auth is not None:
-                ok |= secrets.compare_digest(given.encode(), f"{self.auth[0]}:{self.auth[1]}".encode())
-            if self.token is not None:  # any user name, the token as the password
-                ok |= secrets.compare_digest(given.partition(":")[2].encode(), self.token.encode())
-            return ok
-        return False
+    def identity(self, kind: str, headers) -> str:
+        """The identity `headers` carry for a `kind` ("whip": publish, "whep": view) request
+        (`security.Credentials`); OfferRefused 401 without a valid credential."""
+        who = self.credentials.publisher(headers) if kind == "whip" else self.credentials.viewer(headers)
+        if who is None:
+            needed = "--whip-token" if kind == "whip" else "--whep-token or --whip-token"
+            raise OfferRefused("unauthorized", f"a valid bearer token is needed (Authorization: Bearer <{needed}>)",
+                               401)
+        return who
 
     def _allowed_origin(self, origin: str | None) -> str | None:
         """The Access-Control-Allow-Origin for a request from `origin`: any page when a login is
@@ -477,9 +483,9 @@ class WhipServer:
                 return self._refused(exc, origin)
         return Response(status_code=204, headers=self._headers(origin=origin))
 
-    async def _read_sdp(self, request, content_type: str) -> str:
-        if not self.authorized(request.headers):
-            raise OfferRefused("unauthorized", "a valid bearer token is needed (Authorization: Bearer ...)", 401)
+    async def _read_sdp(self, request, content_type: str, kind: str) -> tuple[str, str]:
+        """(the body, the identity of the request's credential for `kind`)."""
+        who = self.identity(kind, request.headers)
         given = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if given != content_type:
             raise OfferRefused("bad_content_type", f"Content-Type must be {content_type}", 415)
@@ -489,7 +495,7 @@ class WhipServer:
             if len(raw) > MAX_SDP_BYTES:
                 raise OfferRefused("sdp_too_large", f"the SDP is larger than {MAX_SDP_BYTES // 1024} KB", 413)
         try:
-            return raw.decode("utf-8")
+            return raw.decode("utf-8"), who
         except UnicodeDecodeError:
             raise OfferRefused("bad_sdp", "the SDP must be UTF-8 text") from None
 
@@ -522,7 +528,11 @@ class WhipServer:
         async def get_session(request: Request, stream: str, rid: str):
             return self._get(request, stream, rid)
 
-        for f in (whip_post, whep_post, patch, delete, options_endpoint, options_session, get_endpoint, get_session):
+        async def events(request: Request, stream: str, rid: str):
+            return await self._events(request, stream, rid)
+
+        for f in (whip_post, whep_post, patch, delete, options_endpoint, options_session, get_endpoint, get_session,
+                  events):
             f.__annotations__["request"] = Request  # resolved here: this module has lazy annotations
         for kind in ("whip", "whep"):
             app.add_api_route(f"/{kind}/{{stream}}/{{rid}}", patch, methods=["PATCH"], include_in_schema=False)
@@ -533,6 +543,7 @@ class WhipServer:
                               include_in_schema=False)
             app.add_api_route(f"/{kind}/{{stream}}", options_endpoint, methods=["OPTIONS"], include_in_schema=False)
             app.add_api_route(f"/{kind}/{{stream}}", get_endpoint, methods=["GET", "HEAD"], include_in_schema=False)
+        app.add_api_route("/whep/{stream}/{rid}/sse", events, methods=["GET", "POST"], include_in_schema=False)
         app.add_api_route("/whip", whip_post, methods=["POST"], include_in_schema=False)
         app.add_api_route("/whip", options_endpoint, methods=["OPTIONS"], include_in_schema=False)
         app.add_api_route("/whip", get_endpoint, methods=["GET", "HEAD"], include_in_schema=False)
@@ -549,7 +560,7 @@ class WhipServer:
 
         origin = request.headers.get("origin")
         try:
-            sdp = await self._read_sdp(request, SDP_TYPE)
+            sdp, who = await self._read_sdp(request, SDP_TYPE, kind)
             if stream is not None and not WEBRTC_ID.fullmatch(stream):
                 raise OfferRefused("bad_stream", "the stream name must be 1 to 64 letters, digits, '-' or '_'")
             check_sdp(sdp, kind)
@@ -558,10 +569,16 @@ class WhipServer:
             if kind == "whip":
                 old = self._publisher(sid)
                 if old is None:
-                    self._check_publish(sid)
+                    self._check_in_use(sid)
+                else:
+                    self._check_replace(old, who)
             else:
                 sid = self._check_view(sid, peer())
             take_connection(self.manager, takes_slot=kind == "whip" and old is None)
+            if kind == "whip" and old is None:
+                await make_room(self.manager, peer(), self._full())
+                if self._full():
+                    raise OfferRefused("busy", self.manager.busy_message(), 503)
         except OfferRefused as exc:
             return self._refused(exc, origin)
         pc = None
@@ -572,9 +589,10 @@ class WhipServer:
             with ice.scoped(self.ice_addresses):
                 pc = RTCPeerConnection(rtc_configuration(self.rtc_config))
                 res = _Resource(kind, sid, pc, stream)
-                res.source = peer()
+                res.source, res.identity = peer(), who
                 if kind == "whip":  # settings set for `sid` beforehand apply now
                     res.session = self.manager.open(sid) if old is None else old.session
+                    res.session.named = True  # its name is the publisher's URL: no secret
                     pc.on("track", lambda track: self._on_publisher_track(res, track))
                 await pc.setRemoteDescription(RTCSessionDescription(sdp, "offer"))
                 if kind == "whep":
@@ -606,8 +624,10 @@ class WhipServer:
         pc.on("connectionstatechange", lambda: self._on_state(res))
         res.tasks.append(asyncio.ensure_future(self._watch(res)))
         log.info("%s session %s for stream %s", kind.upper(), res.rid[:6], sid)
-        return Response(answer, status_code=201, media_type=SDP_TYPE, headers=self._headers({
-            "Location": res.location, "ETag": res.etag, "Accept-Patch": TRICKLE_TYPE}, origin))
+        headers = {"Location": res.location, "ETag": res.etag, "Accept-Patch": TRICKLE_TYPE}
+        if kind == "whep":  # the WHEP server-sent events extension: "inactive" when the stream ends
+            headers["Link"] = f'<{res.location}/sse>; rel="{SSE_REL}"; events="{",".join(SSE_EVENTS)}"'
+        return Response(answer, status_code=201, media_type=SDP_TYPE, headers=self._headers(headers, origin))
 
     def _publisher(self, sid: str) -> _Resource | None:
         """The live WHIP publisher of stream `sid`, which a new POST to the same name replaces
@@ -621,18 +641,37 @@ class WhipServer:
                 return res
         return None
 
-    def _check_publish(self, sid: str) -> None:
+    def _check_replace(self, old: _Resource, who: str) -> None:
+        """A new publisher may take over the live publisher `old` of its stream only with the same
+        credential (an encoder reconnecting: at once), or once `old` is stale (no frame for
+        STALE_PUBLISHER_S seconds, or its connection failed); anyone else gets 409."""
+        if who != ANONYMOUS and who == old.identity:
+            return
+        if self._stale(old):
+            return
+        raise OfferRefused("stream_in_use", f"the stream {old.sid!r} has a live publisher: a reconnect needs the same "
+                           f"credential, or waits until it has sent nothing for {STALE_PUBLISHER_S:g} s", 409)
+
+    @staticmethod
+    def _stale(res: _Resource) -> bool:
+        if res.pc.connectionState in ("failed", "closed") or res.pc.iceConnectionState == "failed":
+            return True
+        return time.monotonic() - res.last_media > STALE_PUBLISHER_S
+
+    def _check_in_use(self, sid: str) -> None:
         if self.manager.get(sid) is not None or sid in self.other_slots() or \
                 any(r.sid == sid and r.kind == "whip" for r in self.resources.values()):
             raise OfferRefused("stream_in_use", f"the stream {sid!r} already has a source", 409)
-        in_use = set(self.manager.ids()) | set(self.other_slots())
-        if len(in_use) >= self.manager.max_streams or not self.manager.has_capacity():
-            raise OfferRefused("busy", self.manager.busy_message(), 503)
 
-    def pending_from(self, source: str) -> int:
-        """WHIP publishers from the address `source` that have sent no frame yet."""
-        return sum(r.kind == "whip" and r.source == source and (r.session is None or r.session.frames_in == 0)
-                   for r in list(self.resources.values()))
+    def _full(self) -> bool:
+        in_use = set(self.manager.ids()) | set(self.other_slots())
+        return len(in_use) >= self.manager.max_streams or not self.manager.has_capacity()
+
+    def pending_connections(self) -> list[Pending]:
+        """WHIP publishers that have sent no frame yet, for the server's cap (`webrtc.make_room`)."""
+        return [Pending(r.source, r.created, functools.partial(self.end, r, "ended to make room: it sent no frame"))
+                for r in list(self.resources.values())
+                if r.kind == "whip" and not r.closed and (r.session is None or r.session.frames_in == 0)]
 
     def _check_view(self, name: str, source: str | None) -> str:
         """The id of the stream a viewer asks for by `name` (`SessionManager.watched`), within the
@@ -682,6 +721,7 @@ class WhipServer:
             session = res.session
             if session is None or session.closed:
                 return
+            res.last_media = time.monotonic()
             session.submit(frame.to_ndarray(format="rgb24"))
 
     async def _read_audio(self, res: _Resource, track) -> None:
@@ -806,8 +846,13 @@ class WhipServer:
             await res.pc.close()
         except Exception:
             log.debug("closing %s", res.rid, exc_info=True)
+        for queue in res.listeners:  # its event streams: "inactive", then they end
+            queue.put_nowait(("inactive", {"reason": reason}))
+            queue.put_nowait(None)
         if res.kind == "whip" and res.session is not None and self.manager.get(res.sid) is res.session:
             self.manager.close(res.sid, wait=0.0)
+            for viewer in [r for r in list(self.resources.values()) if r.kind == "whep" and r.sid == res.sid]:
+                await self.end(viewer, "the publisher ended")  # told now, not at the next watch step
 
     def _prune(self, sid: str) -> None:
         """Drop `sid`'s broadcaster once it has no viewer (its encoders detached from the stream)."""
@@ -827,8 +872,7 @@ class WhipServer:
 
         kind, origin = request.url.path.strip("/").split("/")[0], request.headers.get("origin")
         try:
-            if not self.authorized(request.headers):
-                raise OfferRefused("unauthorized", "a valid bearer token is needed", 401)
+            self.identity(kind, request.headers)
             res = self._find(kind, stream, rid)
         except OfferRefused as exc:
             return self._refused(exc, origin)
@@ -841,7 +885,7 @@ class WhipServer:
 
         kind, origin = request.url.path.strip("/").split("/")[0], request.headers.get("origin")
         try:
-            frag = await self._read_sdp(request, TRICKLE_TYPE)
+            frag, _ = await self._read_sdp(request, TRICKLE_TYPE, kind)
             res = self._find(kind, stream, rid)
             match = request.headers.get("if-match")
             if match is None:  # RFC 9725 4.3.1: "428 Precondition Required" for a missing entity-tag
@@ -886,6 +930,45 @@ class WhipServer:
         # RFC 9725 4.3.2: a trickle PATCH's 204 "MUST NOT include an ETag header"
         return Response(status_code=204, headers=self._headers(origin=origin))
 
+    async def _events(self, request, stream: str, rid: str):
+        """A viewer's event stream (text/event-stream, the WHEP server-sent events extension):
+        `active` at once while its stream runs, `inactive` (with the reason) the moment the
+        publisher or the stream ends, then the stream closes. EventSource cannot send a header, so
+        the session URL, a 128-bit random name only its viewer knows, is the credential (as for
+        its DELETE by an RFC 9725 client's session URL). A POST (the draft's subscription, a JSON
+        list of events) is answered 201 with this URL as its Location."""
+        from fastapi.responses import Response, StreamingResponse
+
+        origin = request.headers.get("origin")
+        try:
+            res = self._find("whep", stream, rid)
+        except OfferRefused as exc:
+            return self._refused(exc, origin)
+        if request.method == "POST":
+            return Response(status_code=201, headers=self._headers({"Location": f"{res.location}/sse"}, origin))
+        queue: asyncio.Queue = asyncio.Queue()
+        res.listeners.append(queue)
+        queue.put_nowait(("active", {"stream": res.name}))
+
+        async def lines():
+            try:
+                while True:
+                    try:
+                        item = await asyncio.wait_for(queue.get(), SSE_KEEPALIVE_S)
+                    except asyncio.TimeoutError:
+                        yield ": keep-alive\n\n"
+                        continue
+                    if item is None:
+                        return
+                    name, data = item
+                    yield f"event: {name}\ndata: {json.dumps(data)}\n\n"
+            finally:
+                if queue in res.listeners:
+                    res.listeners.remove(queue)
+
+        return StreamingResponse(lines(), media_type="text/event-stream", headers=self._headers(
+            {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}, origin))
+
     @staticmethod
     def _offer_ice(res: _Resource) -> set[str]:
         """The offer's ICE credentials (what a trickle PATCH repeats; others mean an ICE restart)."""
@@ -893,6 +976,9 @@ class WhipServer:
         return {line.strip() for line in sdp.splitlines() if line.startswith(("a=ice-ufrag:", "a=ice-pwd:"))}
 
     # ------------------------------------------------------------------ status
+    def _count(self, kind: str) -> int:
+        return sum(r.kind == kind for r in list(self.resources.values()))
+
     def status(self) -> dict:
         return {"publishers": sum(r.kind == "whip" for r in self.resources.values()),
                 "viewers": sum(r.kind == "whep" for r in self.resources.values()),
