@@ -1,4 +1,4 @@
-"""Issue 28's attacks replayed against one `streamstudio serve --model tiny` in its own process,
+"""Issue 28's and issue 44's attacks replayed against `streamstudio serve --model tiny` in its own process,
 with an honest stream running throughout: offers of every direction (the WebRTC API and the Live
 tab's component route), WHIP POSTs that never connect, uploads with forged headers, concurrent
 chunked uploads, malformed multipart bodies, Gradio's unused recording route, Live-output Starts
@@ -14,8 +14,10 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -39,7 +41,7 @@ def pattern(i: int) -> np.ndarray:
 class Server:
     """`streamstudio serve` in a subprocess, its temporary files in `root`."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, *extra: str):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.root = root
@@ -52,13 +54,13 @@ class Server:
              "--height", "64", "--port", str(self.port), "--max-streams", "3", "--idle-timeout", "5",
              "--max-upload-size", "200kb", "--max-upload-total", "600kb", "--upload-ttl", "10",
              "--max-viewers-per-source", "4", "--offers-per-minute", "200", "--output-dir", str(root / "out"),
-             "--threads", "1"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             "--threads", "1", *extra], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.process = psutil.Process(self.proc.pid)
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, self.proc.stderr.read()[-3000:]
             try:
-                if httpx.get(f"{self.url}/studio/status", timeout=2).status_code == 200:
+                if httpx.get(f"{self.url}/studio/status", timeout=2).status_code in (200, 401):  # 401: a token
                     return
             except httpx.HTTPError:
                 pass
@@ -262,3 +264,149 @@ def test_the_attacks_leave_the_server_as_it_was(tmp_path):
     assert after["disk_bytes"] <= before["disk_bytes"], (before["files"], after["files"])
     assert not list((tmp_path / "out").iterdir())  # no recording was started for an attacker
     assert "Traceback" not in log, log[-3000:]
+
+
+# ---------------------------------------------------------------------- issue 44: the doors, proxies, slots, OSC
+TOKEN = "replay-token"
+
+
+def whip_post(url: str, sdp: str, name: str, address: str | None = None, headers: dict | None = None):
+    transport = httpx.HTTPTransport(local_address=address) if address else None
+    with httpx.Client(transport=transport, timeout=20) as http:
+        r = http.post(f"{url}/whip/{name}", content=sdp, headers={
+            "Content-Type": "application/sdp", "Authorization": f"Bearer {TOKEN}", **(headers or {})})
+    return r.status_code if r.status_code == 201 else r.json()["meta"]["error"]
+
+
+def osc_packet(address: str, payload: bytes = b"") -> bytes:
+    def pad(raw: bytes) -> bytes:
+        return raw + b"\0" * (4 - len(raw) % 4)
+    return pad(address.encode()) + pad(b",") + payload
+
+
+def attack_44(srv: Server, osc_port: int, honest: str) -> dict:
+    """Issue 44's attacks once each; returns what the server answered, by attack."""
+    said: dict[str, list] = {}
+    url = srv.url
+    # the control routes without the token: steer, end, push out the honest stream by its name
+    said["control without a token"] = [
+        httpx.post(f"{url}/studio/settings/{honest}", json={"prompt": "taken over"}).status_code,
+        httpx.delete(f"{url}/studio/sessions/{honest}").status_code,
+        httpx.post(f"{url}/studio/outputs/{honest}", json={"kind": "file", "target": "x.mp4"}).status_code,
+        httpx.post(f"{url}/studio/settings/{honest}", json={"prompt": "x"},
+                   headers={"Authorization": "Bearer guessed"}).status_code]
+    sdp = asyncio.run(client_offer("sendonly", channel=False))
+    # 25 offers, each naming another client in X-Forwarded-For
+    said["forwarded rotating"] = [whip_post(url, sdp, f"fwd{i}", headers={"X-Forwarded-For": f"10.1.2.{i}"})
+                                  for i in range(25)]
+    # 20 offers naming 127.0.0.43, then 127.0.0.43 itself
+    for i in range(20):
+        whip_post(url, sdp, f"frame{i}", headers={"X-Forwarded-For": "127.0.0.43"})
+    said["the named address"] = [whip_post(url, sdp, "named", address="127.0.0.43")]
+    # never-connecting offers from 20 addresses, three rounds, then an honest publisher from another
+    said["twenty addresses"] = [whip_post(url, sdp, f"squat{r}-{i}", address=f"127.0.0.{2 + i}")
+                                for r in range(3) for i in range(20)]
+    stop = threading.Event()
+
+    def keep_squatting():
+        r = 3
+        while not stop.is_set():
+            for i in range(20):
+                if stop.is_set():
+                    return
+                whip_post(url, sdp, f"squat{r}-{i}", address=f"127.0.0.{2 + i}")
+            r += 1
+
+    squatter = threading.Thread(target=keep_squatting, daemon=True)
+    squatter.start()
+    try:
+        said["honest publisher"] = [asyncio.run(publish_from("127.0.0.30", f"{url}/whip/honest-whip", srv))]
+    finally:
+        stop.set()
+        squatter.join(30)
+    # OSC: a 32-byte query, invalid UTF-8, a 3,000-deep bundle
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.settimeout(1.0)
+        query = osc_packet(f"/streamstudio/{honest}/get")  # 40 bytes
+        sock.sendto(query, ("127.0.0.1", osc_port))
+        got = []
+        try:
+            while True:
+                got.append(len(sock.recv(65536)))
+        except TimeoutError:
+            pass
+        said["osc get"] = [len(query), sum(got)]
+        bad_utf8 = b"/streamstudio/\xff\xfe/prompt\0\0,s\0\0x\0\0\0"
+        deep = b"".join([b"#bundle\0" + b"\0" * 8 + (10 ** 6).to_bytes(4, "big")] * 3000)
+        for _ in range(50):
+            sock.sendto(bad_utf8, ("127.0.0.1", osc_port))
+        sock.sendto(deep, ("127.0.0.1", osc_port))
+    return said
+
+
+async def publish_from(address: str, url: str, srv: Server) -> str:
+    """An honest WHIP publisher from `address`: its POST's answer, then whether it streams."""
+    from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription, VideoStreamTrack
+
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    pc.addTransceiver(VideoStreamTrack(), direction="sendonly")
+    await pc.setLocalDescription(await pc.createOffer())
+    try:
+        async with httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(local_address=address), timeout=20) as http:
+            r = await http.post(url, content=pc.localDescription.sdp, headers={
+                "Content-Type": "application/sdp", "Authorization": f"Bearer {TOKEN}"})
+            if r.status_code != 201:
+                return f"{r.status_code} {r.json()['meta']['error']}"
+            await pc.setRemoteDescription(RTCSessionDescription(r.text, "answer"))
+            stream = url.rsplit("/", 1)[1]
+            for _ in range(150):  # streaming: its frames reach the model
+                stats = (await http.get(f"{srv.url}/studio/sessions/{stream}",
+                                        headers={"Authorization": f"Bearer {TOKEN}"})).json()
+                if stats.get("processed", 0) >= 3:
+                    return "streaming"
+                await asyncio.sleep(0.2)
+            return "connected, no frame"
+    finally:
+        await pc.close()
+
+
+def test_the_doors_proxies_slots_and_osc_hold(tmp_path):
+    """Issue 44's attacks, with an honest stream running: control routes without the token, forged
+    X-Forwarded-For (rotating, and naming another client), never-connecting offers from 20
+    addresses against an honest publisher, and OSC as a reflector and a log bomb. Each gets its
+    documented refusal, the honest stream keeps its frames, the log has no traceback."""
+    from streamstudio.app.web.webrtc import StudioClient
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        osc_port = s.getsockname()[1]
+    srv = Server(tmp_path, "--whip-token", TOKEN, "--osc-port", str(osc_port), "--max-streams", "4",
+                 "--offers-per-minute", "20")
+    try:
+        async def honest_run():
+            got = []
+            client = StudioClient(srv.url, pattern, lambda frame, t: got.append(t), fps=8, token=TOKEN)
+            await client.connect(settings={"prompt": "honest"})
+            said = await asyncio.get_running_loop().run_in_executor(None, attack_44, srv, osc_port, client.webrtc_id)
+            n0, t = len(got), time.monotonic()
+            await asyncio.sleep(3)
+            said["honest fps after"] = (len(got) - n0) / (time.monotonic() - t)
+            await client.close()
+            return said
+
+        said = asyncio.run(honest_run())
+    finally:
+        log = srv.close()
+    print(json.dumps(said, indent=1, default=str))
+    assert said["control without a token"] == [401] * 4
+    forwarded = said["forwarded rotating"]  # one client: its per-address caps, whatever the header says
+    assert forwarded.count(201) <= 2 and set(forwarded) <= {201, "too_many_pending", "too_many_offers"}, forwarded
+    assert said["the named address"] == [201]  # not locked out by offers that named it
+    assert set(said["twenty addresses"]) <= {201, "busy", "too_many_pending", "too_many_offers"}, said["twenty addresses"]
+    assert said["honest publisher"] == ["streaming"], said
+    query, answered = said["osc get"]
+    assert answered <= 2 * query, said["osc get"]  # no amplification
+    assert said["honest fps after"] > 2, said["honest fps after"]
+    assert "Traceback" not in log, log[-3000:]
+    assert sum("OSC from 127.0.0.1" in line for line in log.splitlines()) <= 3, log[-3000:]  # throttled
