@@ -80,42 +80,49 @@ from streamstudio.models.image.image_net import ImageCond, check_bank
 from streamstudio.models.loading import SDComponents
 from streamstudio.pipelines.addons import ADDON_SETTINGS, StreamAddOns
 from streamstudio.pipelines.control import ControlInputs
-from streamstudio.pipelines.live_settings import check_config
+from streamstudio.pipelines.live_settings import check_config, defaults
 from streamstudio.pipelines.prompt_encoder import PromptEncoder, PromptSpec, slerp  # noqa: F401 - slerp: re-exported
 from streamstudio.pipelines.similarity_filter import SimilarityFilter, SimilarityFilterConfig
 from streamstudio.pipelines.stream_batch import PRIMED, Guidance, Schedule, StreamBatchSampler
 
 
+_TABLE = defaults()  # the live settings' defaults (pipelines/live_settings.py), declared there once
+
 
 @dataclass
 class StreamDiffusionConfig:
-    """Settings of one stream. Everything but the size and buffer size can change at run time."""
+    """Settings of one stream. Everything but the size and buffer size can change at run time.
+    A live setting's default is the settings table's (the CLI's and the Live tab's too)."""
 
     width: int = 512
     height: int = 512
     mode: str = "img2img"  # or "txt2img"
     steps: int = 1  # N, used when t_index_list is None
-    strength: float = 0.5  # img2img: how far from the input (1.0 = pure noise start)
+    strength: float = _TABLE["strength"]  # img2img: how far from the input (1.0 = pure noise start)
     t_index_list: list[int] | None = None  # indices into the 50-step LCM schedule
     num_inference_steps: int = 50
     frame_buffer_size: int = 1
     use_denoising_batch: bool = True  # Stream Batch; False = sequential denoising
-    cfg_type: str = "self"  # none | self | initialize | full
-    guidance_scale: float = 1.2
-    delta: float = 1.0
-    seed: int = 0
+    cfg_type: str = _TABLE["cfg_type"]  # none | self | initialize | full
+    guidance_scale: float = _TABLE["guidance_scale"]
+    delta: float = _TABLE["delta"]
+    seed: int = _TABLE["seed"]
     step_type: str = "auto"  # auto (from the model) | lcm | turbo
-    similarity_filter: bool = False
-    similarity_threshold: float = 0.98
-    max_skip_frame: int = 10
+    similarity_filter: bool = _TABLE["similarity_filter"]
+    similarity_threshold: float = _TABLE["similarity_threshold"]
+    max_skip_frame: int = _TABLE["max_skip_frame"]
     prompt_blend: str = "linear"  # linear | slerp
-    # temporal consistency (see the module docstring): off | feedback | bank | both
-    temporal: str = "off"
-    feedback_weight: float = 0.3  # latent feedback: the previous output's share of the next input latent
-    bank_size: int = 2  # feature bank: past entries kept per layer and denoising step (0: no bank)
-    bank_interval: int = 1  # feature bank: a frame's features go in every bank_interval-th frame (FIFO)
-    bank_threshold: float = 0.98  # feature fusion: cosine similarity from which a token takes its nearest bank feature
-    bank_fusion: float = 0.8  # feature fusion strength (0: extended self-attention only)
+    # temporal consistency (see the module docstring): off | feedback | bank | both. Latent feedback:
+    # the previous output's share of the next input latent. Feature bank: past entries kept per layer
+    # and denoising step (0: no bank), a frame's features going in every bank_interval-th frame (FIFO);
+    # feature fusion from a cosine similarity of bank_threshold (a token takes its nearest bank
+    # feature), at strength bank_fusion (0: extended self-attention only).
+    temporal: str = _TABLE["temporal"]
+    feedback_weight: float = _TABLE["feedback_weight"]
+    bank_size: int = _TABLE["bank_size"]
+    bank_interval: int = _TABLE["bank_interval"]
+    bank_threshold: float = _TABLE["bank_threshold"]
+    bank_fusion: float = _TABLE["bank_fusion"]
 
     def validate(self) -> "StreamDiffusionConfig":
         for name in ("width", "height"):

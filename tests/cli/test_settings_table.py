@@ -171,10 +171,22 @@ def test_one_range_for_the_api_the_ui_and_the_pipeline():
     assert strength.minimum > 0  # strength 0 is refused everywhere: the slider starts one step above
 
 
-def test_table_defaults_are_the_pipeline_defaults():
-    """The CLI and the UI show the table's defaults; a pipeline built without them must match."""
-    config = StreamDiffusionConfig()
+def test_the_command_line_the_live_tab_and_the_config_start_from_the_table():
+    """One default per setting: the flag's (when the command does not pick it), the Live tab
+    control's and StreamDiffusionConfig's field's are the table's."""
+    import gradio as gr
+
+    from streamstudio.app.streams.image import request
+
+    args, config = request(), StreamDiffusionConfig()
+    with gr.Blocks():
+        controls = app_settings.live_controls(config)
     for s in SETTINGS.values():
+        if s.flag is not None:
+            flag = getattr(args, s.flag.lstrip("-").replace("-", "_"))
+            assert flag == (None if s.cli_optional else s.default), s.name
+        if s.widget is not None:
+            assert controls[s.name].value == s.default, s.name
         if s.pipeline:
             assert getattr(config, s.name) == s.default, s.name
 
