@@ -1,14 +1,17 @@
-"""The image stream's live settings (`SETTINGS`) and the video stream's (`VIDEO_SETTINGS`), each
-declared once: name, type, range or choices, default, help, the tab's widget and the CLI flag. Pure data and checks (no Gradio, no argparse):
-`StreamDiffusionConfig.validate`, the web API (`app/settings.py`), the Live tab and the
-command-line flags (`app/settings.py`) and the render config file (built from those flags) all
-read this table, so changing a range or adding a setting is one edit here.
+"""The image stream's live settings (`SETTINGS`), the video stream's (`VIDEO_SETTINGS`) and the
+splat renderer's (`SPLAT_SETTINGS`), each declared once: name, type, range or choices, default,
+help, the tab's widget and the CLI flag. Pure data and checks (no Gradio, no argparse):
+`StreamDiffusionConfig` (its defaults and `validate`), the web API (`app/settings.py`), the Live,
+Video and Splats tabs, the command-line flags (`app/settings.py`) and the render config file
+(built from those flags) all read these tables, so changing a range or adding a setting is one
+edit here.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from streamstudio.errors import StreamStudioError
 from streamstudio.frames import FIT_MODES
@@ -177,6 +180,62 @@ VIDEO_SETTINGS: dict[str, LiveSetting] = _table(
 # value outside it.
 ADDON_SCALE = LiveSetting("scale", float, 1.0, "an add-on's scale (LoRA, ControlNet, IP-Adapter)", low=-10.0,
                           high=10.0, widget="slider", step=0.05, slider_low=0.0, slider_high=2.0)
+
+
+# The splat renderer's names, here so that the splat command parses without torch (the kernels and
+# the renderer import it); tests/cli/test_cli_startup.py keeps them equal to kernels.splat.IMPLS and
+# pipelines.splat_render.PATHS / MODES / CAMERAS.
+SPLAT_PATHS = ("orbit", "turntable", "fly")
+SPLAT_MODES = ("rgb", "depth", "alpha")
+SPLAT_CAMERAS = ("perspective", "ortho", "fisheye")
+SPLAT_IMPLS = ("auto", "reference", "cpp", "fast", "fast_compiled", "cuda")
+
+# The splat renderer's settings: the Splats tab's view controls (in their order) and `streamstudio
+# splat`'s camera and render flags. `pipeline` True: a `SplatRenderConfig` field of the same name,
+# taken as it is (app/settings.config_values); the view's orbit, zoom and pan place the camera, the
+# background is a colour the config holds as RGB, and the size is the tab's view (the command's
+# --size, WxH, checked against the same range, defaults to the path file's or 512x512).
+SPLAT_SETTINGS: dict[str, LiveSetting] = _table(
+    LiveSetting("azimuth", float, 30.0, "orbit azimuth in degrees", low=-180.0, high=180.0, widget="slider",
+                step=1, label="Orbit (azimuth °)", pipeline=False),
+    LiveSetting("elevation", float, 20.0, "orbit elevation in degrees, as the Splats tab's", flag="--elevation",
+                low=-89.0, high=89.0, widget="slider", step=1, label="Elevation °", pipeline=False),
+    LiveSetting("zoom", float, 1.0, "zoom", low=0.2, high=5.0, widget="slider", step=0.05, label="Zoom",
+                pipeline=False),
+    LiveSetting("pan_x", float, 0.0, "pan right", low=-1.0, high=1.0, widget="slider", step=0.01,
+                label="Pan right", pipeline=False),
+    LiveSetting("pan_y", float, 0.0, "pan up", low=-1.0, high=1.0, widget="slider", step=0.01, label="Pan up",
+                pipeline=False),
+    LiveSetting("width", int, 384, "frame width in pixels", low=8, high=4096, widget="slider", step=16,
+                slider_low=64, slider_high=1024, label="Width", pipeline=False),
+    LiveSetting("height", int, 384, "frame height in pixels", low=8, high=4096, widget="slider", step=16,
+                slider_low=64, slider_high=1024, label="Height", pipeline=False),
+    LiveSetting("sh_degree", int, 3, "spherical-harmonics degree", flag="--sh-degree", low=0, high=3,
+                widget="slider", step=1, label="SH degree"),
+    LiveSetting("background", str, "#000000", "background #rrggbb, #rgb or R,G,B in 0..1", flag="--background",
+                label="Background", pipeline=False),
+    LiveSetting("mode", str, "rgb", "render mode", flag="--mode", choices=SPLAT_MODES,
+                choice_labels=("RGB", "Depth", "Alpha"), widget="radio", label="Render mode"),
+    LiveSetting("camera", str, "perspective", "camera model: ortho frames the scene centre as the perspective "
+                "view would (or spans --ortho-height scene units); fisheye is equidistant, --fov across the "
+                "height, up to 180", flag="--camera", choices=SPLAT_CAMERAS,
+                choice_labels=("Perspective", "Ortho", "Fisheye"), widget="radio", label="Camera"),
+    LiveSetting("fov_y_deg", float, 50.0, "vertical field of view in degrees (default 50; a path file has its "
+                "own)", flag="--fov", low=0.0, high=180.0, low_open=True, cli_optional=True),
+    LiveSetting("ortho_height", float, None, "ortho: scene units across the image height", flag="--ortho-height",
+                low=0.0, high=1e9, low_open=True, cli_optional=True),
+    LiveSetting("impl", str, "auto", "rasteriser: auto is CUDA on a GPU, the fast CPU path otherwise; "
+                "fast_compiled is the fast path through torch.compile, worth it for long renders",
+                flag="--renderer", choices=SPLAT_IMPLS),
+    LiveSetting("antialiased", bool, None, "gsplat's antialiased rasterize mode (Mip-Splatting's 2D filter), for "
+                "scenes trained with it (default: as the scene's file says, e.g. 'SplatRenderMode: mip')",
+                flag="--antialiased", cli_optional=True),
+)
+
+
+def defaults(table: dict[str, LiveSetting] | None = None) -> dict[str, Any]:
+    """{name: default} of a table (the image table by default): what a config's fields default to."""
+    return {s.name: s.default for s in (SETTINGS if table is None else table).values()}
 
 
 def live_settings() -> list[LiveSetting]:
