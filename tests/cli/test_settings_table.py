@@ -176,9 +176,9 @@ def test_the_command_line_the_live_tab_and_the_config_start_from_the_table():
     control's and StreamDiffusionConfig's field's are the table's."""
     import gradio as gr
 
-    from streamstudio.app.streams.image import request
-
-    args, config = request(), StreamDiffusionConfig()
+    parser = argparse.ArgumentParser()
+    app_settings.add_pipeline_arguments(parser)
+    args, config = parser.parse_args([]), StreamDiffusionConfig()
     with gr.Blocks():
         controls = app_settings.live_controls(config)
     for s in SETTINGS.values():
