@@ -220,8 +220,8 @@ SPLAT_SETTINGS: dict[str, LiveSetting] = _table(
                 "view would (or spans --ortho-height scene units); fisheye is equidistant, --fov across the "
                 "height, up to 180", flag="--camera", choices=SPLAT_CAMERAS,
                 choice_labels=("Perspective", "Ortho", "Fisheye"), widget="radio", label="Camera"),
-    LiveSetting("fov_y_deg", float, 50.0, "vertical field of view in degrees (default 50; a path file has its "
-                "own)", flag="--fov", low=0.0, high=180.0, low_open=True, cli_optional=True),
+    LiveSetting("fov_y_deg", float, 50.0, "vertical field of view in degrees, 50 unless given (a path file gives "
+                "each camera's own)", flag="--fov", low=0.0, high=180.0, low_open=True, cli_optional=True),
     LiveSetting("ortho_height", float, None, "ortho: scene units across the image height", flag="--ortho-height",
                 low=0.0, high=1e9, low_open=True, cli_optional=True),
     LiveSetting("impl", str, "auto", "rasteriser: auto is CUDA on a GPU, the fast CPU path otherwise; "

@@ -149,13 +149,14 @@ def test_serve_says_a_port_in_use_before_the_model(tmp_path):
 
 
 def test_splat_names_match_the_renderer():
-    """The splat command writes the renderer's names so that parsing imports no torch; they
-    must stay the renderer's."""
-    from streamstudio.app.cli import splat
+    """The splat settings table (which the splat command parses with) writes the renderer's names
+    so that parsing imports no torch; they must stay the renderer's."""
     from streamstudio.kernels.splat import IMPLS
-    from streamstudio.pipelines.splat_render import MODES, PATHS
+    from streamstudio.pipelines import live_settings as table
+    from streamstudio.pipelines.splat_render import CAMERAS, MODES, PATHS
 
-    assert (splat.PATHS, splat.MODES, splat.IMPLS) == (PATHS, MODES, IMPLS)
+    assert (table.SPLAT_PATHS, table.SPLAT_MODES, table.SPLAT_IMPLS) == (PATHS, MODES, IMPLS)
+    assert table.SPLAT_CAMERAS == tuple(CAMERAS)
 
 
 def test_training_config_defaults_match_the_data():

@@ -33,19 +33,13 @@ import numpy as np
 from streamstudio import ASSETS
 from streamstudio.errors import StreamStudioError
 from streamstudio.frames import parse_color
+from streamstudio.pipelines.live_settings import SPLAT_PATHS, SPLAT_SETTINGS  # no torch: parsing stays quick
 
 log = logging.getLogger(__name__)
 
 SAMPLES = {"sample": "sample_scene.ply", "sample4d": "sample_4d.ply"}
 VIDEO_SUFFIXES = (".mp4", ".mkv", ".mov")
-
-
-# The renderer's names, written here so that parsing imports no torch (the kernels and the
-# pipeline import it); tests/cli/test_cli_startup.py keeps them equal to kernels.splat.IMPLS and
-# pipelines.splat_render.PATHS / MODES.
-PATHS = ("orbit", "turntable", "fly")
-MODES = ("rgb", "depth", "alpha")
-IMPLS = ("auto", "reference", "cpp", "fast", "fast_compiled", "cuda")
+STYLISE_FLAGS = ("--prompt", "--model", "--steps", "--strength", "--seed")  # the image pipeline's, as it declares them
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -55,7 +49,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("scene", metavar="SCENE", help="a .ply / .splat file, or sample / sample4d; or `convert`")
     p.add_argument("convert_paths", nargs="*", metavar="IN OUT",
                    help="with `convert`: the scene to read and the file to write (.ply, .compressed.ply, .splat, .spz)")
-    p.add_argument("--path", choices=PATHS, default="orbit", help="camera path (default orbit)")
+    p.add_argument("--path", choices=SPLAT_PATHS, default="orbit", help="camera path (default orbit)")
     p.add_argument("--path-file", default=None, metavar="FILE",
                    help="fly an authored camera path: nerfstudio camera_path.json, SuperSplat's animation "
                         "(viewer export settings .json, or a .ssproj project); overrides --path")
@@ -73,41 +67,46 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--fps", type=number(float, 0, 1000, low_open=True), default=None, help="video frame rate (default 24, or the path file's)")
     p.add_argument("--time-range", nargs=2, type=number(float, -1e9, 1e9), metavar=("A", "B"), default=None,
                    help="4D scenes: the time of the first and the last frame (default the scene's range)")
-    p.add_argument("--fov", type=number(float, 0, 180, low_open=True), default=None,
-                   help="vertical field of view in degrees (default 50; a path file has its own)")
-    p.add_argument("--camera", choices=("perspective", "ortho", "fisheye"), default="perspective",
-                   help="camera model (default perspective): ortho frames the scene centre as the perspective view "
-                        "would (or spans --ortho-height scene units); fisheye is equidistant, --fov across the "
-                        "height, up to 180")
-    p.add_argument("--ortho-height", type=number(float, 0, 1e9, low_open=True), default=None, help="ortho: scene units across the image height")
-    p.add_argument("--elevation", type=number(float, -89, 89), default=20.0, help="orbit elevation in degrees, -89..89 as the Splats tab (default 20)")
-    p.add_argument("--sh-degree", type=number(int, 0, 3), default=3, help="spherical-harmonics degree 0..3 (default 3)")
-    p.add_argument("--background", default="0,0,0", help="background #rrggbb, #rgb or R,G,B in 0..1 (default black)")
-    p.add_argument("--mode", choices=MODES, default="rgb", help="rgb, depth or alpha (default rgb)")
-    p.add_argument("--renderer", choices=IMPLS, default="auto",
-                   help="rasteriser (default auto: CUDA on a GPU, the fast CPU path otherwise; fast_compiled "
-                        "is the fast path through torch.compile, worth it for long renders)")
-    p.add_argument("--antialiased", action=argparse.BooleanOptionalAction, default=None,
-                   help="gsplat's antialiased rasterize mode (Mip-Splatting's 2D filter), for scenes trained with "
-                        "it (default: as the scene's file says, e.g. 'SplatRenderMode: mip')")
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    style = p.add_argument_group("stylise (img2img on every rendered frame)")
-    style.add_argument("--prompt", default=None, help="stylise each frame with this prompt")
-    style.add_argument("--model", default="auto", help="image model: auto = stabilityai/sd-turbo with a CUDA GPU, else the built-in model "
-                            "(builtin); or any --model generate takes")
-    style.add_argument("--steps", type=number(int, 1, 50), default=1, help="denoising steps (default 1)")
-    add_setting_flags(style, ("strength", "seed"))
+    add_setting_flags(p, table=SPLAT_SETTINGS)  # the camera and render flags: --fov, --camera, --elevation, ...
+    add_image_flags(p, ("--device",))  # the renderer's and the stylising model's
+    style = p.add_argument_group("stylise (img2img on every rendered frame, when a --prompt is given)")
+    add_image_flags(style, STYLISE_FLAGS)
     style.add_argument("--side-by-side", action="store_true", help="write the render and the stylised frame side by side")
     return p
 
 
+def add_image_flags(group, flags) -> None:
+    """The image pipeline's options `flags` on `group`, as the one function that declares them
+    (app/settings.add_pipeline_arguments) does: same names, types, ranges, defaults and help."""
+    from streamstudio.app.settings import add_pipeline_arguments
+
+    source = argparse.ArgumentParser(add_help=False)
+    add_pipeline_arguments(source)
+    for flag in flags:
+        group._add_action(source._option_string_actions[flag])
+
+
+def render_settings(args) -> dict:
+    """The `SplatRenderConfig` fields the command line gave, by name: the splat table's pipeline
+    settings (an optional flag not given is left to the config's default)."""
+    values = {}
+    for s in SPLAT_SETTINGS.values():
+        if s.pipeline and s.flag is not None:
+            value = getattr(args, s.flag.lstrip("-").replace("-", "_"))
+            if value is not None or not s.cli_optional:
+                values[s.name] = value
+    return values
+
+
 def parse_size(text: str) -> tuple[int, int]:
+    """--size WxH, each side in the splat table's width / height range."""
     try:
         w, h = (int(v) for v in text.lower().split("x"))
     except ValueError:
         raise StreamStudioError(f"--size must look like 512x512, got {text!r}") from None
-    if not (8 <= w <= 4096 and 8 <= h <= 4096):
-        raise StreamStudioError(f"--size {text} is out of range; use 8..4096 pixels a side")
+    side = SPLAT_SETTINGS["width"]
+    if not (side.low <= w <= side.high and side.low <= h <= side.high):
+        raise StreamStudioError(f"--size {text} is out of range; use {side.low}..{side.high} pixels a side")
     return w, h
 
 
@@ -252,10 +251,8 @@ def render_scene(args) -> int:
         log.warning("--fov ignored: the path file gives each camera's field of view")
     device = pick_device(args.device)
     background = parse_color(args.background, "--background")
-    cfg = SplatRenderConfig(width=width, height=height, fov_y_deg=50.0 if args.fov is None else args.fov,
-                            sh_degree=args.sh_degree, background=background, mode=args.mode,
-                            impl=args.renderer, device=str(device), antialiased=args.antialiased,
-                            camera=args.camera, ortho_height=args.ortho_height)
+    cfg = SplatRenderConfig(width=width, height=height, background=background, device=str(device),
+                            **render_settings(args))  # --fov, --sh-degree, --mode, --renderer, --camera, ...
     cfg.check()
     scene = load_scene(scene_path(args.scene), spz_axes=args.spz_axes)
     time_range = tuple(args.time_range) if args.time_range else None

@@ -26,7 +26,8 @@ from streamstudio.device import pick_device
 from streamstudio.errors import StreamStudioError
 from streamstudio.frames import parse_color
 from streamstudio.models.splats.gaussians import GaussianScene, load_scene
-from streamstudio.pipelines.splat_render import (MODES, PATHS, Keyframe, KeyframePath, SceneFit, SplatRenderConfig,
+from streamstudio.pipelines.live_settings import SPLAT_SETTINGS, defaults
+from streamstudio.pipelines.splat_render import (PATHS, Keyframe, KeyframePath, SceneFit, SplatRenderConfig,
                                                  camera_path, fitted_camera, render, to_frame, with_camera_model)
 
 log = logging.getLogger(__name__)
@@ -41,22 +42,26 @@ PREVIEW_FPS = 12.0
 MAX_KEYFRAMES = 200
 
 
+_VIEW = defaults(SPLAT_SETTINGS)  # the splat table's defaults (pipelines/live_settings.py)
+
+
 @dataclass
 class ViewSettings:
-    """Everything the view sliders set."""
+    """Everything the view controls set, in the order the tab hands their values over; the
+    defaults and ranges are the splat settings table's (but the time's, each scene's own)."""
 
-    azimuth: float = 30.0
-    elevation: float = 20.0
-    zoom: float = 1.0
-    pan_x: float = 0.0
-    pan_y: float = 0.0
-    width: int = 384
-    height: int = 384
-    sh_degree: int = 3
-    background: str = "#000000"
-    mode: str = "rgb"
-    time: float = 0.0
-    camera: str = "perspective"  # perspective | ortho | fisheye
+    azimuth: float = _VIEW["azimuth"]
+    elevation: float = _VIEW["elevation"]
+    zoom: float = _VIEW["zoom"]
+    pan_x: float = _VIEW["pan_x"]
+    pan_y: float = _VIEW["pan_y"]
+    width: int = _VIEW["width"]
+    height: int = _VIEW["height"]
+    sh_degree: int = _VIEW["sh_degree"]
+    background: str = _VIEW["background"]
+    mode: str = _VIEW["mode"]
+    time: float = 0.0  # a 4D scene's: the slider takes each scene's time range
+    camera: str = _VIEW["camera"]  # perspective | ortho | fisheye
 
     def render_config(self, device: str | None = None) -> SplatRenderConfig:
         """The renderer settings; the device is the GPU when there is one (the CUDA kernel)."""
@@ -64,7 +69,7 @@ class ViewSettings:
         return SplatRenderConfig(width=int(self.width), height=int(self.height), sh_degree=int(self.sh_degree),
                                  background=background, mode=self.mode.lower(), device=device or str(pick_device()),
                                  camera=(self.camera or "perspective").lower(),
-                                 fov_y_deg=120.0 if (self.camera or "").lower() == "fisheye" else 50.0)
+                                 fov_y_deg=120.0 if (self.camera or "").lower() == "fisheye" else _VIEW["fov_y_deg"])
 
 
 @dataclass
@@ -167,7 +172,9 @@ def render_view(session: SplatSession, view: ViewSettings) -> tuple[np.ndarray, 
 def click_orbit(view: ViewSettings, x: float, y: float) -> ViewSettings:
     """Turn the view towards a clicked pixel (x, y): the farther from the centre, the more."""
     view.azimuth = wrap_degrees(view.azimuth - CLICK_ORBIT_DEG * (2 * x / view.width - 1))
-    view.elevation = float(np.clip(view.elevation + CLICK_ORBIT_DEG * (2 * y / view.height - 1), -89, 89))
+    limits = SPLAT_SETTINGS["elevation"]
+    view.elevation = float(np.clip(view.elevation + CLICK_ORBIT_DEG * (2 * y / view.height - 1), limits.low,
+                                   limits.high))
     return view
 
 
@@ -410,20 +417,16 @@ def build_splat_tab(get_image_pipeline: Callable[[], object] | None = None, slot
                                 label="Axes of a .spz (upside down? try the other)", elem_id="splat-spz-axes")
             load_btn = gr.Button("Load", variant="primary")
             scene_info = gr.Markdown("No scene loaded.")
-            azimuth = gr.Slider(-180, 180, v.azimuth, step=1, label="Orbit (azimuth °)")
-            elevation = gr.Slider(-89, 89, v.elevation, step=1, label="Elevation °")
-            zoom = gr.Slider(0.2, 5.0, v.zoom, step=0.05, label="Zoom")
-            pan_x = gr.Slider(-1, 1, 0, step=0.01, label="Pan right")
-            pan_y = gr.Slider(-1, 1, 0, step=0.01, label="Pan up")
+            # the splat table's controls (pipelines/live_settings.SPLAT_SETTINGS): ranges, steps, labels
+            azimuth, elevation, zoom, pan_x, pan_y = (view_control(name, v) for name in
+                                                      ("azimuth", "elevation", "zoom", "pan_x", "pan_y"))
             with gr.Row():
-                width = gr.Slider(64, 1024, v.width, step=16, label="Width")
-                height = gr.Slider(64, 1024, v.height, step=16, label="Height")
-            sh_degree = gr.Slider(0, 3, v.sh_degree, step=1, label="SH degree")
-            background = gr.ColorPicker(v.background, label="Background")
-            mode = gr.Radio([m.upper() if m == "rgb" else m.capitalize() for m in MODES], value="RGB",
-                            label="Render mode")
-            camera = gr.Radio(["Perspective", "Ortho", "Fisheye"], value="Perspective", label="Camera")
-            t_slider = gr.Slider(0, 1, 0, step=0.01, label="Time (4D scenes)")
+                width, height = view_control("width", v), view_control("height", v)
+            sh_degree = view_control("sh_degree", v)
+            background = gr.ColorPicker(v.background, label=SPLAT_SETTINGS["background"].label)
+            mode = view_control("mode", v)
+            camera = view_control("camera", v)
+            t_slider = gr.Slider(0, 1, v.time, step=0.01, label="Time (4D scenes)")
             play_btn = gr.Button("▶ Play")
         with gr.Column(scale=2):
             with gr.Row():
@@ -570,6 +573,13 @@ def build_splat_tab(get_image_pipeline: Callable[[], object] | None = None, slot
     return {"state": state, "view": view_img, "styled": styled_img, "stats": stats, "load": load_btn,
             "stylize": stylize_btn, "play": play_btn, "time": t_slider, "add_keyframe": add_btn,
             "preview_path": preview_btn, "save_path": save_btn, "load_path": path_in}
+
+
+def view_control(name: str, view: ViewSettings):
+    """The Gradio control of the splat table's setting `name`, showing `view`'s value."""
+    from streamstudio.app.settings import widget
+
+    return widget(SPLAT_SETTINGS[name], getattr(view, name))
 
 
 # Pressing Enter in a slider's number box: Gradio 5's slider fires `release` (what re-renders)
