@@ -54,10 +54,10 @@ class SDComponents:
     text_encoder_2: torch.nn.Module | None = None  # SDXL: CLIPTextModelWithProjection (pooled text)
     tokenizer_2: object | None = None  # SDXL: the second encoder's tokenizer
     vae_upcast: bool = False  # keep the VAE in float32 (SDXL's own VAE overflows in float16)
-    loras: object | None = None  # the users' LoRAs on these networks (models/lora.LoraSet), changeable live
+    loras: object | None = None  # the users' LoRAs on these networks (models/image/lora.LoraSet), changeable live
     controlnets: list = field(default_factory=list)  # ControlNetModels (models/image/controlnet.py), in --controlnet order
     control_defaults: list = field(default_factory=list)  # per ControlNet: (preprocessor, scale) new streams start at
-    ip_adapter: object | None = None  # models/ip_adapter.IPAdapter installed in the UNet, or None
+    ip_adapter: object | None = None  # models/image/ip_adapter.IPAdapter installed in the UNet, or None
     network: ImageNet | None = None  # an accelerated or batched variant of the seam (None: eager)
 
     @property
@@ -495,7 +495,7 @@ def _maybe_fuse_lcm_lora(comps: SDComponents, lcm_lora, local_files_only: bool) 
 def fuse_lora(comps: SDComponents, lora: str, scale: float = 1.0, local_files_only: bool = False) -> None:
     """Fuse a (LCM-)LoRA (a .safetensors file, a folder holding one, or a hub id) into the UNet
     weights for good, through diffusers' LoRA loader (users' LoRAs, changeable at run time, are
-    `models/lora.LoraSet`'s)."""
+    `models/image/lora.LoraSet`'s)."""
     where, kwargs, local = lora_source(lora, local_files_only)
     _fuse(comps, where, kwargs, local, scale, lora)
 

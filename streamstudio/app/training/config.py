@@ -1,6 +1,6 @@
 """The training commands' configs (`train-image`, `train-video`): plain dataclasses, importing
 nothing heavy, so the commands' flags and help are built without torch (the trainers are in
-`training/image.py` and `training/video.py`)."""
+`app/training/image.py` and `app/training/video.py`)."""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ naming its bank, so one batched UNet call can serve several streams with their o
 duration of a bank call and puts the previous processors back afterwards: calls without a bank
 run the original processors untouched (bit-exact), and compiled graphs or TensorRT engines of
 the same UNet never see the bank code. Bank calls reach it through the image seam,
-`models/image_net.ImageNet.eps(..., bank=segments)`. The UNet's calls must be serialized (one
+`models/image/image_net.ImageNet.eps(..., bank=segments)`. The UNet's calls must be serialized (one
 executor thread, or the model lock), as they are everywhere in StreamStudio.
 """
 

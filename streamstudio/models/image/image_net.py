@@ -198,7 +198,7 @@ class DiffusersImageNet(ImageNet):
             down, mid = controlnet.residuals(self.controlnets, x, t, cond.text, cond.control, cond.control_scale,
                                              added or None)
             kwargs.update(down_block_additional_residuals=down, mid_block_additional_residual=mid)
-        if cond.image_embeds is not None:  # per-row scales ride along (models/ip_adapter.RowScaledProjection)
+        if cond.image_embeds is not None:  # per-row scales ride along (models/image/ip_adapter.RowScaledProjection)
             added["image_embeds"] = [cond.image_embeds] + ([] if cond.ip_scale is None else [cond.ip_scale])
         if added:
             kwargs["added_cond_kwargs"] = added
