@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from streamstudio.app import cli  # noqa: E402
 from streamstudio.app.batch import cluster
+from streamstudio.app.cli.requests import batch_request  # noqa: E402
 from streamstudio.streaming.sinks import open_sink  # noqa: E402
 from streamstudio.streaming.sources import open_source  # noqa: E402
 
@@ -69,7 +70,7 @@ def workers_throughput(folder: Path, out: Path, workers: int) -> dict:
     argv = ["render", "--input", str(folder), "--output", str(out), "--workers", str(workers), *TINY]
     args = cli.build_parser(argv).parse_args(argv)
     t0 = time.perf_counter()
-    rc = cluster.run_batch(args, on_progress=lambda snap: board.update(snap))
+    rc = cluster.run_batch(batch_request(args), on_progress=lambda snap: board.update(snap))
     wall = time.perf_counter() - t0
     assert rc == 0
     frames = sum(w["frames"] for w in board.values())

@@ -92,6 +92,7 @@ def serve_path(count: int, transport: str, side: int = 512) -> dict:
     import torch
 
     from streamstudio.app.cli import build_parser
+    from streamstudio.app.cli.requests import serve_request
     from streamstudio.app.cli.serve import build_model
     from streamstudio.app.web.ray_replicas import build_manager
     from streamstudio.app.web.sessions import StreamProcessor
@@ -99,7 +100,7 @@ def serve_path(count: int, transport: str, side: int = 512) -> dict:
     args = build_parser().parse_args(["serve", "--model", "tiny", "--width", str(side), "--height", str(side),
                                       "--device", "cpu", "--cluster", "local", "--replica-transport", transport])
     frames = [frame_of(side, i) for i in range(count)]
-    manager = build_manager(args)
+    manager = build_manager(serve_request(args))
     try:
         replica = manager.replicas[0]
         remote = replica.model.processor("img2img", "bench")

@@ -262,22 +262,22 @@ def _dest(setting: LiveSetting) -> str | None:
     return setting.flag.lstrip("-").replace("-", "_") if setting.flag else None
 
 
-def config_values(args, table: dict[str, LiveSetting] | None = None) -> dict:
-    """The pipeline settings a command line gave, by their table name ({"strength": 0.5,
-    "guidance_scale": 1.4, ...}): every setting of `table` (the image table by default) of the
-    pipeline's config that has a flag, so a setting added to the table reaches the config with no
-    other line. A `cli_optional` flag not given (None) is left out: the command picks its value
-    (guidance by the model's kind; the similarity threshold turns the filter on only when given)."""
-    values = {}
-    for s in (live_settings.SETTINGS if table is None else table).values():
-        dest = _dest(s)
-        if not s.pipeline or dest is None or not hasattr(args, dest):
-            continue
-        value = getattr(args, dest)
-        if value is None and s.cli_optional:
-            continue
-        values[s.name] = value
-    return values
+def pipeline_dests(table: dict[str, LiveSetting] | None = None) -> dict[str, str]:
+    """{argparse destination: setting name} of every setting of `table` (the image table by
+    default) of the pipeline's config that has a flag (filter_threshold: similarity_threshold)."""
+    table = live_settings.SETTINGS if table is None else table
+    return {_dest(s): s.name for s in table.values() if s.pipeline and s.flag is not None}
+
+
+def config_values(given: dict, table: dict[str, LiveSetting] | None = None) -> dict:
+    """The pipeline settings among `given` ({flag destination: value}, as a command line gives
+    them), by their table name ({"strength": 0.5, "guidance_scale": 1.4, ...}), so a setting added
+    to the table reaches the config with no other line. A `cli_optional` flag not given (None) is
+    left out: the command picks its value (guidance by the model's kind; the similarity threshold
+    turns the filter on only when given)."""
+    table = live_settings.SETTINGS if table is None else table
+    return {name: given[dest] for dest, name in pipeline_dests(table).items()
+            if dest in given and not (given[dest] is None and table[name].cli_optional)}
 
 
 def flag_dests() -> dict[str, str]:

@@ -213,6 +213,7 @@ def test_build_engines_loads_the_model_as_the_app_does(monkeypatch, dtype):
     """The engine cache is keyed by the weights (dtype included): build-engines must load the
     model in the dtype the app will run it in, or the app never finds the prebuilt engines."""
     from streamstudio.app.cli import build_parser
+    from streamstudio.app.cli.requests import image_request
     from streamstudio.app import streams
     from streamstudio.app.cli import build_engines
     from streamstudio.models import loading
@@ -228,7 +229,7 @@ def test_build_engines_loads_the_model_as_the_app_does(monkeypatch, dtype):
                  ["generate", "--model", "tiny", "--device", "cpu", "--dtype", dtype, "--output", "x"]):
         args = build_parser().parse_args(argv)
         with pytest.raises(SystemExit):
-            (build_engines._load if argv[0] == "build-engines" else lambda a: streams.build_pipeline(a, "txt2img"))(args)
+            (build_engines._load if argv[0] == "build-engines" else lambda a: streams.build_pipeline(image_request(a), "txt2img"))(args)
     assert len(seen) == 2 and seen[0] == seen[1]
     assert seen[0][1] == (torch.float32 if dtype == "auto" else torch.float16)
 

@@ -18,6 +18,7 @@ from clips import make_clip
 
 from streamstudio.app import cli
 from streamstudio.app.batch import cluster
+from streamstudio.app.cli.requests import batch_request
 
 # the similarity filter skips frames (its replay is what makes a segment's decisions the whole
 # file's) and the prompt schedule changes near the segment cuts (the tails make those frames exact)
@@ -69,7 +70,7 @@ def assert_same_frames(got, want) -> None:
 
 def batch(argv) -> int:
     argv = ["render", *argv]
-    return cluster.run_batch(cli.build_parser(argv).parse_args(argv))
+    return cluster.run_batch(batch_request(cli.build_parser(argv).parse_args(argv)))
 
 
 def test_batch_without_ray_matches_local_renders_and_resumes(tmp_path, capsys, monkeypatch, schedule):
@@ -120,7 +121,7 @@ def test_a_run_stopped_before_its_stitch_restarts_with_the_stitch_only(tmp_path,
             patch.setattr(cluster, "stitch", stopped)
             with pytest.raises(KeyboardInterrupt):
                 run = [*argv, "--segment-frames", cut]
-                cluster.run_batch(cli.build_parser(run).parse_args(run))
+                cluster.run_batch(batch_request(cli.build_parser(run).parse_args(run)))
     assert f"{2} job(s) (1 file(s) in segments)" in capsys.readouterr().err  # the second cut reused none of the first's
     assert not (out / "long.mkv").exists()
     assert cli.main([*argv, *SEGMENT]) == 0
@@ -271,6 +272,6 @@ def test_batch_option_mistakes_are_one_error_line(tmp_path, capsys, argv, messag
 def test_cuts_count_output_frames_when_fps_resamples(tmp_path):
     clip = make_inputs(tmp_path / "in", shorts=0)[0]  # 24 frames at 12 fps
     argv = ["render", "--input", str(clip), "--output", str(tmp_path / "out"), "--fps", "8", *SEGMENT]
-    args = cli.build_parser(argv).parse_args(argv)
-    (job,), failed = cluster.plan(args, [clip], [tmp_path / "out" / clip.name], tmp_path / "work", workers=1)
+    request = batch_request(cli.build_parser(argv).parse_args(argv))
+    (job,), failed = cluster.plan(request, [clip], [tmp_path / "out" / clip.name], tmp_path / "work", workers=1)
     assert not failed and [(p.start, p.end, p.frames) for p in job.pieces] == [(0, 8, 8), (8, None, 8)]

@@ -83,6 +83,7 @@ def test_clear_errors(tmp_path, capsys):
 ])
 def test_accelerated_networks_get_the_batches_they_will_be_sent(monkeypatch, acceleration, serving, cfg, want_max):
     from streamstudio.app.cli import build_parser
+    from streamstudio.app.cli.requests import image_request
     from streamstudio.app import streams
     from streamstudio.models import acceleration as acc
 
@@ -91,7 +92,7 @@ def test_accelerated_networks_get_the_batches_they_will_be_sent(monkeypatch, acc
     command = "serve" if serving else "generate"
     argv = [command, "--model", "tiny", "--steps", "2", "--cfg", cfg, "--guidance", "1.5",
             "--acceleration", acceleration] + ([] if serving else ["--output", "unused"])
-    pipe = streams.build_pipeline(build_parser(argv).parse_args(argv), "img2img", serving=serving)
+    pipe = streams.build_pipeline(image_request(build_parser(argv).parse_args(argv)), "img2img", serving=serving)
     (mode, plan), = seen
     assert mode == acceleration and pipe.config.cfg_type == cfg
     if want_max is None:

@@ -276,6 +276,7 @@ def test_every_pipeline_setting_reaches_the_config_from_the_command_line():
     command line (settings.config_values: build_pipeline once copied 14 of them by hand). Each is
     given a value other than its default, and found in the config of the stream that opens."""
     from streamstudio.app.cli import build_parser
+    from streamstudio.app.cli.requests import image_request
     from streamstudio.app.streams import build_pipeline
 
     def other_value(s):
@@ -289,7 +290,7 @@ def test_every_pipeline_setting_reaches_the_config_from_the_command_line():
     assert len(chosen) >= 13
     flags = [word for s in SETTINGS.values() if s.name in chosen for word in (s.flag, str(chosen[s.name]))]
     argv = ["generate", "--model", "tiny", "--output", "unused", *flags]
-    config = build_pipeline(build_parser(argv).parse_args(argv), "img2img").config
+    config = build_pipeline(image_request(build_parser(argv).parse_args(argv)), "img2img").config
     assert {name: getattr(config, name) for name in chosen} == chosen
     assert config.similarity_filter  # the threshold given turns the filter on
 

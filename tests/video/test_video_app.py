@@ -303,8 +303,8 @@ def test_video_solver_comes_from_the_checkpoint_or_the_flag():
     assert counts["ab2"] == counts["euler"] and counts["heun"] == 2 * counts["euler"]
     parser = argparse.ArgumentParser()
     add_video_arguments(parser)
-    assert config_values(parser.parse_args(["--video-solver", "ab2"]), VIDEO_SETTINGS)["solver"] == "ab2"
-    assert "solver" not in config_values(parser.parse_args([]), VIDEO_SETTINGS)  # the checkpoint's
+    assert config_values(vars(parser.parse_args(["--video-solver", "ab2"])), VIDEO_SETTINGS)["solver"] == "ab2"
+    assert "solver" not in config_values(vars(parser.parse_args([])), VIDEO_SETTINGS)  # the checkpoint's
 
 
 def test_video_guidance_comes_from_the_checkpoint_or_the_flag(tmp_path):

@@ -172,11 +172,11 @@ def test_a_round_with_a_streams_frame_and_its_close_answers_both():
     (a client leaving while its last frame is on the way) is answered, not a replica failure; a
     frame or a settings change for a stream the replica does not hold is that stream's error."""
     from streamstudio.app.cli import build_parser
+    from streamstudio.app.cli.requests import serve_request
     from streamstudio.app.web.ray_replicas import ReplicaActor
 
     args = build_parser().parse_args(["serve", "--model", "tiny", "--width", "64", "--height", "64", "--device", "cpu"])
-    actor = ReplicaActor({k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool, list, tuple,
-                                                                                  type(None)))})
+    actor = ReplicaActor(serve_request(args))
     opened = actor.step([{"sid": "a", "op": "open", "mode": "img2img", "size": (64, 64), "settings": {}},
                          {"sid": "b", "op": "open", "mode": "img2img", "size": (64, 64), "settings": {}}])
     assert opened["replies"] == {"a": {}, "b": {}} and opened["streams"] == 2
@@ -191,11 +191,12 @@ def test_a_round_with_a_streams_frame_and_its_close_answers_both():
 
 def test_cluster_options_are_checked(monkeypatch):
     from streamstudio.app.cli import build_parser
+    from streamstudio.app.cli.requests import serve_request
     from streamstudio.app.web.ray_replicas import build_manager
 
     parse = build_parser().parse_args
     with pytest.raises(StreamStudioError, match="--gpus and --cluster do not go together"):
-        build_manager(parse(["serve", "--model", "tiny", "--cluster", "local", "--gpus", "2"]))
+        build_manager(serve_request(parse(["serve", "--model", "tiny", "--cluster", "local", "--gpus", "2"])))
     from streamstudio.app import ray_connect
     from streamstudio.app.web.ray_replicas import RayReplicas
 
@@ -209,7 +210,7 @@ def test_cluster_options_are_checked(monkeypatch):
         RayReplicas({}, "ray://head:10001", transport="compiled")
     monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
     with pytest.raises(StreamStudioError, match=r"needs Ray: pip install 'streamstudio\[ray\]'"):
-        build_manager(parse(["serve", "--model", "tiny", "--cluster", "auto"]))
+        build_manager(serve_request(parse(["serve", "--model", "tiny", "--cluster", "auto"])))
 
 
 # ---------------------------------------------------------------------------- two nodes (slow)
@@ -257,6 +258,7 @@ def test_two_nodes_spread_streams_and_a_lost_node_moves_them(monkeypatch):
     import ray
 
     from streamstudio.app.cli import build_parser
+    from streamstudio.app.cli.requests import serve_request
     from streamstudio.app.web import ray_replicas
 
     port = free_port()
@@ -282,7 +284,7 @@ def test_two_nodes_spread_streams_and_a_lost_node_moves_them(monkeypatch):
         watch, ray_replicas.WATCH_S = ray_replicas.WATCH_S, 0.5
         args = build_parser().parse_args(["serve", "--model", "tiny", "--cluster", address, "--max-streams", "2",
                                           "--width", "64", "--height", "64", "--device", "cpu"])
-        manager = ray_replicas.build_manager(args)
+        manager = ray_replicas.build_manager(serve_request(args))
         assert len(manager.replicas) == 1  # the head's
         head_nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
         # a node that joins later gets a replica of its own, and takes new streams

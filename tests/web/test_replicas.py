@@ -78,20 +78,21 @@ def test_a_failed_replica_ends_only_its_own_sessions(manager, monkeypatch):
 def test_replica_devices(monkeypatch):
     from types import SimpleNamespace
 
-    assert replica_devices(SimpleNamespace(gpus=3, device="cpu")) == ["cpu"] * 3
+    assert replica_devices(3, "cpu") == ["cpu"] * 3
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    assert replica_devices(SimpleNamespace(gpus=2, device="auto")) == ["cuda:0", "cuda:1"]
+    assert replica_devices(2, "auto") == ["cuda:0", "cuda:1"]
     with pytest.raises(StreamStudioError, match="--gpus 4, but this machine has 2 CUDA GPU"):
-        replica_devices(SimpleNamespace(gpus=4, device="auto"))
+        replica_devices(4, "auto")
 
 
 def test_serve_gpus_builds_a_replica_per_device():
     from streamstudio.app.cli import build_parser
+    from streamstudio.app.cli.requests import serve_request
     from streamstudio.app.web.replicas import build_manager
 
     args = build_parser(["serve"]).parse_args(["serve", "--model", "tiny", "--gpus", "2", "--device", "cpu",
                                                "--width", "64", "--height", "64", "--max-streams", "3"])
-    manager = build_manager(args)
+    manager = build_manager(serve_request(args))
     try:
         a, b = manager.replicas
         assert (a.device, b.device, manager.per_replica, manager.max_streams) == ("cpu", "cpu", 3, 6)

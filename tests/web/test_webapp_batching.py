@@ -409,7 +409,7 @@ def test_a_stream_whose_network_call_fails_stops_alone(tiny_components_factory):
 
 def test_serve_turns_batching_on_by_default_and_off_on_request():
     from streamstudio.app.cli import build_parser
-    from streamstudio.app.streams import batching_config
+    from streamstudio.app.cli.requests import batching_config
 
     args = build_parser().parse_args(["serve", "--model", "tiny"])
     assert batching_config(args) == BatchingConfig(max_rows=16, max_wait_ms=2.0)

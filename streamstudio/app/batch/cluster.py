@@ -21,7 +21,6 @@ outputs on storage every machine sees (docs/cluster.md).
 
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import os
@@ -35,6 +34,7 @@ from pathlib import Path
 from streamstudio.app.batch.segments import (MIN_SEGMENT, Piece, keyframe_indices, part_done, plan_pieces, remove_parts,
                                        render_piece, split_allowed, stitch, write_json)
 from streamstudio.app.settings import number
+from streamstudio.app.streams.requests import BatchRequest
 from streamstudio.errors import StreamStudioError
 from streamstudio.streaming.sources import open_source
 
@@ -91,11 +91,11 @@ def batch_inputs(spec: str | None) -> list[Path] | None:
     return None
 
 
-def wants_batch(args) -> bool:
+def wants_batch(request: BatchRequest) -> bool:
     """Whether `render` hands this run to the batch renderer."""
-    if args.cluster is not None or args.workers is not None:
+    if request.cluster is not None or request.workers is not None:
         return True
-    return getattr(args, "pipeline", "image") == "image" and batch_inputs(args.input) is not None
+    return request.pipeline == "image" and batch_inputs(request.input) is not None
 
 
 def output_paths(inputs: list[Path], output: str) -> tuple[list[Path], Path]:
@@ -119,11 +119,6 @@ def output_paths(inputs: list[Path], output: str) -> tuple[list[Path], Path]:
             raise StreamStudioError(f"{seen[dst]} and {src} would both be written to {dst}; rename one")
         seen[dst] = src
     return paths, out / WORK_DIR
-
-
-def settings_of(args) -> dict:
-    """The command's settings as plain values (what the workers are built from)."""
-    return {k: v for k, v in vars(args).items() if not k.startswith("_") and not callable(v)}
 
 
 # ---------------------------------------------------------------------------- the job list
@@ -173,8 +168,8 @@ class RenderWorker:
     """Loads the model once (on first use) and renders pieces, one at a time. Runs in this
     process (--cluster local) or as a Ray actor; `board` gets its progress."""
 
-    def __init__(self, settings: dict, name: str, board=None):
-        self.args = argparse.Namespace(**settings)
+    def __init__(self, request: BatchRequest, name: str, board=None):
+        self.request = request
         self.name, self.board = name, board
         self._pipes: dict[tuple[int, int], object] = {}
         self._frames = 0  # frames written, all jobs
@@ -199,7 +194,7 @@ class RenderWorker:
             else:
                 target = Path(piece.part)
                 shutil.rmtree(target, ignore_errors=True)  # what a killed attempt left
-            frames = render_piece(self._pipe_for, self.args, piece, target,
+            frames = render_piece(self._pipe_for, self.request, piece, target,
                                   on_frame=lambda: self._report(piece.key))
             if piece.part is None:
                 os.replace(target, piece.output)
@@ -214,20 +209,20 @@ class RenderWorker:
         made once per output size."""
         from streamstudio.app.streams.image import build_pipeline, new_stream, output_size
 
-        args = self.args
+        image = self.request.image
         if not self._pipes:
-            pipe = build_pipeline(args, "img2img", aspect=aspect)
+            pipe = build_pipeline(image, "img2img", aspect=aspect)
             self._pipes[(pipe.config.width, pipe.config.height)] = pipe
             return pipe
         first = next(iter(self._pipes.values()))
-        size = output_size(args.width, args.height, first.comps.default_size or 512, aspect)
+        size = output_size(image.width, image.height, first.comps.default_size or 512, aspect)
         if size not in self._pipes:
-            if getattr(args, "acceleration", "none") != "none":  # engines are built per size
-                self._pipes[size] = build_pipeline(args, "img2img", aspect=aspect)
+            if image.acceleration != "none":  # engines are built per size
+                self._pipes[size] = build_pipeline(image, "img2img", aspect=aspect)
             else:
                 config = replace(first.config, width=size[0], height=size[1])
-                self._pipes[size] = new_stream(first.comps, config, prompt=args.prompt,
-                                               negative_prompt=args.negative_prompt)
+                self._pipes[size] = new_stream(first.comps, config, prompt=image.prompt,
+                                               negative_prompt=image.negative_prompt)
         return self._pipes[size]
 
     def _report(self, job: str | None, force: bool = False) -> None:
@@ -279,9 +274,9 @@ class LocalExecutor:
 
     name = "local"
 
-    def __init__(self, settings: dict):
+    def __init__(self, request: BatchRequest):
         self.board = ProgressBoard()
-        self.worker = RenderWorker(settings, "local", self.board.update)
+        self.worker = RenderWorker(request, "local", self.board.update)
         self.workers = 1
 
     def run(self, pieces: list[Piece], work: Path, on_result: Callable[[PieceResult], None],
@@ -303,7 +298,7 @@ class RayExecutor:
     """One actor per GPU (CPU actors where there are none), fed from a queue; a dead actor's job
     goes back to the queue and a new actor is started in its place."""
 
-    def __init__(self, settings: dict, address: str | None, workers: int | None):
+    def __init__(self, request: BatchRequest, address: str | None, workers: int | None):
         import ray
 
         from streamstudio.app.ray_connect import connect_ray
@@ -317,10 +312,12 @@ class RayExecutor:
         self.name = f"ray ({address or 'local'}: {self.workers} {'GPU' if self.gpus else 'CPU'} worker(s))"
         # a CPU worker takes its share of the cores, and as many torch threads (not every core of its machine)
         self.cpus = 1 if self.gpus else max(1, cpus // self.workers)
+        image = request.image
         if self.gpus:  # an actor sees its one GPU as cuda:0, whichever --device named
-            self.settings = {**settings, "device": "cuda"} if str(settings.get("device")).startswith("cuda") else settings
+            image = replace(image, device="cuda") if str(image.device).startswith("cuda") else image
         else:
-            self.settings = settings if settings.get("threads") else {**settings, "threads": self.cpus}
+            image = image if image.threads else replace(image, threads=self.cpus)
+        self.request = replace(request, image=image)
         self.board = ray.remote(num_cpus=0)(ProgressBoard).remote()
         self._actor_class = ray.remote(RenderWorker)
         self._count = 0
@@ -331,7 +328,7 @@ class RayExecutor:
         name = f"w{self._count}"
         self._count += 1
         options = {"num_gpus": 1} if self.gpus else {"num_cpus": self.cpus}
-        actor = self._actor_class.options(max_restarts=0, **options).remote(self.settings, name,
+        actor = self._actor_class.options(max_restarts=0, **options).remote(self.request, name,
                                                                              _RemoteBoard(self.board))
         self.names[actor] = name
         return actor
@@ -423,30 +420,30 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"
 
 
-def make_executor(args, settings: dict):
+def make_executor(request: BatchRequest):
     """The executor --cluster and --workers ask for; without Ray, the local one and a note."""
-    choice = args.cluster or "auto"
+    choice, workers = request.cluster or "auto", request.workers
     if choice not in ("auto", "local") and not choice.startswith("ray://"):
         raise StreamStudioError(f"--cluster {choice!r}: use auto, local or ray://HOST:PORT")
     if choice == "local":
-        return LocalExecutor(settings)
+        return LocalExecutor(request)
     try:
         import ray  # noqa: F401
     except ImportError:
         if choice.startswith("ray://"):
             raise StreamStudioError(f"--cluster {choice} needs Ray: pip install 'streamstudio[ray]'") from None
         print(f"note: Ray is not installed, so the jobs run one after another here; {SCALE_OUT}", file=sys.stderr)
-        return LocalExecutor(settings)
+        return LocalExecutor(request)
     if choice.startswith("ray://"):
-        return RayExecutor(settings, choice, args.workers)
+        return RayExecutor(request, choice, workers)
     if os.environ.get("RAY_ADDRESS"):
-        return RayExecutor(settings, os.environ["RAY_ADDRESS"], args.workers)
+        return RayExecutor(request, os.environ["RAY_ADDRESS"], workers)
     import torch
 
-    if args.workers is not None or torch.cuda.device_count() > 1:
-        return RayExecutor(settings, None, args.workers)
+    if workers is not None or torch.cuda.device_count() > 1:
+        return RayExecutor(request, None, workers)
     print(f"note: one worker, so the jobs run one after another here; {SCALE_OUT}", file=sys.stderr)
-    return LocalExecutor(settings)
+    return LocalExecutor(request)
 
 
 # ---------------------------------------------------------------------------- the batch
@@ -458,12 +455,14 @@ class FileJob:
     done: set[str] = field(default_factory=set)
 
 
-def plan(args, inputs: list[Path], outputs: list[Path], work: Path, workers: int) -> tuple[list[FileJob], dict[str, str]]:
+def plan(request: BatchRequest, inputs: list[Path], outputs: list[Path], work: Path,
+         workers: int) -> tuple[list[FileJob], dict[str, str]]:
     """Each input's pieces; inputs that cannot be read are failures (name -> why), not jobs."""
     from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
 
-    config = StreamDiffusionConfig(temporal=args.temporal, feedback_weight=args.feedback_weight,
-                                   bank_size=args.bank_size)
+    settings = request.image.settings  # what decides whether a file may be cut
+    config = StreamDiffusionConfig(**{k: settings[k] for k in ("temporal", "feedback_weight", "bank_size")
+                                      if k in settings})
     whole = split_allowed(config)
     jobs, failed = [], {}
     for src, dst in zip(inputs, outputs):
@@ -471,7 +470,8 @@ def plan(args, inputs: list[Path], outputs: list[Path], work: Path, workers: int
             if not src.is_file():
                 raise StreamStudioError(f"{src} does not exist")
             with open_source(str(src), realtime=False) as source:  # a file that opens and decodes a first frame
-                rate = (args.fps / source.info.fps) if args.fps and source.info.fps else 1.0  # --fps resamples it
+                fps = request.fps
+                rate = (fps / source.info.fps) if fps and source.info.fps else 1.0  # --fps resamples it
             frames, keys = keyframe_indices(src)
             if not frames:
                 raise StreamStudioError(f"{src} has a video stream but no frames")
@@ -480,16 +480,16 @@ def plan(args, inputs: list[Path], outputs: list[Path], work: Path, workers: int
             continue
         if whole is None:
             pieces = plan_pieces(str(src), str(dst), str(work / "parts" / dst.name), frames, keys,
-                                 args.segment_frames, workers, args.max_frames, rate)
+                                 request.segment_frames, workers, request.max_frames, rate)
         else:
-            pieces = plan_pieces(str(src), str(dst), "", frames, [], 0, 1, args.max_frames, rate)
-            if args.segment_frames:
+            pieces = plan_pieces(str(src), str(dst), "", frames, [], 0, 1, request.max_frames, rate)
+            if request.segment_frames:
                 print(f"note: {src.name} is rendered whole: {whole}", file=sys.stderr)
         jobs.append(FileJob(src, dst, pieces))
     return jobs, failed
 
 
-def run_batch(args, on_progress: Callable[[dict], None] | None = None) -> int:
+def run_batch(request: BatchRequest, on_progress: Callable[[dict], None] | None = None) -> int:
     """`render` with --cluster/--workers or several inputs. Returns the exit code (1 when a
     file failed). `on_progress` gets each progress snapshot (worker name -> frames, busy
     seconds, job, pid)."""
@@ -498,19 +498,19 @@ def run_batch(args, on_progress: Callable[[dict], None] | None = None) -> int:
 
     from tqdm import tqdm
 
-    if getattr(args, "pipeline", "image") != "image":
+    if request.pipeline != "image":
         raise StreamStudioError("--cluster and batch inputs take --pipeline image")
-    inputs = batch_inputs(args.input) or ([Path(args.input).expanduser()] if args.input else [])
+    given = request.input
+    inputs = batch_inputs(given) or ([Path(given).expanduser()] if given else [])
     if not inputs:
         raise StreamStudioError("--input is required (a video file, a folder or glob of videos, a,b,c or @list.txt)")
-    if not args.output:
+    if not request.output:
         raise StreamStudioError("--output is required (a folder, or a video file for one input)")
-    outputs, work = output_paths(inputs, args.output)
-    settings = settings_of(args)
-    joblist = JobList(work, settings)
+    outputs, work = output_paths(inputs, request.output)
+    joblist = JobList(work, request.fingerprint)
     todo = [(src, dst) for src, dst in zip(inputs, outputs) if not joblist.finished(dst)]
-    executor = make_executor(args, settings) if todo else None  # its worker count sets the default cuts
-    jobs, failed = plan(args, [s for s, _ in todo], [d for _, d in todo], work, executor.workers if executor else 1)
+    executor = make_executor(request) if todo else None  # its worker count sets the default cuts
+    jobs, failed = plan(request, [s for s, _ in todo], [d for _, d in todo], work, executor.workers if executor else 1)
     skipped = len(inputs) - len(todo)
     pending = []
     for job in jobs:
@@ -544,7 +544,7 @@ def run_batch(args, on_progress: Callable[[dict], None] | None = None) -> int:
     def count_stitched() -> None:
         stitched[0] += 1
 
-    stitches = {job.input.name: (job, stitcher.submit(_stitch, job, work, args, ready, count_stitched))
+    stitches = {job.input.name: (job, stitcher.submit(_stitch, job, work, request, ready, count_stitched))
                 for job in split}
 
     def on_tick(snapshot: dict) -> None:
@@ -600,10 +600,11 @@ def _worker_fps(board: dict) -> str:
     return ", ".join(f"{n} {w['frames'] / w['busy']:.1f} fps" for n, w in sorted(board.items()) if w["busy"] > 0)
 
 
-def _stitch(job: FileJob, work: Path, args, ready: Callable[[Piece], bool], on_frame: Callable[[], None]) -> int:
+def _stitch(job: FileJob, work: Path, request: BatchRequest, ready: Callable[[Piece], bool],
+            on_frame: Callable[[], None]) -> int:
     target = work / "partial" / job.output.name
     target.parent.mkdir(parents=True, exist_ok=True)
-    frames = stitch(job.pieces, target, args, ready, on_frame)
+    frames = stitch(job.pieces, target, request, ready, on_frame)
     os.replace(target, job.output)
     remove_parts(job.pieces)
     return frames

@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from streamstudio.app.streams.requests import BatchRequest
 from streamstudio.errors import StreamStudioError
 from streamstudio.streaming.sinks import Sink, open_sink
 from streamstudio.streaming.sources import Source, VideoFrame, open_source, resample_file
@@ -254,7 +255,7 @@ def read_part(folder: Path):
         yield np.load(path, allow_pickle=False), pts
 
 
-def render_piece(pipe_for: Callable[[float | None], object], args, piece: Piece, target: Path,
+def render_piece(pipe_for: Callable[[float | None], object], request: BatchRequest, piece: Piece, target: Path,
                  on_frame: Callable[[], None] | None = None) -> int:
     """Render `piece` into `target` (the output file, or the part folder) with the pipeline
     `pipe_for(aspect)` gives for the input's aspect ratio (a StreamDiffusion of the input's size,
@@ -263,32 +264,33 @@ def render_piece(pipe_for: Callable[[float | None], object], args, piece: Piece,
     from streamstudio.streaming.runner import Runner, RunnerConfig
     from streamstudio.streaming.schedule import load_schedule
 
-    source = open_input(piece.input, args)
+    source = open_input(piece.input, request.fps)
     try:
         info = source.info
         pipe = pipe_for(info.width / info.height if info.width and info.height else None)
         pipe.reset()  # empty buffer and filter, as a new stream
-        pipe.set_prompt(args.prompt)  # not the last job's scheduled prompt
-        fitted = FittedFrames(pipe, getattr(args, "fit", "crop"))
+        pipe.set_prompt(request.image.prompt)  # not the last job's scheduled prompt
+        fitted = FittedFrames(pipe, request.fit)
         cfg = pipe.config
 
         def prepare(image):  # the pipeline's own input path up to its similarity filter
             return pipe.filter_input(fitted.fit_frame(image))
 
         window = Window(pipe, piece, prepare)
-        fps = args.fps or info.fps
+        fps = request.fps or info.fps
         if piece.part is None:
-            audio = None if args.no_audio else info.audio
-            inner = open_sink(str(target), cfg.width, cfg.height, fps, audio_from=audio, rtmp=rtmp_config(args))
+            audio = None if request.no_audio else info.audio
+            inner = open_sink(str(target), cfg.width, cfg.height, fps, audio_from=audio,
+                              rtmp=rtmp_config(request.rtmp_timeout))
         else:
             inner = PartSink(target, cfg.width, cfg.height, fps)
     except BaseException:
         source.close()
         raise
     sink = WindowSink(inner, window, on_frame)
-    schedule = load_schedule(args.prompt_schedule, args.transition) if args.prompt_schedule else None
+    schedule = load_schedule(request.prompt_schedule, request.transition) if request.prompt_schedule else None
     on_input = (lambda pts: schedule.apply_to(pipe, pts)) if schedule else None  # prompt and scales
-    limit = None if args.max_frames is None else args.max_frames - window.first  # counted from the warm-up's start
+    limit = None if request.max_frames is None else request.max_frames - window.first  # counted from the warm-up's start
     Runner(WindowSource(source, window), fitted, sink, RunnerConfig(live=False, max_frames=limit),
            on_input=on_input).run()
     if piece.part is not None:
@@ -296,13 +298,13 @@ def render_piece(pipe_for: Callable[[float | None], object], args, piece: Piece,
     return len(sink.pts)
 
 
-def open_input(path: str, args) -> Source:
-    """An input file as `render` reads it offline (resampled to --fps)."""
-    source = open_source(path, fps=args.fps, realtime=False)
+def open_input(path: str, fps: float | None) -> Source:
+    """An input file as `render` reads it offline (resampled to --fps `fps`; None: its own)."""
+    source = open_source(path, fps=fps, realtime=False)
     if source.info.live:
         source.close()
         raise StreamStudioError(f"{path} is a live input; batch rendering takes files")
-    return resample_file(source, args.fps)
+    return resample_file(source, fps)
 
 
 def part_done(part: str | Path) -> bool:
@@ -310,7 +312,7 @@ def part_done(part: str | Path) -> bool:
 
 
 # ---------------------------------------------------------------------------- stitching
-def stitch(pieces: list[Piece], target: Path, args, ready: Callable[[Piece], bool] = lambda piece: True,
+def stitch(pieces: list[Piece], target: Path, request: BatchRequest, ready: Callable[[Piece], bool] = lambda piece: True,
            on_frame: Callable[[], None] | None = None) -> int:
     """Encode the pieces' parts, in order, into `target` with the input's audio (as a local render
     of the whole file writes it). `ready(piece)` waits until the piece's part is finished (False:
@@ -318,8 +320,8 @@ def stitch(pieces: list[Piece], target: Path, args, ready: Callable[[Piece], boo
     frames written."""
     from streamstudio.app.streams import rtmp_config
 
-    with open_input(pieces[0].input, args) as source:
-        audio = None if args.no_audio else source.info.audio
+    with open_input(pieces[0].input, request.fps) as source:
+        audio = None if request.no_audio else source.info.audio
     sink, written = None, 0
     try:
         for piece in pieces:
@@ -329,7 +331,7 @@ def stitch(pieces: list[Piece], target: Path, args, ready: Callable[[Piece], boo
             if sink is None:
                 meta = json.loads((folder / PTS_FILE).read_text())
                 sink = open_sink(str(target), meta["width"], meta["height"], meta["fps"], audio_from=audio,
-                                 rtmp=rtmp_config(args))
+                                 rtmp=rtmp_config(request.rtmp_timeout))
             for frame, pts in read_part(folder):
                 sink.write(frame, pts)
                 written += 1

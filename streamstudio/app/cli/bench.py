@@ -129,11 +129,12 @@ def device_name(device) -> str:
 
 
 def run(args) -> int:
+    from streamstudio.app.cli.requests import image_request
     from streamstudio.app.streams import build_pipeline
 
     _check(args)
     # several streams run as the web app runs them: behind the batching executor
-    pipe = build_pipeline(args, "txt2img" if args.txt2img else "img2img", serving=args.streams > 1)
+    pipe = build_pipeline(image_request(args), "txt2img" if args.txt2img else "img2img", serving=args.streams > 1)
     cfg = pipe.config
     setting = (f"{pipe.comps.name}, {cfg.width}x{cfg.height}, {pipe.n_steps} step(s), {cfg.cfg_type} CFG, "
                f"{str(pipe.dtype).replace('torch.', '')}, acceleration {args.acceleration}")
@@ -158,7 +159,7 @@ def run(args) -> int:
 
 
 def _bench_streams(args, pipe) -> dict:
-    from streamstudio.app.streams import batching_config
+    from streamstudio.app.cli.requests import batching_config
     from streamstudio.app.web.sessions import ServerModel, SessionManager
 
     model = ServerModel(pipe.comps, pipe.config, prompt=args.prompt, negative_prompt=args.negative_prompt,

@@ -70,41 +70,17 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _load(args):
-    from streamstudio.device import pick_device, pick_dtype
-    from streamstudio.models.loading import resolve_demo_default
+    """The model with --lora, --controlnet, --ip-adapter as the app loads them (streams.image's
+    load_components), so the UNet engine is the one the app looks up (the same inputs, the same
+    weights, the same dtype: the same cache key). Scales and reference pictures are engine
+    inputs: they need not match the app's."""
+    from streamstudio.app.cli.requests import image_request
+    from streamstudio.app.streams.image import load_components
 
-    device = pick_device(args.device)
-    dtype = pick_dtype(device, getattr(args, "dtype", "auto"))  # as the pipeline loads it: the same engine key
-    comps = resolve_demo_default(args.model, device=device, dtype=dtype, taesd=args.taesd or None,
-                                 lcm_lora=getattr(args, "lcm_lora", "auto"))
-    _add_addons(args, comps, device, dtype)
+    comps = load_components(image_request(args))
     for note in comps.notes:
         print(f"note: {note}")
     return comps
-
-
-def _add_addons(args, comps, device, dtype) -> None:
-    """--lora, --controlnet, --ip-adapter as the app adds them, so the UNet engine is the one the
-    app looks up (the same inputs, the same weights: the same cache key). Scales and reference
-    pictures are engine inputs: they need not match the app's."""
-    if getattr(args, "lora", None):
-        from streamstudio.models.image.lora import LoraSet
-
-        comps.loras = LoraSet(comps)
-        for spec in args.lora:
-            comps.notes.append(f"LoRA: {comps.loras.add(spec).source}")
-    if getattr(args, "controlnet", None):
-        from streamstudio.models.image.controlnet import check_fits, load_controlnet, parse_controlnet
-
-        comps.controlnets = [load_controlnet(parse_controlnet(text).source, device, dtype) for text in args.controlnet]
-        for net in comps.controlnets:
-            check_fits(net, comps.unet)
-        comps.notes += [f"ControlNet: {text}" for text in args.controlnet]
-    if getattr(args, "ip_adapter", None):
-        from streamstudio.models.image.ip_adapter import IPAdapter
-
-        comps.ip_adapter = IPAdapter(comps, args.ip_adapter)
-        comps.notes.append(f"IP-Adapter: {comps.ip_adapter.source}")
 
 
 def _video_spec():

@@ -58,6 +58,7 @@ def run(args) -> int:
     from streamstudio.models.hub import check_model_source
 
     check_model_source(args.model)  # a hub id that cannot be had: said at once, before torch loads
+    from streamstudio.app.cli.requests import image_request
     from streamstudio.app.streams import FittedFrames, build_pipeline, watch
     from streamstudio.streaming.runner import Runner, RunnerConfig
     from streamstudio.streaming.sinks import ImageSequenceSink, check_not_input, make_output_folder
@@ -70,9 +71,9 @@ def run(args) -> int:
         check_not_input(Path(args.output) / (f.stem + ".png"), [f])
     out_dir = make_output_folder(args.output, "images")  # before the model loads
     if inputs:  # the first image's aspect sizes the output, as render's input does; every image is fitted to it
-        pipe = FittedFrames(build_pipeline(args, "img2img", aspect=image_aspect(inputs[0])), args.fit)
+        pipe = FittedFrames(build_pipeline(image_request(args), "img2img", aspect=image_aspect(inputs[0])), args.fit)
     else:
-        pipe = build_pipeline(args, "txt2img")
+        pipe = build_pipeline(image_request(args), "txt2img")
     print(f"model: {pipe.comps.name} ({pipe.step_type} step), t_index_list {pipe.t_index}, "
           f"frame latency {pipe.latency_frames}")
     width, height = pipe.config.width, pipe.config.height

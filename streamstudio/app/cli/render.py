@@ -213,9 +213,11 @@ def run(args) -> int:
         apply_config(args, args.config)
     _check_args(args)
     from streamstudio.app.batch.cluster import run_batch, wants_batch
+    from streamstudio.app.cli.requests import batch_request
 
-    if wants_batch(args):  # many files, or one in segments, on Ray or one after another (app/batch/cluster.py)
-        return run_batch(args)
+    request = batch_request(args)
+    if wants_batch(request):  # many files, or one in segments, on Ray or one after another (app/batch/cluster.py)
+        return run_batch(request)
     _check_io(args)
     if args.pipeline == "video":
         return _run_video(args)
@@ -237,6 +239,7 @@ def _run_image(args) -> int:
     from streamstudio.models.hub import check_model_source
 
     check_model_source(args.model)  # a hub id that cannot be had: said at once, before torch loads
+    from streamstudio.app.cli.requests import image_request
     from streamstudio.app.streams import FittedFrames, build_pipeline, expected_frames, rtmp_config, watch
     from streamstudio.streaming.runner import Runner, RunnerConfig
     from streamstudio.streaming.schedule import load_schedule
@@ -250,7 +253,7 @@ def _run_image(args) -> int:
         source = resample_file(source, args.fps)
         live = source.info.live if args.mode == "auto" else args.mode == "live"
         aspect = source.info.width / source.info.height if source.info.width and source.info.height else None
-        pipe = FittedFrames(build_pipeline(args, "img2img", aspect=aspect), getattr(args, "fit", "crop"))
+        pipe = FittedFrames(build_pipeline(image_request(args), "img2img", aspect=aspect), getattr(args, "fit", "crop"))
         if schedule is not None:
             schedule.check(pipe)  # its scales fit the model's ControlNets and IP-Adapter
         fps = args.fps or source.info.fps
@@ -258,7 +261,7 @@ def _run_image(args) -> int:
         # the audio stays in step where frames were dropped (live inputs have none to copy)
         audio = None if (args.no_audio or source.info.live) else source.info.audio
         sink = open_sink(args.output, pipe.config.width, pipe.config.height, fps, audio_from=audio,
-                         rtmp=rtmp_config(args))
+                         rtmp=rtmp_config(args.rtmp_timeout))
     except BaseException:
         source.close()
         raise

@@ -83,7 +83,7 @@ def run_video_render(args) -> int:
         model, meta = load_video_model(getattr(args, "model", None), getattr(args, "device", None) or "auto",
                                        getattr(args, "dtype", None) or "auto")
         use_threads(getattr(args, "threads", None), next(model.parameters()).device)
-        settings = {"strength": DEFAULT_STRENGTH, **config_values(args, VIDEO_SETTINGS)}  # the flags given
+        settings = {"strength": DEFAULT_STRENGTH, **config_values(vars(args), VIDEO_SETTINGS)}  # the flags given
         if source is None:
             settings["strength"] = 1.0  # text-to-video starts from pure noise
         aspect = source.info.width / source.info.height if source is not None else None
@@ -96,7 +96,7 @@ def run_video_render(args) -> int:
         if source is None:
             source = NoInputSource(frames, fps or DEFAULT_FPS, width, height, description="text-to-video")
         audio = None if getattr(args, "no_audio", False) or source.info.live else source.info.audio
-        sink = open_sink(output, width, height, fps or source.info.fps, audio_from=audio, rtmp=rtmp_config(args))
+        sink = open_sink(output, width, height, fps or source.info.fps, audio_from=audio, rtmp=rtmp_config(getattr(args, "rtmp_timeout", None)))
     except BaseException:
         if source is not None:
             source.close()

@@ -151,13 +151,15 @@ def bind_host(args) -> str:
 
 def build_model(args):
     """Load the model once and keep the defaults new streams start from."""
-    from streamstudio.app.streams import batching_config
+    from streamstudio.app.cli.requests import serve_request
     from streamstudio.app.streams import build_pipeline
     from streamstudio.app.web.sessions import ServerModel
 
-    pipe = build_pipeline(args, "img2img", serving=True)
-    return ServerModel(pipe.comps, pipe.config, prompt=args.prompt, negative_prompt=args.negative_prompt,
-                       latency_probe=getattr(args, "latency_probe", False), batching=batching_config(args))
+    request = serve_request(args)
+    image = request.image
+    pipe = build_pipeline(image, "img2img", serving=True)
+    return ServerModel(pipe.comps, pipe.config, prompt=image.prompt, negative_prompt=image.negative_prompt,
+                       latency_probe=request.latency_probe, batching=image.batching)
 
 
 def guard_config(args):
@@ -255,13 +257,15 @@ def build_app(args, model=None):
     guard.credentials = credentials(args)  # /studio/* behind the publish credential
     rtc = webrtc.rtc_config_from_env()
     if model is None and getattr(args, "cluster", None):  # replicas as Ray actors (app/web/ray_replicas.py)
+        from streamstudio.app.cli.requests import serve_request
         from streamstudio.app.web.ray_replicas import build_manager
 
-        manager = build_manager(args)
+        manager = build_manager(serve_request(args))
     elif model is None and getattr(args, "gpus", 1) != 1:  # N replicas of the model (app/web/replicas.py)
+        from streamstudio.app.cli.requests import serve_request
         from streamstudio.app.web.replicas import build_manager
 
-        manager = build_manager(args)
+        manager = build_manager(serve_request(args))
     else:
         manager = SessionManager(model or build_model(args), max_streams=args.max_streams,
                                  idle_timeout=args.idle_timeout, owns_model=model is None)

@@ -5,9 +5,10 @@ and the Splats tab. `FittedFrames` fits frames of another aspect ratio to the st
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import fields
 from typing import TYPE_CHECKING
 
+from streamstudio.app.streams.requests import Addons, ImageRequest
 from streamstudio.errors import StreamStudioError
 from streamstudio.frames import fit_aspect
 
@@ -16,21 +17,18 @@ if TYPE_CHECKING:  # the models load when a stream opens
     from streamstudio.models.batching import BatchingConfig
 
 
-def request(**settings) -> argparse.Namespace:
-    """A request for an image stream as the command line would make it: every image-pipeline
-    option at its default (app/settings.add_pipeline_arguments), `settings` over them (e.g.
-    width=256, prompt="...", strength=0.5). Front ends without a command line (the Splats tab)
-    open their streams from one, through `build_pipeline`, as the CLI does."""
-    from streamstudio.app.settings import add_pipeline_arguments
+def request(**settings) -> ImageRequest:
+    """An image-stream request with `settings` over the defaults: ImageRequest's fields (width=256,
+    model="tiny") and the image table's settings by their flag's name (strength=0.5, guidance=1.2).
+    Front ends without a command line (the Splats tab) open their streams from one, through
+    `build_pipeline`, as the CLI does."""
+    from streamstudio.app.settings import config_values, pipeline_dests
 
-    parser = argparse.ArgumentParser(add_help=False)
-    add_pipeline_arguments(parser)
-    args = parser.parse_args([])
-    unknown = sorted(set(settings) - set(vars(args)))
+    own = {f.name for f in fields(ImageRequest)} - {"settings", "addons", "batching"}
+    unknown = sorted(set(settings) - own - set(pipeline_dests()))
     if unknown:
         raise TypeError(f"not image-pipeline settings: {', '.join(unknown)}")
-    vars(args).update(settings)
-    return args
+    return ImageRequest(**{k: v for k, v in settings.items() if k in own}, settings=config_values(settings))
 
 
 def multiple_of_8(value: float) -> int:
@@ -52,51 +50,53 @@ def output_size(width: int | None, height: int | None, default: int,
     return width, multiple_of_8(width / aspect)
 
 
-def build_pipeline(args, mode: str, serving: bool = False, aspect: float | None = None):
-    """Load the model named by args and build a stream with args' settings. `serving`: the
+def build_pipeline(request: ImageRequest, mode: str, serving: bool = False, aspect: float | None = None):
+    """Load the model `request` names and build a stream with its settings. `serving`: the
     stream is the web app's template (its networks run behind the batching executor).
-    `aspect`: the input's width / height, for the size when --width/--height are not given."""
-    from streamstudio.app.settings import config_values
-    from streamstudio.device import pick_device, pick_dtype, use_threads
-    from streamstudio.models.loading import resolve_demo_default
+    `aspect`: the input's width / height, for the size when the request gives none."""
     from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
 
-    device = pick_device(args.device)
-    dtype = pick_dtype(device, args.dtype)
-    use_threads(getattr(args, "threads", None), device)
-    comps = resolve_demo_default(args.model, device=device, dtype=dtype, taesd=args.taesd or None,
-                                 lcm_lora=getattr(args, "lcm_lora", "auto"))
-    if getattr(args, "lora", None):  # before acceleration: engines and compiled graphs see the fused weights
-        from streamstudio.models.image.lora import LoraSet
-
-        comps.loras = LoraSet(comps)
-        for spec in args.lora:
-            comps.notes.append(f"LoRA: {comps.loras.add(spec).source}")
-    _add_control_networks(args, comps, device, dtype)
+    check_references(request.addons)
+    comps = load_components(request)
     turbo = comps.step_type == "turbo"
-    default_size = comps.default_size or 512  # the model's own: builtin 256, tiny 64
-    width, height = output_size(args.width, args.height, default_size, aspect)
-    settings = {"guidance_scale": 1.0 if turbo else 1.2, **config_values(args)}  # the table's settings, by name
+    width, height = output_size(request.width, request.height, comps.default_size or 512, aspect)  # builtin 256, tiny 64
+    settings = {"guidance_scale": 1.0 if turbo else 1.2, **request.settings}  # the table's settings, by name
     config = StreamDiffusionConfig(
-        width=width, height=height, mode=mode, steps=(1 if turbo else 2) if args.steps is None else args.steps,
-        t_index_list=args.t_index, use_denoising_batch=not args.sequential,
+        width=width, height=height, mode=mode, steps=(1 if turbo else 2) if request.steps is None else request.steps,
+        t_index_list=request.t_index, use_denoising_batch=not request.sequential,
         similarity_filter="similarity_threshold" in settings, **settings,
     ).validate()
-    if getattr(args, "acceleration", "none") != "none":
+    if request.acceleration != "none":
         from streamstudio.models.acceleration import apply_acceleration
 
-        comps = apply_acceleration(comps, args.acceleration, plan=acceleration_plan(args, config, serving))
+        comps = apply_acceleration(comps, request.acceleration, plan=acceleration_plan(request, config, serving))
     for note in comps.notes:
         print(f"note: {note}")
-    pipe = new_stream(comps, config, prompt=args.prompt, negative_prompt=args.negative_prompt)
-    if getattr(args, "ip_image", None):
-        pipe.addons.set_reference(_read_picture(args.ip_image, "--ip-image"))
-    if getattr(args, "control_image", None):
+    pipe = new_stream(comps, config, prompt=request.prompt, negative_prompt=request.negative_prompt)
+    if request.addons.ip_image:
+        pipe.addons.set_reference(_read_picture(request.addons.ip_image, "--ip-image"))
+    if request.addons.control_image:
         if mode != "txt2img":
             raise StreamStudioError("--control-image is for txt2img (no --input); img2img controls each input frame "
                                     "by itself")
-        pipe.addons.set_control_image(_read_picture(args.control_image, "--control-image"))
+        pipe.addons.set_control_image(_read_picture(request.addons.control_image, "--control-image"))
     return pipe
+
+
+def load_components(request: ImageRequest):
+    """The model `request` names, on its device and in its dtype (torch's CPU threads set), with
+    its add-ons: what streams run on and engines are built from (the same weights: the same
+    engine cache keys)."""
+    from streamstudio.device import pick_device, pick_dtype, use_threads
+    from streamstudio.models.loading import resolve_demo_default
+
+    device = pick_device(request.device)
+    dtype = pick_dtype(device, request.dtype)
+    use_threads(request.threads, device)
+    comps = resolve_demo_default(request.model, device=device, dtype=dtype, taesd=request.taesd or None,
+                                 lcm_lora=request.lcm_lora)
+    add_addons(request.addons, comps, device, dtype)
+    return comps
 
 
 def new_stream(comps, config, prompt: str = "", negative_prompt: str = ""):
@@ -120,39 +120,52 @@ def _read_picture(path: str, flag: str):
         raise StreamStudioError(f"{flag} {path!r} is not a readable image ({exc})") from exc
 
 
-def _add_control_networks(args, comps, device, dtype):
-    """--controlnet / --control-preprocessor / --ip-adapter: the networks go into `comps` (before
-    acceleration), with the preprocessors and scales every stream on them starts from (a web
-    session's too)."""
-    from streamstudio.pipelines.control import Preprocessor
-
-    nets, preps = getattr(args, "controlnet", []) or [], getattr(args, "control_preprocessor", []) or []
-    if len(preps) > len(nets):
-        raise StreamStudioError(f"{len(preps)} --control-preprocessor for {len(nets)} --controlnet; give one per net")
-    if nets:
-        from streamstudio.models.image.controlnet import check_fits, load_controlnet, parse_controlnet
-
-        specs = [parse_controlnet(text) for text in nets]
-        kinds = [preps[i] if i < len(preps) else "canny" for i in range(len(specs))]
-        for kind in kinds:
-            Preprocessor(kind)  # a wrong name fails here, before any network loads
-        comps.controlnets = [load_controlnet(spec.source, device, dtype) for spec in specs]
-        for net in comps.controlnets:
-            check_fits(net, comps.unet)
-        comps.control_defaults = [(kind, spec.scale) for kind, spec in zip(kinds, specs)]
-        comps.notes += [f"ControlNet: {spec.source} ({kind}, scale {spec.scale:g})" for kind, spec in zip(kinds, specs)]
-    if getattr(args, "ip_adapter", None):
-        from streamstudio.models.image.ip_adapter import IPAdapter
-
-        if not getattr(args, "ip_image", None):
-            raise StreamStudioError("--ip-adapter needs a reference image: --ip-image FILE")
-        comps.ip_adapter = IPAdapter(comps, args.ip_adapter)
-        comps.notes.append(f"IP-Adapter: {comps.ip_adapter.source} (scale {comps.ip_adapter.scale:g})")
-    elif getattr(args, "ip_image", None):
+def check_references(addons: Addons) -> None:
+    """A stream's IP-Adapter and its reference picture come together."""
+    if addons.ip_adapter and not addons.ip_image:
+        raise StreamStudioError("--ip-adapter needs a reference image: --ip-image FILE")
+    if addons.ip_image and not addons.ip_adapter:
         raise StreamStudioError("--ip-image is the reference of an IP-Adapter: give --ip-adapter too")
 
 
-def acceleration_plan(args, config, serving: bool):
+def add_addons(addons: Addons, comps, device, dtype) -> None:
+    """LoRA, ControlNet, IP-Adapter into `comps`, before acceleration (engines and compiled graphs
+    see the fused weights and the add-ons' inputs), with the preprocessors and scales every stream
+    on them starts from (a web session's too). Streams and engine builds both add them here."""
+    nets, preps = addons.controlnets, addons.control_preprocessors
+    if len(preps) > len(nets):
+        raise StreamStudioError(f"{len(preps)} --control-preprocessor for {len(nets)} --controlnet; give one per net")
+    if addons.loras:
+        from streamstudio.models.image.lora import LoraSet
+
+        comps.loras = LoraSet(comps)
+        for spec in addons.loras:
+            comps.notes.append(f"LoRA: {comps.loras.add(spec).source}")
+    if nets:
+        _add_controlnets(nets, preps, comps, device, dtype)
+    if addons.ip_adapter:
+        from streamstudio.models.image.ip_adapter import IPAdapter
+
+        comps.ip_adapter = IPAdapter(comps, addons.ip_adapter)
+        comps.notes.append(f"IP-Adapter: {comps.ip_adapter.source} (scale {comps.ip_adapter.scale:g})")
+
+
+def _add_controlnets(nets: list[str], preps: list[str], comps, device, dtype) -> None:
+    from streamstudio.models.image.controlnet import check_fits, load_controlnet, parse_controlnet
+    from streamstudio.pipelines.control import Preprocessor
+
+    specs = [parse_controlnet(text) for text in nets]
+    kinds = [preps[i] if i < len(preps) else "canny" for i in range(len(specs))]
+    for kind in kinds:
+        Preprocessor(kind)  # a wrong name fails here, before any network loads
+    comps.controlnets = [load_controlnet(spec.source, device, dtype) for spec in specs]
+    for net in comps.controlnets:
+        check_fits(net, comps.unet)
+    comps.control_defaults = [(kind, spec.scale) for kind, spec in zip(kinds, specs)]
+    comps.notes += [f"ControlNet: {spec.source} ({kind}, scale {spec.scale:g})" for kind, spec in zip(kinds, specs)]
+
+
+def acceleration_plan(request: ImageRequest, config, serving: bool):
     """The batches the accelerated networks will be sent (TensorRT engines are built for them and
     capture each; compiled networks are warmed up at each), or None.
 
@@ -166,19 +179,9 @@ def acceleration_plan(args, config, serving: bool):
                                      steps=len(config.resolved_t_index_list()),
                                      frame_buffer_size=config.frame_buffer_size, cfg_types=[config.cfg_type],
                                      stream_batch=config.use_denoising_batch)
-    if args.acceleration == "compile":
+    if request.acceleration == "compile":
         return None
-    return stream_plan(config, batching_config(args))
-
-
-def batching_config(args):
-    """Cross-stream batching settings from the command line, or None when it is off."""
-    from streamstudio.models.batching import BatchingConfig
-
-    if getattr(args, "no_stream_batching", False):
-        return None
-    return BatchingConfig(max_rows=getattr(args, "max_batch_rows", 16),
-                          max_wait_ms=getattr(args, "batch_wait_ms", 2.0)).validate()
+    return stream_plan(config, request.batching)
 
 
 class FittedFrames:

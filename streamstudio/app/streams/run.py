@@ -10,11 +10,10 @@ import time
 from streamstudio.errors import StreamStudioError
 
 
-def rtmp_config(args):
-    """The RTMP output's timeouts from --rtmp-timeout (None: the sink's defaults)."""
+def rtmp_config(seconds: float | None):
+    """The RTMP output's timeouts from --rtmp-timeout `seconds` (None: the sink's defaults)."""
     from streamstudio.streaming.sinks import RtmpConfig
 
-    seconds = getattr(args, "rtmp_timeout", None)
     return None if seconds is None else RtmpConfig(connect_timeout=seconds, io_timeout=seconds)
 
 

@@ -35,7 +35,6 @@ chose this shape (one front end, frames into the actors through Ray compiled gra
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import statistics
@@ -47,6 +46,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from streamstudio.app.streams.requests import ServeRequest
 from streamstudio.app.web.replicas import ReplicaSessionManager
 from streamstudio.app.web.sessions import ModelGuard, ServerModel, SessionManager, StreamProcessor
 from streamstudio.errors import StreamStudioError
@@ -68,21 +68,20 @@ class ReplicaActor:
     """One model replica in its own process: the model loaded once (`ServerModel`, its own
     batching executor) and the frame steps of the streams placed on it, by stream id."""
 
-    def __init__(self, settings: dict, threads: int | None = None):
+    def __init__(self, request: ServeRequest, threads: int | None = None):
         import torch
 
-        from streamstudio.app.streams import batching_config, build_pipeline
+        from streamstudio.app.streams import build_pipeline
 
         if threads:
             torch.set_num_threads(threads)
-        args = argparse.Namespace(**settings)
-        pipe = build_pipeline(args, "img2img", serving=True)
-        self.model = ServerModel(pipe.comps, pipe.config, prompt=args.prompt, negative_prompt=args.negative_prompt,
-                                 latency_probe=getattr(args, "latency_probe", False), batching=batching_config(args))
+        image = request.image
+        pipe = build_pipeline(image, "img2img", serving=True)
+        self.model = ServerModel(pipe.comps, pipe.config, prompt=image.prompt, negative_prompt=image.negative_prompt,
+                                 latency_probe=request.latency_probe, batching=image.batching)
         self.steps: dict[str, StreamProcessor] = {}
-        self.pool = ThreadPoolExecutor(max_workers=max(1, int(getattr(args, "max_streams", 4))),
-                                       thread_name_prefix="replica-stream")
-        self.device = str(pipe.comps.device) if hasattr(pipe.comps, "device") else str(args.device)
+        self.pool = ThreadPoolExecutor(max_workers=max(1, request.max_streams), thread_name_prefix="replica-stream")
+        self.device = str(pipe.comps.device) if hasattr(pipe.comps, "device") else str(image.device)
 
     def info(self) -> dict:
         """What the front end shows and needs: the process, its node, the model's description."""
@@ -530,7 +529,7 @@ class RayReplicas:
     """The Ray side of `serve --cluster`: connecting, and starting replica actors where the
     cluster has room for them (one per GPU; `node_replicas` on a node without GPUs)."""
 
-    def __init__(self, settings: dict, address: str | None, node_replicas: int = 1, transport: str = "auto"):
+    def __init__(self, request: ServeRequest, address: str | None, node_replicas: int = 1, transport: str = "auto"):
         import ray
 
         from streamstudio.app.ray_connect import connect_ray
@@ -543,7 +542,7 @@ class RayReplicas:
         self.ray = ray
         self.started = connect_ray(address)
         self.address = address or "a local Ray"
-        self.settings, self.node_replicas = settings, node_replicas
+        self.request, self.node_replicas = request, node_replicas
         self.transport = "calls" if address is not None and address.startswith("ray://") else transport
         self._actor_class = ray.remote(ReplicaActor)
         self._count = 0
@@ -569,12 +568,12 @@ class RayReplicas:
             for _ in range(want - have.get(node["NodeID"], 0)):
                 strategy = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
                 if gpus:
-                    options, settings, threads = {"num_gpus": 1}, {**self.settings, "device": "cuda"}, None
+                    options, request, threads = {"num_gpus": 1}, self.request.on("cuda"), None
                 else:  # a CPU replica: its share of the node's cores, as torch threads
                     threads = max(1, cpus // want)
-                    options, settings = {"num_cpus": 0}, {**self.settings, "device": "cpu"}
+                    options, request = {"num_cpus": 0}, self.request.on("cpu")
                 actor = self._actor_class.options(max_restarts=0, scheduling_strategy=strategy,
-                                                  **options).remote(settings, threads)
+                                                  **options).remote(request, threads)
                 self._starting.append((actor, node["NodeID"], actor.info.remote()))
         if not wait:
             return []
@@ -624,24 +623,21 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first_line(exc)}"
 
 
-def build_manager(args) -> ClusterSessionManager:
+def build_manager(request: ServeRequest) -> ClusterSessionManager:
     """`serve --cluster auto|local|ray://HOST:10001|HOST:6379`: replicas on that cluster, the
     sessions over them."""
-    choice = args.cluster
+    choice = request.cluster
     try:
         import ray  # noqa: F401
     except ImportError:
         raise StreamStudioError("serve --cluster needs Ray: pip install 'streamstudio[ray]'") from None
-    if getattr(args, "gpus", 1) != 1:
+    if request.gpus != 1:
         raise StreamStudioError("--gpus and --cluster do not go together: with --cluster every GPU of the cluster "
                                 "gets a replica")
     address = {"auto": os.environ.get("RAY_ADDRESS") or None, "local": None}.get(choice, choice)
-    # what the replicas need to load the model as this command would (argparse's callables stay here)
-    settings = {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool, list, tuple, type(None)))}
-    cluster = RayReplicas(settings, address, node_replicas=args.node_replicas,
-                          transport=getattr(args, "replica_transport", "auto"))
+    cluster = RayReplicas(request, address, node_replicas=request.node_replicas, transport=request.replica_transport)
     try:
-        return ClusterSessionManager(cluster, max_streams=args.max_streams, idle_timeout=args.idle_timeout)
+        return ClusterSessionManager(cluster, max_streams=request.max_streams, idle_timeout=request.idle_timeout)
     except BaseException:
         cluster.shutdown()
         raise

@@ -15,11 +15,11 @@ executor; live sessions are placed on the least-loaded replica that is healthy a
 
 from __future__ import annotations
 
-import argparse
 import logging
 import threading
 from dataclasses import dataclass, field
 
+from streamstudio.app.streams.requests import ServeRequest
 from streamstudio.app.web.sessions import BusyError, ServerModel, SessionManager, StreamSession
 from streamstudio.errors import StreamStudioError
 
@@ -168,12 +168,11 @@ class ReplicaSessionManager(SessionManager):
                 for r in self.replicas]
 
 
-def replica_devices(args) -> list[str]:
+def replica_devices(n: int, device: str = "auto") -> list[str]:
     """The device of each of --gpus N replicas: cuda:0 .. cuda:N-1, or N CPU replicas with --device cpu."""
-    n = int(getattr(args, "gpus", 1) or 1)
     if n < 1:
         raise StreamStudioError("--gpus must be at least 1")
-    if str(getattr(args, "device", "auto")) == "cpu":
+    if device == "cpu":
         return ["cpu"] * n
     import torch
 
@@ -184,16 +183,15 @@ def replica_devices(args) -> list[str]:
     return [f"cuda:{i}" for i in range(n)]
 
 
-def build_manager(args) -> ReplicaSessionManager:
+def build_manager(request: ServeRequest) -> ReplicaSessionManager:
     """`serve --gpus N`: a replica of the model on each device, and the manager over them."""
     from streamstudio.app.streams import build_pipeline
-    from streamstudio.app.streams import batching_config
 
-    devices, models = replica_devices(args), []
+    image = request.image
+    devices, models = replica_devices(request.gpus, image.device), []
     for device in devices:
-        pipe = build_pipeline(argparse.Namespace(**{**vars(args), "device": device}), "img2img", serving=True)
-        models.append(ReplicaModel(pipe.comps, pipe.config, prompt=args.prompt, negative_prompt=args.negative_prompt,
-                                   latency_probe=getattr(args, "latency_probe", False),
-                                   batching=batching_config(args)))
-    return ReplicaSessionManager(models, devices, max_streams=args.max_streams, idle_timeout=args.idle_timeout,
+        pipe = build_pipeline(request.on(device).image, "img2img", serving=True)
+        models.append(ReplicaModel(pipe.comps, pipe.config, prompt=image.prompt, negative_prompt=image.negative_prompt,
+                                   latency_probe=request.latency_probe, batching=image.batching))
+    return ReplicaSessionManager(models, devices, max_streams=request.max_streams, idle_timeout=request.idle_timeout,
                                  owns_model=True)

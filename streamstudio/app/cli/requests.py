@@ -1,0 +1,53 @@
+"""A command line turned into the typed request the rest of the app takes
+(app/streams/requests.py): the one place below which no argparse Namespace is read. Which flags
+a Namespace holds depends on its subcommand; a flag a command lacks is the request's default."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from streamstudio.app.streams.requests import Addons, BatchRequest, ImageRequest, ServeRequest
+
+_NOT_FLAGS = {"settings", "addons", "batching", "image", "fingerprint"}  # the requests' own fields
+
+
+def _given(args, request_type) -> dict:
+    """The flags of `args` named as `request_type`'s fields."""
+    given = vars(args)
+    return {f.name: given[f.name] for f in fields(request_type) if f.name in given and f.name not in _NOT_FLAGS}
+
+
+def image_request(args) -> ImageRequest:
+    """The image stream a command line asks for: model, size, table settings, add-ons, batching."""
+    from streamstudio.app.settings import config_values
+
+    given = vars(args)
+    addons = Addons(loras=list(given.get("lora") or []), controlnets=list(given.get("controlnet") or []),
+                    control_preprocessors=list(given.get("control_preprocessor") or []),
+                    ip_adapter=given.get("ip_adapter"), ip_image=given.get("ip_image"),
+                    control_image=given.get("control_image"))
+    serving = "no_stream_batching" in given  # serve and bench run streams behind the batching executor
+    return ImageRequest(**_given(args, ImageRequest), settings=config_values(given), addons=addons,
+                        batching=batching_config(args) if serving else None)
+
+
+def batching_config(args):
+    """Cross-stream batching settings from the command line, or None when it is off."""
+    from streamstudio.models.batching import BatchingConfig
+
+    if getattr(args, "no_stream_batching", False):
+        return None
+    return BatchingConfig(max_rows=getattr(args, "max_batch_rows", 16),
+                          max_wait_ms=getattr(args, "batch_wait_ms", 2.0)).validate()
+
+
+def serve_request(args) -> ServeRequest:
+    """`serve`'s model and sessions."""
+    return ServeRequest(image=image_request(args), **_given(args, ServeRequest))
+
+
+def batch_request(args) -> BatchRequest:
+    """`render`'s batch of files (app/batch): the image stream, the I/O, and the settings as plain
+    values (what a batch's job list is keyed by)."""
+    fingerprint = {k: v for k, v in vars(args).items() if not k.startswith("_") and not callable(v)}
+    return BatchRequest(image=image_request(args), fingerprint=fingerprint, **_given(args, BatchRequest))

@@ -1,0 +1,89 @@
+"""What a front end asks for, typed: built once (app/cli from a command line, the Splats tab with
+`image.request`, a preset) and passed down, so nothing below the command line reads an argparse
+Namespace. A setting of the live table (strength, guidance, seed, ...) travels by its table name
+in `ImageRequest.settings`; its default stays in the table (pipelines/live_settings.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from streamstudio.pipelines.live_settings import SETTINGS
+
+if TYPE_CHECKING:  # (models.batching imports torch: the command line starts without it)
+    from streamstudio.models.batching import BatchingConfig
+
+
+@dataclass
+class Addons:
+    """LoRA, ControlNet and IP-Adapter: loaded into the networks before acceleration, the same way
+    for a stream and for the engines built for it (image.add_addons), so cache keys agree."""
+
+    loras: list[str] = field(default_factory=list)  # PATH_OR_ID[:scale], fused in this order
+    controlnets: list[str] = field(default_factory=list)  # ID_OR_PATH[:scale]
+    control_preprocessors: list[str] = field(default_factory=list)  # one per ControlNet (default canny)
+    ip_adapter: str | None = None  # ID_OR_PATH[:scale]
+    ip_image: str | None = None  # the IP-Adapter's reference picture (a file)
+    control_image: str | None = None  # txt2img: the picture every image is controlled by
+
+
+@dataclass
+class ImageRequest:
+    """An image stream: the model, how it loads and runs, its size and settings, its add-ons."""
+
+    model: str = "auto"  # builtin, tiny, a hub id, a folder or a .safetensors file
+    width: int | None = None  # None: the model's side, or from the input's aspect
+    height: int | None = None
+    steps: int | None = None  # None: 1 for turbo models, 2 otherwise
+    t_index: list[int] | None = None
+    sequential: bool = False  # step by step instead of Stream Batch
+    taesd: bool = False
+    lcm_lora: str = "auto"
+    acceleration: str = "none"  # none, compile, tensorrt
+    device: str = "auto"
+    dtype: str = "auto"
+    threads: int | None = None
+    prompt: str = SETTINGS["prompt"].default
+    negative_prompt: str = SETTINGS["negative_prompt"].default
+    settings: dict = field(default_factory=dict)  # live-table settings given, by table name
+    addons: Addons = field(default_factory=Addons)
+    batching: BatchingConfig | None = None  # cross-stream batching of a server's streams (None: off)
+
+
+@dataclass
+class ServeRequest:
+    """`serve`'s model and sessions: in this process, on --gpus replicas or on a Ray cluster."""
+
+    image: ImageRequest
+    max_streams: int  # live streams at most (per replica with --gpus)
+    idle_timeout: float  # seconds without a frame before a stream is freed
+    latency_probe: bool = False
+    gpus: int = 1
+    cluster: str | None = None
+    node_replicas: int = 1
+    replica_transport: str = "auto"
+
+    def on(self, device: str) -> ServeRequest:
+        """The same request with the model on `device` (a replica's)."""
+        return replace(self, image=replace(self.image, device=device))
+
+
+@dataclass
+class BatchRequest:
+    """`render` of many files or of one in segments (app/batch): the image stream and the I/O."""
+
+    image: ImageRequest
+    input: str | None = None
+    output: str | None = None
+    fingerprint: dict = field(default_factory=dict)  # the command's settings as plain values (jobs.json)
+    pipeline: str = "image"
+    cluster: str | None = None
+    workers: int | None = None
+    segment_frames: int | None = None
+    fps: float | None = None  # None: the input's
+    max_frames: int | None = None
+    prompt_schedule: str | None = None
+    transition: float | None = None
+    fit: str = "crop"
+    no_audio: bool = False
+    rtmp_timeout: float | None = None
