@@ -89,13 +89,9 @@ def add_image_flags(group, flags) -> None:
 def render_settings(args) -> dict:
     """The `SplatRenderConfig` fields the command line gave, by name: the splat table's pipeline
     settings (an optional flag not given is left to the config's default)."""
-    values = {}
-    for s in SPLAT_SETTINGS.values():
-        if s.pipeline and s.flag is not None:
-            value = getattr(args, s.flag.lstrip("-").replace("-", "_"))
-            if value is not None or not s.cli_optional:
-                values[s.name] = value
-    return values
+    from streamstudio.app.settings import config_values
+
+    return config_values(vars(args), SPLAT_SETTINGS)
 
 
 def parse_size(text: str) -> tuple[int, int]:
