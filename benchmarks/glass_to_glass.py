@@ -5,7 +5,7 @@
 
 Debian's Chromium (headless, Playwright) opens two pages of another origin. The publisher draws a
 frame counter (the server's latency probe: 10 bits as black and white blocks across the top of
-the picture, `app/web/sessions.draw_probe`) into a 320x240 canvas 30 times a second, notes when
+the picture, `streaming/probe.draw_probe`) into a 320x240 canvas 30 times a second, notes when
 each value was drawn, and publishes the canvas's stream over WHIP. The server (`serve --model
 tiny --latency-probe`, in this process) copies the counter of the input an output came from onto
 that output. The viewer watches over WHEP and reads the counter of every frame it presents
@@ -36,8 +36,9 @@ import time
 
 from common import RESULTS, bench_device, utc_now, write_json  # puts the package on sys.path
 
-from streamstudio.app.web.sessions import PROBE_BITS, PROBE_BLOCKS, StreamSession, read_probe
-from streamstudio.app.web.whip import SharedEncoder
+from streamstudio.app.web.sessions import StreamSession
+from streamstudio.streaming.probe import PROBE_BITS, PROBE_BLOCKS, read_probe
+from streamstudio.app.web.fanout import SharedEncoder
 
 CHROMIUM = "/usr/bin/chromium"
 TARGET_CPU_MS = 80.0
@@ -280,7 +281,7 @@ def _measure(server, marks: dict, profile: str, seconds: float, size: int, steps
         pub_stats, view_stats = publisher.evaluate(STATS_JS), viewer.evaluate(STATS_JS)
         stream = server.manager.get("g2g")
         session, delay_calls = stream.metrics(), stream.stats()["frame_latency"] or 0
-        encoders = server.app.state.whip.status()["streams"].get("g2g", {})
+        encoders = server.app.state.whip.sessions.status()["streams"].get("g2g", {})
         ctx.close()
     g2g = match(drawn, seen)
     if len(g2g) < 10:

@@ -33,8 +33,11 @@ import numpy as np
 
 from common import RESULTS, ROOT, write_json  # puts the package on sys.path
 
-from streamstudio.app.web.sessions import PROBE_BITS, draw_probe, read_probe
-from streamstudio.app.web.webrtc import StudioClient
+from streamstudio.streaming.probe import PROBE_BITS, draw_probe, read_probe
+
+sys.path.insert(0, str(ROOT / "tests"))  # the test client lives with the tests
+from studio_client import StudioClient  # noqa: E402
+
 
 def free_port() -> int:
     with socket.socket() as s:

@@ -49,7 +49,7 @@ class Collector:
 
 
 async def connected(url: str, prompt: str, make=pattern, fps: float = 15.0, token: str | None = None):
-    from streamstudio.app.web.webrtc import StudioClient
+    from studio_client import StudioClient
 
     got = Collector()
     client = StudioClient(url, make, got, fps=fps, token=token)

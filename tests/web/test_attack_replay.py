@@ -138,7 +138,7 @@ def chunked_upload(url: str, i: int, size: int = 150_000) -> int:
 
 def warm_up(srv: Server) -> None:
     """Start what the server starts lazily (a stream, its encoder for a viewer, an upload)."""
-    from streamstudio.app.web.webrtc import StudioClient
+    from studio_client import StudioClient
 
     async def stream():
         client = StudioClient(srv.url, pattern, fps=10)
@@ -212,7 +212,7 @@ def attack(srv: Server, honest_id: str) -> dict:
 
 
 def test_the_attacks_leave_the_server_as_it_was(tmp_path):
-    from streamstudio.app.web.webrtc import StudioClient
+    from studio_client import StudioClient
 
     srv = Server(tmp_path)
     try:
@@ -376,7 +376,7 @@ def test_the_doors_proxies_slots_and_osc_hold(tmp_path):
     X-Forwarded-For (rotating, and naming another client), never-connecting offers from 20
     addresses against an honest publisher, and OSC as a reflector and a log bomb. Each gets its
     documented refusal, the honest stream keeps its frames, the log has no traceback."""
-    from streamstudio.app.web.webrtc import StudioClient
+    from studio_client import StudioClient
 
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", 0))

@@ -107,7 +107,7 @@ def test_server_peers_get_no_ice_server_without_a_configuration():
     """fastrtc turns rtc_configuration=None into aiortc's default, which asks Google's STUN server;
     the server's /webrtc/offer stream and WHIP/WHEP connections must name no server instead."""
     from streamstudio.app.web.webrtc import explicit_rtc_config
-    from streamstudio.app.web.whip import rtc_configuration
+    from streamstudio.app.web.whip_sdp import rtc_configuration
 
     assert explicit_rtc_config(None) == {"iceServers": []}
     turn = {"iceServers": [{"urls": ["turn:127.0.0.1:3478"], "username": "u", "credential": "c"}]}

@@ -76,7 +76,6 @@ def test_a_failed_replica_ends_only_its_own_sessions(manager, monkeypatch):
 
 
 def test_replica_devices(monkeypatch):
-    from types import SimpleNamespace
 
     assert replica_devices(3, "cpu") == ["cpu"] * 3
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)

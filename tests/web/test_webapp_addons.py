@@ -354,7 +354,7 @@ def test_no_frame_starts_while_the_shared_weights_change(batching):
     import threading
 
     from streamstudio.models.batching import BatchExecutor
-    from streamstudio.app.web.sessions import ModelGuard
+    from streamstudio.app.web.model_guard import ModelGuard
 
     executor = BatchExecutor(BatchingConfig()) if batching else None
     guard, order = ModelGuard(executor), []

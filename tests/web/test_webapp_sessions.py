@@ -283,7 +283,7 @@ def test_txt2img_session(manager):
 def test_latency_probe_round_trip_and_stream_batch_alignment(model):
     from dataclasses import replace as dc_replace
 
-    from streamstudio.app.web.sessions import draw_probe, read_probe
+    from streamstudio.streaming.probe import draw_probe, read_probe
 
     img = draw_probe(frame(), 677)
     assert read_probe(img) == 677 and read_probe(frame()) is None
@@ -560,7 +560,7 @@ def test_model_guard_frame_and_text_contexts():
     import threading
 
     from streamstudio.models.batching import BatchExecutor
-    from streamstudio.app.web.sessions import ModelGuard
+    from streamstudio.app.web.model_guard import ModelGuard
 
     def enters(context) -> bool:  # can another thread enter `context` now?
         inside = threading.Event()
@@ -589,7 +589,7 @@ def test_model_guard_frame_and_text_contexts():
 def test_guarded_pipeline_takes_the_model_guard(model):
     import threading
 
-    from streamstudio.app.web.sessions import GuardedPipeline
+    from streamstudio.app.web.model_guard import GuardedPipeline
 
     pipe = GuardedPipeline(model.build("img2img"), model.guard)
     held = []

@@ -413,7 +413,7 @@ def test_a_live_publisher_is_replaced_only_by_its_credential_or_once_stale():
     """Without a token any client replaced a live publisher. Now, on an open door, a second
     publisher to a live stream gets 409 while the first sends frames, and takes the stream once
     the first has sent nothing for STALE_PUBLISHER_S (its process gone without DELETE)."""
-    from streamstudio.app.web.whip import STALE_PUBLISHER_S
+    from streamstudio.app.web.whip_sessions import STALE_PUBLISHER_S
 
     srv = start("--max-streams", "2")
 
@@ -584,7 +584,7 @@ async def ten_viewers(srv, calls, window: float, freeze: bool) -> dict:
             t2 = time.monotonic()
             await asyncio.sleep(window)
             out["during"] = [fps_between(v, t2, time.monotonic()) for v in viewers[1:]]
-        out["whip"] = srv.app.state.whip.status()
+        out["whip"] = srv.app.state.whip.sessions.status()
     finally:
         await asyncio.gather(pub.close(), *(v.close() for v in viewers))
     return out
@@ -622,10 +622,10 @@ def test_a_frozen_viewer_does_not_slow_the_others():
 def test_a_stalled_viewer_queue_is_bounded():
     """Server side: a viewer whose sender stops reading holds at most VIEWER_QUEUE frames, is
     reset to the next key frame (and asks for one); the other viewer of the codec gets all."""
-    from streamstudio.app.web import whip
+    from streamstudio.app.web import fanout
 
     async def main():
-        Track = whip._viewer_track_class()
+        Track = fanout.viewer_track_class()
         asked = []
         stalled, live = Track("video", lambda: asked.append(1)), Track("video")
         got = []
@@ -635,7 +635,7 @@ def test_a_stalled_viewer_queue_is_bounded():
             live.push(i, key)
             got.append(await live.recv())
         assert got == list(range(200))
-        assert len(stalled._queue) <= whip.VIEWER_QUEUE and stalled.resets >= 1 and asked
+        assert len(stalled._queue) <= fanout.VIEWER_QUEUE and stalled.resets >= 1 and asked
         stalled.push(200, True)
         first = await stalled.recv()
         assert first % 50 == 0  # it starts again at a key frame
@@ -702,7 +702,7 @@ def test_h264_with_audio_passed_through(server):
             await viewer.setRemoteDescription(RTCSessionDescription(r.text, "answer"))
             await wait_for(lambda: len(got["video"]) >= 5 and got["audio"] >= 20)
             assert got["video"][-1].shape == (48, SIZE, 3)  # the publisher's 4:3
-            assert list(server.app.state.whip.status()["streams"]["h264show"]) == ["h264"]
+            assert list(server.app.state.whip.sessions.status()["streams"]["h264show"]) == ["h264"]
             r = await http.delete(server.url + location, headers={"Authorization": f"Bearer {TOKEN}"})
             assert r.status_code == 200
         await asyncio.gather(pc.close(), viewer.close())
@@ -712,7 +712,7 @@ def test_h264_with_audio_passed_through(server):
 
 def test_a_publisher_that_never_connects_is_freed(server):
     whip = server.app.state.whip
-    saved, whip.pending_timeout = whip.pending_timeout, 1.5
+    saved, whip.sessions.pending_timeout = whip.sessions.pending_timeout, 1.5
 
     async def main():
         pub = Publisher(server.url, "/whip/ghost")
@@ -731,7 +731,7 @@ def test_a_publisher_that_never_connects_is_freed(server):
     try:
         run(main())
     finally:
-        whip.pending_timeout = saved
+        whip.sessions.pending_timeout = saved
 
 
 def test_a_viewer_watches_by_the_watch_id_and_never_learns_the_stream_id(server):
@@ -809,7 +809,7 @@ def test_a_viewer_whose_process_dies_is_dropped_within_seconds(server):
     consent failed, about 27-30 s. Its RTCP reports stop with it: the server ends it within
     VIEWER_SILENCE_S of the last one, while another viewer of the stream goes on."""
 
-    from streamstudio.app.web.whip import VIEWER_SILENCE_S
+    from streamstudio.app.web.whip_sessions import VIEWER_SILENCE_S
 
     whep = lambda: [r for r in server.app.state.whip.resources.values() if r.kind == "whep"]  # noqa: E731
 

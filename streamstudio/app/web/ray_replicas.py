@@ -48,7 +48,8 @@ import numpy as np
 
 from streamstudio.app.streams.requests import ServeRequest
 from streamstudio.app.web.replicas import ReplicaSessionManager
-from streamstudio.app.web.sessions import ModelGuard, ServerModel, SessionManager, StreamProcessor
+from streamstudio.app.web.model_guard import ModelGuard
+from streamstudio.app.web.sessions import ServerModel, SessionManager, StreamProcessor
 from streamstudio.errors import StreamStudioError
 from streamstudio.frames import fit
 from streamstudio.models.hub import first_line

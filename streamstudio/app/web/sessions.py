@@ -31,9 +31,11 @@ import numpy as np
 
 from streamstudio.app.streams.image import output_size
 from streamstudio.app.settings import parse_settings
+from streamstudio.app.web.model_guard import ModelGuard
 from streamstudio.app.web.security import SourceRate
 from streamstudio.errors import StreamStudioError
 from streamstudio.frames import fit_aspect
+from streamstudio.streaming.probe import draw_probe, read_probe
 from streamstudio.streaming.runner import Runner, RunnerConfig
 from streamstudio.streaming.sinks import NullSink
 from streamstudio.streaming.sources import DEFAULT_FPS, PushSource
@@ -45,33 +47,6 @@ MAX_PRESETS = 64  # settings kept for streams that have not connected yet (each 
 
 class BusyError(StreamStudioError):
     """Every stream slot is taken."""
-
-
-PROBE_BITS = 10  # latency probe: a frame counter drawn as blocks in the top band
-PROBE_BLOCKS = PROBE_BITS + 2  # plus a white start and a black end block
-
-
-def draw_probe(frame: np.ndarray, value: int) -> np.ndarray:
-    """Draw `value` (mod 2**PROBE_BITS) as black/white blocks across the top sixth of `frame`."""
-    h, w = frame.shape[:2]
-    bw, bh = w // PROBE_BLOCKS, max(2, h // 6)
-    bits = [1] + [(value >> (PROBE_BITS - 1 - i)) & 1 for i in range(PROBE_BITS)] + [0]
-    for i, bit in enumerate(bits):
-        frame[:bh, i * bw:(i + 1) * bw] = 255 * bit
-    return frame
-
-
-def read_probe(frame: np.ndarray) -> int | None:
-    """The value `draw_probe` drew (None when the guard blocks are not there)."""
-    h, w = frame.shape[:2]
-    bw, bh = w // PROBE_BLOCKS, max(2, h // 6)
-    if bw < 1:
-        return None
-    centres = frame[bh // 2, [i * bw + bw // 2 for i in range(PROBE_BLOCKS)]].astype(np.float32).mean(axis=-1)
-    bits = [int(c > 127) for c in centres]
-    if bits[0] != 1 or bits[-1] != 0:
-        return None
-    return int("".join(map(str, bits[1:-1])), 2)
 
 
 @dataclass
@@ -172,91 +147,6 @@ class ServerModel:
         s = self.executor.stats
         return {"calls": s.calls, "requests": s.requests, "batched_calls": s.batched_calls,
                 "requests_per_call": round(s.requests_per_call, 2), "largest": s.largest}
-
-
-class ModelGuard:
-    """The one guard of the shared model, with three contexts:
-
-    - `frame(stats)`: held while a stream runs a frame. With cross-stream batching the stream
-      counts as a caller of the executor (whose one thread runs every UNet and VAE call, and waits
-      briefly for the calls of the streams inside a frame to batch them; `stats`, an
-      `models.batching.ClientStats`, counts the stream's calls shared or alone); without it, the
-      model's lock, so streams take turns.
-    - `text()`: held while the text encoder and tokenizer run (prompt changes) and while a
-      stream is built: always the lock, as they run in the caller's thread.
-    - `exclusive()`: no frame runs inside it (those under way finish first, new ones wait):
-      for changes of the shared weights (LoRA scales), so no frame runs on half-changed weights."""
-
-    def __init__(self, executor=None):
-        self._executor = executor  # models.batching.BatchExecutor, or None: take turns
-        self._lock = threading.Lock()
-        self._frames = threading.Condition()  # (with batching) frames under way, and a change waiting
-        self._running = 0
-        self._changing = False
-
-    @contextlib.contextmanager
-    def frame(self, stats=None):
-        if self._executor is None:
-            with self._lock:
-                yield
-            return
-        with self._frames:
-            while self._changing:
-                self._frames.wait()
-            self._running += 1
-        try:
-            with self._executor.client(stats):
-                yield
-        finally:
-            with self._frames:
-                self._running -= 1
-                self._frames.notify_all()
-
-    @contextlib.contextmanager
-    def text(self):
-        with self._lock:
-            yield
-
-    @contextlib.contextmanager
-    def exclusive(self):
-        with self._lock:  # prompt encodings and (without batching) frames are out
-            if self._executor is None:
-                yield
-                return
-            with self._frames:
-                self._changing = True
-                while self._running:
-                    self._frames.wait()
-            try:
-                yield
-            finally:
-                with self._frames:
-                    self._changing = False
-                    self._frames.notify_all()
-
-
-class GuardedPipeline:
-    """A stream over the shared model for a tab that drives a pipeline itself (the Splats tab),
-    next to the sessions: its frames run in the guard's frame context, every other call
-    (prompt, settings) in its text context."""
-
-    def __init__(self, pipe, guard: ModelGuard):
-        self._pipe, self._guard = pipe, guard
-
-    def __call__(self, *args, **kwargs):
-        with self._guard.frame():
-            return self._pipe(*args, **kwargs)
-
-    def __getattr__(self, name: str):
-        attr = getattr(self._pipe, name)
-        if not callable(attr):
-            return attr
-
-        def guarded(*args, **kwargs):
-            with self._guard.text():
-                return attr(*args, **kwargs)
-
-        return guarded
 
 
 @contextlib.contextmanager

@@ -15,7 +15,8 @@ import gradio as gr
 import numpy as np
 
 from streamstudio.app.web.outputs import LiveOutput, OutputRefused, Outputs
-from streamstudio.app.web.sessions import BusyError, GuardedPipeline, SessionManager, StreamSession
+from streamstudio.app.web.model_guard import GuardedPipeline
+from streamstudio.app.web.sessions import BusyError, SessionManager, StreamSession
 from streamstudio.app.settings import (IP_ADAPTER_SCALE, control_scale_key, live_controls, live_keys, settings_from_ui,
                                        widget)
 from streamstudio.app.web.webrtc import LiveHandler, explicit_rtc_config, live_component, may_control, operator

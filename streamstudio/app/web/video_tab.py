@@ -21,7 +21,7 @@ from functools import lru_cache
 import numpy as np
 
 from streamstudio.app.streams.video import VideoFrames, build_stream, load_video_model
-from streamstudio.app.web.sessions import ModelGuard
+from streamstudio.app.web.model_guard import ModelGuard
 from streamstudio.errors import StreamStudioError
 from streamstudio.streaming.runner import Runner, RunnerConfig
 from streamstudio.streaming.sinks import NullSink
