@@ -915,7 +915,7 @@ def test_one_address_cannot_hold_every_slot_with_offers_that_never_stream():
     the next gets 429 too_many_pending, and a publisher from another address still gets in."""
     from aiortc import RTCConfiguration, RTCPeerConnection
 
-    from streamstudio.app.web.sessions import SessionManager
+    from streamstudio.app.web.sessions import SessionManager, pending_from
 
     srv = start("--max-streams", "4", "--max-pending-per-source", "2", "--whip-token", TOKEN)
 
@@ -950,8 +950,8 @@ def test_one_address_cannot_hold_every_slot_with_offers_that_never_stream():
                         "sdp": pc.localDescription.sdp, "type": "offer", "webrtc_id": f"api{i}"}, timeout=20)
                     api.append(r.json().get("meta", {}).get("error") or r.json().get("type"))
             assert api == ["answer", "answer"], api
-            assert srv.app.state.manager.pending_from("127.0.0.3") == 2  # counted by the WebRTC front end
-            assert srv.app.state.manager.pending_from("127.0.0.1") == 1
+            assert pending_from(srv.app.state.manager, "127.0.0.3") == 2  # counted by the WebRTC front end
+            assert pending_from(srv.app.state.manager, "127.0.0.1") == 1
         finally:
             await asyncio.gather(honest.close(), *(pc.close() for pc in held))
 

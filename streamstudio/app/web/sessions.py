@@ -386,24 +386,9 @@ class StreamSession:
             "frames_in": self._source.received, "processed": m.frames_out, "dropped": self._source.dropped + m.dropped,
             "settings": _jsonable(self._applied), "error": self.error,
             "notice": self.notice or getattr(self.processor, "notice", None),
-            "batching": self._batching_stats(),
-            **self._ip_stats(pipe),
+            "batching": _batching_stats(self.model, self.processor),
+            **_ip_stats(self.model, pipe, self.has_reference),
         }
-
-    def _batching_stats(self) -> dict | None:
-        """The model's batching counts and this stream's own: its calls shared with other streams
-        or run alone (`shares_calls` False: none of its calls ran with another stream's)."""
-        stats = self.model.batching_stats()
-        calls = self.processor.calls
-        if stats is None or calls is None:
-            return stats
-        own = calls.as_dict()
-        return {**stats, **own, "shares_calls": own["shared_calls"] > 0}
-
-    def _ip_stats(self, pipe) -> dict:
-        if pipe is None or getattr(self.model.comps, "ip_adapter", None) is None:
-            return {}
-        return {"ip_adapter": {"scale": pipe.addons.ip_adapter_scale, "own_reference": self.has_reference}}
 
     # ------------------------------------------------------------------ the runner's thread
     def _between_frames(self, pts: float) -> None:
@@ -432,6 +417,23 @@ class StreamSession:
 
 
 _MISSING = object()
+
+
+def _batching_stats(model: ServerModel, processor: StreamProcessor) -> dict | None:
+    """The model's batching counts and one stream's own: its calls shared with other streams or
+    run alone (`shares_calls` False: none of its calls ran with another stream's)."""
+    stats = model.batching_stats()
+    calls = processor.calls
+    if stats is None or calls is None:
+        return stats
+    own = calls.as_dict()
+    return {**stats, **own, "shares_calls": own["shared_calls"] > 0}
+
+
+def _ip_stats(model: ServerModel, pipe, has_reference: bool) -> dict:
+    if pipe is None or getattr(model.comps, "ip_adapter", None) is None:
+        return {}
+    return {"ip_adapter": {"scale": pipe.addons.ip_adapter_scale, "own_reference": has_reference}}
 
 
 def _jsonable(settings: dict) -> dict:
@@ -471,7 +473,7 @@ class SessionManager:
         self.peer_counters: dict[str, Callable[[], int]] = {}  # peer connections by kind (/studio/status)
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._reaper = threading.Thread(target=self._reap_loop, name="session-reaper", daemon=True)
+        self._reaper = threading.Thread(target=_reap_forever, args=(self,), name="session-reaper", daemon=True)
         self._reaper.start()
 
     def busy_message(self) -> str:
@@ -541,10 +543,6 @@ class SessionManager:
         frame), every front end's together."""
         return [p for pending in self.pending_lists for p in pending()]
 
-    def pending_from(self, source: str) -> int:
-        """`pending_connections` from the address `source`."""
-        return sum(p.source == source for p in self.pending_connections())
-
     def owner(self, sid: str) -> str | None:
         """The page that owns stream `sid` (`claim`), None when no page does (WHIP, the API)."""
         return self._owners.get(sid)
@@ -608,16 +606,23 @@ class SessionManager:
             self.close(sid)
         return len(stale)
 
-    def _reap_loop(self) -> None:
-        while not self._stop.wait(1.0):
-            try:
-                self.reap()
-            except Exception:  # pragma: no cover - keep reaping
-                log.exception("session reaper")
-
     def shutdown(self) -> None:
         self._stop.set()
         for sid in self.ids():
             self.close(sid)
         if self.owns_model:
             self.model.close()
+
+
+def _reap_forever(manager: SessionManager) -> None:
+    """The reaper thread: `manager.reap()` every second until it shuts down."""
+    while not manager._stop.wait(1.0):
+        try:
+            manager.reap()
+        except Exception:  # pragma: no cover - keep reaping
+            log.exception("session reaper")
+
+
+def pending_from(manager: SessionManager, source: str) -> int:
+    """`manager.pending_connections()` from the address `source`."""
+    return sum(p.source == source for p in manager.pending_connections())

@@ -33,7 +33,7 @@ from typing import Any, Callable
 import numpy as np
 
 from streamstudio.app.web.security import peer
-from streamstudio.app.web.sessions import BusyError, Pending, SessionManager, StreamSession
+from streamstudio.app.web.sessions import BusyError, Pending, SessionManager, StreamSession, pending_from
 from streamstudio.app.settings import settings_from_ui
 from streamstudio.errors import StreamStudioError
 
@@ -210,9 +210,9 @@ def check_offer(data) -> None:
 def take_connection(manager: SessionManager, takes_slot: bool = True) -> None:
     """Count a new connection against its source address's rate (`security.SourceRate`) and,
     one that takes a stream slot (not a WHEP viewer), against the connections that address holds
-    without a stream yet (`SessionManager.pending_from`); OfferRefused (429) past either."""
+    without a stream yet (`sessions.pending_from`); OfferRefused (429) past either."""
     source = peer()
-    if takes_slot and source is not None and manager.pending_from(source) >= manager.max_pending_per_source:
+    if takes_slot and source is not None and pending_from(manager, source) >= manager.max_pending_per_source:
         raise OfferRefused("too_many_pending", f"your address has {manager.max_pending_per_source} connection(s) "
                            "that have not started streaming yet, the most one address may hold "
                            "(--max-pending-per-source); start streaming on one or wait for it to time out", 429)
