@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from streamstudio.errors import StreamStudioError
-from streamstudio.streaming.sinks import Sink
+from streamstudio.streaming.sink_base import Sink
 from streamstudio.streaming.sources import Source, VideoFrame
 
 log = logging.getLogger(__name__)

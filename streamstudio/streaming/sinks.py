@@ -1,7 +1,8 @@
 """Frame sinks: video files (mp4/mkv/webm/mov, source audio remuxed), image sequences, RTMP
 push, HLS, a virtual camera (optional extra) and a null sink.
 
-`open_sink(spec, width, height, fps, audio_from=None)` picks one from a string:
+`open_sink(spec, width, height, fps, audio_from=None)` picks one from a string (the RTMP sink is
+in `streaming/rtmp.py`, the base class `Sink` and the shared encoder in `streaming/sink_base.py`):
 
     out.mp4 | out.mkv | out.webm | frames/ | "frames/%05d.png" | rtmp://host/app/key |
     hls:DIR | DIR/index.m3u8 | virtualcam | ndi://NAME (an NDI source: streaming/ndi.py) | null
@@ -16,23 +17,17 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
-import socket
 import threading
-import time
 from collections.abc import Sequence
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
-from fractions import Fraction
 from pathlib import Path
-from urllib.parse import urlparse
 
 import numpy as np
 
 from streamstudio.errors import StreamStudioError
-from streamstudio.frames import even_size, fit
-from streamstudio.streaming.sources import IMAGE_SUFFIXES, AudioTrack, as_fraction
+from streamstudio.frames import fit
+from streamstudio.streaming.rtmp import RtmpConfig, RtmpSink
+from streamstudio.streaming.sink_base import Sink, VideoEncoder, x264_options
+from streamstudio.streaming.sources import IMAGE_SUFFIXES, AudioTrack
 
 log = logging.getLogger(__name__)
 
@@ -45,16 +40,6 @@ AUDIO_OK = {
     ".webm": ("opus", "vorbis"),
     ".flv": ("aac", "mp3"),
 }
-TIME_BASE = Fraction(1, 90000)
-
-
-@dataclass
-class SinkStatus:
-    frames_written: int = 0
-    frames_lost: int = 0  # frames that could not be delivered (RTMP reconnects); never silent
-    reconnects: int = 0
-    error: str | None = None
-    closed: bool = False
 
 
 def make_output_folder(folder: str | Path, what: str = "output") -> Path:
@@ -88,28 +73,6 @@ def output_error(path: str | Path, exc: BaseException) -> StreamStudioError:
                              "exists and can be written")
 
 
-class Sink:
-    """Base class: `write(frame, pts)`, `close()`, `status`; a context manager."""
-
-    def __init__(self, spec: str, width: int, height: int, fps: float):
-        if width < 1 or height < 1 or fps <= 0:
-            raise StreamStudioError(f"bad output size/rate {width}x{height}@{fps}")
-        self.spec, self.width, self.height, self.fps = spec, width, height, float(fps)
-        self.status = SinkStatus()
-
-    def write(self, frame: np.ndarray, pts: float | None = None) -> None:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        self.status.closed = True
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
 class NullSink(Sink):
     """Discards frames (benchmarks, dry runs); keeps the last one."""
 
@@ -120,55 +83,7 @@ class NullSink(Sink):
         self.status.frames_written += 1
 
 
-# ---------------------------------------------------------------------------- PyAV encoding
-class _Encoder:
-    """One video stream (libx264 / libvpx-vp9, yuv420p) in an open PyAV output container."""
-
-    def __init__(self, container, codec: str, width: int, height: int, fps: float, options: dict[str, str],
-                 time_base: Fraction = TIME_BASE):
-        self.container = container
-        self.width, self.height = even_size(width, height)
-        self.stream = container.add_stream(codec, rate=as_fraction(fps), options=options)
-        self.stream.width, self.stream.height, self.stream.pix_fmt = self.width, self.height, "yuv420p"
-        self.stream.codec_context.time_base = time_base
-        self.stream.time_base = time_base
-        self.time_base = time_base
-        self.frame_ticks = max(1, round(1 / (fps * time_base)))
-        self.last_pts: int | None = None
-
-    def encode(self, frame: np.ndarray, pts: float) -> list:
-        import av
-
-        ticks = round(pts / self.time_base)
-        if self.last_pts is not None and ticks <= self.last_pts:
-            ticks = self.last_pts + 1  # keep timestamps strictly increasing
-        vf = av.VideoFrame.from_ndarray(fit(frame, self.width, self.height), format="rgb24")
-        vf.pts, vf.time_base = ticks, self.time_base
-        vf.duration = self.frame_ticks
-        self.last_pts = ticks
-        return self.stream.encode(vf)
-
-    def end_time(self) -> float:
-        return 0.0 if self.last_pts is None else float((self.last_pts + self.frame_ticks) * self.time_base)
-
-    def write(self, frame: np.ndarray, pts: float) -> None:
-        """Encode one frame and mux its packets."""
-        for packet in self.encode(frame, pts):
-            self.container.mux(packet)
-
-    def flush(self) -> None:
-        """Drain the encoder's delayed packets into the container."""
-        for packet in self.stream.encode(None):
-            self.container.mux(packet)
-
-
-def _x264_options(fps: float, live: bool) -> dict[str, str]:
-    gop = str(max(1, round(fps)))
-    opts = {"g": gop, "keyint_min": gop, "sc_threshold": "0", "bf": "0"}
-    opts.update({"preset": "veryfast", "tune": "zerolatency"} if live else {"preset": "veryfast", "crf": "20"})
-    return opts
-
-
+# ---------------------------------------------------------------------------- files, image sequences, HLS
 def _vp9_options(fps: float) -> dict[str, str]:
     return {"deadline": "realtime", "cpu-used": "8", "row-mt": "1", "crf": "32", "b": "0",
             "g": str(max(1, round(fps)))}
@@ -277,8 +192,8 @@ class FileSink(Sink):
         except (av.error.FFmpegError, OSError) as exc:
             raise output_error(self.path, exc) from exc
         codec = VIDEO_CODECS[suffix]
-        opts = _vp9_options(fps) if codec == "libvpx-vp9" else _x264_options(fps, live=False)
-        self._enc = _Encoder(self._container, codec, width, height, fps, opts)
+        opts = _vp9_options(fps) if codec == "libvpx-vp9" else x264_options(fps, live=False)
+        self._enc = VideoEncoder(self._container, codec, width, height, fps, opts)
         self._audio = None
         if audio_from is not None:
             try:
@@ -370,7 +285,7 @@ class HlsSink(Sink):
             self._container = av.open(str(self.playlist), "w", format="hls", options=options)
         except (av.error.FFmpegError, OSError) as exc:
             raise StreamStudioError(f"cannot write HLS into {self.directory}: {exc}") from exc
-        self._enc = _Encoder(self._container, "libx264", width, height, fps, _x264_options(fps, live=True))
+        self._enc = VideoEncoder(self._container, "libx264", width, height, fps, x264_options(fps, live=True))
 
     def write(self, frame: np.ndarray, pts: float | None = None) -> None:
         pts = self.status.frames_written / self.fps if pts is None else pts
@@ -385,210 +300,6 @@ class HlsSink(Sink):
             self._enc.flush()
         finally:
             self._container.close()
-
-
-# ---------------------------------------------------------------------------- RTMP
-@dataclass
-class RtmpConfig:
-    connect_timeout: float = 5.0  # seconds to reach the server before giving up
-    io_timeout: float = 5.0  # seconds one write (or the close) may wait on the server
-    max_reconnects: int = 3  # attempts after a drop or a stall, then the sink fails
-    backoff: float = 0.5  # first wait between attempts, doubled each time
-
-
-class _Stalled(Exception):
-    """A call on an RTMP connection did not finish in time; the connection is abandoned."""
-
-
-class _RtmpConnection:
-    """One RTMP connection: an flv container and its encoder, used only by this object's daemon
-    thread. PyAV gives output containers no timeout (the protocol is opened without options and
-    without an interrupt callback), so a server that stops reading blocks a mux inside libav
-    until TCP gives up, minutes later. Callers hand each call to the thread and wait at most
-    `timeout` seconds; after an overrun the connection is abandoned: nobody touches the
-    container again, and its thread, stuck inside libav, closes it and ends whenever libav
-    returns (the server wakes up, or the socket fails)."""
-
-    def __init__(self, url: str, width: int, height: int, fps: float, config: RtmpConfig):
-        import av
-
-        self.config = config
-        try:
-            container = av.open(url, "w", format="flv")  # no I/O yet: libav connects at the first mux
-        except (av.error.FFmpegError, OSError) as exc:
-            raise StreamStudioError(f"cannot open RTMP stream {url}: {exc}") from exc
-        self._container = container
-        self._enc = _Encoder(container, "libx264", width, height, fps, _x264_options(fps, live=True),
-                             time_base=Fraction(1, 1000))
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._started = False  # the first mux also connects, handshakes and publishes
-        self.ended = False  # finished or abandoned: takes no more calls
-        threading.Thread(target=self._run, daemon=True, name="rtmp-writer").start()
-
-    def _run(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            fn, args, future = job
-            try:
-                future.set_result(fn(*args))
-            except BaseException as exc:  # handed to the waiting caller
-                future.set_exception(exc)
-        try:
-            self._container.close()  # a no-op when finish() closed it already
-        except Exception as exc:  # the connection is already gone
-            log.debug("closing an RTMP connection: %s", exc)
-
-    def _call(self, fn, *args):
-        if self.ended:
-            raise StreamStudioError("this RTMP connection is closed")
-        timeout = self.config.io_timeout + (0 if self._started else self.config.connect_timeout)
-        self._started = True
-        future: Future = Future()
-        self._jobs.put((fn, args, future))
-        try:
-            return future.result(timeout)
-        except FutureTimeout:
-            self.abandon()
-            raise _Stalled(f"did not finish in {timeout:g} s") from None
-
-    def write(self, frame: np.ndarray, pts: float) -> None:
-        self._call(self._enc.write, frame, pts)
-
-    def finish(self) -> None:
-        """Drain the encoder and close the container (the server sees the stream end)."""
-        if self.ended:
-            return
-        try:
-            self._call(self._finish)
-        finally:
-            self.abandon()
-
-    def _finish(self) -> None:
-        self._enc.flush()
-        self._container.close()
-
-    def abandon(self) -> None:
-        """Take no more calls; the thread closes the container and ends once libav lets it."""
-        if not self.ended:
-            self.ended = True
-            self._jobs.put(None)
-
-
-class RtmpSink(Sink):
-    """Push to an RTMP server: flv, libx264 tuned for zero latency, a keyframe every second.
-    An unreachable server fails at open within `connect_timeout`. A dropped connection, or one
-    where a write does not finish within `io_timeout` (a stalled server), is given up and
-    retried `max_reconnects` times with backoff, frames meanwhile counted as lost; then
-    `write` raises StreamStudioError. `write` and `close` never wait on the server longer than
-    `io_timeout` per call (plus `connect_timeout` for a connection's first frame)."""
-
-    def __init__(self, url: str, width: int, height: int, fps: float, config: RtmpConfig | None = None):
-        super().__init__(url, width, height, fps)
-        self.url, self.config = url, config or RtmpConfig()
-        parsed = urlparse(url)
-        if not parsed.hostname or not parsed.path.strip("/"):
-            raise StreamStudioError(f"bad RTMP url {url!r}; expected rtmp://host[:port]/app/stream_key")
-        self._host, self._port = parsed.hostname, parsed.port or 1935
-        self._conn: _RtmpConnection | None = None
-        self._t0: float | None = None  # pts offset of the current connection
-        self._lock = threading.Lock()  # guards _conn and closed (close() may come from another thread)
-        self._connect()
-
-    def _reachable(self) -> None:
-        """Connect and start an RTMP handshake (C0 + C1, then wait for S0): a server that is down,
-        or that accepts connections but never answers, fails here within `connect_timeout`
-        instead of blocking the first write (libav opens the connection holding Python's GIL,
-        so no thread could time that out)."""
-        try:
-            with socket.create_connection((self._host, self._port), timeout=self.config.connect_timeout) as probe:
-                probe.settimeout(self.config.connect_timeout)
-                probe.sendall(b"\x03" + bytes(1536))  # C0 (version 3) + C1 (time 0, zero, zero bytes)
-                answer = probe.recv(1)  # S0
-        except TimeoutError as exc:
-            raise StreamStudioError(f"RTMP server {self._host}:{self._port} did not answer within "
-                                    f"{self.config.connect_timeout:g} s ({exc}); check that it is running and "
-                                    "not overloaded") from exc
-        except OSError as exc:
-            raise StreamStudioError(f"RTMP server {self._host}:{self._port} is unreachable ({exc}); "
-                                    "check that it is running and the url is right") from exc
-        if answer != b"\x03":
-            raise StreamStudioError(f"{self._host}:{self._port} does not answer the RTMP handshake; "
-                                    "check that an RTMP server listens there")
-
-    def _connect(self) -> None:
-        self._reachable()
-        conn = _RtmpConnection(self.url, self.width, self.height, self.fps, self.config)
-        with self._lock:
-            if self.status.closed:  # closed from another thread meanwhile
-                conn.abandon()
-                raise StreamStudioError(f"RTMP stream {self.url} is closed")
-            self._conn, self._t0 = conn, None
-
-    def write(self, frame: np.ndarray, pts: float | None = None) -> None:
-        if self.status.closed:
-            raise StreamStudioError(f"RTMP stream {self.url} is closed")
-        pts = self.status.frames_written / self.fps if pts is None else pts
-        if self._conn is None:
-            self._reconnect("dropped the stream")
-        conn = self._conn
-        if conn is None:  # closed from another thread meanwhile
-            raise StreamStudioError(f"RTMP stream {self.url} is closed")
-        if self._t0 is None:
-            self._t0 = pts
-        try:
-            conn.write(frame, pts - self._t0)
-        except _Stalled as exc:
-            self._lost(conn, f"RTMP server {self.url} stalled: a write {exc}", "stalled")
-            return
-        except Exception as exc:  # av errors, BrokenPipe: the server dropped us
-            self._lost(conn, f"RTMP connection lost: {exc}", "dropped the stream")
-            return
-        self.status.frames_written += 1
-
-    def _lost(self, conn: _RtmpConnection, error: str, what: str) -> None:
-        """The frame in hand is lost and the connection given up; reconnect (or raise)."""
-        self.status.frames_lost += 1
-        self.status.error = error
-        conn.abandon()
-        with self._lock:
-            if self._conn is conn:
-                self._conn = None
-        if self.status.closed:
-            raise StreamStudioError(f"RTMP stream {self.url} is closed")
-        log.warning("%s; reconnecting", error)
-        self._reconnect(what)
-
-    def _reconnect(self, what: str) -> None:
-        wait = self.config.backoff
-        for attempt in range(1, self.config.max_reconnects + 1):
-            time.sleep(wait)
-            if self.status.closed:
-                raise StreamStudioError(f"RTMP stream {self.url} is closed")
-            try:
-                self._connect()
-                self.status.reconnects += 1
-                log.info("RTMP reconnected to %s (attempt %d)", self.url, attempt)
-                return
-            except StreamStudioError as exc:
-                self.status.error = str(exc)
-            wait *= 2
-        raise StreamStudioError(f"RTMP server {self.url} {what} and {self.config.max_reconnects} "
-                                f"reconnect attempts failed; {self.status.frames_lost} frame(s) lost")
-
-    def close(self) -> None:
-        """Drain the encoder and end the stream, waiting on the server at most `io_timeout`."""
-        with self._lock:
-            if self.status.closed:
-                return
-            self.status.closed = True
-            conn, self._conn = self._conn, None
-        if conn is None:
-            return
-        try:
-            conn.finish()
-        except _Stalled as exc:  # closing a dead connection must not hide the run's result
-            self.status.error = f"RTMP close: the server stalled, the close {exc}"
-        except Exception as exc:
-            self.status.error = f"RTMP close: {exc}"
 
 
 # ---------------------------------------------------------------------------- virtual camera (optional)

@@ -15,7 +15,8 @@ import pytest
 from rtmp_server import free_port, read_stream
 
 from streamstudio.errors import StreamStudioError
-from streamstudio.streaming.sinks import RtmpConfig, RtmpSink, open_sink
+from streamstudio.streaming.rtmp import RtmpConfig, RtmpSink
+from streamstudio.streaming.sinks import open_sink
 from streamstudio.streaming.sources import PatternSource, open_source
 
 av = pytest.importorskip("av", reason="PyAV is not installed (the GPU image has none)")

@@ -19,7 +19,8 @@ from streamstudio.streaming.runner import (
     percentiles,
     run_stream,
 )
-from streamstudio.streaming.sinks import Sink, open_sink
+from streamstudio.streaming.sink_base import Sink
+from streamstudio.streaming.sinks import open_sink
 from streamstudio.streaming.sources import (
     ArraySource,
     PatternSource,

@@ -40,7 +40,8 @@ from pathlib import Path
 
 from streamstudio.app.streams.requests import BatchRequest
 from streamstudio.errors import StreamStudioError
-from streamstudio.streaming.sinks import Sink, open_sink
+from streamstudio.streaming.sink_base import Sink
+from streamstudio.streaming.sinks import open_sink
 from streamstudio.streaming.sources import Source, VideoFrame, open_source, resample_file
 
 MIN_SEGMENT = 300  # frames: shorter segments are not worth their warm-up, tail and stitch

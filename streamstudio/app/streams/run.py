@@ -12,7 +12,7 @@ from streamstudio.errors import StreamStudioError
 
 def rtmp_config(seconds: float | None):
     """The RTMP output's timeouts from --rtmp-timeout `seconds` (None: the sink's defaults)."""
-    from streamstudio.streaming.sinks import RtmpConfig
+    from streamstudio.streaming.rtmp import RtmpConfig
 
     return None if seconds is None else RtmpConfig(connect_timeout=seconds, io_timeout=seconds)
 

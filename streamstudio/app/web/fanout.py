@@ -24,7 +24,7 @@ from typing import Any, Callable
 import numpy as np
 
 from streamstudio.streaming.runner import Attachment
-from streamstudio.streaming.sinks import Sink
+from streamstudio.streaming.sink_base import Sink
 
 log = logging.getLogger(__name__)
 
