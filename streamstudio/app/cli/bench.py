@@ -37,11 +37,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("benchmark")
     g.add_argument("--frames", type=number(int, 1, 10**7), default=100, help="timed frames, one stream (default 100)")
-    g.add_argument("--warmup", type=number(int, 0, 10**6), default=10, help="untimed frames first (default 10; compile needs more)")
+    g.add_argument("--warmup", type=number(int, 0, 10**6), default=10,
+                   help="untimed frames first (default 10; compile needs more)")
     g.add_argument("--txt2img", action="store_true", help="time txt2img instead of img2img")
     g.add_argument("--streams", type=number(int, 1, 1024), default=1, help="live streams over one model (default 1)")
-    g.add_argument("--seconds", type=number(float, 0, 86400, low_open=True), default=10.0, help="timed seconds with --streams > 1 (default 10)")
-    g.add_argument("--no-stream-batching", action="store_true", help="with --streams: take turns, as serve does with it")
+    g.add_argument("--seconds", type=number(float, 0, 86400, low_open=True), default=10.0,
+                   help="timed seconds with --streams > 1 (default 10)")
+    g.add_argument("--no-stream-batching", action="store_true",
+                   help="with --streams: take turns, as serve does with it")
     g.add_argument("--json", default=None, metavar="FILE", help="also write the figures to FILE")
     add_pipeline_arguments(p)
     return p

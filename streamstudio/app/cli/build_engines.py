@@ -26,8 +26,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
     p = subparsers.add_parser("build-engines", description=__doc__)
     p.add_argument("--model", default="auto",
-                   help="builtin, tiny, a hub id, a diffusers folder or a .safetensors file; auto = stabilityai/sd-turbo "
-                        "with a CUDA GPU (downloaded once), else the built-in image model (default: auto)")
+                   help="builtin, tiny, a hub id, a diffusers folder or a .safetensors file; auto = "
+                        "stabilityai/sd-turbo with a CUDA GPU (downloaded once), else the built-in image model "
+                        "(default: auto)")
     p.add_argument("--taesd", action="store_true", help="the TAESD fast VAE instead of the model's own")
     p.add_argument("--lcm-lora", default="auto", metavar="ID|PATH|none", help="the app's --lcm-lora: " + LCM_LORA_HELP)
     p.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="networks to export (default: all)")
@@ -38,16 +39,21 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--batch", type=number(int, 1, 1024), nargs=3, default=None, metavar=("MIN", "OPT", "MAX"),
                    help="engine batch range by hand (default: from --cfg, --steps, --frame-buffer-size and "
                         "--max-batch-rows, as the app will send)")
-    p.add_argument("--resolution", type=number(int, 64, 4096, multiple=64), nargs=3, default=None, metavar=("MIN", "OPT", "MAX"),
+    p.add_argument("--resolution", type=number(int, 64, 4096, multiple=64), nargs=3, default=None,
+                   metavar=("MIN", "OPT", "MAX"),
                    help="image size range in pixels, square and non-square within it (default: exactly "
                         "--width x --height, as the app runs)")
-    p.add_argument("--width", type=number(int, 8, 4096, multiple=8), default=None, help="image width the app runs at (default 512, 64 for tiny)")
-    p.add_argument("--height", type=number(int, 8, 4096, multiple=8), default=None, help="image height the app runs at (default 512, 64 for tiny)")
+    p.add_argument("--width", type=number(int, 8, 4096, multiple=8), default=None,
+                   help="image width the app runs at (default 512, 64 for tiny)")
+    p.add_argument("--height", type=number(int, 8, 4096, multiple=8), default=None,
+                   help="image height the app runs at (default 512, 64 for tiny)")
     p.add_argument("--cfg", nargs="+", choices=("none", "self", "initialize", "full"), default=None,
                    help="CFG types streams may use, the usual one first (default: self, then the other three, "
                         "as web clients may switch)")
-    p.add_argument("--steps", type=number(int, 1, 50), default=None, help="denoising steps N (default 1 for turbo models, 2 otherwise)")
-    p.add_argument("--frame-buffer-size", type=number(int, 1, 64), default=1, help="frames per stream call k (default 1)")
+    p.add_argument("--steps", type=number(int, 1, 50), default=None,
+                   help="denoising steps N (default 1 for turbo models, 2 otherwise)")
+    p.add_argument("--frame-buffer-size", type=number(int, 1, 64), default=1,
+                   help="frames per stream call k (default 1)")
     p.add_argument("--sequential", action="store_true", help="streams denoise step by step instead of Stream Batch")
     p.add_argument("--max-batch-rows", type=number(int, 0, 1024), default=16,
                    help="cross-stream batching's rows per call, as serve's --max-batch-rows (default 16; 0: no "

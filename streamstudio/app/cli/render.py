@@ -41,9 +41,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                          "its timecode, the rate it is sent at advertised) or null")
     io.add_argument("--config", default=None, help="a YAML file with any of these settings (dashes or underscores)")
     io.add_argument("--prompt-schedule", default=None,
-                    help="a file of prompts (and ControlNet / IP-Adapter scales) at timestamps, blended over --transition "
-                         "seconds (see docs/streaming.md)")
-    io.add_argument("--transition", type=number(float, 0, 3600), default=None, help="prompt-schedule blend seconds (default 1)")
+                    help="a file of prompts (and ControlNet / IP-Adapter scales) at timestamps, blended over "
+                         "--transition seconds (see docs/streaming.md)")
+    io.add_argument("--transition", type=number(float, 0, 3600), default=None,
+                    help="prompt-schedule blend seconds (default 1)")
     io.add_argument("--fps", type=number(float, 0, 1000, low_open=True), default=None,
                     help="output frame rate (default: the input's). A video file at another rate is resampled "
                          "by timestamps (frames dropped or repeated; duration and audio kept); image folders and "
@@ -52,7 +53,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     help="stop after N input frames (after resampling to --fps)")
     io.add_argument("--mode", choices=("auto", "live", "offline"), default="auto",
                     help="auto: live for webcam/screen/pattern/streams, offline (every frame) for files and "
-                         "folders; live on a file plays it at its own pace, dropping what processing cannot keep up with")
+                         "folders; live on a file plays it at its own pace, dropping what processing cannot keep "
+                         "up with")
     io.add_argument("--no-audio", action="store_true", help="do not copy the input's audio")
     io.add_argument("--rtmp-timeout", type=number(float, 0, 3600, low_open=True), default=None, metavar="SECONDS",
                     help="RTMP output: seconds to reach the server, and that one write may wait on it, before "
@@ -244,7 +246,8 @@ def _run_image(args) -> int:
     from streamstudio.streaming.runner import Runner, RunnerConfig
     from streamstudio.streaming.schedule import load_schedule
     from streamstudio.streaming.sinks import open_sink
-    from streamstudio.streaming.sources import open_source, resample_file
+    from streamstudio.streaming.resample import resample_file
+    from streamstudio.streaming.sources import open_source
 
     schedule = load_schedule(args.prompt_schedule, args.transition) if args.prompt_schedule else None
     realtime = args.mode != "offline"

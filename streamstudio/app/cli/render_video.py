@@ -4,9 +4,10 @@
 `streamstudio render --pipeline video --input in.mp4 --prompt "..." --output out.mp4`
 
 `run_video_render(args)` is called by `streamstudio render`; `add_video_arguments(parser)` adds
-the video-only options; the stream itself opens in `app/streams/video.py`. Frames take the one road every front end takes (streaming.Runner from
-`open_source` to `open_sink`): text-to-video from a clock of empty frames, video-to-video from
-any input render reads, into any output render writes, with the input's audio kept. An input of
+the video-only options; the stream itself opens in `app/streams/video.py`. Frames take the one road
+every front end takes (streaming.Runner from `open_source` to `open_sink`): text-to-video from a
+clock of empty frames, video-to-video from any input render reads, into any output render writes,
+with the input's audio kept. An input of
 another aspect ratio than the output is cropped or padded to it (--fit), never stretched; without
 --width/--height the output takes the input's aspect ratio, and the network's latent grid follows
 the output's aspect to within one patch.
@@ -30,7 +31,8 @@ def add_video_arguments(parser: argparse.ArgumentParser) -> None:
     from streamstudio.pipelines.live_settings import VIDEO_SETTINGS
 
     g = parser.add_argument_group("video pipeline (--pipeline video)")
-    g.add_argument("--frames", type=number(int, 1, 10**7), default=None, help=f"text-to-video: frames to make (default {DEFAULT_FRAMES})")
+    g.add_argument("--frames", type=number(int, 1, 10**7), default=None,
+                   help=f"text-to-video: frames to make (default {DEFAULT_FRAMES})")
     add_setting_flags(g, table=VIDEO_SETTINGS)  # --video-strength, --video-guidance, --num-chunks, ...
     g.add_argument("--prompt-change", action="append", default=None, metavar="FRAME:PROMPT",
                    help="switch to PROMPT from output frame FRAME on (repeatable)")
@@ -47,7 +49,8 @@ def add_video_arguments(parser: argparse.ArgumentParser) -> None:
 
 def open_input(spec: str, fps: float | None):
     """The video-to-video input (anything `render --input` takes), at `fps` when given."""
-    from streamstudio.streaming.sources import open_source, resample_file
+    from streamstudio.streaming.resample import resample_file
+    from streamstudio.streaming.sources import open_source
 
     try:
         source = open_source(spec, fps=fps, realtime=False)
@@ -67,7 +70,7 @@ def run_video_render(args) -> int:
     from streamstudio.pipelines.live_settings import VIDEO_SETTINGS
     from streamstudio.streaming.runner import Runner, RunnerConfig
     from streamstudio.streaming.sinks import open_sink
-    from streamstudio.streaming.sources import NoInputSource
+    from streamstudio.streaming.generated import NoInputSource
 
     output = getattr(args, "output", None)
     if not output:
@@ -96,7 +99,8 @@ def run_video_render(args) -> int:
         if source is None:
             source = NoInputSource(frames, fps or DEFAULT_FPS, width, height, description="text-to-video")
         audio = None if getattr(args, "no_audio", False) or source.info.live else source.info.audio
-        sink = open_sink(output, width, height, fps or source.info.fps, audio_from=audio, rtmp=rtmp_config(getattr(args, "rtmp_timeout", None)))
+        sink = open_sink(output, width, height, fps or source.info.fps, audio_from=audio,
+                         rtmp=rtmp_config(getattr(args, "rtmp_timeout", None)))
     except BaseException:
         if source is not None:
             source.close()

@@ -38,7 +38,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--port", type=number(int, 1, 65535), default=7860, help="port (default 7860)")
     p.add_argument("--auth", default=None, metavar="USER:PASS",
                    help="require this login (default: $STREAMSTUDIO_AUTH when set)")
-    p.add_argument("--max-streams", type=number(int, 1, 10_000), default=4, help="concurrent live streams at most, every tab's together (default 4)")
+    p.add_argument("--max-streams", type=number(int, 1, 10_000), default=4,
+                   help="concurrent live streams at most, every tab's together (default 4)")
     p.add_argument("--gpus", type=number(int, 1, 1024), default=1,
                    help="model replicas, one per GPU (cuda:0 .. N-1; with --device cpu, N CPU replicas), each with "
                         "its own batching and --max-streams streams; a new stream goes to the least-loaded one "

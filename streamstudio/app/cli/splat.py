@@ -64,14 +64,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="the axes a .spz scene holds: rub (the format's own, as Niantic's library writes) or rdf "
                         "(the .ply's, unconverted: PlayCanvas splat-transform writes .spz so; such a scene shows "
                         "upside down as rub) (default rub)")
-    p.add_argument("--fps", type=number(float, 0, 1000, low_open=True), default=None, help="video frame rate (default 24, or the path file's)")
+    p.add_argument("--fps", type=number(float, 0, 1000, low_open=True), default=None,
+                   help="video frame rate (default 24, or the path file's)")
     p.add_argument("--time-range", nargs=2, type=number(float, -1e9, 1e9), metavar=("A", "B"), default=None,
                    help="4D scenes: the time of the first and the last frame (default the scene's range)")
     add_setting_flags(p, table=SPLAT_SETTINGS)  # the camera and render flags: --fov, --camera, --elevation, ...
     add_image_flags(p, ("--device",))  # the renderer's and the stylising model's
     style = p.add_argument_group("stylise (img2img on every rendered frame, when a --prompt is given)")
     add_image_flags(style, STYLISE_FLAGS)
-    style.add_argument("--side-by-side", action="store_true", help="write the render and the stylised frame side by side")
+    style.add_argument("--side-by-side", action="store_true",
+                       help="write the render and the stylised frame side by side")
     return p
 
 
@@ -229,7 +231,7 @@ def render_scene(args) -> int:
                                                      render_frame, with_camera_model)
     from streamstudio.streaming.processor import IdentityProcessor
     from streamstudio.streaming.runner import Runner, RunnerConfig
-    from streamstudio.streaming.sources import SplatPathSource
+    from streamstudio.streaming.generated import SplatPathSource
 
     keyed = read_path_file(args.path_file) if args.path_file else None
     if args.size is not None:

@@ -37,14 +37,17 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--ae-weight", type=number(float, 0, 100), default=DEFAULTS.ae_weight,
                    help="joint stage: weight of the autoencoder's own reconstruction")
     p.add_argument("--fetch-photos", default=None, metavar="DIR",
-                   help="download the listed Debian photograph packages into DIR (apt-get download, dpkg-deb -x) and stop")
+                   help="download the listed Debian photograph packages into DIR (apt-get download, "
+                        "dpkg-deb -x) and stop")
     p.add_argument("--vae-steps", type=number(int, 1, 10**8), default=DEFAULTS.vae_steps, help="autoencoder steps")
     p.add_argument("--vae-batch-size", type=number(int, 1, 4096), default=DEFAULTS.vae_batch_size)
-    p.add_argument("--vae-size", type=number(int, 8, 4096, multiple=8), default=DEFAULTS.vae_size, help="autoencoder training crops, pixels")
+    p.add_argument("--vae-size", type=number(int, 8, 4096, multiple=8), default=DEFAULTS.vae_size,
+                   help="autoencoder training crops, pixels")
     p.add_argument("--vae-lr", type=number(float, 0, 1, low_open=True), default=DEFAULTS.vae_lr)
     p.add_argument("--steps", type=number(int, 1, 10**8), default=DEFAULTS.steps, help="joint or denoiser steps")
     p.add_argument("--batch-size", type=number(int, 1, 4096), default=DEFAULTS.batch_size)
-    p.add_argument("--size", type=number(int, 8, 4096, multiple=8), default=DEFAULTS.size, help="joint or denoiser training crops, pixels")
+    p.add_argument("--size", type=number(int, 8, 4096, multiple=8), default=DEFAULTS.size,
+                   help="joint or denoiser training crops, pixels")
     p.add_argument("--lr", type=number(float, 0, 1, low_open=True), default=DEFAULTS.lr)
     p.add_argument("--warmup", type=number(int, 0, 10**8), default=DEFAULTS.warmup)
     p.add_argument("--pixel-weight", type=number(float, 0, 100), default=DEFAULTS.pixel_weight,
@@ -73,7 +76,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--save-every", type=number(int, 1, 10**8), default=DEFAULTS.save_every)
     p.add_argument("--resume", action="store_true", help="continue the run saved in --output")
     p.add_argument("--cpu", action="store_true", help="train on CPU even when a GPU is present")
-    p.add_argument("--max-minutes", type=number(float, 0, 10**7), default=0.0, help="stop and save after this wall time (0: no limit)")
+    p.add_argument("--max-minutes", type=number(float, 0, 10**7), default=0.0,
+                   help="stop and save after this wall time (0: no limit)")
     p.add_argument("--threads", type=number(int, 0, 1024), default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--export", default=None, metavar="DIR",

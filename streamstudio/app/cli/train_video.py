@@ -24,7 +24,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=("flow", "distill"), default=DEFAULTS.mode,
                    help="buffered flow matching, or multistep distillation of --teacher to one step per chunk")
     p.add_argument("--teacher", default=None, help="teacher checkpoint folder (distill mode)")
-    p.add_argument("--teacher-steps", type=number(int, 1, 64), default=DEFAULTS.teacher_steps, help="teacher micro-steps per chunk")
+    p.add_argument("--teacher-steps", type=number(int, 1, 64), default=DEFAULTS.teacher_steps,
+                   help="teacher micro-steps per chunk")
     p.add_argument("--init", default=None,
                    help="start from the weights of this checkpoint folder (its architecture; new optimizer)")
     p.add_argument("--init-keep-shift", dest="init_shift_mask", action="store_false",
@@ -42,8 +43,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="distill mode: share of buffers from the sampler's start-up (uniform generation)")
     p.add_argument("--steps", type=number(int, 1, 10**8), default=DEFAULTS.steps)
     p.add_argument("--batch-size", type=number(int, 1, 4096), default=DEFAULTS.batch_size)
-    p.add_argument("--buffer-frames", type=number(int, 1, 1024), default=DEFAULTS.buffer_frames, help="B = N*c frames (power of 2)")
-    p.add_argument("--ref-frames", type=number(int, 0, 64), default=DEFAULTS.ref_frames, help="K clean reference frames")
+    p.add_argument("--buffer-frames", type=number(int, 1, 1024), default=DEFAULTS.buffer_frames,
+                   help="B = N*c frames (power of 2)")
+    p.add_argument("--ref-frames", type=number(int, 0, 64), default=DEFAULTS.ref_frames,
+                   help="K clean reference frames")
     p.add_argument("--size", type=number(int, 8, 4096), default=DEFAULTS.size, help="frame side in pixels")
     p.add_argument("--lr", type=number(float, 0, 1, low_open=True), default=DEFAULTS.lr)
     p.add_argument("--warmup", type=number(int, 0, 10**8), default=DEFAULTS.warmup)
@@ -51,12 +54,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--save-every", type=number(int, 1, 10**8), default=DEFAULTS.save_every)
     p.add_argument("--resume", action="store_true", help="continue the run saved in --output")
     p.add_argument("--cpu", action="store_true", help="train on CPU even when a GPU is present")
-    p.add_argument("--max-minutes", type=number(float, 0, 10**7), default=0.0, help="stop and save after this wall time (0: no limit)")
+    p.add_argument("--max-minutes", type=number(float, 0, 10**7), default=0.0,
+                   help="stop and save after this wall time (0: no limit)")
     p.add_argument("--threads", type=number(int, 0, 1024), default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--workers", type=number(int, 0, 256), default=DEFAULTS.workers,
                    help="flow mode: processes that draw the batches ahead of the training loop (on a GPU the "
                         "synthetic clips and noise, drawn on one CPU core, are what it waits for; 0: none)")
-    p.add_argument("--num-chunks", type=number(int, 1, 64), default=4, help="sampling default stored with the checkpoint: N")
+    p.add_argument("--num-chunks", type=number(int, 1, 64), default=4,
+                   help="sampling default stored with the checkpoint: N")
     p.add_argument("--micro-steps", type=number(int, 1, 64), default=None,
                    help="sampling default stored with the checkpoint: s (default 2, 1 in distill mode)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
