@@ -8,8 +8,9 @@ from the first frame. `open_source(spec)` picks one from a string:
     rtmp://host/app/key (any network stream ffmpeg reads, taken live) |
     ndi://NAME (an NDI source, optional extra: streaming/ndi.py)
 
-`resample_file(source, fps)` puts a video file at another frame rate (`ResampledSource`: frames
-picked by timestamp, dropped or repeated, duration kept); live sources keep their own timing.
+`streaming/resample.resample_file(source, fps)` puts a video file at another frame rate; sources
+whose frames are made, not read (a generator's clock, camera-path renders), are in
+`streaming/generated.py`.
 """
 
 from __future__ import annotations
@@ -19,11 +20,10 @@ import logging
 import math
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -487,70 +487,6 @@ class PushSource(Source):
             self._cond.notify_all()
 
 
-# ---------------------------------------------------------------------------- frame-rate resampling
-class ResampledSource(Source):
-    """Another source's frames at `fps`, chosen by timestamp: output frame k (at k / fps seconds)
-    is the latest input frame whose pts <= k / fps (the first frame for ticks before it), so frames
-    are dropped when the rate goes down and repeated when it goes up. Ticks run until the last input
-    frame's end (its pts + 1 / the input's fps), so the duration, and audio a sink copies beside
-    it, are kept to within one frame. For files only: a live source's timing is its own."""
-
-    def __init__(self, source: Source, fps: float):
-        super().__init__()
-        if fps <= 0:
-            raise StreamStudioError(f"the frame rate must be positive, got {fps}")
-        if source.info.live:
-            raise StreamStudioError(f"{source.info.description} is live; it cannot be resampled")
-        info = source.info
-        self.source, self.fps = source, float(fps)
-        self.warnings = source.warnings  # one list: the wrapped source's problems show through
-        self._handed: int | None = None  # index of the input frame handed on last
-        # timestamps are rounded to the container's time base (mkv: 1 ms): a frame that far past
-        # a tick still counts as on it
-        self.tolerance = min(1e-3, 0.25 / max(self.fps, info.fps))
-        count = None
-        if info.frame_count and info.fps:
-            count = max(1, math.ceil(info.frame_count / info.fps * self.fps - self.tolerance))
-        self.info = replace(info, fps=self.fps, frame_count=count,
-                            description=f"{info.description}, resampled to {self.fps:g} fps")
-
-    def frames(self) -> Iterator[VideoFrame]:
-        tick, last = 0, None  # the next output frame's number; the latest input frame before it
-        for frame in self.source.frames():
-            while self._at(tick) < frame.pts:  # ticks before this frame show the one before it
-                yield self._tick(frame if last is None else last, tick)
-                tick += 1
-            last = frame
-        if last is None:
-            return
-        end = last.pts + 1.0 / self.source.info.fps  # the last frame lasts one input frame
-        while self._at(tick) < end:
-            yield self._tick(last, tick)
-            tick += 1
-
-    def _at(self, tick: int) -> float:
-        return tick / self.fps + self.tolerance
-
-    def _tick(self, frame: VideoFrame, tick: int) -> VideoFrame:
-        repeated = frame.index == self._handed
-        self._handed = frame.index
-        # a repeat is a copy, so that it is not shared with whoever changes the frame before it
-        return VideoFrame(frame.image.copy() if repeated else frame.image, tick / self.fps, tick)
-
-    def close(self) -> None:
-        self.source.close()
-
-
-def resample_file(source: Source, fps: float | None) -> Source:
-    """`source` at `fps` when it is a video file (not live) with another frame rate; otherwise as
-    it is (image folders and patterns already run at the asked rate; live sources keep theirs)."""
-    if not fps or not isinstance(source, VideoFileSource) or source.info.live:
-        return source
-    if math.isclose(source.info.fps, fps, rel_tol=1e-4):
-        return source
-    return ResampledSource(source, fps)
-
-
 # ---------------------------------------------------------------------------- screen (optional)
 class ScreenSource(Source):
     """A monitor through mss (optional extra: pip install 'streamstudio[screen]')."""
@@ -709,49 +645,3 @@ def _index_after(spec: str, prefix: str, default: int = 0) -> int:
 def as_fraction(fps: float) -> Fraction:
     """A frame rate as a small fraction (29.97 -> 30000/1001)."""
     return Fraction(fps).limit_denominator(1001)
-
-
-# ---------------------------------------------------------------------------- generated frames
-class NoInputSource(Source):
-    """A generator's clock: `count` frames without a picture (image None), 1 / fps apart. The
-    runner hands each to its processor as `push(None)`, which a pipeline takes as "make the next
-    frame from the prompt alone" (txt2img, text-to-video)."""
-
-    def __init__(self, count: int, fps: float, width: int, height: int, description: str = "no input"):
-        super().__init__()
-        if count < 1 or fps <= 0:
-            raise StreamStudioError(f"frame count and rate must be positive, got {count} @ {fps}")
-        self.count = count
-        self.info = SourceInfo(width=width, height=height, fps=float(fps), live=False, frame_count=count,
-                               duration=count / fps, description=description)
-
-    def frames(self) -> Iterator[VideoFrame]:
-        for i in range(self.count):
-            yield VideoFrame(None, i / self.info.fps, i)
-
-
-class SplatPathSource(Source):
-    """Frames rendered along a camera path, `fps` apart: frame i is `render(cameras[i], times[i])`,
-    an RGB uint8 (height, width, 3) image (the caller's renderer: a Gaussian scene, any scene;
-    `times` are a 4D scene's times, None for a static one). Rendered as the runner asks for them."""
-
-    def __init__(self, render: Callable[[Any, float | None], np.ndarray], cameras: Sequence[Any],
-                 times: Sequence[float | None], fps: float, width: int, height: int,
-                 description: str = "camera path"):
-        super().__init__()
-        if not len(cameras) or len(cameras) != len(times):
-            raise StreamStudioError(f"a camera path needs one time per camera, got {len(cameras)} camera(s) "
-                                    f"and {len(times)} time(s)")
-        if fps <= 0:
-            raise StreamStudioError(f"the frame rate must be positive, got {fps}")
-        self.render, self.cameras, self.times = render, list(cameras), list(times)
-        self.info = SourceInfo(width=width, height=height, fps=float(fps), live=False, frame_count=len(self.cameras),
-                               duration=len(self.cameras) / fps, description=description)
-
-    def frames(self) -> Iterator[VideoFrame]:
-        for i, (camera, t) in enumerate(zip(self.cameras, self.times)):
-            image = self.render(camera, t)
-            if image.shape != (self.info.height, self.info.width, 3) or image.dtype != np.uint8:
-                raise StreamStudioError(f"the renderer gave a {image.dtype} {image.shape} frame; expected uint8 "
-                                        f"({self.info.height}, {self.info.width}, 3)")
-            yield VideoFrame(image, i / self.info.fps, i)

@@ -17,16 +17,15 @@ from clips import (
 )
 
 from streamstudio.errors import StreamStudioError
+from streamstudio.streaming.resample import ResampledSource, resample_file
 from streamstudio.streaming.sinks import HlsSink, open_sink
 from streamstudio.streaming.sources import (
     MAX_SIDE,
     ArraySource,
     ImageSequenceSource,
     PatternSource,
-    ResampledSource,
     VideoFileSource,
     open_source,
-    resample_file,
     to_rgb_frame,
 )
 
@@ -356,7 +355,7 @@ def test_only_video_files_at_another_rate_are_resampled(tmp_path):
 
 
 def test_splat_path_source_renders_each_camera_at_its_time_in_order():
-    from streamstudio.streaming.sources import SplatPathSource
+    from streamstudio.streaming.generated import SplatPathSource
 
     calls = []
 

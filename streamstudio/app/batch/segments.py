@@ -42,7 +42,8 @@ from streamstudio.app.streams.requests import BatchRequest
 from streamstudio.errors import StreamStudioError
 from streamstudio.streaming.sink_base import Sink
 from streamstudio.streaming.sinks import open_sink
-from streamstudio.streaming.sources import Source, VideoFrame, open_source, resample_file
+from streamstudio.streaming.resample import resample_file
+from streamstudio.streaming.sources import Source, VideoFrame, open_source
 
 MIN_SEGMENT = 300  # frames: shorter segments are not worth their warm-up, tail and stitch
 PTS_FILE = "pts.json"  # a part folder's timestamps; written last, so its presence means the part is complete

@@ -62,7 +62,8 @@ def run(args) -> int:
     from streamstudio.app.streams import FittedFrames, build_pipeline, watch
     from streamstudio.streaming.runner import Runner, RunnerConfig
     from streamstudio.streaming.sinks import ImageSequenceSink, check_not_input, make_output_folder
-    from streamstudio.streaming.sources import ImageSequenceSource, NoInputSource
+    from streamstudio.streaming.generated import NoInputSource
+    from streamstudio.streaming.sources import ImageSequenceSource
 
     inputs = list_images(Path(args.input)) if args.input else None
     if args.num_images < 1:
