@@ -36,7 +36,8 @@ MAX_CONTROLNETS = 8
 
 
 def _scale_ok(value) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and ADDON_SCALE.low <= value <= ADDON_SCALE.high
+    return (not isinstance(value, bool) and isinstance(value, (int, float))
+            and ADDON_SCALE.low <= value <= ADDON_SCALE.high)
 
 
 def _parse_control_scales(value) -> list[float]:
@@ -53,7 +54,8 @@ IP_ADAPTER_SCALE = "ip_adapter_scale"  # a session's IP-Adapter scale (per row: 
 
 def _parse_ip_scale(value) -> float:
     if not _scale_ok(value):
-        raise StreamStudioError(f"{IP_ADAPTER_SCALE} is a number in {ADDON_SCALE.range_words()}, e.g. 0.6; got {value!r}")
+        raise StreamStudioError(f"{IP_ADAPTER_SCALE} is a number in {ADDON_SCALE.range_words()}, e.g. 0.6; "
+                                f"got {value!r}")
     return float(value)
 
 
@@ -83,7 +85,8 @@ def _parse_blend(items) -> list[tuple[str, float]]:
     for item in items:
         if not (isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], str)
                 and isinstance(item[1], (int, float)) and not isinstance(item[1], bool)):
-            raise StreamStudioError('a prompt blend is a list of [prompt, weight] pairs, e.g. [["a cat", 0.7], ["a dog", 0.3]]')
+            raise StreamStudioError('a prompt blend is a list of [prompt, weight] pairs, '
+                                    'e.g. [["a cat", 0.7], ["a dog", 0.3]]')
         pairs.append((item[0], float(item[1])))
     if not 1 <= len(pairs) <= MAX_PROMPTS or any(w < 0 for _, w in pairs) or sum(w for _, w in pairs) <= 0:
         raise StreamStudioError(f"a prompt blend takes 1 to {MAX_PROMPTS} prompts with non-negative weights, "
@@ -305,10 +308,12 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
     """The image pipeline's settings, shared by generate, render and serve."""
     g = parser.add_argument_group("image pipeline")
     g.add_argument("--model", default="auto",
-                   help="builtin, tiny, a hub id, a diffusers folder or a .safetensors file; auto = stabilityai/sd-turbo "
-                        "with a CUDA GPU (downloaded once), else the built-in image model (default: auto)")
+                   help="builtin, tiny, a hub id, a diffusers folder or a .safetensors file; auto = "
+                        "stabilityai/sd-turbo with a CUDA GPU (downloaded once), else the built-in image model "
+                        "(default: auto)")
     add_setting_flags(g)  # the live settings: --prompt, --strength, --guidance, --seed, --temporal, ...
-    g.add_argument("--steps", type=number(int, 1, MAX_STEPS), default=None, help="denoising steps N (default 1 for turbo models, 2 otherwise)")
+    g.add_argument("--steps", type=number(int, 1, MAX_STEPS), default=None,
+                   help="denoising steps N (default 1 for turbo models, 2 otherwise)")
     g.add_argument("--t-index", type=number(int, 0, MAX_STEPS - 1), nargs="+", default=None, metavar="I",
                    help="explicit indices into the 50-step LCM schedule (overrides --steps/--strength)")
     g.add_argument("--width", type=number(int, 8, MAX_SIDE, multiple=8), default=None,

@@ -110,7 +110,8 @@ def output_paths(inputs: list[Path], output: str) -> tuple[list[Path], Path]:
         make_output_folder(out.parent)
         return [out], out.parent / WORK_DIR / out.name  # its own job list: other files in the folder are not its
     if out.suffix:
-        raise StreamStudioError(f"--output {output}: a batch writes video files; give a folder or an .mp4/.mkv/.mov/.webm")
+        raise StreamStudioError(f"--output {output}: a batch writes video files; give a folder or an "
+                                ".mp4/.mkv/.mov/.webm")
     make_output_folder(out)
     paths = [out / (p.stem + (p.suffix.lower() if p.suffix.lower() in VIDEO_CODECS else ".mp4")) for p in inputs]
     seen: dict[Path, Path] = {}

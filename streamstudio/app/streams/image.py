@@ -59,7 +59,8 @@ def build_pipeline(request: ImageRequest, mode: str, serving: bool = False, aspe
     check_references(request.addons)
     comps = load_components(request)
     turbo = comps.step_type == "turbo"
-    width, height = output_size(request.width, request.height, comps.default_size or 512, aspect)  # builtin 256, tiny 64
+    # default size: builtin 256, tiny 64
+    width, height = output_size(request.width, request.height, comps.default_size or 512, aspect)
     settings = {"guidance_scale": 1.0 if turbo else 1.2, **request.settings}  # the table's settings, by name
     config = StreamDiffusionConfig(
         width=width, height=height, mode=mode, steps=(1 if turbo else 2) if request.steps is None else request.steps,

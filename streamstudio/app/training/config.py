@@ -27,7 +27,8 @@ class ImageTrainConfig:
     pixel_weight: float = 1.0  # the denoiser's pixel-space L1 through the frozen decoder
     default_share: float = 0.5  # share of denoiser samples at the default strength's t
     txt2img_share: float = 0.15  # share at txt2img's t
-    style_share: float = 0.38  # denoiser prompts naming a style: image_data.DEFAULT_STYLE_SHARE (a test keeps them equal)
+    # denoiser prompts naming a style: image_data.DEFAULT_STYLE_SHARE (a test keeps them equal)
+    style_share: float = 0.38
     photos: str = ""  # a folder holding the unpacked photograph packages (photo_data.fetch); "" = procedural only
     photo_share: float = 0.75  # share of each batch cut from the photographs (the rest procedural)
     landscape_share: float = 0.125  # share of landscape layouts under prompts naming one (txt2img's sky over ground)
@@ -40,7 +41,8 @@ class ImageTrainConfig:
     layout_size: int = 0  # joint stage: also one txt2img landscape a step at this size (the pipeline's 256; 0: none)
     layout_weight: float = 0.3  # the layout term's weight (as txt2img's samples in the batch)
     prediction: str = ""  # what the UNet predicts: epsilon or v_prediction ("": the resumed run's or --init's)
-    edge_weight: float = 0.0  # joint stage: weight of 1 - correlation of the Sobel edge maps of x0's picture and the look
+    # joint stage: weight of 1 - correlation of the Sobel edge maps of x0's picture and the look
+    edge_weight: float = 0.0
     seed: int = 0
     save_every: int = 200
     resume: bool = False

@@ -162,7 +162,8 @@ class ImageTrainer:
         if cfg.latent_channels and not cfg.init:
             raise StreamStudioError("--latent-channels widens the model given by --init; give --init DIR")
         if cfg.prediction not in PREDICTIONS:
-            raise StreamStudioError(f"--prediction {cfg.prediction!r}: use one of {', '.join(p for p in PREDICTIONS if p)}")
+            raise StreamStudioError(f"--prediction {cfg.prediction!r}: "
+                                    f"use one of {', '.join(p for p in PREDICTIONS if p)}")
         if cfg.resume:
             config = self._read_config()
         elif cfg.init:
@@ -174,7 +175,8 @@ class ImageTrainer:
         self.vae_opt = torch.optim.AdamW(self.parts["vae"].parameters(), lr=cfg.vae_lr, weight_decay=0.0)
         params = list(self.parts["unet"].parameters()) + list(self.parts["text_encoder"].parameters())
         self.opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
-        self.joint_opt = torch.optim.AdamW([p for n in ("vae", "unet", "text_encoder") for p in self.parts[n].parameters()],
+        self.joint_opt = torch.optim.AdamW([p for n in ("vae", "unet", "text_encoder")
+                                            for p in self.parts[n].parameters()],
                                            lr=cfg.lr, weight_decay=0.0)
         self.photos = None
         if cfg.photos and cfg.photo_share > 0:
@@ -206,7 +208,8 @@ class ImageTrainer:
         if not path.is_file() or not (path.parent / "model.safetensors").is_file():
             raise StreamStudioError(f"--init {self.cfg.init}: no model.safetensors and config.json there "
                                     "(give a trained model folder, e.g. streamstudio/assets/image_builtin)")
-        config = self.init_config = self._model_config(json.loads(path.read_text()))  # the init model's own, for _init_from
+        # the init model's own, for _init_from
+        config = self.init_config = self._model_config(json.loads(path.read_text()))
         if self.cfg.latent_channels and self.cfg.latent_channels != config["vae"]["latent_channels"]:
             try:  # the widened config; _init_from widens the weights the same way
                 config, _ = builtin_image.widen_latents(config, {}, self.cfg.latent_channels, weights=False)

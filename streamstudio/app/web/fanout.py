@@ -4,8 +4,9 @@ Fan-out. aiortc encodes in each `RTCRtpSender`, once per viewer, unless the trac
 already-encoded `av.Packet`s (then the sender only packetizes). So a stream's viewers share one
 `Broadcaster`: one encoder per codec in use (VP8, H.264), each a sink attached to the stream's
 session (the model runs once per frame, whatever the number of viewers; each encoder writes the
-newest processed frame in its own thread), and the encoded packets go to every viewer of that codec through its own bounded queue. A viewer
-that stalls fills only its queue: it is then emptied and the viewer waits for the next key
+newest processed frame in its own thread), and the encoded packets go to every viewer of that codec
+through its own bounded queue. A viewer that stalls fills only its queue: it is then emptied and the
+viewer waits for the next key
 frame (one is asked for), so it never holds back the encoder or the others. Key frames: when a
 viewer joins or sends a PLI/FIR (at most one forced every KEYFRAME_MIN_INTERVAL s), and every
 GOP_FRAMES frames. The encoders run at a fixed bitrate from the frame size (there is no

@@ -554,8 +554,8 @@ def build_splat_tab(get_image_pipeline: Callable[[], object] | None = None, slot
 
     # A bad file shows one message, its toast (naming the file, not the server's temp path), not an
     # "Error" pill over each output as well; the scene loaded before stays loaded and in view.
-    load_btn.click(_guard(on_load), [state, upload, sample, spz_axes, *sliders], [state, scene_info, view_img, stats, t_slider],
-                   show_progress="hidden")
+    load_btn.click(_guard(on_load), [state, upload, sample, spz_axes, *sliders],
+                   [state, scene_info, view_img, stats, t_slider], show_progress="hidden")
     for comp in sliders:
         event = comp.release if isinstance(comp, gr.Slider) else comp.change
         event(_guard(on_change), [state, *sliders], [view_img, stats])

@@ -245,7 +245,8 @@ def _lora_controls(manager: SessionManager) -> None:
     if not listing:
         return
     with gr.Group(elem_id="live-lora"):
-        sliders = [widget(ADDON_SCALE, scale, elem_id=f"live-lora-scale-{i}", label=f"LoRA {source} scale (all streams)")
+        sliders = [widget(ADDON_SCALE, scale, elem_id=f"live-lora-scale-{i}",
+                          label=f"LoRA {source} scale (all streams)")
                    for i, (source, scale) in enumerate(listing)]
         status = gr.Markdown("The LoRAs are fused into the server's model: their scales change every stream.",
                              elem_id="live-lora-status")
@@ -381,8 +382,8 @@ def blend_spec(prompts, weights) -> str | list[tuple[str, float]]:
 
 
 def _t2i_tab(manager: SessionManager) -> None:
-    gr.Markdown(f"Press **Start**: until **Stop**, a new image is drawn every {T2I_TICK_S:g} s from the prompts as they "
-                "stand (txt2img Stream Batch), so an edit shows in the next image; typing does not start it. "
+    gr.Markdown(f"Press **Start**: until **Stop**, a new image is drawn every {T2I_TICK_S:g} s from the prompts as "
+                "they stand (txt2img Stream Batch), so an edit shows in the next image; typing does not start it. "
                 "Blend up to three prompts with the sliders.")
     with gr.Row():
         with gr.Column():

@@ -257,7 +257,8 @@ def build_video_tab(slots=None) -> None:
     from streamstudio.app.settings import video_controls, video_values, widget
     from streamstudio.pipelines.live_settings import SETTINGS, VIDEO_SETTINGS
 
-    state = gr.State(lambda: VideoSession(slots=slots), delete_callback=VideoSession.close)  # its threads end with the page
+    # its threads end with the page
+    state = gr.State(lambda: VideoSession(slots=slots), delete_callback=VideoSession.close)
     gr.Markdown("Streaming video diffusion (StreamDiT-style buffer). The built-in model is tiny (32x32 pixels, "
                 "trained on CPU on moving coloured shapes): try *a blue square moving up*, then change the colour "
                 "while it plays.")
@@ -281,7 +282,8 @@ def build_video_tab(slots=None) -> None:
 
     def _generate(session, text, seed_value, solver):
         try:
-            yield from generate(session, text, int(seed_value or 0), solver=video_values(["solver"], [solver])["solver"])
+            yield from generate(session, text, int(seed_value or 0),
+                                solver=video_values(["solver"], [solver])["solver"])
         except StreamStudioError as exc:
             raise gr.Error(str(exc), print_exception=False) from exc
 
@@ -296,4 +298,5 @@ def build_video_tab(slots=None) -> None:
     stop_btn.click(stop, state, status)
     # Gradio's own cap is generous; the session manager's slots say "busy"
     limit = 2 * slots.max_streams + 2 if slots is not None else 4
-    cam.stream(_webcam, [state, cam, prompt, step, *controls.values()], cam_out, stream_every=0.1, concurrency_limit=limit)
+    cam.stream(_webcam, [state, cam, prompt, step, *controls.values()], cam_out, stream_every=0.1,
+               concurrency_limit=limit)

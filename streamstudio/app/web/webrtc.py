@@ -349,7 +349,8 @@ class GuardedOffers:
                 seen, had_session = now, True
             elif had_session or now - seen >= self.pending_timeout:
                 log.info("WebRTC connection %s (%s) %s: freeing its slot", webrtc_id, pc.connectionState,
-                         "has lost its stream" if had_session else f"has had no stream for {self.pending_timeout:.0f} s")
+                         "has lost its stream" if had_session
+                         else f"has had no stream for {self.pending_timeout:.0f} s")
                 await self.free(webrtc_id, pc)
                 return
             await asyncio.sleep(min(0.5, self.pending_timeout / 5))
