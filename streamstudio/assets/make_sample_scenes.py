@@ -126,8 +126,8 @@ def make_4d(seed: int = 0) -> GaussianScene:
         # rotation by theta in (tangent, t) with isotropic spatial scale s gives velocity
         # (st^2 - s^2) sin cos / (st^2 cos^2 + s^2 sin^2); solve tan(theta) for `speed` (small-s limit)
         theta = torch.full((n,), math.atan(speed))
-        l, r = quats_of_rotation_4d(plane_rotation(tangent, theta))
-        moon.quats, moon.quats_r = l, r
+        left, right = quats_of_rotation_4d(plane_rotation(tangent, theta))
+        moon.quats, moon.quats_r = left, right
         moon.log_scales = torch.full((n, 3), math.log(s))
         moon.t_centers, moon.t_log_scales = t, torch.full((n,), math.log(st))
         parts.append(moon)

@@ -79,7 +79,8 @@ def cache_root() -> Path:
     return Path(root)
 
 
-def source_digest(paths: Sequence[Path], flags: Sequence[str] = (), target: tuple[str, str, tuple] | None = None) -> str:
+def source_digest(paths: Sequence[Path], flags: Sequence[str] = (),
+                  target: tuple[str, str, tuple] | None = None) -> str:
     """Hash of the sources, the headers beside them, the flags, torch's and CUDA's versions and
     Python's; `target` (torch version, CUDA version, (major, minor) of Python) names another
     environment's (the key a GPU image's process will look for), else this process's."""

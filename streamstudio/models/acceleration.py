@@ -110,7 +110,8 @@ def unet_call_rows(cfg_type: str, steps: int, frame_buffer_size: int = 1, stream
     return tuple(sorted(sizes))
 
 
-def batched_rows(requests: Iterable[int], max_rows: int | None, buckets: Iterable[int] | None = None) -> tuple[int, ...]:
+def batched_rows(requests: Iterable[int], max_rows: int | None,
+                 buckets: Iterable[int] | None = None) -> tuple[int, ...]:
     """The batch sizes a network is sent when calls of `requests` rows (any mix, from any number
     of streams) are joined up to max_rows (a call bigger than that runs alone), each padded to
     its bucket. max_rows None: no batching, the requests themselves."""
@@ -443,7 +444,8 @@ def export_onnx_models(specs: list[ExportSpec], out_dir: str | Path, *, batch: i
 
 
 def build_engines(specs: list[ExportSpec], engine_dir: str | Path | None = None, *,
-                  shapes: ShapeRange | None = None, precision: str = "fp16", plan: BatchPlan | None = None) -> list[Path]:
+                  shapes: ShapeRange | None = None, precision: str = "fp16",
+                  plan: BatchPlan | None = None) -> list[Path]:
     """TensorRT engines of every spec into the cache (TensorRT and a GPU needed), each for
     `engine_shapes(spec.name, plan, shapes)`: the same profile, hence the same cache key, as
     `apply_acceleration(..., plan=plan)` asks for."""

@@ -20,7 +20,8 @@ comes: it joins the batch, or, being of an earlier stage, goes first. A stream t
 behind thereby catches up with the others at the next stage, so streams that start out of
 step fall into step and their calls meet. Only calls of the same network, condition fields and
 shapes join (their key); each stream's calls are counted as shared or alone (`ClientStats`, in
-its session's stats), so a stream whose calls cannot join the others' says so. Streams between frames are not waited for. Results are copied out of the batch, so a network
+its session's stats), so a stream whose calls cannot join the others' says so. Streams between
+frames are not waited for. Results are copied out of the batch, so a network
 that reuses its output buffers (CUDA graphs) cannot overwrite a stream's result. When a
 batched call fails, each of its calls is run again alone, so a bad call fails only its own
 stream.

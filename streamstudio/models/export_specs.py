@@ -29,8 +29,8 @@ from torch import nn
 from streamstudio.errors import StreamStudioError
 from streamstudio.kernels.tensorrt.export import ExportSpec, random_normal, random_uniform
 from streamstudio.kernels.tensorrt.runtime import TRTEngine
-from streamstudio.models.image.image_net import (DiffusersImageNet, ImageCond, ImageNet, Layout, WrappedImageNet, broadcast,
-                                          check_bank)
+from streamstudio.models.image.image_net import (DiffusersImageNet, ImageCond, ImageNet, Layout, WrappedImageNet,
+                                          broadcast, check_bank)
 
 IMAGE_PARTS = ("unet", "vae_encoder", "vae_decoder")
 
@@ -118,7 +118,8 @@ def eps_spec(net: DiffusersImageNet, text_len: int = 77, cond: Callable | None =
             return ImageCond(text=random_normal((b, text_len, width), device, dtype, gen))
         example = cond(b, h, w, device, dtype).map(lambda t: random_normal(tuple(t.shape), device, t.dtype, gen))
         if with_ip and example.image_embeds is not None:  # the IP-Adapter's scale, per row: an input, never a constant
-            example = dataclasses.replace(example, ip_scale=random_uniform((b, 1), 0.0, 1.5, device, torch.float32, gen))
+            example = dataclasses.replace(example,
+                                          ip_scale=random_uniform((b, 1), 0.0, 1.5, device, torch.float32, gen))
         return example
 
     def make(b, h, w, device, dtype, gen):

@@ -80,7 +80,8 @@ class PromptEncoder:
         except (TypeError, ValueError) as exc:
             raise StreamStudioError("a prompt is a string or a list of (prompt, weight) pairs") from exc
         if not pairs or any(w < 0 for _, w in pairs) or sum(w for _, w in pairs) <= 0:
-            raise StreamStudioError("a prompt blend needs at least one prompt and non-negative weights with a positive sum")
+            raise StreamStudioError("a prompt blend needs at least one prompt and non-negative weights "
+                                    "with a positive sum")
         conds = [self.encode(p) for p, _ in pairs]
         weights = [w for _, w in pairs]
         layout = conds[0].flatten()[0]

@@ -1,7 +1,8 @@
 """Cameras, camera paths and frames from a Gaussian scene.
 
 Cameras are pinhole (or orthographic, or equidistant fisheye), built from a vertical field of
-view, with OpenCV axes (x right, y down, z forward). World "up" defaults to -y, the usual orientation of 3DGS (COLMAP) scenes.
+view, with OpenCV axes (x right, y down, z forward). World "up" defaults to -y, the usual
+orientation of 3DGS (COLMAP) scenes.
 """
 
 from __future__ import annotations
@@ -267,7 +268,8 @@ def path_times(scene: GaussianScene, frames: int, time_range: tuple[float, float
 # SuperSplat's camera animation (see `path_from_json`), written as nerfstudio's camera_path.json.
 
 GL_TO_CV = np.diag([1.0, -1.0, -1.0, 1.0])  # camera axes: OpenGL (x right, y up, z back) <-> OpenCV
-SUPERSPLAT_TO_FILE = np.diag([-1.0, -1.0, 1.0])  # SuperSplat's world = Rz(180) of the file's (splat-transform's Transform.PLY)
+# SuperSplat's world = Rz(180) of the file's (splat-transform's Transform.PLY)
+SUPERSPLAT_TO_FILE = np.diag([-1.0, -1.0, 1.0])
 
 
 @dataclass
@@ -398,8 +400,9 @@ def hermite(times: np.ndarray, values: np.ndarray, t: float, smoothness: float =
             period: float | None = None) -> np.ndarray:
     """Cubic Hermite interpolation of values (K, D) at keyframe times (K,), tangents Catmull-Rom
     over non-uniform times, m_i = (p_{i+1} - p_{i-1}) / (t_{i+1} - t_{i-1}) (one-sided at open ends),
-    times `smoothness` (0: zero tangents, easing in and out of every key). Clamped outside the keys; `period` wraps (a loop).
-    The same spline as SuperSplat's `CubicSpline.fromPoints` / `fromPointsLooping`."""
+    times `smoothness` (0: zero tangents, easing in and out of every key). Clamped outside the keys;
+    `period` wraps (a loop). The same spline as SuperSplat's `CubicSpline.fromPoints` /
+    `fromPointsLooping`."""
     times, values = _padded(np.asarray(times, dtype=np.float64), np.asarray(values, dtype=np.float64), period)
     n = len(times)
     if t <= times[0]:

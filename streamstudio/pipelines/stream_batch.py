@@ -119,7 +119,8 @@ class StreamBatchSampler:
         """New per-slot noise (and txt2img noise) from `seed`; the buffer stays."""
         n, k = self.schedule.steps, self.k
         gen = torch.Generator("cpu").manual_seed(seed)
-        self._noise = torch.randn((n * k, *self.latent_shape), generator=gen).to(self.device, self.dtype)  # (N*k, 4, h, w)
+        # (N*k, 4, h, w)
+        self._noise = torch.randn((n * k, *self.latent_shape), generator=gen).to(self.device, self.dtype)
         self._noise_next = torch.roll(self._noise, -k, dims=0)  # row of slot j gets slot j+1's noise
         # txt2img draws each frame's noise on the device, from a generator there (no upload per frame)
         self._txt_gen = torch.Generator(self.device).manual_seed(seed + 1)

@@ -73,7 +73,8 @@ def weakly_typed(trt) -> bool:
     return hasattr(trt.BuilderFlag, "FP16")
 
 
-def build_engine(onnx_path: str | Path, profile: Profile, *, fp16: bool = True, workspace_gb: float | None = None) -> bytes:
+def build_engine(onnx_path: str | Path, profile: Profile, *, fp16: bool = True,
+                 workspace_gb: float | None = None) -> bytes:
     """Parse the ONNX file and build a serialized engine with one optimization profile."""
     trt = require_tensorrt()
     precision = "fp16" if fp16 else "fp32"

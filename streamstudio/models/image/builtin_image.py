@@ -8,8 +8,9 @@ space-to-depth (PixelUnshuffle) and the decoder ends with depth-to-space (PixelS
 image with 32 channels (trained from scratch at 8, then widened by `widen_latents` to 16 and to
 32, trained on after each), each image's latents scaled to mean square 1 (`power_norm`), so the
 noise the pipeline adds at a strength is the noise training saw; the older design (1/8, 4
-channels, as Stable Diffusion's) still loads from its config. The UNet and text encoder are diffusers / transformers classes with tiny
-configs, so the pipeline, the feature bank and the exporters treat them as any SD model's.
+channels, as Stable Diffusion's) still loads from its config. The UNet and text encoder are
+diffusers / transformers classes with tiny configs, so the pipeline, the feature bank and the
+exporters treat them as any SD model's.
 """
 
 from __future__ import annotations

@@ -113,7 +113,8 @@ def residuals(nets, x: torch.Tensor, t: torch.Tensor, text: torch.Tensor, images
 
 def scales_tensor(scales: list[float], rows: int, device: torch.device) -> torch.Tensor:
     """(rows, n) float32 conditioning scales, the same for every row."""
-    return torch.tensor([check_scale(s) for s in scales], dtype=torch.float32, device=device).expand(rows, -1).contiguous()
+    return (torch.tensor([check_scale(s) for s in scales], dtype=torch.float32, device=device)
+            .expand(rows, -1).contiguous())
 
 
 def _first_line(exc: BaseException) -> str:

@@ -189,9 +189,11 @@ def apply_style(x: torch.Tensor, style: str) -> torch.Tensor:
 
 def apply_grade(x: torch.Tensor, grade: str) -> torch.Tensor:
     if grade == "warm":
-        return (x * torch.tensor([1.18, 1.04, 0.78]).view(1, 3, 1, 1).to(x) + torch.tensor([0.06, 0.02, 0.0]).view(1, 3, 1, 1).to(x)).clamp(0, 1)
+        return (x * torch.tensor([1.18, 1.04, 0.78]).view(1, 3, 1, 1).to(x)
+                + torch.tensor([0.06, 0.02, 0.0]).view(1, 3, 1, 1).to(x)).clamp(0, 1)
     if grade == "cold":
-        return (x * torch.tensor([0.78, 0.98, 1.18]).view(1, 3, 1, 1).to(x) + torch.tensor([0.0, 0.02, 0.07]).view(1, 3, 1, 1).to(x)).clamp(0, 1)
+        return (x * torch.tensor([0.78, 0.98, 1.18]).view(1, 3, 1, 1).to(x)
+                + torch.tensor([0.0, 0.02, 0.07]).view(1, 3, 1, 1).to(x)).clamp(0, 1)
     if grade == "sepia":
         return torch.einsum("ij,bjhw->bihw", SEPIA.to(x), x).clamp(0, 1)
     if grade == "gray":
@@ -465,7 +467,8 @@ def random_images(seed: int, batch: int, size: int) -> torch.Tensor:
             img = img * (1 - m) + _one(gen, big) * m
         if big > size:  # a random crop, sometimes shrunk to fit instead
             if float(torch.rand((), generator=gen)) < 0.3:
-                img = F.interpolate(img[None], size=(size, size), mode="bilinear", antialias=True, align_corners=False)[0]
+                img = F.interpolate(img[None], size=(size, size), mode="bilinear", antialias=True,
+                                    align_corners=False)[0]
             else:
                 y0, x0 = (int(torch.randint(big - size + 1, (1,), generator=gen)) for _ in range(2))
                 img = img[:, y0:y0 + size, x0:x0 + size]
@@ -524,7 +527,8 @@ def landscape(gen, s):
     if float(torch.rand((), generator=gen)) < 0.5:  # a mountain range: a jagged ridge above the horizon
         ridge = torch.zeros(s)
         for k in range(1, 5):
-            ridge += _uniform(gen, 0.02, 0.12) / k * torch.sin(xx[0] * math.pi * k * _uniform(gen, 0.5, 2) + _uniform(gen, 0, 6))
+            ridge += _uniform(gen, 0.02, 0.12) / k * torch.sin(xx[0] * math.pi * k * _uniform(gen, 0.5, 2)
+                                                               + _uniform(gen, 0, 6))
         ridge = horizon - _uniform(gen, 0.1, 0.35) + ridge
         m = _soft(ridge.view(1, s) - yy, s, 1.5)
         shade = torch.tensor([0.3, 0.32, 0.4]) * _uniform(gen, 0.6, 1.3)
@@ -532,7 +536,8 @@ def landscape(gen, s):
     ground = _pick(gen, ([0.25, 0.55, 0.2], [0.8, 0.7, 0.45], [0.1, 0.3, 0.55], [0.35, 0.45, 0.2]))
     depth = ((yy - horizon) / (1 - horizon)).clamp(0, 1)
     ground = torch.tensor(ground).view(3, 1, 1) * (0.75 + 0.35 * depth)
-    ground = ground + 0.05 * (_rand(gen, 1, s // 4 + 1, s // 4 + 1) - 0.5).repeat_interleave(4, 1).repeat_interleave(4, 2)[:, :s, :s]
+    ground = ground + 0.05 * ((_rand(gen, 1, s // 4 + 1, s // 4 + 1) - 0.5)
+                              .repeat_interleave(4, 1).repeat_interleave(4, 2)[:, :s, :s])
     m = _soft(horizon - yy, s, 1.0)
     return (img * (1 - m) + ground * m).clamp(0, 1)
 
@@ -563,6 +568,7 @@ def test_card(size: int = 256) -> np.ndarray:
     from PIL import Image, ImageDraw
 
     band = Image.new("RGB", (size, size // 6), (240, 240, 240))
-    ImageDraw.Draw(band).text((size // 20, size // 40), "StreamStudio 0123", fill=(20, 20, 20), font=_font(max(8, size // 10)))
+    ImageDraw.Draw(band).text((size // 20, size // 40), "StreamStudio 0123", fill=(20, 20, 20),
+                              font=_font(max(8, size // 10)))
     img[:, size - size // 6:] = torch.from_numpy(np.asarray(band).copy()).permute(2, 0, 1).float() / 255
     return (img.clamp(0, 1).permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)

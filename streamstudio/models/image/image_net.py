@@ -109,7 +109,8 @@ class ImageCond:
 BankSegments = Sequence[tuple[int, feature_bank.BankRows]]  # (first row, that stream's bank rows)
 
 
-def broadcast(rows: int, t: torch.Tensor | float, cond: ImageCond, device: torch.device) -> tuple[torch.Tensor, ImageCond]:
+def broadcast(rows: int, t: torch.Tensor | float, cond: ImageCond,
+              device: torch.device) -> tuple[torch.Tensor, ImageCond]:
     """The timesteps as (rows,) on `device` and the condition with `rows` rows (views)."""
     t = torch.as_tensor(t, device=device).reshape(-1)
     return (t.expand(rows) if t.numel() == 1 else t), cond.expand(rows)  # (B,), B rows

@@ -66,7 +66,8 @@ def locate(source: str, is_sdxl: bool) -> tuple[str, str, str]:
     if path.is_dir():
         files = sorted(f.name for f in path.glob("*.safetensors"))
         if len(files) != 1:
-            raise StreamStudioError(f"IP-Adapter folder {source!r} must hold one .safetensors file, it holds {len(files)}")
+            raise StreamStudioError(f"IP-Adapter folder {source!r} must hold one .safetensors file, "
+                                    f"it holds {len(files)}")
         return str(path), "", files[0]
     parts = source.split("/")
     if len(parts) > 2 and parts[-1].endswith(".safetensors"):  # a file in a hub repo

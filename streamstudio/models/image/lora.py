@@ -124,7 +124,7 @@ class LoraSet:
             if name_or_source in (lora.name, lora.source):
                 return lora
         raise StreamStudioError(f"no LoRA {name_or_source!r} is loaded; loaded: "
-                                f"{', '.join(l.source for l in self.loras) or 'none'}")
+                                f"{', '.join(lora.source for lora in self.loras) or 'none'}")
 
     # ------------------------------------------------------------------ changes
     def add(self, spec: LoraSpec | str) -> LoadedLora:
@@ -216,9 +216,9 @@ class LoraSet:
         c = self.comps
         scheduler = LCMScheduler.from_config(c.scheduler_config)
         if self.is_sdxl:
-            self._pipe = StableDiffusionXLPipeline(vae=None, text_encoder=c.text_encoder, text_encoder_2=c.text_encoder_2,
-                                                   tokenizer=c.tokenizer, tokenizer_2=c.tokenizer_2, unet=c.unet,
-                                                   scheduler=scheduler)
+            self._pipe = StableDiffusionXLPipeline(vae=None, text_encoder=c.text_encoder,
+                                                   text_encoder_2=c.text_encoder_2, tokenizer=c.tokenizer,
+                                                   tokenizer_2=c.tokenizer_2, unet=c.unet, scheduler=scheduler)
         else:
             self._pipe = StableDiffusionPipeline(vae=None, text_encoder=c.text_encoder, tokenizer=c.tokenizer,
                                                  unet=c.unet, scheduler=scheduler, safety_checker=None,
@@ -266,10 +266,10 @@ class LoraSet:
                 pipe.unload_lora_weights()
             self._base.clear()
             return
-        pipe.set_adapters([l.name for l in self.loras], [l.scale for l in self.loras])
+        pipe.set_adapters([lora.name for lora in self.loras], [lora.scale for lora in self.loras])
         if not self.fuse:
             return
-        active = [l.name for l in self.loras if l.scale != 0]
+        active = [lora.name for lora in self.loras if lora.scale != 0]
         for layer in self._lora_layers():
             names = [n for n in active if n in layer.lora_A]
             if not names:

@@ -11,8 +11,9 @@ only when it can be reached) into a `WanModel`: the pieces the buffer sampler ne
   classifier-free guidance against the empty prompt when `guidance` is not 1.
 - `UMT5TextEncoder`: the prompt as WanPipeline's `_get_t5_prompt_embeds` makes it: cleaned,
   tokenized to 512 tokens, encoded, everything past the prompt's own tokens set to zero.
-- `WanCodec`: the video seam's codec (`models/video/video_net.py`) over AutoencoderKLWan, latents normalised with the VAE config's
-  `latents_mean` / `latents_std` as WanPipeline does. The VAE is causal in time and packs 4 frames
+- `WanCodec`: the video seam's codec (`models/video/video_net.py`) over AutoencoderKLWan, latents
+  normalised with the VAE config's `latents_mean` / `latents_std` as WanPipeline does. The VAE is
+  causal in time and packs 4 frames
   into one latent frame (`scale_factor_temporal`): the first latent frame of a video is 1 frame,
   every later one 4, so n latent frames are 1 + 4 (n - 1) frames (Wan's 81 frames: 21 latents).
   `decode` decodes one whole clip that way; `stream()` gives a codec whose `decode` continues the
