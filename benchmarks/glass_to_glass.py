@@ -112,7 +112,10 @@ WATCH_JS = """async ([url, token, bits, blocks]) => {
       g.drawImage(video, 0, 0, w, h);
       const bw = Math.floor(w / blocks), bh = Math.max(2, Math.floor(h / 6));
       const row = g.getImageData(0, Math.floor(bh / 2), w, 1).data;
-      const bit = i => { const x = i * bw + Math.floor(bw / 2); return (row[4 * x] + row[4 * x + 1] + row[4 * x + 2]) / 3 > 127 ? 1 : 0; };
+      const bit = i => {
+        const x = i * bw + Math.floor(bw / 2);
+        return (row[4 * x] + row[4 * x + 1] + row[4 * x + 2]) / 3 > 127 ? 1 : 0;
+      };
       if (bw >= 1 && bit(0) === 1 && bit(blocks - 1) === 0) {
         let value = 0;
         for (let i = 1; i <= bits; i++) value = value * 2 + bit(i);
@@ -316,7 +319,8 @@ def _measure(server, marks: dict, profile: str, seconds: float, size: int, steps
 
 def report(r: dict, seconds: float, quick: bool) -> None:
     print(f"glass to glass, Chromium -> WHIP -> tiny model {r['size']} px, {r['stream_batch_delay_calls'] + 1} "
-          f"step(s), {r['threads']} thread(s) -> WHEP -> Chromium, {r['samples']} frames over {seconds:.0f} s{' (--quick)' if quick else ''}:")
+          f"step(s), {r['threads']} thread(s) -> WHEP -> Chromium, {r['samples']} frames over {seconds:.0f} s"
+          f"{' (--quick)' if quick else ''}:")
     print(f"  median {r['median_ms']:.1f} ms (p10 {r['p10_ms']:.1f}, p90 {r['p90_ms']:.1f}); "
           f"target <= {TARGET_CPU_MS:.0f} ms on a CPU: {'met' if r['median_ms'] <= TARGET_CPU_MS else 'MISSED'}")
     print(f"  the server's own figure (in to the WHEP encoder, p50): {r['server_ms']:.1f} ms")

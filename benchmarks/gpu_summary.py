@@ -30,7 +30,8 @@ STAGES_FILE = "stages.json"
 # which stage writes which file
 STAGE_OF = {"gpu_tests.xml": "tests", "gpu_tests_slow.xml": "tests_slow", "kernels.json": "kernels",
             "stream_diffusion.json": "stream_diffusion", "splats.json": "splats", "stream_video.json": "video",
-            "multistream.json": "multistream", "webapp.json": "webapp", "stream_diffusion_addons.json": "addons", "kernels_full.json": "kernels_full"}
+            "multistream.json": "multistream", "webapp.json": "webapp", "stream_diffusion_addons.json": "addons",
+            "kernels_full.json": "kernels_full"}
 
 KILLED_RCS = (124, 137)  # timeout's exit status, and SIGKILL after --kill-after
 

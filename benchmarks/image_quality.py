@@ -158,7 +158,8 @@ def summarise(rows: dict) -> dict:
     out = {k: {"min": min(r[k] for r in rows.values()), "mean": float(np.mean([r[k] for r in rows.values()]))}
            for k in keys}
     words = next(iter(rows.values()))["styles"]
-    out["styles"] = {w: {k: float(np.mean([r["styles"][w][k] for r in rows.values()])) for k in ("toward", "from_plain")}
+    out["styles"] = {w: {k: float(np.mean([r["styles"][w][k] for r in rows.values()]))
+                         for k in ("toward", "from_plain")}
                      for w in words}
     return out
 

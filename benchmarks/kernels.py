@@ -241,14 +241,16 @@ def op_cases(device: torch.device, gpu: bool, sizes: Sizes | None = None) -> lis
     cam, dt_name = f"{h}x{w}", str(dtype).removeprefix("torch.")
     cases = []
     rgb = frames(s.resize_batch)  # (B, H, W, 3)
-    cases.append(Case(f"preprocess resize {cam}->{n}", f"{s.resize_batch}x{cam}x3 u8 -> {s.resize_batch}x3x{n}x{n} {dt_name}",
+    cases.append(Case(f"preprocess resize {cam}->{n}",
+                      f"{s.resize_batch}x{cam}x3 u8 -> {s.resize_batch}x3x{n}x{n} {dt_name}",
                       lambda: kernels.preprocess(rgb, n, n, dtype), lambda: reference.preprocess(rgb, n, n, dtype),
                       nbytes(rgb), s.resize_batch * 3 * n * n * esz))
     if _rgba_supported():
         rgba = frames(s.resize_batch, 4)  # (B, H, W, 4)
         cases.append(Case(f"preprocess RGBA resize {cam}->{n}",
                           f"{s.resize_batch}x{cam}x4 u8 -> {s.resize_batch}x3x{n}x{n} {dt_name}",
-                          lambda: kernels.preprocess(rgba, n, n, dtype), lambda: reference.preprocess(rgba, n, n, dtype),
+                          lambda: kernels.preprocess(rgba, n, n, dtype),
+                          lambda: reference.preprocess(rgba, n, n, dtype),
                           nbytes(rgba), s.resize_batch * 3 * n * n * esz))
     same = frames(s.frame_batch)  # (B, H, W, 3)
     cases.append(Case(f"preprocess same size {cam}", f"{s.frame_batch}x{cam}x3 u8 -> {s.frame_batch}x3x{cam} {dt_name}",
@@ -393,7 +395,8 @@ def bench_pipeline(device: torch.device, quick: bool, on_row: Callable[[list[dic
 
     gpu = device.type == "cuda"
     if gpu:
-        comps, size, name = sd_turbo_components(device, torch.float16), 512, "sd-turbo arch, TAESD, 512x512, 1 step, fp16"
+        comps, size, name = (sd_turbo_components(device, torch.float16), 512,
+                             "sd-turbo arch, TAESD, 512x512, 1 step, fp16")
         frames, warmup = (30, 10) if quick else (200, 30)
     else:
         comps, size, name = tiny_components(device, torch.float32), 64, "tiny model, TAESD, 64x64, 1 step, fp32 (CPU)"
@@ -420,9 +423,10 @@ def bench_pipeline(device: torch.device, quick: bool, on_row: Callable[[list[dic
 
 # ------------------------------------------------------------------------------ main
 OP_COLUMNS = [("op", "op", "<38"), ("MB", lambda r: r["bytes"] / 1e6, ">7.1f"), ("xL2", "l2_multiple", ">5.1f"),
-              ("eager us", "eager_us", ">10.1f"), ("fused us", "fused_us", ">10.1f"), ("floor us", "floor_us", ">10.1f"),
-              ("fused GB/s", "fused_GBps", ">10.1f"), ("floor %", "floor_pct", ">8.1f"),
-              ("eager %", "eager_floor_pct", ">8.1f"), ("f/eager", "fused_over_eager", ">8.3f"),
+              ("eager us", "eager_us", ">10.1f"), ("fused us", "fused_us", ">10.1f"),
+              ("floor us", "floor_us", ">10.1f"), ("fused GB/s", "fused_GBps", ">10.1f"),
+              ("floor %", "floor_pct", ">8.1f"), ("eager %", "eager_floor_pct", ">8.1f"),
+              ("f/eager", "fused_over_eager", ">8.3f"),
               ("target", lambda r: {True: "ok", False: "MISS", None: "-"}[r.get("meets_target")], ">6"),
               ("", lambda r: f" ({r['error']})" if r.get("error") else "", "<0")]
 

@@ -123,9 +123,9 @@ def serve_path(count: int, transport: str, side: int = 512) -> dict:
         in_process = statistics.median(timed_ms(local, frames))
     finally:
         model.close()
-    return {"transport": transport, "side": side, "frames": count, "in_process_step_ms": in_process, "remote_step_ms": statistics.median(walls),
-            "overhead_ms": statistics.median(overheads), "overhead_p90_ms": statistics.quantiles(overheads, n=10)[-1],
-            "front_end_cpu_ms_per_frame": cpu_ms}
+    return {"transport": transport, "side": side, "frames": count, "in_process_step_ms": in_process,
+            "remote_step_ms": statistics.median(walls), "overhead_ms": statistics.median(overheads),
+            "overhead_p90_ms": statistics.quantiles(overheads, n=10)[-1], "front_end_cpu_ms_per_frame": cpu_ms}
 
 
 def main() -> None:
@@ -180,9 +180,10 @@ def main() -> None:
     for row in serve:
         verdict = "met" if row["overhead_ms"] <= TARGET_MS else "MISSED"
         print(f"serve --cluster's own path, {row['transport']}, tiny model at {row['side']}x{row['side']}, "
-              f"{row['frames']} frames: step {row['in_process_step_ms']:.0f} ms in process, {row['remote_step_ms']:.0f} "
-              f"ms through a replica; overhead {row['overhead_ms']:.2f} ms (p90 {row['overhead_p90_ms']:.2f}; target "
-              f"<= {TARGET_MS:.0f}: {verdict}); the front end's CPU {row['front_end_cpu_ms_per_frame']:.1f} ms a frame")
+              f"{row['frames']} frames: step {row['in_process_step_ms']:.0f} ms in process, "
+              f"{row['remote_step_ms']:.0f} ms through a replica; overhead {row['overhead_ms']:.2f} ms (p90 "
+              f"{row['overhead_p90_ms']:.2f}; target <= {TARGET_MS:.0f}: {verdict}); the front end's CPU "
+              f"{row['front_end_cpu_ms_per_frame']:.1f} ms a frame")
     print("(compiled graphs wait by spinning: the front end's CPU a frame is then the whole round, model included; "
           "plain calls spend CPU only on the transport)")
     write_json(RESULTS / "live_actor.json", {

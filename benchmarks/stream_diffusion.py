@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import RESULTS, bench_device, synchronizer, table, timed, utc_now, write_json  # puts the package on sys.path
+from common import RESULTS, bench_device, synchronizer, table, timed, utc_now, write_json  # sys.path set by common
 
 from streamstudio.app.cli.bench import device_name
 from streamstudio.models.loading import SDComponents, load_components
@@ -133,7 +133,8 @@ def sdxl_architecture(big: SDComponents, device, dtype) -> SDComponents:
                 max_position_embeddings=77, bos_token_id=len(tok) - 2, eos_token_id=len(tok) - 1,
                 pad_token_id=len(tok) - 1)
     text = _fast_random_init(CLIPTextModel(CLIPTextConfig(hidden_size=768, **base)))
-    text_2 = _fast_random_init(CLIPTextModelWithProjection(CLIPTextConfig(hidden_size=1280, projection_dim=1280, **base)))
+    text_2 = _fast_random_init(CLIPTextModelWithProjection(CLIPTextConfig(hidden_size=1280, projection_dim=1280,
+                                                                          **base)))
     comps = SDComponents(unet, big.vae, text, tok, dict(SCHEDULER_CONFIG), "sdxl-arch", step_type="turbo",
                          text_encoder_2=text_2, tokenizer_2=tok)
     return comps.to(device, dtype)
@@ -154,7 +155,8 @@ def addon_variants(comps: SDComponents, folder: str) -> dict[str, SDComponents]:
                                                control_defaults=[("canny", 1.0), ("softedge", 1.0)])}
     path, _, _ = save_random_lora(comps, folder, rank=16)
     for fuse in (True, False):
-        variant = dataclasses.replace(comps, unet=copy.deepcopy(comps.unet), text_encoder=copy.deepcopy(comps.text_encoder))
+        variant = dataclasses.replace(comps, unet=copy.deepcopy(comps.unet),
+                                      text_encoder=copy.deepcopy(comps.text_encoder))
         variant.loras = LoraSet(variant, fuse=fuse)
         variant.loras.add(str(path))
         out["lora_fused" if fuse else "lora_unfused"] = variant
@@ -222,7 +224,8 @@ def ssf_static_rate(comps: SDComponents, frames: int = 110) -> float:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a few frames, 256x256 for the full-size model (< 60 s on CPU)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a few frames, 256x256 for the full-size model (< 60 s on CPU)")
     parser.add_argument("--device", default="auto", help="auto, cuda or cpu")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=None, help=f"JSON output (default {RESULTS / 'stream_diffusion.json'})")

@@ -240,7 +240,8 @@ def main(argv=None) -> int:
     results = {
         "quick": args.quick,
         "machine": {"cpu": platform.processor() or platform.machine(), "threads": args.threads,
-                    "torch": torch.__version__, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None},
+                    "torch": torch.__version__,
+                    "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None},
         "buffer_overhead": buffer_overhead(reps),
         "attention": attention_compare(grid, (4, 16, 16), dim=32, heads=2, repeats=3 if args.quick else 3),
         "builtin_fps_cpu": builtin_fps(16 if args.quick else 64),
@@ -252,9 +253,11 @@ def main(argv=None) -> int:
     out.write_text(json.dumps(results, indent=2))
     b, a, f, g, w = (results[k] for k in ("buffer_overhead", "attention", "builtin_fps_cpu", "gpu_4b", "gpu_wan_1_3b"))
     rows = [
-        ("buffer step / raw forward", f"{b['ratio']:.3f} (target <= 1.10; {b['step_ms']:.1f} / {b['forward_ms']:.1f} ms)"),
-        (f"full / window attention, {a['tokens']} tokens", f"{a['speedup']:.1f}x ({a['full_ms']:.0f} / {a['window_ms']:.0f} ms, "
-                                                             f"window {a['window']}, dim {a['dim']})"),
+        ("buffer step / raw forward",
+         f"{b['ratio']:.3f} (target <= 1.10; {b['step_ms']:.1f} / {b['forward_ms']:.1f} ms)"),
+        (f"full / window attention, {a['tokens']} tokens",
+         f"{a['speedup']:.1f}x ({a['full_ms']:.0f} / {a['window_ms']:.0f} ms, "
+         f"window {a['window']}, dim {a['dim']})"),
         ("built-in model, CPU", f"{f['fps']:.1f} fps ({f['threads']} thread(s), {f['buffer']}, {f['frame']})"
          + (f"; {f['fps_euler']:.1f} with the Euler solver" if "fps_euler" in f else "")),
         (f"4B step, {LATENT_LABEL}", step_text(g)),

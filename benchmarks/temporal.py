@@ -35,7 +35,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from common import RESULTS, bench_device, synchronizer, table, timed, utc_now, write_json  # puts the package on sys.path
+from common import RESULTS, bench_device, synchronizer, table, timed, utc_now, write_json  # sys.path set by common
 
 from streamstudio.app.cli.bench import device_name
 from streamstudio.models.image import feature_bank

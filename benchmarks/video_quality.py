@@ -150,7 +150,8 @@ def summarize(videos: list[VideoMeasure], chunk_size: int) -> dict:
     bg_i = [j for v in videos for j in v.background_inner]
     ratio = float(np.mean(bound) / np.mean(inner)) if chunk_size > 1 and bound and inner else None
     per_video = [np.mean(v.boundary_jumps) / np.mean(v.inner_jumps)
-                 for v in videos if chunk_size > 1 and v.boundary_jumps and v.inner_jumps and np.mean(v.inner_jumps) > 0]
+                 for v in videos
+                 if chunk_size > 1 and v.boundary_jumps and v.inner_jumps and np.mean(v.inner_jumps) > 0]
     by_dir: dict[str, list[int]] = {}
     for v in videos:
         name = v.prompt.rsplit(" ", 1)[-1]

@@ -164,7 +164,8 @@ def main(argv=None) -> int:
             p.error(str(e))
         if (sp.get("ag") or sp.get("agp")) and not args.weak:
             p.error(f"{spec}: autoguidance needs --weak DIR")
-        parts_jobs = {"prompts": [(args.model, args.weak, spec, prompt, s) for s in TUNE_SEEDS for prompt in vq.PROMPTS],
+        parts_jobs = {"prompts": [(args.model, args.weak, spec, prompt, s)
+                                  for s in TUNE_SEEDS for prompt in vq.PROMPTS],
                       "weak_prompt": [(args.model, args.weak, spec, WEAK_PROMPT, s) for s in WEAK_SEEDS]}
         if args.part != "both":
             parts_jobs = {k: v for k, v in parts_jobs.items() if k.startswith(args.part)}
@@ -179,7 +180,8 @@ def main(argv=None) -> int:
         for name in ("prompts", "weak_prompt"):
             f = parts.get(name)
             cells += (["-"] * 3 if f is None else
-                      [f"{f['direction']}/{f['videos']}", f"{f['vanished_frames']} ({f['videos_with_vanished_frames']})",
+                      [f"{f['direction']}/{f['videos']}",
+                       f"{f['vanished_frames']} ({f['videos_with_vanished_frames']})",
                        f"{f['area_cv']:.3f}"])
         print(f"| {spec} | " + " | ".join(cells) + " |", flush=True)
         label = args.label or Path(args.model).name
