@@ -343,7 +343,7 @@ def sd_turbo_components(device: torch.device, dtype: torch.dtype):
     from transformers import CLIPTextConfig, CLIPTextModel
 
     from streamstudio.models.image import tiny
-    from streamstudio.models.loading import SDComponents
+    from streamstudio.models.image.components import SDComponents
 
     torch.manual_seed(0)
     unet = UNet2DConditionModel(**SD21_UNET)

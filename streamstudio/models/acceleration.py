@@ -43,7 +43,7 @@ from streamstudio.kernels.tensorrt.export import ExportSpec, OnnxCheck, check_on
 from streamstudio.models.export_specs import (IMAGE_PARTS, EngineImageNet, VideoEngine, image_specs,
                                              video_export_spec)
 from streamstudio.models.image.image_net import ImageCond, ImageNet, WrappedImageNet, broadcast
-from streamstudio.models.loading import SDComponents
+from streamstudio.models.image.components import SDComponents
 
 log = logging.getLogger(__name__)
 

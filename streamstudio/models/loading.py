@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -29,113 +28,12 @@ from streamstudio.models.hub import looks_like_path as _looks_like_path
 from streamstudio.models.hub import not_cached as _not_cached
 from streamstudio.models.hub import offline as _offline
 from streamstudio.models.hub import quiet_hub  # noqa: F401 (loading.quiet_hub: callers of old)
-from streamstudio.models.image.image_net import DiffusersImageNet, ImageNet, latent_scale
+from streamstudio.models.image.components import SDComponents
 from streamstudio.models.image.lora import lora_source
 
 log = logging.getLogger(__name__)
 
 SINGLE_FILE_KEY = "streamstudio"  # safetensors metadata key of this project's single-file format
-
-
-@dataclass
-class SDComponents:
-    """The networks of one Stable Diffusion model and what the pipeline must know of it."""
-
-    unet: torch.nn.Module
-    vae: torch.nn.Module  # AutoencoderKL, or AutoencoderTiny when the fast VAE is used
-    text_encoder: torch.nn.Module
-    tokenizer: object
-    scheduler_config: dict
-    name: str
-    step_type: str = "lcm"  # "lcm" (c_skip, c_out) or "turbo" (x0 = F)
-    is_demo: bool = False  # a built-in model (builtin, or tiny with random weights), not a real one
-    notes: list[str] = field(default_factory=list)
-    default_size: int | None = None  # the side the model is made for (builtin 256, tiny 64; None: 512)
-    text_encoder_2: torch.nn.Module | None = None  # SDXL: CLIPTextModelWithProjection (pooled text)
-    tokenizer_2: object | None = None  # SDXL: the second encoder's tokenizer
-    vae_upcast: bool = False  # keep the VAE in float32 (SDXL's own VAE overflows in float16)
-    loras: object | None = None  # the users' LoRAs on these networks (models/image/lora.LoraSet), changeable live
-    controlnets: list = field(default_factory=list)  # ControlNetModels (models/image/controlnet.py), in --controlnet order
-    control_defaults: list = field(default_factory=list)  # per ControlNet: (preprocessor, scale) new streams start at
-    ip_adapter: object | None = None  # models/image/ip_adapter.IPAdapter installed in the UNet, or None
-    network: ImageNet | None = None  # an accelerated or batched variant of the seam (None: eager)
-
-    @property
-    def is_sdxl(self) -> bool:
-        """An SDXL-family model: two text encoders, pooled text and time ids (models/image/sdxl.py)."""
-        return sdxl.is_sdxl_unet(self.unet)
-
-    @property
-    def net(self) -> ImageNet:
-        """The seam every UNet and VAE call goes through (`models/image/image_net.py`): `network`, or
-        the eager diffusers adapter of `unet` and `vae`."""
-        return self.network if self.network is not None else DiffusersImageNet(self.unet, self.vae, self.controlnets)
-
-    @property
-    def prediction_type(self) -> str:
-        return self.scheduler_config.get("prediction_type", "epsilon")
-
-    @property
-    def vae_scale_factor(self) -> int:
-        return latent_scale(self.vae)
-
-    def addon_lines(self) -> list[str]:
-        """What is plugged into the model, one line each (the UI lists them): the LoRAs with their
-        scales, the ControlNets with the preprocessors and scales streams start from, the IP-Adapter."""
-        lines = [f"LoRA `{source}` × {scale:g}" for source, scale in (self.loras.listing() if self.loras else [])]
-        defaults = self.control_defaults or [("canny", 1.0)] * len(self.controlnets)
-        for net, (kind, scale) in zip(self.controlnets, defaults):
-            name = getattr(net.config, "_name_or_path", "") or type(net).__name__
-            lines.append(f"ControlNet `{name}` ({kind}) × {scale:g}")
-        if self.ip_adapter is not None:
-            lines.append(f"IP-Adapter `{self.ip_adapter.source}` × {self.ip_adapter.scale:g}")
-        return lines
-
-    def example_cond(self, rows: int, height: int, width: int, device: torch.device, dtype: torch.dtype):
-        """A condition of `rows` rows (zeros) with every field this model's UNet call takes: the
-        text embeddings, SDXL's pooled text and time ids, the ControlNets' images and scales,
-        IP-Adapter's image embedding and per-row scale (what warm-ups and exports feed the seam)."""
-        from streamstudio.models.image.image_net import ImageCond
-
-        def zeros(*shape, kind=dtype):
-            return torch.zeros((rows, *shape), device=device, dtype=kind)
-
-        tokens = int(getattr(self.tokenizer, "model_max_length", 77))
-        dim = getattr(getattr(self.unet, "config", None), "cross_attention_dim", None) \
-            or self.text_encoder.config.hidden_size  # the built-in UNet: its text encoder's width
-        fields = {"text": zeros(tokens, int(dim[0] if isinstance(dim, (list, tuple)) else dim))}  # (B, L, D)
-        if self.is_sdxl:
-            fields["text_embeds"] = zeros(int(self.text_encoder_2.config.projection_dim))  # (B, P)
-            fields["time_ids"] = zeros(6)  # (B, 6)
-        if self.controlnets:
-            fields["control"] = tuple(zeros(3, height, width) for _ in self.controlnets)  # n x (B, 3, H, W)
-            fields["control_scale"] = zeros(len(self.controlnets), kind=torch.float32)  # (B, n)
-        if self.ip_adapter is not None:
-            fields["image_embeds"] = zeros(1, int(self.ip_adapter.image_encoder.config.projection_dim))  # (B, 1, D)
-            fields["ip_scale"] = zeros(1, kind=torch.float32)  # (B, 1): the per-row scale
-        return ImageCond(**fields)
-
-    def to(self, device: torch.device, dtype: torch.dtype) -> "SDComponents":
-        for module in (self.unet, self.vae, self.text_encoder, self.text_encoder_2):
-            if module is None:
-                continue
-            want = torch.float32 if module is self.vae and self.vae_upcast else dtype
-            if next(module.parameters()).dtype != want:
-                module.to(dtype=want)
-            module.to(device=device)
-        tune_for_device(self, torch.device(device))
-        return self
-
-
-def tune_for_device(comps: "SDComponents", device: torch.device) -> None:
-    """On a GPU: the UNet and the VAE in channels_last (cuDNN's fast NHWC convolutions; the
-    inputs stay NCHW, convolutions convert them) and cudnn.benchmark on (the streams' shapes
-    are fixed, so the autotuned algorithm is chosen once per shape). Nothing on the CPU."""
-    if device.type != "cuda":
-        return
-    torch.backends.cudnn.benchmark = True
-    for module in (comps.unet, comps.vae):
-        module.to(memory_format=torch.channels_last)
 
 
 def model_step_type(name: str) -> str:

@@ -77,7 +77,7 @@ from streamstudio.frames import to_frames
 from streamstudio.kernels.reference import CFG_CODES, CFG_NONE
 from streamstudio.models.image import feature_bank
 from streamstudio.models.image.image_net import ImageCond, check_bank
-from streamstudio.models.loading import SDComponents
+from streamstudio.models.image.components import SDComponents
 from streamstudio.pipelines.addons import ADDON_SETTINGS, StreamAddOns
 from streamstudio.pipelines.control import ControlInputs
 from streamstudio.pipelines.live_settings import check_config, defaults
