@@ -317,7 +317,8 @@ def test_video_tensorrt_on_a_gpu(monkeypatch, tmp_path, cuda_on_cpu):
 
     shapes = []
     monkeypatch.setattr(acceleration.trt_kernels, "tensorrt_available", lambda: True)
-    monkeypatch.setattr(acceleration, "video_export_spec", lambda model, f, h, w: (SimpleNamespace(name="video"), (h, w)))
+    monkeypatch.setattr(acceleration, "video_export_spec",
+                        lambda model, f, h, w: (SimpleNamespace(name="video"), (h, w)))
     monkeypatch.setattr(acceleration, "ensure_engine",
                         lambda spec, cache, s, precision="fp16": (shapes.append(s), tmp_path / "video.engine")[1])
     monkeypatch.setattr(runtime, "TRTEngine", FakeTRTEngine)
@@ -573,7 +574,8 @@ def test_benchmark_stream_diffusion_on_a_gpu(fake_gpu, monkeypatch, tmp_path, ti
     sizes = []
     monkeypatch.setattr(bench, "load_components", lambda name, device, dtype: tiny)
     monkeypatch.setattr(bench, "sd_turbo_architecture", lambda device, dtype: (sizes.append(dtype), tiny)[1])
-    monkeypatch.setattr(bench, "measure", lambda comps, size, frames, steps, full, rounds: (sizes.append(size), dict(one))[1])
+    monkeypatch.setattr(bench, "measure",
+                        lambda comps, size, frames, steps, full, rounds: (sizes.append(size), dict(one))[1])
     monkeypatch.setattr(bench, "ssf_static_rate", lambda comps: 0.5)
     addons = {k: 1.1 for k in ("controlnet_1_cost", "controlnet_2_cost", "lora_fused_cost", "lora_unfused_cost")}
     monkeypatch.setattr(bench, "sdxl_architecture", lambda big, device, dtype: (sizes.append("sdxl"), tiny)[1])

@@ -127,7 +127,8 @@ def test_the_gpu_tests_are_found_by_the_scripts_selection():
     """The script runs the files `grep -l 'mark\\.gpu'` names; every file with a gpu test is one."""
     by_syntax = gpu_tests_by_syntax()
     assert {"tests/acceleration/test_kernels_ops.py", "tests/splats/test_splat_cuda.py"} <= set(by_syntax)
-    grepped = {p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").glob("*/test_*.py") if re.search(r"mark\.gpu", p.read_text())}
+    grepped = {p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").glob("*/test_*.py")
+               if re.search(r"mark\.gpu", p.read_text())}
     assert set(by_syntax) <= grepped
 
 
@@ -344,7 +345,8 @@ def test_the_prebuilt_extensions_target_the_gpu_image():
     carries what it makes."""
     text = (ROOT / "benchmarks" / "gpu_prebuild.sh").read_text()
     assert f"TARGET_PYTHON={GPU_IMAGE_PYTHON[0]}.{GPU_IMAGE_PYTHON[1]}" in text
-    assert f"TARGET_TORCH_VERSION={GPU_IMAGE_TORCH} " in text and f"TARGET_TORCH={GPU_IMAGE_TORCH.split('+')[0]}" in text
+    assert (f"TARGET_TORCH_VERSION={GPU_IMAGE_TORCH} " in text
+            and f"TARGET_TORCH={GPU_IMAGE_TORCH.split('+')[0]}" in text)
     assert f"TARGET_ARCH={GPU_ARCH[3]}.{GPU_ARCH[4]}" in text
     session = SCRIPT.read_text()
     assert 'carry=[".whl", ".gpu_ext"]' in session and "STREAMSTUDIO_PREBUILT_KERNELS=$PWD/.gpu_ext" in session

@@ -229,7 +229,8 @@ def test_build_engines_loads_the_model_as_the_app_does(monkeypatch, dtype):
                  ["generate", "--model", "tiny", "--device", "cpu", "--dtype", dtype, "--output", "x"]):
         args = build_parser().parse_args(argv)
         with pytest.raises(SystemExit):
-            (build_engines._load if argv[0] == "build-engines" else lambda a: streams.build_pipeline(image_request(a), "txt2img"))(args)
+            (build_engines._load if argv[0] == "build-engines"
+             else lambda a: streams.build_pipeline(image_request(a), "txt2img"))(args)
     assert len(seen) == 2 and seen[0] == seen[1]
     assert seen[0][1] == (torch.float32 if dtype == "auto" else torch.float16)
 
@@ -270,7 +271,7 @@ def test_compile_mode_pipeline_on_gpu_matches_eager(tiny_components_factory):
         assert np.abs(a.astype(np.int16) - b.astype(np.int16)).max() <= 2
 
 
-# ------------------------------------------------------------------------------ the builder against both API generations
+# ------------------------------------------------------------------------------ the builder on both API generations
 class FakeTensorRT:
     """The slice of TensorRT's Python API that build_engine uses, recording what it is asked.
     `generation` 10 has the FP16 builder flag (weak typing); 11 has none (strongly typed)."""

@@ -304,7 +304,8 @@ def test_the_profile_range_comes_from_the_key_file_when_the_engine_does_not_say(
 
     engine, _ = fake_runtime(1, 2, 4, cuda_graphs=False)
     engine.engine.get_tensor_profile_shape = None  # an API without it
-    (tmp_path / "unet-x.json").write_text(json.dumps({"profile": [["sample", [1, 4, 8, 8], [2, 4, 8, 8], [4, 4, 8, 8]]]}))
+    (tmp_path / "unet-x.json").write_text(
+        json.dumps({"profile": [["sample", [1, 4, 8, 8], [2, 4, 8, 8], [4, 4, 8, 8]]]}))
     with pytest.raises(EngineShapeError, match=r"from \(1, 4, 8, 8\) to \(4, 4, 8, 8\)"):
         engine(**_inputs(5))
 
@@ -327,7 +328,8 @@ def test_each_captured_shape_has_its_own_context_captured_thread_local(fake_runt
         assert out["latent"].shape == (b, 4, 8, 8)
     assert len(fake.contexts) == 5 and len(FakeGraphCapture.modes) == 4
     assert all(len(c.set_calls) == 3 for c in graph_contexts)
-    assert [engine._graphs[engine._key(engine._prepare(_inputs(b)))].graph.replays for b in (1, 2, 4, 8)] == [1, 1, 2, 1]
+    assert [engine._graphs[engine._key(engine._prepare(_inputs(b)))].graph.replays
+            for b in (1, 2, 4, 8)] == [1, 1, 2, 1]
 
 
 def test_after_start_up_an_uncaptured_shape_runs_without_a_capture(fake_runtime, caplog):
@@ -409,7 +411,8 @@ def test_build_engines_asks_for_the_same_profiles_as_the_app(tiny, monkeypatch, 
     monkeypatch.setattr(build_engines, "_load", lambda args: tiny)
     monkeypatch.setattr(acceleration, "build_engines",
                         lambda specs, root, shapes=None, precision="fp16", plan=None:
-                        [asked.append(acceleration.engine_shapes(s.name, plan, shapes)) or tmp_path / "e" for s in specs])
+                        [asked.append(acceleration.engine_shapes(s.name, plan, shapes)) or tmp_path / "e"
+                         for s in specs])
     args = build_parser().parse_args(["build-engines", "--model", "tiny", "--cfg", "full", "--steps", "2",
                                       "--max-batch-rows", "16", "--width", "64", "--height", "64",
                                       "--engine-dir", str(tmp_path)])
