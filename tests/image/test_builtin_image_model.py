@@ -256,11 +256,15 @@ def test_the_two_stage_recipe_still_trains(tmp_path):
 # Bracketed: the shipped v-prediction model's figures; "eps model": the 32-channel model before it, whose
 # figures are kept where they were not measured again (it passes every bound but BW_TXT).
 AE_PSNR = 18.0  # autoencoder alone on the held-out photographs, dB [20.11 motorcycle - 26.73 rocket]
-AE_EDGE = 0.63  # [eps model: 0.691 - 0.817] (the 16-channel model before: 0.656 - 0.785; the 8-channel one: 0.514 - 0.740)
+AE_EDGE = 0.63  # [eps model: 0.691 - 0.817] (the 16-channel model before: 0.656 - 0.785;
+                # the 8-channel one: 0.514 - 0.740)
 EDGE_PHOTO = 0.6  # img2img "", Sobel edge correlation at full resolution, every held-out photograph [0.665 - 0.810]
-                  # (the target; the eps model: 0.648 - 0.792; the 16-channel model: 0.593 - 0.777; the 8-channel one: 0.405 - 0.705)
-EDGE_OVER_BLUR = 0.2  # mean over the photographs of (img2img - a sigma-4 blur) [+0.294; above it on each, rocket +0.097]
-RED_MARGIN = 0.2  # redness red - blue, blueness blue - red, on each photograph [redness 0.325 - 0.541, blueness 0.299 - 0.505]
+                  # (the target; the eps model: 0.648 - 0.792; the 16-channel model: 0.593 - 0.777;
+                  # the 8-channel one: 0.405 - 0.705)
+EDGE_OVER_BLUR = 0.2  # mean over the photographs of (img2img - a sigma-4 blur)
+                      # [+0.294; above it on each, rocket +0.097]
+RED_MARGIN = 0.2  # redness red - blue, blueness blue - red, on each photograph
+                  # [redness 0.325 - 0.541, blueness 0.299 - 0.505]
 BW_RATIO = 0.8  # saturation "black and white" / the input's [benchmark: 0.20 - 0.46; eps model's test: 0.146 - 0.724]
 BW_TXT = 0.6  # txt2img saturation "a black and white photo of a cat" / "a photo of a cat", seeds 0-2 [0.202 - 0.353]
               # (the eps model: 0.71, 2.10, 1.58: fails)
@@ -323,7 +327,8 @@ def test_one_step_recovers_the_clean_latents_from_a_perfect_prediction(tmp_path,
                                             cpu=True, progress=False))
     net = DiffusersImageNet(trainer.parts["unet"], trainer.parts["vae"])
     abar_all = DDPMScheduler.from_config(SCHEDULER_CONFIG).alphas_cumprod  # the schedule, from diffusers
-    z = torch.randn(2, trainer.parts["config"]["vae"]["latent_channels"], 8, 8, generator=torch.Generator().manual_seed(1))
+    z = torch.randn(2, trainer.parts["config"]["vae"]["latent_channels"], 8, 8,
+                    generator=torch.Generator().manual_seed(1))
     for t_val in (999, 500):
         noise = torch.randn(z.shape, generator=torch.Generator().manual_seed(5))  # one_step's first draw
         abar = abar_all[t_val]
@@ -389,7 +394,8 @@ def test_widened_latents_repeat_each_channel(tmp_path):
         torch.testing.assert_close(eps_new, torch.cat([eps_old, eps_old], 1), atol=1e-4, rtol=1e-4)
     assert wide["config"]["unet"]["in_channels"] == wide["config"]["vae"]["latent_channels"] == 2 * c
     with pytest.raises(Exception, match="multiple"):
-        ImageTrainer(ImageTrainConfig(output=str(tmp_path / "x"), init=str(BUILTIN_DIR), latent_channels=c + 1, cpu=True))
+        ImageTrainer(ImageTrainConfig(output=str(tmp_path / "x"), init=str(BUILTIN_DIR), latent_channels=c + 1,
+                                      cpu=True))
     with pytest.raises(Exception, match="--init"):
         ImageTrainer(ImageTrainConfig(output=str(tmp_path / "y"), latent_channels=2 * c, cpu=True))
 

@@ -40,7 +40,8 @@ def inputs(rows=2, size=64, dim=32, seed=0):
 
 
 def test_parse_controlnet():
-    assert parse_controlnet("lllyasviel/control_v11p_sd15_canny") == ControlNetSpec("lllyasviel/control_v11p_sd15_canny")
+    assert (parse_controlnet("lllyasviel/control_v11p_sd15_canny")
+            == ControlNetSpec("lllyasviel/control_v11p_sd15_canny"))
     assert parse_controlnet("./nets/depth:0.6") == ControlNetSpec("./nets/depth", 0.6)
     with pytest.raises(StreamStudioError, match="--controlnet"):
         parse_controlnet(":0.5")
@@ -140,7 +141,8 @@ def test_stream_batch_equals_sequential_with_controlnets(sd, cfg):
     comps, nets = sd
     inputs = stream_frames(5)
     kw = dict(cfg_type=cfg, guidance_scale=1.5)
-    batch, seq = make_pipe(comps, nets, [0.7, 0.4], **kw), make_pipe(comps, nets, [0.7, 0.4], use_denoising_batch=False, **kw)
+    batch, seq = (make_pipe(comps, nets, [0.7, 0.4], **kw),
+                  make_pipe(comps, nets, [0.7, 0.4], use_denoising_batch=False, **kw))
     lat_b, lat_s = capture_latents(batch), capture_latents(seq)
     aligned(batch, inputs), aligned(seq, inputs)
     assert len(lat_b) == len(lat_s) == len(inputs)
@@ -175,7 +177,8 @@ def test_generate_with_controlnet_flags(sd, tmp_path, capsys):
     src.mkdir()
     for i, image in enumerate(stream_frames(2, seed=4)):
         Image.fromarray(image).save(src / f"{i}.png")
-    common = ["generate", "--model", "tiny", "--input", str(src), "--prompt", "a fox", "--width", "32", "--height", "32"]
+    common = ["generate", "--model", "tiny", "--input", str(src), "--prompt", "a fox", "--width", "32",
+              "--height", "32"]
     assert main([*common, "--output", str(tmp_path / "plain")]) == 0
     assert main([*common, "--output", str(tmp_path / "cn"), "--controlnet", f"{tmp_path / 'canny_net'}:1.5",
                  "--control-preprocessor", "softedge"]) == 0
@@ -241,7 +244,8 @@ def test_web_sessions_start_from_the_clis_control_settings(sd, tmp_path):
     model = ServerModel(shared, StreamDiffusionConfig(width=SIZE, height=SIZE, steps=2), prompt="a cat")
     try:
         a, b = model.build("img2img"), model.build("img2img")
-        assert [(u.preprocessor.config.kind, u.scale) for u in a.addons.control.units] == [("softedge", 0.6), ("none", 0.2)]
+        assert ([(u.preprocessor.config.kind, u.scale) for u in a.addons.control.units]
+                == [("softedge", 0.6), ("none", 0.2)])
         a.addons.set_control_scale(0, 1.5)  # one session's change is its own
         assert b.addons.control.units[0].scale == 0.6
     finally:
@@ -440,8 +444,9 @@ def test_txt2img_control_picture_reaches_the_net_as_diffusers_prepares_it(sd):
         scheduler=LCMScheduler.from_config(comps.scheduler_config), safety_checker=None, feature_extractor=None,
         requires_safety_checker=False)
     picture = control_picture(61, 97)
-    want = theirs.prepare_image(Image.fromarray(picture), width=SIZE, height=SIZE, batch_size=1, num_images_per_prompt=1,
-                                device=torch.device("cpu"), dtype=torch.float32)  # (1, 3, 32, 32)
+    want = theirs.prepare_image(Image.fromarray(picture), width=SIZE, height=SIZE, batch_size=1,
+                                num_images_per_prompt=1, device=torch.device("cpu"),
+                                dtype=torch.float32)  # (1, 3, 32, 32)
     pipe = make_pipe(comps, nets[:1], mode="txt2img", steps=2)
     seen = []
     hook = nets[0].register_forward_pre_hook(lambda m, a, kw: seen.append(kw["controlnet_cond"].clone()),
@@ -472,8 +477,9 @@ def test_compiled_controlnet_stream_equals_eager(sd, tmp_path):
         Image.fromarray(image).save(src / f"{i}.png")
     outs = {}
     for acc in ("none", "compile"):
-        assert main(["generate", "--model", "tiny", "--input", str(src), "--output", str(tmp_path / acc), "--width", "32",
-                     "--height", "32", "--steps", "2", "--controlnet", str(tmp_path / "net"), "--acceleration", acc]) == 0
+        assert main(["generate", "--model", "tiny", "--input", str(src), "--output", str(tmp_path / acc),
+                     "--width", "32", "--height", "32", "--steps", "2", "--controlnet", str(tmp_path / "net"),
+                     "--acceleration", acc]) == 0
         outs[acc] = [np.asarray(Image.open(f)).astype(int) for f in sorted((tmp_path / acc).glob("*.png"))]
     assert len(outs["compile"]) == 3
     assert all(np.abs(a - b).max() <= 1 for a, b in zip(outs["none"], outs["compile"]))

@@ -140,10 +140,12 @@ def test_the_diffusers_adapter_is_diffusers_with_scaled_latents(tiny):
 
 def test_the_engine_variant_feeds_its_engines_the_seams_inputs(tiny):
     eager = tiny.net
-    unet, enc, dec = SpecEngine(eps_spec(eager)), SpecEngine(vae_encoder_spec(eager)), SpecEngine(vae_decoder_spec(eager))
+    unet, enc, dec = (SpecEngine(eps_spec(eager)), SpecEngine(vae_encoder_spec(eager)),
+                      SpecEngine(vae_decoder_spec(eager)))
     net = EngineImageNet(eager, unet, enc, dec)
     gen = torch.Generator().manual_seed(4)
-    x, text, images = torch.randn(2, 4, 8, 8, generator=gen), torch.randn(2, 77, 32, generator=gen), torch.rand(1, 3, 64, 64)
+    x, text, images = (torch.randn(2, 4, 8, 8, generator=gen), torch.randn(2, 77, 32, generator=gen),
+                       torch.rand(1, 3, 64, 64))
     with torch.no_grad():
         torch.testing.assert_close(net.eps(x, 500, ImageCond(text=text)), eager.eps(x, 500, ImageCond(text=text)))
         torch.testing.assert_close(net.encode(images), eager.encode(images))

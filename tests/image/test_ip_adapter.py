@@ -48,7 +48,8 @@ def test_scale_zero_is_the_plain_unet_and_removal_restores_it(comps, tmp_path):
     torch.testing.assert_close(unet_out(comps.unet, embeds), base, rtol=0, atol=1e-6)
     ip.set_scale(1.0)
     assert (unet_out(comps.unet, embeds) - base).abs().max() > 1e-3
-    assert (unet_out(comps.unet, embeds) - unet_out(comps.unet, ip.set_reference(reference_image(1)))).abs().max() > 1e-4
+    assert (unet_out(comps.unet, embeds)
+            - unet_out(comps.unet, ip.set_reference(reference_image(1)))).abs().max() > 1e-4
     ip.remove()
     assert torch.equal(unet_out(comps.unet), base)
 
@@ -165,7 +166,8 @@ def test_generate_with_ip_adapter_flags(comps, tmp_path, capsys):
 
     path = write_tiny_ip_adapter(comps.unet, tmp_path / "ip")
     Image.fromarray((reference_image().permute(1, 2, 0).numpy() * 255).astype(np.uint8)).save(tmp_path / "ref.png")
-    common = ["generate", "--model", "tiny", "--prompt", "a fox", "--width", "32", "--height", "32", "--num-images", "1"]
+    common = ["generate", "--model", "tiny", "--prompt", "a fox", "--width", "32", "--height", "32",
+              "--num-images", "1"]
     assert main([*common, "--output", str(tmp_path / "a"), "--ip-adapter", str(path), "--ip-image",
                  str(tmp_path / "ref.png")]) == 0
     assert "IP-Adapter: " in capsys.readouterr().out and len(list((tmp_path / "a").glob("*.png"))) == 1
@@ -285,7 +287,8 @@ def test_streams_with_their_own_scales_and_references_batched_together_equal_alo
     try:
         shared = batched_components(model, executor)
         streams = [stream(shared, *spec) for spec in specs]
-        assert ip.scale == 0.5 and [s.addons.ip_adapter_scale for s in streams] == [0.0, 1.5]  # the model's default kept
+        # the model's default kept
+        assert ip.scale == 0.5 and [s.addons.ip_adapter_scale for s in streams] == [0.0, 1.5]
         counts = [ClientStats(), ClientStats()]
         got = run_in_lockstep(executor, streams, frames, stats=counts)
         assert all(c.shared > 0 for c in counts), counts  # their UNet calls were joined

@@ -513,7 +513,8 @@ def test_addon_hub_ids_fail_fast_when_the_hub_cannot_be_reached(tiny, unreachabl
     from streamstudio.models.image.ip_adapter import IPAdapter
 
     canny = "lllyasviel/control_v11p_sd15_canny"
-    for load, repo in ((lambda: load_controlnet(canny), canny), (lambda: IPAdapter(tiny, "h94/IP-Adapter"), "h94/IP-Adapter")):
+    for load, repo in ((lambda: load_controlnet(canny), canny),
+                       (lambda: IPAdapter(tiny, "h94/IP-Adapter"), "h94/IP-Adapter")):
         start = time.monotonic()
         with pytest.raises(ModelNotFoundError) as info:
             load()

@@ -24,8 +24,9 @@ def tiny_xl():
 def diffusers_pipe(comps):
     from diffusers import LCMScheduler, StableDiffusionXLPipeline
 
-    return StableDiffusionXLPipeline(vae=comps.vae, text_encoder=comps.text_encoder, text_encoder_2=comps.text_encoder_2,
-                                     tokenizer=comps.tokenizer, tokenizer_2=comps.tokenizer_2, unet=comps.unet,
+    return StableDiffusionXLPipeline(vae=comps.vae, text_encoder=comps.text_encoder,
+                                     text_encoder_2=comps.text_encoder_2, tokenizer=comps.tokenizer,
+                                     tokenizer_2=comps.tokenizer_2, unet=comps.unet,
                                      scheduler=LCMScheduler.from_config(comps.scheduler_config))
 
 
@@ -89,7 +90,8 @@ def test_original_sdxl_single_file_is_recognised(tmp_path):
     from safetensors.torch import save_file
 
     path = tmp_path / "sdxl_original.safetensors"
-    save_file({loading.SDXL_ORIGINAL_KEY: torch.ones(4), "model.diffusion_model.input_blocks.0.0.weight": torch.ones(1)},
+    save_file({loading.SDXL_ORIGINAL_KEY: torch.ones(4),
+               "model.diffusion_model.input_blocks.0.0.weight": torch.ones(1)},
               str(path))
     assert loading.is_original_sdxl_file(path)
     # offline, diffusers' single-file loader cannot fetch SDXL's config: a clear error naming the file
@@ -123,7 +125,8 @@ def test_lora_on_sdxl(tmp_path):
     lora = loras.add(str(tmp_path / "lora"))
     assert lora.touches_text
     ref_comps = copy.copy(comps)
-    ref_comps.unet, ref_comps.text_encoder, ref_comps.text_encoder_2 = ref["unet"], ref["text_encoder"], ref["text_encoder_2"]
+    ref_comps.unet, ref_comps.text_encoder, ref_comps.text_encoder_2 = (ref["unet"], ref["text_encoder"],
+                                                                        ref["text_encoder_2"])
     changed = unet_eps(comps)
     assert (changed - base).abs().max() > 1e-2
     torch.testing.assert_close(changed, unet_eps(ref_comps), atol=2e-5, rtol=1e-4)
@@ -148,7 +151,8 @@ def test_taesdxl_and_fp16_vae_choices(tiny_xl, tmp_path, monkeypatch):
     diffusers_pipe(tiny_xl).save_pretrained(tmp_path / "xl")
     with pytest.raises(ModelNotFoundError, match="taesdxl"):
         load_components(str(tmp_path / "xl"), lcm_lora=None, taesd=True, local_files_only=True)
-    AutoencoderTiny(**{**__import__("streamstudio.models.image.tiny", fromlist=["x"]).TAESD_CONFIG}).save_pretrained(tmp_path / "taesdxl")
+    AutoencoderTiny(**{**__import__("streamstudio.models.image.tiny", fromlist=["x"]).TAESD_CONFIG}).save_pretrained(
+        tmp_path / "taesdxl")
     fast = load_components(str(tmp_path / "xl"), lcm_lora=None, taesd=str(tmp_path / "taesdxl"))
     assert isinstance(fast.vae, AutoencoderTiny) and "fast VAE: TAESDXL" in fast.notes
 
@@ -171,8 +175,8 @@ def test_generate_runs_an_sdxl_model(tmp_path):
 
     from streamstudio.app.cli import main
 
-    assert main(["generate", "--model", "tiny-sdxl", "--prompt", "a cat", "--output", str(tmp_path), "--num-images", "2",
-                 "--width", "48", "--height", "32"]) == 0
+    assert main(["generate", "--model", "tiny-sdxl", "--prompt", "a cat", "--output", str(tmp_path),
+                 "--num-images", "2", "--width", "48", "--height", "32"]) == 0
     images = [np.asarray(Image.open(f)) for f in sorted(tmp_path.glob("*.png"))]
     assert len(images) == 2 and images[0].shape == (32, 48, 3) and not np.array_equal(images[0], images[1])
 

@@ -120,7 +120,8 @@ def manual_frame(pipe, frame, cfg, g, step_type="lcm"):
     with torch.no_grad():
         z = pipe._encode(kernels.preprocess(torch.from_numpy(frame), SIZE, SIZE))
         x = co[0]["a"] * z + co[0]["b"] * noise[0:1]
-        eps_fn = lambda x, t, e: unet(x, torch.tensor([t]), encoder_hidden_states=e).sample
+        def eps_fn(x, t, e):
+            return unet(x, torch.tensor([t]), encoder_hidden_states=e).sample
         for j in range(n):
             c = co[j]
             eps_c = eps_fn(x, c["t"], text)
@@ -227,7 +228,8 @@ def test_prompt_blend_linear_and_slerp(comps):
     torch.testing.assert_close(mid, slerp(a, b, 0.5))
     # slerp of unit vectors keeps the angle halfway: cos(mid, a) == cos(mid, b) token by token
     # (tokens of unequal norms lean to the longer one, as a + b does)
-    cos = lambda u, v: torch.nn.functional.cosine_similarity(u, v, dim=-1)
+    def cos(u, v):
+        return torch.nn.functional.cosine_similarity(u, v, dim=-1)
     ua, ub = a / a.norm(dim=-1, keepdim=True), b / b.norm(dim=-1, keepdim=True)
     unit_mid = slerp(ua, ub, 0.5)
     torch.testing.assert_close(cos(unit_mid, ua), cos(unit_mid, ub), atol=1e-5, rtol=1e-4)

@@ -68,7 +68,8 @@ def flicker(latents, skip=4):
 
 
 # ---------------------------------------------------------------------- off is exactly plain
-@pytest.mark.parametrize("settings", [dict(temporal="bank", bank_size=0), dict(temporal="feedback", feedback_weight=0.0),
+@pytest.mark.parametrize("settings", [dict(temporal="bank", bank_size=0),
+                                      dict(temporal="feedback", feedback_weight=0.0),
                                       dict(temporal="both", bank_size=0, feedback_weight=0.0),
                                       dict(temporal="off", bank_size=4, feedback_weight=0.5)])
 @pytest.mark.parametrize("steps,cfg", [(1, "self"), (2, "full"), (3, "initialize")])
@@ -146,7 +147,8 @@ def test_stream_batch_with_the_bank_equals_sequential_with_the_bank(comps, steps
               bank_interval=interval, bank_fusion=0.0)
     batched, outs = run_latents(make(comps, **kw), inputs, fbs)
     sequential, _ = run_latents(make(comps, use_denoising_batch=False, **kw), inputs, fbs)
-    plain, _ = run_latents(make(comps, steps=steps, cfg_type=cfg, guidance_scale=1.4, frame_buffer_size=fbs), inputs, fbs)
+    plain, _ = run_latents(make(comps, steps=steps, cfg_type=cfg, guidance_scale=1.4, frame_buffer_size=fbs),
+                           inputs, fbs)
     assert len(outs) == len(inputs)
     torch.testing.assert_close(batched, sequential, atol=1e-4, rtol=0)
     assert (batched - plain).abs().max() > 1e-3  # the bank did something
