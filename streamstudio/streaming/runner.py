@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -183,6 +183,39 @@ class Attachment:
                 due = now
 
 
+class AttachedSinks:
+    """The sinks attached to a run (`Runner.attach`), each fed by its `Attachment`'s own thread;
+    one that ends, for whatever reason, is forgotten."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._list: list[Attachment] = []
+
+    def add(self, sink: Sink, fps: float | None) -> Attachment:
+        attachment = Attachment(sink, fps, on_end=self._forget)
+        with self._lock:
+            self._list.append(attachment)
+        return attachment
+
+    def listing(self) -> list[Attachment]:
+        with self._lock:
+            return list(self._list)
+
+    def offer(self, frame: np.ndarray, pts: float) -> None:
+        for attachment in self.listing():
+            attachment.offer(frame, pts)
+
+    def end(self, wait: float | None = None) -> None:
+        """Stop each because the run ended; wait up to `wait` s for each sink to be closed."""
+        for attachment in self.listing():
+            attachment.stop(ended=True, wait=wait)
+
+    def _forget(self, attachment: Attachment) -> None:
+        with self._lock:
+            if attachment in self._list:
+                self._list.remove(attachment)
+
+
 @dataclass
 class RunnerConfig:
     live: bool | None = None  # None: follow source.info.live
@@ -198,6 +231,30 @@ class _Item:
     pts: float
     index: int
     t_capture: float  # time.perf_counter() when the frame entered the run
+
+
+class _InOrder:
+    """Offline processing: a processor driven by `push()` / `flush()`, its outputs matched to the
+    inputs in order, so that output i carries input i's timestamp whatever the processor's delay.
+    The outputs come as they are matched (a generator), so those before a mismatch still go out."""
+
+    def __init__(self, processor: Any):
+        self.processor = processor
+        self.pending: deque[_Item] = deque()  # inputs whose outputs have not come out yet
+
+    def push(self, item: _Item) -> Iterator[_Item]:
+        self.pending.append(item)
+        return self._match(self.processor.push(item.image))
+
+    def flush(self) -> Iterator[_Item]:
+        return self._match(self.processor.flush())
+
+    def _match(self, outs) -> Iterator[_Item]:
+        for out in outs:
+            if not self.pending:
+                raise StreamStudioError("the processor returned more outputs than it was given inputs")
+            item = self.pending.popleft()
+            yield _Item(_as_frame(out), item.pts, item.index, item.t_capture)
 
 
 def percentiles(values, qs=(50, 90, 99)) -> dict[str, float]:
@@ -266,7 +323,7 @@ class Runner:
         self._out_times: deque[float] = deque(maxlen=RECENT)
         self._interrupted = False
         self._finished = threading.Event()
-        self._attached: list[Attachment] = []
+        self._sinks = AttachedSinks()
 
     # ------------------------------------------------------------------ control
     def start(self) -> Runner:
@@ -285,9 +342,7 @@ class Runner:
         with self._lock:
             if self._stop.is_set() or self._finished.is_set():
                 raise StreamStudioError("the stream has ended")
-            attachment = Attachment(sink, fps, on_end=self._forget)
-            self._attached.append(attachment)
-        return attachment
+            return self._sinks.add(sink, fps)
 
     def detach(self, attachment: Attachment, wait: float | None = 10.0) -> None:
         """Stop feeding an attached sink; it is closed (within `wait` s when wait is given)."""
@@ -295,17 +350,7 @@ class Runner:
 
     @property
     def attachments(self) -> list[Attachment]:
-        with self._lock:
-            return list(self._attached)
-
-    def _forget(self, attachment: Attachment) -> None:
-        with self._lock:
-            if attachment in self._attached:
-                self._attached.remove(attachment)
-
-    def _end_attachments(self) -> None:
-        for attachment in self.attachments:
-            attachment.stop(ended=True, wait=None)
+        return self._sinks.listing()
 
     @property
     def counts(self) -> dict[str, int]:
@@ -342,7 +387,7 @@ class Runner:
                 return
             self._t_stop = time.perf_counter()
             self._stop.set()
-        self._end_attachments()
+        self._sinks.end()
 
     def wait(self, timeout: float | None = None) -> bool:
         """True once every stage has ended (the sink is then closed); re-raises a stage's error.
@@ -410,54 +455,38 @@ class Runner:
             self._q_in.close()
 
     def _process(self) -> None:
+        """Live: `processor(frame)`, its output at once; offline: `push()` / `flush()` (`_InOrder`)."""
+        order = None if self.live else _InOrder(self.processor)
+
+        def put(outs: Iterable[_Item]) -> None:
+            for out in outs:
+                with self._lock:
+                    self._counts["processed"] += 1
+                self._q_out.put(out)
+
         try:
-            if self.live:
-                self._process_live()
-            else:
-                self._process_offline()
+            while not self._stop.is_set():
+                try:
+                    item = self._q_in.get()
+                except Closed:
+                    break
+                t0 = time.perf_counter()
+                if self.on_input:
+                    self.on_input(item.pts)
+                if order is None:
+                    out = self.processor(item.image)
+                    outs = (_Item(_as_frame(out), item.pts, item.index, item.t_capture),)
+                else:
+                    outs = order.push(item)
+                self._lat["process"].append(time.perf_counter() - t0)
+                put(outs)
+            if order is not None and not self._stop.is_set():
+                put(order.flush())
+                if order.pending:
+                    raise StreamStudioError(f"the processor returned {len(order.pending)} output(s) fewer than "
+                                            "its inputs")
         finally:
             self._q_out.close()
-
-    def _process_live(self) -> None:
-        while not self._stop.is_set():
-            try:
-                item = self._q_in.get()
-            except Closed:
-                return
-            t0 = time.perf_counter()
-            if self.on_input:
-                self.on_input(item.pts)
-            out = self.processor(item.image)
-            self._lat["process"].append(time.perf_counter() - t0)
-            self._count("processed")
-            self._q_out.put(_Item(_as_frame(out), item.pts, item.index, item.t_capture))
-
-    def _process_offline(self) -> None:
-        pending: deque[_Item] = deque()  # inputs whose outputs have not come out yet
-        while not self._stop.is_set():
-            try:
-                item = self._q_in.get()
-            except Closed:
-                break
-            t0 = time.perf_counter()
-            if self.on_input:
-                self.on_input(item.pts)
-            pending.append(item)
-            outs = self.processor.push(item.image)
-            self._lat["process"].append(time.perf_counter() - t0)
-            self._emit(outs, pending)
-        if not self._stop.is_set():
-            self._emit(self.processor.flush(), pending)
-            if pending:
-                raise StreamStudioError(f"the processor returned {len(pending)} output(s) fewer than its inputs")
-
-    def _emit(self, outs, pending: deque) -> None:
-        for out in outs:
-            if not pending:
-                raise StreamStudioError("the processor returned more outputs than it was given inputs")
-            item = pending.popleft()
-            self._count("processed")
-            self._q_out.put(_Item(_as_frame(out), item.pts, item.index, item.t_capture))
 
     def _output(self) -> None:
         try:
@@ -469,10 +498,11 @@ class Runner:
                 if self._stop.is_set() and self.live:
                     return
                 t0 = time.perf_counter()
-                sink = self._open_sink(item.image)
-                sink.write(item.image, item.pts)
-                for attachment in self.attachments:
-                    attachment.offer(item.image, item.pts)
+                if self.sink is None:  # a factory: opened at the first output's size
+                    h, w = item.image.shape[:2]
+                    self.sink = self._sink_or_factory(w, h)
+                self.sink.write(item.image, item.pts)
+                self._sinks.offer(item.image, item.pts)
                 if self.on_output:
                     self.on_output(item.image, item.pts)
                 now = time.perf_counter()
@@ -480,19 +510,10 @@ class Runner:
                 self._lat["end_to_end"].append(now - item.t_capture)
                 self._t_first_out = self._t_first_out or now
                 self._out_times.append(now)
-                self._count("out")
+                with self._lock:
+                    self._counts["out"] += 1
         finally:
-            self._end_attachments()
-
-    def _open_sink(self, frame: np.ndarray) -> Sink:
-        if self.sink is None:
-            h, w = frame.shape[:2]
-            self.sink = self._sink_or_factory(w, h)
-        return self.sink
-
-    def _count(self, key: str) -> None:
-        with self._lock:
-            self._counts[key] += 1
+            self._sinks.end()
 
     # ------------------------------------------------------------------ ending
     def _finish_stopped(self) -> bool:
@@ -515,12 +536,12 @@ class Runner:
 
     def _finalize(self) -> None:
         if self._finished.is_set():
-            self._raise()
+            if self._errors:
+                raise self._errors[0]
             return
         self._finished.set()
         self._t_end = time.perf_counter()
-        for attachment in self.attachments:  # their sinks are closed by their own threads
-            attachment.stop(ended=True, wait=self.config.join_timeout)
+        self._sinks.end(wait=self.config.join_timeout)  # their sinks are closed by their own threads
         try:
             if self.sink is not None:
                 self.sink.close()
@@ -529,9 +550,6 @@ class Runner:
                                 StreamStudioError(f"closing the output failed: {exc}"))
         finally:
             self.source.close()
-        self._raise()
-
-    def _raise(self) -> None:
         if self._errors:
             raise self._errors[0]
 
