@@ -19,11 +19,11 @@ N = 64
 
 
 # ------------------------------------------------------------------ the reference code's lines
-def build_rotation_4d(l, r):
-    l_norm = torch.norm(l, dim=-1, keepdim=True)
-    r_norm = torch.norm(r, dim=-1, keepdim=True)
-    q_l = l / l_norm
-    q_r = r / r_norm
+def build_rotation_4d(left, right):
+    l_norm = torch.norm(left, dim=-1, keepdim=True)
+    r_norm = torch.norm(right, dim=-1, keepdim=True)
+    q_l = left / l_norm
+    q_r = right / r_norm
     a, b, c, d = q_l.unbind(-1)
     p, q, r, s = q_r.unbind(-1)
     M_l = torch.stack([a, -b, -c, -d,
@@ -39,9 +39,9 @@ def build_rotation_4d(l, r):
     return A
 
 
-def build_scaling_rotation_4d(s, l, r):
+def build_scaling_rotation_4d(s, left, right):
     L = torch.zeros((s.shape[0], 4, 4), dtype=torch.float64)
-    R = build_rotation_4d(l, r)
+    R = build_rotation_4d(left, right)
     L[:, 0, 0] = s[:, 0]
     L[:, 1, 1] = s[:, 1]
     L[:, 2, 2] = s[:, 2]
@@ -149,15 +149,15 @@ def test_the_issues_measured_sign_conversion_holds():
     """For unit quaternions the decomposition is the conversion measured in the issue:
     rotation -> (w, -x, y, -z), rotation_r -> (w, x, -y, -z) (up to the sign of both)."""
     g = torch.Generator().manual_seed(3)
-    l = torch.nn.functional.normalize(torch.randn(16, 4, generator=g, dtype=torch.float64), dim=-1)
-    r = torch.nn.functional.normalize(torch.randn(16, 4, generator=g, dtype=torch.float64), dim=-1)
-    ours_l, ours_r = isoclinic_quaternions(build_rotation_4d(l, r))
-    want_l, want_r = l * torch.tensor([1.0, -1, 1, -1], dtype=l.dtype), r * torch.tensor([1.0, 1, -1, -1],
-                                                                                        dtype=l.dtype)
+    left = torch.nn.functional.normalize(torch.randn(16, 4, generator=g, dtype=torch.float64), dim=-1)
+    right = torch.nn.functional.normalize(torch.randn(16, 4, generator=g, dtype=torch.float64), dim=-1)
+    ours_l, ours_r = isoclinic_quaternions(build_rotation_4d(left, right))
+    want_l, want_r = (left * torch.tensor([1.0, -1, 1, -1], dtype=left.dtype),
+                      right * torch.tensor([1.0, 1, -1, -1], dtype=left.dtype))
     sign = torch.sign((ours_l * want_l).sum(-1, keepdim=True))
     torch.testing.assert_close(ours_l, want_l * sign)
     torch.testing.assert_close(ours_r, want_r * sign)
-    torch.testing.assert_close(rotation_4d(ours_l, ours_r), build_rotation_4d(l, r))
+    torch.testing.assert_close(rotation_4d(ours_l, ours_r), build_rotation_4d(left, right))
 
 
 def test_time_dependent_colour_is_dropped_and_said(tmp_path, caplog):

@@ -487,7 +487,8 @@ def test_twelve_float_chunks_store_colour_as_is(tmp_path):
     g = load_scene(tmp_path / "h.ply")
     np.testing.assert_allclose((g.sh[0, 0] * SH_C0 + 0.5).numpy(), [0.2, 0.4, 1.0], rtol=1e-5)
     assert float(g.opacities()[0]) > 0.999 and g.sh_degree == 0
-    h = -0.5 * math.sqrt(2)  # all three 10-bit fields 0: (0 - 0.5) sqrt(2) each; the largest, sqrt(1 - 1.5), clamps to 0
+    # all three 10-bit fields 0: (0 - 0.5) sqrt(2) each; the largest, sqrt(1 - 1.5), clamps to 0
+    h = -0.5 * math.sqrt(2)
     np.testing.assert_allclose(g.quats[0].numpy(), [h, h, h, 0.0], atol=1e-6)
 
 
@@ -532,7 +533,8 @@ def test_infinite_opacity_logits_are_fully_opaque_or_transparent_and_nan_is_refu
     loaded = load_scene(tmp_path / "edges.ply")
     alpha = torch.sigmoid(loaded.opacity_logits)
     assert torch.isfinite(loaded.opacity_logits).all()
-    assert alpha[0] >= 1 - 1e-6 and alpha[1] <= 1e-6 and torch.allclose(alpha[2:], torch.sigmoid(torch.tensor([0.0, 2.0])))
+    assert (alpha[0] >= 1 - 1e-6 and alpha[1] <= 1e-6
+            and torch.allclose(alpha[2:], torch.sigmoid(torch.tensor([0.0, 2.0]))))
     scene.opacity_logits = torch.tensor([float("nan"), 0.0, 0.0, 0.0])
     save_scene(scene, tmp_path / "nan.ply")
     with pytest.raises(StreamStudioError, match="1 Gaussians have NaN or infinite opacity_logits"):

@@ -16,8 +16,8 @@ README", v0.4.7) with three 0.160.1 under Node 20, with this script beside its `
     const data = fs.readFileSync(inp);
     const buf = data.buffer.slice(data.byteOffset, data.byteOffset + data.byteLength);
     const arr = PlyParser.parseToUncompressedSplatArray(buf, parseInt(shDeg));
-    const gen = SplatBufferGenerator.getStandardGenerator(1, parseInt(level), parseInt(sectionSize), new THREE.Vector3(),
-        parseFloat(blockSize), parseInt(bucketSize));
+    const gen = SplatBufferGenerator.getStandardGenerator(1, parseInt(level), parseInt(sectionSize),
+        new THREE.Vector3(), parseFloat(blockSize), parseInt(bucketSize));
     fs.writeFileSync(out, Buffer.from(gen.generateFromUncompressedSplatArray(arr).bufferData));
 
 run as `node gen.mjs src.ply out.ksplat LEVEL 2 1.0 4 10` (levels 0, 1, 2: SH degree 2, three

@@ -150,7 +150,8 @@ def test_hermite_loop_wraps_its_tangents():
     vals = np.array([[0.0], [1.0], [0.0], [-1.0]])
     period = 4.0
     assert hermite(times, vals, 4.0 - 1e-12, period=period)[0] == pytest.approx(0.0, abs=1e-9)
-    assert hermite(times, vals, 0.5, period=period)[0] == pytest.approx(hermite(times, vals, 0.5 + 4.0 * 0, period=period)[0])
+    assert (hermite(times, vals, 0.5, period=period)[0]
+            == pytest.approx(hermite(times, vals, 0.5 + 4.0 * 0, period=period)[0]))
     e = 1e-6  # smooth through the closing key: slope at 0 from the wrap side equals slope after it
     right = (hermite(times, vals, e, period=period)[0] - hermite(times, vals, 0.0, period=period)[0]) / e
     assert right == pytest.approx((1.0 - (-1.0)) / 2.0, rel=1e-4)

@@ -41,7 +41,8 @@ def test_ply_layout_is_62_floats_channel_major(tmp_path):
     raw = (tmp_path / "s.ply").read_bytes()
     header, body = raw.split(b"end_header\n")
     names = [line.split()[-1].decode() for line in header.splitlines() if line.startswith(b"property")]
-    assert len(names) == 62 and names[6:9] == ["f_dc_0", "f_dc_1", "f_dc_2"] and names[-4:] == [f"rot_{i}" for i in range(4)]
+    assert (len(names) == 62 and names[6:9] == ["f_dc_0", "f_dc_1", "f_dc_2"]
+            and names[-4:] == [f"rot_{i}" for i in range(4)])
     rows = np.frombuffer(body, dtype="<f4").reshape(3, 62)
     # f_rest_j = channel j // 15, coefficient 1 + j % 15
     assert rows[1, 9 + 15 + 4] == scene.sh[1, 1 + 4, 1].item()
@@ -99,7 +100,8 @@ def test_minimal_degree_zero_ply_loads(tmp_path):
 @pytest.mark.parametrize("case, message", [
     ("truncated", "truncated"), ("missing", "missing PLY properties"), ("nan", "NaN or infinite"),
     ("inf", "NaN or infinite"), ("huge", "memory"), ("not_ply", "not a PLY"), ("ascii", "not supported"),
-    ("rest", "f_rest"), ("splat_size", "multiple of 32"), ("suffix", "unknown scene format"), ("absent", "no such file"),
+    ("rest", "f_rest"), ("splat_size", "multiple of 32"), ("suffix", "unknown scene format"),
+    ("absent", "no such file"),
 ])
 def test_bad_files_give_clear_errors(tmp_path, case, message):
     path = tmp_path / "bad.ply"
@@ -137,10 +139,10 @@ def test_max_gaussians_limit(tmp_path):
         load_scene(tmp_path / "ok.ply", max_gaussians=3)
 
 
-def np_rot4(l, r):
+def np_rot4(left_quat, right_quat):
     """4D rotation from left / right quaternions, written out independently (float64)."""
-    a, b, c, d = l / np.linalg.norm(l)
-    p, q, rr, s = r / np.linalg.norm(r)
+    a, b, c, d = left_quat / np.linalg.norm(left_quat)
+    p, q, rr, s = right_quat / np.linalg.norm(right_quat)
     left = np.array([[a, -b, -c, -d], [b, a, -d, c], [c, d, a, -b], [d, -c, b, a]])
     right = np.array([[p, q, rr, s], [-q, p, -s, rr], [-rr, s, p, -q], [-s, -rr, q, p]])
     return left @ right

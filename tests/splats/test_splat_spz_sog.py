@@ -28,7 +28,8 @@ C0 = 0.28209479177387814
 # --------------------------------------------------------------------------- .spz, written from the README
 
 # parity of the 15 non-DC SH basis functions under (x, y, z) -> (x, -y, -z), from the polynomials
-# y, z, x | xy, yz, 2zz-xx-yy, xz, xx-yy | y(3xx-yy), xyz, y(4zz-xx-yy), z(2zz-3xx-3yy), x(4zz-xx-yy), z(xx-yy), x(xx-3yy)
+# y, z, x | xy, yz, 2zz-xx-yy, xz, xx-yy |
+# y(3xx-yy), xyz, y(4zz-xx-yy), z(2zz-3xx-3yy), x(4zz-xx-yy), z(xx-yy), x(xx-3yy)
 PARITY = np.array([-1, -1, 1, -1, 1, 1, -1, 1, -1, 1, -1, -1, 1, -1, 1], dtype=np.float64)
 
 
@@ -59,7 +60,8 @@ def spz_bytes(scene: GaussianScene, version: int = 3, frac: int = 12, antialiase
         word = big
         for i in range(4):
             if i != big:
-                word = (word << 10) | ((1 if q[i] < 0 else 0) << 9) | min(511, int(abs(q[i]) / math.sqrt(0.5) * 511 + 0.5))
+                word = ((word << 10) | ((1 if q[i] < 0 else 0) << 9)
+                        | min(511, int(abs(q[i]) / math.sqrt(0.5) * 511 + 0.5)))
         rots += word.to_bytes(4, "little")
     dim = {0: 0, 1: 3, 2: 8, 3: 15}[degree]
     rest = scene.sh[:, 1:].double().numpy() * (PARITY[:dim, None] if axes == "rub" else 1)  # (N, dim, 3)
@@ -77,7 +79,8 @@ def test_spz_from_the_description_reads_within_quantisation_and_renders_alike(tm
     assert len(got) == 400 and got.sh_degree == degree and not got.antialiased
     assert float((got.means - scene.means).abs().max()) <= 0.5 / 4096 + 1e-6
     assert float((got.log_scales - scene.log_scales).abs().max()) <= 1 / 32 + 1e-5
-    assert float((torch.sigmoid(got.opacity_logits) - torch.sigmoid(scene.opacity_logits)).abs().max()) <= 0.5 / 255 + 1e-4
+    assert (float((torch.sigmoid(got.opacity_logits) - torch.sigmoid(scene.opacity_logits)).abs().max())
+            <= 0.5 / 255 + 1e-4)
     assert float((got.sh[:, 0] - scene.sh[:, 0]).abs().max()) <= 0.5 / (0.15 * 255) + 1e-5
     assert float(same_rotation(got.quats, scene.quats).min()) > (0.999 if version == 3 else 0.99)
     if degree:
