@@ -403,7 +403,8 @@ def test_the_doors_proxies_slots_and_osc_hold(tmp_path):
     forwarded = said["forwarded rotating"]  # one client: its per-address caps, whatever the header says
     assert forwarded.count(201) <= 2 and set(forwarded) <= {201, "too_many_pending", "too_many_offers"}, forwarded
     assert said["the named address"] == [201]  # not locked out by offers that named it
-    assert set(said["twenty addresses"]) <= {201, "busy", "too_many_pending", "too_many_offers"}, said["twenty addresses"]
+    assert (set(said["twenty addresses"])
+            <= {201, "busy", "too_many_pending", "too_many_offers"}), said["twenty addresses"]
     assert said["honest publisher"] == ["streaming"], said
     query, answered = said["osc get"]
     assert answered <= 2 * query, said["osc get"]  # no amplification

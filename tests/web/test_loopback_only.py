@@ -76,7 +76,8 @@ def test_the_scan_finds_what_it_looks_for():
 def test_every_aiortc_peer_names_its_ice_servers():
     found = {f"{path.relative_to(ROOT)}:{line}" for path in python_files()
              for line in unconfigured_peers(ast.parse(path.read_text(), str(path)))}
-    assert not found, f"RTCPeerConnection without RTCConfiguration(iceServers=[...]) (asks a public STUN server): {found}"
+    assert not found, ("RTCPeerConnection without RTCConfiguration(iceServers=[...]) (asks a public STUN server): "
+                       f"{found}")
 
 
 def test_every_browser_peer_names_its_ice_servers_and_chromium_has_mdns_off():

@@ -112,7 +112,8 @@ def test_osc_changes_a_running_stream(server, caplog):
     feeder = Feeder(session)
     try:
         wait_until(lambda: session.processed >= 2)
-        applied = lambda: session.stats()["settings"]
+        def applied():
+            return session.stats()["settings"]
         send(server.osc_port, osc_message("/streamstudio/osc1/prompt", "a glass sculpture"),
              osc_message("/streamstudio/osc1/strength", 0.7), osc_message("/streamstudio/osc1/guidance", 1.5),
              osc_message("/streamstudio/osc1/seed", 42))
@@ -410,7 +411,8 @@ def test_a_reply_is_at_most_twice_its_request(osc, stream):
         sock.sendto(smallest, osc.address)
         assert len(smallest) == 24 and sum(map(len, collect(sock))) <= 48
         # a bundle of many gets: one cap for the packet's replies together
-        bundle = osc_bundle(0, *[osc_message(f"/streamstudio/{stream.watch_id}/get")] * 20, padded("/streamstudio/get", 64))
+        bundle = osc_bundle(0, *[osc_message(f"/streamstudio/{stream.watch_id}/get")] * 20,
+                            padded("/streamstudio/get", 64))
         sock.sendto(bundle, osc.address)
         got = collect(sock)
         assert sum(map(len, got)) <= 2 * len(bundle) and [parse_osc(d)[0] for d in got] == ["/streamstudio/error"]

@@ -17,7 +17,8 @@ from rtmp_server import ffprobe
 
 TOKEN = "outputs-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-needs_ffprobe = pytest.mark.skipif(shutil.which("ffprobe") is None, reason="ffprobe is missing (apt-get install ffmpeg)")
+needs_ffprobe = pytest.mark.skipif(shutil.which("ffprobe") is None,
+                                   reason="ffprobe is missing (apt-get install ffmpeg)")
 
 
 def wait_until(cond, timeout: float = 30.0, what: str = "") -> None:
@@ -67,7 +68,8 @@ def test_a_whip_publishers_stream_is_pushed_to_rtmp_and_read_back(server, obs, n
     wait_until(lambda: server.app.state.outputs.get(output["id"]).attachment.frames >= 5, what="frames pushed")
     probed = ffprobe(nginx.url("obs-out"))  # an independent reader of the RTMP server
     # the publisher's 128x96 card at the model's 64 wide, its 4:3 kept
-    assert (probed.get("codec_name"), probed.get("width"), probed.get("height")) == ("h264", SIZE, SIZE * 3 // 4), probed
+    assert ((probed.get("codec_name"), probed.get("width"), probed.get("height"))
+            == ("h264", SIZE, SIZE * 3 // 4)), probed
     one = httpx.get(server.url + r.headers["location"], headers=AUTH).json()["output"]
     assert one["state"] == "running" and one["frames"] >= 5 and one["frames_lost"] == 0
     stopped = httpx.delete(server.url + r.headers["location"], headers=AUTH)

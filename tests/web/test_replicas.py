@@ -95,7 +95,8 @@ def test_serve_gpus_builds_a_replica_per_device():
     try:
         a, b = manager.replicas
         assert (a.device, b.device, manager.per_replica, manager.max_streams) == ("cpu", "cpu", 3, 6)
-        assert a.model.comps is not b.model.comps and a.model.executor is not b.model.executor  # own model, own batching
+        # own model, own batching
+        assert a.model.comps is not b.model.comps and a.model.executor is not b.model.executor
         assert manager.model is a.model
     finally:
         manager.shutdown()

@@ -339,7 +339,8 @@ def test_two_sessions_with_their_own_ip_scales_and_references_batched_equal_thei
     finally:
         manager.shutdown()
     for sid, (scale, reference) in specs.items():
-        solo = StreamDiffusion(addon_model.comps, replace(addon_model.config, mode="img2img"), prompt=addon_model.prompt)
+        solo = StreamDiffusion(addon_model.comps, replace(addon_model.config, mode="img2img"),
+                               prompt=addon_model.prompt)
         solo.addons.set_ip_adapter_scale(scale)
         solo.addons.set_reference_embeds(ip.embed(torch.from_numpy(reference).permute(2, 0, 1).float() / 255))
         for picture, out in zip(inputs, got[sid]):

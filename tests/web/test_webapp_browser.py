@@ -396,7 +396,8 @@ def _splats_in_page(page, bad: Path) -> dict:
         if view.get_attribute("src") != before:
             rerendered = True
             break
-    time_block = page.locator("#splat-controls").get_by_text("Time (4D scenes)").locator("xpath=ancestor::*[.//input[@type='range']][1]")
+    time_block = (page.locator("#splat-controls").get_by_text("Time (4D scenes)")
+                  .locator("xpath=ancestor::*[.//input[@type='range']][1]"))
     labels = [t.strip() for t in time_block.locator(".min_value, .max_value").all_inner_texts()]
     page.screenshot(path=str(ARTIFACTS / "webapp_splats.png"), full_page=True)
     page.locator("#splat-upload input[type=file]").set_input_files(str(bad))

@@ -71,7 +71,8 @@ def without(sdp: str, prefix: str) -> str:
 
 def attacks(sdp: str) -> list[tuple[str, dict | bytes, str]]:
     """(name, body, the error code the server must give)."""
-    offer = lambda **kw: {"sdp": sdp, "type": "offer", "webrtc_id": "attack01", **kw}
+    def offer(**kw):
+        return {"sdp": sdp, "type": "offer", "webrtc_id": "attack01", **kw}
     return [
         ("type answer", offer(type="answer"), "bad_type"),
         ("no type", {"sdp": sdp, "webrtc_id": "attack01"}, "bad_type"),

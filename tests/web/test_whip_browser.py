@@ -43,7 +43,8 @@ PUBLISH_JS = """async ([url, token]) => {
 
 # A WHEP viewer: a recvonly transceiver, the stream shown in a <video>.
 WATCH_JS = """async ([url, token]) => {
-""" + VIEWER_JS + SIGNAL_JS + """  window.studio = {pc, video, location: new URL(res.headers.get('Location'), url).href};
+""" + VIEWER_JS + SIGNAL_JS + """\
+  window.studio = {pc, video, location: new URL(res.headers.get('Location'), url).href};
   return {status: res.status, location: res.headers.get('Location')};
 }"""
 
@@ -187,7 +188,8 @@ FOLLOW_EVENTS_JS = """async ([url]) => {
   return m[1];
 }"""
 
-WATCH_WITH_LINK_JS = WATCH_JS.replace("  window.studio = {pc, video,", "  window.studio = {link: res.headers.get('Link'), pc, video,")
+WATCH_WITH_LINK_JS = WATCH_JS.replace("  window.studio = {pc, video,",
+                                      "  window.studio = {link: res.headers.get('Link'), pc, video,")
 
 
 def test_a_chromium_viewer_is_told_at_once_when_the_publisher_ends(server, page_origin):

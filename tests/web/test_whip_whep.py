@@ -357,7 +357,8 @@ def test_control_routes_are_behind_the_publish_door(server):
     from base64 import b64encode
 
     url = server.url
-    open_calls = [("POST", "/studio/settings/door", {"prompt": "taken over"}), ("DELETE", "/studio/sessions/door", None),
+    open_calls = [("POST", "/studio/settings/door", {"prompt": "taken over"}),
+                  ("DELETE", "/studio/sessions/door", None),
                   ("GET", "/studio/sessions/door", None), ("GET", "/studio/status", None),
                   ("POST", "/studio/lora", {"scales": {}})]
     for method, path, body in open_calls:
@@ -366,7 +367,8 @@ def test_control_routes_are_behind_the_publish_door(server):
             assert r.status_code == 401, (method, path, auth, r.status_code)
             assert r.headers["www-authenticate"].startswith("Bearer")
     assert "door" not in server.manager._presets  # the refused settings were not kept
-    ok = httpx.post(url + "/studio/settings/door", json={"prompt": "a boat"}, headers={"Authorization": f"Bearer {TOKEN}"})
+    ok = httpx.post(url + "/studio/settings/door", json={"prompt": "a boat"},
+                    headers={"Authorization": f"Bearer {TOKEN}"})
     assert ok.status_code == 200 and ok.json()["status"] == "ok", ok.text
     basic = b64encode(f"obs:{TOKEN}".encode()).decode()
     assert httpx.get(url + "/studio/status", headers={"Authorization": f"Basic {basic}"}).status_code == 200
@@ -396,7 +398,8 @@ def test_a_view_token_watches_and_does_nothing_else():
             assert (await owner_view.start()).status_code == 201
             await wait_for(lambda: len(viewer.times) >= 2)
             view = {"Authorization": "Bearer view-only"}
-            assert httpx.post(f"{srv.url}/studio/settings/viewed", json={"prompt": "x"}, headers=view).status_code == 401
+            assert httpx.post(f"{srv.url}/studio/settings/viewed", json={"prompt": "x"},
+                              headers=view).status_code == 401
             assert httpx.delete(f"{srv.url}/studio/sessions/viewed", headers=view).status_code == 401
             assert httpx.delete(httpx.URL(srv.url).join(pub.location), headers=view).status_code == 401
             assert srv.manager.get("viewed") is not None
