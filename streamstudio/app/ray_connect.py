@@ -22,6 +22,22 @@ def loopback_only() -> None:
     ray_constants.ENABLE_RAY_CLUSTER = False
 
 
+def follow_cluster_login() -> None:
+    """Use Ray's token login when the cluster does. `ray start --head` turns it on when a token is
+    at hand (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token, which any local `ray.init()`
+    writes), but a driver given an explicit address never does, and then fails on
+    InvalidAuthToken. Here, as `ray start` decides: with RAY_AUTH_MODE unset and a token at hand,
+    token mode. A Ray without token login (before 2.52) has nothing to follow."""
+    if os.environ.get("RAY_AUTH_MODE"):
+        return
+    try:
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available)
+    except ImportError:
+        return
+    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+
+
 def connect_ray(address: str | None, num_cpus: int | None = None) -> bool:
     """Connect to the Ray cluster at `address` (HOST:6379, ray://HOST:10001, auto), or start a
     local one with `num_cpus` CPUs (None: all) when `address` is empty, listening on 127.0.0.1 only
@@ -32,6 +48,7 @@ def connect_ray(address: str | None, num_cpus: int | None = None) -> bool:
     if ray.is_initialized():
         return False
     if address:
+        follow_cluster_login()
         ray.init(address=address, log_to_driver=False)
         return False
     loopback_only()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -257,16 +258,20 @@ def test_two_nodes_spread_streams_and_a_lost_node_moves_them(monkeypatch):
     first and the first node's stream keeps its frame rate; nothing of the lost node is left running."""
     import ray
 
+    from streamstudio.app import ray_connect
     from streamstudio.app.cli import build_parser
     from streamstudio.app.cli.requests import serve_request
     from streamstudio.app.web import ray_replicas
 
     port = free_port()
-    # loopback only, so without Ray's token authentication (`ray start --head` turns it on by default)
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    # docs/cluster.md's steps with Ray's token login on: a token at hand (as ~/.ray/auth_token is once
+    # any local ray.init() ran) makes `ray start` turn it on, and serve --cluster must follow
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    monkeypatch.setenv("RAY_AUTH_TOKEN", secrets.token_hex(24))
     # two nodes: Ray's cluster mode on (a local Ray elsewhere in this process may have turned it off,
     # app/ray_connect.loopback_only); each node still names 127.0.0.1 as its address
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"}
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1",
+           "RAY_AUTH_MODE": "token"}  # every `ray start` as docs/cluster.md says; this process keeps it unset
     from ray._private import ray_constants
 
     monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", True)
@@ -280,6 +285,8 @@ def test_two_nodes_spread_streams_and_a_lost_node_moves_them(monkeypatch):
     try:
         address = f"127.0.0.1:{port}"
         assert wait_for_sync(lambda: port_open(port), 90)
+        ray_connect.follow_cluster_login()  # as `serve --cluster HOST:PORT` does (app/ray_connect.py)
+        assert os.environ.get("RAY_AUTH_MODE") == "token"
         ray.init(address=address, log_to_driver=False)
         watch, ray_replicas.WATCH_S = ray_replicas.WATCH_S, 0.5
         args = build_parser().parse_args(["serve", "--model", "tiny", "--cluster", address, "--max-streams", "2",
@@ -329,3 +336,23 @@ def test_two_nodes_spread_streams_and_a_lost_node_moves_them(monkeypatch):
         shutil.rmtree(temp, ignore_errors=True)
         assert not os.path.exists("/tmp/ray/ray_current_cluster") or str(port) not in open(
             "/tmp/ray/ray_current_cluster").read()
+
+
+def test_the_front_end_follows_the_clusters_login(monkeypatch, tmp_path):
+    """`ray start --head` turns Ray's token login on when a token is at hand, but a driver given an
+    address did not, and `serve --cluster HOST:PORT` died on InvalidAuthToken (issue 47): with
+    RAY_AUTH_MODE unset and a token at hand the front end now uses token mode; a mode said is kept."""
+    pytest.importorskip("ray")
+    from streamstudio.app.ray_connect import follow_cluster_login
+
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.ray/auth_token
+    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    follow_cluster_login()
+    assert "RAY_AUTH_MODE" not in os.environ  # no token: nothing to follow
+    monkeypatch.setenv("RAY_AUTH_TOKEN", secrets.token_hex(24))
+    follow_cluster_login()
+    assert os.environ["RAY_AUTH_MODE"] == "token"
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    follow_cluster_login()
+    assert os.environ["RAY_AUTH_MODE"] == "disabled"
