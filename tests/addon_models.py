@@ -55,7 +55,8 @@ def write_tiny_ip_adapter(unet, folder, seed=0):
             tensors[f"ip_adapter.{key_id}.to_v_ip.weight"] = sd["to_v_ip.0.weight"]
             key_id += 2
     proj = ImageProjection(cross_attention_dim=cross, image_embed_dim=EMBED_DIM, num_image_text_embeds=4).state_dict()
-    tensors.update({"image_proj.proj.weight": proj["image_embeds.weight"], "image_proj.proj.bias": proj["image_embeds.bias"],
+    tensors.update({"image_proj.proj.weight": proj["image_embeds.weight"],
+                    "image_proj.proj.bias": proj["image_embeds.bias"],
                     "image_proj.norm.weight": proj["norm.weight"], "image_proj.norm.bias": proj["norm.bias"]})
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "ip-adapter_tiny.safetensors"

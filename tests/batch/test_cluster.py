@@ -142,7 +142,8 @@ def test_segments_are_cut_at_keyframes_near_even_cuts():
     capped = plan_pieces("in.mp4", "out.mp4", "parts", 100, [0, 30, 45, 70, 90], segment_frames=30, max_frames=60)
     assert [(p.start, p.end) for p in capped] == [(0, 30), (30, 60)]
     every_50 = list(range(0, 2000, 50))  # by default one segment per worker, at least MIN_SEGMENT frames each
-    assert [p.start for p in plan_pieces("in.mp4", "out.mp4", "parts", 2000, every_50, None, workers=3)] == [0, 650, 1350]
+    assert ([p.start for p in plan_pieces("in.mp4", "out.mp4", "parts", 2000, every_50, None, workers=3)]
+            == [0, 650, 1350])
     assert len(plan_pieces("in.mp4", "out.mp4", "parts", 500, every_50, None, workers=3)) == 1
 
 

@@ -2,7 +2,8 @@
 layers (app -> streaming -> pipelines -> models -> kernels), nothing imports `app/cli/` (the
 commands are argument parsers over `app/streams/`), the front ends' folders (app/web, app/batch,
 app/training) and the products' model folders (models/image, models/video, models/splats) do not
-import each other, a stream opens in one place, and no new import circle appears. Imports inside functions count: a circle closed at run time is still one."""
+import each other, a stream opens in one place, and no new import circle appears. Imports inside
+functions count: a circle closed at run time is still one."""
 
 from __future__ import annotations
 
@@ -134,6 +135,7 @@ def test_an_image_stream_is_made_in_one_place():
     calls = []
     for name, path in modules().items():
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "StreamDiffusion":
+            if (isinstance(node, ast.Call)
+                    and getattr(node.func, "id", getattr(node.func, "attr", None)) == "StreamDiffusion"):
                 calls.append(name)
     assert calls == ["streamstudio.app.streams.image"]

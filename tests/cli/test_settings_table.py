@@ -72,7 +72,8 @@ VIDEO_DUMMY = LiveSetting("dummy_blur", float, 0.5, "a video knob only this test
 
 @pytest.fixture
 def with_video_dummy(monkeypatch):
-    monkeypatch.setattr(live_settings, "VIDEO_SETTINGS", {**live_settings.VIDEO_SETTINGS, VIDEO_DUMMY.name: VIDEO_DUMMY})
+    monkeypatch.setattr(live_settings, "VIDEO_SETTINGS",
+                        {**live_settings.VIDEO_SETTINGS, VIDEO_DUMMY.name: VIDEO_DUMMY})
     return VIDEO_DUMMY
 
 
@@ -220,7 +221,8 @@ def test_osc_takes_its_types_from_the_table():
 
 
 @pytest.mark.parametrize("bad", [
-    dict(kind=list), dict(widget="knob"), dict(widget="slider", step=None), dict(choices=("a", "b"), choice_labels=("A",)),
+    dict(kind=list), dict(widget="knob"), dict(widget="slider", step=None),
+    dict(choices=("a", "b"), choice_labels=("A",)),
 ])
 def test_a_slip_in_a_declaration_fails_at_once(bad):
     with pytest.raises(TypeError, match="setting x"):

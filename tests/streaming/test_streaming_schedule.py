@@ -55,7 +55,8 @@ def test_weights_always_sum_to_one_and_rise():
 
 
 def test_yaml_and_json_schedules(tmp_path):
-    (tmp_path / "s.yaml").write_text("transition: 0.5\nprompts:\n  - {at: 0, prompt: one}\n  - {at: '0:01', prompt: two}\n")
+    (tmp_path / "s.yaml").write_text("transition: 0.5\nprompts:\n  - {at: 0, prompt: one}\n"
+                                     "  - {at: '0:01', prompt: two}\n")
     s = load_schedule(tmp_path / "s.yaml")
     assert s.transition == 0.5 and s.at(1.25) == [("one", 0.5), ("two", 0.5)]
     (tmp_path / "s.json").write_text('[{"at": 0, "prompt": "x"}, {"at": 2, "prompt": "y"}]')

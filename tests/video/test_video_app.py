@@ -292,8 +292,9 @@ def test_video_solver_comes_from_the_checkpoint_or_the_flag():
     model.register_forward_pre_hook(lambda module, args: calls.append(1))
     plain = {**meta, "sampling": {k: v for k, v in meta["sampling"].items() if k != "solver"}}
     counts = {}
-    for solver, m, flag in (("euler", plain, None), ("ab2", {**plain, "sampling": {**plain["sampling"], "solver": "ab2"}},
-                                                     None), ("heun", plain, "heun")):
+    for solver, m, flag in (("euler", plain, None),
+                            ("ab2", {**plain, "sampling": {**plain["sampling"], "solver": "ab2"}}, None),
+                            ("heun", plain, "heun")):
         stream = build_stream(model, m, "a red circle moving left", width=32, height=32, solver=flag)
         assert stream.sampler.cfg.solver == solver
         calls.clear()
