@@ -292,7 +292,8 @@ def render_piece(pipe_for: Callable[[float | None], object], request: BatchReque
     sink = WindowSink(inner, window, on_frame)
     schedule = load_schedule(request.prompt_schedule, request.transition) if request.prompt_schedule else None
     on_input = (lambda pts: schedule.apply_to(pipe, pts)) if schedule else None  # prompt and scales
-    limit = None if request.max_frames is None else request.max_frames - window.first  # counted from the warm-up's start
+    # counted from the warm-up's start
+    limit = None if request.max_frames is None else request.max_frames - window.first
     Runner(WindowSource(source, window), fitted, sink, RunnerConfig(live=False, max_frames=limit),
            on_input=on_input).run()
     if piece.part is not None:
@@ -314,8 +315,8 @@ def part_done(part: str | Path) -> bool:
 
 
 # ---------------------------------------------------------------------------- stitching
-def stitch(pieces: list[Piece], target: Path, request: BatchRequest, ready: Callable[[Piece], bool] = lambda piece: True,
-           on_frame: Callable[[], None] | None = None) -> int:
+def stitch(pieces: list[Piece], target: Path, request: BatchRequest,
+           ready: Callable[[Piece], bool] = lambda piece: True, on_frame: Callable[[], None] | None = None) -> int:
     """Encode the pieces' parts, in order, into `target` with the input's audio (as a local render
     of the whole file writes it). `ready(piece)` waits until the piece's part is finished (False:
     it never will be, and the stitch stops), so a stitch can follow the rendering. Returns the
