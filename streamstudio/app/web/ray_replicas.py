@@ -8,19 +8,15 @@ chose this shape (one front end, frames into the actors through Ray compiled gra
 
 - **Transport.** One channel per replica: a dispatcher thread (`RemoteReplica`) sends the requests
   its streams made since the last round (open, settings, frames, close) as one batch and hands
-  each stream its reply. Two ways (`--replica-transport`), measured in docs/cluster.md:
-  "compiled", a Ray compiled graph (`ray.dag`: the actor's `step` bound once, a shared-memory
-  channel, no task per frame; under 1 ms a 512x512 frame, but Ray's channels wait by spinning, so
-  the replica's process keeps a CPU core busy all the time and the front end one while a round is
-  under way), or "calls", plain actor calls (about 7 ms more a frame here, no core spent waiting).
-  The default: compiled for GPU replicas (the model is on the GPU; a host core is cheap there),
-  calls for CPU replicas (a spinning core would be taken from the model itself) and under Ray
-  client (`ray://`), which compiled graphs do not support. Frames are
-  cut to the stream's aspect and resized to its size here, so no more than the model's input
-  crosses. The actor runs a batch's frames in threads, so its batching executor batches them as
-  in one process.
+  each stream its reply, by a Ray compiled graph ("compiled": under 1 ms a 512x512 frame, a core
+  spent spinning; the default for GPU replicas) or plain actor calls ("calls": about 7 ms more, no
+  core spent; the default for CPU replicas and Ray client, `ray://`), measured in docs/cluster.md.
+  Frames are cut to the stream's size here, so no more than the model's input crosses; the actor
+  runs a batch's frames in threads, so its batching executor batches them as in one process.
 - **Placement.** A new stream goes to the least-loaded healthy replica (`ReplicaSessionManager`);
   the busy message comes only when every healthy replica is full (`--max-streams` per replica).
+  The watcher rebalances: while a replica holds two streams more than another (one that joined
+  or came back sits idle), a stream moves there at its next frame, with its settings.
 - **Replicas.** One per GPU (`num_gpus=1`) on nodes with GPUs; `--node-replicas N` CPU replicas
   on nodes without (each taking its share of the node's cores as torch threads), pinned to their
   node. A watcher looks at the cluster every `WATCH_S` seconds: a node that joins gets its
@@ -398,10 +394,15 @@ class RemoteStreamProcessor:
         self.notice: str | None = None
         self._size: tuple[int, int] | None = None
         self._settings: dict = {}
+        self._wanted: RemoteReplica | None = None  # where the manager rebalances it to, at the next frame
 
     @property
     def stats(self):
         return self.pipe
+
+    def move_to(self, replica: RemoteReplica) -> None:
+        """Move to `replica` at the next frame boundary (`ClusterSessionManager.rebalance`)."""
+        self._wanted = replica
 
     def open(self, size: tuple[int, int]) -> None:
         if self.pipe is None:
@@ -419,6 +420,8 @@ class RemoteStreamProcessor:
             self._settings.update(changes)
 
     def __call__(self, frame: np.ndarray) -> np.ndarray:
+        if self._wanted is not None:
+            self._switch()
         width, height = self._size  # (txt2img: the frame only asks for the next image)
         frame = None if self.mode == "txt2img" else fit(frame, width, height, self.fit)
         reply = self._request({"op": "frame", "frame": frame})
@@ -440,6 +443,25 @@ class RemoteStreamProcessor:
         if "error" in reply:
             raise StreamStudioError(reply["error"])
         return reply
+
+    def _switch(self) -> None:
+        """A planned move between two frames: opened on the new replica with its size and settings,
+        then closed on the old one, where it stays if the new one cannot take it."""
+        target, self._wanted = self._wanted, None
+        old = self.replica
+        if target is old or target.failed is not None:
+            return
+        try:
+            target.call({"sid": self.sid, "op": "open", "mode": self.mode, "size": self._size,
+                         "settings": dict(self._settings)})
+        except (ReplicaLost, StreamStudioError) as exc:
+            self.manager.placed(self.sid, target, old)
+            log.warning("stream %s stays on %s: %s", self.sid, old.name, exc)
+            return
+        self.replica = target
+        old.send({"sid": self.sid, "op": "close"})
+        self.notice = f"rebalanced from {old.name} to {target.name}"
+        log.info("stream %s rebalanced from %s to %s", self.sid, old.name, target.name)
 
     def _move(self, why: str) -> None:
         """Open this stream on another healthy replica, with its size and settings."""
@@ -503,6 +525,38 @@ class ClusterSessionManager(ReplicaSessionManager):
             self._placed[sid] = replica
             return replica
 
+    def placed(self, sid: str, old: RemoteReplica, new: RemoteReplica) -> None:
+        """Stream `sid` counts on `new` instead of `old` (a move planned, or one undone)."""
+        with self._lock:
+            old.sessions.discard(sid)
+            new.sessions.add(sid)
+            self._placed[sid] = new
+
+    def rebalance(self) -> list[tuple[str, RemoteReplica, RemoteReplica]]:
+        """While a healthy replica holds two streams more than another (one that joined or came
+        back sits idle), move one of its streams there at its next frame (`_switch`)."""
+        moves = []
+        with self._lock:
+            healthy = self._healthy()
+            while len(healthy) > 1:
+                heavy = max(healthy, key=lambda r: len(r.sessions))
+                light = min(healthy, key=lambda r: (len(r.sessions), r.index))
+                movable = [sid for sid in sorted(heavy.sessions) if self._movable(sid)]
+                if len(heavy.sessions) - len(light.sessions) <= 1 or not movable:
+                    break
+                sid = movable[0]
+                heavy.sessions.discard(sid)
+                light.sessions.add(sid)
+                self._placed[sid] = light
+                moves.append((sid, heavy, light))
+        for sid, _, light in moves:
+            self._sessions[sid].processor.move_to(light)
+        return moves
+
+    def _movable(self, sid: str) -> bool:  # (under self._lock)
+        processor = getattr(self._sessions.get(sid), "processor", None)
+        return isinstance(processor, RemoteStreamProcessor) and processor._wanted is None
+
     def _watch_loop(self) -> None:
         while not self._stop.wait(WATCH_S):
             try:
@@ -511,6 +565,7 @@ class ClusterSessionManager(ReplicaSessionManager):
                     with self._lock:
                         self.replicas.append(replica)
                     log.info("%s joined (%d replica(s) healthy)", replica.name, len(self._healthy()))
+                self.rebalance()
             except Exception:  # pragma: no cover - keep watching
                 log.exception("replica watcher")
 
