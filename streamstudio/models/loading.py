@@ -209,7 +209,8 @@ def save_single_file(comps: SDComponents, path: str | os.PathLike) -> Path:
         tokenizer=_tokenizer_files(comps.tokenizer), name=comps.name,
     )
     if comps.text_encoder_2 is not None:  # SDXL
-        meta.update(text_encoder_2=comps.text_encoder_2.config.to_dict(), tokenizer_2=_tokenizer_files(comps.tokenizer_2))
+        meta.update(text_encoder_2=comps.text_encoder_2.config.to_dict(),
+                    tokenizer_2=_tokenizer_files(comps.tokenizer_2))
     path = Path(path)
     save_file(tensors, str(path), metadata={SINGLE_FILE_KEY: json.dumps(meta, default=list)})
     return path
@@ -534,7 +535,8 @@ def _has_cuda(device) -> bool:
     return torch.cuda.is_available()
 
 
-def hub_download_size(repo: str = DEFAULT_MODEL, patterns: list[str] | None = None, timeout: float = 10.0) -> int | None:
+def hub_download_size(repo: str = DEFAULT_MODEL, patterns: list[str] | None = None,
+                      timeout: float = 10.0) -> int | None:
     """Bytes of the files of `repo` that loading it fetches, or None when the hub cannot be reached."""
     from fnmatch import fnmatch
 
@@ -572,7 +574,8 @@ def resolve_demo_default(model: str, **kwargs) -> SDComponents:
     except ModelNotFoundError:
         pass
     if _offline():
-        return _builtin_instead(f"{DEFAULT_MODEL} is not in the local cache and the hub is off (HF_HUB_OFFLINE)", kwargs)
+        return _builtin_instead(f"{DEFAULT_MODEL} is not in the local cache and the hub is off (HF_HUB_OFFLINE)",
+                                kwargs)
     size = None if hub_unreachable() else hub_download_size(DEFAULT_MODEL)  # the probe: bounded, even for DNS
     if size is None:
         return _builtin_instead(f"{DEFAULT_MODEL} is not in the local cache and the Hugging Face hub cannot be "

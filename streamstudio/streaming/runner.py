@@ -592,4 +592,5 @@ def run_stream(source: Source, processor: Any, sink: Sink | SinkFactory, **confi
     return Runner(source, processor, sink, RunnerConfig(**config)).run()
 
 
-__all__ = ["Attachment", "FrameQueue", "RunMetrics", "Runner", "RunnerConfig", "VideoFrame", "percentiles", "run_stream"]
+__all__ = ["Attachment", "FrameQueue", "RunMetrics", "Runner", "RunnerConfig", "VideoFrame", "percentiles",
+           "run_stream"]

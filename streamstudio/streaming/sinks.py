@@ -311,7 +311,8 @@ class VirtualCameraSink(Sink):
         try:
             import pyvirtualcam
         except ImportError as exc:
-            raise StreamStudioError("the virtual camera needs pyvirtualcam: pip install 'streamstudio[virtualcam]'") from exc
+            raise StreamStudioError("the virtual camera needs pyvirtualcam: "
+                                    "pip install 'streamstudio[virtualcam]'") from exc
         try:
             self._cam = pyvirtualcam.Camera(width=width, height=height, fps=fps, device=device,
                                             fmt=pyvirtualcam.PixelFormat.RGB)

@@ -150,7 +150,8 @@ class VideoFileSource(Source):
             self._container = av.open(str(self.path), timeout=(open_timeout, open_timeout) if self.url else None)
         except (av.error.FFmpegError, OSError, UnicodeDecodeError) as exc:
             raise StreamStudioError(f"{self.path} is not a readable video ({exc}); "
-                                    "give a video file (mp4, mkv, webm, mov, ...), a folder of images or webcam:N") from exc
+                                    "give a video file (mp4, mkv, webm, mov, ...), a folder of images "
+                                    "or webcam:N") from exc
         if not self._container.streams.video:
             self._container.close()
             raise StreamStudioError(f"{self.path} has no video stream")

@@ -30,7 +30,8 @@ class SDComponents:
     tokenizer_2: object | None = None  # SDXL: the second encoder's tokenizer
     vae_upcast: bool = False  # keep the VAE in float32 (SDXL's own VAE overflows in float16)
     loras: object | None = None  # the users' LoRAs on these networks (models/image/lora.LoraSet), changeable live
-    controlnets: list = field(default_factory=list)  # ControlNetModels (models/image/controlnet.py), in --controlnet order
+    # ControlNetModels (models/image/controlnet.py), in --controlnet order
+    controlnets: list = field(default_factory=list)
     control_defaults: list = field(default_factory=list)  # per ControlNet: (preprocessor, scale) new streams start at
     ip_adapter: object | None = None  # models/image/ip_adapter.IPAdapter installed in the UNet, or None
     network: ImageNet | None = None  # an accelerated or batched variant of the seam (None: eager)

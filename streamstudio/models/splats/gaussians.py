@@ -360,7 +360,8 @@ def _read_compressed_ply(path: Path, f, elements: list[PlyElement], max_gaussian
     sizes = [e.count * e.dtype.itemsize for e in elements]
     data_bytes = path.stat().st_size - f.tell()
     if data_bytes < sum(sizes):
-        raise _err(path, f"truncated: header says {n} Gaussians ({sum(sizes)} bytes) but only {data_bytes} bytes follow")
+        raise _err(path, f"truncated: header says {n} Gaussians ({sum(sizes)} bytes) but only {data_bytes} bytes "
+                         "follow")
     ch = np.fromfile(f, dtype="<f4", count=chunk.count * len(chunk_names)).reshape(chunk.count, -1).astype(np.float64)
     packed = np.fromfile(f, dtype="<u4", count=n * 4).reshape(n, 4)  # (N, 4)
     sh_bytes = np.fromfile(f, dtype="u1", count=n * len(sh_el.props)).reshape(n, -1) if sh_el else None
