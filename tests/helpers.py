@@ -133,13 +133,13 @@ def capture_latents(pipe) -> list:
     """Record the x0 latents `pipe` (a StreamDiffusion) decodes, in output order: the returned
     list fills as the pipeline runs."""
     seen = []
-    decode = pipe._decode
+    decode = pipe.io.decode
 
     def spy(latents):
         seen.extend(latents.clone())
         return decode(latents)
 
-    pipe._decode = spy
+    pipe.io.decode = spy
     return seen
 
 

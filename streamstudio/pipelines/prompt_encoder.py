@@ -1,17 +1,20 @@
 """Prompts to the UNet's condition: the text encoder, a cache of the prompts seen, and blends
-of several weighted prompts (linear, or spherical per token)."""
+of several weighted prompts (linear, or spherical per token); and one stream's prompts
+(`StreamPrompts`: its prompt and negative prompt as the conditions its UNet calls take)."""
 
 from __future__ import annotations
 
 import logging
 import warnings
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.image import sdxl
 from streamstudio.models.image.image_net import ImageCond
+from streamstudio.pipelines.addons import StreamAddOns
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +90,46 @@ class PromptEncoder:
         layout = conds[0].flatten()[0]
         fields = zip(*(c.flatten()[1] for c in conds))  # each field's tensors, one per prompt
         return ImageCond.unflatten(layout, [_blend(list(parts), weights, mode) for parts in fields])
+
+
+class StreamPrompts:
+    """One stream's prompt (or blend) and negative prompt, encoded by `encoder` (again when a LoRA
+    changed what the text encoders compute), and the conditions of its UNet calls: the prompt's
+    with the stream's own add-on fields (`StreamAddOns.cond_fields`). `stats.text_encodes`
+    follows the encoder's runs."""
+
+    def __init__(self, encoder: PromptEncoder, addons: StreamAddOns, stats, prompt: PromptSpec,
+                 negative_prompt: str, blend: str):
+        self.encoder, self.addons, self.stats = encoder, addons, stats
+        self.set_negative(negative_prompt)
+        self.set_prompt(prompt, blend)
+
+    def _encoded(self, encode, *args) -> ImageCond:
+        cond = encode(*args)
+        self.stats.text_encodes = self.encoder.encodes
+        return cond
+
+    def set_prompt(self, spec: PromptSpec, blend: str) -> None:
+        """The prompt, or [(prompt, weight), ...] blended by `blend` (linear or slerp)."""
+        self.spec = spec
+        self.text = self._encoded(self.encoder.blend, spec, blend)
+
+    def set_negative(self, prompt: str) -> None:
+        self.negative_prompt = prompt
+        self.negative = self._encoded(self.encoder.negative, prompt)
+
+    def refresh(self, blend: str) -> None:
+        """Encode the prompts again when a LoRA changed what the text encoders compute."""
+        if self.addons.text_changed():
+            self.encoder.clear()
+            self.set_negative(self.negative_prompt)
+            self.set_prompt(self.spec, blend)
+
+    def cond(self, negative: bool) -> ImageCond:
+        """The prompt's (negative: the negative prompt's) condition with the stream's add-on fields."""
+        cond = self.negative if negative else self.text
+        extra = self.addons.cond_fields(negative)
+        return replace(cond, **extra) if extra else cond
 
 
 def _blend(parts: list[torch.Tensor], weights: list[float], mode: str) -> torch.Tensor:

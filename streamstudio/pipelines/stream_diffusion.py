@@ -2,10 +2,12 @@
 
 Three parts, as the video pipeline: the Stream Batch sampler (`pipelines/stream_batch.py`:
 schedule coefficients, noise, buffer and priming, one step with residual CFG), the prompt
-encoder (`pipelines/prompt_encoder.py`: encoding, cache, blends), and here the frame API
-(`StreamDiffusionConfig`, `StreamDiffusion`: frames in and out, the similarity filter,
-temporal consistency, run-time settings). Every network call goes through the image seam
-(`models/image/image_net.py`); the LCM arithmetic is the scheduler's (diffusers' LCMScheduler).
+encoder (`pipelines/prompt_encoder.py`: encoding, cache, blends, and the stream's prompts as its
+UNet calls' conditions), and here the frame API (`StreamDiffusionConfig`, `StreamDiffusion`:
+frames in and out, the similarity filter, temporal consistency, run-time settings), which moves
+frames between host and device and through the VAE with `pipelines/frame_io.py`. Every network
+call goes through the image seam (`models/image/image_net.py`); the LCM arithmetic is the
+scheduler's (diffusers' LCMScheduler).
 
 The buffer holds N slots (one per denoising step in `t_index_list`), each of
 `frame_buffer_size` frames. With Stream Batch, one UNet call advances every slot by one
@@ -76,12 +78,13 @@ from streamstudio.errors import StreamStudioError
 from streamstudio.frames import to_frames
 from streamstudio.kernels.reference import CFG_CODES, CFG_NONE
 from streamstudio.models.image import feature_bank
-from streamstudio.models.image.image_net import ImageCond, check_bank
+from streamstudio.models.image.image_net import ImageNet, check_bank
 from streamstudio.models.image.components import SDComponents
 from streamstudio.pipelines.addons import ADDON_SETTINGS, StreamAddOns
 from streamstudio.pipelines.control import ControlInputs
 from streamstudio.pipelines.live_settings import check_config, defaults
-from streamstudio.pipelines.prompt_encoder import PromptEncoder, PromptSpec, slerp  # noqa: F401 - slerp: re-exported
+from streamstudio.pipelines.frame_io import FrameIO
+from streamstudio.pipelines.prompt_encoder import PromptEncoder, PromptSpec, StreamPrompts
 from streamstudio.pipelines.similarity_filter import SimilarityFilter, SimilarityFilterConfig
 from streamstudio.pipelines.stream_batch import PRIMED, Guidance, Schedule, StreamBatchSampler
 
@@ -142,7 +145,8 @@ class StreamDiffusionConfig:
             raise StreamStudioError(f"prompt_blend must be linear or slerp, got {self.prompt_blend!r}")
         idx = self.resolved_t_index_list()
         if not idx or any(b <= a for a, b in zip(idx, idx[1:])) or idx[0] < 0 or idx[-1] >= self.num_inference_steps:
-            raise StreamStudioError(f"t_index_list must be increasing indices in [0, {self.num_inference_steps}), got {idx}")
+            raise StreamStudioError(f"t_index_list must be increasing indices in [0, {self.num_inference_steps}), "
+                                    f"got {idx}")
         return self
 
     def resolved_t_index_list(self) -> list[int]:
@@ -163,6 +167,24 @@ class StreamDiffusionConfig:
     def uses_feedback(self) -> bool:
         return self.temporal in ("feedback", "both") and self.feedback_weight > 0 and self.mode == "img2img"
 
+    @property
+    def effective_cfg(self) -> int:
+        """CFG only does something above guidance 1 (as the reference implementation)."""
+        if self.guidance_scale <= 1.0:
+            return CFG_NONE
+        return CFG_CODES[self.cfg_type]
+
+
+def _bank_for(c: StreamDiffusionConfig, net: ImageNet, bank: feature_bank.FeatureBank | None):
+    """The feature bank after a settings change: made, `bank` changed, or dropped (None)."""
+    if not c.uses_bank:
+        return None  # frees its memory; turning it on again starts empty
+    check_bank(net)  # a TensorRT engine cannot take a bank: say so now
+    if bank is None:
+        return feature_bank.FeatureBank(c.bank_size, c.bank_interval, c.bank_threshold, c.bank_fusion)
+    bank.configure(c.bank_size, c.bank_interval, c.bank_threshold, c.bank_fusion)
+    return bank
+
 
 @dataclass
 class StreamStats:
@@ -175,9 +197,11 @@ class StreamStats:
 
 class StreamDiffusion:
     """A stream of frames through Stable Diffusion with Stream Batch and residual CFG: the
-    frame API over a prompt encoder (`pipelines/prompt_encoder.py`) and a Stream Batch sampler
-    (`pipelines/stream_batch.py`). Input frames get integer ids in arrival order; the sampler
-    says whose output leaves, so `push`/`flush` hand outputs back in input order."""
+    frame API over the stream's prompts (`prompts`, `pipelines/prompt_encoder.py`), its frame
+    transfers and VAE (`io`, `pipelines/frame_io.py`) and a Stream Batch sampler (`sampler`,
+    `pipelines/stream_batch.py`; its `bank`, the feature bank, None when off). Input frames get
+    integer ids in arrival order; the sampler says whose output leaves, so `push`/`flush` hand
+    outputs back in input order."""
 
     def __init__(self, components: SDComponents, config: StreamDiffusionConfig | None = None,
                  prompt: PromptSpec = "", negative_prompt: str = "", control: ControlInputs | None = None):
@@ -186,9 +210,7 @@ class StreamDiffusion:
         self.net = components.net  # the image seam: every UNet and VAE call goes through it
         self.device, self.dtype = self.net.device, self.net.dtype
         self.stats = StreamStats()
-        self._host_buffers: dict[str, torch.Tensor] = {}  # pinned staging buffers (GPU only)
-        self.prompts = PromptEncoder(components.tokenizer, components.text_encoder, self.device, self.dtype,
-                                     components.tokenizer_2, components.text_encoder_2)
+        self.io = FrameIO(self.net)  # frames up and down, the VAE
         c = self.config  # the add-ons' state of this stream (ControlNets, IP-Adapter, LoRA text version)
         self.addons = StreamAddOns(components, c.mode, c.height, c.width, c.frame_buffer_size, self.device,
                                    self.dtype, control)
@@ -197,10 +219,9 @@ class StreamDiffusion:
 
         self.scheduler = LCMScheduler.from_config(components.scheduler_config)
         self.scheduler.set_timesteps(self.config.num_inference_steps)
-        self._negative_prompt = negative_prompt
-        self._negative = self._encoded(self.prompts.negative, negative_prompt)
-        self._prompt_spec: PromptSpec = prompt
-        self._text = self._encoded(self.prompts.blend, prompt, self.config.prompt_blend)
+        encoder = PromptEncoder(components.tokenizer, components.text_encoder, self.device, self.dtype,
+                                components.tokenizer_2, components.text_encoder_2)
+        self.prompts = StreamPrompts(encoder, self.addons, self.stats, prompt, negative_prompt, c.prompt_blend)
         self._filter = SimilarityFilter(SimilarityFilterConfig(self.config.similarity_threshold,
                                                                self.config.max_skip_frame, self.config.seed))
         self.sampler: StreamBatchSampler | None = None
@@ -208,13 +229,9 @@ class StreamDiffusion:
 
     # ------------------------------------------------------------------ run-time settings
     @property
-    def t_index(self) -> list[int]:
-        """The steps in use: indices into the num_inference_steps LCM schedule."""
-        return self.config.resolved_t_index_list()
-
-    @property
     def n_steps(self) -> int:
-        return len(self.t_index)
+        """The steps in use (`config.resolved_t_index_list()`: indices into the LCM schedule)."""
+        return len(self.config.resolved_t_index_list())
 
     @property
     def latency_frames(self) -> int:
@@ -226,49 +243,18 @@ class StreamDiffusion:
         return self.comps.step_type if self.config.step_type == "auto" else self.config.step_type
 
     @property
-    def effective_cfg(self) -> int:
-        """CFG only does something above guidance 1 (as the reference implementation)."""
-        if self.config.guidance_scale <= 1.0:
-            return CFG_NONE
-        return CFG_CODES[self.config.cfg_type]
-
-    @property
     def skip_rate(self) -> float:
         return self._filter.skip_rate
-
-    @property
-    def bank(self) -> feature_bank.FeatureBank | None:
-        """This stream's feature bank (None when the bank is off)."""
-        return self.sampler.bank
-
-    def _encoded(self, encode, *args) -> ImageCond:
-        cond = encode(*args)
-        self.stats.text_encodes = self.prompts.encodes
-        return cond
 
     def set_prompt(self, prompt: PromptSpec, blend: str | None = None) -> None:
         """A prompt, or [(prompt, weight), ...] blended linearly or by slerp. Only the text
         encoder reruns (and only for prompts it has not seen)."""
         if blend is not None:
             self.config = replace(self.config, prompt_blend=blend).validate()
-        self._prompt_spec = prompt
-        self._text = self._encoded(self.prompts.blend, prompt, self.config.prompt_blend)
+        self.prompts.set_prompt(prompt, self.config.prompt_blend)
 
     def set_negative_prompt(self, negative_prompt: str) -> None:
-        self._negative_prompt = negative_prompt
-        self._negative = self._encoded(self.prompts.negative, negative_prompt)
-
-    def _refresh_text(self) -> None:
-        """Encode the prompts again when a LoRA changed what the text encoders compute."""
-        if self.addons.text_changed():
-            self.prompts.clear()
-            self._negative = self._encoded(self.prompts.negative, self._negative_prompt)
-            self._text = self._encoded(self.prompts.blend, self._prompt_spec, self.config.prompt_blend)
-
-    def _stream_cond(self, cond: ImageCond, negative: bool) -> ImageCond:
-        """The prompt's condition with the stream's own add-on fields (`StreamAddOns.cond_fields`)."""
-        extra = self.addons.cond_fields(negative)
-        return replace(cond, **extra) if extra else cond
+        self.prompts.set_negative(negative_prompt)
 
     def update(self, **changes) -> None:
         """Change settings at run time: guidance_scale, delta, cfg_type, strength, steps,
@@ -290,16 +276,17 @@ class StreamDiffusion:
         if new.uses_bank and not old.uses_bank:
             check_bank(self.net)  # raises for a network without self-attention layers; nothing changed
         self.config = new
-        if new.resolved_t_index_list() != old.resolved_t_index_list() or new.use_denoising_batch != old.use_denoising_batch:
+        if (new.resolved_t_index_list() != old.resolved_t_index_list()
+                or new.use_denoising_batch != old.use_denoising_batch):
             self._make_sampler()
         elif new.seed != old.seed:
             self.sampler.reseed(new.seed)
         if new.prompt_blend != old.prompt_blend:
-            self._text = self._encoded(self.prompts.blend, self._prompt_spec, new.prompt_blend)
+            self.prompts.set_prompt(self.prompts.spec, new.prompt_blend)
         self._filter.config = SimilarityFilterConfig(new.similarity_threshold, new.max_skip_frame, new.seed)
-        self._configure_temporal()
+        self.sampler.bank = _bank_for(new, self.net, self.sampler.bank)
         self.addons.update(**addons)
-        self._refresh_text()  # a LoRA scale that changed the text encoders: the prompts again, now
+        self.prompts.refresh(new.prompt_blend)  # a LoRA scale that changed the text encoders: the prompts again, now
 
     def _make_sampler(self) -> None:
         """A sampler for the config's steps (its buffer starts empty)."""
@@ -310,21 +297,8 @@ class StreamDiffusion:
             self.net, schedule, frames=c.frame_buffer_size, stream_batch=c.use_denoising_batch,
             latent_shape=(self.net.latent_channels, c.height // scale, c.width // scale), seed=c.seed,
             v_prediction=self.comps.prediction_type == "v_prediction")
-        self.sampler.bank = bank
-        self._configure_temporal()
+        self.sampler.bank = _bank_for(c, self.net, bank)
         self.reset()
-
-    def _configure_temporal(self) -> None:
-        """Make, change or drop the feature bank after a settings change."""
-        c = self.config
-        if not c.uses_bank:
-            self.sampler.bank = None  # frees its memory; turning it on again starts empty
-            return
-        check_bank(self.net)  # a TensorRT engine cannot take a bank: say so now
-        if self.sampler.bank is None:
-            self.sampler.bank = feature_bank.FeatureBank(c.bank_size, c.bank_interval, c.bank_threshold, c.bank_fusion)
-        else:
-            self.sampler.bank.configure(c.bank_size, c.bank_interval, c.bank_threshold, c.bank_fusion)
 
     def reset(self) -> None:
         """Empty the buffer and the feature bank; the next frame primes the buffer again."""
@@ -337,52 +311,14 @@ class StreamDiffusion:
         self._last_out_latent: torch.Tensor | None = None  # latent feedback: the last output's x0
         self._filter.reset()
 
-    # ------------------------------------------------------------------ networks
-    def _encode(self, images: torch.Tensor) -> torch.Tensor:
-        """(k, 3, H, W) in [-1, 1] -> (k, 4, H/8, W/8) scaled latents."""
-        return self.net.encode(images.to(self.device, self.dtype))
-
-    def _decode(self, latents: torch.Tensor) -> list[np.ndarray]:
-        images = self.net.decode(latents)  # (k, 3, H, W)
-        return list(self._download(kernels.postprocess(images)))  # k x (H, W, 3) uint8
-
-    # ------------------------------------------------------------------ host <-> device
-    # A frame's one host-device sync is the download of its output (a frame the similarity
-    # filter skips: the read of its similarity). On a GPU, frames go up through a pinned staging
-    # buffer (an asynchronous DMA) and come down through another. Every frame ends in that sync,
-    # so the staging buffer's last upload has finished by the time the next frame refills it.
-    def _upload(self, frames: torch.Tensor) -> torch.Tensor:
-        """uint8 (k, H, W, C) on the host -> the same on the device."""
-        if self.device.type != "cuda":
-            return frames.to(self.device)
-        staging = self._pinned("up", frames.shape)
-        staging.copy_(frames)
-        return staging.to(self.device, non_blocking=True)
-
-    def _download(self, frames: torch.Tensor) -> np.ndarray:
-        """uint8 (k, H, W, 3) on the device -> numpy on the host (the frame's one sync)."""
-        if self.device.type != "cuda":
-            return frames.numpy()
-        host = self._pinned("down", frames.shape)
-        host.copy_(frames, non_blocking=True)
-        torch.cuda.current_stream(self.device).synchronize()
-        return host.numpy().copy()  # the pinned buffer is reused by the next frame
-
-    def _pinned(self, name: str, shape: torch.Size) -> torch.Tensor:
-        buf = self._host_buffers.get(name)
-        if buf is None or buf.shape != shape:
-            buf = torch.empty(shape, dtype=torch.uint8, pin_memory=True)
-            self._host_buffers[name] = buf
-        return buf
-
     # ------------------------------------------------------------------ frames in and out
     def _advance(self, x0_in: torch.Tensor | None, group: int) -> tuple[torch.Tensor, int]:
         """One sampler call; returns the x0 latents that leave and their group's id."""
         self.stats.calls += 1
         before = self.sampler.unet_rows
-        self._refresh_text()
-        guidance = Guidance(self._stream_cond(self._text, False), self._stream_cond(self._negative, True),
-                            self.effective_cfg, self.config.guidance_scale, self.config.delta)
+        self.prompts.refresh(self.config.prompt_blend)
+        guidance = Guidance(self.prompts.cond(False), self.prompts.cond(True),
+                            self.config.effective_cfg, self.config.guidance_scale, self.config.delta)
         out, group = self.sampler.advance(x0_in, group, guidance, self._fields)
         self.stats.unet_samples += self.sampler.unet_rows - before
         self._last_out_latent = out  # latent feedback: blended into the next input
@@ -392,7 +328,7 @@ class StreamDiffusion:
         """`image` preprocessed as the pipeline takes it in: (k, 3, H, W) in [-1, 1], what the
         similarity filter compares (a replay of the filter over earlier frames feeds it this)."""
         frames = to_frames(image, self.config.frame_buffer_size)  # (k, H, W, 3) uint8
-        return kernels.preprocess(self._upload(frames), self.config.height, self.config.width, self.dtype)
+        return kernels.preprocess(self.io.upload(frames), self.config.height, self.config.width, self.dtype)
 
     def resume_filter(self, state: SimilarityFilter) -> None:
         """Continue from a similarity filter replayed elsewhere: a segment of a longer file
@@ -418,7 +354,7 @@ class StreamDiffusion:
             self._filter.should_skip(x)  # records the first processed input
         with torch.inference_mode():
             self._fields = self.addons.frame_fields(x)  # once per input group; the group's slots reuse them
-            latents = self._encode(x)
+            latents = self.io.encode(x)
             self._last_x0_in = latents
             if self.config.uses_feedback and self._last_out_latent is not None:
                 w = self.config.feedback_weight  # latent feedback: the last output's x0 pulls the input towards it
@@ -432,7 +368,7 @@ class StreamDiffusion:
         if not skipped:
             out, _ = self._advance(latents, PRIMED)  # live outputs are not matched to inputs
             with torch.inference_mode():
-                self._last_out = self._decode(out)
+                self._last_out = self.io.decode(out)
         return self._last_out[0] if len(self._last_out) == 1 else list(self._last_out)
 
     def push(self, image=None) -> list[np.ndarray]:
@@ -463,7 +399,7 @@ class StreamDiffusion:
     def _emit(self, out: torch.Tensor, group: int) -> list[np.ndarray]:
         """The outputs of input `group` (and of the skipped inputs after it), decoded."""
         with torch.inference_mode():
-            self._last_out = self._decode(out)
+            self._last_out = self.io.decode(out)
         assert self._waiting and self._waiting[0] == group, "frame order out of step"
         self._waiting.popleft()
         copies = self._copies.pop(group, 0)

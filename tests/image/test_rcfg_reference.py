@@ -210,8 +210,8 @@ def run_both(comps, steps, cfg, turbo=False, guidance=2.5, delta=0.8, calls=6):
     latents = [0.8 * torch.randn(shape, generator=gen) for _ in range(calls)]  # the frames' VAE latents
     feed = iter(latents)
     ours: list[torch.Tensor] = []
-    stream._encode = lambda images: next(feed).clone()  # the VAE is not under test
-    stream._decode = lambda x: (ours.append(x.clone()), [np.zeros((SIZE, SIZE, 3), np.uint8)])[1]
+    stream.io.encode = lambda images: next(feed).clone()  # the VAE is not under test
+    stream.io.decode = lambda x: (ours.append(x.clone()), [np.zeros((SIZE, SIZE, 3), np.uint8)])[1]
 
     from diffusers import LCMScheduler
 

@@ -10,7 +10,8 @@ from helpers import RecordingNet, capture_latents
 from streamstudio import kernels
 from streamstudio.errors import StreamStudioError
 from streamstudio.frames import to_frames
-from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig, slerp
+from streamstudio.pipelines.prompt_encoder import slerp
+from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
 SIZE = 32
 
@@ -113,12 +114,12 @@ def manual_frame(pipe, frame, cfg, g, step_type="lcm"):
     """The whole trajectory of one frame, written out from the paper's formulas (none / full:
     no stock; the stock update of self / initialize is checked against StreamDiffusion's own
     unet_step in test_rcfg_reference.py)."""
-    unet, text, neg = pipe.comps.unet, pipe._text.text, pipe._negative.text
-    co = lcm_coefs(pipe.t_index, step_type)
+    unet, text, neg = pipe.comps.unet, pipe.prompts.text.text, pipe.prompts.negative.text
+    co = lcm_coefs(pipe.config.resolved_t_index_list(), step_type)
     n = len(co)
     noise = pipe.sampler._noise  # (N, 4, h, w), one per slot
     with torch.no_grad():
-        z = pipe._encode(kernels.preprocess(torch.from_numpy(frame), SIZE, SIZE))
+        z = pipe.io.encode(kernels.preprocess(torch.from_numpy(frame), SIZE, SIZE))
         x = co[0]["a"] * z + co[0]["b"] * noise[0:1]
         def eps_fn(x, t, e):
             return unet(x, torch.tensor([t]), encoder_hidden_states=e).sample
@@ -208,23 +209,23 @@ def test_filter_keeps_alignment(comps):
 def test_prompt_change_only_reruns_text_encoder(comps):
     pipe = make(comps, steps=2)
     net_id, encodes = id(pipe.net), pipe.stats.text_encodes
-    before = pipe._text.text.clone()
+    before = pipe.prompts.text.text.clone()
     pipe.set_prompt("a blue whale")
     assert pipe.stats.text_encodes == encodes + 1
     assert id(pipe.net) == net_id
-    assert not torch.allclose(before, pipe._text.text)
+    assert not torch.allclose(before, pipe.prompts.text.text)
     pipe.set_prompt("a red fox")  # seen before: cached, no new encoder run
     assert pipe.stats.text_encodes == encodes + 1
-    torch.testing.assert_close(pipe._text.text, before)
+    torch.testing.assert_close(pipe.prompts.text.text, before)
 
 
 def test_prompt_blend_linear_and_slerp(comps):
     pipe = make(comps, steps=1)
-    a, b = pipe.prompts.encode("a cat").text, pipe.prompts.encode("a dog").text
+    a, b = pipe.prompts.encoder.encode("a cat").text, pipe.prompts.encoder.encode("a dog").text
     pipe.set_prompt([("a cat", 3.0), ("a dog", 1.0)])
-    torch.testing.assert_close(pipe._text.text, 0.75 * a + 0.25 * b)
+    torch.testing.assert_close(pipe.prompts.text.text, 0.75 * a + 0.25 * b)
     pipe.set_prompt([("a cat", 1.0), ("a dog", 1.0)], blend="slerp")
-    mid = pipe._text.text
+    mid = pipe.prompts.text.text
     torch.testing.assert_close(mid, slerp(a, b, 0.5))
     # slerp of unit vectors keeps the angle halfway: cos(mid, a) == cos(mid, b) token by token
     # (tokens of unequal norms lean to the longer one, as a + b does)
@@ -240,14 +241,15 @@ def test_prompt_blend_linear_and_slerp(comps):
 
 def test_update_strength_seed_guidance(comps):
     pipe = make(comps, steps=2, strength=0.5)
-    first = list(pipe.t_index)
+    first = pipe.config.resolved_t_index_list()
     pipe.update(strength=0.9)
-    assert pipe.t_index != first and pipe.t_index[0] < first[0]
+    now = pipe.config.resolved_t_index_list()
+    assert now != first and now[0] < first[0]
     noise = pipe.sampler._noise.clone()
     pipe.update(seed=123)
     assert not torch.allclose(noise, pipe.sampler._noise)
     pipe.update(guidance_scale=3.0, delta=0.5, cfg_type="full")
-    assert pipe.effective_cfg == kernels.CFG_CODES["full"]
+    assert pipe.config.effective_cfg == kernels.CFG_CODES["full"]
     pipe(frames(1)[0])
     with pytest.raises(StreamStudioError):
         pipe.update(width=64)
@@ -336,6 +338,6 @@ def test_empty_and_overlong_prompts(comps):
     assert pipe(frames(1)[0]).shape == (SIZE, SIZE, 3)
     with pytest.warns(UserWarning, match="truncated"):
         pipe.set_prompt("a very long prompt " * 40)
-    assert pipe._text.text.shape == (1, 77, 32)
+    assert pipe.prompts.text.text.shape == (1, 77, 32)
     with pytest.raises(StreamStudioError):
         pipe.set_prompt(42)

@@ -160,18 +160,18 @@ def test_stream_batch_with_fusion_and_rcfg_keeps_a_bank_per_step_and_branch(comp
                 bank_threshold=0.5)
     outs = [pipe(f) for f in random_frames(6)]
     assert len(outs) == 6 and outs[-1].shape == (SIZE, SIZE, 3)
-    keys = {key for _, key in pipe.bank._store}
+    keys = {key for _, key in pipe.sampler.bank._store}
     want = {("c", j, 0) for j in range(steps)}
     want |= {("u", j, 0) for j in range(steps)} if cfg == "full" else {("u", 0, 0)} if cfg == "initialize" else set()
     assert keys == want
-    assert pipe.bank.entries == 2  # FIFO at bank_size
+    assert pipe.sampler.bank.entries == 2  # FIFO at bank_size
 
 
 def test_the_update_rule_writes_every_nth_frame(comps):
     pipe = make(comps, temporal="bank", bank_size=8, bank_interval=3)
     for f in random_frames(7):
         pipe(f)
-    assert pipe.bank.entries == 3  # frames 0, 3 and 6
+    assert pipe.sampler.bank.entries == 3  # frames 0, 3 and 6
 
 
 # ---------------------------------------------------------------------- one bank per stream
@@ -191,7 +191,7 @@ def test_each_stream_has_its_own_bank(comps):
         together_b.append(pb(fb))
     assert all(np.array_equal(x, y) for x, y in zip(alone_a, together_a))
     assert all(np.array_equal(x, y) for x, y in zip(alone_b, together_b))
-    assert pa.bank is not pb.bank
+    assert pa.sampler.bank is not pb.sampler.bank
 
 
 def test_streams_with_banks_batched_across_streams_give_their_frames_alone(tiny_components_factory):
@@ -224,7 +224,7 @@ def test_streams_with_banks_batched_across_streams_give_their_frames_alone(tiny_
             assert len(have) == len(want)
             for a, b in zip(want, have):
                 assert np.abs(a.astype(np.int16) - b.astype(np.int16)).max() <= 2
-        assert streams[0].bank is not streams[1].bank and streams[2].bank is None
+        assert streams[0].sampler.bank is not streams[1].sampler.bank and streams[2].sampler.bank is None
     finally:
         executor.close()
 
@@ -280,16 +280,16 @@ def test_settings_change_live(comps):
     inputs = random_frames(8)
     for f in inputs[:2]:
         pipe(f)
-    assert pipe.bank is None
+    assert pipe.sampler.bank is None
     pipe.update(temporal="bank", bank_size=3, bank_threshold=0.9, bank_fusion=0.5)
     for f in inputs[2:6]:
         pipe(f)
-    assert pipe.bank is not None and pipe.bank.entries == 3 and pipe.bank.fusion == 0.5
-    bank = pipe.bank
+    assert pipe.sampler.bank is not None and pipe.sampler.bank.entries == 3 and pipe.sampler.bank.fusion == 0.5
+    bank = pipe.sampler.bank
     pipe.update(bank_size=1, bank_interval=2)
-    assert pipe.bank is bank and bank.entries == 1 and bank.interval == 2
+    assert pipe.sampler.bank is bank and bank.entries == 1 and bank.interval == 2
     pipe.update(temporal="feedback", feedback_weight=0.4)
-    assert pipe.bank is None and pipe.config.uses_feedback
+    assert pipe.sampler.bank is None and pipe.config.uses_feedback
     pipe(inputs[6])
     pipe.update(temporal="off")
     assert not pipe.config.uses_feedback
@@ -348,7 +348,7 @@ def test_a_web_session_applies_the_temporal_setting(tiny_components_factory):
             time.sleep(0.05)
         assert session.error is None and session.notice is None
         assert session.stats()["settings"]["temporal"] == "bank"
-        assert session.processor.pipe.bank is not None
+        assert session.processor.pipe.sampler.bank is not None
     finally:
         manager.shutdown()
 

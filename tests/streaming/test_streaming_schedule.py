@@ -181,7 +181,7 @@ def test_render_applies_a_scheduled_control_scale_at_its_frame(tmp_path, control
     real_push = StreamDiffusion.push
 
     def push(self, image=None):
-        seen.append(float(self._stream_cond(self._text, False).control_scale[0, 0]))  # what the call takes
+        seen.append(float(self.prompts.cond(False).control_scale[0, 0]))  # what the call takes
         return real_push(self, image)
 
     monkeypatch.setattr(StreamDiffusion, "push", push)

@@ -149,7 +149,7 @@ def test_control_scale_sliders_reach_the_sessions_pipeline(addon_model):
         wait_for(lambda: other.processor.pipe is not None and scales(other) == [0.5, 2.0], other)
         wait_for(lambda: other.processor.pipe.addons.ip_adapter_scale == 0.0, other)
         assert scales(session) == [1.5, 0.75] and session.processor.pipe.addons.ip_adapter_scale == 1.25
-        cond = session.processor.pipe._stream_cond(session.processor.pipe._text, False)
+        cond = session.processor.pipe.prompts.cond(False)
         assert cond.control_scale.tolist() == [[1.5, 0.75]]  # what its UNet calls take
         assert cond.ip_scale.tolist() == [[1.25]]
         assert addon_model.comps.ip_adapter.scale == 0.5  # the model's default: untouched
@@ -177,7 +177,7 @@ def test_ip_adapter_reference_upload_and_grabbed_frame_are_the_sessions_own(addo
         wait_for(lambda: mine.processed >= 1, mine)
         wait_for(lambda: other.processed >= 1, other)
         pipe, other_pipe = mine.processor.pipe, other.processor.pipe
-        embeds = lambda p: p._stream_cond(p._text, False).image_embeds  # noqa: E731 - what its UNet calls take
+        embeds = lambda p: p.prompts.cond(False).image_embeds  # noqa: E731 - what its UNet calls take
         other_before = embeds(other_pipe)
         # an uploaded picture (RGBA too): its embedding once, in this session's calls only
         upload = np.dstack([np.full((24, 24, 3), (200, 30, 90), np.uint8), np.full((24, 24, 1), 255, np.uint8)])

@@ -394,7 +394,7 @@ def test_a_stream_whose_network_call_fails_stops_alone(tiny_components_factory):
             bad.submit(frames[0])
             time.sleep(0.01)
         pipe = bad.processor.pipe
-        pipe._text = pipe._text[..., :5]  # a text embedding of the wrong width: the UNet raises
+        pipe.prompts.text = pipe.prompts.text[..., :5]  # a text embedding of the wrong width: the UNet raises
         while (good.processed < 3 or bad.error is None) and time.monotonic() < deadline:
             good.submit(frames[good.processed % 3])
             if not bad.closed:

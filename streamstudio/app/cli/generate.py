@@ -75,7 +75,7 @@ def run(args) -> int:
         pipe = FittedFrames(build_pipeline(image_request(args), "img2img", aspect=image_aspect(inputs[0])), args.fit)
     else:
         pipe = build_pipeline(image_request(args), "txt2img")
-    print(f"model: {pipe.comps.name} ({pipe.step_type} step), t_index_list {pipe.t_index}, "
+    print(f"model: {pipe.comps.name} ({pipe.step_type} step), t_index_list {pipe.config.resolved_t_index_list()}, "
           f"frame latency {pipe.latency_frames}")
     width, height = pipe.config.width, pipe.config.height
     if inputs is None:
