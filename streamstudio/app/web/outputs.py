@@ -155,12 +155,17 @@ class Outputs:
         with self._lock:
             self._drop_finished()
             self._check_room(session)
+        try:  # (outside the lock: an RTMP server may take seconds to answer)
+            sink = open_sink(location, *session.size, float(fps))
+        except Exception as exc:  # StreamStudioError, or the encoder library's own error
+            raise OutputRefused(f"could not start the output: {exc}", 502) from exc
+        with self._lock:
             try:
-                sink = open_sink(location, *session.size, float(fps))
-            except Exception as exc:  # StreamStudioError, or the encoder library's own error
-                raise OutputRefused(f"could not start the output: {exc}", 502) from exc
-            try:
+                self._check_room(session)  # again: another start may have taken the place meanwhile
                 attachment = session.attach(sink, float(fps))
+            except OutputRefused:
+                sink.close()
+                raise
             except StreamStudioError:  # the stream ended meanwhile
                 sink.close()
                 raise OutputRefused(f"the stream {sid!r} has ended", 404) from None
