@@ -154,6 +154,11 @@ def test_a_killed_replica_moves_its_streams_and_a_new_replica_starts(server):
         assert wait_for_sync(lambda: moved.processed >= seen + 3, 60) and moved.error is None, moved.stats()
         assert "rebalanced from" in moved.stats()["notice"]
         assert sorted(r["sessions"] for r in status(server)["replicas"] if r["healthy"]) == [1, 1]
+        parser = pytest.importorskip("prometheus_client.parser")
+        metrics = {f.name: f for f in parser.text_string_to_metric_families(httpx.get(server.url + "/metrics").text)}
+        assert metrics["streamstudio_stream_moves"].samples[0].value >= 1  # the killed replica's stream
+        assert metrics["streamstudio_stream_rebalances"].samples[0].value >= 1  # and one back
+        assert sorted(s.value for s in metrics["streamstudio_replica_healthy"].samples) == [0, 1, 1]
         fresh = manager.open("kc")  # a new stream still goes to a healthy replica
         assert manager.replica_of("kc") is not victim
         fresh.submit(frame(30, 64, 64))

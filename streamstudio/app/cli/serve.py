@@ -250,7 +250,7 @@ def build_app(args, model=None):
     import gradio as gr
     from fastapi import FastAPI
 
-    from streamstudio.app.web import outputs, security, ui, webrtc, whip
+    from streamstudio.app.web import metrics, outputs, security, ui, webrtc, whip
     from streamstudio.app.web.sessions import SessionManager
 
     guard = guard_config(args)
@@ -287,6 +287,7 @@ def build_app(args, model=None):
                     other_slots=lambda: set(stream.pcs)).mount(app)
     live_outputs = outputs.Outputs(manager, args.output_dir, output_limits(args))
     outputs.mount(app, live_outputs)
+    metrics.mount(app, manager, live_outputs)
     blocks = ui.build_ui(manager, rtc_config=rtc, outputs=live_outputs,
                          file_ttl=int(getattr(args, "upload_ttl", 300.0)), host=args.host or "127.0.0.1")
     silence_gradio_debug_prints()

@@ -23,10 +23,9 @@ chose this shape (one front end, frames into the actors through Ray compiled gra
   replicas, a replica that died is started again where there is room.
 - **Faults.** A replica whose actor dies (a segfault, a CUDA abort, its node lost), that does not
   answer within `STEP_TIMEOUT_S`, or whose network fails with an error that is not a user's, is
-  marked failed. Each of its streams moves to another healthy replica at its next frame: opened
-  there at the same size with every setting it had, the frame sent again, and a notice in its
-  stats saying so; only when no replica has room does the stream stop with the error. The other
-  replicas' streams never notice.
+  marked failed. Each of its streams moves to another healthy replica at its next frame (opened
+  there with its size and settings, the frame sent again, a notice in its stats); only when no
+  replica has room does it stop with the error. The other replicas' streams never notice.
 """
 
 from __future__ import annotations
@@ -488,6 +487,7 @@ class ClusterSessionManager(ReplicaSessionManager):
         self._configured = self.per_replica = max_streams
         self.replicas = list(replicas)
         self._placed: dict[str, RemoteReplica] = {}
+        self.moves = self.rebalances = 0  # streams moved off failed replicas / to even the load (/metrics)
         for replica in replicas:
             replica.model.manager = self
         SessionManager.__init__(self, replicas[0].model, max_streams=max_streams, idle_timeout=idle_timeout,
@@ -523,6 +523,7 @@ class ClusterSessionManager(ReplicaSessionManager):
                 raise StreamStudioError(f"{why}; no other model replica has room, reconnect in a minute")
             replica.sessions.add(sid)
             self._placed[sid] = replica
+            self.moves += 1
             return replica
 
     def placed(self, sid: str, old: RemoteReplica, new: RemoteReplica) -> None:
@@ -549,13 +550,13 @@ class ClusterSessionManager(ReplicaSessionManager):
                 light.sessions.add(sid)
                 self._placed[sid] = light
                 moves.append((sid, heavy, light))
+            self.rebalances += len(moves)
         for sid, _, light in moves:
             self._sessions[sid].processor.move_to(light)
         return moves
 
     def _movable(self, sid: str) -> bool:  # (under self._lock)
-        processor = getattr(self._sessions.get(sid), "processor", None)
-        return isinstance(processor, RemoteStreamProcessor) and processor._wanted is None
+        return getattr(getattr(self._sessions.get(sid), "processor", None), "_wanted", 0) is None
 
     def _watch_loop(self) -> None:
         while not self._stop.wait(WATCH_S):

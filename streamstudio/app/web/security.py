@@ -223,10 +223,10 @@ class GuardConfig:
     # Routes that check their own login (WHIP/WHEP: a bearer token, as OBS sends it; app/web/whip.py):
     # the guard lets them through under --auth and still caps their bodies.
     self_auth_prefixes: tuple[str, ...] = ()
-    # The control routes: behind the publish credential when there is one (`Credentials`); under
-    # --auth a login (cookie, basic) or the publish bearer token opens them.
+    # The control routes and the metrics: behind the publish credential when there is one
+    # (`Credentials`); under --auth a login (cookie, basic) or the publish bearer token opens them.
     credentials: Credentials | None = None
-    control_prefixes: tuple[str, ...] = ("/studio",)
+    control_prefixes: tuple[str, ...] = ("/studio", "/metrics")
 
     def checks_own_login(self, path: str) -> bool:
         return _under(path, self.self_auth_prefixes)
