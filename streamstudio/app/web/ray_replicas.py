@@ -36,18 +36,18 @@ import statistics
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from streamstudio.app.streams.requests import ServeRequest
+from streamstudio.app.web.replica_actor import ReplicaActor, first_error
 from streamstudio.app.web.replicas import ReplicaSessionManager
 from streamstudio.app.web.model_guard import ModelGuard
-from streamstudio.app.web.sessions import ServerModel, SessionManager, StreamProcessor
+from streamstudio.app.web.sessions import SessionManager
 from streamstudio.errors import StreamStudioError
 from streamstudio.frames import fit
-from streamstudio.models.hub import first_line
 
 log = logging.getLogger(__name__)
 
@@ -57,96 +57,12 @@ log = logging.getLogger(__name__)
 STEP_TIMEOUT_S = 60.0
 WATCH_S = 2.0  # how often the watcher looks for new nodes and dead replicas
 TRANSPORTS = ("compiled", "calls")
-
-
-# ---------------------------------------------------------------------------- in the actor
-class ReplicaActor:
-    """One model replica in its own process: the model loaded once (`ServerModel`, its own
-    batching executor) and the frame steps of the streams placed on it, by stream id."""
-
-    def __init__(self, request: ServeRequest, threads: int | None = None):
-        import torch
-
-        from streamstudio.app.streams import build_pipeline
-
-        if threads:
-            torch.set_num_threads(threads)
-        image = request.image
-        pipe = build_pipeline(image, "img2img", serving=True)
-        self.model = ServerModel(pipe.comps, pipe.config, prompt=image.prompt, negative_prompt=image.negative_prompt,
-                                 latency_probe=request.latency_probe, batching=image.batching)
-        self.steps: dict[str, StreamProcessor] = {}
-        self.pool = ThreadPoolExecutor(max_workers=max(1, request.max_streams), thread_name_prefix="replica-stream")
-        self.device = str(pipe.comps.device) if hasattr(pipe.comps, "device") else str(image.device)
-
-    def info(self) -> dict:
-        """What the front end shows and needs: the process, its node, the model's description."""
-        import ray
-
-        context = ray.get_runtime_context()
-        model = self.model
-        return {"pid": os.getpid(), "node_id": context.get_node_id(), "node_ip": ray.util.get_node_ip_address(),
-                "device": self.device, "name": model.name, "demo": model.is_demo, "config": model.config,
-                "prompt": model.prompt, "negative_prompt": model.negative_prompt,
-                "fixed_shapes": bool(model._stream_comps.net.fixed_shapes)}
-
-    def step(self, batch: list[dict]) -> dict:
-        """One round: every request of `batch` (open, apply, frame, close; a stream's requests
-        in order), the frames run together. Returns {"replies": {sid: reply}, "batching": ...}."""
-        t0 = time.perf_counter()
-        replies: dict[str, dict] = {}
-        frames = []
-        for request in batch:
-            sid, op = request["sid"], request["op"]
-            try:
-                if op == "frame":
-                    if sid not in self.steps:
-                        raise StreamStudioError(f"stream {sid} is not open on this replica")
-                    # (a copy: the frame is read from the channel's buffer, which the next round reuses)
-                    frame = None if request["frame"] is None else np.array(request["frame"])
-                    step = self.steps[sid]  # (kept: a close later in this round removes the stream)
-                    frames.append((sid, step, self.pool.submit(step, frame)))
-                    continue
-                replies[sid] = self._control(sid, op, request)
-            except StreamStudioError as exc:
-                replies[sid] = {"error": str(exc)}
-            except Exception as exc:  # a bug: said in the replica's log, the stream stops
-                log.exception("stream %s: %s", sid, op)
-                replies[sid] = {"error": f"{op} failed on the replica ({_first_line(exc)})"}
-        for sid, step, future in frames:
-            if sid not in replies:  # (a close in the same round has answered for the stream)
-                replies[sid] = self._frame_reply(step, future)
-        return {"replies": replies, "batching": self.model.batching_stats(), "streams": len(self.steps),
-                "step_ms": 1000 * (time.perf_counter() - t0)}
-
-    def _control(self, sid: str, op: str, request: dict) -> dict:
-        if op == "open":
-            step = self.steps[sid] = StreamProcessor(self.model, request["mode"], sid)
-            step.open(tuple(request["size"]))
-            if request.get("settings"):
-                step.apply(request["settings"])
-        elif op == "apply":
-            if sid not in self.steps:
-                raise StreamStudioError(f"stream {sid} is not open on this replica")
-            self.steps[sid].apply(request["changes"])
-        elif op == "close":
-            self.steps.pop(sid, None)
-        return {}
-
-    def _frame_reply(self, step: StreamProcessor, future) -> dict:
-        try:
-            out = future.result()
-        except StreamStudioError as exc:
-            return {"error": str(exc)}
-        except Exception as exc:  # the replica's network: a device fault, out of memory, ...
-            log.exception("replica network failed")
-            return {"error": f"{type(exc).__name__}: {exc}", "replica_failed": True}
-        pipe = step.pipe
-        return {"frame": out, "skipped": pipe.stats.skipped, "skip_rate": float(pipe.skip_rate),
-                "latency_frames": pipe.latency_frames}
-
-    def pid(self) -> int:
-        return os.getpid()
+# A round waits for the frames of the replica's other streams that send frames (one within
+# EXPECT_S), up to GATHER_FRACTION of a recent round's step and GATHER_MAX_S at most: two streams
+# out of phase otherwise take turns, a round each, and never share a batched call (issue 47).
+# After one shared round they stay in phase, as both get their replies together.
+EXPECT_S = 1.0
+GATHER_FRACTION, GATHER_MAX_S = 0.5, 0.025
 
 
 # ---------------------------------------------------------------------------- in the front end
@@ -189,6 +105,8 @@ class RemoteReplica:
         self._closed = False
         self._graph = None
         self.overheads: deque[float] = deque(maxlen=100)  # ms of each recent round not spent in the replica's step
+        self.step_ms: deque[float] = deque(maxlen=20)  # the replica's recent rounds (the gather window)
+        self._last_frame: dict[str, float] = {}  # stream -> when it last sent a frame (`_take_round`)
         self._thread = threading.Thread(target=self._loop, name=f"replica-{self.index}", daemon=True)
         self._thread.start()
 
@@ -208,6 +126,8 @@ class RemoteReplica:
                 future.set_exception(ReplicaLost(self.failed or f"{self.name} was shut down"))
                 return future
             self._queue.append((request, future))
+            if request.get("op") == "frame":
+                self._last_frame[request["sid"]] = time.monotonic()
             self._wake.notify()
         return future
 
@@ -236,7 +156,7 @@ class RemoteReplica:
         try:
             self._connect()
         except Exception as exc:
-            self.fail(f"its channel could not be set up: {_first_line(exc)}")
+            self.fail(f"its channel could not be set up: {first_error(exc)}")
             return
         while True:
             with self._wake:
@@ -244,13 +164,14 @@ class RemoteReplica:
                     self._wake.wait()
                 if self._closed or self.failed is not None:
                     return
-                batch, self._queue = self._queue, []
+                batch = self._take_round()
             try:
                 t0 = time.perf_counter()
                 result = self._round([request for request, _ in batch])
                 self.overheads.append(1000 * (time.perf_counter() - t0) - result["step_ms"])
+                self.step_ms.append(result["step_ms"])
             except Exception as exc:  # the actor died, its node was lost, the channel broke, a timeout
-                self.fail(_first_line(exc))
+                self.fail(first_error(exc))
                 for _, future in batch:
                     future.set_exception(ReplicaLost(self.failed))
                 self._teardown()
@@ -267,6 +188,22 @@ class RemoteReplica:
                     self.frames += request["op"] == "frame"
                     future.set_result(reply)
             del result  # frees the channel's buffer for the next round
+
+    def _take_round(self) -> list[tuple[dict, Future]]:
+        """The next round's requests (under self._wake, the queue not empty): with a frame in it,
+        first up to the gather window for the frames of this replica's other sending streams."""
+        now = time.monotonic()
+        self._last_frame = {sid: t for sid, t in self._last_frame.items() if sid in self.sessions}
+        expected = {sid for sid, t in self._last_frame.items() if now - t < EXPECT_S}
+        window = min(GATHER_MAX_S, GATHER_FRACTION * statistics.median(self.step_ms) / 1000) if self.step_ms else 0
+        deadline = now + window
+        while not self._closed and self.failed is None:
+            framed = {r["sid"] for r, _ in self._queue if r["op"] == "frame"}
+            if not framed or expected <= framed or time.monotonic() >= deadline:
+                break
+            self._wake.wait(deadline - time.monotonic())
+        batch, self._queue = self._queue, []
+        return batch
 
     def _connect(self) -> None:
         """The compiled graph of the actor's `step` (made once, before the first round)."""
@@ -650,7 +587,7 @@ class RayReplicas:
             try:
                 info = self.ray.get(ref)
             except Exception as exc:
-                log.error("a model replica on node %s did not start: %s", node_id[:8], _first_line(exc))
+                log.error("a model replica on node %s did not start: %s", node_id[:8], first_error(exc))
                 continue
             transport = self.transport
             if transport == "auto":  # (see the module's docstring)
@@ -674,10 +611,6 @@ class RayReplicas:
             self.ray.kill(actor)
         if self.started:
             self.ray.shutdown()
-
-
-def _first_line(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {first_line(exc)}"
 
 
 def build_manager(request: ServeRequest) -> ClusterSessionManager:
