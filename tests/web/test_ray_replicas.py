@@ -37,10 +37,11 @@ def server():
     from streamstudio.app.web import ray_replicas
 
     watch, ray_replicas.WATCH_S = ray_replicas.WATCH_S, 0.5
+    health, ray_replicas.HEALTH_S = ray_replicas.HEALTH_S, 1.0
     server = live_server.start("--cluster", "local", "--node-replicas", "2", "--max-streams", "2", "--device", "cpu")
     yield server
     server.close()
-    ray_replicas.WATCH_S = watch
+    ray_replicas.WATCH_S, ray_replicas.HEALTH_S = watch, health
     import ray
 
     assert not ray.is_initialized()  # the local Ray this server started is gone with it
@@ -71,6 +72,8 @@ def test_web_clients_stream_through_two_replica_processes(server):
             assert sorted(r["sessions"] for r in replicas) == [1, 1]  # one stream on each
             assert len({r["pid"] for r in replicas} | {os.getpid()}) == 3  # two processes, neither this one
             assert all(r["healthy"] and r["node"] and r["frames"] > 0 for r in replicas)
+            # each replica's network passes its health check (a frame of noise) while the streams run
+            assert wait_for_sync(lambda: all(r["health_checks"] >= 1 for r in status(server)["replicas"]), 30)
         finally:
             await a.close()
             await b.close()
@@ -230,6 +233,34 @@ def test_a_round_with_a_streams_frame_and_its_close_answers_both():
     gone = actor.step([{"sid": "a", "op": "frame", "frame": frame(90, 64, 64)},
                        {"sid": "c", "op": "apply", "changes": {"prompt": "red"}}])
     assert "not open" in gone["replies"]["a"]["error"] and "not open" in gone["replies"]["c"]["error"]
+
+
+def test_the_health_check_runs_a_frame_through_the_network(monkeypatch):
+    """Issue 47: a replica was healthy while its actor answered. The health check now runs a frame
+    of noise through the replica's network at the model's size (its similarity filter off, so the
+    network runs every time): a fault there is the replica's (`replica_failed`, which the front end
+    marks failed and moves streams off), while its streams' own requests are answered as before."""
+    from streamstudio.app.cli import build_parser
+    from streamstudio.app.cli.requests import serve_request
+    from streamstudio.app.web.replica_actor import HEALTH_SID, ReplicaActor
+
+    args = build_parser().parse_args(["serve", "--model", "tiny", "--width", "64", "--height", "64", "--device", "cpu"])
+    actor = ReplicaActor(serve_request(args))
+    calls = []
+    unet = actor.model.comps.unet
+    forward = unet.forward
+    monkeypatch.setattr(unet, "forward", lambda *a, **k: calls.append(1) or forward(*a, **k))
+    for _ in range(3):  # the same check thrice: the network runs each time (no similarity skip)
+        ok = actor.step([{"sid": HEALTH_SID, "op": "health"}])
+        assert "error" not in ok["replies"][HEALTH_SID] and "frame" not in ok["replies"][HEALTH_SID], ok
+    assert len(calls) >= 3 and ok["streams"] == 0  # (the check is no stream)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(unet, "forward", broken)
+    bad = actor.step([{"sid": HEALTH_SID, "op": "health"}])["replies"][HEALTH_SID]
+    assert bad.get("replica_failed") is True and "illegal memory access" in bad["error"], bad
 
 
 def test_cluster_options_are_checked(monkeypatch):

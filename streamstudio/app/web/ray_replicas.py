@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from streamstudio.app.streams.requests import ServeRequest
-from streamstudio.app.web.replica_actor import ReplicaActor, first_error
+from streamstudio.app.web.replica_actor import HEALTH_SID, ReplicaActor, first_error
 from streamstudio.app.web.replicas import ReplicaSessionManager
 from streamstudio.app.web.model_guard import ModelGuard
 from streamstudio.app.web.sessions import SessionManager
@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 # loaded CPU is not a hang.
 STEP_TIMEOUT_S = 60.0
 WATCH_S = 2.0  # how often the watcher looks for new nodes and dead replicas
+HEALTH_S = 10.0  # how often each replica's network runs a frame of noise (`ReplicaActor._health`)
 TRANSPORTS = ("compiled", "calls")
 # A round waits for the frames of the replica's other streams that send frames (one within
 # EXPECT_S), up to GATHER_FRACTION of a recent round's step and GATHER_MAX_S at most: two streams
@@ -106,6 +107,8 @@ class RemoteReplica:
         self._graph = None
         self.overheads: deque[float] = deque(maxlen=100)  # ms of each recent round not spent in the replica's step
         self.step_ms: deque[float] = deque(maxlen=20)  # the replica's recent rounds (the gather window)
+        self.probe: Future | None = None  # the health check under way, else the last one (`check_health`)
+        self.probes = 0  # health checks passed
         self._last_frame: dict[str, float] = {}  # stream -> when it last sent a frame (`_take_round`)
         self._thread = threading.Thread(target=self._loop, name=f"replica-{self.index}", daemon=True)
         self._thread.start()
@@ -130,6 +133,15 @@ class RemoteReplica:
                 self._last_frame[request["sid"]] = time.monotonic()
             self._wake.notify()
         return future
+
+    def check_health(self) -> None:
+        """Send a health check (one at a time): its frame of noise runs through the replica's
+        network, and a fault there marks the replica failed as a stream's frame would."""
+        if self.probe is not None and not self.probe.done():
+            return
+        if self.probe is not None and self.probe.exception() is None:
+            self.probes += 1
+        self.probe = self.send({"sid": HEALTH_SID, "op": "health"})
 
     def fail(self, why: str) -> None:
         """Mark the replica failed (once): every request waiting or sent later gets ReplicaLost."""
@@ -245,7 +257,8 @@ class RemoteReplica:
     def stats(self) -> dict:
         return {"replica": self.index, "device": self.device, "node": self.node, "node_id": self.info["node_id"],
                 "pid": self.info["pid"], "sessions": len(self.sessions), "frames": self.frames,
-                "healthy": self.failed is None, "failed": self.failed, "batching": self.batching,
+                "healthy": self.failed is None, "failed": self.failed, "health_checks": self.probes,
+                "batching": self.batching,
                 "transport": self.transport, "overhead_ms": self.overhead_ms()}
 
     def overhead_ms(self) -> float | None:
@@ -496,7 +509,12 @@ class ClusterSessionManager(ReplicaSessionManager):
         return getattr(getattr(self._sessions.get(sid), "processor", None), "_wanted", 0) is None
 
     def _watch_loop(self) -> None:
+        checked = time.monotonic()
         while not self._stop.wait(WATCH_S):
+            if time.monotonic() - checked >= HEALTH_S:
+                checked = time.monotonic()
+                for replica in self._healthy():
+                    replica.check_health()
             try:
                 for replica in self.cluster.check(self.replicas):
                     replica.model.manager = self

@@ -18,6 +18,8 @@ from streamstudio.models.hub import first_line
 
 log = logging.getLogger(__name__)
 
+HEALTH_SID = "__health__"  # the health check's own stream: a frame of noise through the network
+
 
 def first_error(exc: BaseException) -> str:
     """An exception in one line: its type and its message's first line."""
@@ -40,6 +42,7 @@ class ReplicaActor:
         self.model = ServerModel(pipe.comps, pipe.config, prompt=image.prompt, negative_prompt=image.negative_prompt,
                                  latency_probe=request.latency_probe, batching=image.batching)
         self.steps: dict[str, StreamProcessor] = {}
+        self._probe: StreamProcessor | None = None  # the health check's step (`health`), made at its first
         self.pool = ThreadPoolExecutor(max_workers=max(1, request.max_streams), thread_name_prefix="replica-stream")
         self.device = str(pipe.comps.device) if hasattr(pipe.comps, "device") else str(image.device)
 
@@ -55,14 +58,17 @@ class ReplicaActor:
                 "fixed_shapes": bool(model._stream_comps.net.fixed_shapes)}
 
     def step(self, batch: list[dict]) -> dict:
-        """One round: every request of `batch` (open, apply, frame, close; a stream's requests
-        in order), the frames run together. Returns {"replies": {sid: reply}, "batching": ...}."""
+        """One round: every request of `batch` (open, apply, frame, close, health; a stream's
+        requests in order), the frames run together. Returns {"replies": {sid: reply}, "batching": ...}."""
         t0 = time.perf_counter()
         replies: dict[str, dict] = {}
         frames = []
         for request in batch:
             sid, op = request["sid"], request["op"]
             try:
+                if op == "health":  # a frame of noise through the network, at the model's own size
+                    frames.append((sid, *self._health()))
+                    continue
                 if op == "frame":
                     if sid not in self.steps:
                         raise StreamStudioError(f"stream {sid} is not open on this replica")
@@ -80,8 +86,22 @@ class ReplicaActor:
         for sid, step, future in frames:
             if sid not in replies:  # (a close in the same round has answered for the stream)
                 replies[sid] = self._frame_reply(step, future)
+        if HEALTH_SID in replies:
+            replies[HEALTH_SID].pop("frame", None)  # (only whether the network ran matters)
         return {"replies": replies, "batching": self.model.batching_stats(), "streams": len(self.steps),
                 "step_ms": 1000 * (time.perf_counter() - t0)}
+
+    def _health(self) -> tuple[StreamProcessor, object]:
+        """The health check's step and its frame under way: a network fault (a device error, out of
+        memory) shows in its reply as one of a stream's frame would (`replica_failed`), even when
+        the actor itself still answers. Its similarity filter is off, so the network always runs."""
+        width, height = self.model.size
+        if self._probe is None:
+            self._probe = StreamProcessor(self.model, "img2img", HEALTH_SID)
+            self._probe.open((width, height))
+            self._probe.apply({"similarity_filter": False})
+        noise = np.random.default_rng().integers(0, 256, (height, width, 3), dtype=np.uint8)
+        return self._probe, self.pool.submit(self._probe, noise)
 
     def _control(self, sid: str, op: str, request: dict) -> dict:
         if op == "open":
