@@ -72,6 +72,11 @@ def test_web_clients_stream_through_two_replica_processes(server):
             assert sorted(r["sessions"] for r in replicas) == [1, 1]  # one stream on each
             assert len({r["pid"] for r in replicas} | {os.getpid()}) == 3  # two processes, neither this one
             assert all(r["healthy"] and r["node"] and r["frames"] > 0 for r in replicas)
+            # CPU replicas reserve their share of the node's cores (they reserved none: Ray saw no load)
+            import ray
+
+            total = ray.cluster_resources()["CPU"]
+            assert total - ray.available_resources().get("CPU", 0) == pytest.approx(total)
             # each replica's network passes its health check (a frame of noise) while the streams run
             assert wait_for_sync(lambda: all(r["health_checks"] >= 1 for r in status(server)["replicas"]), 30)
         finally:

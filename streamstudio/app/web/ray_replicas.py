@@ -581,9 +581,9 @@ class RayReplicas:
                 strategy = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
                 if gpus:
                     options, request, threads = {"num_gpus": 1}, self.request.on("cuda"), None
-                else:  # a CPU replica: its share of the node's cores, as torch threads
-                    threads = max(1, cpus // want)
-                    options, request = {"num_cpus": 0}, self.request.on("cpu")
+                else:  # a CPU replica: its share of the node's cores, as torch threads, reserved
+                    threads = max(1, cpus // want)  # (so that Ray's scheduler and autoscaler see the load)
+                    options, request = {"num_cpus": cpus / want}, self.request.on("cpu")
                 actor = self._actor_class.options(max_restarts=0, scheduling_strategy=strategy,
                                                   **options).remote(request, threads)
                 self._starting.append((actor, node["NodeID"], actor.info.remote()))
