@@ -437,3 +437,38 @@ def test_the_front_end_follows_the_clusters_login(monkeypatch, tmp_path):
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     follow_cluster_login()
     assert os.environ["RAY_AUTH_MODE"] == "disabled"
+
+
+def test_draining_a_replica_moves_its_streams_and_stops_it(server):
+    """Issue 47: a replica taken out on purpose (a node leaving, an update) is drained first. Its
+    stream moves to the other replica at a frame boundary with its settings, then it stops and the
+    watcher does not start another in its place; no stream is lost. (Last in this file: the
+    module's server keeps one replica after it.)"""
+    manager = server.manager
+    a, b = manager.open("da"), manager.open("db")
+    a.request({"seed": 5})
+    b.request({"seed": 9, "prompt": "a lighthouse"})
+    stop = threading.Event()
+    feeder = threading.Thread(target=pump, args=([a, b], stop), daemon=True)
+    feeder.start()
+    try:
+        assert wait_for_sync(lambda: a.processed >= 3 and b.processed >= 3, 90)
+        leaving, staying = manager.replica_of("db"), manager.replica_of("da")
+        assert leaving is not staying
+        assert httpx.post(f"{server.url}/studio/replicas/99/drain").status_code == 404
+        r = httpx.post(f"{server.url}/studio/replicas/{leaving.index}/drain")
+        assert r.status_code == 202 and r.json()["moving"] == ["db"], r.text
+        assert wait_for_sync(lambda: leaving not in manager.replicas, 60), status(server)
+        seen_a, seen_b = a.processed, b.processed
+        assert wait_for_sync(lambda: a.processed >= seen_a + 5 and b.processed >= seen_b + 5, 60)
+        assert a.error is None and b.error is None and manager.replica_of("db") is staying
+        assert b.stats()["settings"]["seed"] == 9 and "rebalanced from" in b.stats()["notice"]
+        time.sleep(3)  # several watcher looks: no replica started in its place
+        assert [r["replica"] for r in status(server)["replicas"] if r["healthy"]] == [staying.index]
+        # and the last one cannot go while it holds streams no other replica could take
+        assert httpx.post(f"{server.url}/studio/replicas/{staying.index}/drain").status_code == 409
+    finally:
+        stop.set()
+        feeder.join()
+        for sid in ("da", "db"):
+            manager.close(sid)

@@ -1,32 +1,19 @@
 """`serve --cluster`: model replicas as Ray actors (one process each), this server the one front end.
 
-The server keeps what it always had: the web app, WebRTC, WHIP/WHEP, OSC and every session's
-runner, settings and sinks. Only each stream's frame step (`StreamProcessor`) moves into a replica
-actor (`ReplicaActor`): the actor loads the model once, with its own cross-stream batching
-executor, and runs the steps of the streams placed on it. docs/cluster.md has the measurements that
-chose this shape (one front end, frames into the actors through Ray compiled graphs).
+The server keeps the web app, WebRTC, WHIP/WHEP, OSC and every session's runner, settings and
+sinks; only each stream's frame step runs in a replica actor (app/web/replica_actor.py), which
+loads the model once with its own batching executor. docs/cluster.md has the whole story and the
+figures:
 
-- **Transport.** One channel per replica: a dispatcher thread (`RemoteReplica`) sends the requests
-  its streams made since the last round (open, settings, frames, close) as one batch and hands
-  each stream its reply, by a Ray compiled graph ("compiled": under 1 ms a 512x512 frame, a core
-  spent spinning; the default for GPU replicas) or plain actor calls ("calls": about 7 ms more, no
-  core spent; the default for CPU replicas and Ray client, `ray://`), measured in docs/cluster.md.
-  Frames are cut to the stream's size here, so no more than the model's input crosses; the actor
-  runs a batch's frames in threads, so its batching executor batches them as in one process.
-- **Placement.** A new stream goes to the least-loaded healthy replica (`ReplicaSessionManager`);
-  the busy message comes only when every healthy replica is full (`--max-streams` per replica).
-  The watcher rebalances: while a replica holds two streams more than another (one that joined
-  or came back sits idle), a stream moves there at its next frame, with its settings.
-- **Replicas.** One per GPU (`num_gpus=1`) on nodes with GPUs; `--node-replicas N` CPU replicas
-  on nodes without (each taking its share of the node's cores as torch threads), pinned to their
-  node. A watcher looks at the cluster every `WATCH_S` seconds: a node that joins gets its
-  replicas, a replica that died is started again where there is room.
-- **Faults.** A replica whose actor dies (a segfault, a CUDA abort, its node lost), that does not
-  answer within `STEP_TIMEOUT_S`, or whose network fails with an error that is not a user's, is
-  marked failed. Each of its streams moves to another healthy replica at its next frame (opened
-  there with its size and settings, the frame sent again, a notice in its stats); only when no
-  replica has room does it stop with the error. The other replicas' streams never notice.
+- **Transport.** One channel per replica (`RemoteReplica`): a dispatcher thread sends the requests
+  its streams made since the last round as one batch, by a Ray compiled graph or plain actor calls
+  (`--replica-transport`); a round waits briefly for the frames of the replica's other streams.
+- **Placement.** Least-loaded healthy replica first; the watcher rebalances, moves a failed
+  replica's streams at their next frame with their settings, starts replicas on nodes that join
+  or in place of dead ones, and health-checks each replica's network; `drain` takes one out of
+  service with no stream lost.
 """
+
 
 from __future__ import annotations
 
@@ -58,10 +45,9 @@ STEP_TIMEOUT_S = 60.0
 WATCH_S = 2.0  # how often the watcher looks for new nodes and dead replicas
 HEALTH_S = 10.0  # how often each replica's network runs a frame of noise (`ReplicaActor._health`)
 TRANSPORTS = ("compiled", "calls")
-# A round waits for the frames of the replica's other streams that send frames (one within
-# EXPECT_S), up to GATHER_FRACTION of a recent round's step and GATHER_MAX_S at most: two streams
-# out of phase otherwise take turns, a round each, and never share a batched call (issue 47).
-# After one shared round they stay in phase, as both get their replies together.
+# A round waits for the frames of the replica's other sending streams (one within EXPECT_S), up to
+# GATHER_FRACTION of a recent step and GATHER_MAX_S: out of phase, streams took turns and never
+# shared a batched call; after one shared round they stay in phase.
 EXPECT_S = 1.0
 GATHER_FRACTION, GATHER_MAX_S = 0.5, 0.025
 
@@ -97,6 +83,7 @@ class RemoteReplica:
     failed: str | None = None
     batching: dict | None = None
     frames: int = 0
+    draining: bool = False  # taken out of placement, its streams moving off (`ClusterSessionManager.drain`)
 
     def __post_init__(self):
         self.model = RemoteModel(self)
@@ -455,7 +442,49 @@ class ClusterSessionManager(ReplicaSessionManager):
         pass
 
     def _healthy(self) -> list[RemoteReplica]:
-        return [r for r in self.replicas if r.failed is None]
+        return [r for r in self.replicas if r.failed is None and not r.draining]
+
+    def drain(self, index: int) -> list[str]:
+        """Take replica `index` out of service with no stream lost: its streams move to the others
+        at their next frames, then it stops and is not started again. Returns the streams that
+        move; StreamStudioError when there is no such replica or the others have no room."""
+        with self._lock:
+            replica = next((r for r in self._healthy() if r.index == index), None)
+            if replica is None:
+                raise StreamStudioError(f"no running model replica {index}")
+            others = [r for r in self._healthy() if r is not replica]
+            if len(replica.sessions) > sum(self.per_replica - len(r.sessions) for r in others):
+                raise StreamStudioError(f"the other replicas have no room for {replica.name}'s "
+                                        f"{len(replica.sessions)} stream(s); try when fewer streams run")
+            replica.draining = True
+            moves = []
+            for sid in sorted(replica.sessions):
+                target = min((r for r in others if len(r.sessions) < self.per_replica),
+                             key=lambda r: (len(r.sessions), r.index))
+                replica.sessions.discard(sid)
+                target.sessions.add(sid)
+                self._placed[sid] = target
+                moves.append((sid, target))
+        for sid, target in moves:
+            processor = getattr(self._sessions.get(sid), "processor", None)
+            if isinstance(processor, RemoteStreamProcessor):
+                processor.move_to(target)
+        threading.Thread(target=self._retire, args=(replica, [sid for sid, _ in moves]), daemon=True).start()
+        log.info("draining %s: %d stream(s) move off it", replica.name, len(moves))
+        return [sid for sid, _ in moves]
+
+    def _retire(self, replica: RemoteReplica, sids: list[str], timeout: float = 30.0) -> None:
+        """Stop a drained replica once its streams have moved (one that sent no frame within
+        `timeout` moves at its next, as off a failed replica)."""
+        deadline = time.monotonic() + timeout
+        on_it = lambda sid: getattr(getattr(self._sessions.get(sid), "processor", None), "replica", None)  # noqa: E731
+        while time.monotonic() < deadline and not self._stop.is_set() and any(on_it(s) is replica for s in sids):
+            time.sleep(0.1)
+        self.cluster.retire(replica.info["node_id"])
+        replica.close(kill=True)
+        with self._lock:
+            self.replicas.remove(replica)
+        log.info("%s drained and stopped", replica.name)
 
     def busy_message(self) -> str:
         if not self._healthy():
@@ -559,6 +588,7 @@ class RayReplicas:
         self._actor_class = ray.remote(ReplicaActor)
         self._count = 0
         self._starting: list[tuple[object, str, object]] = []  # (actor, node id, its info ref)
+        self._retired: dict[str, int] = {}  # node id -> replicas drained there on purpose (not started again)
 
     def _nodes(self) -> list[dict]:
         return [n for n in self.ray.nodes() if n.get("Alive")]
@@ -576,7 +606,7 @@ class RayReplicas:
             have[node_id] = have.get(node_id, 0) + 1
         for node in self._nodes():
             gpus, cpus = int(node["Resources"].get("GPU", 0)), int(node["Resources"].get("CPU", 1))
-            want = gpus or self.node_replicas
+            want = (gpus or self.node_replicas) - self._retired.get(node["NodeID"], 0)
             for _ in range(want - have.get(node["NodeID"], 0)):
                 strategy = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
                 if gpus:
@@ -624,6 +654,10 @@ class RayReplicas:
         self.start_wanted(replicas)
         return self._ready(timeout=0)
 
+    def retire(self, node_id: str) -> None:
+        """One replica fewer wanted on `node_id` (one was drained there)."""
+        self._retired[node_id] = self._retired.get(node_id, 0) + 1
+
     def shutdown(self) -> None:
         for actor, _, _ in self._starting:
             self.ray.kill(actor)
@@ -649,3 +683,18 @@ def build_manager(request: ServeRequest) -> ClusterSessionManager:
     except BaseException:
         cluster.shutdown()
         raise
+
+
+def mount(app, manager: ClusterSessionManager) -> None:
+    """`POST /studio/replicas/{index}/drain`: 202 and the streams that move; 409 no room, 404 no replica."""
+    from fastapi.responses import JSONResponse
+
+    @app.post("/studio/replicas/{index}/drain", tags=["studio"], status_code=202)
+    async def drain(index: int):
+        try:
+            moving = manager.drain(index)
+        except StreamStudioError as exc:
+            status = 404 if str(exc).startswith("no running") else 409
+            return JSONResponse({"status": "failed", "error": str(exc)}, status_code=status)
+        return JSONResponse({"status": "draining", "replica": index, "moving": moving}, status_code=202)
+
