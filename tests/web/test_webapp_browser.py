@@ -410,3 +410,59 @@ def _splats_in_page(page, bad: Path) -> dict:
     page.screenshot(path=str(ARTIFACTS / "webapp_splats_bad_upload.png"), full_page=True)
     return {"enter_rerendered": rerendered, "time_labels": labels, "toast": toast.first.inner_text(),
             "toasts": toast.count(), "pills": page.evaluate(VISIBLE_ERROR_PILLS_JS)}
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (apt-get install chromium)")
+def test_an_operator_records_a_whip_stream_from_the_live_output_tab(tmp_path):
+    """Issue 44, OBS in and out from the tab: a logged-in operator picks a WHIP publisher's stream
+    (aiortc in its own process, as OBS would publish) under Stream, starts a recording, sees it
+    running, and stops it; the file is a playable recording of that stream."""
+    import torch
+    from live_server import publisher_in_a_process
+
+    from streamstudio.app.cli import build_parser
+    from streamstudio.app.cli.serve import start_in_thread
+
+    torch.set_num_threads(1)
+    args = build_parser().parse_args(["serve", "--model", "tiny", "--width", str(SIZE), "--height", str(SIZE),
+                                      "--port", str(free_port()), "--auth", "ann:secret", "--whip-token", "obs-token",
+                                      "--output-dir", str(tmp_path)])
+    srv = start_in_thread(args)
+    proc = None
+    try:
+        proc, line = publisher_in_a_process(f"{srv.url}/whip/obs", "obs-token")
+        assert line.startswith("201 /whip/obs/"), line
+        with chromium_page() as page:
+            external = []  # the page asks nobody but this server (no font or script from a CDN)
+            page.on("request", lambda r: None if r.url.startswith(("http://127.0.0.1", "data:", "blob:"))
+                    else external.append(r.url))
+            page.goto(srv.url, timeout=90_000)
+            page.get_by_label("username").fill("ann", timeout=60_000)
+            page.get_by_label("password").fill("secret")
+            page.get_by_role("button", name="Login").click()
+            page.get_by_role("tab", name="Live output").click(timeout=90_000)
+            stream = page.locator("#output-stream input")
+            stream.fill("ob")  # (the dropdown lists the choices its text matches)
+            page.get_by_role("option", name="obs").click(timeout=20_000)  # listed for the operator
+            page.get_by_role("textbox", name="File name, RTMP URL, HLS stream name or NDI source name").fill("obs.mp4")
+            page.get_by_role("button", name="Start").last.click()
+            status = page.locator("#output-status")
+            status.get_by_text("running").wait_for(timeout=30_000)
+            page.wait_for_timeout(1500)
+            outs = srv.app.state.outputs.of("obs")
+            assert len(outs) == 1 and outs[0].kind == "file" and outs[0].owner is not None
+            page.get_by_role("button", name="Stop").click()
+            status.get_by_text("Stopped:").wait_for(timeout=30_000)
+            text = status.inner_text()
+    finally:
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+        srv.close()
+    assert "obs.mp4" in text, text
+    assert external == [], external
+    import av
+
+    with av.open(str(tmp_path / "obs.mp4")) as container:
+        frames = list(container.decode(video=0))
+    assert frames and (frames[0].width, frames[0].height) == (SIZE, SIZE * 3 // 4)  # the card's 4:3 at 64

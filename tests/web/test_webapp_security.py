@@ -430,3 +430,17 @@ def test_the_server_terminal_has_no_gradio_debug_lines(capfd):
         srv.close()
     out = capfd.readouterr().out
     assert "content_type" not in out and "new /" not in out, out
+
+
+def test_the_page_names_no_third_party_host(server):
+    """Gradio's page preconnected to Google's font servers and loaded iframe-resizer from cdnjs on
+    every load, and its default theme fetched its font from fonts.googleapis.com: an audience's
+    browser asked Google and Cloudflare (and failed DNS on an offline stage). The page served now
+    names no other host to fetch from (the theme uses the machine's fonts), its length fixed."""
+    r = httpx.get(server.url + "/", timeout=30)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    assert int(r.headers["content-length"]) == len(r.content)
+    for host in ("fonts.googleapis.com", "fonts.gstatic.com", "cdnjs.cloudflare.com"):
+        assert host not in r.text, host
+    css = httpx.get(server.url + "/theme.css", timeout=30)
+    assert css.status_code == 200 and "fonts.googleapis.com" not in css.text and "ui-sans-serif" in css.text

@@ -324,6 +324,8 @@ class RequestGuard:
                 if body is None:
                     return await _refuse(scope, send, 413, f"request body too large (at most {cap:,} bytes here)")
                 receive = _replay(body, receive)
+            if scope["method"] == "GET" and path in ("", "/"):
+                send = _without_third_party(send)
             return await self.app(scope, receive, send)
         finally:
             if reserved:  # the upload is on disk now (counted there) or failed
@@ -453,6 +455,38 @@ def _cookies(header: str) -> dict[str, str]:
         if sep:
             out[name] = value
     return out
+
+
+# What Gradio's page fetches from other hosts on every load, dropped from it: a preconnect to
+# Google's font servers and iframe-resizer from cdnjs (only for a page embedded in another site's
+# iframe). An audience's browser asks nobody but this server (the theme's fonts: ui.theme).
+THIRD_PARTY = re.compile(rb'<link\s+rel="preconnect"\s+href="https://fonts\.(?:googleapis|gstatic)\.com"[^>]*>'
+                         rb'|<script\s+src="https://cdnjs\.cloudflare\.com/[^"]*"[^>]*>\s*</script>')
+
+
+def _without_third_party(send):
+    """`send` for the app's page: an HTML answer without THIRD_PARTY's tags (its length fixed)."""
+    start: dict = {}
+    body = bytearray()
+
+    async def wrapped(message):
+        if message["type"] == "http.response.start":
+            start.update(message)
+            return
+        if message["type"] != "http.response.body" or not start:
+            return await send(message)
+        body.extend(message.get("body", b""))
+        if message.get("more_body"):
+            return
+        headers = dict(start.get("headers", []))
+        html = headers.get(b"content-type", b"").startswith(b"text/html")
+        out = THIRD_PARTY.sub(b"", bytes(body)) if html else bytes(body)
+        start["headers"] = [(k, str(len(out)).encode() if k == b"content-length" else v)
+                            for k, v in start.get("headers", [])]
+        await send(start)
+        await send({"type": "http.response.body", "body": out})
+
+    return wrapped
 
 
 async def _refuse(scope, send, status: int, reason: str, headers: dict | None = None) -> None:

@@ -128,6 +128,14 @@ def live_id(webrtc_value) -> str | None:
 
 
 # ---------------------------------------------------------------------- the app
+def theme():
+    """Gradio's default look with the machine's own fonts: its theme fetches Source Sans Pro from
+    fonts.googleapis.com on every page load, a request to Google from the audience's browser (and
+    a failed DNS lookup on an offline stage)."""
+    return gr.themes.Default(font=["ui-sans-serif", "system-ui", "sans-serif"],
+                             font_mono=["ui-monospace", "Consolas", "monospace"])
+
+
 def build_ui(manager: SessionManager, rtc_config: dict | None = None, outputs: Outputs | None = None,
              file_ttl: int = 300, host: str | None = None):
     """The app's Blocks. Files Gradio keeps for it (uploads, cached frames) are deleted `file_ttl`
@@ -136,7 +144,7 @@ def build_ui(manager: SessionManager, rtc_config: dict | None = None, outputs: O
     server's live outputs (app/web/outputs.py), which the Live output tab starts and stops."""
     outputs = outputs if outputs is not None else Outputs(manager)
     extra_tabs = optional_tabs(manager)
-    with gr.Blocks(title="StreamStudio", analytics_enabled=False, css=CSS,
+    with gr.Blocks(title="StreamStudio", analytics_enabled=False, css=CSS, theme=theme(),
                    delete_cache=(min(60, file_ttl), file_ttl)) as demo:
         demo.load(None, js=CAMERA_JS)
         gr.Markdown("# StreamStudio")
