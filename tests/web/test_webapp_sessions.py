@@ -120,6 +120,7 @@ def test_accelerated_networks_keep_the_configured_size(model):
 
     class FixedNet(ImageNet):
         fixed_shapes = True
+        device = torch.device("cpu")
 
     assert model.stream_size(4 / 3) == (64, 48) and model.stream_size(None) == (64, 64)
     fixed = ServerModel(dc_replace(model.comps, network=FixedNet()), model.config)

@@ -60,10 +60,19 @@ class ServerModel:
     negative_prompt: str = ""
     latency_probe: bool = False  # copy the input's probe counter onto the output (benchmarks)
     batching: object | None = None  # BatchingConfig: batch the sessions' network calls; None: take turns
+    network_thread: bool | None = None  # taking turns: every network call on one thread (None: on a GPU,
+    #                                     where cuDNN tunes per thread: models/image/net_thread.py)
 
     def __post_init__(self):
         self.executor = None
+        self.thread = None
         self._stream_comps = self.comps
+        on_gpu = self.comps.net.device.type == "cuda"
+        if self.batching is None and (self.network_thread or (self.network_thread is None and on_gpu)):
+            from streamstudio.models.image.net_thread import NetworkThread, threaded_components
+
+            self.thread = NetworkThread("model-network")
+            self._stream_comps = threaded_components(self.comps, self.thread)
         if self.batching is not None:
             from streamstudio.models.batching import BatchExecutor, batched_components
 
@@ -116,6 +125,8 @@ class ServerModel:
     def close(self) -> None:
         if self.executor is not None:
             self.executor.close()
+        if self.thread is not None:
+            self.thread.close()
 
     def lora_listing(self) -> list[tuple[str, float]]:
         """(source, scale) of each loaded LoRA (the model banner's list)."""
