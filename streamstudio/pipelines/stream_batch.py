@@ -174,7 +174,10 @@ class StreamBatchSampler:
         rows = join_fields([fields, *self._fields])  # each slot's own group's fields
         x0, x_next, stock_next = self._step(x, stock, self._coef, self._t_rows, self._noise_next, guidance,
                                             first_rows=k, slots=slots, fields=rows)
-        self._buffer, self._stock = x_next[:-k], stock_next[:-k]
+        # in place: the buffer keeps its storage from call to call, so a captured CUDA graph of the
+        # whole frame (pipelines/frame_graph.py) reads and writes the same memory on every replay
+        self._buffer.copy_(x_next[:-k])
+        self._stock.copy_(stock_next[:-k])
         self._fields.appendleft(fields)
         self._fields.pop()
         return x0[-k:]

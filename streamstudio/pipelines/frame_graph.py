@@ -1,0 +1,243 @@
+"""The live img2img frame as one replayable graph, with several frames in flight.
+
+`StreamDiffusion.__call__` runs a frame as a chain of eager steps and ends it with a blocking
+download, so on a GPU the host waits for every frame and prepares the next only after it: host
+and GPU never overlap (issue 45). `FrameGraph` drives the same stream differently:
+
+- static buffers: the frame's uint8 input on the device, the pipeline's buffers (the Stream Batch
+  sampler updates its slots in place), and the uint8 output the frame leaves in;
+- the whole frame (preprocess, encode, noise, UNet and step, decode, postprocess) captured once
+  as one CUDA graph (`torch.cuda.CUDAGraph`) and replayed for every frame, so the host launches
+  one graph instead of hundreds of kernels; networks compiled by torch.compile fit inside when
+  compiled without their own CUDA graphs (`apply_acceleration(..., cuda_graphs=False)`);
+- `depth` frames in flight: the upload goes through a pinned slot per frame in flight, the
+  download into another, and each frame's end is a CUDA event. `submit` queues frame n and
+  hands back frame n - depth + 1's output, so the host converts and uploads the next frame
+  while the GPU runs this one.
+
+The outputs are the stream's own: the same operations on the same buffers in the same order
+(tests compare them with `StreamDiffusion.__call__`, on CPU and with the CUDA calls faked).
+On a CPU the frame function runs directly, frames are not in flight, but the API is the same.
+
+It takes the frames a graph can hold: img2img with the similarity filter, latent feedback, the
+feature bank and ControlNets off (their per-frame decisions and uploads are host work). Other
+frames, and the first frame of a Stream Batch stream (which primes the buffer), run through
+`StreamDiffusion.__call__` in turn. A change of prompt, seed, steps, guidance or input size
+captures the graph again at the next frame (it is keyed on what it was captured with).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from streamstudio import kernels
+from streamstudio.errors import StreamStudioError
+from streamstudio.frames import to_frames
+from streamstudio.pipelines.stream_batch import PRIMED, Guidance
+
+WARMUP_RUNS = 3  # eager runs on a side stream before capture (cuDNN tuning, torch.compile), as PyTorch advises
+
+
+class CudaCalls:
+    """The CUDA calls of the graph path, in one place so tests can fake them on a CPU."""
+
+    def pinned(self, shape, dtype=torch.uint8) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype, pin_memory=True)
+
+    def event(self):
+        return torch.cuda.Event()
+
+    def capture(self, fn, device: torch.device):
+        """fn() warmed up on a side stream, then captured; returns (graph, fn's output)."""
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_RUNS):
+                fn()
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fn()
+        return graph, out
+
+
+@dataclass
+class _Pending:
+    """A frame in flight: its output is in `host` once `done` has fired (or `ready` now)."""
+
+    host: torch.Tensor | None = None  # (k, H, W, 3) uint8, pinned
+    done: object = None  # CUDA event recorded after the download
+    ready: np.ndarray | None = None  # an output the eager path already has
+
+
+class FrameGraph:
+    """Live frames of `stream` (a StreamDiffusion) through one captured graph, `depth` in flight.
+
+    graphs: capture a CUDA graph (default: on a CUDA device). `calls` replaces the CUDA calls
+    (tests fake them on a CPU)."""
+
+    def __init__(self, stream, depth: int = 2, graphs: bool | None = None, calls: CudaCalls | None = None):
+        if depth < 1:
+            raise StreamStudioError(f"frames in flight must be at least 1, got {depth}")
+        self.stream, self.depth = stream, depth
+        self.graphs = stream.device.type == "cuda" if graphs is None else graphs
+        self.calls = calls or CudaCalls()
+        self.captures = 0  # graphs captured so far (a changed setting captures again)
+        self.replays = 0  # frames run through the graph
+        self._graph = None
+        self._key: tuple = ()
+        self._input: torch.Tensor | None = None  # (k, H, W, C) uint8 on the device: the graph reads it
+        self._output: torch.Tensor | None = None  # (k, H, W, 3) uint8 on the device: the graph writes it
+        self._rows = 0  # UNet rows of one graphed frame (the stream's stats count them)
+        self._slots = 0
+        self._up: list[tuple[torch.Tensor, object]] = []  # pinned upload slot and its "copied" event
+        self._down: list[torch.Tensor] = []  # pinned download slots
+        self._pending: deque[_Pending] = deque()
+        self._guidance: Guidance | None = None
+
+    # ------------------------------------------------------------------ which frames a graph takes
+    def eligible(self) -> bool:
+        """Whether the stream's next frame can run in the graph (else it runs eagerly)."""
+        s, c = self.stream, self.stream.config
+        if c.mode != "img2img" or c.similarity_filter or c.uses_feedback or c.uses_bank:
+            return False
+        if s.addons.control is not None:  # per-frame control images and scales: host work
+            return False
+        return not (s.sampler.stream_batch and s.sampler._buffer is None)  # the first frame primes the buffer
+
+    # ------------------------------------------------------------------ frames in and out
+    def submit(self, image) -> list[np.ndarray]:
+        """Queue a frame; returns the finished outputs in order (none while the first frames are
+        in flight): each a (H, W, 3) uint8 frame, or a list of k for frame_buffer_size k > 1."""
+        if not self.eligible():
+            out = self.stream(image)
+            self._pending.append(_Pending(ready=out))
+        else:
+            self._pending.append(self._graph_frame(image))
+        done = []
+        while len(self._pending) > (self.depth - 1 if self.graphs else 0):
+            done.append(self._collect(self._pending.popleft()))
+        return done
+
+    def __call__(self, image) -> np.ndarray | list[np.ndarray]:
+        """One frame in, its own output out (no frames in flight)."""
+        outs = self.submit(image) + self.drain()
+        return outs[-1]
+
+    def drain(self) -> list[np.ndarray]:
+        """Wait for every frame in flight; their outputs in order."""
+        outs = [self._collect(p) for p in self._pending]
+        self._pending.clear()
+        return outs
+
+    def _collect(self, p: _Pending):
+        if p.ready is not None:
+            return p.ready
+        if p.done is not None:
+            p.done.synchronize()
+        frames = list(p.host.numpy().copy())  # the pinned slot is reused by a later frame
+        self.stream._last_out = frames
+        return frames[0] if len(frames) == 1 else frames
+
+    # ------------------------------------------------------------------ the graph
+    def _graph_frame(self, image) -> _Pending:
+        s = self.stream
+        frames = to_frames(image, s.config.frame_buffer_size)  # (k, H, W, C) uint8 on the host
+        s.prompts.refresh(s.config.prompt_blend)
+        guidance = Guidance(s.prompts.cond(False), s.prompts.cond(True), s.config.effective_cfg,
+                            s.config.guidance_scale, s.config.delta)
+        key = self._key_for(frames, guidance)
+        if not self._same_key(key):
+            self._capture(frames, guidance, key)
+        slot = self.replays % self._slots
+        self._upload(frames, slot)
+        if self.graphs:
+            self._graph.replay()
+            output = self._output
+            s.sampler.unet_rows += self._rows
+        else:
+            output = self._frame()
+        self.replays += 1
+        s.stats.frames_in += frames.shape[0]
+        s.stats.calls += 1
+        s.stats.unet_samples += self._rows
+        return self._download(output, slot)
+
+    def _key_for(self, frames: torch.Tensor, guidance: Guidance) -> tuple[tuple, tuple]:
+        """What the graph bakes in: objects compared by identity (a new tensor means a new graph;
+        the key holds them, so no id is reused while it lives) and values compared by value."""
+        sampler = self.stream.sampler
+        objects = (sampler, sampler._noise, sampler._coef, sampler._buffer, sampler._stock, guidance.text.text,
+                   guidance.negative.text)
+        return objects, (guidance.cfg, guidance.scale, guidance.delta, tuple(frames.shape))
+
+    def _same_key(self, key: tuple[tuple, tuple]) -> bool:
+        if not self._key:
+            return False
+        (objects, values), (old_objects, old_values) = key, self._key
+        return values == old_values and all(a is b for a, b in zip(objects, old_objects))
+
+    def _frame(self) -> torch.Tensor:
+        """The whole frame on the static input: (k, H, W, C) uint8 -> (k, H, W, 3) uint8."""
+        s, c = self.stream, self.stream.config
+        before = s.sampler.unet_rows
+        with torch.inference_mode():
+            x = kernels.preprocess(self._input, c.height, c.width, s.dtype)  # (k, 3, H, W) in [-1, 1]
+            latents = s.io.encode(x)  # (k, 4, h, w)
+            out, _ = s.sampler.advance(latents, PRIMED, self._guidance)  # x0 (k, 4, h, w)
+            frames = kernels.postprocess(s.net.decode(out))  # (k, H, W, 3) uint8
+        self._rows = s.sampler.unet_rows - before  # UNet rows of one frame (the python runs, not a replay)
+        return frames
+
+    def _capture(self, frames: torch.Tensor, guidance: Guidance, key: tuple) -> None:
+        s = self.stream
+        for p in self._pending:  # frames in flight finish on the old graph before its memory goes
+            if p.done is not None:
+                p.done.synchronize()
+        self._graph, self._output, self._key, self._guidance = None, None, (), guidance
+        self._input = torch.empty(frames.shape, dtype=torch.uint8, device=s.device)
+        self._input.copy_(frames)
+        self._slots = self.depth if self.graphs else 1
+        self._up = [(self._host(frames.shape), None) for _ in range(self._slots)]
+        k, h, w = frames.shape[0], s.config.height, s.config.width
+        self._down = [self._host((k, h, w, 3)) for _ in range(self._slots)]
+        if self.graphs:
+            sampler, rows = s.sampler, s.sampler.unet_rows
+            saved = [t.clone() for t in (sampler._buffer, sampler._stock) if t is not None]
+            self._graph, self._output = self.calls.capture(self._frame, s.device)
+            with torch.inference_mode():  # the warm-up runs advanced the buffer: back as it was
+                for t, keep in zip([t for t in (sampler._buffer, sampler._stock) if t is not None], saved):
+                    t.copy_(keep)
+            sampler.unet_rows = rows  # ... and they were no frames
+            self.captures += 1
+        self._key = key
+
+    def _host(self, shape) -> torch.Tensor:
+        return self.calls.pinned(shape) if self.graphs else torch.empty(shape, dtype=torch.uint8)
+
+    def _upload(self, frames: torch.Tensor, slot: int) -> None:
+        if not self.graphs:
+            self._input.copy_(frames)
+            return
+        staging, copied = self._up[slot]
+        if copied is not None:
+            copied.synchronize()  # this slot's last upload (depth frames ago) has left it
+        staging.copy_(frames)
+        self._input.copy_(staging, non_blocking=True)
+        event = self.calls.event()
+        event.record()
+        self._up[slot] = (staging, event)
+
+    def _download(self, output: torch.Tensor, slot: int) -> _Pending:
+        host = self._down[slot]
+        if not self.graphs:
+            host.copy_(output)
+            return _Pending(host=host)
+        host.copy_(output, non_blocking=True)
+        event = self.calls.event()
+        event.record()
+        return _Pending(host=host, done=event)

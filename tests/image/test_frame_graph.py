@@ -1,0 +1,159 @@
+"""The live frame as one captured graph with frames in flight (pipelines/frame_graph.py): its
+outputs are the eager stream's, frame for frame, on a CPU (the frame function run directly) and
+through the graph branch with the CUDA calls faked (capture, replay, pinned slots, events), across
+settings that capture the graph again; frames a graph cannot hold run eagerly in order."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from streamstudio.errors import StreamStudioError
+from streamstudio.pipelines.frame_graph import CudaCalls, FrameGraph
+from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+
+
+class FakeEvent:
+    def __init__(self, log):
+        self.log = log
+
+    def record(self):
+        self.log.append("record")
+
+    def synchronize(self):
+        self.log.append("sync")
+
+
+class FakeGraph:
+    """A 'graph' that replays by running the function again into the captured output."""
+
+    def __init__(self, fn, out, log):
+        self.fn, self.out, self.log = fn, out, log
+
+    def replay(self):
+        self.log.append("replay")
+        self.out.copy_(self.fn())
+
+
+class FakeCalls(CudaCalls):
+    """The CUDA calls on a CPU: capture runs the function once (as the warm-up does, advancing
+    the stream's buffers, which FrameGraph must put back) and keeps its output as the static one."""
+
+    def __init__(self):
+        self.log: list[str] = []
+
+    def pinned(self, shape, dtype=torch.uint8):
+        self.log.append("pinned")
+        return torch.empty(shape, dtype=dtype)
+
+    def event(self):
+        return FakeEvent(self.log)
+
+    def capture(self, fn, device):
+        self.log.append("capture")
+        out = fn().clone()
+        return FakeGraph(fn, out, self.log), out
+
+
+def frames(count, size=64, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, (size, size, 3), dtype=np.uint8) for _ in range(count)]
+
+
+def eager_outputs(comps, config, images, changes=None):
+    stream = StreamDiffusion(comps, config, prompt="a red fox")
+    outs = []
+    for i, image in enumerate(images):
+        for setting in (changes or {}).get(i, []):
+            setting(stream)
+        outs.append(np.copy(stream(image)))
+    return outs
+
+
+def graph_outputs(comps, config, images, depth, calls=None, changes=None):
+    stream = StreamDiffusion(comps, config, prompt="a red fox")
+    graph = FrameGraph(stream, depth=depth, graphs=calls is not None, calls=calls)
+    outs = []
+    for i, image in enumerate(images):
+        for setting in (changes or {}).get(i, []):
+            setting(stream)
+        outs += graph.submit(image)
+    outs += graph.drain()
+    return outs, graph, stream
+
+
+CONFIGS = {
+    "1 step, no CFG": StreamDiffusionConfig(width=64, height=64, steps=1, strength=0.5, cfg_type="none"),
+    "Stream Batch 2 steps, self CFG": StreamDiffusionConfig(width=64, height=64, steps=2, strength=0.6,
+                                                            cfg_type="self", guidance_scale=1.4, delta=0.8),
+    "2 frames a call, full CFG": StreamDiffusionConfig(width=64, height=64, steps=2, strength=0.6, cfg_type="full",
+                                                       guidance_scale=1.5, frame_buffer_size=2),
+}
+
+
+def batched(images, k):
+    return [images[i:i + k] for i in range(0, len(images), k)] if k > 1 else images
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("faked_gpu", [False, True], ids=["cpu", "faked-gpu"])
+def test_graph_frames_equal_the_eager_streams(comps, name, faked_gpu):
+    config = CONFIGS[name]
+    images = batched(frames(6 * config.frame_buffer_size), config.frame_buffer_size)
+    expected = eager_outputs(comps, config, images)
+    calls = FakeCalls() if faked_gpu else None
+    got, graph, stream = graph_outputs(comps, config, images, depth=2, calls=calls)
+    assert len(got) == len(expected)
+    for a, b in zip(expected, got):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    primes = 1 if stream.sampler.stream_batch else 0
+    assert graph.replays == len(images) - primes  # the priming frame ran eagerly, every other one in the graph
+    assert stream.stats.frames_in == 6 * config.frame_buffer_size and stream.stats.calls == len(images)
+    if faked_gpu:
+        assert graph.captures == 1 and calls.log.count("capture") == 1
+        assert calls.log.count("replay") == graph.replays
+        assert calls.log.count("pinned") == 2 * 2  # an upload and a download slot per frame in flight
+        assert "sync" in calls.log  # each output waited for its own event
+
+
+def test_frames_stay_in_flight_until_depth_then_come_out_in_order(comps):
+    config = CONFIGS["1 step, no CFG"]
+    images = frames(5)
+    expected = eager_outputs(comps, config, images)
+    stream = StreamDiffusion(comps, config, prompt="a red fox")
+    graph = FrameGraph(stream, depth=3, graphs=True, calls=FakeCalls())
+    assert graph.submit(images[0]) == [] and graph.submit(images[1]) == []  # two frames in flight
+    out = graph.submit(images[2])  # the third pushes the first out
+    assert len(out) == 1
+    np.testing.assert_array_equal(out[0], expected[0])
+    rest = graph.submit(images[3]) + graph.submit(images[4]) + graph.drain()
+    for a, b in zip(expected[1:], rest):
+        np.testing.assert_array_equal(a, b)
+    assert graph(images[0]).shape == (64, 64, 3)  # one frame in, its own output out
+
+
+def test_a_changed_setting_captures_again_with_the_eager_outputs(comps):
+    config = CONFIGS["Stream Batch 2 steps, self CFG"]
+    images = frames(8, seed=3)
+    changes = {3: [lambda s: s.set_prompt("a blue whale")], 5: [lambda s: s.update(seed=7, guidance_scale=1.2)],
+               6: [lambda s: s.update(steps=1)]}
+    expected = eager_outputs(comps, config, images, changes)
+    calls = FakeCalls()
+    got, graph, _ = graph_outputs(comps, config, images, depth=2, calls=calls, changes=changes)
+    for a, b in zip(expected, got):
+        np.testing.assert_array_equal(a, b)
+    assert graph.captures == 4  # the first, the prompt, the seed and guidance, the steps
+
+
+def test_frames_a_graph_cannot_hold_run_eagerly_in_order(comps):
+    config = StreamDiffusionConfig(width=64, height=64, steps=1, strength=0.5, cfg_type="none",
+                                   similarity_filter=True, similarity_threshold=0.99)
+    images = frames(4, seed=5)
+    expected = eager_outputs(comps, config, images)
+    got, graph, _ = graph_outputs(comps, config, images, depth=2, calls=FakeCalls())
+    assert graph.replays == 0 and graph.captures == 0
+    for a, b in zip(expected, got):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(StreamStudioError, match="at least 1"):
+        FrameGraph(StreamDiffusion(comps, config), depth=0)
