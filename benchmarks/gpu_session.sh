@@ -1,37 +1,43 @@
 #!/usr/bin/env bash
 # Everything CI cannot check, on a lent GPU machine, planned for its budget (see docs/kernels.md,
 # "On a GPU"): 15 minutes of device time per task, every start (1-2 min), call and idle wait
-# counted. So: ONE call of at most 8 minutes (the machine's start excluded) makes every headline
-# figure, then an optional second call of at most 4.25 minutes, made at once while the machine is
-# warm, for the rest.
+# counted. So: ONE call of at most 9 minutes (the machine's start excluded) makes every headline
+# figure of issue 45, then an optional second call of at most 4 minutes, made at once while the
+# machine is warm, for the rest; a third group (`later`) is only run when named.
 #
-#   first  (call 1, 480 s: stages in order of value, each with its own limit)
+#   first  (call 1, 540 s: stages in order of value, each with its own limit)
 #     build             the CUDA extensions, prebuilt here for the image (benchmarks/gpu_prebuild.sh:
 #                       sm_90, Python 3.12, torch 2.11.0+cu130) and carried in .gpu_ext/: imported,
 #                       not built; built there (sm_90 only, ninja on all cores) only if they do not load
 #     tests             the `gpu` tests of the files that hold them (parity of every CUDA path with its
-#                       reference), with a JUnit XML; no module needing PyAV, Gradio or fastrtc is imported
-#     kernels           benchmarks/kernels.py --quick: each fused op against eager and the bandwidth
-#                       floor; img2img 512x512 (sd-turbo arch, 1 step, fp16, TAESD) eager, fused and
-#                       torch.compile (one compile of the one shape)
-#     stream_diffusion  benchmarks/stream_diffusion.py --part core: Stream Batch and RCFG ratios at 512x512
-#     video             benchmarks/stream_video.py --gpu-only: the 4B config's step (paper: 482 ms)
-#     splats            benchmarks/splats.py --cuda-only: 1M Gaussians at 1920x1080
+#                       reference, the captured frame graph against the eager stream), with a JUnit XML;
+#                       no module needing PyAV, Gradio or fastrtc is imported
+#     frame_path        benchmarks/frame_path.py: img2img 512x512 (sd-turbo arch, 1 step, fp16, TAESD)
+#                       eager, compiled per network, and through the captured frame graph with frames in
+#                       flight (eager and compiled networks, channels_last + fused QKV), interleaved;
+#                       a per-stage CUDA-event breakdown; RCFG and Stream Batch ratios through the graph
 #     multistream       benchmarks/multistream.py --quick: 1, 2, 4 streams, batched vs taking turns
+#     peers             benchmarks/peers.py: StreamDiffusion 0.1.1 (the registry's wheel, carried) beside
+#                       ours on the same weights, eager and compiled, interleaved
 #     tensorrt          recorded as missing, no GPU time: the image has no TensorRT and its wheels are
 #                       far beyond the 64 MiB a call carries
-#   second (call 2, 255 s)
-#     tests_slow        the `gpu` tests marked slow (torch.compile's cold compiles, over 45 s each)
+#   second (call 2, 240 s)
+#     splats            benchmarks/splats.py --cuda-only: 1M Gaussians at 1920x1080
+#     video             benchmarks/stream_video.py --gpu-only: the 4B config's step (paper: 482 ms)
 #     addons            benchmarks/stream_diffusion.py --part addons: 1 and 2 ControlNets, a LoRA fused
 #                       and unfused, the SDXL UNet, against the plain model
-#     kernels_full      (only when named) benchmarks/kernels.py without --quick: checks the quick figures
 #     webapp            only where Gradio, fastrtc, aiortc and PyAV import: the image has none, so missing
+#   later (only when named)
+#     kernels           benchmarks/kernels.py --quick: each fused op against eager and the bandwidth floor
+#     stream_diffusion  benchmarks/stream_diffusion.py --part core: ratios on eager networks (the old way)
+#     tests_slow        the `gpu` tests marked slow (torch.compile's cold compiles, over 45 s each)
+#     kernels_full      benchmarks/kernels.py without --quick: checks the quick figures
 #
 # The calls (the device tool's `run`), the first right after the second's prerequisites are made here:
 #   bash benchmarks/gpu_wheels.sh && bash benchmarks/gpu_prebuild.sh        # here, before the session
-#   run(command="bash benchmarks/gpu_session.sh first", carry=[".whl", ".gpu_ext"], timeout_s=480)
-#   run(command="bash benchmarks/gpu_session.sh second", carry=[".whl", ".gpu_ext"], timeout_s=255)
-# Each group's budget (GPU_SESSION_BUDGET, default 460 s for first, 235 s for second) leaves the call
+#   run(command="bash benchmarks/gpu_session.sh first", carry=[".whl", ".gpu_ext"], timeout_s=540)
+#   run(command="bash benchmarks/gpu_session.sh second", carry=[".whl", ".gpu_ext"], timeout_s=240)
+# Each group's budget (GPU_SESSION_BUDGET, default 520 s for first, 220 s for second) leaves the call
 # a margin; a stage is started only when its limit fits what is left (else it is recorded as not
 # started), so the summary is always printed. `--plan` prints the plan as JSON (tests/acceleration/test_gpu_session.py
 # checks it fits); any stage can be named alone (`bash benchmarks/gpu_session.sh tests kernels`).
@@ -65,18 +71,20 @@ for a in "$@"; do
 done
 
 # The plan: each stage's time limit (seconds), each group's stages in order of value and its budget.
-# Sized from the H100 sessions (benchmarks/results/gpu_h100_2026-11-26/, gpu_h100_2026-11-27/):
-# build 4-7 s (prebuilt), tests 57-78 s (the compile test alone over 45 s: now tests_slow), kernels
-# 95 s once and over 110 s cold on 2026-11-27 (65 s on the same machine after: torch.compile's
-# caches), stream_diffusion 87-92, video 16-17, splats 6-9, multistream 73-82, tests_slow 109,
-# addons over 93; the machine's start took 30-60 s.
-declare -A LIMIT=([build]=15 [tests]=65 [kernels]=140 [stream_diffusion]=100 [video]=25 [splats]=15
-                  [multistream]=85 [tensorrt]=0 [tests_slow]=110 [addons]=110 [kernels_full]=100 [webapp]=0)
-FIRST="build tests kernels stream_diffusion video splats multistream tensorrt"
-SECOND="tests_slow addons webapp"  # kernels_full (the longer kernels run) only when named
+# Sized from the H100 and H200 sessions (benchmarks/results/gpu_h100_2026-11-2[67]/, gpu_h200_2026-11-27/):
+# build 4-7 s (prebuilt), tests 39-78 s (the compile test alone over 45 s: now tests_slow), kernels
+# 89-110 s, stream_diffusion 67-92, video 12-17, splats 6-9, multistream 67-82, tests_slow 64-109,
+# addons 91-93; frame_path and peers estimated (two or three UNet compiles each, 40-60 s a compile
+# cold); the machine's start took 30-60 s.
+declare -A LIMIT=([build]=15 [tests]=60 [frame_path]=230 [multistream]=85 [peers]=110 [tensorrt]=0
+                  [splats]=15 [video]=25 [addons]=110 [webapp]=0
+                  [kernels]=140 [stream_diffusion]=100 [tests_slow]=110 [kernels_full]=100)
+FIRST="build tests frame_path multistream peers tensorrt"
+SECOND="splats video addons webapp"
+LATER="kernels stream_diffusion tests_slow kernels_full"  # only when named
 RESERVE=15                         # kept for the summary
-CALL_FIRST=480 CALL_SECOND=255     # the device calls' timeout_s
-BUDGET_FIRST=460 BUDGET_SECOND=235 # the script's own budget in each call: the call keeps a margin
+CALL_FIRST=540 CALL_SECOND=240     # the device calls' timeout_s
+BUDGET_FIRST=520 BUDGET_SECOND=220 # the script's own budget in each call: the call keeps a margin
 for s in "${!LIMIT[@]}"; do         # GPU_LIMIT_<stage>=SECONDS overrides one stage's limit (a rerun)
   v=GPU_LIMIT_$s; [ -z "${!v:-}" ] || LIMIT[$s]=${!v}
 done
@@ -88,9 +96,10 @@ STAGES=${STAGES// first / $FIRST }
 STAGES=${STAGES// check / $FIRST }  # the old group names
 STAGES=${STAGES// second / $SECOND }
 STAGES=${STAGES// figures / $SECOND }
+STAGES=${STAGES// later / $LATER }
 UNIQUE=" "
 for s in $STAGES; do
-  [ -n "${LIMIT[$s]+x}" ] || { echo "unknown stage or group: $s (groups: first second; stages: $FIRST $SECOND)" >&2; exit 2; }
+  [ -n "${LIMIT[$s]+x}" ] || { echo "unknown stage or group: $s (groups: first second later; stages: $FIRST $SECOND $LATER)" >&2; exit 2; }
   case "$UNIQUE" in *" $s "*) ;; *) UNIQUE="$UNIQUE$s " ;; esac
 done
 STAGES=$UNIQUE
@@ -206,6 +215,9 @@ for name, load in (('stream_ops', lambda: cuda_build.load_extension(EXTENSION, S
   stage tests_slow python3 -m pytest -m "gpu and slow" -v -rs -p no:cacheprovider -o timeout=100 \
     --junitxml="$OUT/gpu_tests_slow.xml" "${GPU_TEST_FILES[@]}"
 fi
+stage frame_path python3 benchmarks/frame_path.py --device cuda --frames 200 --rounds 2 --budget-s $((LIMIT[frame_path] - 10)) \
+  --out "$OUT/frame_path.json" "${HELP[@]}"
+stage peers python3 benchmarks/peers.py --device cuda --out "$OUT/peers.json" "${HELP[@]}"
 stage kernels python3 benchmarks/kernels.py --quick --out "$OUT/kernels.json" "${HELP[@]}"
 stage stream_diffusion python3 benchmarks/stream_diffusion.py --device cuda --part core \
   --out "$OUT/stream_diffusion.json" "${HELP[@]}"

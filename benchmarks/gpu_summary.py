@@ -31,7 +31,7 @@ STAGES_FILE = "stages.json"
 STAGE_OF = {"gpu_tests.xml": "tests", "gpu_tests_slow.xml": "tests_slow", "kernels.json": "kernels",
             "stream_diffusion.json": "stream_diffusion", "splats.json": "splats", "stream_video.json": "video",
             "multistream.json": "multistream", "webapp.json": "webapp", "stream_diffusion_addons.json": "addons",
-            "kernels_full.json": "kernels_full"}
+            "kernels_full.json": "kernels_full", "frame_path.json": "frame_path", "peers.json": "peers"}
 
 KILLED_RCS = (124, 137)  # timeout's exit status, and SIGKILL after --kill-after
 
@@ -162,6 +162,15 @@ def _multistream_scaling(files):
     return four / one, data.get("model")
 
 
+def _turns_scaling(files):
+    rows = _json(files, "multistream.json").get("rows", [])
+    four = next((r.get("total_fps") for r in rows if r.get("mode") == "turns" and r.get("streams") == 4), None)
+    one = next((r.get("total_fps") for r in rows if r.get("mode") == "turns" and r.get("streams") == 1), None)
+    if four is None or not one:
+        raise Missing("no 1- and 4-stream turns rows in multistream.json")
+    return four / one, "taking turns on one model"
+
+
 def _multistream_over_turns(files):
     data = _json(files, "multistream.json")
     value = data.get("batched_over_turns", {}).get("4")
@@ -211,8 +220,39 @@ def _tests(files, stages, xml="gpu_tests.xml"):
     raise Missing(None)
 
 
+def _frame_mode(*modes):
+    def get(files):
+        data = _json(files, "frame_path.json")
+        found = [v for k, v in data.get("modes", {}).items() if k in modes and v]
+        if not found:
+            raise Missing(f"no {' / '.join(modes)} row in frame_path.json")
+        return max(found), data.get("model")
+    return get
+
+
+def _host_share(files):
+    stages = _json(files, "frame_path.json").get("stages", {}).get("eager")
+    if not stages:
+        raise Missing("no eager stage breakdown in frame_path.json")
+    return stages["wall"] - stages["gpu busy (sum)"], f"of {stages['wall']:.1f} ms a frame"
+
+
 # (label, file, getter, target text, check): check(value) -> bool, or None for a figure with no target
 FIGURES = [
+    ("one stream, frame graph + compile (fps)", "frame_path.json", _frame_mode("graph+compile", "graph+compile+cl"),
+     ">= 200 (moonshot 300)", lambda v: v >= 200),
+    ("one stream, frame graph, eager networks (fps)", "frame_path.json", _frame_mode("graph"), "-", None),
+    ("one stream, compile per network (fps, before)", "frame_path.json", _frame_mode("compile"), "-", None),
+    ("RCFG self over full (frame graph)", "frame_path.json",
+     _key("frame_path.json", "ratios", "RCFG self over full", on=lambda d: d.get("model")), ">= 1.6",
+     lambda v: v >= 1.6),
+    ("Stream Batch speedup, 4 steps (frame graph)", "frame_path.json",
+     _key("frame_path.json", "ratios", "Stream Batch speedup", on=lambda d: d.get("model")), "-", None),
+    ("host time in an eager frame (ms)", "frame_path.json", _host_share, "-", None),
+    ("ours eager / peer eager (StreamDiffusion 0.1.1)", "peers.json",
+     _key("peers.json", "summary", "eager", "ratio", on=lambda d: d.get("model")), ">= 1.0", lambda v: v >= 1.0),
+    ("ours compiled / peer compiled", "peers.json",
+     _key("peers.json", "summary", "compiled", "ratio", on=lambda d: d.get("model")), ">= 1.5", lambda v: v >= 1.5),
     ("img2img eager (fps)", "kernels.json", _pipeline_fps("eager", "no eager row"), ">= 70", lambda v: v >= 70),
     ("img2img fused kernels (fps)", "kernels.json",
      _pipeline_fps("fused kernels", "fused kernels unavailable"), "-", None),
@@ -223,6 +263,8 @@ FIGURES = [
     ("4 streams batched / 1 stream (total fps)", "multistream.json", _multistream_scaling, ">= 2.0x",
      lambda v: v >= 2.0),
     ("4 streams batched / taking turns (total fps)", "multistream.json", _multistream_over_turns, "-", None),
+    ("4 streams taking turns / 1 stream (total fps)", "multistream.json", _turns_scaling, ">= 0.8x",
+     lambda v: v >= 0.8),
     ("camera-to-screen latency, web app, 1 client (ms)", "webapp.json", _webapp_latency, "<= 50",
      lambda v: v <= 50),
     ("Stream Batch speedup", "stream_diffusion.json",
@@ -241,8 +283,8 @@ FIGURES = [
      "<= 350 on an H100 (paper 482)", lambda v: v <= 350),
     # the second call's
     ("one ControlNet's cost (x the plain model)", "stream_diffusion_addons.json",
-     _key("stream_diffusion_addons.json", "controlnet_1_cost", on=lambda d: d.get("addons_measured_on")), "<= 1.5",
-     lambda v: v <= 1.5),
+     _key("stream_diffusion_addons.json", "controlnet_1_cost", on=lambda d: d.get("addons_measured_on")), "<= 1.4",
+     lambda v: v <= 1.4),
     ("LoRA unfused cost (x fused)", "stream_diffusion_addons.json",
      _key("stream_diffusion_addons.json", "lora_unfused_cost", on=lambda d: d.get("addons_measured_on")), "-", None),
     ("img2img eager, long run (fps)", "kernels_full.json", _pipeline_fps("eager", "no eager row", "kernels_full.json"),

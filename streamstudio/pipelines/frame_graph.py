@@ -60,7 +60,7 @@ class CudaCalls:
                 fn()
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # other threads may use the GPU
             out = fn()
         return graph, out
 

@@ -140,15 +140,15 @@ def test_dry_run_on_the_gpu_image_collects_every_gpu_test_and_imports_every_benc
                                capture_output=True, text=True)
         assert probe.returncode != 0 and "ModuleNotFoundError" in probe.stderr, (name, probe.stderr[-500:])
     out = tmp_path / "out"
-    run = subprocess.run(["bash", str(SCRIPT), "first", "second", "kernels_full", "--dry-run"], cwd=ROOT,
+    run = subprocess.run(["bash", str(SCRIPT), "first", "second", "later", "--dry-run"], cwd=ROOT,
                          capture_output=True, text=True, env={**env, "OUT": str(out)}, timeout=600)
     log = (out / "session.log").read_text() if (out / "session.log").is_file() else ""
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     stages = {s["stage"]: s for s in json.loads((out / "stages.json").read_text())["stages"]}
     assert stages["webapp"]["status"] == "missing" and "gradio" in stages["webapp"]["error"]
     assert stages["tensorrt"]["status"] == "missing" and "no TensorRT" in stages["tensorrt"]["error"]
-    for name in ("build", "tests", "kernels", "stream_diffusion", "splats", "video", "multistream", "tests_slow",
-                 "addons", "kernels_full"):
+    for name in ("build", "tests", "frame_path", "peers", "kernels", "stream_diffusion", "splats", "video",
+                 "multistream", "tests_slow", "addons", "kernels_full"):
         assert stages[name]["status"] == "dry-run", (name, stages[name], log[-3000:])
 
     # every gpu test, and no error: collected node ids against the test files' syntax trees
@@ -309,7 +309,7 @@ GPU_IMAGE_PYTHON = (3, 12)
 GPU_IMAGE_TORCH = "2.11.0+cu130"
 GPU_IMAGE_CUDA = "13.0"
 GPU_ARCH = "sm_90"
-FIRST_CALL_S, SECOND_CALL_S = 8 * 60, 255
+FIRST_CALL_S, SECOND_CALL_S = 9 * 60, 240
 DEVICE_S, START_S = 15 * 60, 60  # a task's device time; a machine's start (30-60 s seen on 2026-11-26)
 
 
@@ -320,9 +320,9 @@ def plan(*groups: str) -> dict:
     return json.loads(run.stdout)
 
 
-def test_the_first_call_makes_every_headline_figure_within_eight_minutes():
-    """Call 1 fits 8 minutes (the machine's start excluded) and makes every headline figure; call 2
-    fits 4.25. Every stage's limit fits its call's budget together with the others' (so no stage is
+def test_the_first_call_makes_every_headline_figure_within_nine_minutes():
+    """Call 1 fits 9 minutes (the machine's start excluded) and makes every headline figure of
+    issue 45; call 2 fits 4. Every stage's limit fits its call's budget together with the others' (so no stage is
     cut for time), and the budget leaves the call a margin."""
     groups = plan("first")["groups"]
     assert groups["first"]["call_timeout_s"] <= FIRST_CALL_S and groups["second"]["call_timeout_s"] <= SECOND_CALL_S
@@ -335,9 +335,11 @@ def test_the_first_call_makes_every_headline_figure_within_eight_minutes():
     first = [s["stage"] for s in plan("first")["stages"]]
     assert first[0] == "build"  # the extensions before anything uses them
     headline = {gpu_summary.STAGE_OF[file] for _, file, *_ in gpu_summary.FIGURES} | {"tests"}
-    later = {"tests_slow", "addons", "kernels_full", "webapp"}  # the second call's (webapp: missing on the image)
-    assert headline - later <= set(first), headline - set(first)
-    assert {"kernels", "stream_diffusion", "splats", "video", "multistream", "tests", "tensorrt"} <= set(first)
+    second = [s["stage"] for s in plan("second")["stages"]]
+    later = [s["stage"] for s in plan("later")["stages"]]
+    assert headline <= set(first) | set(second) | set(later), headline - set(first + second + later)
+    assert {"frame_path", "peers", "multistream", "tests", "tensorrt"} <= set(first)
+    assert {"splats", "video", "addons"} <= set(second) and not set(later) & set(first + second)
 
 
 def test_the_prebuilt_extensions_target_the_gpu_image():

@@ -157,3 +157,23 @@ def test_frames_a_graph_cannot_hold_run_eagerly_in_order(comps):
         np.testing.assert_array_equal(a, b)
     with pytest.raises(StreamStudioError, match="at least 1"):
         FrameGraph(StreamDiffusion(comps, config), depth=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["1 step, no CFG", "Stream Batch 2 steps, self CFG"])
+def test_a_real_cuda_graph_gives_the_eager_streams_frames(tiny_components_factory, name):
+    """On a GPU: the captured graph with two frames in flight, fp16, against the eager stream."""
+    comps = tiny_components_factory().to(torch.device("cuda"), torch.float16)
+    config = CONFIGS[name]
+    images = frames(8, seed=11)
+    expected = eager_outputs(comps, config, images)
+    stream = StreamDiffusion(comps, config, prompt="a red fox")
+    graph = FrameGraph(stream, depth=2)
+    assert graph.graphs
+    got = []
+    for image in images:
+        got += graph.submit(image)
+    got += graph.drain()
+    assert graph.captures == 1 and graph.replays == len(images) - (1 if stream.sampler.stream_batch else 0)
+    for a, b in zip(expected, got):
+        assert np.abs(a.astype(int) - b.astype(int)).max() <= 1  # the same kernels; a uint8 step at most
