@@ -341,6 +341,10 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--ip-image", default=None, metavar="FILE", help="the IP-Adapter's reference image")
     g.add_argument("--acceleration", choices=("none", "compile", "tensorrt"), default="none",
                    help="torch.compile or TensorRT engines for the UNet and VAE (default none)")
+    g.add_argument("--frame-graph", action="store_true",
+                   help="live runs on a GPU: each frame (preprocess, VAE, UNet, step, postprocess) replayed as one "
+                        "captured CUDA graph with 2 frames in flight (outputs one frame behind; with --acceleration "
+                        "compile the networks are compiled without graphs of their own); not for serve")
     g.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto)")
     g.add_argument("--dtype", default="auto", help="auto (float16 on CUDA, float32 on CPU), float16, float32")
     g.add_argument("--threads", type=number(int, 1, 1024), default=None,

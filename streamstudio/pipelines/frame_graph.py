@@ -22,12 +22,14 @@ On a CPU the frame function runs directly, frames are not in flight, but the API
 It takes the frames a graph can hold: img2img with the similarity filter, latent feedback, the
 feature bank and ControlNets off (their per-frame decisions and uploads are host work). Other
 frames, and the first frame of a Stream Batch stream (which primes the buffer), run through
-`StreamDiffusion.__call__` in turn. A change of prompt, seed, steps, guidance or input size
-captures the graph again at the next frame (it is keyed on what it was captured with).
+`StreamDiffusion.__call__` in turn. A change of seed, steps, guidance or input size
+captures the graph again at the next frame (it is keyed on what it was captured with); a new
+prompt does not: the condition lives in buffers the graph reads, and a new one is copied in.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from dataclasses import dataclass
 
@@ -98,6 +100,7 @@ class FrameGraph:
         self._down: list[torch.Tensor] = []  # pinned download slots
         self._pending: deque[_Pending] = deque()
         self._guidance: Guidance | None = None
+        self._statics: dict[tuple[str, str], torch.Tensor] = {}  # the condition's buffers the graph reads
 
     # ------------------------------------------------------------------ which frames a graph takes
     def eligible(self) -> bool:
@@ -148,7 +151,8 @@ class FrameGraph:
         s = self.stream
         frames = to_frames(image, s.config.frame_buffer_size)  # (k, H, W, C) uint8 on the host
         s.prompts.refresh(s.config.prompt_blend)
-        guidance = Guidance(s.prompts.cond(False), s.prompts.cond(True), s.config.effective_cfg,
+        guidance = Guidance(self._static_cond("text", s.prompts.cond(False)),
+                            self._static_cond("negative", s.prompts.cond(True)), s.config.effective_cfg,
                             s.config.guidance_scale, s.config.delta)
         key = self._key_for(frames, guidance)
         if not self._same_key(key):
@@ -167,12 +171,30 @@ class FrameGraph:
         s.stats.unet_samples += self._rows
         return self._download(output, slot)
 
+    def _static_cond(self, name: str, cond):
+        """`cond` with each tensor field copied into a buffer the graph keeps reading: a new prompt
+        (or a prompt blend that moves every frame) is a copy into it, not a new graph. A field of
+        another shape gets a new buffer (and so a new graph)."""
+        fields = {}
+        with torch.inference_mode():
+            for f in dataclasses.fields(cond):
+                value = getattr(cond, f.name)
+                if not isinstance(value, torch.Tensor):
+                    continue
+                buf = self._statics.get((name, f.name))
+                if buf is None or buf.shape != value.shape or buf.dtype != value.dtype or buf.device != value.device:
+                    buf = self._statics[(name, f.name)] = value.clone()
+                elif buf is not value:
+                    buf.copy_(value)
+                fields[f.name] = buf
+        return dataclasses.replace(cond, **fields)
+
     def _key_for(self, frames: torch.Tensor, guidance: Guidance) -> tuple[tuple, tuple]:
         """What the graph bakes in: objects compared by identity (a new tensor means a new graph;
         the key holds them, so no id is reused while it lives) and values compared by value."""
         sampler = self.stream.sampler
-        objects = (sampler, sampler._noise, sampler._coef, sampler._buffer, sampler._stock, guidance.text.text,
-                   guidance.negative.text)
+        conds = tuple(getattr(c, f.name) for c in (guidance.text, guidance.negative) for f in dataclasses.fields(c))
+        objects = (sampler, sampler._noise, sampler._coef, sampler._buffer, sampler._stock, *conds)
         return objects, (guidance.cfg, guidance.scale, guidance.delta, tuple(frames.shape))
 
     def _same_key(self, key: tuple[tuple, tuple]) -> bool:
@@ -241,3 +263,32 @@ class FrameGraph:
         event = self.calls.event()
         event.record()
         return _Pending(host=host, done=event)
+
+
+class LiveGraphStream:
+    """A stream as a live frame processor through a FrameGraph (`render --frame-graph`): each call
+    puts a frame in and hands back the newest finished output at once, so with `depth` frames in
+    flight the output is depth - 1 frames behind its input (the first call waits for its own).
+    Offline runs (`push`/`flush`) and every other attribute are the stream's own."""
+
+    def __init__(self, stream, depth: int = 2):
+        self.stream = stream
+        self.graph = FrameGraph(stream, depth=depth)
+        self._latest = None
+
+    def __call__(self, frame):
+        outs = self.graph.submit(frame)
+        if not outs and self._latest is None:
+            outs = self.graph.drain()  # the very first frame: nothing older to show
+        if outs:
+            self._latest = outs[-1]
+        return self._latest
+
+    def push(self, frame):
+        return self.stream.push(frame)
+
+    def flush(self):
+        return self.stream.flush()
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)

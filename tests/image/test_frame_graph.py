@@ -143,7 +143,19 @@ def test_a_changed_setting_captures_again_with_the_eager_outputs(comps):
     got, graph, _ = graph_outputs(comps, config, images, depth=2, calls=calls, changes=changes)
     for a, b in zip(expected, got):
         np.testing.assert_array_equal(a, b)
-    assert graph.captures == 4  # the first, the prompt, the seed and guidance, the steps
+    assert graph.captures == 3  # the first, the seed and guidance, the steps (a prompt is copied in)
+
+
+def test_a_prompt_that_moves_every_frame_is_copied_in_not_captured_again(comps):
+    """A prompt schedule's transition blends two prompts with a new weight every frame."""
+    config = CONFIGS["1 step, no CFG"]
+    images = frames(5, seed=4)
+    changes = {i: [lambda s, w=i / 4: s.set_prompt([("a red fox", 1 - w), ("a blue whale", w)])] for i in range(5)}
+    expected = eager_outputs(comps, config, images, changes)
+    got, graph, _ = graph_outputs(comps, config, images, depth=2, calls=FakeCalls(), changes=changes)
+    for a, b in zip(expected, got):
+        np.testing.assert_array_equal(a, b)
+    assert graph.captures == 1 and graph.replays == 5
 
 
 def test_frames_a_graph_cannot_hold_run_eagerly_in_order(comps):
@@ -177,3 +189,32 @@ def test_a_real_cuda_graph_gives_the_eager_streams_frames(tiny_components_factor
     assert graph.captures == 1 and graph.replays == len(images) - (1 if stream.sampler.stream_batch else 0)
     for a, b in zip(expected, got):
         assert np.abs(a.astype(int) - b.astype(int)).max() <= 1  # the same kernels; a uint8 step at most
+
+
+def test_render_frame_graph_builds_a_live_stream_one_frame_behind(capsys):
+    """`--frame-graph` from the command line: the live processor hands back the newest finished
+    output at once (one frame behind with 2 in flight on a GPU; on a CPU its own), equal to the
+    plain stream's; serve and TensorRT refuse it with a clear error."""
+    from streamstudio.app.cli import build_parser
+    from streamstudio.app.cli.requests import image_request
+    from streamstudio.app.streams.image import build_pipeline
+    from streamstudio.pipelines.frame_graph import LiveGraphStream
+
+    args = build_parser().parse_args(["render", "--input", "x.mp4", "--output", "y.mp4", "--model", "tiny",
+                                      "--device", "cpu", "--frame-graph", "--width", "64", "--height", "64"])
+    request = image_request(args)
+    assert request.frame_graph
+    live = build_pipeline(request, "img2img")
+    plain = build_pipeline(image_request(build_parser().parse_args(
+        ["render", "--input", "x.mp4", "--output", "y.mp4", "--model", "tiny", "--device", "cpu",
+         "--width", "64", "--height", "64"])), "img2img")
+    assert isinstance(live, LiveGraphStream) and live.config.width == 64  # the stream's attributes pass through
+    for image in frames(3, seed=9):
+        np.testing.assert_array_equal(live(image), plain(image))
+    assert live.graph.replays >= 2
+    from dataclasses import replace
+
+    with pytest.raises(StreamStudioError, match="--frame-graph"):
+        build_pipeline(replace(request, acceleration="tensorrt"), "img2img")
+    with pytest.raises(StreamStudioError, match="not with serve"):
+        build_pipeline(request, "img2img", serving=True)

@@ -67,13 +67,22 @@ def build_pipeline(request: ImageRequest, mode: str, serving: bool = False, aspe
         t_index_list=request.t_index, use_denoising_batch=not request.sequential,
         similarity_filter="similarity_threshold" in settings, **settings,
     ).validate()
+    if request.frame_graph and (serving or request.acceleration == "tensorrt"):
+        raise StreamStudioError("--frame-graph captures one stream's whole frame: not with serve's shared networks or "
+                                "TensorRT engines (which capture their own graphs); use --acceleration compile or none")
     if request.acceleration != "none":
         from streamstudio.models.acceleration import apply_acceleration
 
-        comps = apply_acceleration(comps, request.acceleration, plan=acceleration_plan(request, config, serving))
+        inner = {"cuda_graphs": False} if request.frame_graph else {}  # no graph inside the frame's graph
+        comps = apply_acceleration(comps, request.acceleration, plan=acceleration_plan(request, config, serving),
+                                   **inner)
     for note in comps.notes:
         print(f"note: {note}")
     pipe = new_stream(comps, config, prompt=request.prompt, negative_prompt=request.negative_prompt)
+    if request.frame_graph:
+        from streamstudio.pipelines.frame_graph import LiveGraphStream
+
+        pipe = LiveGraphStream(pipe)
     if request.addons.ip_image:
         pipe.addons.set_reference(_read_picture(request.addons.ip_image, "--ip-image"))
     if request.addons.control_image:
