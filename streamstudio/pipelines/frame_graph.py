@@ -19,7 +19,12 @@ The outputs are the stream's own: the same operations on the same buffers in the
 (tests compare them with `StreamDiffusion.__call__`, on CPU and with the CUDA calls faked).
 On a CPU the frame function runs directly, frames are not in flight, but the API is the same.
 
-It takes the frames a graph can hold: img2img with the similarity filter, latent feedback, the
+The similarity filter keeps its place: its decision needs the frame's similarity on the host,
+so with the filter on, the upload, preprocess and comparison run on a side stream before the
+graph and the host waits for that stream alone (a fraction of a millisecond), never for the
+frames in flight; a skipped frame costs no replay and repeats the output before it.
+
+It takes the frames a graph can hold: img2img with latent feedback, the
 feature bank and ControlNets off (their per-frame decisions and uploads are host work). Other
 frames, and the first frame of a Stream Batch stream (which primes the buffer), run through
 `StreamDiffusion.__call__` in turn. A change of seed, steps, guidance or input size
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
+from contextlib import nullcontext as _nothing
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,6 +59,20 @@ class CudaCalls:
     def event(self):
         return torch.cuda.Event()
 
+    def side_stream(self, device: torch.device):
+        return torch.cuda.Stream(device)
+
+    def on(self, stream):
+        """A context in which work goes to `stream`."""
+        return torch.cuda.stream(stream)
+
+    def wait_for(self, stream, tensor: torch.Tensor, device: torch.device) -> None:
+        """The current stream waits for `stream`'s work so far; `tensor` (made there) is kept
+        from reuse until the current stream's use of it is done."""
+        current = torch.cuda.current_stream(device)
+        current.wait_stream(stream)
+        tensor.record_stream(current)
+
     def capture(self, fn, device: torch.device):
         """fn() warmed up on a side stream, then captured; returns (graph, fn's output)."""
         side = torch.cuda.Stream(device)
@@ -74,6 +94,7 @@ class _Pending:
     host: torch.Tensor | None = None  # (k, H, W, 3) uint8, pinned
     done: object = None  # CUDA event recorded after the download
     ready: np.ndarray | None = None  # an output the eager path already has
+    repeat: bool = False  # a frame the similarity filter skipped: the output before it again
 
 
 class FrameGraph:
@@ -101,12 +122,16 @@ class FrameGraph:
         self._pending: deque[_Pending] = deque()
         self._guidance: Guidance | None = None
         self._statics: dict[tuple[str, str], torch.Tensor] = {}  # the condition's buffers the graph reads
+        self._x: torch.Tensor | None = None  # with the filter: the preprocessed input the graph reads
+        self._side = None  # with the filter on a GPU: the stream that uploads, preprocesses and compares
+        self._last_collected = None  # the newest output handed back (a skipped frame's output)
+        self._produced = False  # a frame has gone in since the stream's buffer was (re)started
 
     # ------------------------------------------------------------------ which frames a graph takes
     def eligible(self) -> bool:
         """Whether the stream's next frame can run in the graph (else it runs eagerly)."""
         s, c = self.stream, self.stream.config
-        if c.mode != "img2img" or c.similarity_filter or c.uses_feedback or c.uses_bank:
+        if c.mode != "img2img" or c.uses_feedback or c.uses_bank:
             return False
         if s.addons.control is not None:  # per-frame control images and scales: host work
             return False
@@ -118,6 +143,7 @@ class FrameGraph:
         in flight): each a (H, W, 3) uint8 frame, or a list of k for frame_buffer_size k > 1."""
         if not self.eligible():
             out = self.stream(image)
+            self._produced = self.stream._last_out is not None
             self._pending.append(_Pending(ready=out))
         else:
             self._pending.append(self._graph_frame(image))
@@ -138,13 +164,19 @@ class FrameGraph:
         return outs
 
     def _collect(self, p: _Pending):
-        if p.ready is not None:
-            return p.ready
-        if p.done is not None:
-            p.done.synchronize()
-        frames = list(p.host.numpy().copy())  # the pinned slot is reused by a later frame
-        self.stream._last_out = frames
-        return frames[0] if len(frames) == 1 else frames
+        if p.repeat:  # the frames go out in order: the one before this is the newest handed back
+            last = self._last_collected
+            out = [f.copy() for f in last] if isinstance(last, list) else last.copy()
+        elif p.ready is not None:
+            out = p.ready
+        else:
+            if p.done is not None:
+                p.done.synchronize()
+            frames = list(p.host.numpy().copy())  # the pinned slot is reused by a later frame
+            self.stream._last_out = frames
+            out = frames[0] if len(frames) == 1 else frames
+        self._last_collected = out
+        return out
 
     # ------------------------------------------------------------------ the graph
     def _graph_frame(self, image) -> _Pending:
@@ -158,7 +190,14 @@ class FrameGraph:
         if not self._same_key(key):
             self._capture(frames, guidance, key)
         slot = self.replays % self._slots
-        self._upload(frames, slot)
+        if s.config.similarity_filter:
+            if self._filter_skips(frames, slot):
+                s.stats.frames_in += frames.shape[0]
+                s.stats.skipped += frames.shape[0]
+                return _Pending(repeat=True)
+        else:
+            self._upload(frames, slot)
+        self._produced = True
         if self.graphs:
             self._graph.replay()
             output = self._output
@@ -170,6 +209,31 @@ class FrameGraph:
         s.stats.calls += 1
         s.stats.unet_samples += self._rows
         return self._download(output, slot)
+
+    def _filter_skips(self, frames: torch.Tensor, slot: int) -> bool:
+        """The similarity filter's decision for `frames`, as `StreamDiffusion.__call__` makes it
+        (the same input, the same draws). On a GPU the upload, preprocess and comparison run on a
+        side stream and the host waits for that alone, not for the frames in flight; a frame
+        that goes through is then copied into the graph's input."""
+        s, c = self.stream, self.stream.config
+        side = self._side_stream() if self.graphs else None
+        with self.calls.on(side) if side is not None else _nothing(), torch.inference_mode():
+            up = self._upload_to_device(frames, slot)
+            x = kernels.preprocess(up, c.height, c.width, s.dtype)  # (k, 3, H, W) in [-1, 1]
+            if self._produced and s._filter.should_skip(x):  # reads the similarity: syncs this stream only
+                return True
+            if not self._produced:
+                s._filter.should_skip(x)  # the first frame: recorded as the last processed input
+        if side is not None:
+            self.calls.wait_for(side, x, s.device)
+        with torch.inference_mode():
+            self._x.copy_(x)
+        return False
+
+    def _side_stream(self):
+        if self._side is None:
+            self._side = self.calls.side_stream(self.stream.device)
+        return self._side
 
     def _static_cond(self, name: str, cond):
         """`cond` with each tensor field copied into a buffer the graph keeps reading: a new prompt
@@ -195,7 +259,8 @@ class FrameGraph:
         sampler = self.stream.sampler
         conds = tuple(getattr(c, f.name) for c in (guidance.text, guidance.negative) for f in dataclasses.fields(c))
         objects = (sampler, sampler._noise, sampler._coef, sampler._buffer, sampler._stock, *conds)
-        return objects, (guidance.cfg, guidance.scale, guidance.delta, tuple(frames.shape))
+        filtered = bool(self.stream.config.similarity_filter)
+        return objects, (guidance.cfg, guidance.scale, guidance.delta, tuple(frames.shape), filtered)
 
     def _same_key(self, key: tuple[tuple, tuple]) -> bool:
         if not self._key:
@@ -208,7 +273,10 @@ class FrameGraph:
         s, c = self.stream, self.stream.config
         before = s.sampler.unet_rows
         with torch.inference_mode():
-            x = kernels.preprocess(self._input, c.height, c.width, s.dtype)  # (k, 3, H, W) in [-1, 1]
+            if c.similarity_filter:  # preprocessed before the graph, for the filter's comparison
+                x = self._x
+            else:
+                x = kernels.preprocess(self._input, c.height, c.width, s.dtype)  # (k, 3, H, W) in [-1, 1]
             latents = s.io.encode(x)  # (k, 4, h, w)
             out, _ = s.sampler.advance(latents, PRIMED, self._guidance)  # x0 (k, 4, h, w)
             frames = kernels.postprocess(s.net.decode(out))  # (k, H, W, 3) uint8
@@ -223,9 +291,12 @@ class FrameGraph:
         self._graph, self._output, self._key, self._guidance = None, None, (), guidance
         self._input = torch.empty(frames.shape, dtype=torch.uint8, device=s.device)
         self._input.copy_(frames)
+        k, h, w = frames.shape[0], s.config.height, s.config.width
+        with torch.inference_mode():  # (k, 3, H, W), laid out as preprocess lays it out (the convolutions'
+            #                              algorithms, and so their last bits, follow the layout)
+            self._x = torch.zeros_like(kernels.preprocess(self._input, h, w, s.dtype))
         self._slots = self.depth if self.graphs else 1
         self._up = [(self._host(frames.shape), None) for _ in range(self._slots)]
-        k, h, w = frames.shape[0], s.config.height, s.config.width
         self._down = [self._host((k, h, w, 3)) for _ in range(self._slots)]
         if self.graphs:
             sampler, rows = s.sampler, s.sampler.unet_rows
@@ -242,17 +313,32 @@ class FrameGraph:
         return self.calls.pinned(shape) if self.graphs else torch.empty(shape, dtype=torch.uint8)
 
     def _upload(self, frames: torch.Tensor, slot: int) -> None:
+        """The frames into the graph's input."""
         if not self.graphs:
             self._input.copy_(frames)
             return
+        self._input.copy_(self._staged(frames, slot), non_blocking=True)
+        self._uploaded(slot)
+
+    def _upload_to_device(self, frames: torch.Tensor, slot: int) -> torch.Tensor:
+        """The frames on the device, in a new tensor (on the current stream)."""
+        if not self.graphs:
+            return frames.to(self.stream.device)
+        up = self._staged(frames, slot).to(self.stream.device, non_blocking=True)
+        self._uploaded(slot)
+        return up
+
+    def _staged(self, frames: torch.Tensor, slot: int) -> torch.Tensor:
         staging, copied = self._up[slot]
         if copied is not None:
             copied.synchronize()  # this slot's last upload (depth frames ago) has left it
         staging.copy_(frames)
-        self._input.copy_(staging, non_blocking=True)
+        return staging
+
+    def _uploaded(self, slot: int) -> None:
         event = self.calls.event()
         event.record()
-        self._up[slot] = (staging, event)
+        self._up[slot] = (self._up[slot][0], event)
 
     def _download(self, output: torch.Tensor, slot: int) -> _Pending:
         host = self._down[slot]

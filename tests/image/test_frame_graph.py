@@ -50,6 +50,18 @@ class FakeCalls(CudaCalls):
     def event(self):
         return FakeEvent(self.log)
 
+    def side_stream(self, device):
+        return "side"
+
+    def on(self, stream):
+        from contextlib import nullcontext
+
+        self.log.append(f"on {stream}")
+        return nullcontext()
+
+    def wait_for(self, stream, tensor, device):
+        self.log.append(f"wait {stream}")
+
     def capture(self, fn, device):
         self.log.append("capture")
         out = fn().clone()
@@ -159,8 +171,7 @@ def test_a_prompt_that_moves_every_frame_is_copied_in_not_captured_again(comps):
 
 
 def test_frames_a_graph_cannot_hold_run_eagerly_in_order(comps):
-    config = StreamDiffusionConfig(width=64, height=64, steps=1, strength=0.5, cfg_type="none",
-                                   similarity_filter=True, similarity_threshold=0.99)
+    config = StreamDiffusionConfig(width=64, height=64, steps=1, strength=0.5, cfg_type="none", temporal="feedback")
     images = frames(4, seed=5)
     expected = eager_outputs(comps, config, images)
     got, graph, _ = graph_outputs(comps, config, images, depth=2, calls=FakeCalls())
@@ -169,6 +180,29 @@ def test_frames_a_graph_cannot_hold_run_eagerly_in_order(comps):
         np.testing.assert_array_equal(a, b)
     with pytest.raises(StreamStudioError, match="at least 1"):
         FrameGraph(StreamDiffusion(comps, config), depth=0)
+
+
+@pytest.mark.parametrize("faked_gpu", [False, True], ids=["cpu", "faked-gpu"])
+@pytest.mark.parametrize("steps", [1, 2])
+def test_the_similarity_filter_skips_the_same_frames_through_the_graph(comps, faked_gpu, steps):
+    """Still stretches of a clip are skipped (their output repeats the last one), the same frames
+    and the same outputs as the eager stream; on the GPU branch the comparison runs on the side
+    stream and only a frame that goes through waits for it."""
+    config = StreamDiffusionConfig(width=64, height=64, steps=steps, strength=0.6, cfg_type="self",
+                                   guidance_scale=1.3, similarity_filter=True, similarity_threshold=0.9,
+                                   max_skip_frame=3)
+    a, b, c = frames(3, seed=8)
+    images = [a, a, a, a, a, a, b, b, c, c, c, a]
+    eager = StreamDiffusion(comps, config, prompt="a red fox")
+    expected = [np.copy(eager(image)) for image in images]
+    calls = FakeCalls() if faked_gpu else None
+    got, graph, stream = graph_outputs(comps, config, images, depth=2, calls=calls)
+    for x, y in zip(expected, got):
+        np.testing.assert_array_equal(x, y)
+    assert stream.stats.skipped == eager.stats.skipped > 0 and stream.stats.frames_in == len(images)
+    assert stream.skip_rate == eager.skip_rate
+    if faked_gpu:
+        assert calls.log.count("wait side") == graph.replays  # each frame that went through, once
 
 
 @pytest.mark.gpu
@@ -218,3 +252,18 @@ def test_render_frame_graph_builds_a_live_stream_one_frame_behind(capsys):
         build_pipeline(replace(request, acceleration="tensorrt"), "img2img")
     with pytest.raises(StreamStudioError, match="not with serve"):
         build_pipeline(request, "img2img", serving=True)
+
+
+@pytest.mark.gpu
+def test_the_filter_on_a_real_side_stream_skips_what_the_eager_stream_skips(tiny_components_factory):
+    comps = tiny_components_factory().to(torch.device("cuda"), torch.float16)
+    config = StreamDiffusionConfig(width=64, height=64, steps=2, strength=0.6, cfg_type="self", guidance_scale=1.3,
+                                   similarity_filter=True, similarity_threshold=0.9, max_skip_frame=3)
+    a, b = frames(2, seed=8)
+    images = [a, a, a, a, a, b, b, a, a]
+    eager = StreamDiffusion(comps, config, prompt="a red fox")
+    expected = [np.copy(eager(image)) for image in images]
+    got, graph, stream = graph_outputs(comps, config, images, depth=2, calls=CudaCalls())
+    assert stream.stats.skipped == eager.stats.skipped > 0 and graph.captures == 1
+    for x, y in zip(expected, got):
+        assert np.abs(x.astype(int) - y.astype(int)).max() <= 1
