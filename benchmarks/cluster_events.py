@@ -56,12 +56,12 @@ def wait(predicate, timeout: float) -> float:
 def run(window: float, feed_fps: float) -> dict:
     from streamstudio.app.cli import build_parser
     from streamstudio.app.cli.requests import serve_request
-    from streamstudio.app.web import ray_replicas
+    from streamstudio.app.web import ray_cluster, ray_replicas
 
     ray_replicas.WATCH_S = 0.5
     args = build_parser().parse_args(["serve", "--model", "tiny", "--width", "64", "--height", "64", "--device",
                                       "cpu", "--cluster", "local", "--node-replicas", "2", "--max-streams", "2"])
-    manager = ray_replicas.build_manager(serve_request(args))
+    manager = ray_cluster.build_manager(serve_request(args))
     stop = threading.Event()
     try:
         streams = [manager.open("s0"), manager.open("s1")]

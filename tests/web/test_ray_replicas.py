@@ -271,13 +271,13 @@ def test_the_health_check_runs_a_frame_through_the_network(monkeypatch):
 def test_cluster_options_are_checked(monkeypatch):
     from streamstudio.app.cli import build_parser
     from streamstudio.app.cli.requests import serve_request
-    from streamstudio.app.web.ray_replicas import build_manager
+    from streamstudio.app.web.ray_cluster import build_manager
 
     parse = build_parser().parse_args
     with pytest.raises(StreamStudioError, match="--gpus and --cluster do not go together"):
         build_manager(serve_request(parse(["serve", "--model", "tiny", "--cluster", "local", "--gpus", "2"])))
     from streamstudio.app import ray_connect
-    from streamstudio.app.web.ray_replicas import RayReplicas
+    from streamstudio.app.web.ray_cluster import RayReplicas
 
     def no_ray(*args, **kwargs):
         raise AssertionError("Ray was joined before the options were checked")
@@ -339,7 +339,7 @@ def test_two_nodes_spread_streams_and_a_lost_node_moves_them(monkeypatch):
     from streamstudio.app import ray_connect
     from streamstudio.app.cli import build_parser
     from streamstudio.app.cli.requests import serve_request
-    from streamstudio.app.web import ray_replicas
+    from streamstudio.app.web import ray_cluster, ray_replicas
 
     port = free_port()
     # docs/cluster.md's steps with Ray's token login on: a token at hand (as ~/.ray/auth_token is once
@@ -369,7 +369,7 @@ def test_two_nodes_spread_streams_and_a_lost_node_moves_them(monkeypatch):
         watch, ray_replicas.WATCH_S = ray_replicas.WATCH_S, 0.5
         args = build_parser().parse_args(["serve", "--model", "tiny", "--cluster", address, "--max-streams", "2",
                                           "--width", "64", "--height", "64", "--device", "cpu"])
-        manager = ray_replicas.build_manager(serve_request(args))
+        manager = ray_cluster.build_manager(serve_request(args))
         assert len(manager.replicas) == 1  # the head's
         head_nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
         # a node that joins later gets a replica of its own, and takes new streams

@@ -51,6 +51,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "(docs/cluster.md)")
     p.add_argument("--node-replicas", type=number(int, 1, 64), default=1,
                    help="with --cluster, CPU replicas on each node without GPUs (default 1)")
+    p.add_argument("--max-replicas", type=number(int, 1, 4096), default=None,
+                   help="with --cluster, elastic replicas: at most this many, one more whenever every replica is full "
+                        "(on a node with room, else asked of Ray's autoscaler); default: one per GPU of every node")
+    p.add_argument("--min-replicas", type=number(int, 1, 4096), default=None,
+                   help="with --max-replicas, the replicas kept running however idle (default 1)")
+    p.add_argument("--replica-idle-release", type=number(float, 1, 86400), default=60.0,
+                   help="with --max-replicas, stop a replica that held no stream this many seconds (default 60)")
     p.add_argument("--replica-transport", choices=("auto", "compiled", "calls"), default="auto",
                    help="with --cluster, how frames reach the replicas: compiled (Ray compiled graphs: under 1 ms a "
                         "512x512 frame, a CPU core kept busy per replica), calls (plain actor calls: ~7 ms more, no "
@@ -259,7 +266,7 @@ def build_app(args, model=None):
     rtc = webrtc.rtc_config_from_env()
     if model is None and getattr(args, "cluster", None):  # replicas as Ray actors (app/web/ray_replicas.py)
         from streamstudio.app.cli.requests import serve_request
-        from streamstudio.app.web.ray_replicas import build_manager
+        from streamstudio.app.web.ray_cluster import build_manager
 
         manager = build_manager(serve_request(args))
     elif model is None and getattr(args, "gpus", 1) != 1:  # N replicas of the model (app/web/replicas.py)

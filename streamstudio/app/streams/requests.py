@@ -62,6 +62,9 @@ class ServeRequest:
     gpus: int = 1
     cluster: str | None = None
     node_replicas: int = 1
+    min_replicas: int | None = None  # elastic replicas on the cluster (app/web/ray_cluster.py); None: fixed
+    max_replicas: int | None = None
+    replica_idle_release: float = 60.0  # elastic: an idle replica stops after this many seconds
     replica_transport: str = "auto"
 
     def on(self, device: str) -> ServeRequest:

@@ -70,7 +70,9 @@ def _replicas(out: _Text, manager) -> None:
     out.family("streamstudio_replica_healthy", "gauge", "1 for a replica that runs, 0 for one that failed.",
                [({"replica": r["replica"]}, r["failed"] is None) for r in replicas])
     for name, attr, text in (("streamstudio_stream_moves_total", "moves", "Streams moved off failed replicas."),
-                             ("streamstudio_stream_rebalances_total", "rebalances", "Streams moved to even the load.")):
+                             ("streamstudio_stream_rebalances_total", "rebalances", "Streams moved to even the load."),
+                             ("streamstudio_replicas_released_total", "released",
+                              "Idle replicas stopped (elastic replicas).")):
         if hasattr(manager, attr):
             out.family(name, "counter", text, [({}, getattr(manager, attr))])
 

@@ -18,23 +18,25 @@ figures:
 from __future__ import annotations
 
 import logging
-import os
 import statistics
 import threading
 import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from streamstudio.app.streams.requests import ServeRequest
-from streamstudio.app.web.replica_actor import HEALTH_SID, ReplicaActor, first_error
+from streamstudio.app.web.replica_actor import HEALTH_SID, first_error
 from streamstudio.app.web.replicas import ReplicaSessionManager
 from streamstudio.app.web.model_guard import ModelGuard
 from streamstudio.app.web.sessions import SessionManager
 from streamstudio.errors import StreamStudioError
 from streamstudio.frames import fit
+
+if TYPE_CHECKING:  # (ray_cluster imports this module)
+    from streamstudio.app.web.ray_cluster import RayReplicas
 
 log = logging.getLogger(__name__)
 
@@ -425,6 +427,7 @@ class ClusterSessionManager(ReplicaSessionManager):
         self.replicas = list(replicas)
         self._placed: dict[str, RemoteReplica] = {}
         self.moves = self.rebalances = 0  # streams moved off failed replicas / to even the load (/metrics)
+        self.released = 0  # elastic: idle replicas stopped
         for replica in replicas:
             replica.model.manager = self
         SessionManager.__init__(self, replicas[0].model, max_streams=max_streams, idle_timeout=idle_timeout,
@@ -490,6 +493,10 @@ class ClusterSessionManager(ReplicaSessionManager):
         if not self._healthy():
             return ("StreamStudio cannot take live streams: no model replica is running on the cluster; it "
                     "starts new ones as nodes join (see `ray status`)")
+        policy, healthy = self.cluster.elastic, len(self._healthy())
+        if policy is not None and healthy + self.cluster.starting < policy.max_replicas or self.cluster.starting:
+            return (f"StreamStudio is busy: all {healthy} model replica(s) are full ({self.per_replica} live "
+                    "stream(s) each) and another is starting; try again in a minute.")
         return super().busy_message()
 
     def move(self, sid: str, old: RemoteReplica, why: str) -> RemoteReplica:
@@ -545,6 +552,8 @@ class ClusterSessionManager(ReplicaSessionManager):
                 for replica in self._healthy():
                     replica.check_health()
             try:
+                if self.cluster.elastic is not None:
+                    self._elastic_step()
                 for replica in self.cluster.check(self.replicas):
                     replica.model.manager = self
                     with self._lock:
@@ -553,6 +562,29 @@ class ClusterSessionManager(ReplicaSessionManager):
                 self.rebalance()
             except Exception:  # pragma: no cover - keep watching
                 log.exception("replica watcher")
+
+    def _elastic_step(self) -> None:
+        """Elastic replicas (`ray_cluster.ElasticPolicy`): one more when every one is full, an
+        idle one stopped after its idle time while more than the minimum run."""
+        policy, cluster = self.cluster.elastic, self.cluster
+        with self._lock:
+            healthy = self._healthy()
+            if policy.grow([len(r.sessions) for r in healthy], self.per_replica, cluster.starting):
+                cluster.target = len(healthy) + 1
+                log.info("every replica is full (%d): starting another (at most %d)", len(healthy),
+                         policy.max_replicas)
+                return
+            index = policy.release({r.index: len(r.sessions) for r in healthy}, cluster.starting)
+            replica = next((r for r in healthy if r.index == index), None)
+            if replica is None:
+                return
+            replica.draining = True  # no stream is placed on it from now on
+            cluster.release()
+            self.replicas.remove(replica)
+            self.released += 1
+        replica.close(kill=True)
+        log.info("%s held no stream for %.0f s: stopped (%d replica(s) run)", replica.name, policy.release_idle_s,
+                 len(self._healthy()))
 
     def shutdown(self) -> None:
         self._stop.set()
@@ -564,125 +596,6 @@ class ClusterSessionManager(ReplicaSessionManager):
 
     def stats(self) -> list[dict]:
         return [r.stats() for r in self.replicas]
-
-
-class RayReplicas:
-    """The Ray side of `serve --cluster`: connecting, and starting replica actors where the
-    cluster has room for them (one per GPU; `node_replicas` on a node without GPUs)."""
-
-    def __init__(self, request: ServeRequest, address: str | None, node_replicas: int = 1, transport: str = "auto"):
-        import ray
-
-        from streamstudio.app.ray_connect import connect_ray
-
-        if transport not in ("auto", *TRANSPORTS):  # said before Ray starts
-            raise StreamStudioError(f"--replica-transport {transport!r}: use auto, {' or '.join(TRANSPORTS)}")
-        if transport == "compiled" and address is not None and address.startswith("ray://"):
-            raise StreamStudioError("--replica-transport compiled needs a driver of the cluster: Ray client (ray://) "
-                                    "cannot run compiled graphs; give the cluster's HOST:6379 from one of its nodes")
-        self.ray = ray
-        self.started = connect_ray(address)
-        self.address = address or "a local Ray"
-        self.request, self.node_replicas = request, node_replicas
-        self.transport = "calls" if address is not None and address.startswith("ray://") else transport
-        self._actor_class = ray.remote(ReplicaActor)
-        self._count = 0
-        self._starting: list[tuple[object, str, object]] = []  # (actor, node id, its info ref)
-        self._retired: dict[str, int] = {}  # node id -> replicas drained there on purpose (not started again)
-
-    def _nodes(self) -> list[dict]:
-        return [n for n in self.ray.nodes() if n.get("Alive")]
-
-    def start_wanted(self, live: list[RemoteReplica] = (), wait: bool = False) -> list[RemoteReplica]:
-        """Start the replicas each live node should have and does not; with `wait`, return them
-        once loaded (else `check` picks them up when ready)."""
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        have: dict[str, int] = {}
-        for replica in live:
-            if replica.failed is None:
-                have[replica.info["node_id"]] = have.get(replica.info["node_id"], 0) + 1
-        for _, node_id, _ in self._starting:
-            have[node_id] = have.get(node_id, 0) + 1
-        for node in self._nodes():
-            gpus, cpus = int(node["Resources"].get("GPU", 0)), int(node["Resources"].get("CPU", 1))
-            want = (gpus or self.node_replicas) - self._retired.get(node["NodeID"], 0)
-            for _ in range(want - have.get(node["NodeID"], 0)):
-                strategy = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
-                if gpus:
-                    options, request, threads = {"num_gpus": 1}, self.request.on("cuda"), None
-                else:  # a CPU replica: its share of the node's cores, as torch threads, reserved
-                    threads = max(1, cpus // want)  # (so that Ray's scheduler and autoscaler see the load)
-                    options, request = {"num_cpus": cpus / want}, self.request.on("cpu")
-                actor = self._actor_class.options(max_restarts=0, scheduling_strategy=strategy,
-                                                  **options).remote(request, threads)
-                self._starting.append((actor, node["NodeID"], actor.info.remote()))
-        if not wait:
-            return []
-        return self._ready(timeout=None)
-
-    def _ready(self, timeout: float | None) -> list[RemoteReplica]:
-        """The started replicas that have loaded their model (those that failed to are dropped, said once)."""
-        ready = []
-        refs = [ref for _, _, ref in self._starting]
-        if not refs:
-            return ready
-        done, _ = self.ray.wait(refs, num_returns=len(refs), timeout=timeout)
-        for actor, node_id, ref in list(self._starting):
-            if ref not in done:
-                continue
-            self._starting.remove((actor, node_id, ref))
-            try:
-                info = self.ray.get(ref)
-            except Exception as exc:
-                log.error("a model replica on node %s did not start: %s", node_id[:8], first_error(exc))
-                continue
-            transport = self.transport
-            if transport == "auto":  # (see the module's docstring)
-                transport = "compiled" if str(info["device"]).startswith("cuda") else "calls"
-            ready.append(RemoteReplica(self._count, actor, info, transport))
-            self._count += 1
-        return ready
-
-    def check(self, replicas: list[RemoteReplica]) -> list[RemoteReplica]:
-        """The watcher's look: replicas on nodes that died are failed at once; nodes with fewer
-        replicas than they should have get new ones. Returns the replicas that became ready."""
-        alive = {n["NodeID"] for n in self._nodes()}
-        for replica in replicas:
-            if replica.failed is None and replica.info["node_id"] not in alive:
-                replica.fail("its node left the cluster")
-        self.start_wanted(replicas)
-        return self._ready(timeout=0)
-
-    def retire(self, node_id: str) -> None:
-        """One replica fewer wanted on `node_id` (one was drained there)."""
-        self._retired[node_id] = self._retired.get(node_id, 0) + 1
-
-    def shutdown(self) -> None:
-        for actor, _, _ in self._starting:
-            self.ray.kill(actor)
-        if self.started:
-            self.ray.shutdown()
-
-
-def build_manager(request: ServeRequest) -> ClusterSessionManager:
-    """`serve --cluster auto|local|ray://HOST:10001|HOST:6379`: replicas on that cluster, the
-    sessions over them."""
-    choice = request.cluster
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        raise StreamStudioError("serve --cluster needs Ray: pip install 'streamstudio[ray]'") from None
-    if request.gpus != 1:
-        raise StreamStudioError("--gpus and --cluster do not go together: with --cluster every GPU of the cluster "
-                                "gets a replica")
-    address = {"auto": os.environ.get("RAY_ADDRESS") or None, "local": None}.get(choice, choice)
-    cluster = RayReplicas(request, address, node_replicas=request.node_replicas, transport=request.replica_transport)
-    try:
-        return ClusterSessionManager(cluster, max_streams=request.max_streams, idle_timeout=request.idle_timeout)
-    except BaseException:
-        cluster.shutdown()
-        raise
 
 
 def mount(app, manager: ClusterSessionManager) -> None:
