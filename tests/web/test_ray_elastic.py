@@ -105,3 +105,54 @@ def test_a_full_cluster_grows_by_a_replica_and_an_idle_one_is_released():
         stop.set()
         server.close()
         ray_replicas.WATCH_S = watch
+
+
+def test_a_rolling_update_replaces_every_replica_with_no_stream_dropped():
+    """Two CPU replicas of the tiny model, a stream on each, fed throughout: `POST
+    /studio/replicas/update {"model": "builtin"}` drains one replica, the watcher starts its
+    replacement with the built-in model, then the other; both streams keep producing frames and
+    end on built-in replicas with their settings; a bad update is refused at once."""
+    pytest.importorskip("ray")
+    import live_server
+    from streamstudio.app.web import ray_replicas
+
+    watch, ray_replicas.WATCH_S = ray_replicas.WATCH_S, 0.3
+    server = live_server.start("--cluster", "local", "--node-replicas", "2", "--max-streams", "2",
+                               "--device", "cpu")
+    stop = threading.Event()
+    try:
+        manager = server.manager
+        a, b = manager.open("ua"), manager.open("ub")
+        b.request({"seed": 11})
+
+        def pump():
+            k = 0
+            while not stop.is_set():
+                for s in (a, b):
+                    s.submit(frame((5 * k) % 256, 64, 64))
+                k += 1
+                time.sleep(0.05)
+
+        feeder = threading.Thread(target=pump, daemon=True)
+        feeder.start()
+        assert wait_for(lambda: a.processed >= 2 and b.processed >= 2, 90)
+        old = {r.index for r in manager.replicas}
+        bad = httpx.post(server.url + "/studio/replicas/update", json={"width": 512}, timeout=10)
+        assert bad.status_code == 400 and "cannot change width" in bad.json()["error"]
+        r = httpx.post(server.url + "/studio/replicas/update", json={"model": "builtin"}, timeout=10)
+        assert r.status_code == 202, r.text
+        again = httpx.post(server.url + "/studio/replicas/update", json={"model": "tiny"}, timeout=10)
+        assert again.status_code == 409
+        state = manager.update.wait(240)
+        assert state == {"status": "done", "changes": {"model": "builtin"}, "replaced": 2, "of": 2, "error": None}
+        replicas = httpx.get(server.url + "/studio/status", timeout=10).json()
+        assert [r["model"] for r in replicas["replicas"]] == ["builtin", "builtin"]
+        assert not old & {r.index for r in manager.replicas} and replicas["update"]["status"] == "done"
+        seen = a.processed, b.processed
+        assert wait_for(lambda: a.processed >= seen[0] + 3 and b.processed >= seen[1] + 3, 60)
+        assert a.error is None and b.error is None and b.stats()["settings"]["seed"] == 11
+        assert replicas["model"] == "builtin"  # new streams' banner
+    finally:
+        stop.set()
+        server.close()
+        ray_replicas.WATCH_S = watch

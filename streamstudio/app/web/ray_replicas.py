@@ -244,7 +244,8 @@ class RemoteReplica:
             threading.Thread(target=free, name=f"replica-{self.index}-teardown", daemon=True).start()
 
     def stats(self) -> dict:
-        return {"replica": self.index, "device": self.device, "node": self.node, "node_id": self.info["node_id"],
+        return {"replica": self.index, "model": self.info["name"], "device": self.device, "node": self.node,
+                "node_id": self.info["node_id"],
                 "pid": self.info["pid"], "sessions": len(self.sessions), "frames": self.frames,
                 "healthy": self.failed is None, "failed": self.failed, "health_checks": self.probes,
                 "batching": self.batching,
@@ -428,6 +429,7 @@ class ClusterSessionManager(ReplicaSessionManager):
         self._placed: dict[str, RemoteReplica] = {}
         self.moves = self.rebalances = 0  # streams moved off failed replicas / to even the load (/metrics)
         self.released = 0  # elastic: idle replicas stopped
+        self.update = None  # the rolling update under way or last made (app/web/ray_rollout.py)
         for replica in replicas:
             replica.model.manager = self
         SessionManager.__init__(self, replicas[0].model, max_streams=max_streams, idle_timeout=idle_timeout,
@@ -447,10 +449,12 @@ class ClusterSessionManager(ReplicaSessionManager):
     def _healthy(self) -> list[RemoteReplica]:
         return [r for r in self.replicas if r.failed is None and not r.draining]
 
-    def drain(self, index: int) -> list[str]:
+    def drain(self, index: int, retire: bool = True) -> list[str]:
         """Take replica `index` out of service with no stream lost: its streams move to the others
-        at their next frames, then it stops and is not started again. Returns the streams that
-        move; StreamStudioError when there is no such replica or the others have no room."""
+        at their next frames, then it stops and is not started again (`retire`; else the watcher
+        starts its replacement from the cluster's request: a rolling update, app/web/ray_rollout.py).
+        Returns the streams that move; StreamStudioError when there is no such replica or the
+        others have no room."""
         with self._lock:
             replica = next((r for r in self._healthy() if r.index == index), None)
             if replica is None:
@@ -460,6 +464,8 @@ class ClusterSessionManager(ReplicaSessionManager):
                 raise StreamStudioError(f"the other replicas have no room for {replica.name}'s "
                                         f"{len(replica.sessions)} stream(s); try when fewer streams run")
             replica.draining = True
+            if retire:  # at once: the watcher must not start another there meanwhile
+                self.cluster.retire(replica.info["node_id"])
             moves = []
             for sid in sorted(replica.sessions):
                 target = min((r for r in others if len(r.sessions) < self.per_replica),
@@ -483,7 +489,6 @@ class ClusterSessionManager(ReplicaSessionManager):
         on_it = lambda sid: getattr(getattr(self._sessions.get(sid), "processor", None), "replica", None)  # noqa: E731
         while time.monotonic() < deadline and not self._stop.is_set() and any(on_it(s) is replica for s in sids):
             time.sleep(0.1)
-        self.cluster.retire(replica.info["node_id"])
         replica.close(kill=True)
         with self._lock:
             self.replicas.remove(replica)
@@ -599,8 +604,25 @@ class ClusterSessionManager(ReplicaSessionManager):
 
 
 def mount(app, manager: ClusterSessionManager) -> None:
-    """`POST /studio/replicas/{index}/drain`: 202 and the streams that move; 409 no room, 404 no replica."""
+    """`POST /studio/replicas/{index}/drain`: 202 and the streams that move; 409 no room, 404 no
+    replica. `POST /studio/replicas/update` (JSON: what changes, e.g. {"model": ...}): a rolling
+    update (app/web/ray_rollout.py), 202 with its state; 409 while one runs, 400 for a bad change."""
+    from fastapi import Body
     from fastapi.responses import JSONResponse
+
+    from streamstudio.app.web.ray_rollout import RollingUpdate
+
+    @app.post("/studio/replicas/update", tags=["studio"], status_code=202)
+    async def update(changes: dict = Body(default=None)):  # noqa: B008 - FastAPI's way to take the JSON body
+        current = manager.update
+        if current is not None and current.status == "running":
+            return JSONResponse({"status": "failed", "error": "a rolling update is under way",
+                                 "update": current.state()}, status_code=409)
+        try:
+            manager.update = RollingUpdate(manager, changes)
+        except StreamStudioError as exc:
+            return JSONResponse({"status": "failed", "error": str(exc)}, status_code=400)
+        return JSONResponse({"status": "updating", "update": manager.update.state()}, status_code=202)
 
     @app.post("/studio/replicas/{index}/drain", tags=["studio"], status_code=202)
     async def drain(index: int):

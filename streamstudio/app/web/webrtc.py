@@ -578,4 +578,6 @@ def status_payload(manager: SessionManager, stream=None) -> dict:
         out.update(in_use=stream.slots_in_use())
     if hasattr(manager, "stats"):  # serve --gpus / --cluster: every replica, its node, load and health
         out["replicas"] = manager.stats()
+    if getattr(manager, "update", None) is not None:  # serve --cluster: the rolling update's progress
+        out["update"] = manager.update.state()
     return out
