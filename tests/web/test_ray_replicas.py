@@ -330,10 +330,13 @@ def processes_of_session(sid: int) -> list[int]:
 
 
 @pytest.mark.slow
-def test_two_nodes_spread_streams_and_a_lost_node_moves_them(monkeypatch):
-    """Two Ray nodes on this machine (loopback): the second joins after the server started and
-    gets a replica; a stream on each; the second node's processes killed; its stream moves to the
-    first and the first node's stream keeps its frame rate; nothing of the lost node is left running."""
+def test_two_nodes_spread_a_killed_replica_comes_back_and_a_drained_node_loses_no_stream(monkeypatch):
+    """Issue 47's events on two Ray nodes on this machine (loopback), Ray's token login on
+    throughout: two streams fed on the head's one replica; a second node joins under that load,
+    gets a replica and one stream moves there (spread); that replica is killed, its stream moves
+    back, the replacement starts on the same node, the streams spread again and each runs within
+    20 % of its frame rate before; the replica is drained (its stream moves, none is lost, no
+    other starts there); finally the whole second node is killed and nothing of it is left running."""
     import ray
 
     from streamstudio.app import ray_connect
@@ -372,18 +375,38 @@ def test_two_nodes_spread_streams_and_a_lost_node_moves_them(monkeypatch):
         manager = ray_cluster.build_manager(serve_request(args))
         assert len(manager.replicas) == 1  # the head's
         head_nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
-        # a node that joins later gets a replica of its own, and takes new streams
-        node = ray_cli("start", "--block", f"--address={address}", "--num-cpus=1", "--node-ip-address=127.0.0.1",
-                       env=env)
-        assert wait_for_sync(lambda: len(manager._healthy()) == 2, 120), manager.stats()
-        assert len({r.info["node_id"] for r in manager.replicas}) == 2  # one replica on each node
-        a, b = manager.open("na"), manager.open("nb")
-        assert manager.replica_of("na").info["node_id"] != manager.replica_of("nb").info["node_id"]
+        a, b = manager.open("na"), manager.open("nb")  # both on the head's replica
         stop = threading.Event()
         feeder = threading.Thread(target=pump, args=([a, b], stop), daemon=True)
         feeder.start()
         assert wait_for_sync(lambda: a.processed >= 5 and b.processed >= 5, 90)
-        lost, kept = (b, a) if manager.replica_of("nb").info["node_id"] not in head_nodes else (a, b)
+        # a node that joins under load gets a replica of its own, and one stream moves there
+        node = ray_cli("start", "--block", f"--address={address}", "--num-cpus=1", "--node-ip-address=127.0.0.1",
+                       env=env)
+        spread = lambda: manager.replica_of("na").info["node_id"] != manager.replica_of("nb").info["node_id"]  # noqa: E731
+        assert wait_for_sync(lambda: len(manager._healthy()) == 2 and spread(), 120), manager.stats()
+        assert wait_for_sync(lambda: a.processed >= 40 and b.processed >= 40, 60)
+        time.sleep(3)  # a window of frames on their own replicas
+        before = {s.sid: s.metrics().recent_fps for s in (a, b)}
+        # its replica killed: its stream moves back, the replacement starts there, the load spreads again
+        remote = next(r for r in manager._healthy() if r.info["node_id"] not in head_nodes)
+        os.kill(remote.info["pid"], signal.SIGKILL)
+        assert wait_for_sync(lambda: remote.failed is not None, 30)
+        assert wait_for_sync(lambda: len(manager._healthy()) == 2 and spread(), 120), manager.stats()
+        time.sleep(4)
+        after = {s.sid: s.metrics().recent_fps for s in (a, b)}
+        assert all(after[sid] >= 0.8 * before[sid] for sid in before), (before, after)
+        assert a.error is None and b.error is None
+        # drained on purpose: its stream moves to the head, none is lost, and no replica starts there again
+        remote = next(r for r in manager._healthy() if r.info["node_id"] not in head_nodes)
+        seen = a.processed, b.processed
+        assert manager.drain(remote.index)
+        assert wait_for_sync(lambda: remote not in manager.replicas, 60), manager.stats()
+        assert wait_for_sync(lambda: a.processed >= seen[0] + 5 and b.processed >= seen[1] + 5, 60)
+        assert a.error is None and b.error is None and not spread()
+        time.sleep(2)
+        assert len(manager._healthy()) == 1
+        lost, kept = b, a
         before = kept.metrics().recent_fps
         doomed = descendants(node.pid)  # the second node: its raylet and every worker of it (a machine lost)
         os.killpg(node.pid, signal.SIGKILL)
@@ -392,12 +415,11 @@ def test_two_nodes_spread_streams_and_a_lost_node_moves_them(monkeypatch):
                 os.kill(pid, signal.SIGKILL)
         node.wait(10)
         seen = lost.processed
-        assert wait_for_sync(lambda: lost.processed >= seen + 5, 60), lost.stats()
-        assert "moved to" in (lost.stats()["notice"] or "")
-        assert kept.error is None
+        assert wait_for_sync(lambda: lost.processed >= seen + 5, 60), lost.stats()  # (both on the head now)
+        assert kept.error is None and lost.error is None
         time.sleep(3)
         after = kept.metrics().recent_fps
-        assert after >= 0.5 * before, (before, after)
+        assert after >= 0.8 * before, (before, after)
         stop.set()
         feeder.join()
         assert wait_for_sync(lambda: not (processes_of_session(node.pid) or alive(doomed)), 30), alive(doomed)
