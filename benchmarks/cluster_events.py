@@ -4,9 +4,12 @@ after each event, with `serve --cluster local` on this machine (the tiny model, 
 Two CPU replicas, one stream each, fed faster than a replica runs (the model sets the pace).
 Events: one replica's process killed (SIGKILL); its stream moves to the survivor at once; the
 watcher starts a replacement; once it is ready the watcher rebalances, and each replica holds one
-stream again. The figures: each stream's fps before the kill, while the survivor holds both, and
-after the rebalance; how long the move, the replacement and the rebalance took; the target
-(issue 47): every stream back within 20% of its earlier fps after the replacement is ready.
+stream again. Then a rolling update (both replicas replaced one at a time, app/web/ray_rollout.py)
+and a drain (one replica taken out, both streams on the other), each with the streams' fps
+before, during and after it and whether every stream kept going. The figures: each stream's fps
+before the kill, while the survivor holds both, and after the rebalance; how long the move, the
+replacement and the rebalance took; the target (issue 47): every stream back within 20% of its
+earlier fps after the replacement is ready.
 
     python benchmarks/cluster_events.py            # about 2 minutes here
 """
@@ -53,6 +56,28 @@ def wait(predicate, timeout: float) -> float:
     return time.monotonic() - t0
 
 
+def start_update(manager) -> None:
+    """A rolling update to the same model: every replica replaced, one at a time."""
+    from streamstudio.app.web.ray_rollout import RollingUpdate
+
+    manager.update = RollingUpdate(manager, {"model": "tiny"})
+
+
+def event(streams, window: float, action, settled, timeout: float) -> dict:
+    """Each stream's fps in a window before `action`, from it until `settled()`, and in a window
+    after; how long it took to settle and whether every stream kept producing frames."""
+    before = window_fps(streams, window)
+    counts, t0 = [s.processed for s in streams], time.monotonic()
+    action()
+    took = wait(settled, timeout)
+    held = time.monotonic() - t0
+    during = {s.sid: (s.processed - n) / held for s, n in zip(streams, counts)}
+    time.sleep(1.0)
+    after = window_fps(streams, window)
+    return {"before": before, "during": during, "after": after, "settled_s": took,
+            "no_stream_lost": all(s.error is None and not s.closed for s in streams)}
+
+
 def run(window: float, feed_fps: float) -> dict:
     from streamstudio.app.cli import build_parser
     from streamstudio.app.cli.requests import serve_request
@@ -81,9 +106,16 @@ def run(window: float, feed_fps: float) -> dict:
             else None
         time.sleep(1.0)  # the moved stream's first frames on its new replica
         after = window_fps(streams, window)
-        return {"before": before, "during": during, "after": after, "moved_s": moved_s,
+        kill = {"before": before, "during": during, "after": after, "moved_s": moved_s,
                 "replacement_ready_s": ready_s, "rebalanced_after_ready_s": spread_s, "survivor_held_both_s": held,
                 "moves": manager.moves, "rebalances": manager.rebalances}
+        update = event(streams, window, lambda: start_update(manager), lambda: manager.update.status != "running",
+                       600)
+        update["state"] = manager.update.state()
+        drained = manager.replica_of("s1")
+        drain = event(streams, window, lambda: manager.drain(drained.index), lambda: drained not in manager.replicas,
+                      120)
+        return {**kill, "events": {"rolling update": update, "drain": drain}}
     finally:
         stop.set()
         manager.shutdown()
@@ -108,6 +140,11 @@ def main() -> None:
           f"rebalanced {r['rebalanced_after_ready_s']:.1f} s after that (one replica held both for "
           f"{r['survivor_held_both_s']:.1f} s); target every stream >= {TARGET:.0%} of "
           f"its fps before after the rebalance: {'met' if met else 'MISSED'}")
+    for name, e in r["events"].items():
+        print(f"\n{name}: settled in {e['settled_s']:.1f} s, every stream kept going: {e['no_stream_lost']}")
+        print(table([("stream", "stream", "<8"), ("fps before", "before", ">11.1f"), ("fps during", "during", ">11.1f"),
+                     ("fps after", "after", ">10.1f")],
+                    [{"stream": sid, **{k: e[k][sid] for k in ("before", "during", "after")}} for sid in e["before"]]))
     write_json(RESULTS / "cluster_events.json", {"date": utc_now(), "machine": platform.processor() or "cpu",
                                                  "cpus": os.cpu_count(), "feed_fps": opts.feed_fps,
                                                  "window_s": opts.window, "target_ratio": TARGET,
