@@ -106,7 +106,9 @@ def run(window: float, feed_fps: float) -> dict:
             else None
         time.sleep(1.0)  # the moved stream's first frames on its new replica
         after = window_fps(streams, window)
+        replacement = max(manager._healthy(), key=lambda r: r.index)
         kill = {"before": before, "during": during, "after": after, "moved_s": moved_s,
+                "replacement_startup": replacement.info.get("startup"),
                 "replacement_ready_s": ready_s, "rebalanced_after_ready_s": spread_s, "survivor_held_both_s": held,
                 "moves": manager.moves, "rebalances": manager.rebalances}
         update = event(streams, window, lambda: start_update(manager), lambda: manager.update.status != "running",
@@ -140,6 +142,13 @@ def main() -> None:
           f"rebalanced {r['rebalanced_after_ready_s']:.1f} s after that (one replica held both for "
           f"{r['survivor_held_both_s']:.1f} s); target every stream >= {TARGET:.0%} of "
           f"its fps before after the rebalance: {'met' if met else 'MISSED'}")
+    parts = r.get("replacement_startup") or {}
+    if parts:
+        print(f"the replacement's {r['replacement_ready_s']:.1f} s: the watcher saw the death and asked Ray for it "
+              f"after {r['replacement_ready_s'] - parts['ready_s']:.1f} s; Ray placed it and its process ran our code "
+              f"in {parts['process_s']:.1f} s; torch, the model and its executor took {parts['load_s']:.1f} s; "
+              f"its description reached the front end {parts['ready_s'] - parts['process_s'] - parts['load_s']:.1f} s "
+              "later")
     for name, e in r["events"].items():
         print(f"\n{name}: settled in {e['settled_s']:.1f} s, every stream kept going: {e['no_stream_lost']}")
         print(table([("stream", "stream", "<8"), ("fps before", "before", ">11.1f"), ("fps during", "during", ">11.1f"),

@@ -91,6 +91,8 @@ def test_a_full_cluster_grows_by_a_replica_and_an_idle_one_is_released():
         assert wait_for(lambda: len(manager._healthy()) == 2, 120), manager.stats()
         b = manager.open("eb")
         assert manager.replica_of("eb") is not manager.replica_of("ea")
+        startup = manager.replica_of("eb").stats()["startup"]  # where its start-up went
+        assert set(startup) == {"process_s", "load_s", "ready_s"} and 0 < startup["load_s"] < startup["ready_s"]
         b.submit(frame(40, 64, 64))
         assert wait_for(lambda: b.processed >= 1, 60) and b.error is None
         manager.close("eb")

@@ -69,6 +69,17 @@ class ElasticPolicy:
         return index
 
 
+def startup(asked_at: float | None, info: dict) -> dict:
+    """Where a replica's start-up went, in seconds: `process` from being asked for to its actor's
+    code running (Ray placing it, a worker process, this package's imports), `load` (torch, the
+    model, its executor), `ready` in all until the front end has its description."""
+    if asked_at is None or "init_at" not in info:
+        return {}
+    ready = time.time() - asked_at
+    return {"process_s": round(info["init_at"] - asked_at, 2), "load_s": round(info["load_s"], 2),
+            "ready_s": round(ready, 2)}
+
+
 class RayReplicas:
     """The Ray side of `serve --cluster`: connecting, and starting replica actors where the
     cluster has room for them (one per GPU; `node_replicas` on a node without GPUs). With an
@@ -93,6 +104,7 @@ class RayReplicas:
         self._actor_class = ray.remote(ReplicaActor)
         self._count = 0
         self._starting: list[tuple[object, str, object]] = []  # (actor, node id, its info ref)
+        self._started_at: dict[int, float] = {}  # id(actor) -> when it was asked for (its start-up's parts)
         self._retired: dict[str, int] = {}  # node id -> replicas drained there on purpose (not started again)
         self.elastic = elastic
         self.target = elastic.min_replicas if elastic else None  # elastic: the replicas wanted in all
@@ -150,6 +162,7 @@ class RayReplicas:
         actor = self._actor_class.options(max_restarts=0, scheduling_strategy=strategy,
                                           **options).remote(request, threads)
         self._starting.append((actor, node["NodeID"], actor.info.remote()))
+        self._started_at[id(actor)] = time.time()
 
     def _ask_autoscaler(self, nodes: list[dict]) -> None:
         """Every node is full: ask Ray's autoscaler for a node's worth of a replica (a cluster
@@ -182,6 +195,8 @@ class RayReplicas:
             except Exception as exc:
                 log.error("a model replica on node %s did not start: %s", node_id[:8], first_error(exc))
                 continue
+            info["startup"] = startup(self._started_at.pop(id(actor), None), info)
+            log.info("a model replica on node %s is ready: %s", node_id[:8], info["startup"])
             transport = self.transport
             if transport == "auto":  # (see the module's docstring)
                 transport = "compiled" if str(info["device"]).startswith("cuda") else "calls"

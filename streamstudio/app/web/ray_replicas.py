@@ -249,7 +249,7 @@ class RemoteReplica:
                 "pid": self.info["pid"], "sessions": len(self.sessions), "frames": self.frames,
                 "healthy": self.failed is None, "failed": self.failed, "health_checks": self.probes,
                 "batching": self.batching,
-                "transport": self.transport, "overhead_ms": self.overhead_ms()}
+                "transport": self.transport, "overhead_ms": self.overhead_ms(), "startup": self.info.get("startup")}
 
     def overhead_ms(self) -> float | None:
         """The median time of the recent rounds not spent in the replica's step: the transport both

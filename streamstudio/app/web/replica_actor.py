@@ -31,6 +31,7 @@ class ReplicaActor:
     batching executor) and the frame steps of the streams placed on it, by stream id."""
 
     def __init__(self, request: ServeRequest, threads: int | None = None):
+        self.init_at = time.time()  # the process is up and this module imported (a replica's start-up, in parts)
         import torch
 
         from streamstudio.app.streams import build_pipeline
@@ -45,6 +46,7 @@ class ReplicaActor:
         self._probe: StreamProcessor | None = None  # the health check's step (`health`), made at its first
         self.pool = ThreadPoolExecutor(max_workers=max(1, request.max_streams), thread_name_prefix="replica-stream")
         self.device = str(pipe.comps.device) if hasattr(pipe.comps, "device") else str(image.device)
+        self.load_s = time.time() - self.init_at  # torch imported, the model loaded, its executor started
 
     def info(self) -> dict:
         """What the front end shows and needs: the process, its node, the model's description."""
@@ -55,7 +57,8 @@ class ReplicaActor:
         return {"pid": os.getpid(), "node_id": context.get_node_id(), "node_ip": ray.util.get_node_ip_address(),
                 "device": self.device, "name": model.name, "demo": model.is_demo, "config": model.config,
                 "prompt": model.prompt, "negative_prompt": model.negative_prompt,
-                "fixed_shapes": bool(model._stream_comps.net.fixed_shapes)}
+                "fixed_shapes": bool(model._stream_comps.net.fixed_shapes), "init_at": self.init_at,
+                "load_s": self.load_s}
 
     def step(self, batch: list[dict]) -> dict:
         """One round: every request of `batch` (open, apply, frame, close, health; a stream's
