@@ -26,7 +26,9 @@
 #     video             benchmarks/stream_video.py --gpu-only: the 4B config's step (paper: 482 ms)
 #     addons            benchmarks/stream_diffusion.py --part addons: 1 and 2 ControlNets, a LoRA fused
 #                       and unfused, the SDXL UNet, against the plain model
-#     webapp            only where Gradio, fastrtc, aiortc and PyAV import: the image has none, so missing
+#     webapp            only where Gradio, fastrtc, aiortc and PyAV import: the image has none; their wheels
+#                       (about 110 MB) are staged over calls first (gpu_webapp_wheels.sh here, then
+#                       gpu_webapp_stage.sh N there, one part a call), else it is recorded as missing
 #   later (only when named)
 #     kernels           benchmarks/kernels.py --quick: each fused op against eager and the bandwidth floor
 #     stream_diffusion  benchmarks/stream_diffusion.py --part core: ratios on eager networks (the old way)
@@ -231,11 +233,13 @@ stage addons python3 benchmarks/stream_diffusion.py --device cuda --part addons 
   --out "$OUT/stream_diffusion_addons.json" "${HELP[@]}"
 stage kernels_full python3 benchmarks/kernels.py --out "$OUT/kernels_full.json" "${HELP[@]}"
 case "$STAGES" in *" webapp "*)
+  STAGE_DIR=${WEBAPP_STAGE_DIR:-/tmp/streamstudio-webapp-stage}  # the web app's wheels, staged over calls
+  [ -f "$STAGE_DIR/ready" ] && export PYTHONPATH=$STAGE_DIR/site:$PYTHONPATH  # (benchmarks/gpu_webapp_stage.sh)
   lacking=$(python3 -c "
 import importlib.util as u
 print(' '.join(m for m in ('gradio', 'fastrtc', 'aiortc', 'av') if u.find_spec(m) is None))")
   if [ -n "$lacking" ]; then
-    missing webapp "not run: $lacking not installed (the GPU image has none; their wheels exceed the 64 MiB the device tool carries)"
+    missing webapp "not run: $lacking not installed (the GPU image has none; stage their wheels first: benchmarks/gpu_webapp_wheels.sh, gpu_webapp_stage.sh)"
   else
     LIMIT[webapp]=60  # not on the image: 0 in the plan; the budget check still holds
     stage webapp python3 benchmarks/webapp.py --quick --output "$OUT/webapp.json" "${HELP[@]}"

@@ -17,6 +17,7 @@ import ast
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -57,6 +58,7 @@ BLOCKER = '''\
 import importlib.machinery
 import importlib.metadata
 import re
+import shutil
 
 _norm = lambda s: re.sub(r"[-_.]+", "-", s or "").lower()
 _ALLOWED = {_norm(n) for n in %(allowed)r}
@@ -412,3 +414,60 @@ def test_a_prebuilt_extension_is_taken_for_its_key_and_gpu_only(tmp_path, monkey
     (tmp_path / cuda_build.prebuilt_file("stream_ops", digest, "sm_90")).write_bytes(b"")
     module = cuda_build._build("stream_ops", paths, cuda_build.Flags(), verbose=False)
     assert module.__name__ == f"stream_ops_{digest}"
+
+
+# ---------------------------------------------------------------------------- the web app's wheels
+def fake_wheel(folder: Path, name: str) -> Path:
+    """A minimal wheel of a package `name` whose module says its name."""
+    import zipfile
+
+    path = folder / f"{name}-0.1-py3-none-any.whl"
+    info = f"{name}-0.1.dist-info"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(f"{name}/__init__.py", f"NAME = {name!r}\n")
+        z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
+        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{info}/RECORD", "")
+    return path
+
+
+def test_the_web_apps_wheels_travel_in_parts_and_install_once_all_are_staged(tmp_path):
+    """Issue 45, item 6: the wheels are over what one call carries, so they go as parts, one a call,
+    kept on the held machine; the last part puts the tar together, checks it and installs it."""
+    import hashlib
+    import tarfile
+
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    for name in ("fakegradio", "fakeav"):
+        fake_wheel(wheels, name)
+    tar = tmp_path / "wheels.tar"
+    with tarfile.open(tar, "w") as t:
+        for w in wheels.iterdir():
+            t.add(w, arcname=w.name)
+    data = tar.read_bytes()
+    half = len(data) // 2
+    parts = tmp_path / "parts"
+    for n, chunk in ((1, data[:half]), (2, data[half:])):
+        (parts / str(n)).mkdir(parents=True)
+        (parts / str(n) / "part").write_bytes(chunk)
+        (parts / str(n) / "manifest.json").write_text(json.dumps(
+            {"part": n, "parts": 2, "sha256": hashlib.sha256(data).hexdigest()}))
+    stage = tmp_path / "stage"
+    env = {**os.environ, "WEBAPP_PARTS_DIR": str(parts), "WEBAPP_STAGE_DIR": str(stage)}
+    script = ROOT / "benchmarks" / "gpu_webapp_stage.sh"
+    first = subprocess.run(["bash", str(script), "1"], env=env, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0 and "1 of 2" in first.stdout and not (stage / "ready").exists(), first.stderr
+    second = subprocess.run(["bash", str(script), "2"], env=env, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 0 and (stage / "ready").exists(), second.stdout + second.stderr
+    probe = subprocess.run([sys.executable, "-c", "import fakegradio, fakeav; print(fakegradio.NAME, fakeav.NAME)"],
+                           env={**os.environ, "PYTHONPATH": str(stage / "site")}, capture_output=True, text=True)
+    assert probe.stdout.split() == ["fakegradio", "fakeav"], probe.stderr
+    # a part that does not belong: refused by its checksum, nothing installed
+    (parts / "2" / "part").write_bytes(data[half:] + b"x")
+    shutil.rmtree(stage)
+    subprocess.run(["bash", str(script), "1"], env=env, capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(["bash", str(script), "2"], env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and "sha256" in bad.stderr and not (stage / "ready").exists()
+    missing = subprocess.run(["bash", str(script), "3"], env=env, capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "carry .webwhl/3" in missing.stderr
