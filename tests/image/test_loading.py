@@ -225,12 +225,12 @@ def test_hub_download_size_counts_what_loading_fetches(monkeypatch):
              "sd_turbo.safetensors": 5_000, "README.md": 7}
     info = NS(siblings=[NS(rfilename=k, size=v) for k, v in files.items()])
     monkeypatch.setattr(huggingface_hub.HfApi, "model_info", lambda self, repo, **kw: info)
-    assert loading.hub_download_size(DEFAULT_MODEL) == 3_000 + 300 + 1_000 + 10 + 1
+    assert hub.hub_download_size(DEFAULT_MODEL, loading.SD_TURBO_FILES) == 3_000 + 300 + 1_000 + 10 + 1
 
     def unreachable(self, repo, **kw):
         raise OSError("Network is unreachable")
     monkeypatch.setattr(huggingface_hub.HfApi, "model_info", unreachable)
-    assert loading.hub_download_size(DEFAULT_MODEL) is None
+    assert hub.hub_download_size(DEFAULT_MODEL, loading.SD_TURBO_FILES) is None
 
 
 def test_tiny_taesd(tiny):

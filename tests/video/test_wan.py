@@ -304,9 +304,9 @@ def test_errors_say_what_to_do(wan_dir, tmp_path, monkeypatch):
     with pytest.raises(ModelNotFoundError, match="hf download Wan-AI/Wan2.1-T2V-1.3B-Diffusers"):
         load_video_model(wan.WAN_1_3B, "cpu")
     monkeypatch.delenv("HF_HUB_OFFLINE")
-    from streamstudio.models import loading
+    from streamstudio.models import hub
 
-    monkeypatch.setattr(loading, "hub_download_size", lambda *a, **k: None)
+    monkeypatch.setattr(hub, "hub_download_size", lambda *a, **k: None)
     with pytest.raises(ModelNotFoundError, match="cannot be reached.*--local-dir DIR"):
         wan.load_wan("Wan-AI/Wan2.1-T2V-14B-Diffusers", "cpu")
     with pytest.raises(ModelNotFoundError, match="no such folder"):
