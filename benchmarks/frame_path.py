@@ -48,7 +48,7 @@ def components(device: torch.device):
         from stream_diffusion import sd_turbo_architecture
 
         return sd_turbo_architecture(device, torch.float16), 512, "sd-turbo arch, TAESD, 512x512, 1 step, fp16"
-    from streamstudio.models.loading import load_components
+    from streamstudio.models.image.loading import load_components
 
     return load_components("tiny", device=device, dtype=torch.float32, taesd=True), 64, "tiny, TAESD, 64x64, fp32"
 

@@ -40,7 +40,7 @@ import torch
 from common import RESULTS, bench_device, utc_now, write_json  # noqa: F401 (sys.path set by common)
 
 from streamstudio.models.image import image_data, image_metrics as m, photo_data
-from streamstudio.models.loading import BUILTIN_DIR, load_components
+from streamstudio.models.image.loading import BUILTIN_DIR, load_components
 from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
 SIZE = 256

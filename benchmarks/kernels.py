@@ -358,7 +358,7 @@ def sd_turbo_components(device: torch.device, dtype: torch.dtype):
 
 
 def tiny_components(device, dtype):
-    from streamstudio.models.loading import load_components
+    from streamstudio.models.image.loading import load_components
 
     return load_components("tiny", device=device, dtype=dtype, taesd=True)
 

@@ -48,7 +48,7 @@ from stream_diffusion import sd_turbo_architecture
 
 from streamstudio.app.cli.bench import device_name
 from streamstudio.models.acceleration import apply_acceleration, compile_kwargs
-from streamstudio.models.loading import load_components
+from streamstudio.models.image.loading import load_components
 from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
 PEER = "streamdiffusion"

@@ -86,7 +86,7 @@ def encode_throughput(n: int) -> dict:
 def live_latency(n: int) -> dict:
     import torch
 
-    from streamstudio.models.loading import load_components
+    from streamstudio.models.image.loading import load_components
     from streamstudio.pipelines.stream_diffusion import (
         StreamDiffusion,
         StreamDiffusionConfig,

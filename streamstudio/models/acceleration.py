@@ -41,7 +41,7 @@ from streamstudio.kernels.tensorrt.build import PRECISIONS, ShapeRange, ensure_e
 from streamstudio.kernels.tensorrt.cache import EngineCache
 from streamstudio.kernels.tensorrt.export import ExportSpec, OnnxCheck, check_onnx, export_onnx
 from streamstudio.models.export_specs import (IMAGE_PARTS, EngineImageNet, VideoEngine, image_specs,
-                                             video_export_spec)
+                                              video_export_spec)
 from streamstudio.models.image.image_net import ImageCond, ImageNet, WrappedImageNet, broadcast
 from streamstudio.models.image.components import SDComponents
 
@@ -195,7 +195,7 @@ def apply_acceleration(comps: SDComponents, mode: str, *, engine_dir: str | Path
       at each size (`warm_up`) on this thread, which is right where this thread runs them
       (generate, render). Behind the batching executor the networks run on its thread (CUDA
       graph trees are per thread): give compile mode no plan there, and warm up with
-      `models.batching.warm_up` instead. Without a plan, engines cover `shapes` (default batch
+      `models.image.batching.warm_up` instead. Without a plan, engines cover `shapes` (default batch
       1..4, 256..1024 pixels) and capture shapes as they come.
     shapes: the batch / resolution range of TensorRT engines without a plan; with one, only its
       resolution range is used (default: exactly the plan's size).

@@ -16,7 +16,7 @@ from diffusers.models.unets.unet_2d_condition import UNet2DConditionOutput
 from helpers import run_in_lockstep
 from torch import nn
 
-from streamstudio.models.batching import BatchExecutor, BatchingConfig, batched_components, warm_up
+from streamstudio.models.image.batching import BatchExecutor, BatchingConfig, batched_components, warm_up
 from streamstudio.models import acceleration
 
 

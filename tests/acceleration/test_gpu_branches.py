@@ -53,7 +53,7 @@ def load_benchmark(name: str):
 
 @pytest.fixture(scope="module")
 def tiny():
-    from streamstudio.models.loading import load_components
+    from streamstudio.models.image.loading import load_components
 
     return load_components("tiny", device="cpu", dtype=torch.float32, taesd=True)
 

@@ -167,7 +167,7 @@ def test_tensorrt_engines_match_torch(tmp_path):
     pytest.importorskip("tensorrt")
     from streamstudio.kernels.tensorrt.build import ensure_engine
     from streamstudio.kernels.tensorrt.runtime import TRTEngine
-    from streamstudio.models.loading import load_components
+    from streamstudio.models.image.loading import load_components
 
     comps = load_components("tiny", device="cuda", dtype=torch.float16, taesd=True)
     shapes = ShapeRange(batch=(1, 2, 4), height=(64, 64, 128), width=(64, 64, 128))
@@ -216,7 +216,7 @@ def test_build_engines_loads_the_model_as_the_app_does(monkeypatch, dtype):
     from streamstudio.app.cli.requests import image_request
     from streamstudio.app import streams
     from streamstudio.app.cli import build_engines
-    from streamstudio.models import loading
+    from streamstudio.models.image import loading
 
     seen = []
 

@@ -457,7 +457,7 @@ def test_controlnet_streams_batched_across_users_on_the_engine(with_controlnets,
     from addon_models import make_pipe, stream_frames
 
     from streamstudio.app.streams.image import stream_plan
-    from streamstudio.models.batching import BatchExecutor, BatchingConfig, batched_components
+    from streamstudio.models.image.batching import BatchExecutor, BatchingConfig, batched_components
 
     comps, nets = with_controlnets, with_controlnets.controlnets
     specs = [([0.7, 0.4], "self", stream_frames(3, seed=5)), ([0.1, 1.2], "initialize", stream_frames(3, seed=6))]
@@ -489,7 +489,7 @@ def test_sdxl_stream_with_a_controlnet_and_an_ip_adapter_on_the_engine_equals_ea
     """SDXL: the engine takes the pooled text and time ids beside the ControlNet's image and scale
     and the IP-Adapter's embedding and per-row scale; the frames equal the eager stream's."""
     from streamstudio.models.image.ip_adapter import IPAdapter
-    from streamstudio.models.loading import load_components
+    from streamstudio.models.image.loading import load_components
 
     xl = load_components("tiny-sdxl")
     xl.controlnets = [tiny_controlnet(xl.unet, 3)]

@@ -58,7 +58,7 @@ def _frames(n: int, seed: int = 0, k: int = 1):
 
 @pytest.fixture(scope="module")
 def tiny():
-    from streamstudio.models.loading import load_components
+    from streamstudio.models.image.loading import load_components
 
     return load_components("tiny", device="cpu", dtype=torch.float32)
 
@@ -111,7 +111,7 @@ def test_the_plan_covers_what_four_full_cfg_streams_send_through_the_executor(ti
     """Four full-CFG streams (N=2, k=1) through the batching executor (max_rows 16): every
     UNet and VAE batch actually sent lies in the plan's profile and is one of its sizes."""
     from streamstudio.app.streams.image import stream_plan
-    from streamstudio.models.batching import BatchExecutor, BatchingConfig, batched_components
+    from streamstudio.models.image.batching import BatchExecutor, BatchingConfig, batched_components
     from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
     config = StreamDiffusionConfig(width=64, height=64, steps=2, cfg_type="full", guidance_scale=1.5)

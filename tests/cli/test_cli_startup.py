@@ -169,7 +169,7 @@ def test_training_config_defaults_match_the_data():
 def test_help_says_the_defaults_the_commands_use():
     """`generate --help` gave --width default 512 where the model it runs on a CPU makes 256, and
     serve's and splat's help said "sd-turbo if cached" where a CPU always runs the built-in model."""
-    from streamstudio.models.loading import load_builtin
+    from streamstudio.models.image.loading import load_builtin
 
     helps = {c: run_cli([c, "--help"])["out"] for c in ("generate", "serve", "splat", "render")}
     assert all("if cached" not in text for text in helps.values())

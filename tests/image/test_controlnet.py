@@ -18,7 +18,7 @@ from streamstudio.models.image.controlnet import ControlNetSpec, load_controlnet
 
 @pytest.fixture(scope="module")
 def sd(request):
-    from streamstudio.models.loading import load_components
+    from streamstudio.models.image.loading import load_components
 
     comps = load_components("tiny")
     return comps, [tiny_controlnet(comps.unet, 0), tiny_controlnet(comps.unet, 1)]
@@ -74,7 +74,7 @@ def test_per_row_scales_and_two_nets_equal_diffusers_multicontrolnet(sd):
 
 
 def test_sdxl_controlnet_takes_the_added_conditioning():
-    from streamstudio.models.loading import load_components
+    from streamstudio.models.image.loading import load_components
 
     comps = load_components("tiny-sdxl")
     net = tiny_controlnet(comps.unet)
@@ -211,7 +211,7 @@ def test_streams_with_different_control_scales_share_calls_and_get_their_own_fra
     and each stream gets the frames it gets alone."""
     from helpers import run_in_lockstep
 
-    from streamstudio.models.batching import BatchExecutor, BatchingConfig, batched_components
+    from streamstudio.models.image.batching import BatchExecutor, BatchingConfig, batched_components
 
     comps, nets = sd
     with_nets = dataclasses.replace(comps, controlnets=list(nets))
@@ -286,7 +286,7 @@ def test_warm_up_feeds_every_field_the_model_takes(tmp_path):
 
     from streamstudio.models.acceleration import BatchPlan, warm_up
     from streamstudio.models.image.ip_adapter import IPAdapter
-    from streamstudio.models.loading import load_components
+    from streamstudio.models.image.loading import load_components
 
     xl = load_components("tiny-sdxl")
     xl.controlnets = [tiny_controlnet(xl.unet)]
@@ -319,7 +319,7 @@ def test_unet_export_with_sdxl_fields_and_a_controlnet_matches_onnxruntime(tmp_p
     from streamstudio.kernels.tensorrt.cache import model_identity
     from streamstudio.kernels.tensorrt.export import check_onnx, export_onnx
     from streamstudio.models.export_specs import image_specs
-    from streamstudio.models.loading import load_components
+    from streamstudio.models.image.loading import load_components
 
     xl = load_components("tiny-sdxl")
     xl.controlnets = [tiny_controlnet(xl.unet)]

@@ -180,7 +180,7 @@ def test_ip_adapter_on_sdxl(tmp_path):
     time ids in the added conditioning); scale 0 is the stream without it."""
     import dataclasses
 
-    from streamstudio.models.loading import load_components
+    from streamstudio.models.image.loading import load_components
     from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
     xl = load_components("tiny-sdxl")
@@ -261,7 +261,7 @@ def test_streams_with_their_own_scales_and_references_batched_together_equal_alo
     stream's scale and reference leave the other's and the model's defaults as they were."""
     from helpers import run_in_lockstep
 
-    from streamstudio.models.batching import BatchExecutor, BatchingConfig, ClientStats, batched_components
+    from streamstudio.models.image.batching import BatchExecutor, BatchingConfig, ClientStats, batched_components
     from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
     import dataclasses

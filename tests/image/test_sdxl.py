@@ -1,4 +1,4 @@
-"""SDXL family (models/image/sdxl.py, models/loading.py): a tiny SDXL-architecture model saved with
+"""SDXL family (models/image/sdxl.py, models/image/loading.py): a tiny SDXL-architecture model saved with
 save_pretrained and as one .safetensors, its conditioning against diffusers' own SDXL pipeline,
 the SDXL choices of the loader (LCM-LoRA SDXL, TAESDXL, fp16-fix VAE) with tiny stand-ins."""
 
@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from streamstudio.errors import ModelNotFoundError
-from streamstudio.models import loading
+from streamstudio.models.image import loading
 from streamstudio.models.image import sdxl
-from streamstudio.models.loading import load_components, save_single_file
+from streamstudio.models.image.loading import load_components, save_single_file
 from streamstudio.models.image.lora import LoraSet
 
 

@@ -198,7 +198,7 @@ def test_streams_with_banks_batched_across_streams_give_their_frames_alone(tiny_
     """Through the cross-stream batching executor: bank calls of two streams (different CFG, so
     different row counts) run as one UNet call, each row on its own stream's bank; a stream
     without a bank runs beside them."""
-    from streamstudio.models.batching import BatchExecutor, BatchingConfig, batched_components
+    from streamstudio.models.image.batching import BatchExecutor, BatchingConfig, batched_components
 
     comps = tiny_components_factory()
     specs = [("a red fox", 3, dict(cfg_type="self", temporal="bank")),
@@ -231,7 +231,7 @@ def test_streams_with_banks_batched_across_streams_give_their_frames_alone(tiny_
 
 def test_batched_bank_calls_join_each_other_with_row_segments(tiny_components_factory):
     """The executor hands the joined bank call each stream's rows (first row, BankRows)."""
-    from streamstudio.models.batching import BatchExecutor, BatchingConfig
+    from streamstudio.models.image.batching import BatchExecutor, BatchingConfig
 
     executor = BatchExecutor(BatchingConfig(max_wait_ms=500))
     seen = []

@@ -156,7 +156,7 @@ def test_bad_yaml_scale_entries(tmp_path):
 def controlnet_folder(tmp_path_factory):
     from addon_models import tiny_controlnet
 
-    from streamstudio.models.loading import load_components
+    from streamstudio.models.image.loading import load_components
 
     folder = tmp_path_factory.mktemp("cn") / "net"
     tiny_controlnet(load_components("tiny").unet, 0).save_pretrained(folder)

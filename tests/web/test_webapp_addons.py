@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from streamstudio.models.batching import BatchingConfig
+from streamstudio.models.image.batching import BatchingConfig
 from streamstudio.app.web.sessions import ServerModel, SessionManager
 from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
 
@@ -29,7 +29,7 @@ def addon_model(tmp_path_factory):
 
     from streamstudio.models.image.controlnet import load_controlnet
     from streamstudio.models.image.ip_adapter import IPAdapter
-    from streamstudio.models.loading import load_components
+    from streamstudio.models.image.loading import load_components
 
     torch.set_num_threads(1)
     comps = load_components("tiny", device="cpu", dtype=torch.float32)
@@ -52,7 +52,7 @@ def addon_model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def plain_model():
-    from streamstudio.models.loading import load_components
+    from streamstudio.models.image.loading import load_components
 
     comps = load_components("tiny", device="cpu", dtype=torch.float32)
     model = ServerModel(comps, StreamDiffusionConfig(width=SIZE, height=SIZE, steps=2), prompt="a fox")
@@ -354,7 +354,7 @@ def test_no_frame_starts_while_the_shared_weights_change(batching):
     after it, with cross-stream batching (frames are executor clients) and without (the lock)."""
     import threading
 
-    from streamstudio.models.batching import BatchExecutor
+    from streamstudio.models.image.batching import BatchExecutor
     from streamstudio.app.web.model_guard import ModelGuard
 
     executor = BatchExecutor(BatchingConfig()) if batching else None

@@ -1,4 +1,4 @@
-"""Cross-stream batching (models/batching.py): the executor joins calls of several streams into one
+"""Cross-stream batching (models/image/batching.py): the executor joins calls of several streams into one
 network call, keeps each stream's result its own, isolates failures, and the web app's
 sessions get the same frames batched as alone."""
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 from helpers import run_in_lockstep
 
-from streamstudio.models.batching import BatchExecutor, BatchingConfig, BatchedImageNet, batched_components
+from streamstudio.models.image.batching import BatchExecutor, BatchingConfig, BatchedImageNet, batched_components
 from streamstudio.errors import StreamStudioError
 
 
@@ -423,7 +423,7 @@ def test_the_server_model_warms_every_bucket_up_before_streams_run():
     """With padded calls (compiled or TensorRT networks) the web app's model runs each bucket
     once at start-up, so no stream meets a new batch size (a compilation, a new CUDA graph)."""
     from streamstudio.app.web.sessions import ServerModel
-    from streamstudio.models.loading import load_components
+    from streamstudio.models.image.loading import load_components
     from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
 
     comps = load_components("tiny", device="cpu", dtype=torch.float32)
@@ -447,7 +447,7 @@ def test_calls_of_other_condition_fields_run_apart_correctly_and_say_so(tiny_com
     same layout share theirs."""
     from addon_models import tiny_controlnet
 
-    from streamstudio.models.batching import ClientStats
+    from streamstudio.models.image.batching import ClientStats
     from streamstudio.models.image.image_net import DiffusersImageNet, ImageCond
 
     comps = tiny_components_factory()

@@ -14,7 +14,7 @@ from streamstudio.frames import fit_aspect
 
 if TYPE_CHECKING:  # the models load when a stream opens
     from streamstudio.models.acceleration import BatchPlan
-    from streamstudio.models.batching import BatchingConfig
+    from streamstudio.models.image.batching import BatchingConfig
 
 
 def request(**settings) -> ImageRequest:
@@ -98,7 +98,7 @@ def load_components(request: ImageRequest):
     its add-ons: what streams run on and engines are built from (the same weights: the same
     engine cache keys)."""
     from streamstudio.device import pick_device, pick_dtype, use_threads
-    from streamstudio.models.loading import resolve_demo_default
+    from streamstudio.models.image.loading import resolve_demo_default
 
     device = pick_device(request.device)
     dtype = pick_dtype(device, request.dtype)
@@ -181,7 +181,7 @@ def acceleration_plan(request: ImageRequest, config, serving: bool):
 
     generate and render: one stream of `config`, on this thread. serve: streams of any CFG type
     through the batching executor; compiled networks are warmed up on the executor's thread
-    instead (models.batching.warm_up, from the server's model), so they get no plan here."""
+    instead (models.image.batching.warm_up, from the server's model), so they get no plan here."""
     from streamstudio.models.acceleration import BatchPlan
 
     if not serving:

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 
 from streamstudio.pipelines.live_settings import SETTINGS
 
-if TYPE_CHECKING:  # (models.batching imports torch: the command line starts without it)
-    from streamstudio.models.batching import BatchingConfig
+if TYPE_CHECKING:  # (models.image.batching imports torch: the command line starts without it)
+    from streamstudio.models.image.batching import BatchingConfig
 
 
 @dataclass

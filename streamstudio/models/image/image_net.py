@@ -14,7 +14,7 @@ AutoencoderKL, AutoencoderTiny or the built-in autoencoder): it alone knows diff
 signatures and output classes, the VAE's scaling factor and the timestep broadcast. The other
 variants wrap an ImageNet and call it (or an engine exported from it) through the same three
 calls: compiled (`models/acceleration.CompiledImageNet`), TensorRT
-(`models/export_specs.EngineImageNet`) and batched across streams (`models/batching.BatchedImageNet`).
+(`models/export_specs.EngineImageNet`) and batched across streams (`models/image/batching.BatchedImageNet`).
 
 The feature bank (`models/image/feature_bank.py`) rides along as `eps(..., bank=segments)`: the rows'
 bank keys, which only the eager diffusers UNet can serve (its self-attention processors). A
