@@ -34,7 +34,7 @@ from common import RESULTS, bench_device, utc_now, write_json  # puts the packag
 
 from streamstudio import kernels
 from streamstudio.frames import to_frames
-from streamstudio.models.acceleration import apply_acceleration
+from streamstudio.models.image.acceleration import apply_acceleration
 from streamstudio.pipelines.frame_graph import FrameGraph
 from streamstudio.pipelines.stream_batch import PRIMED, Guidance
 from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig

@@ -391,7 +391,7 @@ def pipeline_fps(comps, size: int, frames: int, warmup: int, device: torch.devic
 def bench_pipeline(device: torch.device, quick: bool, on_row: Callable[[list[dict]], None] | None = None) -> list[dict]:
     """fps of each mode; on_row(rows) after each one (the JSON is written as the run goes)."""
     from streamstudio.kernels import tensorrt as trt_kernels
-    from streamstudio.models.acceleration import apply_acceleration
+    from streamstudio.models.image.acceleration import apply_acceleration
 
     gpu = device.type == "cuda"
     if gpu:

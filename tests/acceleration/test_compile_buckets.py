@@ -17,7 +17,7 @@ from helpers import run_in_lockstep
 from torch import nn
 
 from streamstudio.models.image.batching import BatchExecutor, BatchingConfig, batched_components, warm_up
-from streamstudio.models import acceleration
+from streamstudio.models.image import acceleration
 
 
 class CountingBackend:

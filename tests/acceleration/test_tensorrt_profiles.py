@@ -1,7 +1,7 @@
 """TensorRT's GPU path without TensorRT or a GPU: what the engines are sized for and how the
 runtime drives them, checked against a stand-in of TensorRT's runtime API that records calls.
 
-- The batch sizes the pipeline sends (derived in models/acceleration.unet_call_rows) are the ones
+- The batch sizes the pipeline sends (derived in models/image/acceleration.unet_call_rows) are the ones
   it really sends, for every CFG type, step count, frame buffer size and denoising mode.
 - The profile of a plan (full CFG, N=2, k=1, batching up to 16 rows) covers every batch the
   batching executor sends four such streams.
@@ -26,8 +26,9 @@ from torch import nn
 
 from streamstudio.kernels import tensorrt as trt_kernels
 from streamstudio.kernels.tensorrt.runtime import EngineShapeError, TRTEngine
-from streamstudio.models import acceleration
-from streamstudio.models.acceleration import BatchPlan, batched_rows, unet_call_rows
+from streamstudio.models import acceleration as shared
+from streamstudio.models.image import acceleration
+from streamstudio.models.image.acceleration import BatchPlan, batched_rows, unet_call_rows
 
 
 # ------------------------------------------------------------------ batch sizes the pipeline sends
@@ -386,7 +387,7 @@ def test_tensorrt_acceleration_sizes_engines_from_the_plan_and_captures_every_si
         built[spec.name] = shapes
         return tmp_path / f"{spec.name}.engine"
 
-    monkeypatch.setattr(acceleration.trt_kernels, "tensorrt_available", lambda: True)
+    monkeypatch.setattr(trt_kernels, "tensorrt_available", lambda: True)
     monkeypatch.setattr(acceleration, "image_specs", lambda comps, parts: [
         SimpleNamespace(name=p, input_shapes=lambda b, h, w: {"batch": b, "size": (h, w)}) for p in parts])
     monkeypatch.setattr(acceleration, "ensure_engine", ensure_engine)
@@ -409,9 +410,9 @@ def test_build_engines_asks_for_the_same_profiles_as_the_app(tiny, monkeypatch, 
     asked = []
     monkeypatch.setattr(trt_kernels, "tensorrt_available", lambda: True)
     monkeypatch.setattr(build_engines, "_load", lambda args: tiny)
-    monkeypatch.setattr(acceleration, "build_engines",
+    monkeypatch.setattr(shared, "build_engines",
                         lambda specs, root, shapes=None, precision="fp16", plan=None:
-                        [asked.append(acceleration.engine_shapes(s.name, plan, shapes)) or tmp_path / "e"
+                        [asked.append(shared.engine_shapes(s.name, plan, shapes)) or tmp_path / "e"
                          for s in specs])
     args = build_parser().parse_args(["build-engines", "--model", "tiny", "--cfg", "full", "--steps", "2",
                                       "--max-batch-rows", "16", "--width", "64", "--height", "64",

@@ -107,7 +107,7 @@ def folder(module: str) -> str | None:
 
 def test_front_ends_and_products_do_not_import_each_other():
     """The web server, batch rendering and training share only app/streams and app/settings; the
-    image, video and splat models share only models/' own modules (loading, hub, acceleration)."""
+    image, video and splat models share only models/' own modules (hub, acceleration)."""
     across = sorted(f"{a} -> {b}" for a, targets in import_graph().items() for b in targets
                     if folder(a) and folder(b) and folder(a) != folder(b) and layer(a) == layer(b))
     assert across == []

@@ -284,7 +284,7 @@ def test_warm_up_feeds_every_field_the_model_takes(tmp_path):
     stream's calls have, so a compiled graph is not compiled again at the first frame."""
     from addon_models import write_tiny_ip_adapter
 
-    from streamstudio.models.acceleration import BatchPlan, warm_up
+    from streamstudio.models.image.acceleration import BatchPlan, warm_up
     from streamstudio.models.image.ip_adapter import IPAdapter
     from streamstudio.models.image.loading import load_components
 
@@ -311,14 +311,14 @@ def test_warm_up_feeds_every_field_the_model_takes(tmp_path):
 
 @pytest.mark.slow
 def test_unet_export_with_sdxl_fields_and_a_controlnet_matches_onnxruntime(tmp_path):
-    """The TensorRT path's ONNX export of the UNet call (models/export_specs.image_specs) takes
+    """The TensorRT path's ONNX export of the UNet call (models/image/export_specs.image_specs) takes
     every field of the model's condition as an input (SDXL's pooled text and time ids, the
     ControlNet's image at pixel size and its scale) and computes what the eager call does
     (onnxruntime at another batch and size); the engine's cache identity covers the ControlNet."""
     pytest.importorskip("onnxruntime")
     from streamstudio.kernels.tensorrt.cache import model_identity
     from streamstudio.kernels.tensorrt.export import check_onnx, export_onnx
-    from streamstudio.models.export_specs import image_specs
+    from streamstudio.models.image.export_specs import image_specs
     from streamstudio.models.image.loading import load_components
 
     xl = load_components("tiny-sdxl")

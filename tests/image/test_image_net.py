@@ -13,8 +13,8 @@ from helpers import SpecEngine
 
 from streamstudio.models.image.batching import BatchedImageNet, BatchExecutor, BatchingConfig
 from streamstudio.errors import StreamStudioError
-from streamstudio.models import acceleration
-from streamstudio.models.export_specs import EngineImageNet, eps_spec, vae_decoder_spec, vae_encoder_spec
+from streamstudio.models.image import acceleration
+from streamstudio.models.image.export_specs import EngineImageNet, eps_spec, vae_decoder_spec, vae_encoder_spec
 from streamstudio.models.image.image_net import DiffusersImageNet, ImageCond, ImageNet
 
 

@@ -310,7 +310,7 @@ def test_compiled_unet_takes_per_row_scales_without_recompiling(comps, tmp_path)
     other scales give the eager outputs and compile nothing new (~80 s on a CPU, cold cache)."""
     import time
 
-    from streamstudio.models.acceleration import CompiledImageNet
+    from streamstudio.models.image.acceleration import CompiledImageNet
     from streamstudio.models.image.image_net import ImageCond
 
     ip = IPAdapter(comps, f"{write_tiny_ip_adapter(comps.unet, tmp_path / 'ip')}:1")

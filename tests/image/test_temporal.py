@@ -297,7 +297,7 @@ def test_settings_change_live(comps):
 
 
 def test_the_bank_needs_a_torch_unet(comps):
-    from streamstudio.models.export_specs import EngineImageNet
+    from streamstudio.models.image.export_specs import EngineImageNet
     from streamstudio.models.image.image_net import ImageCond
 
     def engine(sample, timestep, text):  # like a TensorRT UNet engine: no attention layers to extend

@@ -13,7 +13,7 @@ from streamstudio.errors import StreamStudioError
 from streamstudio.frames import fit_aspect
 
 if TYPE_CHECKING:  # the models load when a stream opens
-    from streamstudio.models.acceleration import BatchPlan
+    from streamstudio.models.image.acceleration import BatchPlan
     from streamstudio.models.image.batching import BatchingConfig
 
 
@@ -71,7 +71,7 @@ def build_pipeline(request: ImageRequest, mode: str, serving: bool = False, aspe
         raise StreamStudioError("--frame-graph captures one stream's whole frame: not with serve's shared networks or "
                                 "TensorRT engines (which capture their own graphs); use --acceleration compile or none")
     if request.acceleration != "none":
-        from streamstudio.models.acceleration import apply_acceleration
+        from streamstudio.models.image.acceleration import apply_acceleration
 
         inner = {"cuda_graphs": False} if request.frame_graph else {}  # no graph inside the frame's graph
         comps = apply_acceleration(comps, request.acceleration, plan=acceleration_plan(request, config, serving),
@@ -182,7 +182,7 @@ def acceleration_plan(request: ImageRequest, config, serving: bool):
     generate and render: one stream of `config`, on this thread. serve: streams of any CFG type
     through the batching executor; compiled networks are warmed up on the executor's thread
     instead (models.image.batching.warm_up, from the server's model), so they get no plan here."""
-    from streamstudio.models.acceleration import BatchPlan
+    from streamstudio.models.image.acceleration import BatchPlan
 
     if not serving:
         return BatchPlan.for_streams(height=config.height, width=config.width,
@@ -223,7 +223,7 @@ def stream_plan(config, batching: BatchingConfig | None, cfg_types=None) -> Batc
     """What the networks will be sent by streams of `config` (a StreamDiffusionConfig) through
     an executor of `batching` (None: no batching). cfg_types: the CFG types streams may switch
     to (default: all four, as web clients may); the config's own comes first."""
-    from streamstudio.models.acceleration import BatchPlan
+    from streamstudio.models.image.acceleration import BatchPlan
     from streamstudio.pipelines.live_settings import CFG_TYPES
 
     types = [config.cfg_type, *(t for t in (cfg_types or CFG_TYPES) if t != config.cfg_type)]

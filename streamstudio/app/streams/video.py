@@ -84,7 +84,7 @@ def build_stream(model: torch.nn.Module, meta: dict, prompt: str, *, strength: f
     (the input's width / height; None: the checkpoint's grid) with the checkpoint's side times
     LATENT_SCALE as the longer one, as the image render sizes its output. The latent grid follows
     the output's aspect (`latent_size`). `acceleration` compile or tensorrt wraps the network for
-    this buffer layout (models.acceleration.apply_video_acceleration). `guidance` (None: the
+    this buffer layout (models.video.video_engine.apply_video_acceleration). `guidance` (None: the
     checkpoint's `sampling.guidance`, else 1) is classifier-free guidance against the empty prompt.
     `warmup` (None: the checkpoint's `sampling.warmup`, else on) drops the text-to-video frames the
     start-up's uniform generation touched (`StreamBufferConfig.warmup`, issue 30). `solver` (None:
@@ -117,7 +117,7 @@ def build_stream(model: torch.nn.Module, meta: dict, prompt: str, *, strength: f
     param = next(model.parameters())
     channels = model.cfg.in_channels
     if acceleration != "none":
-        from streamstudio.models.acceleration import apply_video_acceleration
+        from streamstudio.models.video.video_engine import apply_video_acceleration
 
         model = apply_video_acceleration(model, acceleration, frames=buffer.ref_frames + buffer.frames,
                                          height=lat_h, width=lat_w)
