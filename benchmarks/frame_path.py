@@ -1,5 +1,5 @@
 """The frame path on the GPU: where a live img2img frame's time goes, and what the captured
-frame graph with frames in flight (pipelines/frame_graph.py) makes of it (issue 45).
+frame graph with frames in flight (pipelines/image/frame_graph.py) makes of it (issue 45).
 
 Interleaved windows of the same frames on the same random-weight components, every mode
 end to end with host I/O (uint8 numpy in, uint8 numpy out):
@@ -35,9 +35,9 @@ from common import RESULTS, bench_device, utc_now, write_json  # puts the packag
 from streamstudio import kernels
 from streamstudio.frames import to_frames
 from streamstudio.models.image.acceleration import apply_acceleration
-from streamstudio.pipelines.frame_graph import FrameGraph
-from streamstudio.pipelines.stream_batch import PRIMED, Guidance
-from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+from streamstudio.pipelines.image.frame_graph import FrameGraph
+from streamstudio.pipelines.image.stream_batch import PRIMED, Guidance
+from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
 CL_NEEDS_S = 90  # the channels_last + fused QKV variant: a cold UNet compile and its windows
 TARGETS = {"one stream compiled (fps)": 200.0, "RCFG self over full": 1.6, "Stream Batch speedup": None}

@@ -366,7 +366,7 @@ def tiny_components(device, dtype):
 def pipeline_fps(comps, size: int, frames: int, warmup: int, device: torch.device) -> float:
     import numpy as np
 
-    from streamstudio.pipelines.stream_diffusion import (
+    from streamstudio.pipelines.image.stream_diffusion import (
         StreamDiffusion,
         StreamDiffusionConfig,
     )

@@ -24,7 +24,7 @@ from common import RESULTS, bench_device, utc_now, write_json  # puts the packag
 from streamstudio.models.image.batching import BatchingConfig
 from streamstudio.app.cli.bench import closed_loop, device_name
 from streamstudio.app.web.sessions import ServerModel, SessionManager
-from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+from streamstudio.pipelines.image.stream_diffusion import StreamDiffusionConfig
 
 
 def components(device: torch.device):

@@ -50,7 +50,7 @@ from streamstudio.app.cli.bench import device_name
 from streamstudio.models.acceleration import compile_kwargs
 from streamstudio.models.image.acceleration import apply_acceleration
 from streamstudio.models.image.loading import load_components
-from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
 PEER = "streamdiffusion"
 PEER_VERSION = "0.1.1"

@@ -26,7 +26,7 @@ from streamstudio.app.cli.bench import device_name
 from streamstudio.models.image.components import SDComponents
 from streamstudio.models.image.loading import load_components
 from streamstudio.models.image.tiny import SCHEDULER_CONFIG, tiny_tokenizer
-from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
 
 SD_TURBO_UNET = dict(

@@ -87,7 +87,7 @@ def live_latency(n: int) -> dict:
     import torch
 
     from streamstudio.models.image.loading import load_components
-    from streamstudio.pipelines.stream_diffusion import (
+    from streamstudio.pipelines.image.stream_diffusion import (
         StreamDiffusion,
         StreamDiffusionConfig,
     )

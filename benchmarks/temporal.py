@@ -39,7 +39,7 @@ from common import RESULTS, bench_device, synchronizer, table, timed, utc_now, w
 
 from streamstudio.app.cli.bench import device_name
 from streamstudio.models.image import feature_bank
-from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
 MODES = {
     "plain": dict(temporal="off"),

@@ -57,7 +57,7 @@ def _frames(seed: int, n: int) -> list[np.ndarray]:
 
 
 def _stream(comps, seed: int, cfg: str = "self"):
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
     config = StreamDiffusionConfig(width=64, height=64, steps=2, strength=0.6, cfg_type=cfg, guidance_scale=1.3,
                                    seed=seed)

@@ -77,7 +77,7 @@ def test_engine_net_drops_into_the_pipeline(tiny_components_factory):
 
     import numpy as np
 
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
     comps = tiny_components_factory(taesd=True)
     unet_engine = SpecEngine(eps_spec(comps.net))

@@ -89,7 +89,7 @@ class FakePipe:
     """What `bench` reads of a pipeline on a GPU."""
 
     def __init__(self):
-        from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+        from streamstudio.pipelines.image.stream_diffusion import StreamDiffusionConfig
 
         self.device, self.dtype, self.n_steps = CUDA, torch.float16, 1
         self.config = StreamDiffusionConfig(width=64, height=64, cfg_type="none")

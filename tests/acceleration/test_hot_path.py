@@ -20,7 +20,7 @@ import torch
 from helpers import CountSyncs
 from gpu_fakes import CUDA, CudaOnCpu, OnCuda
 
-from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
 SIZE = 64
 

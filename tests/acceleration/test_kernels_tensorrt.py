@@ -254,7 +254,7 @@ def test_compile_mode_pipeline_on_gpu_matches_eager(tiny_components_factory):
     """reduce-overhead (CUDA graphs) through the whole stream, flush included."""
     import numpy as np
 
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
     comps = tiny_components_factory(taesd=True).to(torch.device("cuda"), torch.float32)
     config = StreamDiffusionConfig(width=64, height=64, steps=2, cfg_type="initialize", guidance_scale=1.4)

@@ -25,7 +25,7 @@ from streamstudio.models.image import acceleration
 from streamstudio.models.image.acceleration import BatchPlan
 from streamstudio.models.image.export_specs import IP_SCALE, EngineImageNet, image_specs
 from streamstudio.models.image.image_net import ImageCond
-from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
 SIZE = 32
 

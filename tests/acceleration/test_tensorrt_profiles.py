@@ -67,7 +67,7 @@ def tiny():
 @pytest.mark.parametrize("cfg", ["none", "self", "initialize", "full"])
 @pytest.mark.parametrize("steps,k,stream_batch", [(1, 1, True), (2, 1, True), (3, 2, True), (3, 1, False)])
 def test_unet_call_rows_are_what_the_pipeline_sends(tiny, cfg, steps, k, stream_batch):
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
     unet = RecordingUNet(tiny.unet)
     config = StreamDiffusionConfig(width=64, height=64, steps=steps, strength=0.7, cfg_type=cfg,
@@ -113,7 +113,7 @@ def test_the_plan_covers_what_four_full_cfg_streams_send_through_the_executor(ti
     UNet and VAE batch actually sent lies in the plan's profile and is one of its sizes."""
     from streamstudio.app.streams.image import stream_plan
     from streamstudio.models.image.batching import BatchExecutor, BatchingConfig, batched_components
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
     config = StreamDiffusionConfig(width=64, height=64, steps=2, cfg_type="full", guidance_scale=1.5)
     batching = BatchingConfig(max_rows=16, max_wait_ms=500, pad_to_buckets=pad, warm_up=False)

@@ -153,7 +153,7 @@ def test_splat_names_match_the_renderer():
     so that parsing imports no torch; they must stay the renderer's."""
     from streamstudio.kernels.splat import IMPLS
     from streamstudio.pipelines import live_settings as table
-    from streamstudio.pipelines.splat_render import CAMERAS, MODES, PATHS
+    from streamstudio.pipelines.splats.splat_render import CAMERAS, MODES, PATHS
 
     assert (table.SPLAT_PATHS, table.SPLAT_MODES, table.SPLAT_IMPLS) == (PATHS, MODES, IMPLS)
     assert table.SPLAT_CAMERAS == tuple(CAMERAS)

@@ -237,7 +237,7 @@ def test_web_sessions_start_from_the_clis_control_settings(sd, tmp_path):
     """serve's sessions are built by ServerModel over the shared model: each gets its own control
     inputs with the --control-preprocessor and --controlnet scales given on the command line."""
     from streamstudio.app.web.sessions import ServerModel
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusionConfig
 
     comps, nets = sd
     shared = dataclasses.replace(comps, controlnets=list(nets), control_defaults=[("softedge", 0.6), ("none", 0.2)])
@@ -339,7 +339,7 @@ def test_web_api_control_scales_reach_the_session_stream(sd):
     a session applies them to its stream; wrong values are one clear error."""
     from streamstudio.app.settings import parse_settings
     from streamstudio.app.web.sessions import ServerModel
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusionConfig
 
     comps, nets = sd
     assert parse_settings({"control_scales": [0.8, 1]}) == {"control_scales": [0.8, 1.0]}
@@ -413,7 +413,7 @@ def test_control_picture_is_fitted_as_diffusers_controlnet_pipeline(sd, height, 
     from diffusers import LCMScheduler, StableDiffusionControlNetPipeline
     from PIL import Image
 
-    from streamstudio.pipelines.control import ControlInputs, ControlUnit, Preprocessor, canny, fit_picture
+    from streamstudio.pipelines.image.control import ControlInputs, ControlUnit, Preprocessor, canny, fit_picture
 
     comps, nets = sd
     theirs = StableDiffusionControlNetPipeline(

@@ -136,7 +136,7 @@ def test_ip_adapter_in_the_stream(comps, tmp_path):
     encoded once however many frames run, a reference changes the output at scale 1."""
     import dataclasses
 
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
     frames = [np.random.default_rng(i).integers(0, 256, (32, 32, 3), dtype=np.uint8) for i in range(4)]
 
@@ -181,7 +181,7 @@ def test_ip_adapter_on_sdxl(tmp_path):
     import dataclasses
 
     from streamstudio.models.image.loading import load_components
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
     xl = load_components("tiny-sdxl")
     frames = [np.random.default_rng(i).integers(0, 256, (32, 32, 3), dtype=np.uint8) for i in range(3)]
@@ -262,7 +262,7 @@ def test_streams_with_their_own_scales_and_references_batched_together_equal_alo
     from helpers import run_in_lockstep
 
     from streamstudio.models.image.batching import BatchExecutor, BatchingConfig, ClientStats, batched_components
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
     import dataclasses
 

@@ -16,7 +16,7 @@ from streamstudio.models import hub
 from streamstudio.models.image import loading
 from streamstudio.models.image.loading import (DEFAULT_MODEL, DEMO_NOTICE, load_components, resolve_demo_default,
                                                save_single_file)
-from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
 
 def image(seed=0):

@@ -14,7 +14,7 @@ from helpers import frame, wait_output
 from streamstudio.app.web.sessions import ServerModel, SessionManager
 from streamstudio.models.image.image_net import ImageNet
 from streamstudio.models.image.net_thread import NetworkThread
-from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+from streamstudio.pipelines.image.stream_diffusion import StreamDiffusionConfig
 
 
 def test_calls_from_many_threads_run_on_one_in_the_callers_modes():

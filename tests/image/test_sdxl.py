@@ -183,7 +183,7 @@ def test_generate_runs_an_sdxl_model(tmp_path):
 
 # ------------------------------------------------------------------ SDXL through the stream pipeline
 def stream(comps, **kw):
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
     kw = {"width": 32, "height": 32, "steps": 3, "strength": 0.7, **kw}
     return StreamDiffusion(comps, StreamDiffusionConfig(**kw), prompt="a red fox", negative_prompt=kw.pop("neg", ""))
@@ -234,7 +234,7 @@ def test_sdxl_stream_conditions_like_diffusers(tiny_xl):
 
 def test_sdxl_prompt_blend_blends_the_pooled_text_too(tiny_xl):
     """A blend of prompts is field by field: SDXL's pooled text is blended like its token states."""
-    from streamstudio.pipelines.prompt_encoder import PromptEncoder
+    from streamstudio.pipelines.image.prompt_encoder import PromptEncoder
 
     enc = PromptEncoder(tiny_xl.tokenizer, tiny_xl.text_encoder, torch.device("cpu"), torch.float32,
                         tiny_xl.tokenizer_2, tiny_xl.text_encoder_2)

@@ -15,7 +15,7 @@ from helpers import capture_latents, run_in_lockstep
 
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.image import feature_bank
-from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
 SIZE = 32
 

@@ -170,7 +170,7 @@ def test_render_applies_a_scheduled_control_scale_at_its_frame(tmp_path, control
     from PIL import Image
 
     from streamstudio.app.cli import main
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusion
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion
 
     rng = np.random.default_rng(3)
     src = tmp_path / "in"

@@ -16,7 +16,7 @@ from streamstudio.app.cli.render_video import add_video_arguments, run_video_ren
 from streamstudio.app.streams.video import build_stream, load_video_model
 from streamstudio.errors import ModelNotFoundError, StreamStudioError
 from streamstudio.models.video import wan
-from streamstudio.pipelines.stream_video import StreamBufferConfig, StreamSampler, VideoStream, StreamVideoConfig
+from streamstudio.pipelines.video.stream_video import StreamBufferConfig, StreamSampler, VideoStream, StreamVideoConfig
 
 WORDS = ["<pad>", "</s>", "<unk>", "a", "red", "blue", "circle", "square", "moving", "left", "right", "cat"]
 LATENT_MEAN = [0.3, -0.5, 0.1, 1.2]  # the tiny VAE's config: what the codec must normalise with

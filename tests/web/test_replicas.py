@@ -14,7 +14,7 @@ from streamstudio.models.image.batching import BatchingConfig
 from streamstudio.app.web.replicas import ReplicaModel, ReplicaSessionManager, replica_devices
 from streamstudio.app.web.sessions import BusyError
 from streamstudio.errors import StreamStudioError
-from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+from streamstudio.pipelines.image.stream_diffusion import StreamDiffusionConfig
 
 
 @pytest.fixture

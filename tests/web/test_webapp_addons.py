@@ -17,7 +17,7 @@ import torch
 
 from streamstudio.models.image.batching import BatchingConfig
 from streamstudio.app.web.sessions import ServerModel, SessionManager
-from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+from streamstudio.pipelines.image.stream_diffusion import StreamDiffusionConfig
 
 SIZE = 32
 
@@ -314,7 +314,7 @@ def test_two_sessions_with_their_own_ip_scales_and_references_batched_equal_thei
     and each session's outputs equal a stream of its settings run alone on the unbatched model."""
     from dataclasses import replace
 
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusion
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion
 
     ip = addon_model.comps.ip_adapter
     specs = {"p": (0.0, frame(40)), "q": (1.5, np.random.default_rng(3).integers(0, 256, (20, 30, 3), np.uint8))}

@@ -14,7 +14,7 @@ from helpers import frame, wait_output
 
 from streamstudio.app.web.sessions import BusyError, ServerModel, SessionManager, parse_settings
 from streamstudio.errors import StreamStudioError
-from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+from streamstudio.pipelines.image.stream_diffusion import StreamDiffusionConfig
 
 
 @pytest.fixture(scope="module")

@@ -54,7 +54,7 @@ def build_pipeline(request: ImageRequest, mode: str, serving: bool = False, aspe
     """Load the model `request` names and build a stream with its settings. `serving`: the
     stream is the web app's template (its networks run behind the batching executor).
     `aspect`: the input's width / height, for the size when the request gives none."""
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusionConfig
 
     check_references(request.addons)
     comps = load_components(request)
@@ -80,7 +80,7 @@ def build_pipeline(request: ImageRequest, mode: str, serving: bool = False, aspe
         print(f"note: {note}")
     pipe = new_stream(comps, config, prompt=request.prompt, negative_prompt=request.negative_prompt)
     if request.frame_graph:
-        from streamstudio.pipelines.frame_graph import LiveGraphStream
+        from streamstudio.pipelines.image.frame_graph import LiveGraphStream
 
         pipe = LiveGraphStream(pipe)
     if request.addons.ip_image:
@@ -113,7 +113,7 @@ def new_stream(comps, config, prompt: str = "", negative_prompt: str = ""):
     """A new image stream (its own buffer, noise, filter and prompt state) over loaded networks
     `comps` with `config`: the one place a StreamDiffusion is made (the CLI's through
     `build_pipeline`, a web session's over the shared model, a batch job's per output size)."""
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusion
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion
 
     return StreamDiffusion(comps, config, prompt=prompt, negative_prompt=negative_prompt)
 
@@ -162,7 +162,7 @@ def add_addons(addons: Addons, comps, device, dtype) -> None:
 
 def _add_controlnets(nets: list[str], preps: list[str], comps, device, dtype) -> None:
     from streamstudio.models.image.controlnet import check_fits, load_controlnet, parse_controlnet
-    from streamstudio.pipelines.control import Preprocessor
+    from streamstudio.pipelines.image.control import Preprocessor
 
     specs = [parse_controlnet(text) for text in nets]
     kinds = [preps[i] if i < len(preps) else "canny" for i in range(len(specs))]

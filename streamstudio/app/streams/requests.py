@@ -40,7 +40,7 @@ class ImageRequest:
     taesd: bool = False
     lcm_lora: str = "auto"
     acceleration: str = "none"  # none, compile, tensorrt
-    frame_graph: bool = False  # live frames replayed as one captured graph (pipelines/frame_graph.py)
+    frame_graph: bool = False  # live frames replayed as one captured graph (pipelines/image/frame_graph.py)
     device: str = "auto"
     dtype: str = "auto"
     threads: int | None = None

@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # torch and the models load when a stream opens, not when the
     import torch
 
     from streamstudio.models.video import wan
-    from streamstudio.pipelines.stream_video import VideoStream
+    from streamstudio.pipelines.video.stream_video import VideoStream
 
 
 BUILTIN_NAMES = (None, "", "auto", "tiny", "builtin", "stream_dit_tiny")
@@ -93,7 +93,7 @@ def build_stream(model: torch.nn.Module, meta: dict, prompt: str, *, strength: f
     clips each predicted clean frame to [-1, 1]."""
     from streamstudio.app.streams.image import output_size
     from streamstudio.models.video.video_net import StreamDiTBackbone
-    from streamstudio.pipelines.stream_video import StreamBufferConfig, StreamVideoConfig, VideoStream
+    from streamstudio.pipelines.video.stream_video import StreamBufferConfig, StreamVideoConfig, VideoStream
 
     if getattr(model, "is_wan", False):
         return build_wan_stream(model, prompt, strength=strength, seed=seed, width=width, height=height,
@@ -151,7 +151,7 @@ def build_wan_stream(model: wan.WanModel, prompt: str, *, strength: float = 1.0,
     (480x832, flow shift 3, guidance 5, N=4 c=2 s=2) where not overridden. The latent grid is the
     output's size / 8 to the nearest patch; decoded frames are resized to the output size."""
     from streamstudio.app.streams.image import output_size
-    from streamstudio.pipelines.stream_video import StreamBufferConfig, StreamVideoConfig, VideoStream
+    from streamstudio.pipelines.video.stream_video import StreamBufferConfig, StreamVideoConfig, VideoStream
 
     if strength < 1 or aspect is not None:
         raise StreamStudioError("a Wan checkpoint runs text-to-video only here (its VAE packs 4 frames into one "

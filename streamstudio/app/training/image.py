@@ -71,7 +71,7 @@ def pipeline_timesteps() -> tuple[int, list[int], int]:
     txt2img's first t."""
     from diffusers import LCMScheduler
 
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusionConfig
 
     sched = LCMScheduler.from_config(SCHEDULER_CONFIG)
     sched.set_timesteps(50)
