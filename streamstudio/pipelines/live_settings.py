@@ -1,10 +1,13 @@
 """The image stream's live settings (`SETTINGS`), the video stream's (`VIDEO_SETTINGS`) and the
 splat renderer's (`SPLAT_SETTINGS`), each declared once: name, type, range or choices, default,
-help, the tab's widget and the CLI flag. Pure data and checks (no Gradio, no argparse):
-`StreamDiffusionConfig` (its defaults and `validate`), the web API (`app/settings.py`), the Live,
-Video and Splats tabs, the command-line flags (`app/settings.py`) and the render config file
-(built from those flags) all read these tables, so changing a range or adding a setting is one
-edit here.
+help, the tab's widget and the CLI flag. At pipelines/' root because it serves every product: the
+image and video pipelines (`image/stream_diffusion.py`, `video/stream_video.py`) check their
+configs with it, and the app builds every product's controls and flags from it.
+
+Pure data and checks (no Gradio, no argparse): `StreamDiffusionConfig` (its defaults and
+`validate`), the web API (`app/settings.py`), the Live, Video and Splats tabs, the command-line
+flags (`app/settings.py`) and the render config file (built from those flags) all read these
+tables, so changing a range or adding a setting is one edit here.
 """
 
 from __future__ import annotations
