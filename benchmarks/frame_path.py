@@ -1,5 +1,5 @@
 """The frame path on the GPU: where a live img2img frame's time goes, and what the captured
-frame graph with frames in flight (pipelines/frame_graph.py) makes of it (issue 45).
+frame graph with frames in flight (pipelines/image/frame_graph.py) makes of it (issue 45).
 
 Interleaved windows of the same frames on the same random-weight components, every mode
 end to end with host I/O (uint8 numpy in, uint8 numpy out):
@@ -34,10 +34,10 @@ from common import RESULTS, bench_device, utc_now, write_json  # puts the packag
 
 from streamstudio import kernels
 from streamstudio.frames import to_frames
-from streamstudio.models.acceleration import apply_acceleration
-from streamstudio.pipelines.frame_graph import FrameGraph
-from streamstudio.pipelines.stream_batch import PRIMED, Guidance
-from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+from streamstudio.models.image.acceleration import apply_acceleration
+from streamstudio.pipelines.image.frame_graph import FrameGraph
+from streamstudio.pipelines.image.stream_batch import PRIMED, Guidance
+from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
 CL_NEEDS_S = 90  # the channels_last + fused QKV variant: a cold UNet compile and its windows
 TARGETS = {"one stream compiled (fps)": 200.0, "RCFG self over full": 1.6, "Stream Batch speedup": None}
@@ -48,7 +48,7 @@ def components(device: torch.device):
         from stream_diffusion import sd_turbo_architecture
 
         return sd_turbo_architecture(device, torch.float16), 512, "sd-turbo arch, TAESD, 512x512, 1 step, fp16"
-    from streamstudio.models.loading import load_components
+    from streamstudio.models.image.loading import load_components
 
     return load_components("tiny", device=device, dtype=torch.float32, taesd=True), 64, "tiny, TAESD, 64x64, fp32"
 

@@ -40,8 +40,8 @@ import torch
 from common import RESULTS, bench_device, utc_now, write_json  # noqa: F401 (sys.path set by common)
 
 from streamstudio.models.image import image_data, image_metrics as m, photo_data
-from streamstudio.models.loading import BUILTIN_DIR, load_components
-from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+from streamstudio.models.image.loading import BUILTIN_DIR, load_components
+from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
 SIZE = 256
 STYLE_WORDS = ("pencil sketch", "watercolor", "oil painting", "pixel art", "posterized", "blurry")

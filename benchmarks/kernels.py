@@ -358,7 +358,7 @@ def sd_turbo_components(device: torch.device, dtype: torch.dtype):
 
 
 def tiny_components(device, dtype):
-    from streamstudio.models.loading import load_components
+    from streamstudio.models.image.loading import load_components
 
     return load_components("tiny", device=device, dtype=dtype, taesd=True)
 
@@ -366,7 +366,7 @@ def tiny_components(device, dtype):
 def pipeline_fps(comps, size: int, frames: int, warmup: int, device: torch.device) -> float:
     import numpy as np
 
-    from streamstudio.pipelines.stream_diffusion import (
+    from streamstudio.pipelines.image.stream_diffusion import (
         StreamDiffusion,
         StreamDiffusionConfig,
     )
@@ -391,7 +391,7 @@ def pipeline_fps(comps, size: int, frames: int, warmup: int, device: torch.devic
 def bench_pipeline(device: torch.device, quick: bool, on_row: Callable[[list[dict]], None] | None = None) -> list[dict]:
     """fps of each mode; on_row(rows) after each one (the JSON is written as the run goes)."""
     from streamstudio.kernels import tensorrt as trt_kernels
-    from streamstudio.models.acceleration import apply_acceleration
+    from streamstudio.models.image.acceleration import apply_acceleration
 
     gpu = device.type == "cuda"
     if gpu:

@@ -21,10 +21,10 @@ import torch
 
 from common import RESULTS, bench_device, utc_now, write_json  # puts the package on sys.path
 
-from streamstudio.models.batching import BatchingConfig
+from streamstudio.models.image.batching import BatchingConfig
 from streamstudio.app.cli.bench import closed_loop, device_name
 from streamstudio.app.web.sessions import ServerModel, SessionManager
-from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+from streamstudio.pipelines.image.stream_diffusion import StreamDiffusionConfig
 
 
 def components(device: torch.device):
@@ -32,7 +32,7 @@ def components(device: torch.device):
         from stream_diffusion import sd_turbo_architecture
 
         return sd_turbo_architecture(device, torch.float16), 512, "sd-turbo arch, TAESD, 512x512, 1 step, fp16"
-    from streamstudio.models.loading import load_components
+    from streamstudio.models.image.loading import load_components
 
     comps = load_components("tiny", device=device, dtype=torch.float32, taesd=True)
     return comps, 64, "tiny model, TAESD, 64x64, 1 step, fp32 (CPU)"

@@ -47,9 +47,10 @@ from common import RESULTS, bench_device, table, utc_now, write_json  # puts the
 from stream_diffusion import sd_turbo_architecture
 
 from streamstudio.app.cli.bench import device_name
-from streamstudio.models.acceleration import apply_acceleration, compile_kwargs
-from streamstudio.models.loading import load_components
-from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+from streamstudio.models.acceleration import compile_kwargs
+from streamstudio.models.image.acceleration import apply_acceleration
+from streamstudio.models.image.loading import load_components
+from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
 PEER = "streamdiffusion"
 PEER_VERSION = "0.1.1"

@@ -27,7 +27,7 @@ import torch
 from common import RESULTS, synchronizer, timed, write_json  # puts the package on sys.path
 
 from streamstudio.kernels.splat import rasterize_gaussians
-from streamstudio.pipelines.splat_render import SceneFit, SplatRenderConfig, camera_path
+from streamstudio.pipelines.splats.splat_render import SceneFit, SplatRenderConfig, camera_path
 from streamstudio.models.splats.gaussians import GaussianScene
 
 TARGETS_FPS = {(10_000, 256): 60.0, (100_000, 256): 10.0}

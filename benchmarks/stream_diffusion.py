@@ -24,9 +24,9 @@ from common import RESULTS, bench_device, synchronizer, table, timed, utc_now, w
 
 from streamstudio.app.cli.bench import device_name
 from streamstudio.models.image.components import SDComponents
-from streamstudio.models.loading import load_components
+from streamstudio.models.image.loading import load_components
 from streamstudio.models.image.tiny import SCHEDULER_CONFIG, tiny_tokenizer
-from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
 
 SD_TURBO_UNET = dict(

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from streamstudio.models.video.stream_dit import (StreamDiT, WindowSelfAttention, count_parameters, load_builtin,
                                             named_config)
 from streamstudio.models.video.video_net import StreamDiTBackbone
-from streamstudio.pipelines.stream_video import StreamBufferConfig, StreamSampler, StreamVideoConfig, VideoStream
+from streamstudio.pipelines.video.stream_video import StreamBufferConfig, StreamSampler, StreamVideoConfig, VideoStream
 
 RESULTS = Path(__file__).resolve().parent / "results" / "stream_video.json"
 PAPER_STEP_MS_H100 = 482  # StreamDiT (arXiv 2507.03745), 4B model, 512p, one H100

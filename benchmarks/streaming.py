@@ -86,8 +86,8 @@ def encode_throughput(n: int) -> dict:
 def live_latency(n: int) -> dict:
     import torch
 
-    from streamstudio.models.loading import load_components
-    from streamstudio.pipelines.stream_diffusion import (
+    from streamstudio.models.image.loading import load_components
+    from streamstudio.pipelines.image.stream_diffusion import (
         StreamDiffusion,
         StreamDiffusionConfig,
     )

@@ -39,7 +39,7 @@ from common import RESULTS, bench_device, synchronizer, table, timed, utc_now, w
 
 from streamstudio.app.cli.bench import device_name
 from streamstudio.models.image import feature_bank
-from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
 MODES = {
     "plain": dict(temporal="off"),
@@ -169,7 +169,7 @@ def gpu_models(device) -> tuple[list, str | None]:
     if device.type != "cuda":
         return [], "no CUDA GPU in this run (and no model hub: sd-turbo's weights are not cached here)"
     try:
-        from streamstudio.models.loading import load_components
+        from streamstudio.models.image.loading import load_components
 
         comps = load_components("stabilityai/sd-turbo", device=device, dtype=torch.float16, taesd=True)
     except Exception as exc:  # noqa: BLE001 - recorded as the reason the figure is missing
@@ -199,7 +199,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     device = bench_device(args.device)
     n, repeats = (16, 1) if args.quick else (32, 3)
-    from streamstudio.models.loading import load_components
+    from streamstudio.models.image.loading import load_components
 
     tiny = load_components("tiny", device=device, dtype=torch.float32 if device.type == "cpu" else torch.float16)
     models = [(tiny, "tiny (random weights)", 64), (sharp_attention(tiny), "tiny, sharp self-attention (q x10)", 64)]

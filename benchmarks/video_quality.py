@@ -205,7 +205,7 @@ def render_model(model, meta: dict, prompt: str, seed: int, layout: tuple[int, i
     start-up generation touched; `solver` (None: the checkpoint's `sampling.solver`, else euler) and
     `clip_sample` (None: the checkpoint's `sampling.clip_sample`, else off)."""
     from streamstudio.models.video.video_net import StreamDiTBackbone
-    from streamstudio.pipelines.stream_video import StreamBufferConfig, StreamVideoConfig, VideoStream
+    from streamstudio.pipelines.video.stream_video import StreamBufferConfig, StreamVideoConfig, VideoStream
 
     n, c, s = layout
     smp = meta["sampling"]

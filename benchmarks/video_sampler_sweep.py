@@ -101,7 +101,7 @@ class VariantBackbone(StreamDiTBackbone):
 
 def render(model, spec: dict[str, float], prompt: str, seed: int, weak=None) -> list[np.ndarray]:
     """The built-in layout (N=8, c=1, warm-up) with the spec's guidance, shift, micro-steps (2) and solver."""
-    from streamstudio.pipelines.stream_video import StreamBufferConfig, StreamVideoConfig, VideoStream
+    from streamstudio.pipelines.video.stream_video import StreamBufferConfig, StreamVideoConfig, VideoStream
 
     buffer = StreamBufferConfig(num_chunks=8, chunk_size=1, micro_steps=int(spec.get("s", 2)), seed=seed,
                                 shift=spec.get("shift", 1.0), warmup=True, solver=solver(spec),

@@ -86,8 +86,8 @@ def stream_frames(n, seed=0):
 
 
 def make_pipe(comps, nets, scales=None, preprocessor="none", **kw):
-    from streamstudio.pipelines.control import ControlInputs, ControlUnit, Preprocessor
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+    from streamstudio.pipelines.image.control import ControlInputs, ControlUnit, Preprocessor
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
     with_nets = dataclasses.replace(comps, controlnets=list(nets))
     control = ControlInputs([ControlUnit(Preprocessor(preprocessor), s) for s in (scales or [1.0] * len(nets))]) \

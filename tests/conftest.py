@@ -27,7 +27,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def tiny_components_factory():
     """Fresh tiny-model components (identical weights each call)."""
-    from streamstudio.models.loading import load_components
+    from streamstudio.models.image.loading import load_components
 
     def make(**kwargs):
         return load_components("tiny", device="cpu", dtype=torch.float32, **kwargs)

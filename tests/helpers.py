@@ -64,7 +64,7 @@ def random_scene(n: int, degree: int, seed: int = 0):
 
 def render_rgb(scene, degree: int, centre: torch.Tensor | None = None) -> torch.Tensor:
     """A 64x64 RGB view of `scene` looking at `centre` (the origin by default)."""
-    from streamstudio.pipelines.splat_render import SceneFit, SplatRenderConfig, fitted_camera, render
+    from streamstudio.pipelines.splats.splat_render import SceneFit, SplatRenderConfig, fitted_camera, render
 
     fit = SceneFit(torch.zeros(3) if centre is None else centre, 1.5)
     cfg = SplatRenderConfig(width=64, height=64, sh_degree=degree)

@@ -1,8 +1,10 @@
-"""The Hugging Face hub as StreamStudio meets it: the hub ids the project names, short names for
-them, the local cache (asked without the network), whether the hub can be reached (one bounded
-request, remembered a minute), and the command that fetches a repository. Imports no torch or
-diffusers (huggingface_hub only where asked), so the CLI can say at once that a model cannot be
-had (`check_model_source`), before any model code loads; `models/loading.py` builds on it."""
+"""The Hugging Face hub as StreamStudio meets it, shared by the products (at models/' root: the
+image models' loading and add-ons, the video model's Wan checkpoints and the CLI all use it): the
+hub ids the project names, short names for them, the local cache (asked without the network),
+whether the hub can be reached (one bounded request, remembered a minute), how big a repository's
+files are, fetching them, and the command that fetches a repository. Imports no torch or diffusers
+(huggingface_hub only where asked), so the CLI can say at once that a model cannot be had
+(`check_model_source`), before any model code loads; `models/image/loading.py` builds on it."""
 
 from __future__ import annotations
 
@@ -210,3 +212,27 @@ def quiet_hub():
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*local_dir_use_symlinks.*", category=UserWarning)
         yield
+
+
+def hub_download_size(repo: str, patterns: list[str], timeout: float = 10.0) -> int | None:
+    """Bytes of the files of `repo` that match `patterns` (what loading it fetches), or None when
+    the hub cannot be reached."""
+    from fnmatch import fnmatch
+
+    from huggingface_hub import HfApi
+
+    try:
+        info = HfApi().model_info(repo, files_metadata=True, timeout=timeout)
+    except Exception as exc:  # no network, DNS, proxy, HTTP errors: all mean "not reachable now"
+        log.debug("the hub cannot be reached: %s", first_line(exc))
+        return None
+    return sum(int(f.size or 0) for f in info.siblings or () if any(fnmatch(f.rfilename, p) for p in patterns))
+
+
+def download_model(repo: str, patterns: list[str]) -> str:
+    """Fetch `repo`'s files that match `patterns` into the Hugging Face cache, with huggingface_hub's
+    own progress bars."""
+    from huggingface_hub import snapshot_download
+
+    with quiet_hub():
+        return snapshot_download(repo, allow_patterns=patterns)

@@ -1,10 +1,13 @@
 """The image stream's live settings (`SETTINGS`), the video stream's (`VIDEO_SETTINGS`) and the
 splat renderer's (`SPLAT_SETTINGS`), each declared once: name, type, range or choices, default,
-help, the tab's widget and the CLI flag. Pure data and checks (no Gradio, no argparse):
-`StreamDiffusionConfig` (its defaults and `validate`), the web API (`app/settings.py`), the Live,
-Video and Splats tabs, the command-line flags (`app/settings.py`) and the render config file
-(built from those flags) all read these tables, so changing a range or adding a setting is one
-edit here.
+help, the tab's widget and the CLI flag. At pipelines/' root because it serves every product: the
+image and video pipelines (`image/stream_diffusion.py`, `video/stream_video.py`) check their
+configs with it, and the app builds every product's controls and flags from it.
+
+Pure data and checks (no Gradio, no argparse): `StreamDiffusionConfig` (its defaults and
+`validate`), the web API (`app/settings.py`), the Live, Video and Splats tabs, the command-line
+flags (`app/settings.py`) and the render config file (built from those flags) all read these
+tables, so changing a range or adding a setting is one edit here.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from streamstudio.errors import StreamStudioError
 from streamstudio.frames import FIT_MODES
 
 CFG_TYPES = ("none", "self", "initialize", "full")  # the names of kernels.reference.CFG_CODES (no torch here)
-VIDEO_SOLVERS = ("euler", "ab2", "heun")  # a video frame's step from one level to the next (pipelines/stream_video)
+VIDEO_SOLVERS = ("euler", "ab2", "heun")  # a video frame's step to the next level (pipelines/video/stream_video)
 TEMPORAL_MODES = ("off", "feedback", "bank", "both")  # temporal consistency: none, latent feedback, feature bank, both
 MAX_PROMPT_CHARS = 1000  # the text encoder reads 77 tokens (~300 characters); more is refused from clients
 MAX_PROMPTS = 3  # prompts in one blend
@@ -184,7 +187,7 @@ ADDON_SCALE = LiveSetting("scale", float, 1.0, "an add-on's scale (LoRA, Control
 
 # The splat renderer's names, here so that the splat command parses without torch (the kernels and
 # the renderer import it); tests/cli/test_cli_startup.py keeps them equal to kernels.splat.IMPLS and
-# pipelines.splat_render.PATHS / MODES / CAMERAS.
+# pipelines.splats.splat_render.PATHS / MODES / CAMERAS.
 SPLAT_PATHS = ("orbit", "turntable", "fly")
 SPLAT_MODES = ("rgb", "depth", "alpha")
 SPLAT_CAMERAS = ("perspective", "ortho", "fisheye")

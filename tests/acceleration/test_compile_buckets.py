@@ -16,8 +16,8 @@ from diffusers.models.unets.unet_2d_condition import UNet2DConditionOutput
 from helpers import run_in_lockstep
 from torch import nn
 
-from streamstudio.models.batching import BatchExecutor, BatchingConfig, batched_components, warm_up
-from streamstudio.models import acceleration
+from streamstudio.models.image.batching import BatchExecutor, BatchingConfig, batched_components, warm_up
+from streamstudio.models.image import acceleration
 
 
 class CountingBackend:
@@ -57,7 +57,7 @@ def _frames(seed: int, n: int) -> list[np.ndarray]:
 
 
 def _stream(comps, seed: int, cfg: str = "self"):
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
     config = StreamDiffusionConfig(width=64, height=64, steps=2, strength=0.6, cfg_type=cfg, guidance_scale=1.3,
                                    seed=seed)

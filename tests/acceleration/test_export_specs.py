@@ -1,6 +1,6 @@
-"""Export specs of the project's networks (models/export_specs.py): ONNX exports of the tiny
-image seam's calls and the video network checked against onnxruntime, and the engine wrappers
-fed by stand-in engines that run the spec's own module."""
+"""Export specs of the project's networks (models/image/export_specs.py, models/video/video_engine.py):
+ONNX exports of the tiny image seam's calls and the video network checked against onnxruntime,
+and the engine wrappers fed by stand-in engines that run the spec's own module."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import torch
 from helpers import SpecEngine
 
 from streamstudio.kernels.tensorrt.export import check_onnx, export_onnx
-from streamstudio.models import acceleration
-from streamstudio.models.export_specs import EngineImageNet, eps_spec, vae_decoder_spec, vae_encoder_spec
+from streamstudio.models.image.export_specs import EngineImageNet, eps_spec, vae_decoder_spec, vae_encoder_spec
 from streamstudio.models.image.image_net import DiffusersImageNet, ImageCond
+from streamstudio.models.video.video_engine import VideoEngine, video_export_spec
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
@@ -65,7 +65,7 @@ def test_video_model_onnx_matches_onnxruntime(tmp_path):
     model = StreamDiT(named_config("tiny")).eval()
     for p in model.parameters():  # the zero-initialized output layers would make the check trivial
         p.data.add_(torch.randn_like(p) * 0.02)
-    spec, (h, w) = acceleration.video_export_spec(model, frames=4, height=32, width=32)
+    spec, (h, w) = video_export_spec(model, frames=4, height=32, width=32)
     path = export_onnx(spec, tmp_path / "video.onnx", batch=1, height=h, width=w)
     result = check_onnx(spec, path, batch=2, height=h, width=w)
     assert result.rel_error < 1e-3
@@ -77,7 +77,7 @@ def test_engine_net_drops_into_the_pipeline(tiny_components_factory):
 
     import numpy as np
 
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
     comps = tiny_components_factory(taesd=True)
     unet_engine = SpecEngine(eps_spec(comps.net))
@@ -105,14 +105,13 @@ def test_engine_net_drops_into_the_pipeline(tiny_components_factory):
 
 
 def test_video_engine_pads_text_tokens():
-    from streamstudio.models.export_specs import VideoEngine
     from streamstudio.models.video.stream_dit import StreamDiT, named_config
 
     torch.manual_seed(0)
     model = StreamDiT(named_config("tiny")).eval()
     for p in model.parameters():
         p.data.add_(torch.randn_like(p) * 0.02)
-    spec, _ = acceleration.video_export_spec(model, frames=4, height=32, width=32)
+    spec, _ = video_export_spec(model, frames=4, height=32, width=32)
     text_len = model.cfg.text.max_tokens + 1
     engine = VideoEngine(SpecEngine(spec), model, text_len)
     with torch.no_grad():

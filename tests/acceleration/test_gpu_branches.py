@@ -53,7 +53,7 @@ def load_benchmark(name: str):
 
 @pytest.fixture(scope="module")
 def tiny():
-    from streamstudio.models.loading import load_components
+    from streamstudio.models.image.loading import load_components
 
     return load_components("tiny", device="cpu", dtype=torch.float32, taesd=True)
 
@@ -89,7 +89,7 @@ class FakePipe:
     """What `bench` reads of a pipeline on a GPU."""
 
     def __init__(self):
-        from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+        from streamstudio.pipelines.image.stream_diffusion import StreamDiffusionConfig
 
         self.device, self.dtype, self.n_steps = CUDA, torch.float16, 1
         self.config = StreamDiffusionConfig(width=64, height=64, cfg_type="none")
@@ -259,9 +259,11 @@ def test_fused_available_on_a_gpu(fake_gpu, monkeypatch):
     assert cuda_build.unavailable_reason() == "no CUDA GPU is visible"
 
 
-# ------------------------------------------------------------------ models/acceleration
+# ------------------------------------------------------------------ models/acceleration, per product
 def test_compile_on_a_gpu_uses_cuda_graphs(tiny, monkeypatch):
-    from streamstudio.models import acceleration
+    from streamstudio.models import acceleration as shared
+    from streamstudio.models.image import acceleration
+    from streamstudio.models.video.video_engine import apply_video_acceleration
 
     compiled = []
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: (compiled.append(kw), fn)[1])
@@ -269,10 +271,10 @@ def test_compile_on_a_gpu_uses_cuda_graphs(tiny, monkeypatch):
     fast = acceleration.apply_acceleration(comps, "compile")
     assert compiled == [{"mode": "reduce-overhead"}, {}, {"mode": "reduce-overhead"}]  # unet, vae encode, decode
     assert "mode=reduce-overhead" in fast.notes[-1]
-    assert acceleration.compile_kwargs(CUDA, cuda_graphs=False) == {}
+    assert shared.compile_kwargs(CUDA, cuda_graphs=False) == {}
     compiled.clear()
     model = OnCuda(nn.Linear(2, 2))
-    assert acceleration.apply_video_acceleration(model, "compile", frames=4, height=8, width=8) is model
+    assert apply_video_acceleration(model, "compile", frames=4, height=8, width=8) is model
     assert compiled == [{"mode": "reduce-overhead"}]
 
 
@@ -282,9 +284,10 @@ class FakeTRTEngine:
 
 
 def test_tensorrt_on_a_gpu_wraps_each_engine(tiny, monkeypatch, tmp_path, cuda_on_cpu):
+    from streamstudio.kernels import tensorrt as trt_kernels
     from streamstudio.kernels.tensorrt import runtime
-    from streamstudio.models import acceleration
-    from streamstudio.models.export_specs import EngineImageNet
+    from streamstudio.models.image import acceleration
+    from streamstudio.models.image.export_specs import EngineImageNet
 
     built = []
 
@@ -294,7 +297,7 @@ def test_tensorrt_on_a_gpu_wraps_each_engine(tiny, monkeypatch, tmp_path, cuda_o
         built.append((spec.name, precision))
         return tmp_path / f"{spec.name}.engine"
 
-    monkeypatch.setattr(acceleration.trt_kernels, "tensorrt_available", lambda: True)
+    monkeypatch.setattr(trt_kernels, "tensorrt_available", lambda: True)
     monkeypatch.setattr(acceleration, "image_specs",
                         lambda comps, parts: [SimpleNamespace(name=p) for p in parts])
     monkeypatch.setattr(acceleration, "ensure_engine", ensure_engine)
@@ -311,21 +314,22 @@ def test_tensorrt_on_a_gpu_wraps_each_engine(tiny, monkeypatch, tmp_path, cuda_o
 
 
 def test_video_tensorrt_on_a_gpu(monkeypatch, tmp_path, cuda_on_cpu):
+    from streamstudio.kernels import tensorrt as trt_kernels
     from streamstudio.kernels.tensorrt import runtime
-    from streamstudio.models import acceleration
-    from streamstudio.models.export_specs import VideoEngine
+    from streamstudio.models.video import video_engine
+    from streamstudio.models.video.video_engine import VideoEngine
 
     shapes = []
-    monkeypatch.setattr(acceleration.trt_kernels, "tensorrt_available", lambda: True)
-    monkeypatch.setattr(acceleration, "video_export_spec",
+    monkeypatch.setattr(trt_kernels, "tensorrt_available", lambda: True)
+    monkeypatch.setattr(video_engine, "video_export_spec",
                         lambda model, f, h, w: (SimpleNamespace(name="video"), (h, w)))
-    monkeypatch.setattr(acceleration, "ensure_engine",
+    monkeypatch.setattr(video_engine, "ensure_engine",
                         lambda spec, cache, s, precision="fp16": (shapes.append(s), tmp_path / "video.engine")[1])
     monkeypatch.setattr(runtime, "TRTEngine", FakeTRTEngine)
     inner = nn.Linear(2, 2)
     inner.cfg = SimpleNamespace(text=SimpleNamespace(max_tokens=7))
     model = OnCuda(inner)
-    out = acceleration.apply_video_acceleration(model, "tensorrt", frames=4, height=8, width=16, max_batch=2)
+    out = video_engine.apply_video_acceleration(model, "tensorrt", frames=4, height=8, width=16, max_batch=2)
     assert isinstance(out, VideoEngine) and out.engine.device == CUDA
     assert shapes[0].batch == (1, 1, 2) and shapes[0].height == (8, 8, 8) and shapes[0].width == (16, 16, 16)
 
@@ -437,7 +441,7 @@ def tiny_kernel_sizes(bench):
 def test_benchmark_kernels_on_a_gpu(fake_gpu, monkeypatch, tmp_path, tiny, cuda_on_cpu):
     bench = load_benchmark("kernels")
     from streamstudio.kernels import tensorrt as trt_kernels
-    from streamstudio.models import acceleration
+    from streamstudio.models.image import acceleration
 
     assert bench.device_name(CUDA) == GPU_NAME
     # the pipeline rows on the GPU: the sd-turbo-sized model swapped for the tiny one

@@ -20,7 +20,7 @@ import torch
 from helpers import CountSyncs
 from gpu_fakes import CUDA, CudaOnCpu, OnCuda
 
-from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
 SIZE = 64
 
@@ -123,7 +123,7 @@ def test_one_sync_per_frame_on_a_gpu(comps, fake_gpu, fake_streams, mode):  # no
 
 def test_gpu_components_are_channels_last_with_cudnn_benchmark(monkeypatch):
     from streamstudio.models.image.components import tune_for_device
-    from streamstudio.models.loading import load_components
+    from streamstudio.models.image.loading import load_components
 
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
     comps = load_components("tiny", device="cpu", dtype=torch.float32)

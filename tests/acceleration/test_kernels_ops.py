@@ -382,7 +382,7 @@ def test_gpu_dispatch_uses_the_extension():
 @pytest.mark.gpu
 def test_gpu_pipeline_fused_matches_reference(tiny_components_factory, monkeypatch):
     """The image pipeline on CUDA with the fused ops gives the reference path's frames."""
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
     comps = tiny_components_factory(taesd=True).to(torch.device("cuda"), torch.float32)
     rng = np.random.default_rng()

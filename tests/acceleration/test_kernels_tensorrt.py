@@ -15,8 +15,9 @@ from streamstudio.kernels import tensorrt as trt_kernels
 from streamstudio.kernels.tensorrt.build import ShapeRange, engine_key, profile_for
 from streamstudio.kernels.tensorrt.cache import EngineCache, EngineKey, model_identity
 from streamstudio.kernels.tensorrt.export import export_onnx
-from streamstudio.models import acceleration
-from streamstudio.models.export_specs import EngineImageNet, eps_spec, vae_decoder_spec
+from streamstudio.models import acceleration as shared
+from streamstudio.models.image import acceleration
+from streamstudio.models.image.export_specs import EngineImageNet, eps_spec, image_specs, vae_decoder_spec
 from streamstudio.models.image.image_net import ImageCond
 
 pytest.importorskip("onnxruntime")
@@ -104,7 +105,7 @@ def test_engine_key_of_a_spec_tracks_the_model(comps):
 # ------------------------------------------------------------------------------ acceleration modes
 @pytest.mark.skipif(trt_kernels.tensorrt_available(), reason="TensorRT is installed")
 def test_tensorrt_mode_without_tensorrt_falls_back_once(comps):
-    acceleration._said.clear()
+    shared._said.clear()
     with pytest.warns(RuntimeWarning, match="TensorRT is not installed"):
         out = acceleration.apply_acceleration(comps, "tensorrt")
     assert out.network is None and out.unet is comps.unet and out.vae is comps.vae
@@ -113,7 +114,7 @@ def test_tensorrt_mode_without_tensorrt_falls_back_once(comps):
         warnings.simplefilter("error")
         acceleration.apply_acceleration(comps, "tensorrt")  # said once only
     with pytest.raises(trt_kernels.TensorRTUnavailable, match="pip install streamstudio\\[tensorrt\\]"):
-        acceleration.build_engines(acceleration.image_specs(comps, ("vae_decoder",)))
+        shared.build_engines(image_specs(comps, ("vae_decoder",)))
 
 
 def test_none_mode_and_bad_mode(comps):
@@ -156,8 +157,8 @@ def test_compile_mode_inductor_matches_eager_on_cpu(tiny_components_factory):
 
 
 def test_export_onnx_models_writes_and_checks(comps, tmp_path):
-    specs = acceleration.image_specs(comps, ("vae_decoder",))
-    results = acceleration.export_onnx_models(specs, tmp_path, batch=1, height=64, width=64)
+    specs = image_specs(comps, ("vae_decoder",))
+    results = shared.export_onnx_models(specs, tmp_path, batch=1, height=64, width=64)
     assert results[0].path.is_file() and results[0].check.ok()
 
 
@@ -167,7 +168,7 @@ def test_tensorrt_engines_match_torch(tmp_path):
     pytest.importorskip("tensorrt")
     from streamstudio.kernels.tensorrt.build import ensure_engine
     from streamstudio.kernels.tensorrt.runtime import TRTEngine
-    from streamstudio.models.loading import load_components
+    from streamstudio.models.image.loading import load_components
 
     comps = load_components("tiny", device="cuda", dtype=torch.float16, taesd=True)
     shapes = ShapeRange(batch=(1, 2, 4), height=(64, 64, 128), width=(64, 64, 128))
@@ -216,7 +217,7 @@ def test_build_engines_loads_the_model_as_the_app_does(monkeypatch, dtype):
     from streamstudio.app.cli.requests import image_request
     from streamstudio.app import streams
     from streamstudio.app.cli import build_engines
-    from streamstudio.models import loading
+    from streamstudio.models.image import loading
 
     seen = []
 
@@ -238,12 +239,13 @@ def test_build_engines_loads_the_model_as_the_app_does(monkeypatch, dtype):
 @pytest.mark.skipif(trt_kernels.tensorrt_available(), reason="TensorRT is installed")
 def test_video_acceleration_modes_on_cpu():
     from streamstudio.models.video.stream_dit import StreamDiT, named_config
+    from streamstudio.models.video.video_engine import apply_video_acceleration
 
     model = StreamDiT(named_config("tiny")).eval()
-    assert acceleration.apply_video_acceleration(model, "none", frames=4, height=32, width=32) is model
-    acceleration._said.clear()
+    assert apply_video_acceleration(model, "none", frames=4, height=32, width=32) is model
+    shared._said.clear()
     with pytest.warns(RuntimeWarning, match="TensorRT is not installed"):
-        assert acceleration.apply_video_acceleration(model, "tensorrt", frames=4, height=32, width=32) is model
+        assert apply_video_acceleration(model, "tensorrt", frames=4, height=32, width=32) is model
 
 
 @pytest.mark.gpu
@@ -252,7 +254,7 @@ def test_compile_mode_pipeline_on_gpu_matches_eager(tiny_components_factory):
     """reduce-overhead (CUDA graphs) through the whole stream, flush included."""
     import numpy as np
 
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
     comps = tiny_components_factory(taesd=True).to(torch.device("cuda"), torch.float32)
     config = StreamDiffusionConfig(width=64, height=64, steps=2, cfg_type="initialize", guidance_scale=1.4)

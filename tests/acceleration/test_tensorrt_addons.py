@@ -20,11 +20,12 @@ from helpers import SpecEngine
 
 from streamstudio.errors import StreamStudioError
 from streamstudio.kernels.tensorrt.build import ShapeRange, engine_key, profile_for
-from streamstudio.models import acceleration
-from streamstudio.models.acceleration import BatchPlan
-from streamstudio.models.export_specs import IP_SCALE, EngineImageNet, image_specs
+from streamstudio.models import acceleration as shared
+from streamstudio.models.image import acceleration
+from streamstudio.models.image.acceleration import BatchPlan
+from streamstudio.models.image.export_specs import IP_SCALE, EngineImageNet, image_specs
 from streamstudio.models.image.image_net import ImageCond
-from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
 SIZE = 32
 
@@ -37,7 +38,7 @@ class FakeTensorRT:
         from streamstudio.kernels.tensorrt import runtime
 
         self.builds, self.engines, self.specs, self.tmp = [], [], {}, tmp_path
-        monkeypatch.setattr(acceleration, "_tensorrt_missing", lambda device: None)  # TensorRT "here"
+        monkeypatch.setattr(acceleration, "tensorrt_missing", lambda device: None)  # TensorRT "here"
         monkeypatch.setattr(acceleration, "ensure_engine", self.ensure_engine)
         monkeypatch.setattr(runtime, "TRTEngine", self.engine)
 
@@ -240,7 +241,7 @@ def test_a_lora_change_rebuilds_the_unet_engine(tiny_components_factory, monkeyp
     comps.loras = LoraSet(comps)
     comps.loras.add(str(tmp_path / "lora"))
     trt = FakeTensorRT(monkeypatch, tmp_path)
-    monkeypatch.setattr(acceleration, "_said", set())  # the rebuild message is said once per process
+    monkeypatch.setattr(shared, "_said", set())  # the rebuild message is said once per process
     fast = acceleration.apply_acceleration(comps, "tensorrt", engine_dir=tmp_path, plan=PLAN)
     assert acceleration.LORA_REBUILD_MESSAGE in fast.notes and "rebuilt, not refit" in fast.notes[-1]
     assert "not measured" in fast.notes[-1]
@@ -283,7 +284,7 @@ def test_generate_no_longer_refuses_tensorrt_with_a_controlnet(tiny_components_f
 
     from streamstudio.app.cli import main
 
-    monkeypatch.setattr(acceleration, "_said", set())  # said once per process: an earlier test may have said it
+    monkeypatch.setattr(shared, "_said", set())  # said once per process: an earlier test may have said it
 
     comps = tiny_components_factory()
     tiny_controlnet(comps.unet).save_pretrained(tmp_path / "net")
@@ -346,7 +347,7 @@ def test_the_ip_adapter_scale_input_drives_the_graph(tiny_components_factory, tm
 
 
 def acceleration_ip_scale(comps):
-    from streamstudio.models.export_specs import ip_scale
+    from streamstudio.models.image.export_specs import ip_scale
 
     return ip_scale(comps.unet)
 
@@ -393,8 +394,8 @@ def test_build_engines_builds_the_unet_engine_the_app_looks_up_with_addons(tiny_
     make_lora(comps, tmp_path / "lora")
     asked = {}
     monkeypatch.setattr(trt_kernels, "tensorrt_available", lambda: True)
-    monkeypatch.setattr(acceleration, "build_engines", lambda specs, root, shapes=None, precision="fp16", plan=None: [
-        asked.setdefault(s.name, engine_key(s, acceleration.engine_shapes(s.name, plan, shapes), precision)) and
+    monkeypatch.setattr(shared, "build_engines", lambda specs, root, shapes=None, precision="fp16", plan=None: [
+        asked.setdefault(s.name, engine_key(s, shared.engine_shapes(s.name, plan, shapes), precision)) and
         tmp_path / "e" for s in specs])
     assert main(["build-engines", "--model", "tiny", "--parts", "unet", "--controlnet", str(tmp_path / "net"),
                  "--lora", str(tmp_path / "lora"), "--cfg", "self", "--steps", "2", "--max-batch-rows", "0",
@@ -457,7 +458,7 @@ def test_controlnet_streams_batched_across_users_on_the_engine(with_controlnets,
     from addon_models import make_pipe, stream_frames
 
     from streamstudio.app.streams.image import stream_plan
-    from streamstudio.models.batching import BatchExecutor, BatchingConfig, batched_components
+    from streamstudio.models.image.batching import BatchExecutor, BatchingConfig, batched_components
 
     comps, nets = with_controlnets, with_controlnets.controlnets
     specs = [([0.7, 0.4], "self", stream_frames(3, seed=5)), ([0.1, 1.2], "initialize", stream_frames(3, seed=6))]
@@ -489,7 +490,7 @@ def test_sdxl_stream_with_a_controlnet_and_an_ip_adapter_on_the_engine_equals_ea
     """SDXL: the engine takes the pooled text and time ids beside the ControlNet's image and scale
     and the IP-Adapter's embedding and per-row scale; the frames equal the eager stream's."""
     from streamstudio.models.image.ip_adapter import IPAdapter
-    from streamstudio.models.loading import load_components
+    from streamstudio.models.image.loading import load_components
 
     xl = load_components("tiny-sdxl")
     xl.controlnets = [tiny_controlnet(xl.unet, 3)]

@@ -1,7 +1,7 @@
 """TensorRT's GPU path without TensorRT or a GPU: what the engines are sized for and how the
 runtime drives them, checked against a stand-in of TensorRT's runtime API that records calls.
 
-- The batch sizes the pipeline sends (derived in models/acceleration.unet_call_rows) are the ones
+- The batch sizes the pipeline sends (derived in models/image/acceleration.unet_call_rows) are the ones
   it really sends, for every CFG type, step count, frame buffer size and denoising mode.
 - The profile of a plan (full CFG, N=2, k=1, batching up to 16 rows) covers every batch the
   batching executor sends four such streams.
@@ -26,8 +26,9 @@ from torch import nn
 
 from streamstudio.kernels import tensorrt as trt_kernels
 from streamstudio.kernels.tensorrt.runtime import EngineShapeError, TRTEngine
-from streamstudio.models import acceleration
-from streamstudio.models.acceleration import BatchPlan, batched_rows, unet_call_rows
+from streamstudio.models import acceleration as shared
+from streamstudio.models.image import acceleration
+from streamstudio.models.image.acceleration import BatchPlan, batched_rows, unet_call_rows
 
 
 # ------------------------------------------------------------------ batch sizes the pipeline sends
@@ -58,7 +59,7 @@ def _frames(n: int, seed: int = 0, k: int = 1):
 
 @pytest.fixture(scope="module")
 def tiny():
-    from streamstudio.models.loading import load_components
+    from streamstudio.models.image.loading import load_components
 
     return load_components("tiny", device="cpu", dtype=torch.float32)
 
@@ -66,7 +67,7 @@ def tiny():
 @pytest.mark.parametrize("cfg", ["none", "self", "initialize", "full"])
 @pytest.mark.parametrize("steps,k,stream_batch", [(1, 1, True), (2, 1, True), (3, 2, True), (3, 1, False)])
 def test_unet_call_rows_are_what_the_pipeline_sends(tiny, cfg, steps, k, stream_batch):
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
     unet = RecordingUNet(tiny.unet)
     config = StreamDiffusionConfig(width=64, height=64, steps=steps, strength=0.7, cfg_type=cfg,
@@ -111,8 +112,8 @@ def test_the_plan_covers_what_four_full_cfg_streams_send_through_the_executor(ti
     """Four full-CFG streams (N=2, k=1) through the batching executor (max_rows 16): every
     UNet and VAE batch actually sent lies in the plan's profile and is one of its sizes."""
     from streamstudio.app.streams.image import stream_plan
-    from streamstudio.models.batching import BatchExecutor, BatchingConfig, batched_components
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+    from streamstudio.models.image.batching import BatchExecutor, BatchingConfig, batched_components
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
     config = StreamDiffusionConfig(width=64, height=64, steps=2, cfg_type="full", guidance_scale=1.5)
     batching = BatchingConfig(max_rows=16, max_wait_ms=500, pad_to_buckets=pad, warm_up=False)
@@ -386,7 +387,7 @@ def test_tensorrt_acceleration_sizes_engines_from_the_plan_and_captures_every_si
         built[spec.name] = shapes
         return tmp_path / f"{spec.name}.engine"
 
-    monkeypatch.setattr(acceleration.trt_kernels, "tensorrt_available", lambda: True)
+    monkeypatch.setattr(trt_kernels, "tensorrt_available", lambda: True)
     monkeypatch.setattr(acceleration, "image_specs", lambda comps, parts: [
         SimpleNamespace(name=p, input_shapes=lambda b, h, w: {"batch": b, "size": (h, w)}) for p in parts])
     monkeypatch.setattr(acceleration, "ensure_engine", ensure_engine)
@@ -409,9 +410,9 @@ def test_build_engines_asks_for_the_same_profiles_as_the_app(tiny, monkeypatch, 
     asked = []
     monkeypatch.setattr(trt_kernels, "tensorrt_available", lambda: True)
     monkeypatch.setattr(build_engines, "_load", lambda args: tiny)
-    monkeypatch.setattr(acceleration, "build_engines",
+    monkeypatch.setattr(shared, "build_engines",
                         lambda specs, root, shapes=None, precision="fp16", plan=None:
-                        [asked.append(acceleration.engine_shapes(s.name, plan, shapes)) or tmp_path / "e"
+                        [asked.append(shared.engine_shapes(s.name, plan, shapes)) or tmp_path / "e"
                          for s in specs])
     args = build_parser().parse_args(["build-engines", "--model", "tiny", "--cfg", "full", "--steps", "2",
                                       "--max-batch-rows", "16", "--width", "64", "--height", "64",

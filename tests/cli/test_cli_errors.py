@@ -13,7 +13,7 @@ import pytest
 from clips import frame_image, make_clip, probe
 
 from streamstudio.app.cli import main
-from streamstudio.models.loading import BUILTIN_DIR
+from streamstudio.models.image.loading import BUILTIN_DIR
 
 av = pytest.importorskip("av", reason="PyAV is not installed (the GPU image has none)")
 

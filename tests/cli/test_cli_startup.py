@@ -153,7 +153,7 @@ def test_splat_names_match_the_renderer():
     so that parsing imports no torch; they must stay the renderer's."""
     from streamstudio.kernels.splat import IMPLS
     from streamstudio.pipelines import live_settings as table
-    from streamstudio.pipelines.splat_render import CAMERAS, MODES, PATHS
+    from streamstudio.pipelines.splats.splat_render import CAMERAS, MODES, PATHS
 
     assert (table.SPLAT_PATHS, table.SPLAT_MODES, table.SPLAT_IMPLS) == (PATHS, MODES, IMPLS)
     assert table.SPLAT_CAMERAS == tuple(CAMERAS)
@@ -169,7 +169,7 @@ def test_training_config_defaults_match_the_data():
 def test_help_says_the_defaults_the_commands_use():
     """`generate --help` gave --width default 512 where the model it runs on a CPU makes 256, and
     serve's and splat's help said "sd-turbo if cached" where a CPU always runs the built-in model."""
-    from streamstudio.models.loading import load_builtin
+    from streamstudio.models.image.loading import load_builtin
 
     helps = {c: run_cli([c, "--help"])["out"] for c in ("generate", "serve", "splat", "render")}
     assert all("if cached" not in text for text in helps.values())

@@ -85,7 +85,7 @@ def test_accelerated_networks_get_the_batches_they_will_be_sent(monkeypatch, acc
     from streamstudio.app.cli import build_parser
     from streamstudio.app.cli.requests import image_request
     from streamstudio.app import streams
-    from streamstudio.models import acceleration as acc
+    from streamstudio.models.image import acceleration as acc
 
     seen = []
     monkeypatch.setattr(acc, "apply_acceleration", lambda comps, mode, plan=None: seen.append((mode, plan)) or comps)

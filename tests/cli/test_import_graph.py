@@ -1,9 +1,10 @@
 """The house's shape, read from the sources' syntax trees (issue 27): imports point down the
 layers (app -> streaming -> pipelines -> models -> kernels), nothing imports `app/cli/` (the
 commands are argument parsers over `app/streams/`), the front ends' folders (app/web, app/batch,
-app/training) and the products' model folders (models/image, models/video, models/splats) do not
-import each other, a stream opens in one place, and no new import circle appears. Imports inside
-functions count: a circle closed at run time is still one."""
+app/training), the products' model folders (models/image, models/video, models/splats) and their
+pipeline folders (pipelines/image, pipelines/video, pipelines/splats) do not import each other, a
+stream opens in one place, and no new import circle appears. Imports inside functions count: a
+circle closed at run time is still one."""
 
 from __future__ import annotations
 
@@ -94,7 +95,8 @@ def test_nothing_imports_the_commands():
     assert reaching == []  # (app/cli/__init__.py imports the named command by its name, at run time)
 
 
-SIBLINGS = {"streamstudio.app": ("web", "batch", "training"), "streamstudio.models": ("image", "video", "splats")}
+SIBLINGS = {"streamstudio.app": ("web", "batch", "training"), "streamstudio.models": ("image", "video", "splats"),
+            "streamstudio.pipelines": ("image", "video", "splats")}
 
 
 def folder(module: str) -> str | None:
@@ -107,7 +109,8 @@ def folder(module: str) -> str | None:
 
 def test_front_ends_and_products_do_not_import_each_other():
     """The web server, batch rendering and training share only app/streams and app/settings; the
-    image, video and splat models share only models/' own modules (loading, hub, acceleration)."""
+    image, video and splat models share only models/' own modules (hub, acceleration), and their
+    pipelines only pipelines/' own (live_settings)."""
     across = sorted(f"{a} -> {b}" for a, targets in import_graph().items() for b in targets
                     if folder(a) and folder(b) and folder(a) != folder(b) and layer(a) == layer(b))
     assert across == []

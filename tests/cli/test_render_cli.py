@@ -82,7 +82,7 @@ def test_fps_resamples_the_video_pipelines_input(tmp_path, capsys):
 
 
 def test_live_pattern_with_config_and_prompt_schedule(tmp_path, capsys, monkeypatch):
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusion
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion
 
     prompts = []
     original = StreamDiffusion.set_prompt

@@ -12,7 +12,7 @@ from streamstudio.app import settings as app_settings
 from streamstudio.errors import StreamStudioError
 from streamstudio.pipelines import live_settings
 from streamstudio.pipelines.live_settings import SETTINGS, LiveSetting
-from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+from streamstudio.pipelines.image.stream_diffusion import StreamDiffusionConfig
 
 DUMMY = LiveSetting("dummy_knob", float, 0.25, "a knob only this test has", flag="--dummy-knob", low=0.0, high=2.0,
                     widget="slider", step=0.25, label="Dummy knob", pipeline=False)
@@ -107,7 +107,7 @@ def test_one_range_for_the_video_flags_the_video_tab_and_the_buffer(capsys):
     one declaration (the slider ran 0.1..1 on its own before)."""
     import gradio as gr
 
-    from streamstudio.pipelines.stream_video import StreamBufferConfig
+    from streamstudio.pipelines.video.stream_video import StreamBufferConfig
 
     with gr.Blocks():
         strength = app_settings.video_controls()["strength"]

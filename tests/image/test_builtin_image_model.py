@@ -20,8 +20,8 @@ import torch
 from streamstudio.models.image import image_data, photo_data
 from streamstudio.models.image.image_metrics import (blueness, edge_correlation, gaussian_blur, mean_abs, psnr, redness,
                                                      saturation, ssim)
-from streamstudio.models.loading import BUILTIN_DIR, load_components
-from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+from streamstudio.models.image.loading import BUILTIN_DIR, load_components
+from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
 SIZE = 256
 

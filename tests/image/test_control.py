@@ -1,4 +1,4 @@
-"""ControlNet preprocessors (pipelines/control.py) on constructed pictures whose answer is known,
+"""ControlNet preprocessors (pipelines/image/control.py) on constructed pictures whose answer is known,
 and canny against OpenCV's cv2.Canny as an independent reference."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from streamstudio.errors import StreamStudioError
-from streamstudio.pipelines.control import (ControlConfig, Preprocessor, canny, classical_depth, preprocess,
-                                            transformers_depth_model)
+from streamstudio.pipelines.image.control import (ControlConfig, Preprocessor, canny, classical_depth, preprocess,
+                                                  transformers_depth_model)
 
 
 def to_tensor(img: np.ndarray) -> torch.Tensor:
@@ -205,7 +205,7 @@ def test_preprocessors_on_the_gpu_equal_the_cpu():
 
 
 def test_control_inputs_run_each_preprocessor_once_per_group_and_give_row_scales():
-    from streamstudio.pipelines.control import ControlInputs, ControlUnit
+    from streamstudio.pipelines.image.control import ControlInputs, ControlUnit
 
     inputs = ControlInputs([ControlUnit(Preprocessor("canny"), 0.8), ControlUnit(Preprocessor("none"), 0.3)])
     frames = torch.cat([to_tensor(step(column=10)), to_tensor(step(column=30))])  # (2, 3, H, W)
@@ -225,7 +225,7 @@ def test_control_inputs_run_each_preprocessor_once_per_group_and_give_row_scales
 def test_hysteresis_follows_chains_longer_than_a_check_block(check_every):
     """A weak spiral chain of ~300 pixels hanging off one strong pixel is kept whole whatever the
     check interval (64 is the GPU's: one sync a frame for short chains, more blocks for long ones)."""
-    from streamstudio.pipelines.control import hysteresis
+    from streamstudio.pipelines.image.control import hysteresis
 
     cand = torch.zeros(1, 1, 40, 40, dtype=torch.bool)
     top, left, bottom, right = 2, 2, 37, 37

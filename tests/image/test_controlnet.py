@@ -18,7 +18,7 @@ from streamstudio.models.image.controlnet import ControlNetSpec, load_controlnet
 
 @pytest.fixture(scope="module")
 def sd(request):
-    from streamstudio.models.loading import load_components
+    from streamstudio.models.image.loading import load_components
 
     comps = load_components("tiny")
     return comps, [tiny_controlnet(comps.unet, 0), tiny_controlnet(comps.unet, 1)]
@@ -74,7 +74,7 @@ def test_per_row_scales_and_two_nets_equal_diffusers_multicontrolnet(sd):
 
 
 def test_sdxl_controlnet_takes_the_added_conditioning():
-    from streamstudio.models.loading import load_components
+    from streamstudio.models.image.loading import load_components
 
     comps = load_components("tiny-sdxl")
     net = tiny_controlnet(comps.unet)
@@ -211,7 +211,7 @@ def test_streams_with_different_control_scales_share_calls_and_get_their_own_fra
     and each stream gets the frames it gets alone."""
     from helpers import run_in_lockstep
 
-    from streamstudio.models.batching import BatchExecutor, BatchingConfig, batched_components
+    from streamstudio.models.image.batching import BatchExecutor, BatchingConfig, batched_components
 
     comps, nets = sd
     with_nets = dataclasses.replace(comps, controlnets=list(nets))
@@ -237,7 +237,7 @@ def test_web_sessions_start_from_the_clis_control_settings(sd, tmp_path):
     """serve's sessions are built by ServerModel over the shared model: each gets its own control
     inputs with the --control-preprocessor and --controlnet scales given on the command line."""
     from streamstudio.app.web.sessions import ServerModel
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusionConfig
 
     comps, nets = sd
     shared = dataclasses.replace(comps, controlnets=list(nets), control_defaults=[("softedge", 0.6), ("none", 0.2)])
@@ -284,9 +284,9 @@ def test_warm_up_feeds_every_field_the_model_takes(tmp_path):
     stream's calls have, so a compiled graph is not compiled again at the first frame."""
     from addon_models import write_tiny_ip_adapter
 
-    from streamstudio.models.acceleration import BatchPlan, warm_up
+    from streamstudio.models.image.acceleration import BatchPlan, warm_up
     from streamstudio.models.image.ip_adapter import IPAdapter
-    from streamstudio.models.loading import load_components
+    from streamstudio.models.image.loading import load_components
 
     xl = load_components("tiny-sdxl")
     xl.controlnets = [tiny_controlnet(xl.unet)]
@@ -311,15 +311,15 @@ def test_warm_up_feeds_every_field_the_model_takes(tmp_path):
 
 @pytest.mark.slow
 def test_unet_export_with_sdxl_fields_and_a_controlnet_matches_onnxruntime(tmp_path):
-    """The TensorRT path's ONNX export of the UNet call (models/export_specs.image_specs) takes
+    """The TensorRT path's ONNX export of the UNet call (models/image/export_specs.image_specs) takes
     every field of the model's condition as an input (SDXL's pooled text and time ids, the
     ControlNet's image at pixel size and its scale) and computes what the eager call does
     (onnxruntime at another batch and size); the engine's cache identity covers the ControlNet."""
     pytest.importorskip("onnxruntime")
     from streamstudio.kernels.tensorrt.cache import model_identity
     from streamstudio.kernels.tensorrt.export import check_onnx, export_onnx
-    from streamstudio.models.export_specs import image_specs
-    from streamstudio.models.loading import load_components
+    from streamstudio.models.image.export_specs import image_specs
+    from streamstudio.models.image.loading import load_components
 
     xl = load_components("tiny-sdxl")
     xl.controlnets = [tiny_controlnet(xl.unet)]
@@ -339,7 +339,7 @@ def test_web_api_control_scales_reach_the_session_stream(sd):
     a session applies them to its stream; wrong values are one clear error."""
     from streamstudio.app.settings import parse_settings
     from streamstudio.app.web.sessions import ServerModel
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusionConfig
 
     comps, nets = sd
     assert parse_settings({"control_scales": [0.8, 1]}) == {"control_scales": [0.8, 1.0]}
@@ -413,7 +413,7 @@ def test_control_picture_is_fitted_as_diffusers_controlnet_pipeline(sd, height, 
     from diffusers import LCMScheduler, StableDiffusionControlNetPipeline
     from PIL import Image
 
-    from streamstudio.pipelines.control import ControlInputs, ControlUnit, Preprocessor, canny, fit_picture
+    from streamstudio.pipelines.image.control import ControlInputs, ControlUnit, Preprocessor, canny, fit_picture
 
     comps, nets = sd
     theirs = StableDiffusionControlNetPipeline(

@@ -1,4 +1,4 @@
-"""The live frame as one captured graph with frames in flight (pipelines/frame_graph.py): its
+"""The live frame as one captured graph with frames in flight (pipelines/image/frame_graph.py): its
 outputs are the eager stream's, frame for frame, on a CPU (the frame function run directly) and
 through the graph branch with the CUDA calls faked (capture, replay, pinned slots, events), across
 settings that capture the graph again; frames a graph cannot hold run eagerly in order."""
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from streamstudio.errors import StreamStudioError
-from streamstudio.pipelines.frame_graph import CudaCalls, FrameGraph
-from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+from streamstudio.pipelines.image.frame_graph import CudaCalls, FrameGraph
+from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
 
 class FakeEvent:
@@ -232,7 +232,7 @@ def test_render_frame_graph_builds_a_live_stream_one_frame_behind(capsys):
     from streamstudio.app.cli import build_parser
     from streamstudio.app.cli.requests import image_request
     from streamstudio.app.streams.image import build_pipeline
-    from streamstudio.pipelines.frame_graph import LiveGraphStream
+    from streamstudio.pipelines.image.frame_graph import LiveGraphStream
 
     args = build_parser().parse_args(["render", "--input", "x.mp4", "--output", "y.mp4", "--model", "tiny",
                                       "--device", "cpu", "--frame-graph", "--width", "64", "--height", "64"])

@@ -11,10 +11,10 @@ import pytest
 import torch
 from helpers import SpecEngine
 
-from streamstudio.models.batching import BatchedImageNet, BatchExecutor, BatchingConfig
+from streamstudio.models.image.batching import BatchedImageNet, BatchExecutor, BatchingConfig
 from streamstudio.errors import StreamStudioError
-from streamstudio.models import acceleration
-from streamstudio.models.export_specs import EngineImageNet, eps_spec, vae_decoder_spec, vae_encoder_spec
+from streamstudio.models.image import acceleration
+from streamstudio.models.image.export_specs import EngineImageNet, eps_spec, vae_decoder_spec, vae_encoder_spec
 from streamstudio.models.image.image_net import DiffusersImageNet, ImageCond, ImageNet
 
 
@@ -119,7 +119,7 @@ def test_the_batched_variant_joins_two_streams_into_one_seam_call():
 
 @pytest.fixture(scope="module")
 def tiny():
-    from streamstudio.models.loading import load_components
+    from streamstudio.models.image.loading import load_components
 
     return load_components("tiny", device="cpu", dtype=torch.float32, taesd=True)
 

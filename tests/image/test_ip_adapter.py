@@ -136,7 +136,7 @@ def test_ip_adapter_in_the_stream(comps, tmp_path):
     encoded once however many frames run, a reference changes the output at scale 1."""
     import dataclasses
 
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
     frames = [np.random.default_rng(i).integers(0, 256, (32, 32, 3), dtype=np.uint8) for i in range(4)]
 
@@ -180,8 +180,8 @@ def test_ip_adapter_on_sdxl(tmp_path):
     time ids in the added conditioning); scale 0 is the stream without it."""
     import dataclasses
 
-    from streamstudio.models.loading import load_components
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+    from streamstudio.models.image.loading import load_components
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
     xl = load_components("tiny-sdxl")
     frames = [np.random.default_rng(i).integers(0, 256, (32, 32, 3), dtype=np.uint8) for i in range(3)]
@@ -261,8 +261,8 @@ def test_streams_with_their_own_scales_and_references_batched_together_equal_alo
     stream's scale and reference leave the other's and the model's defaults as they were."""
     from helpers import run_in_lockstep
 
-    from streamstudio.models.batching import BatchExecutor, BatchingConfig, ClientStats, batched_components
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+    from streamstudio.models.image.batching import BatchExecutor, BatchingConfig, ClientStats, batched_components
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
     import dataclasses
 
@@ -310,7 +310,7 @@ def test_compiled_unet_takes_per_row_scales_without_recompiling(comps, tmp_path)
     other scales give the eager outputs and compile nothing new (~80 s on a CPU, cold cache)."""
     import time
 
-    from streamstudio.models.acceleration import CompiledImageNet
+    from streamstudio.models.image.acceleration import CompiledImageNet
     from streamstudio.models.image.image_net import ImageCond
 
     ip = IPAdapter(comps, f"{write_tiny_ip_adapter(comps.unet, tmp_path / 'ip')}:1")

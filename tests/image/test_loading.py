@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from streamstudio.errors import ModelNotFoundError, StreamStudioError
-from streamstudio.models import hub, loading
-from streamstudio.models.loading import (DEFAULT_MODEL, DEMO_NOTICE, load_components, resolve_demo_default,
-                                         save_single_file)
-from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+from streamstudio.models import hub
+from streamstudio.models.image import loading
+from streamstudio.models.image.loading import (DEFAULT_MODEL, DEMO_NOTICE, load_components, resolve_demo_default,
+                                               save_single_file)
+from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
 
 def image(seed=0):
@@ -170,7 +171,7 @@ def test_auto_with_gpu_uses_cached_sd_turbo(monkeypatch):
 def test_auto_with_gpu_downloads_sd_turbo_with_a_size_notice(monkeypatch, caplog):
     gpu(monkeypatch, True)
     hub = FakeHub(monkeypatch, cached=False, size=5_200_000_000)
-    with caplog.at_level("WARNING", logger="streamstudio.models.loading"):
+    with caplog.at_level("WARNING", logger="streamstudio.models.image.loading"):
         assert resolve_demo_default("auto") is hub.sd_turbo
     assert hub.downloads == 1
     notices = [r.getMessage() for r in caplog.records if "Downloading" in r.getMessage()]
@@ -225,12 +226,12 @@ def test_hub_download_size_counts_what_loading_fetches(monkeypatch):
              "sd_turbo.safetensors": 5_000, "README.md": 7}
     info = NS(siblings=[NS(rfilename=k, size=v) for k, v in files.items()])
     monkeypatch.setattr(huggingface_hub.HfApi, "model_info", lambda self, repo, **kw: info)
-    assert loading.hub_download_size(DEFAULT_MODEL) == 3_000 + 300 + 1_000 + 10 + 1
+    assert hub.hub_download_size(DEFAULT_MODEL, loading.SD_TURBO_FILES) == 3_000 + 300 + 1_000 + 10 + 1
 
     def unreachable(self, repo, **kw):
         raise OSError("Network is unreachable")
     monkeypatch.setattr(huggingface_hub.HfApi, "model_info", unreachable)
-    assert loading.hub_download_size(DEFAULT_MODEL) is None
+    assert hub.hub_download_size(DEFAULT_MODEL, loading.SD_TURBO_FILES) is None
 
 
 def test_tiny_taesd(tiny):
@@ -246,7 +247,7 @@ def test_lcm_lora_fuse(tiny, tmp_path):
     from diffusers import StableDiffusionPipeline
     from peft.utils import get_peft_model_state_dict
 
-    from streamstudio.models.loading import fuse_lora
+    from streamstudio.models.image.loading import fuse_lora
 
     donor = load_components("tiny")
     torch.manual_seed(0)
@@ -269,7 +270,7 @@ def test_lcm_lora_fuse(tiny, tmp_path):
 
 def test_loading_a_hub_model_prints_no_deprecation_noise(recwarn):
     """diffusers passes huggingface_hub a deprecated argument; its warning was on every command."""
-    from streamstudio.models.loading import ModelNotFoundError, load_components
+    from streamstudio.models.image.loading import ModelNotFoundError, load_components
 
     with pytest.raises(ModelNotFoundError):
         load_components("streamstudio-test/not-a-model", local_files_only=True)

@@ -182,7 +182,7 @@ def test_stream_update_lora_scale_reencodes_prompts(comps, tiny_components_facto
     output is the base model's exactly."""
     import numpy as np
 
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
     make_lora(comps, tmp_path, text=True, file_name="t.safetensors")
     frames = [np.random.default_rng(i).integers(0, 256, (32, 32, 3), dtype=np.uint8) for i in range(3)]
@@ -205,7 +205,7 @@ def test_stream_update_lora_scale_reencodes_prompts(comps, tiny_components_facto
 def test_the_page_lists_the_loaded_loras_with_their_scales(comps, tmp_path):
     from streamstudio.app.web.sessions import ServerModel, SessionManager
     from streamstudio.app.web.ui import model_banner
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusionConfig
 
     make_lora(comps, tmp_path / "style")
     comps.loras = LoraSet(comps)

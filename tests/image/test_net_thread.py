@@ -14,7 +14,7 @@ from helpers import frame, wait_output
 from streamstudio.app.web.sessions import ServerModel, SessionManager
 from streamstudio.models.image.image_net import ImageNet
 from streamstudio.models.image.net_thread import NetworkThread
-from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+from streamstudio.pipelines.image.stream_diffusion import StreamDiffusionConfig
 
 
 def test_calls_from_many_threads_run_on_one_in_the_callers_modes():
@@ -47,7 +47,7 @@ def test_calls_from_many_threads_run_on_one_in_the_callers_modes():
 
 @pytest.fixture(scope="module")
 def comps():
-    from streamstudio.models.loading import load_components
+    from streamstudio.models.image.loading import load_components
 
     torch.set_num_threads(1)
     return load_components("tiny", device="cpu", dtype=torch.float32)
@@ -92,7 +92,7 @@ def test_sessions_taking_turns_call_the_networks_from_one_thread_with_the_same_f
 
 def test_a_gpu_model_taking_turns_gets_the_thread_and_a_batching_one_does_not(comps, monkeypatch):
     """The GPU branch, with the device faked: on CUDA the thread is the default when taking turns."""
-    from streamstudio.models.batching import BatchingConfig
+    from streamstudio.models.image.batching import BatchingConfig
 
     monkeypatch.setattr(type(comps.net), "device", property(lambda self: torch.device("cuda")))
     turns = ServerModel(comps, CONFIG, network_thread=None)

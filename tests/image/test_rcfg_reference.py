@@ -29,7 +29,7 @@ import pytest
 import torch
 
 from streamstudio.kernels import reference as kernels_reference
-from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
 SIZE = 32
 PROMPT, NEGATIVE = "a red fox", "blurry"

@@ -1,4 +1,4 @@
-"""SDXL family (models/image/sdxl.py, models/loading.py): a tiny SDXL-architecture model saved with
+"""SDXL family (models/image/sdxl.py, models/image/loading.py): a tiny SDXL-architecture model saved with
 save_pretrained and as one .safetensors, its conditioning against diffusers' own SDXL pipeline,
 the SDXL choices of the loader (LCM-LoRA SDXL, TAESDXL, fp16-fix VAE) with tiny stand-ins."""
 
@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from streamstudio.errors import ModelNotFoundError
-from streamstudio.models import loading
+from streamstudio.models.image import loading
 from streamstudio.models.image import sdxl
-from streamstudio.models.loading import load_components, save_single_file
+from streamstudio.models.image.loading import load_components, save_single_file
 from streamstudio.models.image.lora import LoraSet
 
 
@@ -183,7 +183,7 @@ def test_generate_runs_an_sdxl_model(tmp_path):
 
 # ------------------------------------------------------------------ SDXL through the stream pipeline
 def stream(comps, **kw):
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
     kw = {"width": 32, "height": 32, "steps": 3, "strength": 0.7, **kw}
     return StreamDiffusion(comps, StreamDiffusionConfig(**kw), prompt="a red fox", negative_prompt=kw.pop("neg", ""))
@@ -234,7 +234,7 @@ def test_sdxl_stream_conditions_like_diffusers(tiny_xl):
 
 def test_sdxl_prompt_blend_blends_the_pooled_text_too(tiny_xl):
     """A blend of prompts is field by field: SDXL's pooled text is blended like its token states."""
-    from streamstudio.pipelines.prompt_encoder import PromptEncoder
+    from streamstudio.pipelines.image.prompt_encoder import PromptEncoder
 
     enc = PromptEncoder(tiny_xl.tokenizer, tiny_xl.text_encoder, torch.device("cpu"), torch.float32,
                         tiny_xl.tokenizer_2, tiny_xl.text_encoder_2)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from streamstudio.pipelines.similarity_filter import SimilarityFilter, SimilarityFilterConfig, skip_probability
+from streamstudio.pipelines.image.similarity_filter import SimilarityFilter, SimilarityFilterConfig, skip_probability
 
 
 def pair_with_similarity(s: float, dim: int = 4096, seed: int = 0):
@@ -63,7 +63,7 @@ def test_a_forced_frame_reads_no_similarity(monkeypatch):
     """After max_skip_frame skips the next frame is processed whatever its similarity, so the
     filter does not compute (and wait for) it."""
     from streamstudio import kernels
-    from streamstudio.pipelines.similarity_filter import SimilarityFilter, SimilarityFilterConfig
+    from streamstudio.pipelines.image.similarity_filter import SimilarityFilter, SimilarityFilterConfig
 
     calls = []
     real = kernels.cosine_similarity

@@ -1,4 +1,4 @@
-"""The Stream Batch sampler (pipelines/stream_batch.py) on a network computed by hand: the ids
+"""The Stream Batch sampler (pipelines/image/stream_batch.py) on a network computed by hand: the ids
 of the groups that leave keep input order through priming and filler calls, and each id
 leaves with its own group's latents (those sequential denoising gives that input)."""
 
@@ -9,7 +9,7 @@ import torch
 
 from streamstudio.kernels.reference import CFG_NONE, CFG_SELF
 from streamstudio.models.image.image_net import ImageCond, ImageNet
-from streamstudio.pipelines.stream_batch import PRIMED, Guidance, Schedule, StreamBatchSampler
+from streamstudio.pipelines.image.stream_batch import PRIMED, Guidance, Schedule, StreamBatchSampler
 
 SHAPE = (4, 2, 2)
 

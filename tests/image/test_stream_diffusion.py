@@ -10,8 +10,8 @@ from helpers import RecordingNet, capture_latents
 from streamstudio import kernels
 from streamstudio.errors import StreamStudioError
 from streamstudio.frames import to_frames
-from streamstudio.pipelines.prompt_encoder import slerp
-from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+from streamstudio.pipelines.image.prompt_encoder import slerp
+from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
 SIZE = 32
 

@@ -15,7 +15,7 @@ from helpers import capture_latents, run_in_lockstep
 
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.image import feature_bank
-from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
 SIZE = 32
 
@@ -198,7 +198,7 @@ def test_streams_with_banks_batched_across_streams_give_their_frames_alone(tiny_
     """Through the cross-stream batching executor: bank calls of two streams (different CFG, so
     different row counts) run as one UNet call, each row on its own stream's bank; a stream
     without a bank runs beside them."""
-    from streamstudio.models.batching import BatchExecutor, BatchingConfig, batched_components
+    from streamstudio.models.image.batching import BatchExecutor, BatchingConfig, batched_components
 
     comps = tiny_components_factory()
     specs = [("a red fox", 3, dict(cfg_type="self", temporal="bank")),
@@ -231,7 +231,7 @@ def test_streams_with_banks_batched_across_streams_give_their_frames_alone(tiny_
 
 def test_batched_bank_calls_join_each_other_with_row_segments(tiny_components_factory):
     """The executor hands the joined bank call each stream's rows (first row, BankRows)."""
-    from streamstudio.models.batching import BatchExecutor, BatchingConfig
+    from streamstudio.models.image.batching import BatchExecutor, BatchingConfig
 
     executor = BatchExecutor(BatchingConfig(max_wait_ms=500))
     seen = []
@@ -297,7 +297,7 @@ def test_settings_change_live(comps):
 
 
 def test_the_bank_needs_a_torch_unet(comps):
-    from streamstudio.models.export_specs import EngineImageNet
+    from streamstudio.models.image.export_specs import EngineImageNet
     from streamstudio.models.image.image_net import ImageCond
 
     def engine(sample, timestep, text):  # like a TensorRT UNet engine: no attention layers to extend

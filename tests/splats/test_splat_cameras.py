@@ -16,7 +16,7 @@ from streamstudio.errors import StreamStudioError
 from streamstudio.kernels import splat_cpu
 from streamstudio.kernels.splat import rasterize_gaussians
 from streamstudio.kernels.splat_reference import project_gaussians, quat_scale_to_covar
-from streamstudio.pipelines.splat_render import Camera, SceneFit, SplatRenderConfig, fitted_camera
+from streamstudio.pipelines.splats.splat_render import Camera, SceneFit, SplatRenderConfig, fitted_camera
 
 FX, FY, CX, CY, W, H = 40.0, 44.0, 33.0, 29.0, 64, 56
 

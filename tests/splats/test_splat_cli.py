@@ -13,8 +13,8 @@ from helpers import recorded_runners
 from streamstudio.app.cli import main
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.splats.gaussians import GaussianScene
-from streamstudio.pipelines.splat_render import (Camera, SceneFit, SplatRenderConfig, camera_path, fitted_camera,
-                                                 render_frame)
+from streamstudio.pipelines.splats.splat_render import (Camera, SceneFit, SplatRenderConfig, camera_path, fitted_camera,
+                                                        render_frame)
 
 
 ASSETS = Path(__file__).resolve().parents[2] / "streamstudio" / "assets"
@@ -109,7 +109,7 @@ def test_cli_bad_scene_file_fails_clearly(tmp_path, capsys):
 
 @pytest.mark.slow  # loads diffusers and the tiny model: ~25 s on the shared CI machine
 def test_cli_stylizes_through_the_image_pipeline(tmp_path):
-    pytest.importorskip("streamstudio.pipelines.stream_diffusion")
+    pytest.importorskip("streamstudio.pipelines.image.stream_diffusion")
     out = tmp_path / "styled"
     assert main(["splat", "sample", "--frames", "2", "--size", "32x32", "--output", str(out), "--prompt", "paint",
                  "--model", "tiny", "--device", "cpu", "--side-by-side"]) == 0

@@ -112,7 +112,7 @@ def test_cpp_matches_reference_with_covariances_and_culling(cpp_module):
 
 def test_cpp_matches_reference_on_the_sample_scene(cpp_module):
     from streamstudio.models.splats.gaussians import load_scene
-    from streamstudio.pipelines.splat_render import SceneFit, SplatRenderConfig, camera_path
+    from streamstudio.pipelines.splats.splat_render import SceneFit, SplatRenderConfig, camera_path
 
     sample = load_scene(ASSETS / "sample_scene.ply")
     for cam in camera_path("orbit", SceneFit.of(sample), SplatRenderConfig(width=72, height=45), 2):

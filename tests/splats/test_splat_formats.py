@@ -22,7 +22,7 @@ from streamstudio.models.splats.gaussians import (
     save_format,
     save_scene,
 )
-from streamstudio.pipelines.splat_render import (
+from streamstudio.pipelines.splats.splat_render import (
     SceneFit,
     SplatRenderConfig,
     fitted_camera,

@@ -15,9 +15,9 @@ from streamstudio.app.cli import main
 from streamstudio.app.streams.splat_paths import read_path_file, write_path_file
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.splats.gaussians import GaussianScene, save_scene
-from streamstudio.pipelines.splat_render import (Keyframe, KeyframePath, SplatRenderConfig, hermite, path_from_json,
-                                                 quat_to_rotation, render_frame,
-                                                 rotation_to_quat, slerp, squad_path)
+from streamstudio.pipelines.splats.splat_render import (Keyframe, KeyframePath, SplatRenderConfig, hermite,
+                                                        path_from_json, quat_to_rotation, render_frame,
+                                                        rotation_to_quat, slerp, squad_path)
 
 SH_C0 = 0.28209479177387814
 
@@ -117,7 +117,7 @@ def test_nerfstudio_round_trip_of_keyframes(tmp_path):
 
 
 def _look(eye, target):
-    from streamstudio.pipelines.splat_render import Camera
+    from streamstudio.pipelines.splats.splat_render import Camera
     return Camera.look_at(eye, target, 8, 8).viewmat.double().numpy()
 
 

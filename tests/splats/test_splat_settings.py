@@ -27,7 +27,7 @@ def dest(setting) -> str:
 def test_the_command_line_the_tab_and_the_render_config_start_from_the_table():
     import gradio as gr
 
-    from streamstudio.pipelines.splat_render import SplatRenderConfig
+    from streamstudio.pipelines.splats.splat_render import SplatRenderConfig
 
     args, view, config = splat_parser().parse_args(["splat", "sample"]), ViewSettings(), SplatRenderConfig()
     for s in SPLAT_SETTINGS.values():
@@ -54,7 +54,7 @@ def test_every_render_setting_with_a_flag_reaches_the_render_config():
     """Each table setting of the renderer's config given a value other than its default on the
     command line is in the config `splat` renders with (a setting added to the table needs no
     other line)."""
-    from streamstudio.pipelines.splat_render import SplatRenderConfig
+    from streamstudio.pipelines.splats.splat_render import SplatRenderConfig
 
     def other(s):
         if s.kind is bool:

@@ -156,7 +156,7 @@ def test_bad_yaml_scale_entries(tmp_path):
 def controlnet_folder(tmp_path_factory):
     from addon_models import tiny_controlnet
 
-    from streamstudio.models.loading import load_components
+    from streamstudio.models.image.loading import load_components
 
     folder = tmp_path_factory.mktemp("cn") / "net"
     tiny_controlnet(load_components("tiny").unet, 0).save_pretrained(folder)
@@ -170,7 +170,7 @@ def test_render_applies_a_scheduled_control_scale_at_its_frame(tmp_path, control
     from PIL import Image
 
     from streamstudio.app.cli import main
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusion
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion
 
     rng = np.random.default_rng(3)
     src = tmp_path / "in"

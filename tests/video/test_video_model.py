@@ -11,7 +11,7 @@ from streamstudio.models.video.stream_dit import (BASE_VOCAB, StreamDiT, StreamD
                                             count_parameters, load_checkpoint, named_config, save_checkpoint, tokenize,
                                             window_attention_mask, window_shift)
 from streamstudio.models.video.wan import HashTextEmbedder, WanBackbone
-from streamstudio.pipelines.stream_video import StreamBufferConfig, StreamSampler
+from streamstudio.pipelines.video.stream_video import StreamBufferConfig, StreamSampler
 
 
 @pytest.mark.parametrize("shift", [(0, 0, 0), (1, 2, 2)])

@@ -9,8 +9,8 @@ import torch
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.video.stream_dit import StreamDiT, StreamDiTConfig, TextEncoderConfig
 from streamstudio.models.video.video_net import PixelCodec, StreamDiTBackbone
-from streamstudio.pipelines.stream_video import (ChunkDecoder, StreamBufferConfig, StreamSampler, StreamVideoConfig,
-                                                 VideoStream, frame_noise, level_times)
+from streamstudio.pipelines.video.stream_video import (ChunkDecoder, StreamBufferConfig, StreamSampler,
+                                                       StreamVideoConfig, VideoStream, frame_noise, level_times)
 
 SHAPE = (2, 3, 3)  # (C, h, w) latents of the oracle tests
 CONFIGS = [(8, 1, 1), (4, 2, 2), (2, 4, 4), (1, 8, 8)]  # (N, c, s)

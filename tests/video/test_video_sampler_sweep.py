@@ -91,7 +91,7 @@ def test_a_misspelt_spec_is_refused():
 def test_solver_keys_pick_the_buffers_solver_and_refuse_two(monkeypatch):
     """s, ab2 / heun and clip reach the buffer config the sweep renders with."""
     seen = {}
-    import streamstudio.pipelines.stream_video as sv
+    import streamstudio.pipelines.video.stream_video as sv
 
     class Stop(Exception):
         pass

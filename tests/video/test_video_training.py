@@ -15,7 +15,7 @@ from streamstudio.app.training.video import (VideoTrainConfig, VideoTrainer, con
                                              draw_flow, partition_levels, teacher_target)
 from streamstudio.models.video.stream_dit import StreamDiT, StreamDiTConfig
 from streamstudio.models.video.video_net import StreamDiTBackbone
-from streamstudio.pipelines.stream_video import StreamBufferConfig, StreamSampler
+from streamstudio.pipelines.video.stream_video import StreamBufferConfig, StreamSampler
 
 
 def small_cfg(tmp_path, **kw) -> VideoTrainConfig:

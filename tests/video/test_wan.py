@@ -16,7 +16,7 @@ from streamstudio.app.cli.render_video import add_video_arguments, run_video_ren
 from streamstudio.app.streams.video import build_stream, load_video_model
 from streamstudio.errors import ModelNotFoundError, StreamStudioError
 from streamstudio.models.video import wan
-from streamstudio.pipelines.stream_video import StreamBufferConfig, StreamSampler, VideoStream, StreamVideoConfig
+from streamstudio.pipelines.video.stream_video import StreamBufferConfig, StreamSampler, VideoStream, StreamVideoConfig
 
 WORDS = ["<pad>", "</s>", "<unk>", "a", "red", "blue", "circle", "square", "moving", "left", "right", "cat"]
 LATENT_MEAN = [0.3, -0.5, 0.1, 1.2]  # the tiny VAE's config: what the codec must normalise with
@@ -304,9 +304,9 @@ def test_errors_say_what_to_do(wan_dir, tmp_path, monkeypatch):
     with pytest.raises(ModelNotFoundError, match="hf download Wan-AI/Wan2.1-T2V-1.3B-Diffusers"):
         load_video_model(wan.WAN_1_3B, "cpu")
     monkeypatch.delenv("HF_HUB_OFFLINE")
-    from streamstudio.models import loading
+    from streamstudio.models import hub
 
-    monkeypatch.setattr(loading, "hub_download_size", lambda *a, **k: None)
+    monkeypatch.setattr(hub, "hub_download_size", lambda *a, **k: None)
     with pytest.raises(ModelNotFoundError, match="cannot be reached.*--local-dir DIR"):
         wan.load_wan("Wan-AI/Wan2.1-T2V-14B-Diffusers", "cpu")
     with pytest.raises(ModelNotFoundError, match="no such folder"):

@@ -10,11 +10,11 @@ import pytest
 import torch
 from helpers import frame, wait_output
 
-from streamstudio.models.batching import BatchingConfig
+from streamstudio.models.image.batching import BatchingConfig
 from streamstudio.app.web.replicas import ReplicaModel, ReplicaSessionManager, replica_devices
 from streamstudio.app.web.sessions import BusyError
 from streamstudio.errors import StreamStudioError
-from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+from streamstudio.pipelines.image.stream_diffusion import StreamDiffusionConfig
 
 
 @pytest.fixture

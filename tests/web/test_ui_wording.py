@@ -14,7 +14,7 @@ gr = pytest.importorskip("gradio")
 fastrtc = pytest.importorskip("fastrtc")
 
 from streamstudio.app.web import ui  # noqa: E402
-from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig  # noqa: E402
+from streamstudio.pipelines.image.stream_diffusion import StreamDiffusionConfig  # noqa: E402
 
 
 @pytest.fixture(scope="module")

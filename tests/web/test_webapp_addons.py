@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from streamstudio.models.batching import BatchingConfig
+from streamstudio.models.image.batching import BatchingConfig
 from streamstudio.app.web.sessions import ServerModel, SessionManager
-from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+from streamstudio.pipelines.image.stream_diffusion import StreamDiffusionConfig
 
 SIZE = 32
 
@@ -29,7 +29,7 @@ def addon_model(tmp_path_factory):
 
     from streamstudio.models.image.controlnet import load_controlnet
     from streamstudio.models.image.ip_adapter import IPAdapter
-    from streamstudio.models.loading import load_components
+    from streamstudio.models.image.loading import load_components
 
     torch.set_num_threads(1)
     comps = load_components("tiny", device="cpu", dtype=torch.float32)
@@ -52,7 +52,7 @@ def addon_model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def plain_model():
-    from streamstudio.models.loading import load_components
+    from streamstudio.models.image.loading import load_components
 
     comps = load_components("tiny", device="cpu", dtype=torch.float32)
     model = ServerModel(comps, StreamDiffusionConfig(width=SIZE, height=SIZE, steps=2), prompt="a fox")
@@ -314,7 +314,7 @@ def test_two_sessions_with_their_own_ip_scales_and_references_batched_equal_thei
     and each session's outputs equal a stream of its settings run alone on the unbatched model."""
     from dataclasses import replace
 
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusion
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion
 
     ip = addon_model.comps.ip_adapter
     specs = {"p": (0.0, frame(40)), "q": (1.5, np.random.default_rng(3).integers(0, 256, (20, 30, 3), np.uint8))}
@@ -354,7 +354,7 @@ def test_no_frame_starts_while_the_shared_weights_change(batching):
     after it, with cross-stream batching (frames are executor clients) and without (the lock)."""
     import threading
 
-    from streamstudio.models.batching import BatchExecutor
+    from streamstudio.models.image.batching import BatchExecutor
     from streamstudio.app.web.model_guard import ModelGuard
 
     executor = BatchExecutor(BatchingConfig()) if batching else None

@@ -1,4 +1,4 @@
-"""Cross-stream batching (models/batching.py): the executor joins calls of several streams into one
+"""Cross-stream batching (models/image/batching.py): the executor joins calls of several streams into one
 network call, keeps each stream's result its own, isolates failures, and the web app's
 sessions get the same frames batched as alone."""
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 from helpers import run_in_lockstep
 
-from streamstudio.models.batching import BatchExecutor, BatchingConfig, BatchedImageNet, batched_components
+from streamstudio.models.image.batching import BatchExecutor, BatchingConfig, BatchedImageNet, batched_components
 from streamstudio.errors import StreamStudioError
 
 
@@ -277,7 +277,7 @@ def _frames(seed: int, n: int = 5) -> list[np.ndarray]:
 
 
 def _stream(comps, prompt: str, seed: int, cfg: str):
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 
     config = StreamDiffusionConfig(width=64, height=64, steps=2, strength=0.6, cfg_type=cfg, guidance_scale=1.3,
                                    seed=seed)
@@ -333,7 +333,7 @@ def test_streams_batched_together_on_the_gpu(tiny_components_factory):
 
 def test_sessions_of_the_web_app_batch_their_calls(tiny_components_factory):
     from streamstudio.app.web.sessions import ServerModel, SessionManager
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusionConfig
 
     model = ServerModel(tiny_components_factory(taesd=True), StreamDiffusionConfig(width=64, height=64, steps=2),
                         prompt="a cat", batching=BatchingConfig(max_wait_ms=50))
@@ -357,7 +357,7 @@ def test_sessions_of_the_web_app_batch_their_calls(tiny_components_factory):
 
 def test_text_to_image_and_live_sessions_share_unet_calls(tiny_components_factory):
     from streamstudio.app.web.sessions import ServerModel, SessionManager
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusionConfig
 
     model = ServerModel(tiny_components_factory(), StreamDiffusionConfig(width=64, height=64, steps=2),
                         prompt="a dog", batching=BatchingConfig(max_wait_ms=50))
@@ -381,7 +381,7 @@ def test_a_stream_whose_network_call_fails_stops_alone(tiny_components_factory):
     """With batching, an exception inside the executor reaches only the stream that caused it;
     the executor and the other stream go on."""
     from streamstudio.app.web.sessions import ServerModel, SessionManager
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusionConfig
 
     model = ServerModel(tiny_components_factory(), StreamDiffusionConfig(width=64, height=64, steps=2),
                         batching=BatchingConfig(max_wait_ms=20))
@@ -423,8 +423,8 @@ def test_the_server_model_warms_every_bucket_up_before_streams_run():
     """With padded calls (compiled or TensorRT networks) the web app's model runs each bucket
     once at start-up, so no stream meets a new batch size (a compilation, a new CUDA graph)."""
     from streamstudio.app.web.sessions import ServerModel
-    from streamstudio.models.loading import load_components
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+    from streamstudio.models.image.loading import load_components
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusionConfig
 
     comps = load_components("tiny", device="cpu", dtype=torch.float32)
     config = StreamDiffusionConfig(width=32, height=32, steps=1)
@@ -447,7 +447,7 @@ def test_calls_of_other_condition_fields_run_apart_correctly_and_say_so(tiny_com
     same layout share theirs."""
     from addon_models import tiny_controlnet
 
-    from streamstudio.models.batching import ClientStats
+    from streamstudio.models.image.batching import ClientStats
     from streamstudio.models.image.image_net import DiffusersImageNet, ImageCond
 
     comps = tiny_components_factory()
@@ -500,7 +500,7 @@ def test_sessions_whose_calls_cannot_join_both_stream_and_their_stats_say_so(tin
     say it shared none of its calls; two square sessions say they shared."""
     from streamstudio.app.web.sessions import ServerModel, SessionManager
     from streamstudio.app.web.ui import format_stats
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusionConfig
 
     model = ServerModel(tiny_components_factory(taesd=True), StreamDiffusionConfig(width=64, height=64, steps=2),
                         prompt="a cat", batching=BatchingConfig(max_wait_ms=50))

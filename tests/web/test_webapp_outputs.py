@@ -17,7 +17,7 @@ from rtmp_server import read_stream
 from streamstudio.app.web.sessions import ServerModel, SessionManager
 from streamstudio.app.web.outputs import LiveOutput, Outputs
 from streamstudio.app.web.ui import _output_status, _start_output, _stop_output, _tab_status
-from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+from streamstudio.pipelines.image.stream_diffusion import StreamDiffusionConfig
 
 av = pytest.importorskip("av", reason="PyAV is not installed (the GPU image has none)")
 

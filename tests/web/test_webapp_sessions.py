@@ -14,12 +14,12 @@ from helpers import frame, wait_output
 
 from streamstudio.app.web.sessions import BusyError, ServerModel, SessionManager, parse_settings
 from streamstudio.errors import StreamStudioError
-from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+from streamstudio.pipelines.image.stream_diffusion import StreamDiffusionConfig
 
 
 @pytest.fixture(scope="module")
 def model():
-    from streamstudio.models.loading import load_components
+    from streamstudio.models.image.loading import load_components
 
     torch.set_num_threads(1)
     comps = load_components("tiny", device="cpu", dtype=torch.float32)
@@ -560,7 +560,7 @@ def test_text_to_image_stop_holds_until_start(manager, monkeypatch):
 def test_model_guard_frame_and_text_contexts():
     import threading
 
-    from streamstudio.models.batching import BatchExecutor
+    from streamstudio.models.image.batching import BatchExecutor
     from streamstudio.app.web.model_guard import ModelGuard
 
     def enters(context) -> bool:  # can another thread enter `context` now?

@@ -459,7 +459,7 @@ class FileJob:
 def plan(request: BatchRequest, inputs: list[Path], outputs: list[Path], work: Path,
          workers: int) -> tuple[list[FileJob], dict[str, str]]:
     """Each input's pieces; inputs that cannot be read are failures (name -> why), not jobs."""
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusionConfig
 
     settings = request.image.settings  # what decides whether a file may be cut
     config = StreamDiffusionConfig(**{k: settings[k] for k in ("temporal", "feedback_weight", "bank_size")

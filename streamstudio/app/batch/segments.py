@@ -1,7 +1,7 @@
 """One input file as jobs: cutting it into segments, rendering a segment with its warm-up so its
 frames are the whole file's, and stitching the segments back into one output.
 
-Why a warm-up, and how long (`pipelines/stream_diffusion.py`, `pipelines/similarity_filter.py`):
+Why a warm-up, and how long (`pipelines/image/stream_diffusion.py`, `pipelines/image/similarity_filter.py`):
 
 - The noise is per slot, drawn once from the seed: every frame gets the same noise whichever
   frame a run starts at. Each frame's trajectory (latents, residual-CFG stock) is its own.
@@ -137,7 +137,7 @@ class Window:
     the stream has one); the warm-up's and the tail's outputs are dropped (`keep`)."""
 
     def __init__(self, pipe, piece: Piece, prepare: Callable):
-        from streamstudio.pipelines.similarity_filter import SimilarityFilter, SimilarityFilterConfig
+        from streamstudio.pipelines.image.similarity_filter import SimilarityFilter, SimilarityFilterConfig
 
         cfg = pipe.config
         self.start, self.end = piece.start, piece.end

@@ -2,7 +2,7 @@
 onnxruntime) and build fp16 TensorRT engines into the engine cache. Without TensorRT it still
 exports and checks the ONNX files and says that engines need TensorRT.
 
-Each engine's batch range is sized from what the app will send it (models/acceleration.BatchPlan):
+Each engine's batch range is sized from what the app will send it (models/image/acceleration.BatchPlan):
 the CFG types streams may use, the steps, the frame buffer and cross-stream batching's max rows
 (the UNet's batch is N*k for none/self, N*k + k for initialize, 2*N*k for full, and batching joins
 streams' calls up to the max rows, padded to buckets 1, 2, 4, 8, 16). Give the settings the app
@@ -92,8 +92,8 @@ def _load(args):
 def _video_spec():
     """The built-in StreamDiT checkpoint's spec (a random-weight tiny one when none ships yet)."""
     from streamstudio.errors import ModelNotFoundError
-    from streamstudio.models import acceleration
     from streamstudio.models.video.stream_dit import StreamDiT, load_builtin, named_config
+    from streamstudio.models.video.video_engine import video_export_spec
 
     try:
         model, meta = load_builtin()
@@ -103,12 +103,12 @@ def _video_spec():
     sampling = meta.get("sampling", {}) if isinstance(meta, dict) else {}
     frames = int(sampling.get("buffer_frames", 8))
     size = int(sampling.get("size", 32))
-    return acceleration.video_export_spec(model, frames=frames, height=size, width=size)
+    return video_export_spec(model, frames=frames, height=size, width=size)
 
 
 def plan_for(args, comps):
     """The BatchPlan of the streams the app will run with these settings."""
-    from streamstudio.models.acceleration import BatchPlan
+    from streamstudio.models.image.acceleration import BatchPlan
 
     size = comps.default_size or 512
     steps = args.steps if args.steps is not None else (1 if comps.step_type == "turbo" else 2)
@@ -128,6 +128,7 @@ def run(args) -> int:
     from streamstudio.kernels.tensorrt.build import ShapeRange
     from streamstudio.kernels.tensorrt.cache import EngineCache
     from streamstudio.models import acceleration
+    from streamstudio.models.image.export_specs import image_specs
 
     res = tuple(args.resolution) if args.resolution else None  # (multiples of 64: checked by its type)
     try:  # --batch by hand: that range (and 256..1024 pixels unless --resolution); else the plan's
@@ -145,7 +146,7 @@ def run(args) -> int:
     if plan is not None:
         print(f"note: batch sizes sent: unet {plan.sizes['unet']}, vae {plan.sizes['vae_decoder']} "
               f"at {plan.width}x{plan.height}")
-    specs = acceleration.image_specs(comps, tuple(args.parts))
+    specs = image_specs(comps, tuple(args.parts))
     video = _video_spec() if args.video else None
     cache = EngineCache(args.engine_dir)
     ranges = [(spec, acceleration.engine_shapes(spec.name, plan, shapes)) for spec in specs]

@@ -33,7 +33,7 @@ def image_request(args) -> ImageRequest:
 
 def batching_config(args):
     """Cross-stream batching settings from the command line, or None when it is off."""
-    from streamstudio.models.batching import BatchingConfig
+    from streamstudio.models.image.batching import BatchingConfig
 
     if getattr(args, "no_stream_batching", False):
         return None

@@ -227,8 +227,8 @@ def render_scene(args) -> int:
     from streamstudio.app.streams import watch
     from streamstudio.device import pick_device
     from streamstudio.models.splats.gaussians import load_scene
-    from streamstudio.pipelines.splat_render import (SceneFit, SplatRenderConfig, camera_path, path_times,
-                                                     render_frame, with_camera_model)
+    from streamstudio.pipelines.splats.splat_render import (SceneFit, SplatRenderConfig, camera_path, path_times,
+                                                            render_frame, with_camera_model)
     from streamstudio.streaming.processor import IdentityProcessor
     from streamstudio.streaming.runner import Runner, RunnerConfig
     from streamstudio.streaming.generated import SplatPathSource

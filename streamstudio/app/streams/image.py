@@ -13,8 +13,8 @@ from streamstudio.errors import StreamStudioError
 from streamstudio.frames import fit_aspect
 
 if TYPE_CHECKING:  # the models load when a stream opens
-    from streamstudio.models.acceleration import BatchPlan
-    from streamstudio.models.batching import BatchingConfig
+    from streamstudio.models.image.acceleration import BatchPlan
+    from streamstudio.models.image.batching import BatchingConfig
 
 
 def request(**settings) -> ImageRequest:
@@ -54,7 +54,7 @@ def build_pipeline(request: ImageRequest, mode: str, serving: bool = False, aspe
     """Load the model `request` names and build a stream with its settings. `serving`: the
     stream is the web app's template (its networks run behind the batching executor).
     `aspect`: the input's width / height, for the size when the request gives none."""
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusionConfig
 
     check_references(request.addons)
     comps = load_components(request)
@@ -71,7 +71,7 @@ def build_pipeline(request: ImageRequest, mode: str, serving: bool = False, aspe
         raise StreamStudioError("--frame-graph captures one stream's whole frame: not with serve's shared networks or "
                                 "TensorRT engines (which capture their own graphs); use --acceleration compile or none")
     if request.acceleration != "none":
-        from streamstudio.models.acceleration import apply_acceleration
+        from streamstudio.models.image.acceleration import apply_acceleration
 
         inner = {"cuda_graphs": False} if request.frame_graph else {}  # no graph inside the frame's graph
         comps = apply_acceleration(comps, request.acceleration, plan=acceleration_plan(request, config, serving),
@@ -80,7 +80,7 @@ def build_pipeline(request: ImageRequest, mode: str, serving: bool = False, aspe
         print(f"note: {note}")
     pipe = new_stream(comps, config, prompt=request.prompt, negative_prompt=request.negative_prompt)
     if request.frame_graph:
-        from streamstudio.pipelines.frame_graph import LiveGraphStream
+        from streamstudio.pipelines.image.frame_graph import LiveGraphStream
 
         pipe = LiveGraphStream(pipe)
     if request.addons.ip_image:
@@ -98,7 +98,7 @@ def load_components(request: ImageRequest):
     its add-ons: what streams run on and engines are built from (the same weights: the same
     engine cache keys)."""
     from streamstudio.device import pick_device, pick_dtype, use_threads
-    from streamstudio.models.loading import resolve_demo_default
+    from streamstudio.models.image.loading import resolve_demo_default
 
     device = pick_device(request.device)
     dtype = pick_dtype(device, request.dtype)
@@ -113,7 +113,7 @@ def new_stream(comps, config, prompt: str = "", negative_prompt: str = ""):
     """A new image stream (its own buffer, noise, filter and prompt state) over loaded networks
     `comps` with `config`: the one place a StreamDiffusion is made (the CLI's through
     `build_pipeline`, a web session's over the shared model, a batch job's per output size)."""
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusion
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion
 
     return StreamDiffusion(comps, config, prompt=prompt, negative_prompt=negative_prompt)
 
@@ -162,7 +162,7 @@ def add_addons(addons: Addons, comps, device, dtype) -> None:
 
 def _add_controlnets(nets: list[str], preps: list[str], comps, device, dtype) -> None:
     from streamstudio.models.image.controlnet import check_fits, load_controlnet, parse_controlnet
-    from streamstudio.pipelines.control import Preprocessor
+    from streamstudio.pipelines.image.control import Preprocessor
 
     specs = [parse_controlnet(text) for text in nets]
     kinds = [preps[i] if i < len(preps) else "canny" for i in range(len(specs))]
@@ -181,8 +181,8 @@ def acceleration_plan(request: ImageRequest, config, serving: bool):
 
     generate and render: one stream of `config`, on this thread. serve: streams of any CFG type
     through the batching executor; compiled networks are warmed up on the executor's thread
-    instead (models.batching.warm_up, from the server's model), so they get no plan here."""
-    from streamstudio.models.acceleration import BatchPlan
+    instead (models.image.batching.warm_up, from the server's model), so they get no plan here."""
+    from streamstudio.models.image.acceleration import BatchPlan
 
     if not serving:
         return BatchPlan.for_streams(height=config.height, width=config.width,
@@ -223,7 +223,7 @@ def stream_plan(config, batching: BatchingConfig | None, cfg_types=None) -> Batc
     """What the networks will be sent by streams of `config` (a StreamDiffusionConfig) through
     an executor of `batching` (None: no batching). cfg_types: the CFG types streams may switch
     to (default: all four, as web clients may); the config's own comes first."""
-    from streamstudio.models.acceleration import BatchPlan
+    from streamstudio.models.image.acceleration import BatchPlan
     from streamstudio.pipelines.live_settings import CFG_TYPES
 
     types = [config.cfg_type, *(t for t in (cfg_types or CFG_TYPES) if t != config.cfg_type)]

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 
 from streamstudio.pipelines.live_settings import SETTINGS
 
-if TYPE_CHECKING:  # (models.batching imports torch: the command line starts without it)
-    from streamstudio.models.batching import BatchingConfig
+if TYPE_CHECKING:  # (models.image.batching imports torch: the command line starts without it)
+    from streamstudio.models.image.batching import BatchingConfig
 
 
 @dataclass
@@ -40,7 +40,7 @@ class ImageRequest:
     taesd: bool = False
     lcm_lora: str = "auto"
     acceleration: str = "none"  # none, compile, tensorrt
-    frame_graph: bool = False  # live frames replayed as one captured graph (pipelines/frame_graph.py)
+    frame_graph: bool = False  # live frames replayed as one captured graph (pipelines/image/frame_graph.py)
     device: str = "auto"
     dtype: str = "auto"
     threads: int | None = None

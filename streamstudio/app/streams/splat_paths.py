@@ -15,7 +15,7 @@ def read_path_file(path: str | Path, prefer: str = "frames"):
     import json
     import zipfile
 
-    from streamstudio.pipelines.splat_render import path_from_json
+    from streamstudio.pipelines.splats.splat_render import path_from_json
 
     path = Path(path)
     if not path.is_file():
@@ -36,7 +36,7 @@ def write_path_file(keyframe_path, target: str | Path, width: int, height: int, 
     """Write a path as nerfstudio's camera_path.json (keyframes and the rendered frames)."""
     import json
 
-    from streamstudio.pipelines.splat_render import path_to_nerfstudio
+    from streamstudio.pipelines.splats.splat_render import path_to_nerfstudio
 
     target = Path(target)
     try:

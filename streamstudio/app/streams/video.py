@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # torch and the models load when a stream opens, not when the
     import torch
 
     from streamstudio.models.video import wan
-    from streamstudio.pipelines.stream_video import VideoStream
+    from streamstudio.pipelines.video.stream_video import VideoStream
 
 
 BUILTIN_NAMES = (None, "", "auto", "tiny", "builtin", "stream_dit_tiny")
@@ -84,7 +84,7 @@ def build_stream(model: torch.nn.Module, meta: dict, prompt: str, *, strength: f
     (the input's width / height; None: the checkpoint's grid) with the checkpoint's side times
     LATENT_SCALE as the longer one, as the image render sizes its output. The latent grid follows
     the output's aspect (`latent_size`). `acceleration` compile or tensorrt wraps the network for
-    this buffer layout (models.acceleration.apply_video_acceleration). `guidance` (None: the
+    this buffer layout (models.video.video_engine.apply_video_acceleration). `guidance` (None: the
     checkpoint's `sampling.guidance`, else 1) is classifier-free guidance against the empty prompt.
     `warmup` (None: the checkpoint's `sampling.warmup`, else on) drops the text-to-video frames the
     start-up's uniform generation touched (`StreamBufferConfig.warmup`, issue 30). `solver` (None:
@@ -93,7 +93,7 @@ def build_stream(model: torch.nn.Module, meta: dict, prompt: str, *, strength: f
     clips each predicted clean frame to [-1, 1]."""
     from streamstudio.app.streams.image import output_size
     from streamstudio.models.video.video_net import StreamDiTBackbone
-    from streamstudio.pipelines.stream_video import StreamBufferConfig, StreamVideoConfig, VideoStream
+    from streamstudio.pipelines.video.stream_video import StreamBufferConfig, StreamVideoConfig, VideoStream
 
     if getattr(model, "is_wan", False):
         return build_wan_stream(model, prompt, strength=strength, seed=seed, width=width, height=height,
@@ -117,7 +117,7 @@ def build_stream(model: torch.nn.Module, meta: dict, prompt: str, *, strength: f
     param = next(model.parameters())
     channels = model.cfg.in_channels
     if acceleration != "none":
-        from streamstudio.models.acceleration import apply_video_acceleration
+        from streamstudio.models.video.video_engine import apply_video_acceleration
 
         model = apply_video_acceleration(model, acceleration, frames=buffer.ref_frames + buffer.frames,
                                          height=lat_h, width=lat_w)
@@ -151,7 +151,7 @@ def build_wan_stream(model: wan.WanModel, prompt: str, *, strength: float = 1.0,
     (480x832, flow shift 3, guidance 5, N=4 c=2 s=2) where not overridden. The latent grid is the
     output's size / 8 to the nearest patch; decoded frames are resized to the output size."""
     from streamstudio.app.streams.image import output_size
-    from streamstudio.pipelines.stream_video import StreamBufferConfig, StreamVideoConfig, VideoStream
+    from streamstudio.pipelines.video.stream_video import StreamBufferConfig, StreamVideoConfig, VideoStream
 
     if strength < 1 or aspect is not None:
         raise StreamStudioError("a Wan checkpoint runs text-to-video only here (its VAE packs 4 frames into one "

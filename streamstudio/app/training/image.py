@@ -32,7 +32,7 @@ The older two-stage recipe (`--stage all`, or `vae` and `denoiser` alone):
 
 Every batch is a pure function of (seed, stage, step), so a resumed run continues exactly where
 the stopped one would have been. The checkpoint folder holds model.safetensors and
-config.json (what `models/loading.py` loads as `--model builtin`), plus optimizer.pt and
+config.json (what `models/image/loading.py` loads as `--model builtin`), plus optimizer.pt and
 trainer_state.json for --resume.
 """
 
@@ -71,7 +71,7 @@ def pipeline_timesteps() -> tuple[int, list[int], int]:
     txt2img's first t."""
     from diffusers import LCMScheduler
 
-    from streamstudio.pipelines.stream_diffusion import StreamDiffusionConfig
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusionConfig
 
     sched = LCMScheduler.from_config(SCHEDULER_CONFIG)
     sched.set_timesteps(50)

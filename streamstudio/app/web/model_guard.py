@@ -14,7 +14,7 @@ class ModelGuard:
     - `frame(stats)`: held while a stream runs a frame. With cross-stream batching the stream
       counts as a caller of the executor (whose one thread runs every UNet and VAE call, and waits
       briefly for the calls of the streams inside a frame to batch them; `stats`, an
-      `models.batching.ClientStats`, counts the stream's calls shared or alone); without it, the
+      `models.image.batching.ClientStats`, counts the stream's calls shared or alone); without it, the
       model's lock, so streams take turns.
     - `text()`: held while the text encoder and tokenizer run (prompt changes) and while a
       stream is built: always the lock, as they run in the caller's thread.
@@ -22,7 +22,7 @@ class ModelGuard:
       for changes of the shared weights (LoRA scales), so no frame runs on half-changed weights."""
 
     def __init__(self, executor=None):
-        self._executor = executor  # models.batching.BatchExecutor, or None: take turns
+        self._executor = executor  # models.image.batching.BatchExecutor, or None: take turns
         self._lock = threading.Lock()
         self._frames = threading.Condition()  # (with batching) frames under way, and a change waiting
         self._running = 0

@@ -3,7 +3,7 @@
 The model's modules are loaded once and shared; every session builds its own StreamDiffusion
 over them (the pipeline object holds per-stream state only: buffer, prompt, seed, filter).
 One `ModelGuard` says who may use the model when: with cross-stream batching (the default;
-`models/batching.py`) one executor thread runs every UNet and VAE call, and the calls of several
+`models/image/batching.py`) one executor thread runs every UNet and VAE call, and the calls of several
 sessions that arrive together run as one batch; the text encoder and tokenizer stay behind the
 guard's lock. Without it, each session's whole frame runs under that lock, so sessions take
 turns on the model.
@@ -74,12 +74,12 @@ class ServerModel:
             self.thread = NetworkThread("model-network")
             self._stream_comps = threaded_components(self.comps, self.thread)
         if self.batching is not None:
-            from streamstudio.models.batching import BatchExecutor, batched_components
+            from streamstudio.models.image.batching import BatchExecutor, batched_components
 
             self.executor = BatchExecutor(self.batching)
             self._stream_comps = batched_components(self.comps, self.executor)
             if self._stream_comps.net.pad:  # compiled / TensorRT: every bucket warmed up now, not mid-stream
-                from streamstudio.models.batching import warm_up
+                from streamstudio.models.image.batching import warm_up
 
                 warm_up(self._stream_comps, self.config.height, self.config.width)
         self.guard = ModelGuard(self.executor)
@@ -185,9 +185,9 @@ class StreamProcessor:
         self.pipe = None  # built by open(), in the runner's thread (the text encoder runs)
         self.fit = "crop"  # the session's own setting, not the pipeline's
         self._probes: deque[int | None] = deque()
-        self.calls = None  # models.batching.ClientStats: this stream's network calls, shared or alone
+        self.calls = None  # models.image.batching.ClientStats: this stream's network calls, shared or alone
         if model.executor is not None:
-            from streamstudio.models.batching import ClientStats
+            from streamstudio.models.image.batching import ClientStats
 
             self.calls = ClientStats()
 

@@ -27,8 +27,8 @@ from streamstudio.errors import StreamStudioError
 from streamstudio.frames import parse_color
 from streamstudio.models.splats.gaussians import GaussianScene, load_scene
 from streamstudio.pipelines.live_settings import SPLAT_SETTINGS, defaults
-from streamstudio.pipelines.splat_render import (PATHS, Keyframe, KeyframePath, SceneFit, SplatRenderConfig,
-                                                 camera_path, fitted_camera, render, to_frame, with_camera_model)
+from streamstudio.pipelines.splats.splat_render import (PATHS, Keyframe, KeyframePath, SceneFit, SplatRenderConfig,
+                                                        camera_path, fitted_camera, render, to_frame, with_camera_model)
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from streamstudio.app.settings import (IP_ADAPTER_SCALE, control_scale_key, live
                                        widget)
 from streamstudio.app.web.webrtc import LiveHandler, explicit_rtc_config, live_component, may_control, operator
 from streamstudio.errors import StreamStudioError
-from streamstudio.models.loading import DEFAULT_MODEL, download_command
+from streamstudio.models.image.loading import DEFAULT_MODEL, download_command
 from streamstudio.pipelines.live_settings import ADDON_SCALE, SETTINGS
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """TensorRT acceleration: ONNX export (checked against onnxruntime), fp16 engine build with
 dynamic batch / resolution profiles, an engine cache keyed by everything that makes an engine
 valid, and the engine runtime. Generic machinery only: the specs and engine wrappers of the
-project's networks are in `models/export_specs.py`.
+project's networks are in `models/image/export_specs.py` and `models/video/video_engine.py`.
 
 TensorRT is optional (`pip install streamstudio[tensorrt]`): without it `tensorrt_available()`
 is False, `require_tensorrt()` raises `TensorRTUnavailable`, and callers keep the torch path.

@@ -3,7 +3,8 @@
 An `ExportSpec` is a tensors-in, tensor-out module with named inputs, dynamic axes (batch and
 resolution) and a way to make inputs of any (batch, height, width), which the export, the
 onnxruntime check and the TensorRT profiles all use. The specs of particular networks live
-with the networks (`models/export_specs.py`); nothing here knows a model.
+with the networks (`models/image/export_specs.py`, `models/video/video_engine.py`); nothing here
+knows a model.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Running TensorRT engines from torch: `TRTEngine` (named CUDA tensors in and out, on torch's
 current stream, optionally replayed from a CUDA graph per input shape). The networks that run
-on engines wrap it in `models/export_specs.py`."""
+on engines wrap it in `models/image/export_specs.py` and `models/video/video_engine.py`."""
 
 from __future__ import annotations
 

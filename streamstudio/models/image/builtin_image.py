@@ -1,6 +1,6 @@
 """The built-in image model's networks: a fast pixel-shuffle autoencoder, a small UNet, a small
 CLIP text encoder and a word-level tokenizer, built from configs (trained by
-`app/training/image.py`, shipped in `assets/image_builtin/`, loaded by `models/loading.py`).
+`app/training/image.py`, shipped in `assets/image_builtin/`, loaded by `models/image/loading.py`).
 
 The autoencoder never convolves at full resolution: the encoder starts with a 2x2
 space-to-depth (PixelUnshuffle) and the decoder ends with depth-to-space (PixelShuffle), so

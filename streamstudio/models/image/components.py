@@ -1,5 +1,5 @@
 """One image model's loaded networks (`SDComponents`: UNet, VAE, text encoders, tokenizers,
-scheduler config, add-ons) and what the pipeline must know of them; made by `models/loading.py`,
+scheduler config, add-ons) and what the pipeline must know of them; made by `models/image/loading.py`,
 put on a device by `to` (`tune_for_device`: channels_last and cuDNN autotune on a GPU)."""
 
 from __future__ import annotations

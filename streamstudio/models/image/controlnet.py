@@ -3,7 +3,7 @@
 `--controlnet ID_OR_PATH[:scale]` (repeatable) names a diffusers ControlNetModel (a hub id
 such as `lllyasviel/control_v11p_sd15_canny`, `thibaud/controlnet-sd21-canny-diffusers`,
 `diffusers/controlnet-canny-sdxl-1.0-small`, or a local folder). Each net runs on its own
-control image (the preprocessed input frame, `pipelines/control.py`) and its residuals, times
+control image (the preprocessed input frame, `pipelines/image/control.py`) and its residuals, times
 its conditioning scale, are summed over the nets and added to the UNet's skip connections
 (what diffusers' MultiControlNetModel does).
 

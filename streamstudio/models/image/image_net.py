@@ -13,8 +13,8 @@ An `ImageNet` has three calls, all on its own device and dtype:
 AutoencoderKL, AutoencoderTiny or the built-in autoencoder): it alone knows diffusers' call
 signatures and output classes, the VAE's scaling factor and the timestep broadcast. The other
 variants wrap an ImageNet and call it (or an engine exported from it) through the same three
-calls: compiled (`models/acceleration.CompiledImageNet`), TensorRT
-(`models/export_specs.EngineImageNet`) and batched across streams (`models/batching.BatchedImageNet`).
+calls: compiled (`models/image/acceleration.CompiledImageNet`), TensorRT
+(`models/image/export_specs.EngineImageNet`) and batched across streams (`models/image/batching.BatchedImageNet`).
 
 The feature bank (`models/image/feature_bank.py`) rides along as `eps(..., bank=segments)`: the rows'
 bank keys, which only the eager diffusers UNet can serve (its self-attention processors). A
@@ -25,7 +25,7 @@ image embeddings): add it to `ImageCond` as `name: torch.Tensor | None = None` (
 tensors, e.g. ControlNet's residuals), every tensor with the batch first, and pass it to the
 UNet in `DiffusersImageNet.unet_kwargs`. Batching across streams (cat, slice, pad), contiguity
 for compiled graphs and the engines' inputs (named after the field) follow from `flatten`;
-the export spec (`models/export_specs.eps_spec`) needs a maker of an example input for it.
+the export spec (`models/image/export_specs.eps_spec`) needs a maker of an example input for it.
 """
 
 from __future__ import annotations

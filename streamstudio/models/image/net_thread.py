@@ -1,12 +1,12 @@
 """Every network call of a shared model on one persistent thread.
 
-cuDNN's autotuner (`torch.backends.cudnn.benchmark`, on for CUDA models: models/loading.py)
+cuDNN's autotuner (`torch.backends.cudnn.benchmark`, on for CUDA models: models/image/loading.py)
 keeps its cache of chosen convolution plans per thread in PyTorch's cuDNN v8 path, so a
 network called from a new thread tunes every convolution again. Web sessions that take turns
 on one model each run their frames in their own thread: every new stream re-tuned the whole
 UNet and VAE while holding the model's lock, and 4 streams taking turns fell to 0.25 frames a
 second in all on the GPU (benchmarks/results/gpu_figures.md, 2026-11-27). Here the calls go
-to one worker thread instead (the batching executor of models/batching.py does the same for
+to one worker thread instead (the batching executor of models/image/batching.py does the same for
 streams that batch), so the tuning happens once per shape for the model's life.
 
 The caller's inference and grad modes (thread-local in PyTorch) go with each call; an error

@@ -336,7 +336,7 @@ def _read_json(path: Path) -> dict | None:
 
 
 def _missing(model: str, why: str) -> ModelNotFoundError:
-    from streamstudio.models.loading import download_command
+    from streamstudio.models.hub import download_command
 
     return ModelNotFoundError(
         f"Wan model {model!r} could not be loaded: {why}. To get it, run `{download_command(model)}` on a machine "
@@ -347,7 +347,7 @@ def _missing(model: str, why: str) -> ModelNotFoundError:
 def resolve_folder(model: str, local_files_only: bool | None = None) -> Path:
     """A local folder as it is; a hub id from the Hugging Face cache, else downloaded when the hub
     can be reached (after a one-line notice of its size). Clear errors otherwise."""
-    from streamstudio.models import loading
+    from streamstudio.models import hub
 
     path = Path(os.path.expanduser(model))
     if path.is_dir():
@@ -356,23 +356,23 @@ def resolve_folder(model: str, local_files_only: bool | None = None) -> Path:
         raise _missing(model, "no such folder" if not path.exists() else "it is a file, not a diffusers folder")
     from huggingface_hub import snapshot_download
 
-    with loading.quiet_hub():
+    with hub.quiet_hub():
         try:
             return Path(snapshot_download(model, allow_patterns=WAN_FILES, local_files_only=True))
         except Exception:  # not in the cache (huggingface_hub's LocalEntryNotFoundError and kin)
             pass
-    if local_files_only or loading._offline():
+    if local_files_only or hub.offline():
         raise _missing(model, "it is not in the local Hugging Face cache and the hub is off (HF_HUB_OFFLINE)")
-    size = loading.hub_download_size(model, WAN_FILES)
+    size = hub.hub_download_size(model, WAN_FILES)
     if size is None:
         raise _missing(model, "it is not in the local Hugging Face cache and the Hugging Face hub cannot be reached")
     log.warning("Downloading %s (%.1f GB) into the Hugging Face cache; this happens once.", model, size / 1e9)
     try:
-        return Path(loading.download_model(model, WAN_FILES))
+        return Path(hub.download_model(model, WAN_FILES))
     except Exception as exc:
         if isinstance(exc, KeyboardInterrupt):
             raise
-        raise _missing(model, f"the download failed ({loading._first_line(exc)})") from exc
+        raise _missing(model, f"the download failed ({hub.first_line(exc)})") from exc
 
 
 def check_layout(folder: Path, model: str) -> None:

@@ -1,6 +1,7 @@
-"""Export specs of the project's networks, and the networks that run on their engines.
+"""Export specs of the image networks, and the image seam on their engines (the video network's:
+`models/video/video_engine.py`).
 
-Image: the three calls of the image seam (`models/image/image_net.py`) are exported as they are, so
+The three calls of the image seam (`models/image/image_net.py`) are exported as they are, so
 an engine computes exactly what the eager call does (the VAE's scaling included):
 
     unet          (sample (B, 4, h, w), timestep (B,), one input per ImageCond tensor) -> latent (B, 4, h, w)
@@ -13,9 +14,6 @@ the UNet's graph holds them too (their images `control_i` (B, 3, H, W) at pixel 
 scales `control_scale` (B, n) are inputs); with an IP-Adapter its image embedding
 `image_embeds` (B, 1, D) and its per-row scale `ip_scale` (B, 1) are inputs (a live scale
 or reference change needs no new engine).
-
-Video: the StreamDiT velocity network at a fixed buffer length and latent frame size (window
-attention's layout depends on them), with a dynamic batch; `height`/`width` are latent pixels.
 """
 
 from __future__ import annotations
@@ -30,7 +28,7 @@ from streamstudio.errors import StreamStudioError
 from streamstudio.kernels.tensorrt.export import ExportSpec, random_normal, random_uniform
 from streamstudio.kernels.tensorrt.runtime import TRTEngine
 from streamstudio.models.image.image_net import (DiffusersImageNet, ImageCond, ImageNet, Layout, WrappedImageNet,
-                                          broadcast, check_bank)
+                                                 broadcast, check_bank)
 
 IMAGE_PARTS = ("unet", "vae_encoder", "vae_decoder")
 
@@ -260,82 +258,3 @@ class EngineImageNet(WrappedImageNet):
         if self.decoder_engine is None:
             return self.inner.decode(latents)
         return self.decoder_engine(latents=latents)["images"].to(latents.dtype)  # (B, 3, H, W)
-
-
-# ---------------------------------------------------------------------------------------------
-# Video
-# ---------------------------------------------------------------------------------------------
-
-class VideoExport(nn.Module):
-    """A video velocity network model(x, t, condition) whose text condition is built from
-    three tensors by `make_condition(tokens, mask, pooled)` (e.g. StreamDiT's TextCondition)."""
-
-    def __init__(self, model: nn.Module, make_condition: Callable):
-        super().__init__()
-        self.model = model
-        self.make_condition = make_condition
-
-    def forward(self, x, t, text_tokens, text_mask, text_pooled):  # (B, F, C, H, W), (B, F), (B, L, D), (B, L), (B, D)
-        return self.model(x, t, self.make_condition(text_tokens, text_mask, text_pooled))
-
-
-def video_spec(model: nn.Module, make_condition: Callable, *, frames: int, channels: int, text_len: int,
-               text_dim: int) -> ExportSpec:
-    """The video network at a fixed buffer length and frame size, with a dynamic batch."""
-
-    def make(b, h, w, device, dtype, gen):
-        mask = torch.ones((b, text_len), dtype=torch.bool, device=device)  # (B, L)
-        if device.type != "meta":
-            mask[:, text_len // 2 + 1:] = False  # padded prompts, as the runtime wrapper feeds them
-        return {"x": random_normal((b, frames, channels, h, w), device, dtype, gen),
-                "t": random_uniform((b, frames), 0.0, 1.0, device, dtype, gen),
-                "text_tokens": random_normal((b, text_len, text_dim), device, dtype, gen),
-                "text_mask": mask,
-                "text_pooled": random_normal((b, text_dim), device, dtype, gen)}
-
-    names = ["x", "t", "text_tokens", "text_mask", "text_pooled"]
-    axes = {n: {0: "batch"} for n in names + ["velocity"]}
-    return ExportSpec("video", VideoExport(model, make_condition).eval(), model, names, ["velocity"], axes, make)
-
-
-def video_export_spec(model: nn.Module, frames: int, height: int, width: int) -> tuple[ExportSpec, tuple[int, int]]:
-    """The StreamDiT video network's spec (fixed buffer length and frame size, dynamic batch)
-    and the (height, width) to export it at."""
-    from streamstudio.models.video.stream_dit import TextCondition
-
-    cfg = model.cfg
-    spec = video_spec(model, TextCondition, frames=frames, channels=cfg.in_channels,
-                      text_len=cfg.text.max_tokens + 1, text_dim=cfg.hidden_size)
-    return spec, (height, width)
-
-
-class VideoEngine(nn.Module):
-    """model(x, t, text) -> velocity for a video network exported with `video_spec`.
-
-    `text` is any object with tokens (B, L, D), mask (B, L) and pooled (B, D) (StreamDiT's
-    TextCondition); tokens are padded with masked-out zeros to the engine's text length.
-    Everything else (encode_text, cfg, config) is the wrapped torch model's; one empty
-    parameter reports its device and dtype (callers use next(module.parameters())).
-    """
-
-    def __init__(self, engine: TRTEngine, model: nn.Module, text_len: int):
-        super().__init__()
-        param = next(model.parameters())
-        self.anchor = nn.Parameter(torch.empty(0, device=param.device, dtype=param.dtype), requires_grad=False)
-        self.engine, self.model, self.text_len = engine, model, text_len
-        self.config = getattr(model, "config", None)
-        self.cfg = getattr(model, "cfg", None)
-
-    def encode_text(self, prompts):
-        return self.model.encode_text(prompts)
-
-    def forward(self, x: torch.Tensor, t: torch.Tensor, text) -> torch.Tensor:
-        tokens, mask = text.tokens, text.mask  # (B, L, D), (B, L)
-        pad = self.text_len - tokens.shape[1]
-        if pad < 0:
-            raise ValueError(f"the video engine takes at most {self.text_len} text tokens, got {tokens.shape[1]}")
-        if pad:
-            tokens = torch.nn.functional.pad(tokens, (0, 0, 0, pad))
-            mask = torch.nn.functional.pad(mask, (0, pad), value=False)
-        out = self.engine(x=x, t=t, text_tokens=tokens, text_mask=mask, text_pooled=text.pooled)["velocity"]
-        return out.to(x.dtype)  # (B, F, C, H, W)

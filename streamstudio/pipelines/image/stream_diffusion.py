@@ -1,11 +1,11 @@
 """StreamDiffusion (arXiv 2312.12491) on diffusers components.
 
-Three parts, as the video pipeline: the Stream Batch sampler (`pipelines/stream_batch.py`:
+Three parts, as the video pipeline: the Stream Batch sampler (`pipelines/image/stream_batch.py`:
 schedule coefficients, noise, buffer and priming, one step with residual CFG), the prompt
-encoder (`pipelines/prompt_encoder.py`: encoding, cache, blends, and the stream's prompts as its
+encoder (`pipelines/image/prompt_encoder.py`: encoding, cache, blends, and the stream's prompts as its
 UNet calls' conditions), and here the frame API (`StreamDiffusionConfig`, `StreamDiffusion`:
 frames in and out, the similarity filter, temporal consistency, run-time settings), which moves
-frames between host and device and through the VAE with `pipelines/frame_io.py`. Every network
+frames between host and device and through the VAE with `pipelines/image/frame_io.py`. Every network
 call goes through the image seam (`models/image/image_net.py`); the LCM arithmetic is the
 scheduler's (diffusers' LCMScheduler).
 
@@ -80,13 +80,13 @@ from streamstudio.kernels.reference import CFG_CODES, CFG_NONE
 from streamstudio.models.image import feature_bank
 from streamstudio.models.image.image_net import ImageNet, check_bank
 from streamstudio.models.image.components import SDComponents
-from streamstudio.pipelines.addons import ADDON_SETTINGS, StreamAddOns
-from streamstudio.pipelines.control import ControlInputs
+from streamstudio.pipelines.image.addons import ADDON_SETTINGS, StreamAddOns
+from streamstudio.pipelines.image.control import ControlInputs
 from streamstudio.pipelines.live_settings import check_config, defaults
-from streamstudio.pipelines.frame_io import FrameIO
-from streamstudio.pipelines.prompt_encoder import PromptEncoder, PromptSpec, StreamPrompts
-from streamstudio.pipelines.similarity_filter import SimilarityFilter, SimilarityFilterConfig
-from streamstudio.pipelines.stream_batch import PRIMED, Guidance, Schedule, StreamBatchSampler
+from streamstudio.pipelines.image.frame_io import FrameIO
+from streamstudio.pipelines.image.prompt_encoder import PromptEncoder, PromptSpec, StreamPrompts
+from streamstudio.pipelines.image.similarity_filter import SimilarityFilter, SimilarityFilterConfig
+from streamstudio.pipelines.image.stream_batch import PRIMED, Guidance, Schedule, StreamBatchSampler
 
 
 _TABLE = defaults()  # the live settings' defaults (pipelines/live_settings.py), declared there once
@@ -197,9 +197,9 @@ class StreamStats:
 
 class StreamDiffusion:
     """A stream of frames through Stable Diffusion with Stream Batch and residual CFG: the
-    frame API over the stream's prompts (`prompts`, `pipelines/prompt_encoder.py`), its frame
-    transfers and VAE (`io`, `pipelines/frame_io.py`) and a Stream Batch sampler (`sampler`,
-    `pipelines/stream_batch.py`; its `bank`, the feature bank, None when off). Input frames get
+    frame API over the stream's prompts (`prompts`, `pipelines/image/prompt_encoder.py`), its frame
+    transfers and VAE (`io`, `pipelines/image/frame_io.py`) and a Stream Batch sampler (`sampler`,
+    `pipelines/image/stream_batch.py`; its `bank`, the feature bank, None when off). Input frames get
     integer ids in arrival order; the sampler says whose output leaves, so `push`/`flush` hand
     outputs back in input order."""
 

@@ -14,7 +14,7 @@ import torch
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.image import sdxl
 from streamstudio.models.image.image_net import ImageCond
-from streamstudio.pipelines.addons import StreamAddOns
+from streamstudio.pipelines.image.addons import StreamAddOns
 
 log = logging.getLogger(__name__)
 

@@ -45,7 +45,7 @@ import torch
 from streamstudio import kernels
 from streamstudio.errors import StreamStudioError
 from streamstudio.frames import to_frames
-from streamstudio.pipelines.stream_batch import PRIMED, Guidance
+from streamstudio.pipelines.image.stream_batch import PRIMED, Guidance
 
 WARMUP_RUNS = 3  # eager runs on a side stream before capture (cuDNN tuning, torch.compile), as PyTorch advises
 

@@ -1,5 +1,5 @@
 """Frames between the host and the image seam: uint8 frames up to the device and back, and the
-VAE's encode and decode of one stream (`pipelines/stream_diffusion.py` holds one).
+VAE's encode and decode of one stream (`pipelines/image/stream_diffusion.py` holds one).
 
 A frame's one host-device sync is the download of its output (a frame the similarity filter
 skips: the read of its similarity). On a GPU, frames go up through a pinned staging buffer (an

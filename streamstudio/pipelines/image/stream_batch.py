@@ -1,6 +1,6 @@
 """The Stream Batch sampler of the image pipeline: schedule coefficients, per-slot noise, the
 buffer and its priming, and one denoising step with residual CFG (the maths is in
-`pipelines/stream_diffusion.py`'s docstring).
+`pipelines/image/stream_diffusion.py`'s docstring).
 
 The buffer holds N slots (one per denoising step), each of k frames (frame_buffer_size). With
 Stream Batch one call advances every slot by one step: a new group of frames enters slot 0 and
@@ -175,7 +175,7 @@ class StreamBatchSampler:
         x0, x_next, stock_next = self._step(x, stock, self._coef, self._t_rows, self._noise_next, guidance,
                                             first_rows=k, slots=slots, fields=rows)
         # in place: the buffer keeps its storage from call to call, so a captured CUDA graph of the
-        # whole frame (pipelines/frame_graph.py) reads and writes the same memory on every replay
+        # whole frame (pipelines/image/frame_graph.py) reads and writes the same memory on every replay
         self._buffer.copy_(x_next[:-k])
         self._stock.copy_(stock_next[:-k])
         self._fields.appendleft(fields)

@@ -16,7 +16,7 @@ from streamstudio.errors import StreamStudioError
 from streamstudio.frames import to_frames
 from streamstudio.models.image import sdxl
 from streamstudio.models.image.components import SDComponents
-from streamstudio.pipelines.control import ControlInputs, ControlUnit, Preprocessor
+from streamstudio.pipelines.image.control import ControlInputs, ControlUnit, Preprocessor
 
 ADDON_SETTINGS = ("control_scales", "ip_adapter_scale", "lora_scales")  # update()'s keys for the model's add-ons
 

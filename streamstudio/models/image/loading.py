@@ -20,8 +20,8 @@ from streamstudio import ASSETS
 from streamstudio.errors import ModelNotFoundError, StreamStudioError
 from streamstudio.models.image import sdxl, tiny
 from streamstudio.models.hub import (DEFAULT_MODEL, HUB_PROBE_TIMEOUT, LCM_LORA_SD15, SHORT_NAMES,  # noqa: F401
-                                     TAESD_SD, cached_file, cached_snapshot, download_command, hub_cache_dir,
-                                     hub_id, hub_repo_source, hub_unreachable)
+                                     TAESD_SD, cached_file, cached_snapshot, download_command, download_model,
+                                     hub_cache_dir, hub_download_size, hub_id, hub_repo_source, hub_unreachable)
 from streamstudio.models.hub import first_line as _first_line
 from streamstudio.models.hub import hub_off as _hub_off
 from streamstudio.models.hub import looks_like_path as _looks_like_path
@@ -535,30 +535,6 @@ def _has_cuda(device) -> bool:
     return torch.cuda.is_available()
 
 
-def hub_download_size(repo: str = DEFAULT_MODEL, patterns: list[str] | None = None,
-                      timeout: float = 10.0) -> int | None:
-    """Bytes of the files of `repo` that loading it fetches, or None when the hub cannot be reached."""
-    from fnmatch import fnmatch
-
-    from huggingface_hub import HfApi
-
-    patterns = SD_TURBO_FILES if patterns is None else patterns
-    try:
-        info = HfApi().model_info(repo, files_metadata=True, timeout=timeout)
-    except Exception as exc:  # no network, DNS, proxy, HTTP errors: all mean "not reachable now"
-        log.debug("the hub cannot be reached: %s", _first_line(exc))
-        return None
-    return sum(int(f.size or 0) for f in info.siblings or () if any(fnmatch(f.rfilename, p) for p in patterns))
-
-
-def download_model(repo: str = DEFAULT_MODEL, patterns: list[str] | None = None) -> str:
-    """Fetch `repo`'s files into the Hugging Face cache, with huggingface_hub's own progress bars."""
-    from huggingface_hub import snapshot_download
-
-    with quiet_hub():
-        return snapshot_download(repo, allow_patterns=SD_TURBO_FILES if patterns is None else patterns)
-
-
 def resolve_demo_default(model: str, **kwargs) -> SDComponents:
     """`auto`: with a CUDA GPU, sd-turbo (from the cache, or downloaded once when the hub can be
     reached, after a one-line notice of its size); without a GPU (where sd-turbo takes seconds per
@@ -576,13 +552,14 @@ def resolve_demo_default(model: str, **kwargs) -> SDComponents:
     if _offline():
         return _builtin_instead(f"{DEFAULT_MODEL} is not in the local cache and the hub is off (HF_HUB_OFFLINE)",
                                 kwargs)
-    size = None if hub_unreachable() else hub_download_size(DEFAULT_MODEL)  # the probe: bounded, even for DNS
+    # the probe first: bounded, even for DNS
+    size = None if hub_unreachable() else hub_download_size(DEFAULT_MODEL, SD_TURBO_FILES)
     if size is None:
         return _builtin_instead(f"{DEFAULT_MODEL} is not in the local cache and the Hugging Face hub cannot be "
                                 "reached", kwargs)
     log.warning("Downloading %s (%.1f GB) into the Hugging Face cache; this happens once.", DEFAULT_MODEL, size / 1e9)
     try:
-        download_model(DEFAULT_MODEL)
+        download_model(DEFAULT_MODEL, SD_TURBO_FILES)
         return load_components(DEFAULT_MODEL, local_files_only=True, **kwargs)
     except Exception as exc:  # a failed or interrupted download: say so and run the built-in model
         if isinstance(exc, KeyboardInterrupt):
