@@ -24,7 +24,7 @@ import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -34,9 +34,6 @@ from streamstudio.app.web.model_guard import ModelGuard
 from streamstudio.app.web.sessions import SessionManager
 from streamstudio.errors import StreamStudioError
 from streamstudio.frames import fit
-
-if TYPE_CHECKING:  # (ray_cluster imports this module)
-    from streamstudio.app.web.ray_cluster import RayReplicas
 
 log = logging.getLogger(__name__)
 
@@ -413,12 +410,33 @@ class RemoteStreamProcessor:
         log.warning("stream %s moved from %s to %s", self.sid, old.name, self.replica.name)
 
 
+class ReplicaPool(Protocol):
+    """What the manager asks of the Ray side (app/web/ray_cluster.RayReplicas, which imports this
+    module): replicas started and stopped, how many are wanted."""
+
+    address: str
+    request: Any  # the ServeRequest replicas are started from (a rolling update changes it)
+    elastic: Any  # ray_cluster.ElasticPolicy, or None: one replica per GPU of every node
+    target: int | None
+    starting: int
+
+    def start_wanted(self, live: list[RemoteReplica] = (), wait: bool = False) -> list[RemoteReplica]: ...
+
+    def check(self, replicas: list[RemoteReplica]) -> list[RemoteReplica]: ...
+
+    def retire(self, node_id: str) -> None: ...
+
+    def release(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
 class ClusterSessionManager(ReplicaSessionManager):
     """Sessions over replica actors that come and go: least-loaded placement among the healthy
     ones (`--max-streams` each), a failed replica's streams moved to the others, the cluster
     watched for new nodes and dead replicas."""
 
-    def __init__(self, cluster: "RayReplicas", max_streams: int = 4, idle_timeout: float = 20.0,
+    def __init__(self, cluster: ReplicaPool, max_streams: int = 4, idle_timeout: float = 20.0,
                  preset_ttl: float = 120.0):
         self.cluster = cluster
         replicas = cluster.start_wanted(wait=True)
