@@ -311,7 +311,9 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
                    help="builtin, tiny, a hub id, a diffusers folder or a .safetensors file; auto = "
                         "stabilityai/sd-turbo with a CUDA GPU (downloaded once), else the built-in image model "
                         "(default: auto)")
-    add_setting_flags(g)  # the live settings: --prompt, --strength, --guidance, --seed, --temporal, ...
+    # the live settings: --prompt, --strength, --guidance, --seed, --temporal, ... (--fit is the input's:
+    # render and generate add it with their inputs)
+    add_setting_flags(g, names=[n for n in live_settings.SETTINGS if n != "fit"])
     g.add_argument("--steps", type=number(int, 1, MAX_STEPS), default=None,
                    help="denoising steps N (default 1 for turbo models, 2 otherwise)")
     g.add_argument("--t-index", type=number(int, 0, MAX_STEPS - 1), nargs="+", default=None, metavar="I",

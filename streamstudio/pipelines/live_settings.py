@@ -132,8 +132,10 @@ SETTINGS: dict[str, LiveSetting] = _table(
     LiveSetting("temporal", str, "off", "temporal consistency for video: latent feedback, the StreamV2V feature "
                 "bank, both, or off", flag="--temporal", choices=TEMPORAL_MODES, widget="dropdown",
                 label="Temporal consistency (less flicker: latent feedback, StreamV2V feature bank, or both)"),
-    LiveSetting("fit", str, "crop", "a camera frame of another aspect ratio: crop it, or pad it with bars",
-                choices=FIT_MODES, choice_labels=("Crop to fill", "Pad: the whole picture, with bars"),
+    LiveSetting("fit", str, "crop", "an input of another aspect ratio than the output: crop it (centred) or pad it "
+                "with black bars (the whole picture kept); never stretched. Without --width/--height the output "
+                "takes the input's aspect ratio", flag="--fit", choices=FIT_MODES,
+                choice_labels=("Crop to fill", "Pad: the whole picture, with bars"),
                 widget="radio", elem_id="live-fit", pipeline=False,
                 label="A camera picture of another shape than the stream's (which takes the camera's "
                       "first picture's): crop its edges, or pad it with bars"),

@@ -179,6 +179,7 @@ def test_the_command_line_the_live_tab_and_the_config_start_from_the_table():
 
     parser = argparse.ArgumentParser()
     app_settings.add_pipeline_arguments(parser)
+    app_settings.add_setting_flags(parser, names=["fit"])  # (render and generate add it with their inputs)
     args, config = parser.parse_args([]), StreamDiffusionConfig()
     with gr.Blocks():
         controls = app_settings.live_controls(config)

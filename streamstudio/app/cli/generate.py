@@ -13,17 +13,13 @@ log = logging.getLogger(__name__)
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    from streamstudio.app.settings import add_pipeline_arguments, number
-    from streamstudio.frames import FIT_MODES
+    from streamstudio.app.settings import add_pipeline_arguments, add_setting_flags, number
 
     p = subparsers.add_parser("generate", description=__doc__)
     p.add_argument("--input", default=None, help="an image or a folder of images (img2img, in name order)")
     p.add_argument("--output", required=True, help="folder for the PNGs")
     p.add_argument("--num-images", type=number(int, 1, 100_000), default=1, help="txt2img: how many images (default 1)")
-    p.add_argument("--fit", choices=FIT_MODES, default="crop",
-                   help="img2img: an image of another aspect ratio than the output is cropped (centred, the "
-                        "default) or padded (black bars), never stretched. Without --width/--height the output "
-                        "takes the first image's aspect ratio")
+    add_setting_flags(p, names=["fit"])  # the settings table's --fit (pipelines/live_settings.py)
     add_pipeline_arguments(p)
     return p
 

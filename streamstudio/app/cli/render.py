@@ -26,8 +26,7 @@ VIDEO_ARGS = ("prompt", "input", "output", "frames", "seed", "width", "height", 
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    from streamstudio.app.settings import add_pipeline_arguments, number
-    from streamstudio.frames import FIT_MODES
+    from streamstudio.app.settings import add_pipeline_arguments, add_setting_flags, number
 
     p = subparsers.add_parser("render", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     io = p.add_argument_group("input and output")
@@ -59,10 +58,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     io.add_argument("--rtmp-timeout", type=number(float, 0, 3600, low_open=True), default=None, metavar="SECONDS",
                     help="RTMP output: seconds to reach the server, and that one write may wait on it, before "
                          "the connection is given up and retried (default 5)")
-    io.add_argument("--fit", choices=FIT_MODES, default="crop",
-                    help="an input of another aspect ratio than the output: crop (centred, the default) or pad "
-                         "(black bars, the whole picture kept); never stretched. Without --width/--height the "
-                         "output takes the input's aspect ratio")
+    add_setting_flags(io, names=["fit"])  # the settings table's --fit (pipelines/live_settings.py)
     io.add_argument("--pipeline", choices=("image", "video"), default="image",
                     help="image: stream-batched diffusion per frame; video: the streaming video model")
     from streamstudio.app.batch.cluster import add_arguments as add_batch_arguments

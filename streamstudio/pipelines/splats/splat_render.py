@@ -14,8 +14,9 @@ import numpy as np
 import torch
 
 from streamstudio.errors import StreamStudioError
-from streamstudio.kernels.splat import IMPLS, SplatRender, rasterize_gaussians
+from streamstudio.kernels.splat import SplatRender, rasterize_gaussians
 from streamstudio.models.splats.gaussians import GaussianScene, slice_4d
+from streamstudio.pipelines.live_settings import SPLAT_SETTINGS
 
 PATHS = ("orbit", "turntable", "fly")
 MODES = ("rgb", "depth", "alpha")
@@ -93,16 +94,8 @@ class SplatRenderConfig:
     ortho_height: float | None = None  # ortho: world units across the height (None: framed like perspective)
 
     def check(self) -> None:
-        if not (8 <= self.width <= 4096 and 8 <= self.height <= 4096):
-            raise StreamStudioError(f"frame size {self.width}x{self.height} is out of range; use 8..4096 pixels")
-        if self.mode not in MODES:
-            raise StreamStudioError(f"render mode {self.mode!r} is unknown; use one of {', '.join(MODES)}")
-        if self.impl not in IMPLS:
-            raise StreamStudioError(f"renderer {self.impl!r} is unknown; use one of {', '.join(IMPLS)}")
-        if not 0 <= self.sh_degree <= 3:
-            raise StreamStudioError("SH degree must be 0..3")
-        if self.camera not in CAMERAS:
-            raise StreamStudioError(f"camera {self.camera!r} is unknown; use one of {', '.join(CAMERAS)}")
+        for name in ("width", "height", "mode", "impl", "sh_degree", "camera"):  # the table's ranges and choices
+            SPLAT_SETTINGS[name].check(getattr(self, name))
         top = 180.0 if self.camera == "fisheye" else 170.0
         if not 1.0 <= self.fov_y_deg <= top:
             raise StreamStudioError(f"field of view must be 1..{top:g} degrees")
