@@ -403,9 +403,15 @@ def _splats_in_page(page, bad: Path) -> dict:
     page.locator("#splat-upload input[type=file]").set_input_files(str(bad))
     # the file's row once uploaded (Gradio writes its name as stem and suffix in two spans)
     page.locator("#splat-upload").get_by_text("my_scene").first.wait_for(timeout=30_000)
-    page.get_by_role("button", name="Load", exact=True).click()
     toast = page.locator(".toast-body")
-    toast.first.wait_for(timeout=20_000)
+    for _ in range(20):  # the row shows before the upload ends; Gradio then says "please retry", as a user would
+        page.get_by_role("button", name="Load", exact=True).click()
+        toast.first.wait_for(timeout=20_000)
+        if "finish uploading" not in toast.first.inner_text():
+            break
+        page.locator(".toast-close").first.click()
+        toast.first.wait_for(state="detached", timeout=10_000)
+        page.wait_for_timeout(250)
     page.wait_for_timeout(500)
     page.screenshot(path=str(ARTIFACTS / "webapp_splats_bad_upload.png"), full_page=True)
     return {"enter_rerendered": rerendered, "time_labels": labels, "toast": toast.first.inner_text(),
