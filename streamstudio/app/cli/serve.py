@@ -257,7 +257,8 @@ def build_app(args, model=None):
     import gradio as gr
     from fastapi import FastAPI
 
-    from streamstudio.app.web import metrics, outputs, security, ui, webrtc, whip
+    from streamstudio.app.perform.inputs import LiveInputs
+    from streamstudio.app.web import metrics, outputs, perform_routes, security, ui, webrtc, whip
     from streamstudio.app.web.sessions import SessionManager
 
     guard = guard_config(args)
@@ -299,6 +300,8 @@ def build_app(args, model=None):
     live_outputs = outputs.Outputs(manager, args.output_dir, output_limits(args))
     outputs.mount(app, live_outputs)
     metrics.mount(app, manager, live_outputs)
+    manager.inputs = LiveInputs()  # the tempo clock and MIDI the streams' modulations read (issue 48)
+    perform_routes.mount(app, manager, manager.inputs)
     blocks = ui.build_ui(manager, rtc_config=rtc, outputs=live_outputs,
                          file_ttl=int(getattr(args, "upload_ttl", 300.0)), host=args.host or "127.0.0.1")
     silence_gradio_debug_prints()

@@ -269,6 +269,8 @@ class StreamSession:
         self._applied: dict = {}
         self._lock = threading.Lock()
         self._closed = False
+        self.modulations = None  # app/perform/modulation.Modulations: settings driven by sources, each frame
+        self.inputs = None  # app/perform/inputs.LiveInputs: the tempo clock and MIDI the modulations read
         width, height = model.size
         self._tick = np.zeros((height, width, 3), np.uint8) if mode == "txt2img" else None  # txt2img: "next image"
         self._size: tuple[int, int] | None = model.size if mode == "txt2img" else None  # camera: the first frame's
@@ -410,6 +412,9 @@ class StreamSession:
         with self._lock:
             changes, self._pending = self._pending, {}
             reference, self._reference = self._reference, _MISSING
+        mods, inputs = self.modulations, self.inputs
+        if mods is not None:  # the modulated settings at this frame's time (over the ones asked for)
+            changes.update(mods.values(time.monotonic(), getattr(inputs, "clock", None), inputs))
         changes = {k: v for k, v in changes.items() if self._applied.get(k, _MISSING) != v}
         with _reported(self.sid):
             self.processor.open(self.size)

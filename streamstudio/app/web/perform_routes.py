@@ -1,0 +1,95 @@
+"""The live-performance routes (issue 48), behind the publish credential like every /studio route
+(`security.GuardConfig.control_prefixes`):
+
+    PUT    /studio/modulations/{stream}  {"mappings": [...]} -> {modulations}: applied from the next frame
+    GET    /studio/modulations/{stream}  -> {modulations} (none: {"mappings": []})
+    DELETE /studio/modulations/{stream}  -> the settings stay where the modulations left them
+    GET    /studio/tempo                 -> {bpm, beat, source}
+    PUT    /studio/tempo                 {"bpm": 128}
+    POST   /studio/tempo/tap             -> {bpm, ...}: a tap on the beat (the second on sets the tempo)
+    POST   /studio/midi                  {"cc": 74, "value": 0..127, "channel": 1..16?}: a control change,
+                                         as the Live tab's WebMIDI forwards a knob
+
+The modulation format is app/perform/modulation.py's; a stream is named as in the other routes
+(its id, or a WHIP publisher's or `--input` stream's name).
+"""
+
+from __future__ import annotations
+
+import time
+
+from streamstudio.app.perform.inputs import LiveInputs
+from streamstudio.app.perform.modulation import Modulations
+from streamstudio.errors import StreamStudioError
+
+
+def set_modulations(manager, inputs: LiveInputs, stream: str, raw) -> Modulations | None:
+    """Stream `stream`'s modulations from their JSON form (None or no mappings: none)."""
+    session = manager.get(stream)
+    if session is None:
+        raise LookupError(f"no stream {stream!r}")
+    mods = Modulations.parse(raw) if raw is not None else None
+    if mods is not None and not mods.mappings:
+        mods = None
+    session.inputs, session.modulations = inputs, mods
+    return mods
+
+
+def mount(app, manager, inputs: LiveInputs) -> None:
+    from fastapi import Body
+    from fastapi.responses import JSONResponse
+
+    def failed(error: str, status: int) -> JSONResponse:
+        return JSONResponse({"status": "failed", "error": error}, status_code=status)
+
+    @app.put("/studio/modulations/{stream}", tags=["perform"])
+    async def put_modulations(stream: str, raw: dict = Body(...)):  # noqa: B008 - FastAPI's JSON body
+        try:
+            mods = set_modulations(manager, inputs, stream, raw)
+        except LookupError as exc:
+            return failed(str(exc.args[0]), 404)
+        except StreamStudioError as exc:
+            return failed(str(exc), 400)
+        return {"status": "ok", "modulations": mods.to_json() if mods else {"mappings": []}}
+
+    @app.get("/studio/modulations/{stream}", tags=["perform"])
+    async def get_modulations(stream: str):
+        session = manager.get(stream)
+        if session is None:
+            return failed(f"no stream {stream!r}", 404)
+        mods = session.modulations
+        return {"modulations": mods.to_json() if mods else {"mappings": []}}
+
+    @app.delete("/studio/modulations/{stream}", tags=["perform"])
+    async def delete_modulations(stream: str):
+        try:
+            set_modulations(manager, inputs, stream, None)
+        except LookupError as exc:
+            return failed(str(exc.args[0]), 404)
+        return {"status": "ok"}
+
+    @app.get("/studio/tempo", tags=["perform"])
+    async def tempo():
+        return inputs.clock.state(time.monotonic())
+
+    @app.put("/studio/tempo", tags=["perform"])
+    async def set_tempo(raw: dict = Body(...)):  # noqa: B008
+        try:
+            inputs.clock.set_bpm(raw.get("bpm"), time.monotonic())
+        except StreamStudioError as exc:
+            return failed(str(exc), 400)
+        return inputs.clock.state(time.monotonic())
+
+    @app.post("/studio/tempo/tap", tags=["perform"])
+    async def tap():
+        now = time.monotonic()
+        inputs.clock.tap(now)
+        return inputs.clock.state(now)
+
+    @app.post("/studio/midi", tags=["perform"])
+    async def midi(raw: dict = Body(...)):  # noqa: B008
+        try:
+            value = inputs.control_change(raw.get("cc"), raw.get("value"), raw.get("channel"))
+        except StreamStudioError as exc:
+            return failed(str(exc), 400)
+        return {"status": "ok", "cc": raw.get("cc"), "value": value}
