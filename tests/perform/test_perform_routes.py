@@ -93,3 +93,20 @@ def test_a_bad_modulation_is_refused_and_the_stream_keeps_its_old_one(server):
     assert r.status_code == 400 and "cannot be modulated" in r.json()["error"]
     assert session.modulations is not None and session.modulations.mappings[0].setting == "guidance_scale"
     server.manager.close("perf-b")
+
+
+def test_the_control_api_is_described_for_show_control_tools(server):
+    """Issue 48, item 3: an OpenAPI document of every /studio route, and a page of it, behind the door."""
+    assert httpx.get(f"{server.url}/studio/openapi.json", timeout=10).status_code == 401
+    doc = httpx.get(f"{server.url}/studio/openapi.json", headers=AUTH, timeout=10).json()
+    assert doc["openapi"].startswith("3.") and doc["security"] == [{"publish": []}]
+    paths = doc["paths"]
+    for path, method in (("/studio/modulations/{stream}", "put"), ("/studio/tempo/tap", "post"),
+                         ("/studio/midi", "post"), ("/studio/settings/{webrtc_id}", "post"),
+                         ("/studio/outputs/{stream}", "post"), ("/studio/status", "get"), ("/metrics", "get")):
+        assert method in paths.get(path, {}), (path, sorted(paths))
+    assert all(p.startswith(("/studio", "/metrics")) for p in paths)  # only the control API
+    assert "requestBody" in paths["/studio/modulations/{stream}"]["put"]
+    page = httpx.get(f"{server.url}/studio/api", headers=AUTH, timeout=10)
+    assert page.status_code == 200 and "/studio/modulations/{stream}" in page.text
+    assert "http://" not in page.text and "https://" not in page.text  # nothing fetched from elsewhere

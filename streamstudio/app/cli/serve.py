@@ -258,7 +258,7 @@ def build_app(args, model=None):
     from fastapi import FastAPI
 
     from streamstudio.app.perform.inputs import LiveInputs
-    from streamstudio.app.web import metrics, outputs, perform_routes, security, ui, webrtc, whip
+    from streamstudio.app.web import api_docs, metrics, outputs, perform_routes, security, ui, webrtc, whip
     from streamstudio.app.web.sessions import SessionManager
 
     guard = guard_config(args)
@@ -302,6 +302,7 @@ def build_app(args, model=None):
     metrics.mount(app, manager, live_outputs)
     manager.inputs = LiveInputs()  # the tempo clock and MIDI the streams' modulations read (issue 48)
     perform_routes.mount(app, manager, manager.inputs)
+    api_docs.mount(app)  # /studio/openapi.json and /studio/api: every route above, for show-control tools
     blocks = ui.build_ui(manager, rtc_config=rtc, outputs=live_outputs,
                          file_ttl=int(getattr(args, "upload_ttl", 300.0)), host=args.host or "127.0.0.1")
     silence_gradio_debug_prints()
