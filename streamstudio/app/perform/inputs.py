@@ -1,20 +1,26 @@
 """What a server's performance listens to, shared by its streams' modulations (app/perform/
 modulation.py): the tempo clock, the last value of each MIDI control change (sent by the Live
-tab's WebMIDI or a server port), and, per stream, its audio's features (none yet: a stream whose
-mapping reads audio keeps its setting until the stream has audio)."""
+tab's WebMIDI or a server port), and, per stream, its audio's features (app/perform/
+audio_features.py), fed by the stream's own audio (a WHIP publisher's track); a stream whose
+mapping reads audio keeps its setting until the stream has audio."""
 
 from __future__ import annotations
 
 import threading
 
+import numpy as np
+
+from streamstudio.app.perform.audio_features import AudioFeatures
 from streamstudio.app.perform.tempo import TempoClock
 from streamstudio.errors import StreamStudioError
 
 
 class LiveInputs:
-    def __init__(self, clock: TempoClock | None = None):
+    def __init__(self, clock: TempoClock | None = None, audio_latency_s: float = 0.1):
         self.clock = clock or TempoClock()
+        self.audio_latency_s = audio_latency_s  # the picture's delay behind the sound (glass to glass)
         self._cc: dict[tuple[int | None, int], float] = {}  # (channel or None for any, cc) -> 0..1
+        self._audio: dict[str, AudioFeatures] = {}  # stream -> its audio's features
         self._lock = threading.Lock()
 
     def control_change(self, cc, value, channel=None) -> float:
@@ -37,4 +43,40 @@ class LiveInputs:
             return self._cc.get((channel, number))
 
     def audio(self, feature: str, t: float) -> float | None:
-        return None
+        return None  # the server's own: no audio (a stream's view reads its own)
+
+    def feed_audio(self, stream: str, samples: np.ndarray, sample_rate: int, t_end: float, channels: int = 1) -> None:
+        """Audio of `stream` whose last sample was captured at `t_end` (time.monotonic())."""
+        with self._lock:
+            features = self._audio.get(stream)
+            if features is None or features.sample_rate != sample_rate:
+                features = self._audio[stream] = AudioFeatures(sample_rate, latency_s=self.audio_latency_s)
+        features.push(samples, t_end, channels)
+
+    def forget(self, stream: str) -> None:
+        with self._lock:
+            self._audio.pop(stream, None)
+
+    def view(self, stream: str) -> "StreamInputs":
+        """What stream `stream`'s modulations read: the server's clock and knobs, its own audio."""
+        return StreamInputs(self, stream)
+
+
+class StreamInputs:
+    def __init__(self, inputs: LiveInputs, stream: str):
+        self.inputs, self.stream, self.clock = inputs, stream, inputs.clock
+
+    def cc(self, number: int, channel: int | None = None) -> float | None:
+        return self.inputs.cc(number, channel)
+
+    def audio(self, feature: str, t: float) -> float | None:
+        features = self.inputs._audio.get(self.stream)
+        return None if features is None else features.at(feature, t)
+
+
+def audio_samples(frame) -> tuple[np.ndarray, int, int]:
+    """A PyAV AudioFrame (a WHIP publisher's) as (samples interleaved, sample rate, channels)."""
+    data = frame.to_ndarray()
+    channels = len(frame.layout.channels)
+    samples = data.T.ravel() if frame.format.is_planar else data.ravel()
+    return samples, frame.sample_rate, channels

@@ -414,7 +414,8 @@ class StreamSession:
             reference, self._reference = self._reference, _MISSING
         mods, inputs = self.modulations, self.inputs
         if mods is not None:  # the modulated settings at this frame's time (over the ones asked for)
-            changes.update(mods.values(time.monotonic(), getattr(inputs, "clock", None), inputs))
+            view = None if inputs is None else inputs.view(self.sid)
+            changes.update(mods.values(time.monotonic(), getattr(inputs, "clock", None), view))
         changes = {k: v for k, v in changes.items() if self._applied.get(k, _MISSING) != v}
         with _reported(self.sid):
             self.processor.open(self.size)
@@ -585,6 +586,8 @@ class SessionManager:
             self._owners.pop(sid, None)
         if session is None:
             return False
+        if getattr(self, "inputs", None) is not None:
+            self.inputs.forget(sid)  # its audio's features
         session.close(wait)
         log.info("stream %s closed (%d frames processed)", sid, session.processed)
         return True
