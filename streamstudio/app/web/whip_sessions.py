@@ -150,18 +150,7 @@ class WhipSessions:
             broadcaster = self.broadcasters.get(res.sid)
             if broadcaster is not None and broadcaster.session is res.session:
                 broadcaster.push_audio(frame)
-            self._listen(res.sid, frame)
-
-    def _listen(self, sid: str, frame) -> None:
-        """A publisher's audio to its stream's modulations, when one of them reads audio (issue 48)."""
-        session, inputs = self.manager.get(sid), getattr(self.manager, "inputs", None)
-        mods = getattr(session, "modulations", None)
-        if inputs is None or mods is None or not any(m.source.kind == "audio" for m in mods.mappings):
-            return
-        from streamstudio.app.perform.inputs import audio_samples
-
-        samples, rate, channels = audio_samples(frame)
-        inputs.feed_audio(sid, samples, rate, time.monotonic(), channels)
+            listen(self.manager, res.sid, frame)
 
     def _broadcaster(self, sid: str) -> Broadcaster:
         session = self.manager.get(sid)
@@ -329,3 +318,15 @@ async def viewer_silent(res: Resource, now: float) -> bool:
 
 def count(resources: dict, kind: str) -> int:
     return sum(r.kind == kind for r in list(resources.values()))
+
+
+def listen(manager, sid: str, frame) -> None:
+    """A publisher's audio frame to its stream's modulations, when one of them reads audio (issue 48)."""
+    session, inputs = manager.get(sid), getattr(manager, "inputs", None)
+    mods = getattr(session, "modulations", None)
+    if inputs is None or mods is None or not any(m.source.kind == "audio" for m in mods.mappings):
+        return
+    from streamstudio.app.perform.inputs import audio_samples
+
+    samples, rate, channels = audio_samples(frame)
+    inputs.feed_audio(sid, samples, rate, time.monotonic(), channels)
