@@ -10,6 +10,8 @@ import httpx
 import pytest
 from helpers import frame
 
+from streamstudio.errors import StreamStudioError
+
 pytestmark = pytest.mark.timeout(120)
 
 
@@ -110,3 +112,34 @@ def test_the_control_api_is_described_for_show_control_tools(server):
     page = httpx.get(f"{server.url}/studio/api", headers=AUTH, timeout=10)
     assert page.status_code == 200 and "/studio/modulations/{stream}" in page.text
     assert "http://" not in page.text and "https://" not in page.text  # nothing fetched from elsewhere
+
+
+def test_a_show_is_saved_and_loaded_and_streams_take_it_when_they_open(server, tmp_path):
+    """One file a show: PUT /studio/show sets the tempo and keeps each stream's modulations for
+    when it opens ("*" for any other); GET /studio/show gives it back with the running streams'."""
+    show = {"tempo": {"bpm": 90}, "streams": {
+        "stage": {"mappings": [{"setting": "delta", "source": {"kind": "beat", "beats": 2}, "low": 0, "high": 1}]},
+        "*": {"mappings": [{"setting": "guidance_scale", "source": {"kind": "lfo"}, "low": 1, "high": 2}]}}}
+    r = httpx.put(f"{server.url}/studio/show", json=show, headers=AUTH, timeout=10)
+    assert r.status_code == 200 and r.json()["show"]["tempo"] == {"bpm": 90.0}
+    stage, other = server.manager.open("stage"), server.manager.open("somebody")
+    assert stage.modulations.mappings[0].setting == "delta" and stage.modulations.mappings[0].source.beats == 2
+    assert other.modulations.mappings[0].setting == "guidance_scale"
+    assert stage.modulations is not other.modulations
+    saved = httpx.get(f"{server.url}/studio/show", headers=AUTH, timeout=10).json()
+    assert saved["streams"]["stage"]["mappings"][0]["source"]["kind"] == "beat" and "somebody" in saved["streams"]
+    bad = httpx.put(f"{server.url}/studio/show", json={"streams": {"x": {"mappings": [{"setting": "prompt"}]}}},
+                    headers=AUTH, timeout=10)
+    assert bad.status_code == 400 and server.manager.inputs.clock.bpm == 90.0  # nothing changed
+    feed(stage, 2)
+    assert 0.0 <= stage.stats()["settings"]["delta"] <= 1.0
+    for sid in ("stage", "somebody"):
+        server.manager.close(sid)
+    httpx.put(f"{server.url}/studio/show", json={"streams": {}}, headers=AUTH, timeout=10)
+
+    from streamstudio.app.cli.serve import read_show
+
+    path = tmp_path / "show.json"
+    path.write_text("{not json")
+    with pytest.raises(StreamStudioError, match="--show .* is not a readable JSON file"):
+        read_show(str(path))

@@ -72,6 +72,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="uploads one client may make in 10 minutes (default 20)")
     p.add_argument("--upload-ttl", type=number(float, 10, 86400 * 7), default=300.0,
                    help="seconds an upload or cached file is kept before it is deleted (default 300)")
+    p.add_argument("--show", default=None, metavar="FILE",
+                   help="a show file (JSON): the tempo and each stream's modulations, taken when the stream opens "
+                        "(\"*\": any stream); GET /studio/show writes one (README, live performance)")
     p.add_argument("--latency-probe", action="store_true",
                    help="copy a frame counter drawn in the input's top band onto the output (benchmarks/webapp.py)")
     p.add_argument("--output-dir", default="outputs", help="folder for Live output recordings (default outputs)")
@@ -301,6 +304,8 @@ def build_app(args, model=None):
     outputs.mount(app, live_outputs)
     metrics.mount(app, manager, live_outputs)
     manager.inputs = LiveInputs()  # the tempo clock and MIDI the streams' modulations read (issue 48)
+    if getattr(args, "show", None):
+        manager.inputs.load_show(read_show(args.show))
     perform_routes.mount(app, manager, manager.inputs)
     api_docs.mount(app)  # /studio/openapi.json and /studio/api: every route above, for show-control tools
     blocks = ui.build_ui(manager, rtc_config=rtc, outputs=live_outputs,
@@ -521,3 +526,14 @@ def run(args) -> int:
         close_extras(app)
         manager.shutdown()
     return 0
+
+
+def read_show(path: str) -> dict:
+    """A show file's JSON, or a one-line error naming the file."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as exc:
+        raise StreamStudioError(f"--show {path!r} is not a readable JSON file ({exc})") from exc

@@ -7,10 +7,12 @@ mapping reads audio keeps its setting until the stream has audio."""
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 
 from streamstudio.app.perform.audio_features import AudioFeatures
+from streamstudio.app.perform.modulation import Modulations
 from streamstudio.app.perform.tempo import TempoClock
 from streamstudio.errors import StreamStudioError
 
@@ -21,6 +23,7 @@ class LiveInputs:
         self.audio_latency_s = audio_latency_s  # the picture's delay behind the sound (glass to glass)
         self._cc: dict[tuple[int | None, int], float] = {}  # (channel or None for any, cc) -> 0..1
         self._audio: dict[str, AudioFeatures] = {}  # stream -> its audio's features
+        self._show: dict = {}  # stream name or "*" -> the show's Modulations for it (`load_show`)
         self._lock = threading.Lock()
 
     def control_change(self, cc, value, channel=None) -> float:
@@ -57,6 +60,34 @@ class LiveInputs:
         with self._lock:
             self._audio.pop(stream, None)
 
+    def load_show(self, raw) -> dict:
+        """A show (one file a show): {"tempo": {"bpm": ...}?, "streams": {name or "*": modulations}};
+        the tempo set now, each stream's modulations kept for when it opens ("*": any stream without
+        its own). Every part is checked before anything changes. Returns the show as kept."""
+        if not isinstance(raw, dict) or set(raw) - {"tempo", "streams"}:
+            raise StreamStudioError('a show is {"tempo": {"bpm": 120}, "streams": {"name or *": {"mappings": ...}}}')
+        streams = raw.get("streams", {})
+        if not isinstance(streams, dict):
+            raise StreamStudioError('a show\'s "streams" is an object: stream name (or "*") -> modulations')
+        parsed = {str(name): Modulations.parse(mods) for name, mods in streams.items()}
+        bpm = (raw.get("tempo") or {}).get("bpm") if isinstance(raw.get("tempo", {}), dict) else None
+        if bpm is not None:
+            self.clock.set_bpm(bpm, time.monotonic())
+        with self._lock:
+            self._show = parsed
+        return self.show()
+
+    def show(self) -> dict:
+        with self._lock:
+            streams = {name: mods.to_json() for name, mods in self._show.items()}
+        return {"tempo": {"bpm": self.clock.bpm}, "streams": streams}
+
+    def show_for(self, stream: str):
+        """A fresh copy of the show's modulations for `stream` (its own, else "*"), or None."""
+        with self._lock:
+            mods = self._show.get(stream, self._show.get("*"))
+        return None if mods is None else Modulations(list(mods.mappings), mods.table)
+
     def view(self, stream: str) -> "StreamInputs":
         """What stream `stream`'s modulations read: the server's clock and knobs, its own audio."""
         return StreamInputs(self, stream)
@@ -80,3 +111,11 @@ def audio_samples(frame) -> tuple[np.ndarray, int, int]:
     channels = len(frame.layout.channels)
     samples = data.T.ravel() if frame.format.is_planar else data.ravel()
     return samples, frame.sample_rate, channels
+
+
+def opened(manager, session) -> None:
+    """A stream that opens on `manager` listens to the server's inputs and takes the show's
+    modulations for it (its name's, else the show's "*")."""
+    inputs = getattr(manager, "inputs", None)
+    if inputs is not None and session.modulations is None:
+        session.inputs, session.modulations = inputs, inputs.show_for(session.sid)

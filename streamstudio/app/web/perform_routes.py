@@ -9,6 +9,10 @@
     POST   /studio/tempo/tap             -> {bpm, ...}: a tap on the beat (the second on sets the tempo)
     POST   /studio/midi                  {"cc": 74, "value": 0..127, "channel": 1..16?}: a control change,
                                          as the Live tab's WebMIDI forwards a knob
+    GET    /studio/show                  -> the show: {"tempo": {"bpm"}, "streams": {name or "*": modulations}}
+                                         (the modulations of the streams running, over the loaded show's)
+    PUT    /studio/show                  a show (one file a show, `serve --show FILE`): the tempo now, each
+                                         stream's modulations now if it runs, else when it opens
 
 The modulation format is app/perform/modulation.py's; a stream is named as in the other routes
 (its id, or a WHIP publisher's or `--input` stream's name).
@@ -85,6 +89,27 @@ def mount(app, manager, inputs: LiveInputs) -> None:
         now = time.monotonic()
         inputs.clock.tap(now)
         return inputs.clock.state(now)
+
+    @app.get("/studio/show", tags=["perform"])
+    async def get_show():
+        show = inputs.show()
+        for sid in manager.ids():
+            session = manager.get(sid)
+            if session is not None and session.modulations is not None:
+                show["streams"][sid] = session.modulations.to_json()
+        return show
+
+    @app.put("/studio/show", tags=["perform"])
+    async def put_show(raw: dict = Body(...)):  # noqa: B008
+        try:
+            show = inputs.load_show(raw)
+        except StreamStudioError as exc:
+            return failed(str(exc), 400)
+        for sid in manager.ids():
+            session = manager.get(sid)
+            if session is not None:
+                session.inputs, session.modulations = inputs, inputs.show_for(sid)
+        return {"status": "ok", "show": show}
 
     @app.post("/studio/midi", tags=["perform"])
     async def midi(raw: dict = Body(...)):  # noqa: B008

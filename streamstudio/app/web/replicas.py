@@ -19,6 +19,7 @@ import logging
 import threading
 from dataclasses import dataclass, field
 
+from streamstudio.app.perform.inputs import opened
 from streamstudio.app.streams.requests import ServeRequest
 from streamstudio.app.web.sessions import BusyError, ServerModel, SessionManager, StreamSession
 from streamstudio.errors import StreamStudioError
@@ -132,6 +133,7 @@ class ReplicaSessionManager(SessionManager):
             preset, _ = self._presets.pop(sid, ({}, 0.0))
             session = StreamSession(sid, replica.model, mode, preset)
             self._sessions[sid] = session
+            opened(self, session)  # the show's modulations for it (app/perform/inputs.py)
             replica.sessions.add(sid)
             self._placed[sid] = replica
             log.info("stream %s on %s (%d of %d)", sid, replica.name, len(replica.sessions), self.per_replica)

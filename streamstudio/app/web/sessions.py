@@ -31,6 +31,7 @@ import numpy as np
 
 from streamstudio.app.streams.image import output_size
 from streamstudio.app.settings import parse_settings
+from streamstudio.app.perform.inputs import opened
 from streamstudio.app.web.model_guard import ModelGuard
 from streamstudio.app.web.security import SourceRate
 from streamstudio.errors import StreamStudioError
@@ -530,6 +531,7 @@ class SessionManager:
             preset, _ = self._presets.pop(sid, ({}, 0.0))
             session = StreamSession(sid, self.model, mode, preset)
             self._sessions[sid] = session
+            opened(self, session)  # the show's modulations for it (app/perform/inputs.py)
             return session
 
     def get(self, sid: str) -> StreamSession | None:
