@@ -597,3 +597,27 @@ def test_a_named_stream_is_answered_by_its_name(server):
         control.close()
         server.manager.close("stage")
         server.manager.close(page.sid)
+
+
+def test_osc_drives_the_performance_tempo_midi_and_modulations(server):
+    """Issue 48 over OSC: the tempo, a tap, a MIDI knob, and a stream's modulations as JSON."""
+    import json
+
+    session = server.manager.open("osc-perf")
+    feeder = Feeder(session)
+    try:
+        inputs = server.manager.inputs
+        send(server.osc_port, osc_message("/streamstudio/tempo", 96.0))
+        wait_until(lambda: inputs.clock.bpm == 96.0)
+        mods = {"mappings": [{"setting": "delta", "source": {"kind": "midi", "cc": 20}, "low": 0, "high": 4}]}
+        send(server.osc_port, osc_message("/streamstudio/osc-perf/modulations", json.dumps(mods)),
+             osc_message("/streamstudio/midi", 20, 127))
+        wait_until(lambda: session.modulations is not None and inputs.cc(20) == 1.0)
+        wait_until(lambda: session.stats()["settings"].get("delta") == 4.0)
+        send(server.osc_port, osc_message("/streamstudio/tap"))
+        wait_until(lambda: inputs.clock.source == "tap")
+        send(server.osc_port, osc_message("/streamstudio/osc-perf/modulations", ""))
+        wait_until(lambda: session.modulations is None)
+    finally:
+        feeder.stop()
+        server.manager.close("osc-perf")

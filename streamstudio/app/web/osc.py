@@ -19,6 +19,13 @@ settings for a stream that has not started yet are kept for it, as the API does.
     /streamstudio/{stream}/output      "rtmp" "rtmp://host/live/key" [30]   KIND TARGET [FPS]
     /streamstudio/{stream}/output_stop ["ID"]    that output, or every output of the stream
 
+Live performance (app/web/perform_routes.py, as its HTTP routes):
+
+    /streamstudio/tempo      128                    the tempo, beats a minute
+    /streamstudio/tap                                a tap on the beat
+    /streamstudio/midi       74 100 [1]              a MIDI control change: CC VALUE [CHANNEL]
+    /streamstudio/{stream}/modulations '{"mappings": [...]}'   the stream's modulations ("": none)
+
 Feedback, for a control surface that shows what runs:
 
     /streamstudio/{stream}/get        the stream's state, answered to the packet's source address
@@ -74,6 +81,7 @@ from collections import OrderedDict
 from typing import Any
 
 from streamstudio.app.settings import CONTROL_SCALES, IP_ADAPTER_SCALE
+from streamstudio.app.web import perform_routes
 from streamstudio.app.web.sessions import SessionManager
 from streamstudio.app.web.webrtc import WEBRTC_ID
 from streamstudio.errors import StreamStudioError
@@ -430,6 +438,9 @@ class OscControl:
                 return self._answer(address)
             if address.rstrip("/").endswith(("/output", "/output_stop")):
                 self._output(address, args)
+                self.applied += 1
+                return []
+            if perform_routes.osc_message(self.manager, address, args):  # tempo, tap, MIDI, modulations
                 self.applied += 1
                 return []
             current = None

@@ -39,6 +39,43 @@ def set_modulations(manager, inputs: LiveInputs, stream: str, raw) -> Modulation
     return mods
 
 
+OSC_ADDRESSES = ("/streamstudio/tempo", "/streamstudio/tap", "/streamstudio/midi")  # and /{stream}/modulations
+
+
+def osc_message(manager, address: str, args: tuple) -> bool:
+    """OSC's side of these routes (app/web/osc.py): `/streamstudio/tempo BPM`, `/streamstudio/tap`,
+    `/streamstudio/midi CC VALUE [CHANNEL]`, `/streamstudio/{stream}/modulations "JSON"`. Returns
+    False for another address; a bad message is a StreamStudioError."""
+    import json
+
+    inputs: LiveInputs | None = getattr(manager, "inputs", None)
+    address = address.rstrip("/")
+    if address not in OSC_ADDRESSES and not address.endswith("/modulations"):
+        return False
+    if inputs is None:
+        raise StreamStudioError("this server takes no performance input")
+    now = time.monotonic()
+    if address == "/streamstudio/tempo" and len(args) == 1:
+        inputs.clock.set_bpm(args[0], now)
+    elif address == "/streamstudio/tap" and not args:
+        inputs.clock.tap(now)
+    elif address == "/streamstudio/midi" and len(args) in (2, 3):
+        inputs.control_change(*args)
+    elif address.count("/") == 3 and len(args) == 1 and isinstance(args[0], str):
+        try:
+            raw = json.loads(args[0]) if args[0].strip() else None
+        except ValueError as exc:
+            raise StreamStudioError(f"modulations are a JSON string ({exc})") from None
+        try:
+            set_modulations(manager, inputs, address.split("/")[2], raw)
+        except LookupError as exc:
+            raise StreamStudioError(str(exc.args[0])) from None
+    else:
+        raise StreamStudioError(f"{address} takes: /streamstudio/tempo BPM, /streamstudio/tap, /streamstudio/midi "
+                                "CC VALUE [CHANNEL], /streamstudio/{stream}/modulations JSON")
+    return True
+
+
 def mount(app, manager, inputs: LiveInputs) -> None:
     from fastapi import Body
     from fastapi.responses import JSONResponse
