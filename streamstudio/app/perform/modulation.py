@@ -80,8 +80,8 @@ class Source:
 class Mapping:
     setting: str
     source: Source = field(default_factory=Source)
-    low: float | None = None
-    high: float | None = None
+    low: float = 0.0  # (parse fills in the setting's range when a client leaves them out)
+    high: float = 1.0
     curve: str = "linear"
     invert: bool = False
     smoothing: float = 0.0  # seconds (one-pole time constant)
@@ -183,9 +183,10 @@ def _mapping(raw, table: dict[str, LiveSetting]) -> Mapping:
         raise StreamStudioError(f"a source has only {', '.join(Source.__dataclass_fields__)}")
     checked = Source(**source).check()
     setting = table[name]
-    floor = setting.low + (setting.step or 1e-3) if setting.low_open else setting.low  # (0, 1]: from one step up
+    bottom, top = float(setting.low or 0.0), float(setting.high or 0.0)  # (a modulatable row has both)
+    floor = bottom + (setting.step or 1e-3) if setting.low_open else bottom  # (0, 1]: from one step up
     low = raw.get("low", setting.slider_low if setting.slider_low is not None else floor)
-    high = raw.get("high", setting.slider_high if setting.slider_high is not None else setting.high)
+    high = raw.get("high", setting.slider_high if setting.slider_high is not None else top)
     setting.check(low), setting.check(high)  # the ends within the setting's own range
     curve, smoothing = raw.get("curve", "linear"), raw.get("smoothing", 0.0)
     if curve not in CURVES:

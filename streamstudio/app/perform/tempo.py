@@ -40,7 +40,7 @@ class TempoClock:
         with self._lock:
             return self._origin_beat + (t - self._origin_t) * self._bpm / 60.0
 
-    def set_bpm(self, bpm: float, t: float, source: str = "set") -> None:
+    def set_bpm(self, bpm: object, t: float, source: str = "set") -> None:
         """A new tempo from time t on, the beat count continuous through it."""
         bpm = check_bpm(bpm)
         with self._lock:
@@ -77,7 +77,7 @@ class TempoClock:
         return {"bpm": round(self._bpm, 3), "beat": round(self.beat(t), 4), "source": self.source}
 
 
-def check_bpm(bpm) -> float:
+def check_bpm(bpm: object) -> float:
     if isinstance(bpm, bool) or not isinstance(bpm, (int, float)) or not MIN_BPM <= bpm <= MAX_BPM:
         raise StreamStudioError(f"tempo must be {MIN_BPM:g}..{MAX_BPM:g} beats a minute, got {bpm!r}")
     return float(bpm)
