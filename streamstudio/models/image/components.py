@@ -5,11 +5,18 @@ put on a device by `to` (`tune_for_device`: channels_last and cuDNN autotune on 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from streamstudio.models.image import sdxl
 from streamstudio.models.image.image_net import DiffusersImageNet, ImageNet, latent_scale
+
+if TYPE_CHECKING:  # (the add-ons and transformers load with the model, not with this module)
+    from transformers import PreTrainedTokenizerBase
+
+    from streamstudio.models.image.ip_adapter import IPAdapter
+    from streamstudio.models.image.lora import LoraSet
 
 
 @dataclass
@@ -19,7 +26,7 @@ class SDComponents:
     unet: torch.nn.Module
     vae: torch.nn.Module  # AutoencoderKL, or AutoencoderTiny when the fast VAE is used
     text_encoder: torch.nn.Module
-    tokenizer: object
+    tokenizer: PreTrainedTokenizerBase
     scheduler_config: dict
     name: str
     step_type: str = "lcm"  # "lcm" (c_skip, c_out) or "turbo" (x0 = F)
@@ -27,13 +34,13 @@ class SDComponents:
     notes: list[str] = field(default_factory=list)
     default_size: int | None = None  # the side the model is made for (builtin 256, tiny 64; None: 512)
     text_encoder_2: torch.nn.Module | None = None  # SDXL: CLIPTextModelWithProjection (pooled text)
-    tokenizer_2: object | None = None  # SDXL: the second encoder's tokenizer
+    tokenizer_2: PreTrainedTokenizerBase | None = None  # SDXL: the second encoder's tokenizer
     vae_upcast: bool = False  # keep the VAE in float32 (SDXL's own VAE overflows in float16)
-    loras: object | None = None  # the users' LoRAs on these networks (models/image/lora.LoraSet), changeable live
+    loras: LoraSet | None = None  # the users' LoRAs on these networks, changeable live
     # ControlNetModels (models/image/controlnet.py), in --controlnet order
     controlnets: list = field(default_factory=list)
     control_defaults: list = field(default_factory=list)  # per ControlNet: (preprocessor, scale) new streams start at
-    ip_adapter: object | None = None  # models/image/ip_adapter.IPAdapter installed in the UNet, or None
+    ip_adapter: IPAdapter | None = None  # installed in the UNet, or None
     network: ImageNet | None = None  # an accelerated or batched variant of the seam (None: eager)
 
     @property
