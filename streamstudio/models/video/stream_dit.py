@@ -24,6 +24,7 @@ import re
 import zlib
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Protocol
 
 import torch
 import torch.nn as nn
@@ -131,6 +132,15 @@ class TextCondition:
     tokens: torch.Tensor  # (B, L, D) text tokens for cross-attention
     mask: torch.Tensor  # (B, L) bool, True where a token is real
     pooled: torch.Tensor  # (B, D) pooled embedding added to the time embedding
+
+
+class VideoNetwork(Protocol):
+    """A StreamDiT network as its callers use it: the model itself, compiled, or on a TensorRT
+    engine (models/video/video_engine.py's `VideoEngine`)."""
+
+    def __call__(self, x: torch.Tensor, t: torch.Tensor, text: TextCondition) -> torch.Tensor: ...
+
+    def encode_text(self, prompts: list[str] | str) -> TextCondition: ...
 
 
 class TinyTextEncoder(nn.Module):
@@ -312,9 +322,10 @@ class StreamDiTBlock(nn.Module):
         self.norm3 = nn.LayerNorm(d, elementwise_affine=False, eps=1e-6)
         hidden = int(d * cfg.mlp_ratio)
         self.mlp = nn.Sequential(nn.Linear(d, hidden), nn.GELU(approximate="tanh"), nn.Linear(hidden, d))
-        self.ada = nn.Sequential(nn.SiLU(), nn.Linear(d, 6 * d))
-        nn.init.zeros_(self.ada[1].weight)
-        nn.init.zeros_(self.ada[1].bias)
+        ada = nn.Linear(d, 6 * d)
+        self.ada = nn.Sequential(nn.SiLU(), ada)
+        nn.init.zeros_(ada.weight)
+        nn.init.zeros_(ada.bias)
 
     def forward(self, x: torch.Tensor, c: torch.Tensor, text: TextCondition,
                 window: tuple[int, int, int], shift: tuple[int, int, int]) -> torch.Tensor:
@@ -366,9 +377,10 @@ class StreamDiT(nn.Module):
         self.text = TinyTextEncoder(cfg.text, d)
         self.blocks = nn.ModuleList(StreamDiTBlock(cfg) for _ in range(cfg.depth))
         self.final_norm = nn.LayerNorm(d, elementwise_affine=False, eps=1e-6)
-        self.final_ada = nn.Sequential(nn.SiLU(), nn.Linear(d, 2 * d))
+        final_ada = nn.Linear(d, 2 * d)
+        self.final_ada = nn.Sequential(nn.SiLU(), final_ada)
         self.final = nn.Linear(d, p * p * c)
-        for m in (self.final_ada[1], self.final):
+        for m in (final_ada, self.final):
             nn.init.zeros_(m.weight)
             nn.init.zeros_(m.bias)
 
@@ -397,8 +409,8 @@ class StreamDiT(nn.Module):
         return out.reshape(b, f, c, H, W)
 
 
-def guided_velocity(model, x: torch.Tensor, t: torch.Tensor, text: TextCondition, empty: TextCondition,
-                    guidance: float) -> torch.Tensor:
+def guided_velocity(model: VideoNetwork, x: torch.Tensor, t: torch.Tensor, text: TextCondition,
+                    empty: TextCondition | None, guidance: float) -> torch.Tensor:
     """Classifier-free guidance: v(empty) + guidance * (v(text) - v(empty)).
 
     `empty` encodes the empty prompt "" (the unconditional velocity that training with `cond_drop`
@@ -408,6 +420,7 @@ def guided_velocity(model, x: torch.Tensor, t: torch.Tensor, text: TextCondition
     v_text = model(x, t, text)
     if guidance == 1.0:
         return v_text
+    assert empty is not None  # (guidance other than 1 needs the empty prompt's encoding)
     v_empty = model(x, t, empty)
     return v_empty + guidance * (v_text - v_empty)
 

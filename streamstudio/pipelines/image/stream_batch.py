@@ -23,7 +23,7 @@ import dataclasses
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -31,6 +31,9 @@ from streamstudio import kernels
 from streamstudio.kernels.reference import CFG_FULL, CFG_INITIALIZE
 from streamstudio.models.image import feature_bank
 from streamstudio.models.image.image_net import ImageCond, ImageNet
+
+if TYPE_CHECKING:  # (by its module: diffusers' top-level names are dummies to a type checker)
+    from diffusers.schedulers.scheduling_lcm import LCMScheduler
 
 
 PRIMED = -1  # the id of a group that is no input's: a primed slot, or a filler
@@ -72,10 +75,9 @@ class Schedule:
         return self.timesteps.shape[0]
 
     @staticmethod
-    def lcm(scheduler: Any, t_index: Sequence[int], step_type: str, device: torch.device) -> "Schedule":
+    def lcm(scheduler: LCMScheduler, t_index: Sequence[int], step_type: str, device: torch.device) -> "Schedule":
         """Steps `t_index` of the scheduler's timesteps. step_type "lcm": the LCM boundary
-        scalings (c_skip, c_out); "turbo": x0 = F (c_skip 0, c_out 1). `scheduler`: diffusers'
-        LCMScheduler (Any: its attributes are made at run time, where a type checker cannot see them)."""
+        scalings (c_skip, c_out); "turbo": x0 = F (c_skip 0, c_out 1)."""
         timesteps = scheduler.timesteps[list(t_index)].to(torch.long)  # (N,)
         abar = scheduler.alphas_cumprod[timesteps].to(torch.float64)  # (N,)
         alpha, beta = abar.sqrt(), (1 - abar).sqrt()
