@@ -303,7 +303,7 @@ class Runner:
     `on_output(frame, pts)` after each frame is written (previews)."""
 
     def __init__(self, source: Source, processor: Any, sink: Sink | SinkFactory,
-                 config: RunnerConfig | None = None, on_input: Callable[[float], None] | None = None,
+                 config: RunnerConfig | None = None, on_input: Callable[[float], object] | None = None,
                  on_output: Callable[[np.ndarray, float], None] | None = None):
         self.source, self.processor = source, processor
         self.config = config or RunnerConfig()
