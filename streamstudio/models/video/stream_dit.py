@@ -22,6 +22,7 @@ import json
 import math
 import re
 import zlib
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
@@ -198,13 +199,13 @@ def window_merge(x: torch.Tensor, window: tuple[int, int, int], shape: tuple[int
 
 def effective_window(window: tuple[int, int, int], grid: tuple[int, int, int]) -> tuple[int, int, int]:
     """Windows are clipped to the grid; the grid must then be a multiple of the window."""
-    eff = tuple(min(wi, gi) for wi, gi in zip(window, grid))
+    eff = _three(min(wi, gi) for wi, gi in zip(window, grid))
     for name, wi, gi in zip(("frames", "height", "width"), eff, grid):
         if gi % wi:
             raise StreamStudioError(
                 f"latent {name} of {gi} tokens is not a multiple of the attention window {wi}; "
                 f"use a frame count / size that is a multiple of {wi}")
-    return eff  # type: ignore[return-value]
+    return eff
 
 
 def window_shift(window: tuple[int, int, int], layer: int, enabled: bool,
@@ -214,8 +215,14 @@ def window_shift(window: tuple[int, int, int], layer: int, enabled: bool,
     if not enabled or layer % 2 == 0:
         return (0, 0, 0)
     if grid is None:
-        return tuple(w // 2 for w in window)  # type: ignore[return-value]
-    return tuple(0 if w >= g else w // 2 for w, g in zip(window, grid))  # type: ignore[return-value]
+        return _three(w // 2 for w in window)
+    return _three(0 if w >= g else w // 2 for w, g in zip(window, grid))
+
+
+def _three(values: Iterable[int]) -> tuple[int, int, int]:
+    """(frames, height, width) of a window, a shift or a grid."""
+    f, h, w = values
+    return f, h, w
 
 
 def shifted_window_mask(grid: tuple[int, int, int], window: tuple[int, int, int],

@@ -271,7 +271,7 @@ def transformers_depth_model(name_or_path: str, device: torch.device | str = "cp
         out = model(pixel_values=((x - mean) / std).to(dtype)).predicted_depth  # (B, h, w)
         return out[:, None].float()
 
-    run.side = side  # type: ignore[attr-defined]
+    run.side = side  # type: ignore[attr-defined]  # (a function attribute: the side the depth model runs at)
     return run
 
 
