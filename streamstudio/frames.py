@@ -12,7 +12,7 @@ The conversion rule, everywhere:
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Union
 
 import numpy as np
 
@@ -20,11 +20,17 @@ from streamstudio.errors import StreamStudioError
 
 if TYPE_CHECKING:
     import torch
+    from PIL import Image
+
+# A picture the converters take: a numpy array, a torch tensor or a PIL image (told apart by duck
+# typing, so neither torch nor PIL is imported here)
+ImageLike = Union[np.ndarray, "torch.Tensor", "Image.Image"]
+ImagesLike = Union[ImageLike, list[ImageLike], tuple[ImageLike, ...]]  # one, or a call's frames
 
 FIT_MODES = ("crop", "pad")  # how a frame of another aspect ratio meets a size
 
 
-def to_pixels(image) -> np.ndarray:
+def to_pixels(image: ImageLike) -> np.ndarray:
     """Any supported image -> contiguous uint8 (H, W, 3) RGB or (H, W, 4) RGBA (alpha kept, for
     a consumer that composites it itself). Takes numpy arrays, PIL images and torch tensors."""
     image = _as_array(image)
@@ -41,7 +47,7 @@ def to_pixels(image) -> np.ndarray:
     return np.ascontiguousarray(image)
 
 
-def to_frames(image, count: int = 1) -> torch.Tensor:
+def to_frames(image: ImagesLike, count: int = 1) -> torch.Tensor:
     """Any supported image(s) -> uint8 (count, H, W, 3) RGB, or (count, H, W, 4) RGBA when one
     of them has alpha (the preprocess kernel composites it on black). Each image goes through
     the one frame converter (`to_pixels`); `image` is one image or a list
@@ -59,7 +65,7 @@ def to_frames(image, count: int = 1) -> torch.Tensor:
     return torch.from_numpy(np.stack(frames))
 
 
-def to_rgb(image) -> np.ndarray:
+def to_rgb(image: ImageLike) -> np.ndarray:
     """Any supported image -> contiguous uint8 (H, W, 3) RGB, alpha composited on black."""
     image = to_pixels(image)
     if image.shape[2] == 3:
@@ -154,7 +160,8 @@ def parse_color(value: str | None, name: str = "colour") -> tuple[float, float, 
     m = re.fullmatch(r"#([0-9a-f]{6}|[0-9a-f]{3})", text)
     if m:
         digits = m.group(1) if len(m.group(1)) == 6 else "".join(c * 2 for c in m.group(1))
-        return tuple(int(digits[i:i + 2], 16) / 255 for i in (0, 2, 4))
+        r, g, b = (int(digits[i:i + 2], 16) / 255 for i in (0, 2, 4))
+        return r, g, b
     m = re.fullmatch(r"rgba?\(([^)]*)\)", text)
     parts, scale = (m.group(1), 255.0) if m else (text, 1.0)
     try:
@@ -164,6 +171,7 @@ def parse_color(value: str | None, name: str = "colour") -> tuple[float, float, 
     if m and len(values) == 4:
         values = values[:3]  # rgba(): the alpha is not a colour
     if len(values) == 3 and all(0.0 <= v <= 1.0 for v in values):
-        return tuple(values)
+        r, g, b = values
+        return r, g, b
     raise StreamStudioError(f"{name} {value!r} is not a colour; give #rrggbb, #rgb, rgb(r, g, b) with 0..255 "
                             f"or R,G,B with 0..1")

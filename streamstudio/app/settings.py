@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from typing import Any
 
 from streamstudio.errors import StreamStudioError
 from streamstudio.pipelines import live_settings
@@ -36,8 +37,9 @@ MAX_CONTROLNETS = 8
 
 
 def _scale_ok(value) -> bool:
-    return (not isinstance(value, bool) and isinstance(value, (int, float))
-            and ADDON_SCALE.low <= value <= ADDON_SCALE.high)
+    low, high = ADDON_SCALE.low, ADDON_SCALE.high
+    assert low is not None and high is not None  # (the add-on scales' range)
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and low <= value <= high
 
 
 def _parse_control_scales(value) -> list[float]:
@@ -69,13 +71,13 @@ def _parse_one(setting: LiveSetting, value):
     if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
         raise StreamStudioError(f"setting {setting.name} has the wrong type ({type(value).__name__}); "
                                 f"it takes {setting.kind_words()}")
-    if setting.max_chars is not None:
+    if setting.max_chars is not None and isinstance(value, str):  # (text settings)
         _check_length(setting, value)
     return setting.check(value)
 
 
 def _check_length(setting: LiveSetting, text: str) -> None:
-    if len(text) > setting.max_chars:
+    if setting.max_chars is not None and len(text) > setting.max_chars:
         raise StreamStudioError(f"a prompt may have at most {setting.max_chars} characters (the text encoder "
                                 f"reads 77 tokens), got {len(text)}")
 
@@ -111,7 +113,8 @@ def settings_from_ui(keys, values) -> dict:
     ControlNet sliders' (`control_scale_key`) become one control_scales list, in net order; the
     IP-Adapter slider's is `ip_adapter_scale`."""
     table = live_settings.SETTINGS
-    out, scales = {}, {}
+    out: dict[str, Any] = {}
+    scales: dict[int, float] = {}
     for key, value in zip(keys, values):
         if value is None:
             continue
@@ -138,6 +141,7 @@ def widget(setting: LiveSetting, value, **change):
     if s.widget == "text":
         return gr.Textbox(**kw | dict(max_length=s.max_chars, lines=s.lines) | change)
     if s.widget == "slider":
+        assert s.low is not None and s.high is not None and s.step is not None  # (LiveSetting checks a slider's)
         low = s.low + s.step if s.low_open else s.low
         high = round(s.step * int(s.high / s.step + 1e-9), 9)  # the last step inside the range
         if s.slider_low is not None:  # the slider's narrower range, widened to show `value`
@@ -256,20 +260,20 @@ def number(kind: type = float, low: float | None = None, high: float | None = No
         return value
 
     convert.__name__ = kind.__name__
-    convert.kind = kind
+    convert.kind = kind  # type: ignore[attr-defined]  # (render.py's config reader asks a checking type its kind)
     return convert
 
 
-def _dest(setting: LiveSetting) -> str | None:
+def _dest(flag: str) -> str:
     """The argparse destination of a setting's flag (--filter-threshold: filter_threshold)."""
-    return setting.flag.lstrip("-").replace("-", "_") if setting.flag else None
+    return flag.lstrip("-").replace("-", "_")
 
 
 def pipeline_dests(table: dict[str, LiveSetting] | None = None) -> dict[str, str]:
     """{argparse destination: setting name} of every setting of `table` (the image table by
     default) of the pipeline's config that has a flag (filter_threshold: similarity_threshold)."""
     table = live_settings.SETTINGS if table is None else table
-    return {_dest(s): s.name for s in table.values() if s.pipeline and s.flag is not None}
+    return {_dest(s.flag): s.name for s in table.values() if s.pipeline and s.flag is not None}
 
 
 def config_values(given: dict, table: dict[str, LiveSetting] | None = None) -> dict:
@@ -287,7 +291,7 @@ def flag_dests() -> dict[str, str]:
     """{setting name: the argparse destination of its flag} where the two differ
     (guidance_scale: guidance), so a config file may use either name."""
     table = live_settings.SETTINGS.values()
-    dests = {s.name: _dest(s) for s in table if s.flag is not None}
+    dests = {s.name: _dest(s.flag) for s in table if s.flag is not None}
     return {name: dest for name, dest in dests.items() if name != dest}
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import math
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -48,8 +49,9 @@ def _gaussians(means, rgb, scale, opacity, g, sh_rest: int = 3) -> GaussianScene
 
 def _concat(parts: list[GaussianScene]) -> GaussianScene:
     fields = parts[0]._fields()
-    return GaussianScene(**{k: None if v is None else torch.cat([getattr(p, k) for p in parts])
-                            for k, v in fields.items()})
+    joined: dict[str, Any] = {k: None if v is None else torch.cat([getattr(p, k) for p in parts])
+                              for k, v in fields.items()}
+    return GaussianScene(**joined)
 
 
 def make_static(seed: int = 0) -> GaussianScene:

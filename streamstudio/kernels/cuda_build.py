@@ -41,7 +41,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -55,7 +55,7 @@ DEFAULT_CUDA_FLAGS = ("-O3", "-lineinfo")  # torch adds its own -std (c++20 for 
 
 _lock = threading.Lock()
 _loaded: dict[str, ModuleType | None] = {}
-_reasons: dict[str, str] = {}
+_reasons: dict[str, str | None] = {}
 
 
 def unavailable_reason() -> str | None:
@@ -140,6 +140,8 @@ def _import_file(module_name: str, path: Path) -> ModuleType:
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -236,6 +238,8 @@ def _build_without_ninja(name: str, paths: list[Path], cflags: list[str], ldflag
             raise RuntimeError(f"building {paths[0].name} failed:\n{proc.stderr}")
         os.replace(tmp, so_path)  # atomic: a concurrent process sees the whole file or none
     spec = importlib.util.spec_from_file_location(name, so_path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {so_path}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -419,7 +423,8 @@ def binding_check(source: str | os.PathLike, compiler: str | None = None, timeou
     return report
 
 
-def _compile_binding(source: Path, cxx: str, cuda_include: Path, include_paths, timeout: float) -> BindingReport:
+def _compile_binding(source: Path, cxx: str, cuda_include: Path, include_paths: Callable[[], list[str]],
+                     timeout: float) -> BindingReport:
     torch_includes = [Path(p) for p in include_paths()]
     with tempfile.TemporaryDirectory(prefix="streamstudio-binding-") as tmp:
         includes = [source.parent, *torch_includes, Path(sysconfig.get_paths()["include"]), cuda_include]

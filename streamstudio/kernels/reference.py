@@ -92,6 +92,8 @@ def stream_step(
     x = x_t.float()
     text = eps_text.float()
     if cfg == CFG_FULL:
+        if eps_uncond is None:
+            raise ValueError("full CFG needs eps_uncond")
         uncond = eps_uncond.float()
     elif cfg in (CFG_SELF, CFG_INITIALIZE):
         uncond = delta * stock.float()

@@ -52,7 +52,8 @@ def pick_impl(impl: str, device: torch.device) -> str:
     return "reference"
 
 
-def _check(means, opacities, sh_or_colors, viewmat, width, height) -> None:
+def _check(means: torch.Tensor, opacities: torch.Tensor, sh_or_colors: torch.Tensor, viewmat: torch.Tensor,
+           width: int, height: int) -> None:
     n = means.shape[0]
     if means.dim() != 2 or means.shape[1] != 3:
         raise ValueError(f"means must be (N, 3), got {tuple(means.shape)}")

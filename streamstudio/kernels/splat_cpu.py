@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from types import ModuleType
 
 import torch
 
@@ -60,7 +61,7 @@ def cpu_has_avx2() -> bool:
 _tried = False  # load() has run in this process: its answer is cached, a later call returns at once
 
 
-def load(verbose: bool = False):
+def load(verbose: bool = False) -> ModuleType | None:
     """The built extension, or None (build failed or disabled; warns once per process)."""
     global _tried
     omp = openmp_links()
@@ -92,9 +93,12 @@ def reset_for_tests() -> None:
     _tried = False
 
 
-def render(means, quats, scales, opacities, colors, viewmat, intrinsics, width: int, height: int,
-           sh_degree: int | None = None, background=None, covars=None, near: float = 0.01, far: float = 1e10,
-           threads: int | None = None, antialiased: bool = False, camera_model: str = "pinhole"):
+def render(means: torch.Tensor, quats: torch.Tensor | None, scales: torch.Tensor | None, opacities: torch.Tensor,
+           colors: torch.Tensor, viewmat: torch.Tensor, intrinsics: tuple[float, float, float, float], width: int,
+           height: int, sh_degree: int | None = None, background: torch.Tensor | None = None,
+           covars: torch.Tensor | None = None, near: float = 0.01, far: float = 1e10, threads: int | None = None,
+           antialiased: bool = False, camera_model: str = "pinhole"
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """The whole frame in C++ (arguments as `splat.rasterize_gaussians`, CPU tensors).
 
     Returns rgb (H, W, 3), depth (H, W), alpha (H, W) in the input's float dtype (float64 stays
@@ -106,7 +110,7 @@ def render(means, quats, scales, opacities, colors, viewmat, intrinsics, width: 
         raise ValueError("the C++ splat path runs on CPU tensors; use impl='auto' or 'cuda'")
     dtype = torch.float64 if means.dtype == torch.float64 else torch.float32
 
-    def prep(t):
+    def prep(t: torch.Tensor | None) -> torch.Tensor:
         return torch.empty(0, dtype=dtype) if t is None else torch.as_tensor(t).to(dtype).contiguous()
 
     if covars is None and (quats is None or scales is None):

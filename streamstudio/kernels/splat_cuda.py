@@ -27,8 +27,9 @@ def load() -> ModuleType | None:
     return cuda_build.load_extension(EXTENSION, SOURCES)
 
 
-def rasterize_projected(means2d, conics, opacities, features, depths, radii, width: int, height: int,
-                        background: torch.Tensor | None = None):
+def rasterize_projected(means2d: torch.Tensor, conics: torch.Tensor, opacities: torch.Tensor, features: torch.Tensor,
+                        depths: torch.Tensor, radii: torch.Tensor, width: int, height: int,
+                        background: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Same contract as `splat_reference.rasterize_projected` (3 feature channels), on CUDA."""
     module = load()
     if module is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 
 import torch
 
@@ -20,11 +21,14 @@ from streamstudio.kernels.splat_reference import ALPHA_MAX, ALPHA_MIN, T_MIN, bi
 MIN_BLOCK, MAX_BLOCK, BLOCK_ELEMENTS = 32, 512, 1 << 19
 CHUNK_ELEMENTS = 1 << 20  # alphas per chunk of tiles (4 MiB of float32), to stay near the cache
 LOG_ALPHA_MAX = math.log(ALPHA_MAX)
-_COMPILED: dict = {}  # "fn": the compiled transmit step
+Tensor = torch.Tensor
+StepFn = Callable[[Tensor, Tensor, Tensor, Tensor, int, int], tuple[Tensor, Tensor]]  # `transmit`'s signature
+_COMPILED: dict[str, StepFn] = {}  # "fn": the compiled transmit step
 ALPHA_SKIP = math.nextafter(ALPHA_MIN, 0.0)  # threshold keeps x > ALPHA_SKIP, i.e. x >= 1/255
 
 
-def tile_table(gauss_ids, tile_ids, offsets, n_tiles: int, sentinel: int):
+def tile_table(gauss_ids: Tensor, tile_ids: Tensor, offsets: Tensor, n_tiles: int,
+               sentinel: int) -> tuple[Tensor, Tensor]:
     """(n_tiles, K) Gaussian ids per tile in depth order, padded with `sentinel`, and counts (n_tiles,)."""
     counts = offsets[1:] - offsets[:-1]  # (n_tiles,)
     k_max = int(counts.max()) if counts.numel() else 0
@@ -34,9 +38,10 @@ def tile_table(gauss_ids, tile_ids, offsets, n_tiles: int, sentinel: int):
     return table, counts
 
 
-def rasterize_projected(means2d, conics, opacities, features, depths, radii, width: int, height: int,
-                        background: torch.Tensor | None = None, tile: int | None = None,
-                        block: int | None = None, compile: bool = False):
+def rasterize_projected(means2d: Tensor, conics: Tensor, opacities: Tensor, features: Tensor, depths: Tensor,
+                        radii: Tensor, width: int, height: int, background: torch.Tensor | None = None,
+                        tile: int | None = None, block: int | None = None,
+                        compile: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """Same contract as `splat_reference.rasterize_projected`, CPU tensors, float32.
 
     `compile=True` runs the alpha / transmittance step through torch.compile (Inductor's C++
@@ -65,7 +70,8 @@ def rasterize_projected(means2d, conics, opacities, features, depths, radii, wid
     return _untile(acc, trans, tiles_x, tiles_y, tile, width, height, features.shape[1], background)
 
 
-def _walk_with(step_fn, table, counts, params, feats, shape, tiles_x: int, tile: int, block: int | None):
+def _walk_with(step_fn: StepFn, table: Tensor, counts: Tensor, params: Tensor, feats: Tensor, shape: tuple[int, int],
+               tiles_x: int, tile: int, block: int | None) -> tuple[Tensor, Tensor]:
     """acc (T, P, C + 1) and trans (T, P) from walking the table with `step_fn` (eager again,
     with one warning, if a compiled step fails)."""
     for fn in (step_fn, transmit) if step_fn is not transmit else (transmit,):
@@ -83,7 +89,7 @@ def _walk_with(step_fn, table, counts, params, feats, shape, tiles_x: int, tile:
     raise AssertionError("unreachable")
 
 
-def _compiled_transmit():
+def _compiled_transmit() -> StepFn:
     """`transmit` through torch.compile (made once per process)."""
     if "fn" not in _COMPILED:
         _COMPILED["fn"] = torch.compile(transmit, dynamic=True)
@@ -131,7 +137,7 @@ def _alphas(p: torch.Tensor, active: torch.Tensor, tiles_x: int, tile: int, basi
                         ha * mx * mx + nb * mx * my + hc * my * my + log_o], -1)  # (A, B, 6)
     alpha = (coef.reshape(-1, 6) @ basis).reshape(p.shape[0], p.shape[1], -1)  # (A, B, P) log alpha
     alpha.clamp_max_(LOG_ALPHA_MAX).exp_()
-    return torch.nn.functional.threshold_(alpha, ALPHA_SKIP, 0.0)  # alpha < 1/255 -> 0
+    return torch.threshold_(alpha, ALPHA_SKIP, 0.0)  # alpha < 1/255 -> 0 (the same op as F.threshold_)
 
 
 def _block_size(n_active: int, tile: int, block: int | None) -> int:
@@ -142,7 +148,8 @@ def _block_size(n_active: int, tile: int, block: int | None) -> int:
     return int(min(MAX_BLOCK, max(MIN_BLOCK, BLOCK_ELEMENTS // max(n_active * tile * tile, 1))))
 
 
-def _walk(step_fn, table, counts, params, feats, acc, trans, tiles_x: int, tile: int, block: int | None) -> None:
+def _walk(step_fn: StepFn, table: Tensor, counts: Tensor, params: Tensor, feats: Tensor, acc: Tensor, trans: Tensor,
+          tiles_x: int, tile: int, block: int | None) -> None:
     """Blend the table block by block into acc (T, P, C + 1) and trans (T, P) in place.
 
     A pixel that stops keeps its final transmittance in `final`; its running T is set to 0,
@@ -166,7 +173,8 @@ def _walk(step_fn, table, counts, params, feats, acc, trans, tiles_x: int, tile:
     torch.where(final >= 0, final, trans, out=trans)
 
 
-def _step(step_fn, active, ids, params, feats, acc, trans, final, tiles_x: int, tile: int, basis) -> torch.Tensor:
+def _step(step_fn: StepFn, active: Tensor, ids: Tensor, params: Tensor, feats: Tensor, acc: Tensor, trans: Tensor,
+          final: Tensor, tiles_x: int, tile: int, basis: Tensor) -> torch.Tensor:
     """Blend Gaussians ids (A, B) into tiles `active` (A,); returns which tiles still run (A,)."""
     t_prev = trans[active]  # (A, P), 0 for stopped pixels
     t_incl, weights = step_fn(params[ids], active, t_prev, basis, tiles_x, tile)  # (A, B, P) each
@@ -180,7 +188,8 @@ def _step(step_fn, active, ids, params, feats, acc, trans, final, tiles_x: int, 
     return (t_last > 0).any(1)
 
 
-def _stop(rows, stops, t_incl, t_prev, weights, t_last, final, active) -> None:
+def _stop(rows: Tensor, stops: Tensor, t_incl: Tensor, t_prev: Tensor, weights: Tensor, t_last: Tensor, final: Tensor,
+          active: Tensor) -> None:
     """In the tiles `rows` where pixels stop: drop the Gaussians at and after each stop (T < 1e-4),
     record the stopped pixels' final T and zero their running T."""
     ti = t_incl[rows]  # (R, B, P)
@@ -193,8 +202,8 @@ def _stop(rows, stops, t_incl, t_prev, weights, t_last, final, active) -> None:
     t_last[rows] = t_last[rows].masked_fill_(s, 0.0)
 
 
-def _untile(acc, trans, tiles_x: int, tiles_y: int, tile: int, width: int, height: int, n_feat: int,
-            background):
+def _untile(acc: Tensor, trans: Tensor, tiles_x: int, tiles_y: int, tile: int, width: int, height: int, n_feat: int,
+            background: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
     """(T, P, C + 1), (T, P) -> (H, W, C), (H, W) depth, (H, W) alpha."""
     img = acc.reshape(tiles_y, tiles_x, tile, tile, -1).permute(0, 2, 1, 3, 4)
     img = img.reshape(tiles_y * tile, tiles_x * tile, -1)[:height, :width]

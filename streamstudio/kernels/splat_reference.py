@@ -79,7 +79,8 @@ def sh_colors(sh: torch.Tensor, means: torch.Tensor, viewmat: torch.Tensor, degr
     return eval_sh(sh, dirs, degree)
 
 
-def frustum_limits(fx: float, fy: float, cx: float, cy: float, width: int, height: int):
+def frustum_limits(fx: float, fy: float, cx: float, cy: float, width: int,
+                   height: int) -> tuple[float, float, float, float]:
     """Where the Jacobian's x/z and y/z are clamped: (lim_x_neg, lim_x_pos, lim_y_neg, lim_y_pos),
     x/z in [-lim_x_neg, lim_x_pos], i.e. the image's edges plus 0.3 x the half-FOV tangent
     (gsplat's `_persp_proj`: lim_x_pos = (W - cx) / fx + 0.3 * 0.5 W / fx, lim_x_neg = cx / fx + ...)."""
@@ -104,7 +105,7 @@ FISHEYE_EPS = 1e-7  # gsplat's `_fisheye_proj` eps
 
 
 def project_points(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor, fx: float, fy: float, cx: float, cy: float,
-                   width: int, height: int, camera_model: str = "pinhole"):
+                   width: int, height: int, camera_model: str = "pinhole") -> tuple[torch.Tensor, torch.Tensor]:
     """Camera-space points (N,) x3 (z > 0; a culled point may pass z = 1) -> pixel means (N, 2) and the
     Jacobian (N, 2, 3) of the projection at them, as gsplat's `_persp_proj` / `_ortho_proj` /
     `_fisheye_proj` (gsplat/cuda/_torch_impl.py):
@@ -147,7 +148,8 @@ def project_points(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor, fx: float,
 def project_gaussians(means: torch.Tensor, covars: torch.Tensor, opacities: torch.Tensor,
                       viewmat: torch.Tensor, fx: float, fy: float, cx: float, cy: float,
                       width: int, height: int, near: float = 0.01, far: float = 1e10, antialiased: bool = False,
-                      camera_model: str = "pinhole"):
+                      camera_model: str = "pinhole"
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """EWA projection. Returns means2d (N, 2), conics (N, 3) = (a, b, c) of the inverse 2D
     covariance, depths (N,), radii (N, 2) float half-widths in x and y
     of the box where alpha can reach 1/255 (0 where culled) and cov2d (N, 3) = (xx, xy, yy).
@@ -179,7 +181,8 @@ def project_gaussians(means: torch.Tensor, covars: torch.Tensor, opacities: torc
     return means2d, conics, z, radii, torch.stack([c_xx, c_xy, c_yy], -1)
 
 
-def tile_ranges(means2d: torch.Tensor, radii: torch.Tensor, width: int, height: int, tile: int = TILE):
+def tile_ranges(means2d: torch.Tensor, radii: torch.Tensor, width: int, height: int,
+                tile: int = TILE) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per Gaussian the inclusive tile rectangle (x0, x1, y0, y1) its box touches, as int64."""
     tiles_x, tiles_y = (width + tile - 1) // tile, (height + tile - 1) // tile
     mx, my, rx, ry = means2d[:, 0], means2d[:, 1], radii[:, 0], radii[:, 1]
@@ -192,7 +195,8 @@ def tile_ranges(means2d: torch.Tensor, radii: torch.Tensor, width: int, height: 
 
 
 def bin_gaussians(means2d: torch.Tensor, depths: torch.Tensor, radii: torch.Tensor, width: int, height: int,
-                  tile: int = TILE, conics: torch.Tensor | None = None, opacities: torch.Tensor | None = None):
+                  tile: int = TILE, conics: torch.Tensor | None = None, opacities: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Tile binning + (tile, depth) sort. Returns gauss_ids (P,) sorted by tile then depth,
     tile_ids (P,) and offsets (n_tiles + 1,) so tile k owns gauss_ids[offsets[k]:offsets[k+1]].
 
@@ -222,7 +226,8 @@ def bin_gaussians(means2d: torch.Tensor, depths: torch.Tensor, radii: torch.Tens
     return gauss_ids, tile_ids, offsets
 
 
-def _reaches_tile(mean, conic, opac, tile_ids, tiles_x: int, tile: int) -> torch.Tensor:
+def _reaches_tile(mean: torch.Tensor, conic: torch.Tensor, opac: torch.Tensor, tile_ids: torch.Tensor, tiles_x: int,
+                  tile: int) -> torch.Tensor:
     """(P,) whether the pair's Gaussian can reach alpha 1/255 at some pixel centre of its tile:
     the minimum of q = a dx^2 + 2 b dx dy + c dy^2 over the rectangle of the tile's pixel centres
     (zero inside, else on one of its four edges) is at most 2 ln(255 o)."""
@@ -241,8 +246,9 @@ def _reaches_tile(mean, conic, opac, tile_ids, tiles_x: int, tile: int) -> torch
     return q <= reach * (1 + 1e-5) + 1e-5  # a hair of slack for rounding: extra pairs are harmless
 
 
-def rasterize_projected(means2d, conics, opacities, features, depths, radii, width: int, height: int,
-                        background: torch.Tensor | None = None):
+def rasterize_projected(means2d: torch.Tensor, conics: torch.Tensor, opacities: torch.Tensor, features: torch.Tensor,
+                        depths: torch.Tensor, radii: torch.Tensor, width: int, height: int,
+                        background: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Blend projected Gaussians, one tile at a time, one Gaussian at a time (the reference).
 
     features (N, C) are blended like colours. Returns (H, W, C) features, (H, W) depth and
@@ -255,14 +261,14 @@ def rasterize_projected(means2d, conics, opacities, features, depths, radii, wid
     trans = torch.ones(tiles_y * TILE, tiles_x * TILE, dtype=dtype, device=device)
     feats = torch.cat([features.to(dtype), depths[:, None].to(dtype)], 1)  # (N, C + 1)
     lin = torch.arange(TILE, dtype=dtype, device=device) + 0.5
-    offsets = offsets.tolist()
+    bounds: list[int] = offsets.tolist()
     for tile in range(tiles_x * tiles_y):
-        if offsets[tile] == offsets[tile + 1]:
+        if bounds[tile] == bounds[tile + 1]:
             continue
         ty, tx = divmod(tile, tiles_x)
         px = (tx * TILE + lin)[None, :].expand(TILE, TILE)  # (16, 16)
         py = (ty * TILE + lin)[:, None].expand(TILE, TILE)
-        acc, t_tile = _blend_tile(gauss_ids[offsets[tile]:offsets[tile + 1]], px, py, means2d, conics,
+        acc, t_tile = _blend_tile(gauss_ids[bounds[tile]:bounds[tile + 1]], px, py, means2d, conics,
                                   opacities, feats)
         out[ty * TILE:(ty + 1) * TILE, tx * TILE:(tx + 1) * TILE] = acc
         trans[ty * TILE:(ty + 1) * TILE, tx * TILE:(tx + 1) * TILE] = t_tile

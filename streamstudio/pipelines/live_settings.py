@@ -75,11 +75,11 @@ class LiveSetting:
             raise StreamStudioError(f"{self.name} must be {self.kind_words()}, got {value!r}{where}")
         if self.choices and value not in self.choices:
             raise StreamStudioError(f"{self.name} must be one of {', '.join(self.choices)}, got {value!r}{where}")
-        if self.max_chars is not None and len(value) > self.max_chars:
+        if self.max_chars is not None and isinstance(value, str) and len(value) > self.max_chars:
             raise StreamStudioError(f"{self.name} may have at most {self.max_chars} characters, got {len(value)}")
         return value
 
-    def _number(self, value, where: str):
+    def _number(self, value: object, where: str) -> int | float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise StreamStudioError(f"{self.name} must be {self.kind_words()}, got {value!r}{where}")
         if math.isnan(value) or (self.low is not None and (value <= self.low if self.low_open else value < self.low)) \
@@ -99,7 +99,7 @@ class LiveSetting:
         return {int: "a whole number", float: "a number", bool: "true or false", str: "text"}[self.kind]
 
 
-def _num(value) -> str:
+def _num(value: object) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
@@ -253,7 +253,7 @@ def tab_settings() -> list[LiveSetting]:
     return [s for s in SETTINGS.values() if s.widget is not None]
 
 
-def check_config(config, table: dict[str, LiveSetting] | None = None) -> None:
+def check_config(config: object, table: dict[str, LiveSetting] | None = None) -> None:
     """Check every setting of `table` (the image table by default) a pipeline config has, and
     store whole numbers as int."""
     for s in (SETTINGS if table is None else table).values():

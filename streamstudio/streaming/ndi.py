@@ -23,6 +23,7 @@ import math
 import time
 from collections import deque
 from fractions import Fraction
+from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import numpy as np
@@ -68,7 +69,7 @@ def _matches(full_name: str, name: str) -> bool:
     return full_name == name or (full_name.endswith(f"({name})") and "(" in full_name)
 
 
-def find_source(name: str, ips: list[str] | None = None, timeout: float = FIND_TIMEOUT):
+def find_source(name: str, ips: list[str] | None = None, timeout: float = FIND_TIMEOUT) -> Any:  # an NDIlib.Source
     """The NDI source called `name`, found within `timeout` s; StreamStudioError naming the ones seen.
     The finder is made again every FIND_ROUND s: one asks the extra addresses when it starts, so a
     sender that appears later is found by the next."""

@@ -59,7 +59,8 @@ class ResampledSource(Source):
         repeated = frame.index == self._handed
         self._handed = frame.index
         # a repeat is a copy, so that it is not shared with whoever changes the frame before it
-        return VideoFrame(frame.image.copy() if repeated else frame.image, tick / self.fps, tick)
+        image = frame.image
+        return VideoFrame(image.copy() if repeated and image is not None else image, tick / self.fps, tick)
 
     def close(self) -> None:
         self.source.close()

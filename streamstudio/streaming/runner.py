@@ -24,9 +24,9 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -38,13 +38,14 @@ log = logging.getLogger(__name__)
 
 SinkFactory = Callable[[int, int], Sink]  # (width, height) of the first output -> an open sink
 RECENT = 30  # outputs the "recent" figures of the metrics span (a live display's fps and latency)
+T = TypeVar("T")
 
 
 class Closed(Exception):
     """The queue was closed and is empty."""
 
 
-class FrameQueue:
+class FrameQueue(Generic[T]):
     """A small queue between two stages. live: put never blocks, the oldest item is dropped
     (and counted); offline: put blocks while full. `close()` ends it: get raises Closed once
     drained; `abort()` ends it at once, discarding what is inside."""
@@ -52,11 +53,11 @@ class FrameQueue:
     def __init__(self, maxsize: int, live: bool):
         self.maxsize, self.live = max(1, maxsize), live
         self.dropped = 0
-        self._items: deque = deque()
+        self._items: deque[T] = deque()
         self._cond = threading.Condition()
         self._closed = self._aborted = False
 
-    def put(self, item) -> bool:
+    def put(self, item: T) -> bool:
         with self._cond:
             while not self.live and len(self._items) >= self.maxsize and not self._aborted:
                 self._cond.wait(0.1)
@@ -69,7 +70,7 @@ class FrameQueue:
             self._cond.notify_all()
             return True
 
-    def get(self, timeout: float = 0.1):
+    def get(self, timeout: float = 0.1) -> T:
         with self._cond:
             while not self._items:
                 if self._closed or self._aborted:
@@ -136,7 +137,7 @@ class Attachment:
 
     def _run(self) -> None:
         try:
-            self._paced() if self.fps else self._each()
+            self._paced(self.fps) if self.fps else self._each()
         except Exception as exc:  # the sink failed (server gone, disk full): this output alone stops
             self.error = str(exc) if isinstance(exc, StreamStudioError) else f"{type(exc).__name__}: {exc}"
             log.warning("%s output stopped: %s", type(self.sink).__name__, self.error)  # (no URL: it may hold a key)
@@ -165,8 +166,8 @@ class Attachment:
             self.sink.write(*item)
             self.frames += 1
 
-    def _paced(self) -> None:
-        period, due = 1.0 / self.fps, None
+    def _paced(self, fps: float) -> None:
+        period, due = 1.0 / fps, None
         while not self._stop.is_set():
             now = time.monotonic()
             item = self._next(0.5 if due is None else max(0.0, due - now))
@@ -227,7 +228,7 @@ class RunnerConfig:
 
 @dataclass
 class _Item:
-    image: np.ndarray
+    image: np.ndarray | None  # None: a frame of a source that has no input (a generator's clock), not an output
     pts: float
     index: int
     t_capture: float  # time.perf_counter() when the frame entered the run
@@ -249,7 +250,7 @@ class _InOrder:
     def flush(self) -> Iterator[_Item]:
         return self._match(self.processor.flush())
 
-    def _match(self, outs) -> Iterator[_Item]:
+    def _match(self, outs: Iterable[object]) -> Iterator[_Item]:
         for out in outs:
             if not self.pending:
                 raise StreamStudioError("the processor returned more outputs than it was given inputs")
@@ -257,7 +258,7 @@ class _InOrder:
             yield _Item(_as_frame(out), item.pts, item.index, item.t_capture)
 
 
-def percentiles(values, qs=(50, 90, 99)) -> dict[str, float]:
+def percentiles(values: Sequence[float], qs: Sequence[int] = (50, 90, 99)) -> dict[str, float]:
     if not len(values):
         return {f"p{q}": 0.0 for q in qs}
     arr = np.asarray(values, dtype=np.float64) * 1000.0
@@ -302,24 +303,27 @@ class Runner:
     `on_output(frame, pts)` after each frame is written (previews)."""
 
     def __init__(self, source: Source, processor: Any, sink: Sink | SinkFactory,
-                 config: RunnerConfig | None = None, on_input: Callable[[float], None] | None = None,
+                 config: RunnerConfig | None = None, on_input: Callable[[float], object] | None = None,
                  on_output: Callable[[np.ndarray, float], None] | None = None):
         self.source, self.processor = source, processor
         self.config = config or RunnerConfig()
         self.live = source.info.live if self.config.live is None else self.config.live
-        self._sink_or_factory = sink
+        self._factory = None if isinstance(sink, Sink) else sink
         self.sink: Sink | None = sink if isinstance(sink, Sink) else None
         self.on_input, self.on_output = on_input, on_output
         size = self.config.queue_size if self.live else max(8, self.config.queue_size)
-        self._q_in, self._q_out = FrameQueue(size, self.live), FrameQueue(size, self.live)
+        self._q_in: FrameQueue[_Item] = FrameQueue(size, self.live)
+        self._q_out: FrameQueue[_Item] = FrameQueue(size, self.live)
         self._stop = threading.Event()
-        self._errors: list[BaseException] = []
+        self._errors: list[StreamStudioError] = []
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._counts = {"in": 0, "processed": 0, "out": 0}
         self._lat: dict[str, deque] = {k: deque(maxlen=20000) for k in ("capture", "process", "output", "end_to_end")}
-        self._t_start = self._t_end = self._t_stop = None
-        self._t_first_out = None
+        self._t_start: float | None = None
+        self._t_end: float | None = None
+        self._t_stop: float | None = None
+        self._t_first_out: float | None = None
         self._out_times: deque[float] = deque(maxlen=RECENT)
         self._interrupted = False
         self._finished = threading.Event()
@@ -473,6 +477,7 @@ class Runner:
                 t0 = time.perf_counter()
                 if self.on_input:
                     self.on_input(item.pts)
+                outs: Iterable[_Item]
                 if order is None:
                     out = self.processor(item.image)
                     outs = (_Item(_as_frame(out), item.pts, item.index, item.t_capture),)
@@ -498,13 +503,16 @@ class Runner:
                 if self._stop.is_set() and self.live:
                     return
                 t0 = time.perf_counter()
+                image = item.image
+                assert image is not None  # (an output is a frame: `_as_frame`)
                 if self.sink is None:  # a factory: opened at the first output's size
-                    h, w = item.image.shape[:2]
-                    self.sink = self._sink_or_factory(w, h)
-                self.sink.write(item.image, item.pts)
-                self._sinks.offer(item.image, item.pts)
+                    assert self._factory is not None  # (self.sink is None only when a factory was given)
+                    h, w = image.shape[:2]
+                    self.sink = self._factory(w, h)
+                self.sink.write(image, item.pts)
+                self._sinks.offer(image, item.pts)
                 if self.on_output:
-                    self.on_output(item.image, item.pts)
+                    self.on_output(image, item.pts)
                 now = time.perf_counter()
                 self._lat["output"].append(now - t0)
                 self._lat["end_to_end"].append(now - item.t_capture)
@@ -576,7 +584,7 @@ class Runner:
         )
 
 
-def _as_frame(out) -> np.ndarray:
+def _as_frame(out: object) -> np.ndarray:
     """A processor's output (an array, or a list of one for frame_buffer_size 1)."""
     if isinstance(out, (list, tuple)):
         if len(out) != 1:
@@ -587,7 +595,7 @@ def _as_frame(out) -> np.ndarray:
     return out
 
 
-def run_stream(source: Source, processor: Any, sink: Sink | SinkFactory, **config) -> RunMetrics:
+def run_stream(source: Source, processor: Any, sink: Sink | SinkFactory, **config: Any) -> RunMetrics:
     """One call: build a Runner with RunnerConfig(**config) and run it to the end."""
     return Runner(source, processor, sink, RunnerConfig(**config)).run()
 

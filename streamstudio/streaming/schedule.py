@@ -31,9 +31,10 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Sized
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 from streamstudio.errors import StreamStudioError
 
@@ -56,6 +57,26 @@ class ScaleKey:
     at: float  # seconds
     name: str
     value: float | tuple[float, ...]
+
+
+class _AddOns(Protocol):
+    @property
+    def controlnets(self) -> Sized: ...
+
+    @property
+    def ip_adapter(self) -> object: ...
+
+
+class ScheduledPipeline(Protocol):
+    """What a schedule reads and sets of an image pipeline (a StreamDiffusion: the streaming layer
+    names no pipeline): its model's add-ons, its prompt and its settings."""
+
+    @property
+    def comps(self) -> _AddOns: ...
+
+    def set_prompt(self, prompt: PromptSpec) -> None: ...
+
+    def update(self, **changes: Any) -> None: ...
 
 
 @dataclass
@@ -123,7 +144,10 @@ class PromptSchedule:
             w = 1.0 if i == 0 else self._weight(t, track[i].at)
             old = track[i - 1].value if i else new
             mix = (lambda a, b: round(a + (b - a) * w, 6)) if 0 < w < 1 else (lambda a, b: b if w >= 1 else a)
-            out[name] = [mix(a, b) for a, b in zip(old, new)] if isinstance(new, tuple) else mix(old, new)
+            if isinstance(new, tuple) and isinstance(old, tuple):  # (a track's values are all of one kind)
+                out[name] = [mix(a, b) for a, b in zip(old, new)]
+            else:
+                out[name] = mix(old, new)
         return out
 
     def apply(self, set_prompt: Callable[[PromptSpec], None], t: float,
@@ -145,15 +169,16 @@ class PromptSchedule:
                 changed = True
         return changed
 
-    def apply_to(self, pipe, t: float) -> bool:
+    def apply_to(self, pipe: ScheduledPipeline, t: float) -> bool:
         """Apply the schedule at t to an image pipeline: its prompt and its scales."""
         return self.apply(pipe.set_prompt, t, pipe.update)
 
-    def check(self, pipe) -> None:
+    def check(self, pipe: ScheduledPipeline) -> None:
         """Refuse, before a run starts, scales the pipeline cannot take: control_scales without one
         per ControlNet, ip_adapter_scale without an IP-Adapter."""
         nets = len(pipe.comps.controlnets)
         for key in self.track("control_scales")[:1]:
+            assert isinstance(key.value, tuple)  # (scale_key makes control_scales a tuple)
             if len(key.value) != nets:
                 raise StreamStudioError(f"the prompt schedule sets {len(key.value)} ControlNet scale(s) but the model "
                                         f"has {nets} ControlNet(s) (--controlnet); give one scale per ControlNet")
@@ -214,7 +239,7 @@ def parse_text(text: str, transition: float = 1.0) -> PromptSchedule:
     return PromptSchedule(keys, transition, scales=scales)
 
 
-def scale_key(at: float, name: str, value) -> ScaleKey:
+def scale_key(at: float, name: str, value: object) -> ScaleKey:
     """A checked ScaleKey: control_scales a list of 1 or more numbers, ip_adapter_scale one
     number, each in [-10, 10] (numbers may be given as text)."""
     if name == "control_scales":
@@ -228,14 +253,14 @@ def scale_key(at: float, name: str, value) -> ScaleKey:
     raise StreamStudioError(f"unknown schedule setting {name!r}; known: {', '.join(SCALE_SETTINGS)}")
 
 
-def _scale(value, name: str) -> float:
+def _scale(value: object, name: str) -> float:
     number = None if isinstance(value, bool) else _number(value, name)
     if number is None or not math.isfinite(number) or abs(number) > MAX_SCALE:
         raise StreamStudioError(f"{name}: a scale is a number in [-{MAX_SCALE:g}, {MAX_SCALE:g}], got {value!r}")
     return number
 
 
-def parse_mapping(data, transition: float = 1.0) -> PromptSchedule:
+def parse_mapping(data: object, transition: float = 1.0) -> PromptSchedule:
     if isinstance(data, dict):
         transition = _number(data.get("transition", transition), "transition")
         entries = data.get("prompts")
@@ -287,7 +312,7 @@ def load_schedule(path: str | Path, transition: float | None = None) -> PromptSc
     return schedule
 
 
-def _load_structured(text: str, path: Path):
+def _load_structured(text: str, path: Path) -> object:
     import yaml
 
     try:
@@ -296,7 +321,7 @@ def _load_structured(text: str, path: Path):
         raise StreamStudioError(f"prompt schedule {path} is not valid {path.suffix[1:].upper()}: {exc}") from exc
 
 
-def _number(value, what: str) -> float:
+def _number(value: Any, what: str) -> float:  # value: anything a file held; what float() refuses is an error
     try:
         return float(value)
     except (TypeError, ValueError) as exc:

@@ -7,12 +7,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from streamstudio.errors import StreamStudioError
 from streamstudio.frames import even_size, fit
 from streamstudio.streaming.sources import as_fraction
+
+if TYPE_CHECKING:
+    import av.container
 
 TIME_BASE = Fraction(1, 90000)
 
@@ -44,18 +48,23 @@ class Sink:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
 class VideoEncoder:
     """One video stream (libx264 / libvpx-vp9, yuv420p) in an open PyAV output container."""
 
-    def __init__(self, container, codec: str, width: int, height: int, fps: float, options: dict[str, str],
-                 time_base: Fraction = TIME_BASE):
+    def __init__(self, container: av.container.OutputContainer, codec: str, width: int, height: int, fps: float,
+                 options: dict[str, str], time_base: Fraction = TIME_BASE):
+        import av
+
         self.container = container
         self.width, self.height = even_size(width, height)
-        self.stream = container.add_stream(codec, rate=as_fraction(fps), options=options)
+        stream = container.add_stream(codec, rate=as_fraction(fps), options=options)
+        if not isinstance(stream, av.VideoStream):
+            raise StreamStudioError(f"{codec} is not a video codec")
+        self.stream = stream
         self.stream.width, self.stream.height, self.stream.pix_fmt = self.width, self.height, "yuv420p"
         self.stream.codec_context.time_base = time_base
         self.stream.time_base = time_base

@@ -18,8 +18,9 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,6 +29,10 @@ from streamstudio.frames import fit
 from streamstudio.streaming.rtmp import RtmpConfig, RtmpSink
 from streamstudio.streaming.sink_base import Sink, VideoEncoder, x264_options
 from streamstudio.streaming.sources import IMAGE_SUFFIXES, AudioTrack
+
+if TYPE_CHECKING:
+    import av
+    from av.container import OutputContainer
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +98,7 @@ class _AudioPassthrough:
     """Copies the source's audio packets into the output, shifted to the first video frame,
     interleaved with the video; re-encodes only when the container cannot hold the codec."""
 
-    def __init__(self, track: AudioTrack, container, suffix: str):
+    def __init__(self, track: AudioTrack, container: OutputContainer, suffix: str):
         import av
 
         self.track = track
@@ -106,16 +111,19 @@ class _AudioPassthrough:
         else:
             target = AUDIO_OK.get(suffix, ("aac",))[0]
             rate = 48000 if target == "opus" else (track.sample_rate or 48000)
-            self.stream = container.add_stream(target, rate=rate)
+            stream = container.add_stream(target, rate=rate)
+            if not isinstance(stream, av.AudioStream):
+                raise StreamStudioError(f"{target} is not an audio codec")
+            self.stream = stream
             self.stream.layout = "stereo" if track.channels != 1 else "mono"
             self._resampler = av.AudioResampler(format=self.stream.format.name if self.stream.format else "fltp",
                                                 layout=self.stream.layout.name, rate=rate)
             log.info("audio %s cannot go into %s as is; re-encoding to %s", track.codec, suffix, target)
         self._packets = self._in.demux(self._in_stream)
-        self._pending = None
+        self._pending: av.Packet[av.AudioStream] | None = None
         self._done = self._flushed = False
 
-    def mux_until(self, container, t_end: float | None) -> None:
+    def mux_until(self, container: OutputContainer, t_end: float | None) -> None:
         """Mux source audio starting before t_end seconds (all of it when None)."""
         while not self._done:
             packet = self._pending or next(self._packets, None)
@@ -123,9 +131,10 @@ class _AudioPassthrough:
             if packet is None:
                 self._done = True
                 break
-            if packet.dts is None and packet.pts is None:
+            stamp = packet.pts if packet.pts is not None else packet.dts
+            if stamp is None:
                 continue
-            start = float((packet.pts if packet.pts is not None else packet.dts) * packet.time_base) - self.track.origin
+            start = float(stamp * packet.time_base) - self.track.origin
             if t_end is not None and start >= t_end:
                 self._pending = packet
                 return
@@ -135,7 +144,7 @@ class _AudioPassthrough:
         if self._done:
             self._flush(container)
 
-    def _mux(self, container, packet, start: float) -> None:
+    def _mux(self, container: OutputContainer, packet: av.Packet[av.AudioStream], start: float) -> None:
         if not self.copy:
             for frame in packet.decode():
                 frame.pts = None
@@ -150,16 +159,16 @@ class _AudioPassthrough:
         packet.stream = self.stream
         container.mux(packet)
 
-    def _encode_frames(self, container, frame) -> None:
+    def _encode_frames(self, container: OutputContainer, frame: av.AudioFrame | None) -> None:
         for packet in self.stream.encode(frame):
             container.mux(packet)
 
-    def _flush(self, container) -> None:
+    def _flush(self, container: OutputContainer) -> None:
         if not self.copy and not self._flushed:
             self._flushed = True
             self._encode_frames(container, None)
 
-    def stop(self, container, t_end: float) -> None:
+    def stop(self, container: OutputContainer, t_end: float) -> None:
         """Mux what starts before the video's end, then the encoder's tail when re-encoding."""
         self.mux_until(container, t_end)
         self._flush(container)
@@ -382,7 +391,7 @@ def sink_kind(spec: str) -> str:
     return "images"
 
 
-def check_not_input(output: str | Path, inputs) -> None:
+def check_not_input(output: str | Path, inputs: Iterable[str | Path | None]) -> None:
     """An output that would overwrite one of `inputs` (the same file, or a frame pattern or
     folder holding it) is refused before anything is written: a render never destroys what it reads."""
     out = Path(os.path.expanduser(str(output)))

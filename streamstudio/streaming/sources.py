@@ -24,11 +24,15 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from streamstudio.errors import StreamStudioError
 from streamstudio.frames import to_rgb
+
+if TYPE_CHECKING:
+    import av
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +93,7 @@ class Source:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -182,7 +186,7 @@ class VideoFileSource(Source):
         if rotation in (90, 270):
             width, height = height, width
         width, height = scaled_size(width, height, self.max_side)
-        name = self.url or self.path.name
+        name = self.url or Path(self.path).name
         return SourceInfo(width=width, height=height, fps=fps, live=self.live, frame_count=s.frames or None,
                           duration=duration, audio=None if self.live else self._audio_track(), rotation=rotation,
                           description=f"{name} ({s.codec_context.name}, {fps:.3g} fps)")
@@ -280,7 +284,7 @@ class VideoFileSource(Source):
                 self._warn(f"{self.path}: corrupt packet at {packet.pts}")
             yield from packet.decode()
 
-    def _convert(self, frame) -> np.ndarray:
+    def _convert(self, frame: av.VideoFrame) -> np.ndarray:
         """Any pix_fmt (grayscale included) -> (H, W, 3) RGB, downscaled by swscale, then turned."""
         w, h = scaled_size(frame.width, frame.height, self.max_side)
         if (w, h) == (frame.width, frame.height):
@@ -557,8 +561,9 @@ class NdiSource(Source):
         return first
 
     def frames(self) -> Iterator[VideoFrame]:
-        item = self._first_frame()
-        index, t0 = 0, item[1]
+        first = self._first_frame()
+        index, t0 = 0, first[1]
+        item: tuple[np.ndarray, float, float | None] | None = first
         while item is not None:
             rgb, stamp, _ = item
             yield VideoFrame(to_rgb_frame(rgb, self.max_side), stamp - t0, index)
@@ -617,6 +622,7 @@ def open_source(spec: str, fps: float | None = None, max_side: int = MAX_SIDE, r
         return ScreenSource(_index_after(spec, "screen", default=1), fps=fps or DEFAULT_FPS, max_side=max_side)
     if kind == "pattern":
         m = _PATTERN.match(spec.lower())
+        assert m is not None  # (source_kind matched it)
         w, h = (int(m.group(1)), int(m.group(2))) if m.group(1) else (512, 512)
         rate = float(m.group(3)) if m.group(3) else (fps or DEFAULT_FPS)
         return PatternSource(w, h, rate, realtime=realtime)

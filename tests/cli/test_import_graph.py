@@ -4,7 +4,9 @@ commands are argument parsers over `app/streams/`), the front ends' folders (app
 app/training), the products' model folders (models/image, models/video, models/splats) and their
 pipeline folders (pipelines/image, pipelines/video, pipelines/splats) do not import each other, a
 stream opens in one place, and no new import circle appears. Imports inside functions count: a
-circle closed at run time is still one."""
+circle closed at run time is still one. Imports under `if TYPE_CHECKING:` (for the type checker,
+never run) must point down the layers like the others but close no circle: they are how a module
+names a type of a module that imports it."""
 
 from __future__ import annotations
 
@@ -27,12 +29,24 @@ def modules() -> dict[str, Path]:
     return found
 
 
-def import_graph() -> dict[str, set[str]]:
-    """module -> the package's modules it imports (at its top or inside functions)."""
+def typing_only(tree: ast.AST) -> set[int]:
+    """The ids of the nodes under an `if TYPE_CHECKING:` (or `typing.TYPE_CHECKING`) of `tree`."""
+    guarded = [node for node in ast.walk(tree) if isinstance(node, ast.If)
+               and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING"]
+    return {id(inner) for node in guarded for stmt in node.body for inner in ast.walk(stmt)}
+
+
+def import_graph(typing: bool = True) -> dict[str, set[str]]:
+    """module -> the package's modules it imports (at its top or inside functions; `typing`
+    False: without those only the type checker reads)."""
     mods = modules()
     graph = {name: set() for name in mods}
     for name, path in mods.items():
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        skip = set() if typing else typing_only(tree)
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("streamstudio"):
                 targets = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
             elif isinstance(node, ast.Import):
@@ -119,7 +133,7 @@ def test_front_ends_and_products_do_not_import_each_other():
 
 
 def test_no_new_import_circle():
-    found = circles(import_graph())
+    found = circles(import_graph(typing=False))
     new = [sorted(c) for c in found if c not in KNOWN_CIRCLES]
     assert new == [], f"new import circles: {new}"
     gone = [sorted(c) for c in KNOWN_CIRCLES if c not in found]
@@ -130,6 +144,16 @@ def test_the_graph_sees_a_circle_made_inside_a_function():
     """The check itself: two modules importing each other, one of them inside a function."""
     graph = {"a": {"b"}, "b": {"a"}, "c": {"a"}}
     assert circles(graph) == [{"a", "b"}]
+
+
+def test_imports_for_the_type_checker_only_are_told_apart():
+    """The check itself: an import under `if TYPE_CHECKING:` is marked, one beside it is not."""
+    tree = ast.parse("from typing import TYPE_CHECKING\nimport a\nif TYPE_CHECKING:\n    import b\n"
+                     "def f():\n    import c\n")
+    marked = typing_only(tree)
+    names = {alias.name: id(node) in marked for node in ast.walk(tree) if isinstance(node, ast.Import)
+             for alias in node.names}
+    assert names == {"a": False, "b": True, "c": False}
 
 
 def test_an_image_stream_is_made_in_one_place():

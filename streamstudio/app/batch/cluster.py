@@ -30,6 +30,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from streamstudio.app.batch.segments import (MIN_SEGMENT, Piece, keyframe_indices, part_done, plan_pieces, remove_parts,
                                        render_piece, split_allowed, stitch, write_json)
@@ -37,6 +38,9 @@ from streamstudio.app.settings import number
 from streamstudio.app.streams.requests import BatchRequest
 from streamstudio.errors import StreamStudioError
 from streamstudio.streaming.sources import open_source
+
+if TYPE_CHECKING:  # (torch and the model load in the workers)
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion
 
 VIDEO_SUFFIXES = (".mp4", ".mkv", ".mov", ".webm", ".avi", ".m4v", ".flv", ".ts", ".mpg", ".mpeg", ".wmv")
 WORK_DIR = ".streamstudio-batch"  # the job list, segment parts and unfinished outputs, beside the outputs
@@ -172,7 +176,7 @@ class RenderWorker:
     def __init__(self, request: BatchRequest, name: str, board=None):
         self.request = request
         self.name, self.board = name, board
-        self._pipes: dict[tuple[int, int], object] = {}
+        self._pipes: dict[tuple[int, int], StreamDiffusion] = {}
         self._frames = 0  # frames written, all jobs
         self._job_frames = 0  # frames written of the job under way
         self._sent = 0.0  # when progress was last reported
@@ -205,7 +209,7 @@ class RenderWorker:
             self._report(None, force=True)
         return PieceResult(piece.key, self.name, frames, time.perf_counter() - t0)
 
-    def _pipe_for(self, aspect: float | None):
+    def _pipe_for(self, aspect: float | None) -> StreamDiffusion:
         """A pipeline for an input of this aspect ratio; the model is loaded once, a stream is
         made once per output size."""
         from streamstudio.app.streams.image import build_pipeline, new_stream, output_size
@@ -241,7 +245,7 @@ class ProgressBoard:
     """Each worker's frames written (all jobs, and of the job under way), seconds busy, current
     job and process id (a Ray actor on a cluster)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.workers: dict[str, dict] = {}
 
     def update(self, name: str, frames: int, job_frames: int, job: str | None, pid: int) -> None:
@@ -319,7 +323,8 @@ class RayExecutor:
         else:
             image = image if image.threads else replace(image, threads=self.cpus)
         self.request = replace(request, image=image)
-        self.board = ray.remote(num_cpus=0)(ProgressBoard).remote()
+        # (Any: a Ray actor handle; Ray types its remote methods as the plain methods, without `.remote`)
+        self.board: Any = ray.remote(num_cpus=0)(ProgressBoard).remote()
         self._actor_class = ray.remote(RenderWorker)
         self._count = 0
         self.names: dict = {}  # actor -> its name on the board
@@ -341,7 +346,8 @@ class RayExecutor:
         ray = self.ray
         outcome = Outcome()
         queue, attempts = deque(pieces), {p.key: 0 for p in pieces}
-        idle, running = [], {}  # ready actors; job ref -> (actor, piece)
+        idle: list[Any] = []  # ready actors (Ray actor handles)
+        running: dict[Any, tuple[Any, Piece]] = {}  # job ref -> (actor, piece)
         starting = {actor.ready.remote(): actor for actor in self.actors}
         while queue or running:
             while idle and queue:
@@ -525,7 +531,8 @@ def run_batch(request: BatchRequest, on_progress: Callable[[dict], None] | None 
           f"file(s) in segments), {skipped} finished output(s) skipped, on "
           f"{executor.name if executor else 'nothing'}", file=sys.stderr)
     rendered: list[FileJob] = []
-    t0, finished_frames, board = time.perf_counter(), [0], {}
+    t0, finished_frames = time.perf_counter(), [0]
+    board: dict[str, dict] = {}  # worker name -> its progress
     split = [job for job in jobs if job.pieces[0].count > 1]
     # frames to render, then to stitch: the bar reaches its end when the last output is written
     total = sum(p.frames or 0 for p in pending) + sum(size[str(job.output)] for job in split)
@@ -574,6 +581,7 @@ def run_batch(request: BatchRequest, on_progress: Callable[[dict], None] | None 
     outcome = Outcome()
     try:
         if pending:
+            assert executor is not None  # (made when there is work)
             outcome = executor.run(pending, work, on_result, on_tick)
     finally:
         with changed:

@@ -37,6 +37,7 @@ import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from streamstudio.app.streams.requests import BatchRequest
 from streamstudio.errors import StreamStudioError
@@ -44,6 +45,9 @@ from streamstudio.streaming.sink_base import Sink
 from streamstudio.streaming.sinks import open_sink
 from streamstudio.streaming.resample import resample_file
 from streamstudio.streaming.sources import Source, VideoFrame, open_source
+
+if TYPE_CHECKING:
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion
 
 MIN_SEGMENT = 300  # frames: shorter segments are not worth their warm-up, tail and stitch
 PTS_FILE = "pts.json"  # a part folder's timestamps; written last, so its presence means the part is complete
@@ -159,15 +163,14 @@ class Window:
             if self.stop is not None and frame.index >= self.stop:
                 return
             if not started:
-                x = None if self.filter is None else self._prepare(frame.image)
                 if frame.index >= self.first:  # the pipeline starts at a frame the filter processes
                     state = copy.deepcopy(self.filter)
-                    if self.filter is None or not self.filter.should_skip(x):
+                    if self.filter is None or not self.filter.should_skip(self._prepare(frame.image)):
                         started = True
                         if state is not None:  # the filter's state where the whole-file run has it
                             self._pipe.resume_filter(state)
-                elif self.filter is not None:
-                    self.filter.should_skip(x)  # replayed: decisions and random draws as in the whole file
+                elif self.filter is not None:  # replayed: decisions and random draws as in the whole file
+                    self.filter.should_skip(self._prepare(frame.image))
                 if not started:
                     continue
             if frame.index == self.start:
@@ -210,6 +213,7 @@ class WindowSink(Sink):
         self.status = inner.status
 
     def write(self, frame, pts: float | None = None) -> None:
+        assert pts is not None  # (the runner stamps every output)
         if not self.window.keep(pts):
             return
         self.inner.write(frame, pts)
@@ -236,6 +240,7 @@ class PartSink(Sink):
     def write(self, frame, pts: float | None = None) -> None:
         import numpy as np
 
+        assert pts is not None  # (the runner stamps every output)
         np.save(self.folder / f"frame_{len(self.pts):06d}.npy", frame)
         self.pts.append(pts)
         self.status.frames_written += 1
@@ -257,7 +262,7 @@ def read_part(folder: Path):
         yield np.load(path, allow_pickle=False), pts
 
 
-def render_piece(pipe_for: Callable[[float | None], object], request: BatchRequest, piece: Piece, target: Path,
+def render_piece(pipe_for: Callable[[float | None], StreamDiffusion], request: BatchRequest, piece: Piece, target: Path,
                  on_frame: Callable[[], None] | None = None) -> int:
     """Render `piece` into `target` (the output file, or the part folder) with the pipeline
     `pipe_for(aspect)` gives for the input's aspect ratio (a StreamDiffusion of the input's size,
@@ -267,6 +272,7 @@ def render_piece(pipe_for: Callable[[float | None], object], request: BatchReque
     from streamstudio.streaming.schedule import load_schedule
 
     source = open_input(piece.input, request.fps)
+    part_sink: PartSink | None = None
     try:
         info = source.info
         pipe = pipe_for(info.width / info.height if info.width and info.height else None)
@@ -285,7 +291,7 @@ def render_piece(pipe_for: Callable[[float | None], object], request: BatchReque
             inner = open_sink(str(target), cfg.width, cfg.height, fps, audio_from=audio,
                               rtmp=rtmp_config(request.rtmp_timeout))
         else:
-            inner = PartSink(target, cfg.width, cfg.height, fps)
+            inner = part_sink = PartSink(target, cfg.width, cfg.height, fps)
     except BaseException:
         source.close()
         raise
@@ -296,8 +302,8 @@ def render_piece(pipe_for: Callable[[float | None], object], request: BatchReque
     limit = None if request.max_frames is None else request.max_frames - window.first
     Runner(WindowSource(source, window), fitted, sink, RunnerConfig(live=False, max_frames=limit),
            on_input=on_input).run()
-    if piece.part is not None:
-        inner.finish()
+    if part_sink is not None:  # (a segment's part)
+        part_sink.finish()
     return len(sink.pts)
 
 
@@ -330,6 +336,7 @@ def stitch(pieces: list[Piece], target: Path, request: BatchRequest,
         for piece in pieces:
             if not ready(piece):
                 raise StreamStudioError(f"segment {piece.index + 1} of {piece.count} was not rendered")
+            assert piece.part is not None  # (a stitched piece is a segment: it has a part)
             folder = Path(piece.part)
             if sink is None:
                 meta = json.loads((folder / PTS_FILE).read_text())

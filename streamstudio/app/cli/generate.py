@@ -59,7 +59,7 @@ def run(args) -> int:
     from streamstudio.streaming.runner import Runner, RunnerConfig
     from streamstudio.streaming.sinks import ImageSequenceSink, check_not_input, make_output_folder
     from streamstudio.streaming.generated import NoInputSource
-    from streamstudio.streaming.sources import ImageSequenceSource
+    from streamstudio.streaming.sources import ImageSequenceSource, Source
 
     inputs = list_images(Path(args.input)) if args.input else None
     if args.num_images < 1:
@@ -74,6 +74,7 @@ def run(args) -> int:
     print(f"model: {pipe.comps.name} ({pipe.step_type} step), t_index_list {pipe.config.resolved_t_index_list()}, "
           f"frame latency {pipe.latency_frames}")
     width, height = pipe.config.width, pipe.config.height
+    source: Source
     if inputs is None:
         source = NoInputSource(args.num_images, 1.0, width, height, description="txt2img")
         names = [f"image_{i:05d}.png" for i in range(args.num_images)]

@@ -14,6 +14,7 @@ import logging
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 from streamstudio.errors import StreamStudioError
 
@@ -148,14 +149,15 @@ def config_value(action: argparse.Action, key, value, path):
 def _kind(action: argparse.Action) -> str:
     if action.choices:
         return "one of " + ", ".join(map(str, action.choices))
-    return {int: "a whole number", float: "a number"}.get(getattr(action.type, "kind", action.type), "a string")
+    kind: Any = getattr(action.type, "kind", action.type)  # a type; a checking type (app/settings.py): its kind
+    return {int: "a whole number", float: "a number"}.get(kind, "a string")
 
 
 def _config_scalar(action: argparse.Action, key, value, path):
     kind = _kind(action)
     if isinstance(value, (list, dict)) or isinstance(value, bool) or value is None:
         raise StreamStudioError(f"config file {path}: {key} must be {kind}, got {value!r}")
-    convert = getattr(action.type, "kind", action.type)  # a checking type (app/settings.py) says its kind
+    convert: Any = getattr(action.type, "kind", action.type)  # a checking type (app/settings.py) says its kind
     if convert is int and isinstance(value, float):  # 64.0 is fine, 64.5 is not
         if not value.is_integer():
             raise StreamStudioError(f"config file {path}: {key} must be {kind}, got {value!r}")
@@ -170,8 +172,10 @@ def _config_scalar(action: argparse.Action, key, value, path):
     if action.choices and value not in action.choices:
         raise StreamStudioError(f"config file {path}: {key} must be {kind}, got {value!r}")
     if convert is not action.type:  # the range the option's checking type holds it to
+        check = action.type
+        assert callable(check)  # (a checking type: a function)
         try:
-            value = action.type(value)
+            value = check(value)
         except argparse.ArgumentTypeError as exc:
             raise StreamStudioError(f"config file {path}: {key}: {exc}") from None
     return value

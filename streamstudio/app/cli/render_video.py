@@ -95,7 +95,9 @@ def run_video_render(args) -> int:
                               width=getattr(args, "width", None), height=getattr(args, "height", None),
                               aspect=aspect, guidance=getattr(args, "video_guidance", None),
                               acceleration=getattr(args, "acceleration", None) or "none")
-        height, width = stream.out_size
+        size = stream.out_size
+        assert size is not None  # (build_stream gives every stream its output size)
+        height, width = size
         if source is None:
             source = NoInputSource(frames, fps or DEFAULT_FPS, width, height, description="text-to-video")
         audio = None if getattr(args, "no_audio", False) or source.info.live else source.info.audio

@@ -18,10 +18,18 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from streamstudio.errors import StreamStudioError
+
+if TYPE_CHECKING:  # (the server's packages load when it starts, not when the command line is parsed)
+    import uvicorn
+    from fastapi import FastAPI
+
+    from streamstudio.app.web.sessions import SessionManager
 
 log = logging.getLogger(__name__)
 
@@ -233,7 +241,7 @@ def silence_gradio_debug_prints() -> None:
             return
         builtins.print(*values, **kwargs)
 
-    gradio.routes.print = quiet_print
+    setattr(gradio.routes, "print", quiet_print)  # (a module global over the builtin, as the check above reads it)
 
 
 def check_outputs(args) -> list[tuple[str, str]]:
@@ -341,7 +349,7 @@ class InputFeed:
 
     RETRY_S = 2.0
 
-    def __init__(self, manager, spec: str, name: str, outputs: list[tuple[str, str]] = (), live_outputs=None):
+    def __init__(self, manager, spec: str, name: str, outputs: Sequence[tuple[str, str]] = (), live_outputs=None):
         from streamstudio.app.web.webrtc import WEBRTC_ID
         from streamstudio.streaming.sources import source_kind
 
@@ -422,11 +430,11 @@ def close_extras(app) -> None:
 class ServerThread:
     """The server in a background thread (tests, benchmarks): `.url`, `.close()`."""
 
-    server: object
+    server: uvicorn.Server
     thread: threading.Thread
-    manager: object
+    manager: SessionManager
     url: str
-    app: object = None
+    app: FastAPI | None = None
 
     def close(self) -> None:
         self.server.should_exit = True

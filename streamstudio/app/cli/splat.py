@@ -27,6 +27,7 @@ import logging
 import sys
 from collections import deque
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -103,6 +104,7 @@ def parse_size(text: str) -> tuple[int, int]:
     except ValueError:
         raise StreamStudioError(f"--size must look like 512x512, got {text!r}") from None
     side = SPLAT_SETTINGS["width"]
+    assert side.low is not None and side.high is not None  # (the table's range)
     if not (side.low <= w <= side.high and side.low <= h <= side.high):
         raise StreamStudioError(f"--size {text} is out of range; use {side.low}..{side.high} pixels a side")
     return w, h
@@ -147,7 +149,7 @@ def stylizer(args, width: int, height: int):
 class SideBySide:
     """A frame processor that hands out each input frame with its processed frame to its right."""
 
-    def __init__(self, pipe):
+    def __init__(self, pipe: Any) -> None:  # a frame processor (push, flush)
         self.pipe = pipe
         self._inputs: deque[np.ndarray] = deque()  # inputs whose outputs have not come out yet
 
@@ -216,10 +218,11 @@ def scene_times(scene, path_times_: list[float | None], time_range: tuple[float,
     if not scene.is_4d:
         return [None] * len(path_times_)
     lo, hi = time_range if time_range is not None else scene.time_range
-    if any(t is None for t in path_times_):
+    given = [t for t in path_times_ if t is not None]
+    if len(given) < len(path_times_):  # (a frame without a time)
         n = len(path_times_)
         return [lo + (hi - lo) * i / max(n - 1, 1) for i in range(n)]
-    return [lo + (hi - lo) * float(t) for t in path_times_]
+    return [lo + (hi - lo) * float(t) for t in given]
 
 
 def render_scene(args) -> int:

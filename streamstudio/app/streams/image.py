@@ -6,7 +6,7 @@ and the Splats tab. `FittedFrames` fits frames of another aspect ratio to the st
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from streamstudio.app.streams.requests import Addons, ImageRequest
 from streamstudio.errors import StreamStudioError
@@ -46,6 +46,7 @@ def output_size(width: int | None, height: int | None, default: int,
     if width is None and height is None:
         return (default, multiple_of_8(default / aspect)) if aspect >= 1 else (multiple_of_8(default * aspect), default)
     if width is None:
+        assert height is not None  # (neither given: returned above)
         return multiple_of_8(height * aspect), height
     return width, multiple_of_8(width / aspect)
 
@@ -73,7 +74,7 @@ def build_pipeline(request: ImageRequest, mode: str, serving: bool = False, aspe
     if request.acceleration != "none":
         from streamstudio.models.image.acceleration import apply_acceleration
 
-        inner = {"cuda_graphs": False} if request.frame_graph else {}  # no graph inside the frame's graph
+        inner: dict[str, Any] = {"cuda_graphs": False} if request.frame_graph else {}  # no graph in the frame's graph
         comps = apply_acceleration(comps, request.acceleration, plan=acceleration_plan(request, config, serving),
                                    **inner)
     for note in comps.notes:

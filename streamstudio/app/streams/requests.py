@@ -44,8 +44,8 @@ class ImageRequest:
     device: str = "auto"
     dtype: str = "auto"
     threads: int | None = None
-    prompt: str = SETTINGS["prompt"].default
-    negative_prompt: str = SETTINGS["negative_prompt"].default
+    prompt: str = str(SETTINGS["prompt"].default)
+    negative_prompt: str = str(SETTINGS["negative_prompt"].default)
     settings: dict = field(default_factory=dict)  # live-table settings given, by table name
     addons: Addons = field(default_factory=Addons)
     batching: BatchingConfig | None = None  # cross-stream batching of a server's streams (None: off)

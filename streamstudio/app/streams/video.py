@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # torch and the models load when a stream opens, not when the
     import torch
 
     from streamstudio.models.video import wan
+    from streamstudio.models.video.stream_dit import StreamDiT, VideoNetwork
     from streamstudio.pipelines.video.stream_video import VideoStream
 
 
@@ -36,7 +37,7 @@ LATENT_SCALE = 8  # output pixels per latent pixel by default (the checkpoint's 
 
 
 def load_video_model(model: str | None, device: torch.device | str = "auto", dtype: str | torch.dtype = "auto"
-                     ) -> tuple[torch.nn.Module, dict]:
+                     ) -> tuple[StreamDiT | wan.WanModel, dict]:
     """The built-in tiny StreamDiT for None/auto/tiny, else a checkpoint folder, or a Wan 2.1 checkpoint
     (`load_wan_model`); on `device` ("auto": the GPU when there is one) in `dtype` ("auto": float16 on
     a GPU, float32 on CPU)."""
@@ -45,10 +46,10 @@ def load_video_model(model: str | None, device: torch.device | str = "auto", dty
     from streamstudio.models.video.stream_dit import BUILTIN_CHECKPOINT, load_checkpoint
 
     device = pick_device(device) if isinstance(device, str) else device
-    if model not in BUILTIN_NAMES and wan.is_wan_model(model):  # a diffusers Wan 2.1 folder or hub id
+    if model is not None and model not in BUILTIN_NAMES and wan.is_wan_model(model):  # a Wan 2.1 folder or hub id
         return load_wan_model(model, device, dtype)
     dtype = pick_dtype(device, dtype) if isinstance(dtype, str) else dtype
-    if model in BUILTIN_NAMES:
+    if model is None or model in BUILTIN_NAMES:
         return load_checkpoint(BUILTIN_CHECKPOINT, device, dtype)
     path = Path(model)
     if path.is_file():  # the model.safetensors inside a checkpoint folder
@@ -74,7 +75,7 @@ def latent_size(side: tuple[int, int], patch: int, window: tuple[int, int, int],
     return long_tokens * patch, tokens(long_tokens * aspect, window[2]) * patch
 
 
-def build_stream(model: torch.nn.Module, meta: dict, prompt: str, *, strength: float = 1.0, seed: int = 0,
+def build_stream(model: StreamDiT | wan.WanModel, meta: dict, prompt: str, *, strength: float = 1.0, seed: int = 0,
                  width: int | None = None, height: int | None = None, aspect: float | None = None,
                  num_chunks: int | None = None, chunk_size: int | None = None, micro_steps: int | None = None,
                  guidance: float | None = None, acceleration: str = "none",
@@ -93,9 +94,10 @@ def build_stream(model: torch.nn.Module, meta: dict, prompt: str, *, strength: f
     clips each predicted clean frame to [-1, 1]."""
     from streamstudio.app.streams.image import output_size
     from streamstudio.models.video.video_net import StreamDiTBackbone
+    from streamstudio.models.video.wan import WanModel
     from streamstudio.pipelines.video.stream_video import StreamBufferConfig, StreamVideoConfig, VideoStream
 
-    if getattr(model, "is_wan", False):
+    if isinstance(model, WanModel):
         return build_wan_stream(model, prompt, strength=strength, seed=seed, width=width, height=height,
                                 aspect=aspect, num_chunks=num_chunks, chunk_size=chunk_size,
                                 micro_steps=micro_steps, guidance=guidance, acceleration=acceleration,
@@ -112,20 +114,22 @@ def build_stream(model: torch.nn.Module, meta: dict, prompt: str, *, strength: f
         clip_sample=bool(sampling.get("clip_sample", False)))
     side = (sampling.get("height", 32), sampling.get("width", 32))
     out_w, out_h = output_size(width, height, max(side) * LATENT_SCALE, aspect or side[1] / side[0])
-    lat_h, lat_w = latent_size(side, model.cfg.patch_size, tuple(model.cfg.window), out_w / out_h)
+    fw, hw, ww = model.cfg.window
+    lat_h, lat_w = latent_size(side, model.cfg.patch_size, (fw, hw, ww), out_w / out_h)
     cfg = StreamVideoConfig(buffer, height=lat_h, width=lat_w, out_height=out_h, out_width=out_w)
     param = next(model.parameters())
     channels = model.cfg.in_channels
+    network: VideoNetwork = model
     if acceleration != "none":
         from streamstudio.models.video.video_engine import apply_video_acceleration
 
-        model = apply_video_acceleration(model, acceleration, frames=buffer.ref_frames + buffer.frames,
-                                         height=lat_h, width=lat_w)
+        network = apply_video_acceleration(model, acceleration, frames=buffer.ref_frames + buffer.frames,
+                                           height=lat_h, width=lat_w)
     guidance = sampling.get("guidance", 1.0) if guidance is None else guidance
     if guidance < 0:
         raise StreamStudioError(f"video guidance must be >= 0 (1 = none), got {guidance}")
-    return VideoStream(StreamDiTBackbone(model, guidance), cfg, prompt, latent_channels=channels, device=param.device,
-                       dtype=param.dtype)
+    return VideoStream(StreamDiTBackbone(network, guidance), cfg, prompt, latent_channels=channels,
+                       device=param.device, dtype=param.dtype)
 
 
 def load_wan_model(model: str, device: torch.device, dtype: str | torch.dtype = "auto") -> tuple[wan.WanModel, dict]:
@@ -136,8 +140,8 @@ def load_wan_model(model: str, device: torch.device, dtype: str | torch.dtype = 
 
     if isinstance(dtype, str):
         dtype = wan.default_dtype(device) if dtype == "auto" else pick_dtype(device, dtype)
-    model = wan.load_wan(model, device, dtype)
-    return model, {"sampling": model.sampling, "wan": True}
+    loaded = wan.load_wan(model, device, dtype)
+    return loaded, {"sampling": loaded.sampling, "wan": True}
 
 
 def build_wan_stream(model: wan.WanModel, prompt: str, *, strength: float = 1.0, seed: int = 0,
@@ -214,7 +218,9 @@ class VideoFrames:
                 out = [self._made.popleft()]
             else:
                 self._apply_changes()
-                height, width = self.stream.out_size
+                size = self.stream.out_size
+                assert size is not None  # (build_stream gives every stream its output size)
+                height, width = size
                 out = self.stream.push(fit_aspect(frame, width, height, self.fit))
         self.index += 1
         return out

@@ -44,6 +44,7 @@ import math
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -154,7 +155,9 @@ class ImageTrainer:
         self.cfg = cfg
         self.out = Path(cfg.output)
         self.device = pick_device("cpu" if cfg.cpu else "auto")
-        self.state = {"vae_step": 0, "step": 0, "joint_step": 0, "seconds": 0.0, "scaled": False, "losses": {}}
+        # (a JSON document: trainer_state.json)
+        self.state: dict[str, Any] = {"vae_step": 0, "step": 0, "joint_step": 0, "seconds": 0.0, "scaled": False,
+                                      "losses": {}}
         config = None
         self.saved_prediction = None  # the resumed run's or the --init model's prediction type
         if cfg.resume and cfg.init:
@@ -352,6 +355,7 @@ class ImageTrainer:
         n_photo = min(n_photo, cfg.batch_size - n_land)
         parts = []
         if n_photo:
+            assert self.photos is not None  # (no photo crops without --photos)
             parts.append(self.photos.crops(seed, n_photo, cfg.size))
         if cfg.batch_size - n_photo - n_land:
             parts.append(image_data.random_images(seed, cfg.batch_size - n_photo - n_land, cfg.size))

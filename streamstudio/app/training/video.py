@@ -285,6 +285,7 @@ class VideoTrainer:
         dt = torch.cat([torch.zeros_like(ref), torch.full(k.shape, 1 / n)], 1).to(x1.device)  # (B, F)
         noise = torch.randn(x1.shape, generator=gen).to(x1.device)
         x_a = (1 - t_a)[..., None, None, None] * noise + t_a[..., None, None, None] * x1
+        assert self.teacher is not None  # (distillation loads its teacher)
         with torch.no_grad():
             text, empty = self.teacher.encode_text(caps), self.teacher.encode_text([""] * len(caps))
             teacher = partial(_guided, self.teacher, empty=empty, guidance=cfg.teacher_guidance)

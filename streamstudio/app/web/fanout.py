@@ -19,13 +19,17 @@ import asyncio
 import collections
 import fractions
 import logging
+import functools
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 from streamstudio.streaming.runner import Attachment
 from streamstudio.streaming.sink_base import Sink
+
+if TYPE_CHECKING:
+    from av.video.codeccontext import VideoCodecContext
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +55,7 @@ class SharedEncoder(Sink):
         self._last_forced = 0.0
         self._t0 = time.monotonic()
         self._last_pts = -1
-        self._ctx = None
+        self._ctx: VideoCodecContext | None = None  # made at the first frame's size (`_context`)
         self._since_key = self._frame_index = 0
         self.frames = self.packets = 0  # encoded / sent
         self.encode_ms: collections.deque = collections.deque(maxlen=300)  # the last frames' encode times
@@ -210,8 +214,7 @@ class Broadcaster:
 
     def add_video(self, codec: str, track) -> None:
         if codec not in self.encoders:
-            encoder = SharedEncoder(codec, self._loop, lambda p, k, c=codec: self._deliver(c, p, k),
-                                    *self.session.size)
+            encoder = SharedEncoder(codec, self._loop, functools.partial(self._deliver, codec), *self.session.size)
             self._feeds[codec] = self.session.attach(encoder)
             self.encoders[codec] = encoder
         encoder = self.encoders[codec]

@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 
 from streamstudio.errors import StreamStudioError
@@ -37,7 +37,7 @@ LOOPBACK_NAMES = ("localhost",)
 
 # None: aioice's own choice (every interface but loopback)
 _addresses: ContextVar[tuple[str, ...] | None] = ContextVar("streamstudio_ice_addresses", default=None)
-_original = None
+_original: Callable[..., list[str]] | None = None  # aioice's get_host_addresses, once `install` replaced it
 
 
 def ice_addresses(host: str | None) -> tuple[str, ...] | None:
@@ -68,6 +68,7 @@ def ice_addresses(host: str | None) -> tuple[str, ...] | None:
 def _scoped_host_addresses(use_ipv4: bool, use_ipv6: bool) -> list[str]:
     addresses = _addresses.get()
     if addresses is None:
+        assert _original is not None  # (installed in its place by `install`)
         return _original(use_ipv4=use_ipv4, use_ipv6=use_ipv6)
     return [a for a in addresses if (use_ipv6 if ipaddress.ip_address(a).version == 6 else use_ipv4)]
 

@@ -19,7 +19,7 @@ def _label(value: object) -> str:
 class _Text:
     """Metric families written one after another: HELP and TYPE once, then each sample."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.lines: list[str] = []
 
     def family(self, name: str, kind: str, help_text: str, samples: list[tuple[dict, float]]) -> None:

@@ -263,7 +263,8 @@ def _blend(args: tuple, current) -> list:
 def state_messages(stream: str, stats: dict) -> list[tuple[str, list]]:
     """(address, arguments) of one stream's state (`StreamSession.stats()`), one value each."""
     base = f"/{PREFIX}/{stream}"
-    out = [(f"{base}/fps", [float(stats["fps"])]), (f"{base}/processed", [int(stats["processed"])])]
+    out: list[tuple[str, list]] = [(f"{base}/fps", [float(stats["fps"])]),
+                                   (f"{base}/processed", [int(stats["processed"])])]
     if stats.get("latency_ms") is not None:
         out.append((f"{base}/latency_ms", [float(stats["latency_ms"])]))
     for name, value in sorted((stats.get("settings") or {}).items()):
@@ -519,11 +520,13 @@ class OscControl:
         return self.stream_state(parts[1])
 
     def _feed(self) -> None:
+        target = self.feedback
+        assert target is not None  # (this thread runs with --osc-feedback only)
         while not self._stop.wait(FEEDBACK_INTERVAL):
             for stream in self.manager.ids():
                 try:
                     for message in self.stream_state(stream):
-                        self.send(self.feedback, *message)
+                        self.send(target, *message)
                 except Exception:
                     log.debug("OSC feedback for %s", stream, exc_info=True)
 
@@ -556,5 +559,7 @@ class _UDPServer(socketserver.UDPServer):
 
 
 class _Handler(socketserver.BaseRequestHandler):
+    server: _UDPServer
+
     def handle(self) -> None:
         self.server.control.packet(self.request[0], self.client_address)

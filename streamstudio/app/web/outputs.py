@@ -20,11 +20,15 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 from streamstudio.errors import StreamStudioError
 from streamstudio.streaming.runner import Attachment
 from streamstudio.streaming.sinks import open_sink
+
+if TYPE_CHECKING:
+    from streamstudio.app.web.sessions import SessionManager, StreamSession
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +111,7 @@ class LiveOutput:
     target: str
     location: str  # a file, an RTMP URL, an HLS playlist, ndi://NAME
     owner: str | None  # the page that started it (a Gradio session hash), None: the API, OSC or the CLI
-    session: object  # app.web.sessions.StreamSession
+    session: StreamSession
     attachment: Attachment
     started: float = field(default_factory=time.time)
 
@@ -132,7 +136,7 @@ class LiveOutput:
 class Outputs:
     """Every live output of the server (see the module docstring)."""
 
-    def __init__(self, manager, output_dir: str | Path = "outputs", limits: OutputLimits | None = None):
+    def __init__(self, manager: SessionManager, output_dir: str | Path = "outputs", limits: OutputLimits | None = None):
         self.manager, self.output_dir, self.limits = manager, Path(output_dir), limits or OutputLimits()
         self._outputs: dict[str, LiveOutput] = {}
         self._lock = threading.Lock()

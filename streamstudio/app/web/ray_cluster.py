@@ -14,7 +14,9 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from streamstudio.app.streams.requests import ServeRequest
 from streamstudio.app.web.replica_actor import ReplicaActor, first_error
@@ -101,9 +103,10 @@ class RayReplicas:
         self.address = address or "a local Ray"
         self.request, self.node_replicas = request, node_replicas
         self.transport = "calls" if address is not None and address.startswith("ray://") else transport
-        self._actor_class = ray.remote(ReplicaActor)
+        # (Any: Ray types its actors' remote methods as the plain methods, without `.remote`)
+        self._actor_class: Any = ray.remote(ReplicaActor)
         self._count = 0
-        self._starting: list[tuple[object, str, object]] = []  # (actor, node id, its info ref)
+        self._starting: list[tuple[Any, str, Any]] = []  # (actor handle, node id, the ObjectRef of its info)
         self._started_at: dict[int, float] = {}  # id(actor) -> when it was asked for (its start-up's parts)
         self._retired: dict[str, int] = {}  # node id -> replicas drained there on purpose (not started again)
         self.elastic = elastic
@@ -117,7 +120,7 @@ class RayReplicas:
     def starting(self) -> int:
         return len(self._starting)
 
-    def start_wanted(self, live: list[RemoteReplica] = (), wait: bool = False) -> list[RemoteReplica]:
+    def start_wanted(self, live: Sequence[RemoteReplica] = (), wait: bool = False) -> list[RemoteReplica]:
         """Start the replicas each live node should have and does not (elastic: up to `target`
         in all, each where the fewest run); with `wait`, return them once loaded (else `check`
         picks them up when ready)."""
@@ -135,12 +138,12 @@ class RayReplicas:
         else:
             for _ in range(self.target - sum(have.values())):
                 roomy = [n for n in nodes if self._room(n) > have.get(n["NodeID"], 0)]
-                node = min(roomy, key=lambda n: have.get(n["NodeID"], 0), default=None)
-                if node is None:
+                emptiest: dict | None = min(roomy, key=lambda n: have.get(n["NodeID"], 0), default=None)
+                if emptiest is None:
                     self._ask_autoscaler(nodes)
                     break
-                self._start(node)
-                have[node["NodeID"]] = have.get(node["NodeID"], 0) + 1
+                self._start(emptiest)
+                have[emptiest["NodeID"]] = have.get(emptiest["NodeID"], 0) + 1
         if not wait:
             return []
         return self._ready(timeout=None)
@@ -154,6 +157,7 @@ class RayReplicas:
 
         gpus, cpus = int(node["Resources"].get("GPU", 0)), int(node["Resources"].get("CPU", 1))
         strategy = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+        options: dict[str, float]
         if gpus:
             options, request, threads = {"num_gpus": 1}, self.request.on("cuda"), None
         else:  # a CPU replica: its share of the node's cores, as torch threads, reserved
@@ -167,6 +171,7 @@ class RayReplicas:
     def _ask_autoscaler(self, nodes: list[dict]) -> None:
         """Every node is full: ask Ray's autoscaler for a node's worth of a replica (a cluster
         without one ignores it; the watcher tries again as nodes join)."""
+        assert self.target is not None  # (elastic: asked for when the target has no room)
         gpu = any(int(n["Resources"].get("GPU", 0)) for n in nodes)
         bundle = {"GPU": 1} if gpu else {"CPU": max(1, min(int(n["Resources"].get("CPU", 1)) for n in nodes)
                                                     // self.node_replicas)}
@@ -181,7 +186,7 @@ class RayReplicas:
 
     def _ready(self, timeout: float | None) -> list[RemoteReplica]:
         """The started replicas that have loaded their model (those that failed to are dropped, said once)."""
-        ready = []
+        ready: list[RemoteReplica] = []
         refs = [ref for _, _, ref in self._starting]
         if not refs:
             return ready
@@ -218,11 +223,12 @@ class RayReplicas:
         """One replica fewer wanted on `node_id` (one was drained there); elastic: one fewer in
         all, never below the minimum (a drained node's replica is then started elsewhere)."""
         self._retired[node_id] = self._retired.get(node_id, 0) + 1
-        if self.target is not None:
+        if self.target is not None and self.elastic is not None:  # (elastic: both set)
             self.target = max(self.elastic.min_replicas, self.target - 1)
 
     def release(self) -> None:
         """Elastic: one replica fewer in all (an idle one stopped)."""
+        assert self.elastic is not None and self.target is not None  # (elastic only)
         self.target = max(self.elastic.min_replicas, self.target - 1)
 
     def shutdown(self) -> None:
@@ -243,7 +249,8 @@ def build_manager(request: ServeRequest) -> ClusterSessionManager:
     if request.gpus != 1:
         raise StreamStudioError("--gpus and --cluster do not go together: with --cluster every GPU of the cluster "
                                 "gets a replica")
-    address = {"auto": os.environ.get("RAY_ADDRESS") or None, "local": None}.get(choice, choice)
+    aliases: dict[str | None, str | None] = {"auto": os.environ.get("RAY_ADDRESS") or None, "local": None}
+    address = aliases.get(choice, choice)
     elastic = None
     if request.max_replicas is not None:
         elastic = ElasticPolicy(request.min_replicas or 1, request.max_replicas, request.replica_idle_release).check()

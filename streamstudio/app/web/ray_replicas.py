@@ -24,16 +24,21 @@ import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from streamstudio.app.web.replica_actor import HEALTH_SID, first_error
-from streamstudio.app.web.replicas import ReplicaSessionManager
+from streamstudio.app.web.replicas import ReplicaSessions
 from streamstudio.app.web.model_guard import ModelGuard
 from streamstudio.app.web.sessions import SessionManager
 from streamstudio.errors import StreamStudioError
 from streamstudio.frames import fit
+
+if TYPE_CHECKING:  # (ray_cluster and ray_rollout import this module)
+    from streamstudio.app.web.ray_cluster import RayReplicas
+    from streamstudio.app.web.ray_rollout import RollingUpdate
+    from streamstudio.models.image.batching import ClientStats
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +80,7 @@ class RemoteReplica:
     `serve --gpus`: its index, sessions, failure, and the channel its streams' requests go through."""
 
     index: int
-    actor: object
+    actor: Any  # its Ray actor handle (ray.actor.ActorHandle: Ray does not type its remote methods)
     info: dict
     transport: str = "compiled"
     sessions: set[str] = field(default_factory=set)
@@ -84,7 +89,7 @@ class RemoteReplica:
     frames: int = 0
     draining: bool = False  # taken out of placement, its streams moving off (`ClusterSessionManager.drain`)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.model = RemoteModel(self)
         self.device, self.node = self.info["device"], self.info["node_ip"]
         self._queue: list[tuple[dict, Future]] = []
@@ -266,7 +271,8 @@ class RemoteModel:
     latency_probe = False
 
     def __init__(self, replica: RemoteReplica):
-        self.replica, self.manager = replica, None  # the manager is set when the replica joins it
+        self.replica = replica
+        self.manager: ClusterSessionManager | None = None  # set when the replica joins it
         self.config = replica.info["config"]
         self.name, self.is_demo = replica.info["name"], replica.info["demo"]
         self.prompt, self.negative_prompt = replica.info["prompt"], replica.info["negative_prompt"]
@@ -284,6 +290,7 @@ class RemoteModel:
         return output_size(None, None, max(self.size), aspect)
 
     def processor(self, mode: str, sid: str) -> "RemoteStreamProcessor":
+        assert self.manager is not None  # (a replica's streams open once it joined a manager)
         return RemoteStreamProcessor(self.manager, self.replica, mode, sid)
 
     def build(self, *args, **kwargs):
@@ -296,7 +303,7 @@ class RemoteModel:
     def lora_listing(self) -> list:
         return []
 
-    def set_lora_scales(self, scales: dict):
+    def set_lora_scales(self, scales: object):
         raise StreamStudioError("LoRA scales cannot be changed on a --cluster server (the replicas load them "
                                 "from --lora at start)")
 
@@ -326,7 +333,7 @@ class RemoteStreamProcessor:
         self.manager, self.replica, self.mode, self.sid = manager, replica, mode, sid
         self.pipe: _PipeState | None = None
         self.fit = "crop"
-        self.calls = None
+        self.calls: ClientStats | None = None  # (a replica's batching counts are the replica's)
         self.notice: str | None = None
         self._size: tuple[int, int] | None = None
         self._settings: dict = {}
@@ -358,9 +365,10 @@ class RemoteStreamProcessor:
     def __call__(self, frame: np.ndarray) -> np.ndarray:
         if self._wanted is not None:
             self._switch()
+        assert self._size is not None and self.pipe is not None  # (opened first)
         width, height = self._size  # (txt2img: the frame only asks for the next image)
-        frame = None if self.mode == "txt2img" else fit(frame, width, height, self.fit)
-        reply = self._request({"op": "frame", "frame": frame})
+        image = None if self.mode == "txt2img" else fit(frame, width, height, self.fit)
+        reply = self._request({"op": "frame", "frame": image})
         self.pipe.skip_rate, self.pipe.skipped = reply["skip_rate"], reply["skipped"]
         self.pipe.latency_frames = reply["latency_frames"]
         return reply["frame"]
@@ -385,7 +393,7 @@ class RemoteStreamProcessor:
         then closed on the old one, where it stays if the new one cannot take it."""
         target, self._wanted = self._wanted, None
         old = self.replica
-        if target is old or target.failed is not None:
+        if target is None or target is old or target.failed is not None:
             return
         try:
             target.call({"sid": self.sid, "op": "open", "mode": self.mode, "size": self._size,
@@ -410,33 +418,12 @@ class RemoteStreamProcessor:
         log.warning("stream %s moved from %s to %s", self.sid, old.name, self.replica.name)
 
 
-class ReplicaPool(Protocol):
-    """What the manager asks of the Ray side (app/web/ray_cluster.RayReplicas, which imports this
-    module): replicas started and stopped, how many are wanted."""
-
-    address: str
-    request: Any  # the ServeRequest replicas are started from (a rolling update changes it)
-    elastic: Any  # ray_cluster.ElasticPolicy, or None: one replica per GPU of every node
-    target: int | None
-    starting: int
-
-    def start_wanted(self, live: list[RemoteReplica] = (), wait: bool = False) -> list[RemoteReplica]: ...
-
-    def check(self, replicas: list[RemoteReplica]) -> list[RemoteReplica]: ...
-
-    def retire(self, node_id: str) -> None: ...
-
-    def release(self) -> None: ...
-
-    def shutdown(self) -> None: ...
-
-
-class ClusterSessionManager(ReplicaSessionManager):
+class ClusterSessionManager(ReplicaSessions[RemoteReplica]):
     """Sessions over replica actors that come and go: least-loaded placement among the healthy
     ones (`--max-streams` each), a failed replica's streams moved to the others, the cluster
     watched for new nodes and dead replicas."""
 
-    def __init__(self, cluster: ReplicaPool, max_streams: int = 4, idle_timeout: float = 20.0,
+    def __init__(self, cluster: RayReplicas, max_streams: int = 4, idle_timeout: float = 20.0,
                  preset_ttl: float = 120.0):
         self.cluster = cluster
         replicas = cluster.start_wanted(wait=True)
@@ -444,10 +431,10 @@ class ClusterSessionManager(ReplicaSessionManager):
             raise StreamStudioError(f"no model replica could start on the Ray cluster ({cluster.address})")
         self._configured = self.per_replica = max_streams
         self.replicas = list(replicas)
-        self._placed: dict[str, RemoteReplica] = {}
+        self._placed = {}
         self.moves = self.rebalances = 0  # streams moved off failed replicas / to even the load (/metrics)
         self.released = 0  # elastic: idle replicas stopped
-        self.update = None  # the rolling update under way or last made (app/web/ray_rollout.py)
+        self.update: RollingUpdate | None = None  # the rolling update under way or last made (app/web/ray_rollout.py)
         for replica in replicas:
             replica.model.manager = self
         SessionManager.__init__(self, replicas[0].model, max_streams=max_streams, idle_timeout=idle_timeout,
@@ -561,7 +548,9 @@ class ClusterSessionManager(ReplicaSessionManager):
                 moves.append((sid, heavy, light))
             self.rebalances += len(moves)
         for sid, _, light in moves:
-            self._sessions[sid].processor.move_to(light)
+            processor = self._sessions[sid].processor
+            if isinstance(processor, RemoteStreamProcessor):  # (every stream here: `_movable` read its _wanted)
+                processor.move_to(light)
         return moves
 
     def _movable(self, sid: str) -> bool:  # (under self._lock)
@@ -590,6 +579,7 @@ class ClusterSessionManager(ReplicaSessionManager):
         """Elastic replicas (`ray_cluster.ElasticPolicy`): one more when every one is full, an
         idle one stopped after its idle time while more than the minimum run."""
         policy, cluster = self.cluster.elastic, self.cluster
+        assert policy is not None  # (the watcher steps only an elastic cluster)
         with self._lock:
             healthy = self._healthy()
             if policy.grow([len(r.sessions) for r in healthy], self.per_replica, cluster.starting):
@@ -637,10 +627,10 @@ def mount(app, manager: ClusterSessionManager) -> None:
             return JSONResponse({"status": "failed", "error": "a rolling update is under way",
                                  "update": current.state()}, status_code=409)
         try:
-            manager.update = RollingUpdate(manager, changes)
+            manager.update = started = RollingUpdate(manager, changes)
         except StreamStudioError as exc:
             return JSONResponse({"status": "failed", "error": str(exc)}, status_code=400)
-        return JSONResponse({"status": "updating", "update": manager.update.state()}, status_code=202)
+        return JSONResponse({"status": "updating", "update": started.state()}, status_code=202)
 
     @app.post("/studio/replicas/{index}/drain", tags=["studio"], status_code=202)
     async def drain(index: int):

@@ -50,7 +50,8 @@ class RollingUpdate:
         self.manager, self.changes, self.wait_s, self.ready_s = manager, dict(changes), wait_s, ready_s
         self.old = [r for r in manager._healthy()]
         self.replaced = 0
-        self.status, self.error = "running", None
+        self.status = "running"
+        self.error: str | None = None
         self.started = time.time()
         manager.cluster.request = updated_request(manager.cluster.request, changes)
         self._thread = threading.Thread(target=self._run, name="rolling-update", daemon=True)

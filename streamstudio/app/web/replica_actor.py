@@ -129,6 +129,7 @@ class ReplicaActor:
             log.exception("replica network failed")
             return {"error": f"{type(exc).__name__}: {exc}", "replica_failed": True}
         pipe = step.pipe
+        assert pipe is not None  # (a stream steps once opened)
         return {"frame": out, "skipped": pipe.stats.skipped, "skip_rate": float(pipe.skip_rate),
                 "latency_frames": pipe.latency_frames}
 

@@ -17,14 +17,37 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from streamstudio.app.perform.inputs import opened
 from streamstudio.app.streams.requests import ServeRequest
 from streamstudio.app.web.sessions import BusyError, ServerModel, SessionManager, StreamSession
 from streamstudio.errors import StreamStudioError
 
+if TYPE_CHECKING:
+    from streamstudio.app.web.session_model import SessionModel
+
 log = logging.getLogger(__name__)
+
+
+class PlacedReplica(Protocol):
+    """What placing sessions reads of a replica: `Replica` here, `ray_replicas.RemoteReplica` for
+    `serve --cluster`'s replica actors."""
+
+    index: int
+    sessions: set[str]
+    failed: str | None
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def model(self) -> SessionModel: ...
+
+
+R = TypeVar("R", bound=PlacedReplica)
 
 
 @dataclass
@@ -32,7 +55,7 @@ class Replica:
     """One model replica: its device, its sessions, and why it failed (None: healthy)."""
 
     index: int
-    model: ServerModel
+    model: ReplicaModel
     device: str
     sessions: set[str] = field(default_factory=set)
     failed: str | None = None
@@ -46,10 +69,11 @@ class ReplicaModel(ServerModel):
     """A ServerModel whose streams report a failure of its network as the replica's (the
     replica is marked failed and the stream stops with a clear error)."""
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         super().__post_init__()
         self.replica: Replica | None = None
-        self.on_failure = None  # (replica, exception) -> None, set by the manager
+        # (replica, exception) -> the error its streams stop with; set by the manager
+        self.on_failure: Callable[[Replica, BaseException], str] | None = None
 
     def build(self, *args, **kwargs):
         return _ReplicaPipeline(super().build(*args, **kwargs), self)
@@ -79,23 +103,14 @@ class _ReplicaPipeline:
         return getattr(self._pipe, name)
 
 
-class ReplicaSessionManager(SessionManager):
-    """Sessions over several replicas: least-loaded placement, per-replica capacity, a failed
-    replica's sessions ended alone."""
+class ReplicaSessions(SessionManager, Generic[R]):
+    """Sessions over several replicas of kind R: least-loaded placement, per-replica capacity
+    (`per_replica` streams each). `ReplicaSessionManager` (this process's replicas) and
+    `ray_replicas.ClusterSessionManager` (replica actors) make the replicas."""
 
-    def __init__(self, models: list[ReplicaModel], devices: list[str], max_streams: int = 4,
-                 idle_timeout: float = 20.0, preset_ttl: float = 120.0, owns_model: bool = False):
-        if not models:
-            raise StreamStudioError("--gpus must be at least 1")
-        self.per_replica = max_streams
-        self.replicas = [Replica(i, m, d) for i, (m, d) in enumerate(zip(models, devices))]
-        for replica in self.replicas:
-            replica.model.replica = replica
-            replica.model.on_failure = self._fail
-        self._placed: dict[str, Replica] = {}
-        self._fail_lock = threading.Lock()
-        super().__init__(models[0], max_streams=max_streams * len(models), idle_timeout=idle_timeout,
-                         preset_ttl=preset_ttl, owns_model=owns_model)
+    per_replica: int
+    replicas: list[R]
+    _placed: dict[str, R]  # stream id -> its replica
 
     def busy_message(self) -> str:
         healthy = self._healthy()
@@ -105,20 +120,15 @@ class ReplicaSessionManager(SessionManager):
         return (f"StreamStudio is busy: all {len(healthy)} model replica(s) are full ({self.per_replica} live "
                 f"stream(s) each). Try again in a minute (the server's admin can raise --max-streams or --gpus).")
 
-    def _healthy(self) -> list[Replica]:
-        """Replicas that take streams; one whose batching executor has stopped is failed too."""
-        for replica in self.replicas:
-            executor = replica.model.executor
-            if replica.failed is None and executor is not None and executor.closed:
-                replica.failed = (f"{replica.name} stopped (its batching executor ended); reconnect to continue "
-                                  "on another replica")
+    def _healthy(self) -> list[R]:
+        """Replicas that take streams."""
         return [r for r in self.replicas if r.failed is None]
 
     def has_capacity(self) -> bool:
         with self._lock:
             return self._room() and self._pick() is not None
 
-    def _pick(self) -> Replica | None:
+    def _pick(self) -> R | None:
         room = [r for r in self._healthy() if len(r.sessions) < self.per_replica]
         return min(room, key=lambda r: (len(r.sessions), r.index), default=None)
 
@@ -146,8 +156,36 @@ class ReplicaSessionManager(SessionManager):
                 replica.sessions.discard(sid)
         return super().close(sid, wait)
 
-    def replica_of(self, sid: str) -> Replica | None:
+    def replica_of(self, sid: str) -> R | None:
         return self._placed.get(sid)
+
+
+class ReplicaSessionManager(ReplicaSessions[Replica]):
+    """Sessions over several replicas in this process: least-loaded placement, per-replica
+    capacity, a failed replica's sessions ended alone."""
+
+    def __init__(self, models: list[ReplicaModel], devices: list[str], max_streams: int = 4,
+                 idle_timeout: float = 20.0, preset_ttl: float = 120.0, owns_model: bool = False):
+        if not models:
+            raise StreamStudioError("--gpus must be at least 1")
+        self.per_replica = max_streams
+        self.replicas = [Replica(i, m, d) for i, (m, d) in enumerate(zip(models, devices))]
+        for replica in self.replicas:
+            replica.model.replica = replica
+            replica.model.on_failure = self._fail
+        self._placed = {}
+        self._fail_lock = threading.Lock()
+        super().__init__(models[0], max_streams=max_streams * len(models), idle_timeout=idle_timeout,
+                         preset_ttl=preset_ttl, owns_model=owns_model)
+
+    def _healthy(self) -> list[Replica]:
+        """Replicas that take streams; one whose batching executor has stopped is failed too."""
+        for replica in self.replicas:
+            executor = replica.model.executor
+            if replica.failed is None and executor is not None and executor.closed:
+                replica.failed = (f"{replica.name} stopped (its batching executor ended); reconnect to continue "
+                                  "on another replica")
+        return [r for r in self.replicas if r.failed is None]
 
     def _fail(self, replica: Replica, exc: BaseException) -> str:
         """Mark `replica` failed (once); returns the error its sessions stop with."""

@@ -34,17 +34,22 @@ class MarkerJitterBuffer(JitterBuffer):
 
     def _complete_at(self, last) -> JitterFrame | None:
         """The frame that ends at `last` when its packets from the origin on are all here."""
-        count = uint16_add(last.sequence_number, -self._origin) + 1
+        origin = self._origin
+        if origin is None:  # (no packet yet)
+            return None
+        count = uint16_add(last.sequence_number, -origin) + 1
         if count > self.capacity:
             return None
         packets = []
         for i in range(count):
-            packet = self._packets[uint16_add(self._origin, i) % self.capacity]
+            packet = self._packets[uint16_add(origin, i) % self.capacity]
             if packet is None or packet.timestamp != last.timestamp:
                 return None
             packets.append(packet)
         self.remove(count)
-        return JitterFrame(data=b"".join(p._data for p in packets), timestamp=last.timestamp)
+        # (`_data`: the payload aiortc's receiver sets on each packet, which its own JitterBuffer joins)
+        data = b"".join(p._data for p in packets)  # type: ignore[attr-defined]
+        return JitterFrame(data=data, timestamp=last.timestamp)
 
 
 def receive_video_without_delay(pc) -> int:

@@ -32,7 +32,7 @@ import threading
 import time
 from base64 import b64decode
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 
@@ -114,6 +114,8 @@ class SourceRate:
 
     def recent(self, source: str | None) -> int:
         """The connections `source` made in the last window (0 for None)."""
+        if source is None:
+            return 0
         now = time.monotonic()
         with self._lock:
             return sum(now - t <= self.window_s for t in self._times.get(source, ()))
@@ -168,6 +170,7 @@ class Credentials:
         if scheme == "bearer":
             if self.publish_token is not None:
                 return "token" if _same(value, self.publish_token) else None
+            assert self.auth is not None  # (publishing needs a credential: a token, or else a login)
             return f"user:{self.auth[0]}" if _same(value, f"{self.auth[0]}:{self.auth[1]}") else None
         if scheme == "basic":
             user, _, password = _basic(value)
@@ -334,6 +337,7 @@ class RequestGuard:
 
     # ------------------------------------------------------------------ login
     def _logged_in(self, headers: dict) -> bool:
+        assert self.config.auth is not None  # (asked only with serve --auth)
         user, password = self.config.auth
         basic = headers.get("authorization", "")
         if basic[:6].lower() == "basic ":
@@ -420,7 +424,8 @@ async def _streamed_upload(app, scope, receive, send, cap: int) -> None:
 
 async def _read_body(receive, cap: int) -> bytes | None:
     """The whole request body, or None once it passes `cap` bytes."""
-    chunks, seen = [], 0
+    chunks: list[bytes] = []
+    seen = 0
     while True:
         message = await receive()
         if message["type"] != "http.request":
@@ -464,7 +469,7 @@ THIRD_PARTY = re.compile(rb'<link\s+rel="preconnect"\s+href="https://fonts\.(?:g
                          rb'|<script\s+src="https://cdnjs\.cloudflare\.com/[^"]*"[^>]*>\s*</script>')
 
 
-def _without_third_party(send):
+def _without_third_party(send: Callable[[dict], Awaitable[None]]) -> Callable[[dict], Awaitable[None]]:
     """`send` for the app's page: an HTML answer without THIRD_PARTY's tags (its length fixed)."""
     start: dict = {}
     body = bytearray()
@@ -534,8 +539,8 @@ def no_tracebacks(gradio_app) -> None:
 
     try:
         from python_multipart.exceptions import FormParserError
-    except ImportError:  # python-multipart < 0.0.13
-        from multipart.exceptions import FormParserError
+    except ImportError:  # python-multipart < 0.0.13 (a type checker sees one name imported twice)
+        from multipart.exceptions import FormParserError  # type: ignore[no-redef]
 
     async def malformed_form(request, exc):
         log.warning("refused %s %s from %s: malformed multipart/form-data (%s)", request.method, request.url.path,

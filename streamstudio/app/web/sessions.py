@@ -26,6 +26,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -41,6 +42,17 @@ from streamstudio.streaming.runner import Runner, RunnerConfig
 from streamstudio.streaming.sinks import NullSink
 from streamstudio.streaming.sources import DEFAULT_FPS, PushSource
 
+if TYPE_CHECKING:  # (torch and the models load when the server starts, not with the command line)
+    import torch
+
+    from streamstudio.app.web.session_model import SessionModel, SessionProcessor
+    from streamstudio.models.image.batching import BatchExecutor, BatchingConfig, ClientStats
+    from streamstudio.models.image.components import SDComponents
+    from streamstudio.models.image.net_thread import NetworkThread
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig, StreamStats
+    from streamstudio.streaming.runner import Attachment, RunMetrics
+    from streamstudio.streaming.sink_base import Sink
+
 log = logging.getLogger(__name__)
 
 MAX_PRESETS = 64  # settings kept for streams that have not connected yet (each a few KB at most)
@@ -55,18 +67,18 @@ class ServerModel:
     """The one loaded model, the defaults every new stream starts from, and the one guard of
     the model (`guard`)."""
 
-    comps: object  # SDComponents
-    config: object  # StreamDiffusionConfig: size, steps, guidance, ...
+    comps: SDComponents
+    config: StreamDiffusionConfig  # size, steps, guidance, ...
     prompt: str = ""
     negative_prompt: str = ""
     latency_probe: bool = False  # copy the input's probe counter onto the output (benchmarks)
-    batching: object | None = None  # BatchingConfig: batch the sessions' network calls; None: take turns
+    batching: BatchingConfig | None = None  # batch the sessions' network calls; None: take turns
     network_thread: bool | None = None  # taking turns: every network call on one thread (None: on a GPU,
     #                                     where cuDNN tunes per thread: models/image/net_thread.py)
 
-    def __post_init__(self):
-        self.executor = None
-        self.thread = None
+    def __post_init__(self) -> None:
+        self.executor: BatchExecutor | None = None
+        self.thread: NetworkThread | None = None
         self._stream_comps = self.comps
         on_gpu = self.comps.net.device.type == "cuda"
         if self.batching is None and (self.network_thread or (self.network_thread is None and on_gpu)):
@@ -75,11 +87,12 @@ class ServerModel:
             self.thread = NetworkThread("model-network")
             self._stream_comps = threaded_components(self.comps, self.thread)
         if self.batching is not None:
-            from streamstudio.models.image.batching import BatchExecutor, batched_components
+            from streamstudio.models.image.batching import BatchedImageNet, BatchExecutor, batched_components
 
             self.executor = BatchExecutor(self.batching)
             self._stream_comps = batched_components(self.comps, self.executor)
-            if self._stream_comps.net.pad:  # compiled / TensorRT: every bucket warmed up now, not mid-stream
+            net = self._stream_comps.net
+            if isinstance(net, BatchedImageNet) and net.pad:  # compiled / TensorRT: every bucket warmed up now
                 from streamstudio.models.image.batching import warm_up
 
                 warm_up(self._stream_comps, self.config.height, self.config.width)
@@ -108,7 +121,7 @@ class ServerModel:
             return self.size
         return output_size(None, None, max(self.size), aspect)
 
-    def build(self, mode: str, size: tuple[int, int] | None = None):
+    def build(self, mode: str, size: tuple[int, int] | None = None) -> StreamDiffusion:
         """A new stream (per-session state) over the shared modules, at `size` (width, height;
         default the configured size)."""
         from streamstudio.app.streams.image import new_stream
@@ -134,7 +147,7 @@ class ServerModel:
         loras = getattr(self.comps, "loras", None)
         return loras.listing() if loras is not None else []
 
-    def set_lora_scales(self, scales: dict) -> list[tuple[str, float]]:
+    def set_lora_scales(self, scales: object) -> list[tuple[str, float]]:
         """Server-wide LoRA scales {name or source: scale}: the LoRAs are fused into the shared
         weights, so every stream gets them. Applied between frames (`ModelGuard.exclusive`); the
         streams encode their prompts again at their next frame when a LoRA changes the text
@@ -183,10 +196,10 @@ class StreamProcessor:
 
     def __init__(self, model: ServerModel, mode: str, sid: str):
         self.model, self.mode, self.sid = model, mode, sid
-        self.pipe = None  # built by open(), in the runner's thread (the text encoder runs)
+        self.pipe: StreamDiffusion | None = None  # built by open(), in the runner's thread (the text encoder runs)
         self.fit = "crop"  # the session's own setting, not the pipeline's
         self._probes: deque[int | None] = deque()
-        self.calls = None  # models.image.batching.ClientStats: this stream's network calls, shared or alone
+        self.calls: ClientStats | None = None  # this stream's network calls, shared or alone
         if model.executor is not None:
             from streamstudio.models.image.batching import ClientStats
 
@@ -201,7 +214,7 @@ class StreamProcessor:
         """The stream ended: nothing to free here (its pipeline goes with the session)."""
 
     @property
-    def stats(self):
+    def stats(self) -> StreamStats | None:
         """The pipeline's similarity-filter counts (the runner's metrics read `skipped`)."""
         return None if self.pipe is None else self.pipe.stats
 
@@ -213,25 +226,30 @@ class StreamProcessor:
             changes.pop("strength", None)
         if not changes:
             return
+        pipe = self.pipe
+        assert pipe is not None  # (open() built it)
         with self.model.guard.text():
             if "prompt" in changes:
-                self.pipe.set_prompt(changes.pop("prompt"))
+                pipe.set_prompt(changes.pop("prompt"))
             if "negative_prompt" in changes:
-                self.pipe.set_negative_prompt(changes.pop("negative_prompt"))
+                pipe.set_negative_prompt(changes.pop("negative_prompt"))
             if changes:
-                self.pipe.update(**changes)
+                pipe.update(**changes)
 
-    def __call__(self, frame: np.ndarray) -> np.ndarray:
+    def __call__(self, frame: np.ndarray | None) -> np.ndarray:
+        """(A replica actor steps a txt2img stream with None: its frame only asks for the next image.)"""
         with _reported(self.sid), self.model.guard.frame(self.calls):
             return self._step(frame)
 
-    def _step(self, frame: np.ndarray) -> np.ndarray:
+    def _step(self, frame: np.ndarray | None) -> np.ndarray:
         pipe, txt2img = self.pipe, self.mode == "txt2img"
-        probe = read_probe(frame) if self.model.latency_probe and not txt2img else None
-        if not txt2img:
-            frame = fit_aspect(frame, pipe.config.width, pipe.config.height, self.fit)
+        assert pipe is not None  # (open() built it)
+        image = None if txt2img else frame
+        probe = read_probe(image) if self.model.latency_probe and image is not None else None
+        if image is not None:
+            image = fit_aspect(image, pipe.config.width, pipe.config.height, self.fit)
         skipped = pipe.stats.skipped
-        out = pipe(None if txt2img else frame)
+        out = pipe(image)
         if isinstance(out, list):
             out = out[-1]
         if self.model.latency_probe:
@@ -241,6 +259,7 @@ class StreamProcessor:
     def _stamp(self, out: np.ndarray, probe: int | None, skipped: bool) -> np.ndarray:
         """Draw the probe of the input this output came from (Stream Batch: N - 1 calls ago)."""
         if not skipped:
+            assert self.pipe is not None  # (open() built it)
             self._probes.append(probe)
             while len(self._probes) > self.pipe.latency_frames + 1:
                 self._probes.popleft()
@@ -256,7 +275,7 @@ class StreamSession:
     apply between frames (the runner's on_input hook). A recording, an RTMP or HLS push and WHEP
     viewers are sinks attached to the running session (`attach`, `detach`)."""
 
-    def __init__(self, sid: str, model: ServerModel, mode: str = "img2img", settings: dict | None = None):
+    def __init__(self, sid: str, model: SessionModel, mode: str = "img2img", settings: dict | None = None):
         self.sid, self.model, self.mode = sid, model, mode
         # the name WHEP viewers watch it by: a viewer never learns the id that controls the stream
         self.watch_id = "w" + secrets.token_urlsafe(12)
@@ -265,7 +284,7 @@ class StreamSession:
         self.notice: str | None = None  # a rejected setting; the stream goes on
         self.last_frame: np.ndarray | None = None  # the newest frame handed in (RGB uint8)
         self._pending: dict = dict(settings or {})
-        self._reference = _MISSING  # an IP-Adapter reference embedding waiting for the next frame
+        self._reference: torch.Tensor | None = None  # an IP-Adapter reference embedding waiting for the next frame
         self.has_reference = False  # the stream has its own IP-Adapter reference (not the model's default)
         self._applied: dict = {}
         self._lock = threading.Lock()
@@ -277,7 +296,7 @@ class StreamSession:
         self._size: tuple[int, int] | None = model.size if mode == "txt2img" else None  # camera: the first frame's
         self._source = PushSource(width, height, maxsize=1, description=f"stream {sid}")
         self._view = NullSink("the page's view", width, height, DEFAULT_FPS)  # keeps the latest output
-        self.processor = model.processor(mode, sid)
+        self.processor: SessionProcessor = model.processor(mode, sid)
         self.runner = Runner(self._source, self.processor, self._view, RunnerConfig(live=True, queue_size=1),
                              on_input=self._between_frames).start()
 
@@ -296,7 +315,10 @@ class StreamSession:
                     h, w = frame.shape[:2]
                     self._size = self.model.stream_size(w / h)
         try:
-            self._source.put(self._tick if frame is None else frame)
+            image = self._tick if frame is None else frame
+            if image is None:  # (only a text-to-image stream takes None, as "the next image")
+                raise StreamStudioError(f"stream {self.sid} takes camera frames; give it a frame")
+            self._source.put(image)
         except StreamStudioError:
             if not self.closed:  # (closed meanwhile: the frame is not wanted)
                 raise
@@ -336,11 +358,11 @@ class StreamSession:
         else the watch id, so the id that controls a page's stream never leaves the server."""
         return self.sid if self.named else self.watch_id
 
-    def attach(self, sink, fps: float | None = None):
+    def attach(self, sink: Sink, fps: float | None = None) -> Attachment:
         """Feed `sink` this stream's outputs from now on (`streaming.runner.Attachment`)."""
         return self.runner.attach(sink, fps)
 
-    def detach(self, attachment, wait: float | None = 10.0) -> None:
+    def detach(self, attachment: Attachment, wait: float | None = 10.0) -> None:
         """Stop feeding an attached sink; it is closed (within `wait` s when wait is given)."""
         self.runner.detach(attachment, wait)
 
@@ -384,7 +406,7 @@ class StreamSession:
                 pass  # a failure was logged when it happened
         self.processor.close()
 
-    def metrics(self):
+    def metrics(self) -> RunMetrics:
         """The stream's `streaming.runner.RunMetrics`: frames in, processed, out, drops, latency."""
         return self.runner.metrics()
 
@@ -412,7 +434,7 @@ class StreamSession:
         stats; the stream goes on)."""
         with self._lock:
             changes, self._pending = self._pending, {}
-            reference, self._reference = self._reference, _MISSING
+            reference, self._reference = self._reference, None
         mods, inputs = self.modulations, self.inputs
         if mods is not None:  # the modulated settings at this frame's time (over the ones asked for)
             view = None if inputs is None else inputs.view(self.sid)
@@ -420,8 +442,10 @@ class StreamSession:
         changes = {k: v for k, v in changes.items() if self._applied.get(k, _MISSING) != v}
         with _reported(self.sid):
             self.processor.open(self.size)
-            if reference is not _MISSING:
-                self.processor.pipe.addons.set_reference_embeds(reference)
+            if reference is not None:
+                processor = self.processor  # (a reference needs the model's IP-Adapter: this process's model)
+                assert isinstance(processor, StreamProcessor) and processor.pipe is not None
+                processor.pipe.addons.set_reference_embeds(reference)
                 self.has_reference = True
             if not changes:
                 return
@@ -437,7 +461,7 @@ class StreamSession:
 _MISSING = object()
 
 
-def _batching_stats(model: ServerModel, processor: StreamProcessor) -> dict | None:
+def _batching_stats(model: SessionModel, processor: SessionProcessor) -> dict | None:
     """The model's batching counts and one stream's own: its calls shared with other streams or
     run alone (`shares_calls` False: none of its calls ran with another stream's)."""
     stats = model.batching_stats()
@@ -448,7 +472,7 @@ def _batching_stats(model: ServerModel, processor: StreamProcessor) -> dict | No
     return {**stats, **own, "shares_calls": own["shared_calls"] > 0}
 
 
-def _ip_stats(model: ServerModel, pipe, has_reference: bool) -> dict:
+def _ip_stats(model: SessionModel, pipe, has_reference: bool) -> dict:
     if pipe is None or getattr(model.comps, "ip_adapter", None) is None:
         return {}
     return {"ip_adapter": {"scale": pipe.addons.ip_adapter_scale, "own_reference": has_reference}}
@@ -472,7 +496,7 @@ class SessionManager:
     """Open, find and free sessions; at most `max_streams` live streams at once, the Live tab's
     sessions and the other tabs' streams (the Video tab's, Splats Stylize: `take_slot`) together."""
 
-    def __init__(self, model: ServerModel, max_streams: int = 4, idle_timeout: float = 20.0,
+    def __init__(self, model: SessionModel, max_streams: int = 4, idle_timeout: float = 20.0,
                  preset_ttl: float = 120.0, owns_model: bool = False):
         if max_streams < 1:
             raise StreamStudioError("--max-streams must be at least 1")
@@ -594,14 +618,14 @@ class SessionManager:
         log.info("stream %s closed (%d frames processed)", sid, session.processed)
         return True
 
-    def models(self) -> list[ServerModel]:
+    def models(self) -> list[SessionModel]:
         """Every model the sessions run on (one; `serve --gpus N`: the replicas')."""
         replicas = getattr(self, "replicas", None)
         return [r.model for r in replicas] if replicas else [self.model]
 
-    def set_lora_scales(self, scales: dict) -> list[tuple[str, float]]:
+    def set_lora_scales(self, scales: object) -> list[tuple[str, float]]:
         """Server-wide LoRA scales (`ServerModel.set_lora_scales`), on every replica."""
-        listing = []
+        listing: list[tuple[str, float]] = []
         for model in self.models():
             listing = model.set_lora_scales(scales)
         return listing

@@ -306,9 +306,10 @@ def path_cameras(session: SplatSession, cfg: SplatRenderConfig, fps: float = PRE
     if not session.scene.is_4d:
         return cams, [None] * len(cams)
     lo, hi = session.scene.time_range
-    if any(t is None for _, t in pairs):
+    times = [t for _, t in pairs if t is not None]
+    if len(times) < len(pairs):  # (a keyframe without a time)
         return cams, _times_for(session.scene, len(cams))
-    return cams, [lo + (hi - lo) * t for _, t in pairs]
+    return cams, [lo + (hi - lo) * t for t in times]
 
 
 def preview_path(session: SplatSession, view: ViewSettings, fps: float = PREVIEW_FPS,
@@ -323,6 +324,7 @@ def preview_path(session: SplatSession, view: ViewSettings, fps: float = PREVIEW
         if session.stop_requested:
             return
         start = time.perf_counter()
+        assert session.scene is not None  # (path_cameras needs one)
         frame = to_frame(render(session.scene, cam, cfg, t), cfg)
         took = time.perf_counter() - start
         yield frame, f"path frame {i + 1}/{len(cams)} · {1 / max(took, 1e-9):.1f} fps"
@@ -461,7 +463,9 @@ def build_splat_tab(get_image_pipeline: Callable[[], object] | None = None, slot
     sliders = [azimuth, elevation, zoom, pan_x, pan_y, width, height, sh_degree, background, mode, t_slider, camera]
 
     def view_of(*vals) -> ViewSettings:
-        return ViewSettings(*vals[:9], vals[9].lower(), vals[10], vals[11].lower())
+        azimuth_, elevation_, zoom_, pan_x_, pan_y_, width_, height_, sh_, background_, mode_, t_, camera_ = vals
+        return ViewSettings(azimuth_, elevation_, zoom_, pan_x_, pan_y_, width_, height_, sh_, background_,
+                            mode_.lower(), t_, camera_.lower())
 
     def on_load(session, up, smp, axes, *vals):
         session, info = load_into(session or SplatSession(), uploaded_path(up), smp, axes)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 import gradio as gr
 import numpy as np
@@ -307,10 +308,9 @@ def grab_reference(manager: SessionManager, sids) -> tuple[np.ndarray | None, st
     """The newest camera frame of the user's own stream (the first running session of `sids`)
     as its IP-Adapter reference: (that frame, status), or (None, why not)."""
     session = _own_session(manager, sids)
-    frame = None if session is None else session.last_frame
-    if frame is None:
+    if session is None or session.last_frame is None:
         return None, "⚠️ No camera picture yet: start the Live tab's camera first."
-    frame = frame.copy()
+    frame = session.last_frame.copy()
     return frame, set_ip_adapter(manager, [session.sid], reference=frame)
 
 
@@ -445,24 +445,24 @@ class T2IControl:
 
     def __init__(self, manager: SessionManager):
         self.manager = manager
-        self.running: set[str] = set()
+        self.running: set[str | None] = set()  # the running pages (Gradio session hashes)
         self._lock = threading.Lock()
 
-    def start(self, key: str) -> bool:
+    def start(self, key: str | None) -> bool:
         with self._lock:
             self.running.add(key)
         return True
 
-    def typed(self, key: str) -> bool:
+    def typed(self, key: str | None) -> bool:
         """Typing keeps a running tab running; it does not start a stopped one."""
         return key in self.running
 
-    def stop(self, key: str) -> None:
+    def stop(self, key: str | None) -> None:
         with self._lock:
             self.running.discard(key)
         self.manager.close(f"t2i-{key}", wait=0.0)
 
-    def tick(self, key: str, prompts, weights, negative: str, seed) -> tuple:
+    def tick(self, key: str | None, prompts, weights, negative: str, seed) -> tuple:
         if key not in self.running:
             return None, "Stopped.", False
         image, text, keep_going = t2i_step(self.manager, f"t2i-{key}", prompts, weights, negative, seed)
@@ -501,7 +501,7 @@ def _output_tab(manager: SessionManager, outputs: Outputs, webrtc) -> None:
         which = gr.Dropdown([], label="Output to stop", elem_id="output-which", allow_custom_value=True)
         stop = gr.Button("Stop")
     status = gr.Markdown("Not running.", elem_id="output-status")
-    said: dict[str, str] = {}  # the last thing Start or Stop said to each browser session
+    said: dict[str | None, str] = {}  # the last thing Start or Stop said to each browser session
 
     def begin(value, chosen, kind_, target_, fps_, request: gr.Request):
         sid = live_id(value) if chosen in (None, "", LIVE) else chosen
@@ -539,7 +539,7 @@ def _tab_streams(manager: SessionManager, operator: bool) -> list[tuple[str, str
     return choices
 
 
-def _visible_outputs(manager: SessionManager, outputs: Outputs, page: str, sid: str | None,
+def _visible_outputs(manager: SessionManager, outputs: Outputs, page: str | None, sid: str | None,
                      operator: bool = False) -> list[LiveOutput]:
     """The outputs of stream `sid` this page may see and stop: every one for a page that may
     control the stream (its own, or an operator's), else only those it started."""
@@ -549,7 +549,7 @@ def _visible_outputs(manager: SessionManager, outputs: Outputs, page: str, sid: 
     return [o for o in outputs.of(sid) if everyone or o.owner == page]
 
 
-def _start_output(manager: SessionManager, outputs: Outputs, page: str, sid: str | None, kind: str, target: str,
+def _start_output(manager: SessionManager, outputs: Outputs, page: str | None, sid: str | None, kind: str, target: str,
                   fps: float, operator: bool = False) -> str:
     """Start page `page`'s output of stream `sid` (its own stream, or any with `operator`)."""
     session = manager.get(sid) if sid else None
@@ -559,20 +559,20 @@ def _start_output(manager: SessionManager, outputs: Outputs, page: str, sid: str
     if not may_control(manager, sid, page, operator):
         return NOT_YOURS
     try:
-        out = outputs.start(sid, kind, target, fps, owner=page)
+        out = outputs.start(session.sid, kind, target, fps, owner=page)
     except OutputRefused as exc:
         return f"⚠️ Could not start the output: {exc}"
     return f"Started: {kind} → `{out.location}`"
 
 
-def _stop_output(outputs: Outputs, page: str, oid: str | None, operator: bool = False) -> str:
+def _stop_output(outputs: Outputs, page: str | None, oid: str | None, operator: bool = False) -> str:
     out = outputs.get(oid) if oid else None
     if out is None:
         return "Not running."
     if out.owner != page and not operator and not may_control(outputs.manager, out.sid, page):
         return NOT_YOURS
     try:
-        outputs.stop(oid)
+        outputs.stop(out.oid)
     except OutputRefused:  # stopped meanwhile (another page, the API)
         return "Not running."
     a = out.attachment
@@ -610,10 +610,10 @@ def _output_status(out: LiveOutput | None) -> str:
     return text
 
 
-def optional_tabs(manager: SessionManager) -> list[tuple[str, str, object]]:
+def optional_tabs(manager: SessionManager) -> list[tuple[str, str, Callable[[], object]]]:
     """(label, id, build) of the Video and Splats tabs whose modules are in this build and build
     on their own (checked outside the app, so a broken tab is left out, never the whole app)."""
-    tabs = []
+    tabs: list[tuple[str, str, Callable[[], object]]] = []
     try:
         from streamstudio.app.web.video_tab import build_video_tab
     except ImportError:

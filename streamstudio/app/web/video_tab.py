@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,6 +28,11 @@ from streamstudio.streaming.runner import Runner, RunnerConfig
 from streamstudio.streaming.sinks import NullSink
 from streamstudio.streaming.sources import DEFAULT_FPS, PushSource
 
+if TYPE_CHECKING:
+    from streamstudio.app.web.sessions import SessionManager
+    from streamstudio.models.video.stream_dit import StreamDiT
+    from streamstudio.models.video.wan import WanModel
+
 DEFAULT_PROMPT = "a red circle moving left"
 DISPLAY_SIDE = 256
 MAX_FRAMES = 2000
@@ -36,7 +42,7 @@ MAX_FRAMES = 2000
 class VideoModel:
     """A loaded video model, shared by every session's streams (only read), and its one guard."""
 
-    model: object  # the StreamDiT network
+    model: StreamDiT | WanModel
     meta: dict
     guard: ModelGuard = field(default_factory=ModelGuard, compare=False)
 
@@ -77,7 +83,9 @@ class GuardedFrames(VideoFrames):
         if out:
             self._last = out[-1]
         if self._last is None:
-            height, width = self.stream.out_size
+            size = self.stream.out_size
+            assert size is not None  # (build_stream gives every stream its output size)
+            height, width = size
             return np.zeros((height, width, 3), np.uint8)
         return self._last
 
@@ -168,7 +176,7 @@ class VideoSession:
     v2v: TabStream | None = None
     v2v_settings: dict | None = None  # the video table's settings the webcam stream was made with
     frames_made: int = 0
-    slots: object | None = None  # the server's SessionManager: each stream takes one of --max-streams
+    slots: SessionManager | None = None  # the server's sessions: each stream takes one of --max-streams
 
     def stream(self, settings: dict, seed: int, text: bool) -> TabStream:
         """A new stream with the video table's `settings` ({"strength": 0.6}) (the caller closed the
@@ -182,8 +190,9 @@ class VideoSession:
             if self.slots is not None:
                 self.slots.free_slot(key)
             raise
-        if self.slots is not None:
-            stream.on_close = lambda: self.slots.free_slot(key)
+        slots = self.slots
+        if slots is not None:
+            stream.on_close = lambda: slots.free_slot(key)
         return stream
 
     def close(self) -> None:
@@ -194,7 +203,7 @@ class VideoSession:
 
 
 def generate(session: VideoSession, prompt: str, seed: int = 0, max_frames: int = MAX_FRAMES,
-             solver: str | None = None) -> Iterator[tuple[np.ndarray, str]]:
+             solver: str | None = None) -> Iterator[tuple[np.ndarray | None, str]]:
     """Text-to-video: yield (frame, status) as frames are made, until stopped or `max_frames`;
     `solver` (the tab's Step; None: the checkpoint's) is how a frame moves one level."""
     prompt = (prompt or "").strip()

@@ -28,7 +28,7 @@ import os
 import re
 import time
 import weakref
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -36,6 +36,12 @@ from streamstudio.app.web.security import peer
 from streamstudio.app.web.sessions import BusyError, Pending, SessionManager, StreamSession, pending_from
 from streamstudio.app.settings import settings_from_ui
 from streamstudio.errors import StreamStudioError
+
+if TYPE_CHECKING:  # (fastrtc and aiortc load with the web app's streams)
+    from aiortc import RTCPeerConnection
+    from fastrtc.webrtc_connection_mixin import WebRTCConnectionMixin as _FastRTC
+else:
+    _FastRTC = object
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +54,7 @@ def rtc_config_from_env(environ=None) -> dict[str, Any]:
     STREAMSTUDIO_TURN_USERNAME and STREAMSTUDIO_TURN_CREDENTIAL. Without them: no ICE servers
     (host candidates only: same machine or LAN)."""
     env = os.environ if environ is None else environ
-    servers = []
+    servers: list[dict[str, Any]] = []
     stun = [u.strip() for u in env.get("STREAMSTUDIO_STUN_URLS", "").split(",") if u.strip()]
     if stun:
         servers.append({"urls": stun})
@@ -244,7 +250,7 @@ async def make_room(manager: SessionManager, source: str | None, full: bool) -> 
                                    "once (--max-pending); try again in a few seconds", 503)
 
 
-class GuardedOffers:
+class GuardedOffers(_FastRTC):
     """What both fastrtc front ends of the server share (the `Stream` behind POST /webrtc/offer
     and the Live tab's `WebRTC` component, both fastrtc's WebRTCConnectionMixin): offers checked
     before they take a slot, every failure freeing what fastrtc registered, a bounded wait for
@@ -252,7 +258,7 @@ class GuardedOffers:
     `guard()` sets them up, once the fastrtc object is made."""
 
     manager: SessionManager
-    ice_addresses: list
+    ice_addresses: tuple[str, ...] | None
     pending_timeout: float
 
     def guard(self, manager: SessionManager, host: str | None, pending_timeout: float = PENDING_TIMEOUT,
@@ -333,7 +339,7 @@ class GuardedOffers:
             out.append(Pending(source, since, functools.partial(self.free, sid, pc)))
         return out
 
-    async def connection_timeout(self, pc, webrtc_id: str, time_limit: float):
+    async def connection_timeout(self, pc: RTCPeerConnection, webrtc_id: str, time_limit: float) -> None:
         # fastrtc starts this (time_limit 30) once the remote description is set, and closes
         # a connection not up by then. This one watches the connection for its whole life: one
         # without a session (never connected, or no frame yet) for `pending_timeout` seconds is
@@ -578,6 +584,7 @@ def status_payload(manager: SessionManager, stream=None) -> dict:
         out.update(in_use=stream.slots_in_use())
     if hasattr(manager, "stats"):  # serve --gpus / --cluster: every replica, its node, load and health
         out["replicas"] = manager.stats()
-    if getattr(manager, "update", None) is not None:  # serve --cluster: the rolling update's progress
-        out["update"] = manager.update.state()
+    update = getattr(manager, "update", None)
+    if update is not None:  # serve --cluster: the rolling update's progress
+        out["update"] = update.state()
     return out

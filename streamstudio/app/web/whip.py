@@ -299,8 +299,10 @@ class WhipServer:
                 res = Resource(kind, sid, pc, stream)
                 res.source, res.identity = peer(), who
                 if kind == "whip":  # settings set for `sid` beforehand apply now
-                    res.session = self.manager.open(sid) if old is None else old.session
-                    res.session.named = True  # its name is the publisher's URL: no secret
+                    session = self.manager.open(sid) if old is None else old.session
+                    assert session is not None  # (a publisher's session opens with it)
+                    res.session = session
+                    session.named = True  # its name is the publisher's URL: no secret
                     pc.on("track", lambda track: self.sessions.on_publisher_track(res, track))
                 await pc.setRemoteDescription(RTCSessionDescription(sdp, "offer"))
                 if kind == "whep":

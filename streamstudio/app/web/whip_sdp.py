@@ -4,10 +4,13 @@ PATCH's candidates, and the server's ICE servers as aiortc's configuration."""
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from streamstudio.app.web.fanout import CODECS
 from streamstudio.app.web.webrtc import MAX_CANDIDATES, OfferRefused, check_offer_sdp
+
+if TYPE_CHECKING:
+    from aiortc import RTCIceCandidate
 
 
 def check_sdp(sdp: Any, role: str) -> None:
@@ -41,7 +44,7 @@ def etag(sdp: str) -> str:
     return '"' + hashlib.sha256("\n".join(ice).encode()).hexdigest()[:16] + '"'
 
 
-def trickle_candidates(frag: str, if_match: str, offer_ice: set[str]) -> list:
+def trickle_candidates(frag: str, if_match: str, offer_ice: set[str]) -> list[RTCIceCandidate]:
     """The remote candidates of a trickle PATCH's `application/trickle-ice-sdpfrag` body (RFC 9725
     4.3), for a session whose offer had the ICE credentials `offer_ice`; OfferRefused for an ICE
     restart (`If-Match: *` or new credentials: 422, not supported) or a bad candidate (400).
@@ -55,7 +58,8 @@ def trickle_candidates(frag: str, if_match: str, offer_ice: set[str]) -> list:
                               for line in lines):
         raise OfferRefused("ice_restart_unsupported", "ICE restarts are not supported: start a new session "
                            "(trickle ICE candidates are)", 422)
-    candidates, mid = [], None
+    candidates: list[RTCIceCandidate] = []
+    mid: str | None = None
     for line in lines:
         if line.startswith("a=mid:"):
             mid = line[6:]

@@ -10,11 +10,14 @@ import functools
 import logging
 import secrets
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from streamstudio.app.web.fanout import CODECS, Broadcaster, viewer_track_class
 from streamstudio.app.web.security import ANONYMOUS
 from streamstudio.app.web.sessions import Pending, SessionManager
+
+if TYPE_CHECKING:
+    from streamstudio.app.web.sessions import StreamSession
 from streamstudio.app.web.webrtc import OfferRefused
 
 log = logging.getLogger(__name__)
@@ -44,7 +47,7 @@ class Resource:
         self.listeners: list[asyncio.Queue] = []  # a viewer's event streams (WhipServer._events)
         self.tasks: list[asyncio.Task] = []
         self.tracks: list = []
-        self.session = None
+        self.session: StreamSession | None = None  # the stream it publishes or watches
         self.closed = False
 
     @property
@@ -247,7 +250,7 @@ class WhipSessions:
             self.broadcasters.pop(sid, None)
             b.close()
 
-    def find(self, kind: str, stream: str, rid: str) -> Resource:
+    def find(self, kind: str, stream: str | None, rid: str) -> Resource:
         res = self.resources.get(rid)
         if res is None or res.kind != kind or res.name != stream:
             raise OfferRefused("no_session", f"no {kind.upper()} session here", 404)

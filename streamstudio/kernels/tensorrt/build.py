@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 from streamstudio.kernels.tensorrt import require_tensorrt, tensorrt_version
 from streamstudio.kernels.tensorrt.cache import EngineCache, EngineKey, Profile, gpu_identity, model_identity
@@ -68,7 +69,7 @@ def onnx_float_type(onnx_path: str | Path) -> str | None:
     return found.pop() if found else None
 
 
-def weakly_typed(trt) -> bool:
+def weakly_typed(trt: ModuleType) -> bool:
     """True for TensorRT <= 10 (precision flags); False for 11+ (strongly typed networks only)."""
     return hasattr(trt.BuilderFlag, "FP16")
 

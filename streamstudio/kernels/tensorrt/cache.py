@@ -15,6 +15,7 @@ import logging
 import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -77,7 +78,7 @@ class EngineKey:
 
     @staticmethod
     def make(name: str, model_id: str, profile: Profile, precision: str, trt_version: str, gpu: str,
-             **extra) -> "EngineKey":
+             **extra: object) -> "EngineKey":
         prof = tuple(sorted((k, tuple(v[0]), tuple(v[1]), tuple(v[2])) for k, v in profile.items()))
         return EngineKey(name, model_id, prof, precision, trt_version, gpu, tuple(sorted(extra.items())))
 
@@ -93,7 +94,7 @@ class EngineKey:
     def profile_dict(self) -> Profile:
         return {k: (tuple(lo), tuple(opt), tuple(hi)) for k, lo, opt, hi in self.profile}
 
-    def with_(self, **changes) -> "EngineKey":
+    def with_(self, **changes: Any) -> "EngineKey":
         return replace(self, **changes)
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -15,7 +17,7 @@ from streamstudio.kernels.tensorrt import require_tensorrt
 log = logging.getLogger(__name__)
 
 
-def _torch_dtype(trt, dtype) -> torch.dtype:
+def _torch_dtype(trt: ModuleType, dtype: Any) -> torch.dtype:  # dtype: a trt.DataType
     table = {trt.DataType.FLOAT: torch.float32, trt.DataType.HALF: torch.float16, trt.DataType.INT32: torch.int32,
              trt.DataType.BOOL: torch.bool, trt.DataType.INT8: torch.int8}
     for name, value in (("INT64", torch.int64), ("BF16", torch.bfloat16), ("UINT8", torch.uint8)):
@@ -106,13 +108,13 @@ class TRTEngine:
             f"engine for the batch sizes that are sent (streamstudio build-engines with the app's --cfg, --steps "
             f"and --max-batch-rows, or --batch MIN OPT MAX), or send batches inside the range.")
 
-    def _set_shapes(self, context, feeds: dict[str, torch.Tensor]) -> None:
+    def _set_shapes(self, context: Any, feeds: dict[str, torch.Tensor]) -> None:
         for name in self.input_names:
             shape = tuple(feeds[name].shape)
             if not context.set_input_shape(name, shape):  # False: outside the profile
                 raise self._shape_error(name, shape)
 
-    def _bind(self, context, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def _bind(self, context: Any, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Set shapes and addresses on `context`; returns freshly allocated outputs."""
         self._set_shapes(context, inputs)
         for name in self.input_names:
@@ -124,7 +126,7 @@ class TRTEngine:
             context.set_tensor_address(name, outputs[name].data_ptr())
         return outputs
 
-    def _execute(self, context) -> None:
+    def _execute(self, context: Any) -> None:  # a trt.IExecutionContext
         if not context.execute_async_v3(torch.cuda.current_stream(self.device).cuda_stream):
             raise RuntimeError(f"TensorRT execution of {self.path.name} failed")
 

@@ -26,9 +26,10 @@ the video network: `models/acceleration.py`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -41,6 +42,9 @@ from streamstudio.models.acceleration import MODES, compile_kwargs, engine_shape
 from streamstudio.models.image.components import SDComponents
 from streamstudio.models.image.export_specs import IMAGE_PARTS, EngineImageNet, image_specs
 from streamstudio.models.image.image_net import ImageCond, ImageNet, WrappedImageNet, broadcast
+
+if TYPE_CHECKING:  # (TensorRT's runtime loads only when engines are asked for)
+    from streamstudio.kernels.tensorrt.runtime import TRTEngine
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +203,7 @@ def apply_acceleration(comps: SDComponents, mode: str, *, engine_dir: str | Path
 
 
 def warm_up(comps: SDComponents, plan: BatchPlan, *, repeats: int | None = None,
-            run: "callable | None" = None) -> int:
+            run: Callable[[Callable[[], None]], object] | None = None) -> int:
     """Run the seam's eps, encode and decode once (CUDA: three times, so CUDA graphs are
     recorded) at every batch size of the plan, so that no size is compiled or captured for the
     first time while streams run. The inputs are contiguous, as every call's are. `run(fn)`
@@ -211,7 +215,7 @@ def warm_up(comps: SDComponents, plan: BatchPlan, *, repeats: int | None = None,
     h, w = plan.height // net.latent_scale, plan.width // net.latent_scale
     calls = 0
 
-    def job():
+    def job() -> None:
         nonlocal calls
         with torch.inference_mode():
             for b in plan.sizes["unet"]:
@@ -329,7 +333,7 @@ def _tensorrt(comps: SDComponents, engine_dir, shapes: ShapeRange | None, precis
             engine.capture_all([spec.input_shapes(b, plan.height, plan.width) for b in plan.sizes[spec.name]])
         return engine
 
-    engines: dict[str, object] = {}
+    engines: dict[str, TRTEngine] = {}
     for spec in image_specs(comps, parts):
         try:
             engines[spec.name] = load(spec)

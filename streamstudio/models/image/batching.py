@@ -119,7 +119,7 @@ class ClientStats:
 @dataclass(eq=False)  # compared by identity (deque.remove), never by its tensors
 class _Request:
     key: tuple
-    fn: Callable[..., torch.Tensor]
+    fn: Callable[..., object]  # a network call (a tensor back), or a job (anything back)
     args: tuple[torch.Tensor, ...]
     rows: int
     stage: int = 0
@@ -129,7 +129,7 @@ class _Request:
     client: ClientStats | None = None  # the calling stream's counts
     unjoinable: bool = False  # another stream's call of this stage waited beside it with another key
     done: threading.Event = field(default_factory=threading.Event)
-    result: torch.Tensor | None = None
+    result: object = None
     error: BaseException | None = None
 
 

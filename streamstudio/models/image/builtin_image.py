@@ -75,7 +75,8 @@ class _Decoded:
         self.sample = sample
 
 
-class PixelShuffleAutoencoder(ModelMixin, ConfigMixin):
+# (diffusers' ConfigMixin types config_name as None, ModelMixin as str: every diffusers model inherits both)
+class PixelShuffleAutoencoder(ModelMixin, ConfigMixin):  # type: ignore[misc]
     """Images (B, 3, H, W) in [-1, 1] <-> latents (B, C, H/f, W/f), f = 2 ** (len(block_out_channels)
     - 1): 8 (4 channels, as Stable Diffusion's) or 4 (the photographic model: more channels, less
     compression); H, W multiples of f.
@@ -83,6 +84,7 @@ class PixelShuffleAutoencoder(ModelMixin, ConfigMixin):
     `encode(x).latents` and `decode(z).sample`, as diffusers' AutoencoderTiny (the pipeline
     scales latents by `config.scaling_factor`, set after training so they have unit variance).
     """
+
 
     @register_to_config
     def __init__(self, channels: int = 32, latent_channels: int = 4, scaling_factor: float = 1.0,
@@ -133,7 +135,7 @@ class PixelShuffleAutoencoder(ModelMixin, ConfigMixin):
 
     def encode(self, x: torch.Tensor, return_dict: bool = True):
         z = self.encoder(x)  # (B, C, H/f, W/f), unscaled
-        if self.config.power_norm:  # each image's latents to mean square 1 (deep JSCC's power constraint)
+        if self.config["power_norm"]:  # each image's latents to mean square 1 (deep JSCC's power constraint)
             z = z * torch.rsqrt(z.pow(2).mean(dim=(1, 2, 3), keepdim=True) + 1e-6)
         return _Encoded(z) if return_dict else (z,)
 

@@ -5,35 +5,47 @@ put on a device by `to` (`tune_for_device`: channels_last and cuDNN autotune on 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from streamstudio.models.image import sdxl
 from streamstudio.models.image.image_net import DiffusersImageNet, ImageNet, latent_scale
 
+if TYPE_CHECKING:  # (the add-ons, diffusers and transformers load with the model, not with this module;
+    #                 diffusers' classes by their modules' paths: its lazy top-level names are opaque to mypy)
+    from diffusers.models.autoencoders.autoencoder_kl import AutoencoderKL
+    from diffusers.models.autoencoders.autoencoder_tiny import AutoencoderTiny
+    from diffusers.models.unets.unet_2d_condition import UNet2DConditionModel
+    from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
+
+    from streamstudio.models.image.builtin_image import PixelShuffleAutoencoder
+    from streamstudio.models.image.ip_adapter import IPAdapter
+    from streamstudio.models.image.lora import LoraSet
+
 
 @dataclass
 class SDComponents:
     """The networks of one Stable Diffusion model and what the pipeline must know of it."""
 
-    unet: torch.nn.Module
-    vae: torch.nn.Module  # AutoencoderKL, or AutoencoderTiny when the fast VAE is used
-    text_encoder: torch.nn.Module
-    tokenizer: object
+    unet: UNet2DConditionModel
+    vae: AutoencoderKL | AutoencoderTiny | PixelShuffleAutoencoder  # AutoencoderTiny: the fast VAE
+    text_encoder: CLIPTextModel
+    tokenizer: CLIPTokenizer
     scheduler_config: dict
     name: str
     step_type: str = "lcm"  # "lcm" (c_skip, c_out) or "turbo" (x0 = F)
     is_demo: bool = False  # a built-in model (builtin, or tiny with random weights), not a real one
     notes: list[str] = field(default_factory=list)
     default_size: int | None = None  # the side the model is made for (builtin 256, tiny 64; None: 512)
-    text_encoder_2: torch.nn.Module | None = None  # SDXL: CLIPTextModelWithProjection (pooled text)
-    tokenizer_2: object | None = None  # SDXL: the second encoder's tokenizer
+    text_encoder_2: CLIPTextModelWithProjection | None = None  # SDXL: the pooled text
+    tokenizer_2: CLIPTokenizer | None = None  # SDXL: the second encoder's tokenizer
     vae_upcast: bool = False  # keep the VAE in float32 (SDXL's own VAE overflows in float16)
-    loras: object | None = None  # the users' LoRAs on these networks (models/image/lora.LoraSet), changeable live
+    loras: LoraSet | None = None  # the users' LoRAs on these networks, changeable live
     # ControlNetModels (models/image/controlnet.py), in --controlnet order
     controlnets: list = field(default_factory=list)
     control_defaults: list = field(default_factory=list)  # per ControlNet: (preprocessor, scale) new streams start at
-    ip_adapter: object | None = None  # models/image/ip_adapter.IPAdapter installed in the UNet, or None
+    ip_adapter: IPAdapter | None = None  # installed in the UNet, or None
     network: ImageNet | None = None  # an accelerated or batched variant of the seam (None: eager)
 
     @property
@@ -81,7 +93,9 @@ class SDComponents:
             or self.text_encoder.config.hidden_size  # the built-in UNet: its text encoder's width
         fields = {"text": zeros(tokens, int(dim[0] if isinstance(dim, (list, tuple)) else dim))}  # (B, L, D)
         if self.is_sdxl:
-            fields["text_embeds"] = zeros(int(self.text_encoder_2.config.projection_dim))  # (B, P)
+            pooled = self.text_encoder_2.config.projection_dim if self.text_encoder_2 is not None else None
+            assert pooled is not None  # (SDXL's second text encoder projects the pooled text)
+            fields["text_embeds"] = zeros(int(pooled))  # (B, P)
             fields["time_ids"] = zeros(6)  # (B, 6)
         if self.controlnets:
             fields["control"] = tuple(zeros(3, height, width) for _ in self.controlnets)  # n x (B, 3, H, W)
@@ -92,7 +106,9 @@ class SDComponents:
         return ImageCond(**fields)
 
     def to(self, device: torch.device, dtype: torch.dtype) -> "SDComponents":
-        for module in (self.unet, self.vae, self.text_encoder, self.text_encoder_2):
+        # (as torch modules: diffusers' and transformers' `to` wrap nn.Module.to in ways their stubs garble)
+        modules: tuple[torch.nn.Module | None, ...] = (self.unet, self.vae, self.text_encoder, self.text_encoder_2)
+        for module in modules:
             if module is None:
                 continue
             want = torch.float32 if module is self.vae and self.vae_upcast else dtype
@@ -110,5 +126,6 @@ def tune_for_device(comps: "SDComponents", device: torch.device) -> None:
     if device.type != "cuda":
         return
     torch.backends.cudnn.benchmark = True
-    for module in (comps.unet, comps.vae):
-        module.to(memory_format=torch.channels_last)
+    modules: tuple[torch.nn.Module, ...] = (comps.unet, comps.vae)  # (as in SDComponents.to)
+    for module in modules:
+        module.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # (torch's stubs lack it)

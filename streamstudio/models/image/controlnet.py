@@ -80,8 +80,8 @@ def check_fits(net, unet) -> None:
     """A ControlNet made for another model family (SD 1.5 vs SDXL vs 2.1) is refused."""
     for key in ("cross_attention_dim", "block_out_channels", "addition_embed_type"):
         a, b = getattr(net.config, key, None), getattr(unet.config, key, None)
-        if key == "block_out_channels":
-            a, b = tuple(a), tuple(b)
+        if key == "block_out_channels":  # (a list in one config, a tuple in another)
+            a, b = (None if a is None else tuple(a)), (None if b is None else tuple(b))
         if a != b:
             raise StreamStudioError(f"this ControlNet does not fit the model ({key}: ControlNet {a}, model {b}); "
                                     "use a ControlNet made for the model's family (SD 1.5, SD 2.1 or SDXL)")
@@ -108,6 +108,7 @@ def residuals(nets, x: torch.Tensor, t: torch.Tensor, text: torch.Tensor, images
         else:
             down = [a + b for a, b in zip(down, d)]
             mid = mid + m
+    assert down is not None and mid is not None  # (nets is not empty)
     return tuple(down), mid
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -30,13 +31,16 @@ from streamstudio.kernels.tensorrt.runtime import TRTEngine
 from streamstudio.models.image.image_net import (DiffusersImageNet, ImageCond, ImageNet, Layout, WrappedImageNet,
                                                  broadcast, check_bank)
 
+if TYPE_CHECKING:  # (by its module: diffusers' top-level names are dummies to a type checker)
+    from diffusers.models.attention_processor import IPAdapterAttnProcessor2_0
+
 IMAGE_PARTS = ("unet", "vae_encoder", "vae_decoder")
 
 
 IP_SCALE = "ip_scale"  # the UNet engine's input of the IP-Adapter's per-row scale, (B, 1): ImageCond.ip_scale
 
 
-def ip_processors(unet: nn.Module) -> list[nn.Module]:
+def ip_processors(unet: nn.Module) -> list[IPAdapterAttnProcessor2_0]:
     """The UNet's IP-Adapter attention processors (they hold to_k_ip), in a fixed order; []
     without an adapter."""
     procs = getattr(unet, "attn_processors", None) or {}

@@ -42,9 +42,13 @@ import contextvars
 import threading
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:  # (diffusers loads with the model)
+    from diffusers.models.attention_processor import Attention
 
 FUSION_LAYERS = ("mid_block", "up_blocks.0", "up_blocks.1")  # the reference's feature-injection layers
 
@@ -159,10 +163,12 @@ class BankRows:
 # (start row, BankRows) segments of the batch of the UNet call now running on this thread
 _ATTENDING: contextvars.ContextVar[tuple[tuple[int, BankRows], ...] | None] = contextvars.ContextVar(
     "streamstudio_feature_bank_attending", default=None)
-def self_attention_layers(unet: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+def self_attention_layers(unet: torch.nn.Module) -> list[tuple[str, Attention]]:
     """(name, Attention) of every self-attention layer (`attn1`) of a diffusers UNet."""
+    from diffusers.models.attention_processor import Attention
+
     return [(name, module) for name, module in unet.named_modules() if name.endswith("attn1")
-            and hasattr(module, "set_processor")]
+            and isinstance(module, Attention)]
 
 
 _install_lock = threading.Lock()
@@ -177,8 +183,9 @@ def attending(unet: torch.nn.Module, segments: Sequence[tuple[int, BankRows]]):
     with _install_lock:
         saved = [(module, module.processor) for _, module in layers]
         for name, module in layers:
-            if not isinstance(module.processor, BankAttnProcessor):
-                module.set_processor(BankAttnProcessor(name, module.processor))
+            if not isinstance(module.processor, BankAttnProcessor):  # (diffusers' type names its own
+                # processor classes; it takes any processor object, as its docs say)
+                module.set_processor(BankAttnProcessor(name, module.processor))  # type: ignore[arg-type]
     try:
         yield
     finally:
@@ -225,6 +232,7 @@ class BankAttnProcessor:
 
         plan = self._row_plan(segments, batch)
         found = [None if p is None else p[0].bank.get(self.name, p[1]) for p in plan]
+        entries = {r: entry for r, entry in enumerate(found) if entry is not None}  # rows with bank entries
         groups: dict[int, list[int]] = {}  # bank entries m -> rows
         for r, entry in enumerate(found):
             groups.setdefault(0 if entry is None else entry[3], []).append(r)
@@ -246,8 +254,8 @@ class BankAttnProcessor:
             if m == 0:
                 out = attend(query, key, value)
             else:
-                kb = torch.stack([found[r][0] for r in rows])  # (B, m*T, C')
-                vb = torch.stack([found[r][1] for r in rows])
+                kb = torch.stack([entries[r][0] for r in rows])  # (B, m*T, C')
+                vb = torch.stack([entries[r][1] for r in rows])
                 out = attend(query, torch.cat([key, kb], 1), torch.cat([value, vb], 1))  # keys (B, (1+m)T, C')
         else:
             out = torch.empty_like(query)
@@ -255,8 +263,8 @@ class BankAttnProcessor:
                 idx = torch.tensor(rows, device=query.device)
                 q, k, v = query[idx], key[idx], value[idx]
                 if m:
-                    k = torch.cat([k, torch.stack([found[r][0] for r in rows])], 1)
-                    v = torch.cat([v, torch.stack([found[r][1] for r in rows])], 1)
+                    k = torch.cat([k, torch.stack([entries[r][0] for r in rows])], 1)
+                    v = torch.cat([v, torch.stack([entries[r][1] for r in rows])], 1)
                 out[idx] = attend(q, k, v)
 
         out = attention_output(attn, out, residual, shape)  # (B, T, C) (or (B, C, h, w))

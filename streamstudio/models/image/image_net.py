@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -62,7 +63,8 @@ class ImageCond:
 
     def flatten(self) -> tuple[Layout, tuple[torch.Tensor, ...]]:
         """(layout, tensors): the fields that are set, in field order, as one flat tuple."""
-        layout, tensors = [], []
+        layout: list[tuple[str, int]] = []
+        tensors: list[torch.Tensor] = []
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if value is None:
@@ -74,7 +76,8 @@ class ImageCond:
 
     @classmethod
     def unflatten(cls, layout: Layout, tensors: Sequence[torch.Tensor]) -> "ImageCond":
-        fields, i = {}, 0
+        fields: dict[str, Any] = {}  # name -> a tensor or a tuple of them
+        i = 0
         for name, n in layout:
             fields[name] = tensors[i] if n < 0 else tuple(tensors[i:i + n])
             i += 1 if n < 0 else n
@@ -116,6 +119,12 @@ def broadcast(rows: int, t: torch.Tensor | float, cond: ImageCond,
     return (t.expand(rows) if t.numel() == 1 else t), cond.expand(rows)  # (B,), B rows
 
 
+def net_config(net: nn.Module) -> Any:
+    """A diffusers network's config, read by attribute (diffusers' FrozenDict; a test's stand-in
+    namespace): torch types a module's attributes as tensors or modules, diffusers as a dict."""
+    return getattr(net, "config")
+
+
 def latent_scale(vae: nn.Module) -> int:
     """Pixels per latent: 2 ** (VAE blocks - 1) (8 for SD's VAE and TAESD)."""
     config = getattr(vae, "config", None)
@@ -127,8 +136,15 @@ class ImageNet:
     """The interface (see the module docstring). Variants keep the eager adapter underneath
     (`eager`) for what they cannot run themselves."""
 
-    fixed_shapes = False  # compiled graphs and engines: send only the batch sizes planned for
-    takes_bank = True  # eps(..., bank=...) works
+    @property
+    def fixed_shapes(self) -> bool:
+        """Compiled graphs and engines: send only the batch sizes planned for."""
+        return False
+
+    @property
+    def takes_bank(self) -> bool:
+        """eps(..., bank=...) works."""
+        return True
 
     @property
     def eager(self) -> "DiffusersImageNet":
@@ -177,7 +193,7 @@ class DiffusersImageNet(ImageNet):
 
     @property
     def latent_channels(self) -> int:
-        return int(self.unet.config.in_channels)
+        return int(net_config(self.unet).in_channels)
 
     @property
     def latent_scale(self) -> int:
@@ -187,15 +203,16 @@ class DiffusersImageNet(ImageNet):
         """The condition as diffusers' UNet2DConditionModel takes it: SDXL's pooled text and
         time ids and IP-Adapter's image embedding as added conditioning, the ControlNets'
         summed residuals (models/image/controlnet.py) for their skip connections."""
-        added = {}
+        added: dict[str, Any] = {}
         if cond.text_embeds is not None:
             added.update(text_embeds=cond.text_embeds, time_ids=cond.time_ids)
-        kwargs = {"encoder_hidden_states": cond.text}
+        kwargs: dict[str, Any] = {"encoder_hidden_states": cond.text}
         if cond.control is not None:
             from streamstudio.models.image import controlnet
 
             if len(cond.control) != len(self.controlnets):
                 raise StreamStudioError(f"{len(cond.control)} control images for {len(self.controlnets)} ControlNets")
+            assert cond.control_scale is not None  # (control images come with their scales)
             down, mid = controlnet.residuals(self.controlnets, x, t, cond.text, cond.control, cond.control_scale,
                                              added or None)
             kwargs.update(down_block_additional_residuals=down, mid_block_additional_residual=mid)

@@ -203,9 +203,9 @@ def row_scaled_projection_class() -> type:
     """diffusers' MultiIPAdapterImageProjection that also takes the per-row scales: image_embeds
     [embeds..., scales (B, n)] -> [image tokens..., scales]."""
     if "projection" not in _CLASSES:
-        _, base = _diffusers_classes()
+        from diffusers.models.embeddings import MultiIPAdapterImageProjection
 
-        class RowScaledProjection(base):
+        class RowScaledProjection(MultiIPAdapterImageProjection):
             def forward(self, image_embeds):
                 if isinstance(image_embeds, (list, tuple)) and len(image_embeds) == self.num_ip_adapters + 1:
                     *embeds, scales = image_embeds
@@ -220,9 +220,9 @@ def row_scaled_processor_class() -> type:
     """diffusers' IPAdapterAttnProcessor2_0 whose image attention is scaled row by row when the
     image tokens come with per-row scales (`RowScaledProjection`); without them, diffusers' own."""
     if "processor" not in _CLASSES:
-        base, _ = _diffusers_classes()
+        from diffusers.models.attention_processor import IPAdapterAttnProcessor2_0
 
-        class RowScaledIPAdapterProcessor(base):
+        class RowScaledIPAdapterProcessor(IPAdapterAttnProcessor2_0):
             def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None,
                          scale: float = 1.0, ip_adapter_masks=None):
                 if (isinstance(encoder_hidden_states, tuple) and len(encoder_hidden_states[1]) == len(self.scale) + 1

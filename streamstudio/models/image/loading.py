@@ -161,14 +161,15 @@ def _load_folder(source: str, model: str, local_files_only: bool) -> SDComponent
 
     text_encoder_2 = tokenizer_2 = None
     try:
-        kw = dict(local_files_only=local_files_only)
-        unet = UNet2DConditionModel.from_pretrained(source, subfolder="unet", **kw)
-        vae = AutoencoderKL.from_pretrained(source, subfolder="vae", **kw)
-        text_encoder = CLIPTextModel.from_pretrained(source, subfolder="text_encoder", **kw)
-        tokenizer = CLIPTokenizer.from_pretrained(source, subfolder="tokenizer", **kw)
+        local = local_files_only
+        unet = UNet2DConditionModel.from_pretrained(source, subfolder="unet", local_files_only=local)
+        vae = AutoencoderKL.from_pretrained(source, subfolder="vae", local_files_only=local)
+        text_encoder = CLIPTextModel.from_pretrained(source, subfolder="text_encoder", local_files_only=local)
+        tokenizer = CLIPTokenizer.from_pretrained(source, subfolder="tokenizer", local_files_only=local)
         if sdxl.is_sdxl_unet(unet):  # SDXL: the second, projecting text encoder
-            text_encoder_2 = CLIPTextModelWithProjection.from_pretrained(source, subfolder="text_encoder_2", **kw)
-            tokenizer_2 = CLIPTokenizer.from_pretrained(source, subfolder="tokenizer_2", **kw)
+            text_encoder_2 = CLIPTextModelWithProjection.from_pretrained(source, subfolder="text_encoder_2",
+                                                                         local_files_only=local)
+            tokenizer_2 = CLIPTokenizer.from_pretrained(source, subfolder="tokenizer_2", local_files_only=local)
             text_encoder_2.eval().requires_grad_(False)
         scheduler_config = _read_scheduler_config(source, local_files_only)
     except (OSError, ValueError, EnvironmentError) as exc:  # hub errors are OSError subclasses
@@ -400,17 +401,23 @@ def fuse_lora(comps: SDComponents, lora: str, scale: float = 1.0, local_files_on
 
 
 def _fuse(comps: SDComponents, where: str, kwargs: dict, local_files_only: bool, scale: float, label: str) -> None:
-    from diffusers import LCMScheduler, StableDiffusionPipeline, StableDiffusionXLPipeline
+    from diffusers import LCMScheduler
+    # (the pipelines by their modules: diffusers' top-level names are dummies to a type checker)
+    from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion import StableDiffusionPipeline
+    from diffusers.pipelines.stable_diffusion_xl.pipeline_stable_diffusion_xl import StableDiffusionXLPipeline
 
     scheduler = LCMScheduler.from_config(comps.scheduler_config)
+    # (diffusers' annotations ask for every part; its pipelines take None for those LoRA loading never uses)
+    pipe: StableDiffusionPipeline | StableDiffusionXLPipeline
     if comps.is_sdxl:
-        pipe = StableDiffusionXLPipeline(vae=None, text_encoder=comps.text_encoder, text_encoder_2=comps.text_encoder_2,
+        assert comps.text_encoder_2 is not None and comps.tokenizer_2 is not None  # (SDXL's second encoder)
+        pipe = StableDiffusionXLPipeline(text_encoder=comps.text_encoder, text_encoder_2=comps.text_encoder_2,
                                          tokenizer=comps.tokenizer, tokenizer_2=comps.tokenizer_2, unet=comps.unet,
-                                         scheduler=scheduler)
+                                         scheduler=scheduler, vae=None)  # type: ignore[arg-type]
     else:
-        pipe = StableDiffusionPipeline(vae=None, text_encoder=comps.text_encoder, tokenizer=comps.tokenizer,
-                                       unet=comps.unet, scheduler=scheduler, safety_checker=None,
-                                       feature_extractor=None, requires_safety_checker=False)
+        pipe = StableDiffusionPipeline(text_encoder=comps.text_encoder, tokenizer=comps.tokenizer, unet=comps.unet,
+                                       scheduler=scheduler, requires_safety_checker=False,
+                                       vae=None, safety_checker=None, feature_extractor=None)  # type: ignore[arg-type]
     try:
         pipe.load_lora_weights(where, local_files_only=local_files_only, **kwargs)
     except Exception as exc:

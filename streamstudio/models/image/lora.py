@@ -28,6 +28,7 @@ import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -234,15 +235,16 @@ class LoraSet:
                     yield layer
 
     def _unet_adapters(self) -> set[str]:
-        from peft.tuners.tuners_utils import BaseTunerLayer
+        from peft.tuners.lora import LoraLayer  # (the tuner layers a LoRA makes)
 
-        return {name for m in self.comps.unet.modules() if isinstance(m, BaseTunerLayer) for name in m.lora_A}
+        return {name for m in self.comps.unet.modules() if isinstance(m, LoraLayer) for name in m.lora_A}
 
     def _text_adapters(self) -> set[str]:
-        from peft.tuners.tuners_utils import BaseTunerLayer
+        from peft.tuners.lora import LoraLayer
 
         encoders = [self.comps.text_encoder] + ([self.comps.text_encoder_2] if self.is_sdxl else [])
-        return {name for enc in encoders for m in enc.modules() if isinstance(m, BaseTunerLayer) for name in m.lora_A}
+        return {name for enc in encoders if enc is not None for m in enc.modules() if isinstance(m, LoraLayer)
+                for name in m.lora_A}
 
     def _drop_if_partial(self, name: str) -> None:
         if name in self._unet_adapters() | self._text_adapters():
@@ -341,7 +343,7 @@ def save_random_lora(comps, folder: str | os.PathLike, rank: int = 4, alpha: flo
     unet, text_encoder = copy.deepcopy(comps.unet), copy.deepcopy(comps.text_encoder)
     from streamstudio.models.image.tiny import redraw_parameters
 
-    config = dict(r=rank, lora_alpha=alpha or rank, init_lora_weights=False)
+    config: dict[str, Any] = dict(r=rank, lora_alpha=alpha or rank, init_lora_weights=False)
     with torch.random.fork_rng(devices=[]):
         unet.add_adapter(LoraConfig(target_modules=["to_q", "to_k", "to_v", "to_out.0"], **config))
         if text:

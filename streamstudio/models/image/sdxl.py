@@ -110,7 +110,10 @@ def tiny_sdxl_components(seed: int = 0, taesd: bool = False) -> dict:
     conditioning, CLIPTextModel + CLIPTextModelWithProjection (the same tiny tokenizer for
     both), the tiny VAE with SDXL's latent scaling. Keys as `tiny.tiny_components`, plus
     text_encoder_2 and tokenizer_2."""
-    from diffusers import AutoencoderKL, AutoencoderTiny, UNet2DConditionModel
+    # (diffusers' classes by their modules: its top-level names are dummies to a type checker)
+    from diffusers.models.autoencoders.autoencoder_kl import AutoencoderKL
+    from diffusers.models.autoencoders.autoencoder_tiny import AutoencoderTiny
+    from diffusers.models.unets.unet_2d_condition import UNet2DConditionModel
     from transformers import CLIPTextModel, CLIPTextModelWithProjection
 
     from streamstudio.models.image import tiny
@@ -125,7 +128,8 @@ def tiny_sdxl_components(seed: int = 0, taesd: bool = False) -> dict:
         tiny_vae = AutoencoderTiny(**tiny.TAESD_CONFIG, scaling_factor=1.0) if taesd else None
     for offset, module in enumerate((unet, vae, text_encoder, text_encoder_2, tiny_vae)):
         if module is not None:  # weights from `seed` alone, whatever other threads draw (tiny.redraw_parameters)
-            std = module.config.initializer_range if module in (text_encoder, text_encoder_2) else None
+            std = (module.config.initializer_range if isinstance(module, (CLIPTextModel, CLIPTextModelWithProjection))
+                   else None)  # the text encoders'
             tiny.redraw_parameters(module, seed + offset, std=std).eval().requires_grad_(False)
     return dict(unet=unet, vae=vae, text_encoder=text_encoder, text_encoder_2=text_encoder_2,
                 tokenizer=tiny.tiny_tokenizer(), tokenizer_2=tiny.tiny_tokenizer(),

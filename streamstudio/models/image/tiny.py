@@ -157,7 +157,10 @@ def tiny_components(seed: int = TINY_SEED, taesd: bool = False) -> dict:
     Returns a dict with unet, vae, text_encoder, tokenizer, scheduler_config, name,
     and `taesd` (an AutoencoderTiny) when asked for.
     """
-    from diffusers import AutoencoderKL, AutoencoderTiny, UNet2DConditionModel
+    # (diffusers' classes by their modules: its top-level names are dummies to a type checker)
+    from diffusers.models.autoencoders.autoencoder_kl import AutoencoderKL
+    from diffusers.models.autoencoders.autoencoder_tiny import AutoencoderTiny
+    from diffusers.models.unets.unet_2d_condition import UNet2DConditionModel
     from transformers import CLIPTextModel
 
     with torch.random.fork_rng(devices=[]):  # the constructors' own draws leave the caller's stream alone
@@ -167,7 +170,7 @@ def tiny_components(seed: int = TINY_SEED, taesd: bool = False) -> dict:
         tiny_vae = AutoencoderTiny(**TAESD_CONFIG) if taesd else None
     for offset, module in enumerate((unet, vae, text_encoder, tiny_vae)):
         if module is not None:  # weights from `seed` alone, whatever other threads draw
-            std = module.config.initializer_range if module is text_encoder else None
+            std = module.config.initializer_range if isinstance(module, CLIPTextModel) else None  # the text encoder
             redraw_parameters(module, seed + offset, std=std).eval().requires_grad_(False)
     return dict(unet=unet, vae=vae, text_encoder=text_encoder, tokenizer=tiny_tokenizer(),
                 scheduler_config=dict(SCHEDULER_CONFIG), name=TINY_NAME, taesd=tiny_vae)

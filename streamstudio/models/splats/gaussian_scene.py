@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -51,9 +52,10 @@ class GaussianScene:
     @property
     def time_range(self) -> tuple[float, float]:
         """(earliest, latest) time a Gaussian is centred at; (0, 0) for a 3D scene."""
-        if not self.is_4d or len(self) == 0:
+        t = self.t_centers
+        if t is None or len(self) == 0:  # (not is_4d, or empty)
             return (0.0, 0.0)
-        return (float(self.t_centers.min()), float(self.t_centers.max()))
+        return (float(t.min()), float(t.max()))
 
     def opacities(self) -> torch.Tensor:
         """(N,) activated opacity in [0, 1] (times the time marginal for a slice)."""
@@ -72,7 +74,7 @@ class GaussianScene:
 
     def subset(self, mask: torch.Tensor) -> "GaussianScene":
         """The Gaussians where `mask` (N,) is true (or the given indices)."""
-        pick = {k: (None if v is None else v[mask]) for k, v in self._fields().items()}
+        pick: dict[str, Any] = {k: (None if v is None else v[mask]) for k, v in self._fields().items()}
         return GaussianScene(**pick, antialiased=self.antialiased)
 
     def _fields(self) -> dict:

@@ -237,7 +237,7 @@ def read_ply(path: str | os.PathLike, max_gaussians: int | None = None) -> Gauss
             raise _err(path, f"truncated: header says {n} Gaussians ({n * dtype.itemsize} bytes) "
                              f"but only {data_bytes} bytes follow")
         data = np.fromfile(f, dtype=dtype, count=n)
-    names = set(dtype.names)
+    names = set(dtype.names or ())  # (a structured dtype: its field names)
     need = ["x", "y", "z", "f_dc_0", "f_dc_1", "f_dc_2", "opacity", "scale_0", "scale_1", "scale_2",
             "rot_0", "rot_1", "rot_2", "rot_3"]
     missing = [p for p in need if p not in names]
@@ -290,6 +290,7 @@ def write_ply(scene: GaussianScene, path: str | os.PathLike) -> None:
     for i in range(4):
         add(f"rot_{i}", scene.quats[:, i])
     if scene.is_4d:
+        assert scene.t_log_scales is not None and scene.quats_r is not None  # (a 4D scene's time fields)
         add("t", scene.t_centers)
         add("t_scale", scene.t_log_scales)
         for i in range(4):
@@ -550,6 +551,7 @@ def write_splat(scene: GaussianScene, path: str | os.PathLike) -> None:
 
 def covariance_4d(scene: GaussianScene) -> torch.Tensor:
     """(N, 4, 4) covariance over (x, y, z, t) of a 4D scene."""
+    assert scene.quats_r is not None and scene.t_log_scales is not None  # (a 4D scene's time fields)
     rot = rotation_4d(scene.quats, scene.quats_r)
     s = torch.exp(torch.cat([scene.log_scales, scene.t_log_scales[:, None]], dim=1))  # (N, 4)
     m = rot * s[:, None, :]  # (N, 4, 4) = R S
@@ -561,7 +563,7 @@ def slice_4d(scene: GaussianScene, t: float, min_weight: float = 1.0 / 255.0) ->
     its opacity times the (unnormalised) marginal exp(-(t - mu_t)^2 / (2 var_t)), and only the
     Gaussians whose opacity times that marginal is at least `min_weight` (the others could not
     reach alpha 1/255 anywhere). A 3D scene is returned as is."""
-    if not scene.is_4d:
+    if scene.t_centers is None:  # (not is_4d)
         return scene
     cov = covariance_4d(scene)  # (N, 4, 4)
     var_t = cov[:, 3, 3]  # (N,)

@@ -153,7 +153,7 @@ def read_ksplat(path: str | os.PathLike, max_gaussians: int | None = None) -> Ga
 
     degree = max((d for _, _, d in sections), default=0)
     k = (degree + 1) ** 2
-    parts = {"means": [], "quats": [], "log_scales": [], "opacity": [], "sh": []}
+    parts: dict[str, list[np.ndarray]] = {"means": [], "quats": [], "log_scales": [], "opacity": [], "sh": []}
     for data, means, d in sections:
         n = data.shape[0]
         scale = np.abs(data["scale"].astype(np.float32))

@@ -22,8 +22,10 @@ import json
 import math
 import re
 import zlib
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Protocol
 
 import torch
 import torch.nn as nn
@@ -133,6 +135,15 @@ class TextCondition:
     pooled: torch.Tensor  # (B, D) pooled embedding added to the time embedding
 
 
+class VideoNetwork(Protocol):
+    """A StreamDiT network as its callers use it: the model itself, compiled, or on a TensorRT
+    engine (models/video/video_engine.py's `VideoEngine`)."""
+
+    def __call__(self, x: torch.Tensor, t: torch.Tensor, text: TextCondition) -> torch.Tensor: ...
+
+    def encode_text(self, prompts: list[str] | str) -> TextCondition: ...
+
+
 class TinyTextEncoder(nn.Module):
     """Word embeddings + learned positions + a small transformer; outputs width `out_dim`."""
 
@@ -188,13 +199,13 @@ def window_merge(x: torch.Tensor, window: tuple[int, int, int], shape: tuple[int
 
 def effective_window(window: tuple[int, int, int], grid: tuple[int, int, int]) -> tuple[int, int, int]:
     """Windows are clipped to the grid; the grid must then be a multiple of the window."""
-    eff = tuple(min(wi, gi) for wi, gi in zip(window, grid))
+    eff = _three(min(wi, gi) for wi, gi in zip(window, grid))
     for name, wi, gi in zip(("frames", "height", "width"), eff, grid):
         if gi % wi:
             raise StreamStudioError(
                 f"latent {name} of {gi} tokens is not a multiple of the attention window {wi}; "
                 f"use a frame count / size that is a multiple of {wi}")
-    return eff  # type: ignore[return-value]
+    return eff
 
 
 def window_shift(window: tuple[int, int, int], layer: int, enabled: bool,
@@ -204,8 +215,14 @@ def window_shift(window: tuple[int, int, int], layer: int, enabled: bool,
     if not enabled or layer % 2 == 0:
         return (0, 0, 0)
     if grid is None:
-        return tuple(w // 2 for w in window)  # type: ignore[return-value]
-    return tuple(0 if w >= g else w // 2 for w, g in zip(window, grid))  # type: ignore[return-value]
+        return _three(w // 2 for w in window)
+    return _three(0 if w >= g else w // 2 for w, g in zip(window, grid))
+
+
+def _three(values: Iterable[int]) -> tuple[int, int, int]:
+    """(frames, height, width) of a window, a shift or a grid."""
+    f, h, w = values
+    return f, h, w
 
 
 def shifted_window_mask(grid: tuple[int, int, int], window: tuple[int, int, int],
@@ -312,9 +329,10 @@ class StreamDiTBlock(nn.Module):
         self.norm3 = nn.LayerNorm(d, elementwise_affine=False, eps=1e-6)
         hidden = int(d * cfg.mlp_ratio)
         self.mlp = nn.Sequential(nn.Linear(d, hidden), nn.GELU(approximate="tanh"), nn.Linear(hidden, d))
-        self.ada = nn.Sequential(nn.SiLU(), nn.Linear(d, 6 * d))
-        nn.init.zeros_(self.ada[1].weight)
-        nn.init.zeros_(self.ada[1].bias)
+        ada = nn.Linear(d, 6 * d)
+        self.ada = nn.Sequential(nn.SiLU(), ada)
+        nn.init.zeros_(ada.weight)
+        nn.init.zeros_(ada.bias)
 
     def forward(self, x: torch.Tensor, c: torch.Tensor, text: TextCondition,
                 window: tuple[int, int, int], shift: tuple[int, int, int]) -> torch.Tensor:
@@ -366,9 +384,10 @@ class StreamDiT(nn.Module):
         self.text = TinyTextEncoder(cfg.text, d)
         self.blocks = nn.ModuleList(StreamDiTBlock(cfg) for _ in range(cfg.depth))
         self.final_norm = nn.LayerNorm(d, elementwise_affine=False, eps=1e-6)
-        self.final_ada = nn.Sequential(nn.SiLU(), nn.Linear(d, 2 * d))
+        final_ada = nn.Linear(d, 2 * d)
+        self.final_ada = nn.Sequential(nn.SiLU(), final_ada)
         self.final = nn.Linear(d, p * p * c)
-        for m in (self.final_ada[1], self.final):
+        for m in (final_ada, self.final):
             nn.init.zeros_(m.weight)
             nn.init.zeros_(m.bias)
 
@@ -397,8 +416,8 @@ class StreamDiT(nn.Module):
         return out.reshape(b, f, c, H, W)
 
 
-def guided_velocity(model, x: torch.Tensor, t: torch.Tensor, text: TextCondition, empty: TextCondition,
-                    guidance: float) -> torch.Tensor:
+def guided_velocity(model: VideoNetwork, x: torch.Tensor, t: torch.Tensor, text: TextCondition,
+                    empty: TextCondition | None, guidance: float) -> torch.Tensor:
     """Classifier-free guidance: v(empty) + guidance * (v(text) - v(empty)).
 
     `empty` encodes the empty prompt "" (the unconditional velocity that training with `cond_drop`
@@ -408,6 +427,7 @@ def guided_velocity(model, x: torch.Tensor, t: torch.Tensor, text: TextCondition
     v_text = model(x, t, text)
     if guidance == 1.0:
         return v_text
+    assert empty is not None  # (guidance other than 1 needs the empty prompt's encoding)
     v_empty = model(x, t, empty)
     return v_empty + guidance * (v_text - v_empty)
 

@@ -20,7 +20,7 @@ from streamstudio.kernels.tensorrt.cache import EngineCache
 from streamstudio.kernels.tensorrt.export import ExportSpec, random_normal, random_uniform
 from streamstudio.kernels.tensorrt.runtime import TRTEngine
 from streamstudio.models.acceleration import MODES, compile_kwargs, say_once, tensorrt_missing
-from streamstudio.models.video.stream_dit import TextCondition
+from streamstudio.models.video.stream_dit import StreamDiT, TextCondition, VideoNetwork
 
 
 class VideoExport(nn.Module):
@@ -55,7 +55,7 @@ def video_spec(model: nn.Module, make_condition: Callable, *, frames: int, chann
     return ExportSpec("video", VideoExport(model, make_condition).eval(), model, names, ["velocity"], axes, make)
 
 
-def video_export_spec(model: nn.Module, frames: int, height: int, width: int) -> tuple[ExportSpec, tuple[int, int]]:
+def video_export_spec(model: StreamDiT, frames: int, height: int, width: int) -> tuple[ExportSpec, tuple[int, int]]:
     """The StreamDiT video network's spec (fixed buffer length and frame size, dynamic batch)
     and the (height, width) to export it at."""
     cfg = model.cfg
@@ -96,9 +96,9 @@ class VideoEngine(nn.Module):
         return out.to(x.dtype)  # (B, F, C, H, W)
 
 
-def apply_video_acceleration(model: nn.Module, mode: str, *, frames: int, height: int, width: int,
+def apply_video_acceleration(model: StreamDiT, mode: str, *, frames: int, height: int, width: int,
                              max_batch: int = 1, engine_dir: str | Path | None = None, precision: str = "fp16",
-                             cuda_graphs: bool = True, compile_options: dict | None = None) -> nn.Module:
+                             cuda_graphs: bool = True, compile_options: dict | None = None) -> VideoNetwork:
     """The StreamDiT network accelerated by `mode` for a buffer of `frames` latent frames of
     height x width (TensorRT engines are built for exactly that layout, batch 1..max_batch).
     Falls back to `model` (with one message) where TensorRT or a GPU is missing."""
@@ -107,8 +107,10 @@ def apply_video_acceleration(model: nn.Module, mode: str, *, frames: int, height
     if mode == "none":
         return model
     device = next(model.parameters()).device
-    if mode == "compile":
-        return torch.compile(model, **{**compile_kwargs(device, cuda_graphs), **(compile_options or {})})
+    if mode == "compile":  # (torch.compile's stubs say a plain callable; a module comes back as an
+        #                     OptimizedModule that forwards encode_text and the rest to the model)
+        options = {**compile_kwargs(device, cuda_graphs), **(compile_options or {})}
+        return torch.compile(model, **options)  # type: ignore[return-value]
     if tensorrt_missing(device):
         return model
     from streamstudio.kernels.tensorrt import runtime

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import torch
 
-from streamstudio.models.video.stream_dit import guided_velocity
+from streamstudio.models.video.stream_dit import TextCondition, VideoNetwork, guided_velocity
 
 
 class VideoBackbone(Protocol):
@@ -67,9 +67,9 @@ class StreamDiTBackbone:
     classifier-free guidance against the empty prompt when `guidance` is not 1 (two network calls
     per step; a checkpoint distilled with `--teacher-guidance` has it built in and needs none)."""
 
-    def __init__(self, model: torch.nn.Module, guidance: float = 1.0):
+    def __init__(self, model: VideoNetwork, guidance: float = 1.0):
         self.model, self.guidance = model, float(guidance)
-        self._empty = None
+        self._empty: TextCondition | None = None
 
     def encode_text(self, prompt: str) -> Any:
         if self.guidance != 1.0 and self._empty is None:

@@ -34,11 +34,17 @@ import os
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from streamstudio.errors import ModelNotFoundError, StreamStudioError
+
+if TYPE_CHECKING:  # (diffusers and transformers load with the model; the classes by their modules' paths:
+    #                 diffusers' lazy top-level names are opaque to a type checker)
+    from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan
+    from diffusers.models.transformers.transformer_wan import WanTransformer3DModel
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -75,9 +81,9 @@ class WanBackbone:
     v = v("") + guidance * (v(prompt) - v("")), both in one batch of two.
     """
 
-    def __init__(self, transformer: torch.nn.Module, text_encoder: Callable[[str], torch.Tensor],
+    def __init__(self, transformer: WanTransformer3DModel, text_encoder: Callable[[str], torch.Tensor],
                  guidance: float = 1.0):
-        pt, ph, pw = transformer.config.patch_size
+        pt, ph, pw = transformer.config["patch_size"]
         if pt != 1:
             raise StreamStudioError(f"the Wan backbone needs a temporal patch of 1 for per-frame timesteps, "
                                     f"got {pt}")
@@ -139,7 +145,7 @@ class UMT5TextEncoder:
     prompt cleaned (`prompt_clean`), tokenized with padding to `max_length` (truncated past it),
     encoded with its attention mask, and the rows past its own tokens (EOS included) set to zero."""
 
-    def __init__(self, tokenizer, encoder: torch.nn.Module, max_length: int = MAX_TEXT_TOKENS,
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, encoder: torch.nn.Module, max_length: int = MAX_TEXT_TOKENS,
                  dtype: torch.dtype | None = None):
         self.tokenizer, self.encoder, self.max_length = tokenizer, encoder, max_length
         self.dtype = dtype or next(encoder.parameters()).dtype
@@ -173,17 +179,17 @@ class WanCodec:
     `decode` n latent frames to 1 + 4 (n - 1) frames; `stream()` decodes chunk after chunk as
     one video. Latents are (vae latents - latents_mean) / latents_std per channel."""
 
-    def __init__(self, vae: torch.nn.Module):
+    def __init__(self, vae: AutoencoderKLWan):
         cfg = vae.config
         self.vae = vae.eval().requires_grad_(False)
-        self.temporal = int(cfg.scale_factor_temporal)  # frames per latent frame (after the first)
-        self.spatial = int(cfg.scale_factor_spatial)  # pixels per latent pixel
-        self.channels = int(cfg.z_dim)
+        self.temporal = int(cfg["scale_factor_temporal"])  # frames per latent frame (after the first)
+        self.spatial = int(cfg["scale_factor_spatial"])  # pixels per latent pixel
+        self.channels = int(cfg["z_dim"])
         param = next(vae.parameters())
         self.device, self.dtype = param.device, param.dtype
         shape = (1, self.channels, 1, 1, 1)  # broadcast over (1, C, F, h, w)
-        self.mean = torch.tensor(cfg.latents_mean, dtype=torch.float32).view(shape).to(self.device)
-        self.std = torch.tensor(cfg.latents_std, dtype=torch.float32).view(shape).to(self.device)
+        self.mean = torch.tensor(cfg["latents_mean"], dtype=torch.float32).view(shape).to(self.device)
+        self.std = torch.tensor(cfg["latents_std"], dtype=torch.float32).view(shape).to(self.device)
 
     def pixel_frames(self, latent_frames: int) -> int:
         """The frames n latent frames decode to as one video: 1 + 4 (n - 1)."""
@@ -253,10 +259,10 @@ class WanStreamCodec:
                                     first_chunk=self._first))  # (1, 3, 1 or 4, H, W)
             self._first = False
         out = torch.cat(outs, dim=2)
-        if vae.config.patch_size is not None:
+        if vae.config["patch_size"] is not None:
             from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
 
-            out = unpatchify(out, patch_size=vae.config.patch_size)
+            out = unpatchify(out, patch_size=vae.config["patch_size"])
         self.decoded += x.shape[2]
         return out.clamp(-1, 1)[0].permute(1, 0, 2, 3).float()  # (F, 3, H, W)
 
@@ -268,7 +274,7 @@ class WanStreamCodec:
 class WanModel:
     """A loaded Wan checkpoint: what a stream over it needs."""
 
-    transformer: torch.nn.Module  # WanTransformer3DModel, in `dtype` on `device`
+    transformer: WanTransformer3DModel  # in `dtype` on `device`
     codec: WanCodec  # AutoencoderKLWan in float32 on `device`
     text_encoder: UMT5TextEncoder
     name: str
@@ -276,15 +282,14 @@ class WanModel:
     dtype: torch.dtype
     sampling: dict = field(default_factory=lambda: dict(WAN_SAMPLING))
 
-    is_wan = True  # (render_video tells the model kinds apart by this)
-
     @property
     def latent_channels(self) -> int:
-        return int(self.transformer.config.in_channels)
+        return int(self.transformer.config["in_channels"])
 
     @property
     def patch(self) -> tuple[int, int]:
-        return tuple(self.transformer.config.patch_size[1:])
+        _, ph, pw = self.transformer.config["patch_size"]
+        return ph, pw
 
     def parameters(self):
         """The transformer's parameters (their device and dtype are the stream's)."""
@@ -294,11 +299,14 @@ class WanModel:
         """The latent (h, w) for frames of height x width: the nearest multiple of the patch in
         latent pixels (pixels / 8); the decoded frames are 8x that, resized to the output."""
         step = [self.codec.spatial * p for p in self.patch]
-        return tuple(max(1, round(side / s)) * p for side, s, p in zip((height, width), step, self.patch))
+        h, w = (max(1, round(side / s)) * p for side, s, p in zip((height, width), step, self.patch))
+        return h, w
 
     def backbone(self, guidance: float = 1.0, compile: bool = False) -> WanBackbone:
+        # (torch.compile's stubs say a plain callable; a module comes back as an OptimizedModule, the
+        # module itself to its callers: its config and attributes are the module's)
         transformer = torch.compile(self.transformer) if compile else self.transformer
-        return WanBackbone(transformer, self.text_encoder, guidance)
+        return WanBackbone(transformer, self.text_encoder, guidance)  # type: ignore[arg-type]
 
 
 def pipeline_class(folder: str | os.PathLike) -> str | None:
@@ -422,6 +430,7 @@ def load_wan(model: str, device: torch.device | str = "cpu", dtype: torch.dtype 
         raise StreamStudioError(f"{model!r}: the VAE's {vae.config.z_dim} latent channels do not match the "
                                 f"transformer's {transformer.config.in_channels} input channels")
     transformer = transformer.to(device).eval().requires_grad_(False)
-    encoder = encoder.to(device).eval().requires_grad_(False)
+    # (transformers wraps PreTrainedModel.to with functools.wraps(nn.Module.to): its stubs read as unbound)
+    encoder = encoder.to(device).eval().requires_grad_(False)  # type: ignore[arg-type]
     text = UMT5TextEncoder(tokenizer, encoder, dtype=dtype)
     return WanModel(transformer, WanCodec(vae.to(device)), text, model, device, dtype)

@@ -10,13 +10,18 @@ the stream's prompts were encoded at. `cond_fields` gives the `ImageCond` fields
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from streamstudio.errors import StreamStudioError
-from streamstudio.frames import to_frames
+from streamstudio.frames import ImageLike, ImagesLike, to_frames
 from streamstudio.models.image import sdxl
 from streamstudio.models.image.components import SDComponents
 from streamstudio.pipelines.image.control import ControlInputs, ControlUnit, Preprocessor
+
+if TYPE_CHECKING:
+    from streamstudio.models.image.ip_adapter import IPAdapter
 
 ADDON_SETTINGS = ("control_scales", "ip_adapter_scale", "lora_scales")  # update()'s keys for the model's add-ons
 
@@ -46,7 +51,7 @@ class StreamAddOns:
         self.text_version = self.lora_text_version()
 
     # ------------------------------------------------------------------ ControlNets
-    def set_control_image(self, image) -> None:
+    def set_control_image(self, image: ImagesLike) -> None:
         """txt2img with ControlNets: the picture (HxWx3 uint8 RGB) every frame is controlled by,
         fitted to the stream's size as diffusers' ControlNet pipelines fit a control image (PIL's
         Lanczos, `control.fit_picture`) and preprocessed once, here."""
@@ -77,7 +82,7 @@ class StreamAddOns:
                                     "--control-image); img2img takes the input frames'")
 
     # ------------------------------------------------------------------ IP-Adapter
-    def set_reference(self, image) -> None:
+    def set_reference(self, image: ImageLike) -> None:
         """This stream's IP-Adapter reference image (HxWx3 uint8 RGB, or (3, H, W) float in
         [0, 1]); its embedding is computed here, once per picture (`IPAdapter.embed`), not per
         frame. Other streams on the model keep theirs; the first reference given on a model is
@@ -107,7 +112,7 @@ class StreamAddOns:
     def ip_adapter_scale(self) -> float | None:
         return self._ip_scale_value
 
-    def _ip_adapter(self):
+    def _ip_adapter(self) -> IPAdapter:
         if self.comps.ip_adapter is None:
             raise StreamStudioError("this model has no IP-Adapter (--ip-adapter)")
         return self.comps.ip_adapter
@@ -131,7 +136,8 @@ class StreamAddOns:
         return True
 
     # ------------------------------------------------------------------ run-time settings
-    def update(self, control_scales=None, ip_adapter_scale=None, lora_scales=None) -> None:
+    def update(self, control_scales: list[float] | tuple[float, ...] | None = None,
+               ip_adapter_scale: float | None = None, lora_scales: dict[str, float] | None = None) -> None:
         """`StreamDiffusion.update`'s add-on keys (ADDON_SETTINGS)."""
         if control_scales is not None:
             if self.control is None or len(control_scales) != len(self.control):
@@ -147,7 +153,7 @@ class StreamAddOns:
     def cond_fields(self, negative: bool) -> dict:
         """The stream's own `ImageCond` fields of one call: SDXL's time ids, the ControlNet
         scales, IP-Adapter's reference embedding (zeros for the unconditional rows) and scale."""
-        extra = {}
+        extra: dict[str, torch.Tensor | None] = {}
         if self.comps.is_sdxl:  # the stream's size is fixed: made once (an upload per call would sync)
             if self._time_ids is None:
                 self._time_ids = sdxl.time_ids(*self.size, 1, self.device, self.dtype)

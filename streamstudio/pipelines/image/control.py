@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from streamstudio.errors import StreamStudioError
+from streamstudio.frames import ImagesLike
 
 PREPROCESSORS = ("canny", "depth", "lineart", "softedge", "none")
 LUMA = (0.299, 0.587, 0.114)  # ITU-R BT.601, OpenCV's RGB2GRAY weights
@@ -107,7 +108,7 @@ def preprocess(frames: torch.Tensor, config: ControlConfig, depth_model: DepthMo
 
 # ------------------------------------------------------------------------------------ helpers
 
-def gaussian_kernel1d(sigma: float, size: int | None = None, device=None) -> torch.Tensor:
+def gaussian_kernel1d(sigma: float, size: int | None = None, device: torch.device | str | None = None) -> torch.Tensor:
     """OpenCV's getGaussianKernel for sigma > 0: size = round(6 sigma + 1) | 1 (for 8-bit images
     OpenCV takes round(3 sigma * 2 + 1) | 1), normalised to sum 1."""
     if size is None:
@@ -270,7 +271,7 @@ def transformers_depth_model(name_or_path: str, device: torch.device | str = "cp
         out = model(pixel_values=((x - mean) / std).to(dtype)).predicted_depth  # (B, h, w)
         return out[:, None].float()
 
-    run.side = side  # type: ignore[attr-defined]
+    run.side = side  # type: ignore[attr-defined]  # (a function attribute: the side the depth model runs at)
     return run
 
 
@@ -323,7 +324,7 @@ class ControlInputs:
         self.runs += 1
         return tuple(unit.preprocessor(frames) for unit in self.units)
 
-    def picture_images(self, pictures, height: int, width: int,
+    def picture_images(self, pictures: ImagesLike, height: int, width: int,
                        device: torch.device | str = "cpu") -> tuple[torch.Tensor, ...]:
         """txt2img's control picture(s) (one, or a list of k; HxWx3 uint8 RGB or anything
         `frames.to_rgb` takes) -> one (k, 3, height, width) control image batch per net, on
@@ -348,7 +349,7 @@ class ControlInputs:
         return self._scales[1]
 
 
-def fit_picture(pictures, height: int, width: int) -> torch.Tensor:
+def fit_picture(pictures: ImagesLike, height: int, width: int) -> torch.Tensor:
     """Control picture(s) at the stream's size, as diffusers' ControlNet pipelines bring a
     control picture to (height, width) (`prepare_image`: `VaeImageProcessor(do_convert_rgb=True,
     do_normalize=False).preprocess(PIL image, height, width)`): PIL's Lanczos resize of the 8-bit

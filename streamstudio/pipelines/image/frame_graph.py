@@ -36,16 +36,24 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext as _nothing
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from streamstudio import kernels
 from streamstudio.errors import StreamStudioError
-from streamstudio.frames import to_frames
+from streamstudio.frames import ImagesLike, to_frames
+from streamstudio.models.image.image_net import ImageCond
 from streamstudio.pipelines.image.stream_batch import PRIMED, Guidance
+
+if TYPE_CHECKING:
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion
+
+Output = np.ndarray | list[np.ndarray]  # a frame's output: (H, W, 3) uint8, or k of them (frame_buffer_size k > 1)
 
 WARMUP_RUNS = 3  # eager runs on a side stream before capture (cuDNN tuning, torch.compile), as PyTorch advises
 
@@ -53,27 +61,28 @@ WARMUP_RUNS = 3  # eager runs on a side stream before capture (cuDNN tuning, tor
 class CudaCalls:
     """The CUDA calls of the graph path, in one place so tests can fake them on a CPU."""
 
-    def pinned(self, shape, dtype=torch.uint8) -> torch.Tensor:
+    def pinned(self, shape: Sequence[int], dtype: torch.dtype = torch.uint8) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype, pin_memory=True)
 
-    def event(self):
+    def event(self) -> torch.cuda.Event:
         return torch.cuda.Event()
 
-    def side_stream(self, device: torch.device):
+    def side_stream(self, device: torch.device) -> torch.cuda.Stream:
         return torch.cuda.Stream(device)
 
     def on(self, stream):
         """A context in which work goes to `stream`."""
         return torch.cuda.stream(stream)
 
-    def wait_for(self, stream, tensor: torch.Tensor, device: torch.device) -> None:
+    def wait_for(self, stream: torch.cuda.Stream, tensor: torch.Tensor, device: torch.device) -> None:
         """The current stream waits for `stream`'s work so far; `tensor` (made there) is kept
         from reuse until the current stream's use of it is done."""
         current = torch.cuda.current_stream(device)
         current.wait_stream(stream)
         tensor.record_stream(current)
 
-    def capture(self, fn, device: torch.device):
+    def capture(self, fn: Callable[[], torch.Tensor],
+                device: torch.device) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         """fn() warmed up on a side stream, then captured; returns (graph, fn's output)."""
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
@@ -92,8 +101,8 @@ class _Pending:
     """A frame in flight: its output is in `host` once `done` has fired (or `ready` now)."""
 
     host: torch.Tensor | None = None  # (k, H, W, 3) uint8, pinned
-    done: object = None  # CUDA event recorded after the download
-    ready: np.ndarray | None = None  # an output the eager path already has
+    done: torch.cuda.Event | None = None  # CUDA event recorded after the download
+    ready: Output | None = None  # an output the eager path already has
     repeat: bool = False  # a frame the similarity filter skipped: the output before it again
 
 
@@ -103,7 +112,8 @@ class FrameGraph:
     graphs: capture a CUDA graph (default: on a CUDA device). `calls` replaces the CUDA calls
     (tests fake them on a CPU)."""
 
-    def __init__(self, stream, depth: int = 2, graphs: bool | None = None, calls: CudaCalls | None = None):
+    def __init__(self, stream: StreamDiffusion, depth: int = 2, graphs: bool | None = None,
+                 calls: CudaCalls | None = None):
         if depth < 1:
             raise StreamStudioError(f"frames in flight must be at least 1, got {depth}")
         self.stream, self.depth = stream, depth
@@ -111,20 +121,20 @@ class FrameGraph:
         self.calls = calls or CudaCalls()
         self.captures = 0  # graphs captured so far (a changed setting captures again)
         self.replays = 0  # frames run through the graph
-        self._graph = None
+        self._graph: torch.cuda.CUDAGraph | None = None
         self._key: tuple = ()
         self._input: torch.Tensor | None = None  # (k, H, W, C) uint8 on the device: the graph reads it
         self._output: torch.Tensor | None = None  # (k, H, W, 3) uint8 on the device: the graph writes it
         self._rows = 0  # UNet rows of one graphed frame (the stream's stats count them)
         self._slots = 0
-        self._up: list[tuple[torch.Tensor, object]] = []  # pinned upload slot and its "copied" event
+        self._up: list[tuple[torch.Tensor, torch.cuda.Event | None]] = []  # pinned upload slot, its "copied" event
         self._down: list[torch.Tensor] = []  # pinned download slots
         self._pending: deque[_Pending] = deque()
         self._guidance: Guidance | None = None
         self._statics: dict[tuple[str, str], torch.Tensor] = {}  # the condition's buffers the graph reads
         self._x: torch.Tensor | None = None  # with the filter: the preprocessed input the graph reads
-        self._side = None  # with the filter on a GPU: the stream that uploads, preprocesses and compares
-        self._last_collected = None  # the newest output handed back (a skipped frame's output)
+        self._side: torch.cuda.Stream | None = None  # with the filter on a GPU: uploads, preprocesses, compares
+        self._last_collected: Output | None = None  # the newest output handed back (a skipped frame's output)
         self._produced = False  # a frame has gone in since the stream's buffer was (re)started
 
     # ------------------------------------------------------------------ which frames a graph takes
@@ -138,7 +148,7 @@ class FrameGraph:
         return not (s.sampler.stream_batch and s.sampler._buffer is None)  # the first frame primes the buffer
 
     # ------------------------------------------------------------------ frames in and out
-    def submit(self, image) -> list[np.ndarray]:
+    def submit(self, image: ImagesLike) -> list[Output]:
         """Queue a frame; returns the finished outputs in order (none while the first frames are
         in flight): each a (H, W, 3) uint8 frame, or a list of k for frame_buffer_size k > 1."""
         if not self.eligible():
@@ -152,26 +162,29 @@ class FrameGraph:
             done.append(self._collect(self._pending.popleft()))
         return done
 
-    def __call__(self, image) -> np.ndarray | list[np.ndarray]:
+    def __call__(self, image: ImagesLike) -> Output:
         """One frame in, its own output out (no frames in flight)."""
         outs = self.submit(image) + self.drain()
         return outs[-1]
 
-    def drain(self) -> list[np.ndarray]:
+    def drain(self) -> list[Output]:
         """Wait for every frame in flight; their outputs in order."""
         outs = [self._collect(p) for p in self._pending]
         self._pending.clear()
         return outs
 
-    def _collect(self, p: _Pending):
+    def _collect(self, p: _Pending) -> Output:
+        out: Output
         if p.repeat:  # the frames go out in order: the one before this is the newest handed back
             last = self._last_collected
+            assert last is not None  # (the first frame is never skipped)
             out = [f.copy() for f in last] if isinstance(last, list) else last.copy()
         elif p.ready is not None:
             out = p.ready
         else:
             if p.done is not None:
                 p.done.synchronize()
+            assert p.host is not None  # (a frame neither ready nor repeated was downloaded)
             frames = list(p.host.numpy().copy())  # the pinned slot is reused by a later frame
             self.stream._last_out = frames
             out = frames[0] if len(frames) == 1 else frames
@@ -179,7 +192,7 @@ class FrameGraph:
         return out
 
     # ------------------------------------------------------------------ the graph
-    def _graph_frame(self, image) -> _Pending:
+    def _graph_frame(self, image: ImagesLike) -> _Pending:
         s = self.stream
         frames = to_frames(image, s.config.frame_buffer_size)  # (k, H, W, C) uint8 on the host
         s.prompts.refresh(s.config.prompt_blend)
@@ -199,6 +212,7 @@ class FrameGraph:
             self._upload(frames, slot)
         self._produced = True
         if self.graphs:
+            assert self._graph is not None and self._output is not None  # (captured above)
             self._graph.replay()
             output = self._output
             s.sampler.unet_rows += self._rows
@@ -226,20 +240,21 @@ class FrameGraph:
                 s._filter.should_skip(x)  # the first frame: recorded as the last processed input
         if side is not None:
             self.calls.wait_for(side, x, s.device)
+        assert self._x is not None  # (made by _capture)
         with torch.inference_mode():
             self._x.copy_(x)
         return False
 
-    def _side_stream(self):
+    def _side_stream(self) -> torch.cuda.Stream:
         if self._side is None:
             self._side = self.calls.side_stream(self.stream.device)
         return self._side
 
-    def _static_cond(self, name: str, cond):
+    def _static_cond(self, name: str, cond: ImageCond) -> ImageCond:
         """`cond` with each tensor field copied into a buffer the graph keeps reading: a new prompt
         (or a prompt blend that moves every frame) is a copy into it, not a new graph. A field of
         another shape gets a new buffer (and so a new graph)."""
-        fields = {}
+        fields: dict[str, Any] = {}  # field -> the buffer of that tensor field
         with torch.inference_mode():
             for f in dataclasses.fields(cond):
                 value = getattr(cond, f.name)
@@ -271,6 +286,7 @@ class FrameGraph:
     def _frame(self) -> torch.Tensor:
         """The whole frame on the static input: (k, H, W, C) uint8 -> (k, H, W, 3) uint8."""
         s, c = self.stream, self.stream.config
+        assert self._input is not None and self._x is not None and self._guidance is not None  # (by _capture)
         before = s.sampler.unet_rows
         with torch.inference_mode():
             if c.similarity_filter:  # preprocessed before the graph, for the filter's comparison
@@ -309,11 +325,12 @@ class FrameGraph:
             self.captures += 1
         self._key = key
 
-    def _host(self, shape) -> torch.Tensor:
+    def _host(self, shape: Sequence[int]) -> torch.Tensor:
         return self.calls.pinned(shape) if self.graphs else torch.empty(shape, dtype=torch.uint8)
 
     def _upload(self, frames: torch.Tensor, slot: int) -> None:
         """The frames into the graph's input."""
+        assert self._input is not None  # (made by _capture)
         if not self.graphs:
             self._input.copy_(frames)
             return
@@ -357,10 +374,10 @@ class LiveGraphStream:
     flight the output is depth - 1 frames behind its input (the first call waits for its own).
     Offline runs (`push`/`flush`) and every other attribute are the stream's own."""
 
-    def __init__(self, stream, depth: int = 2):
+    def __init__(self, stream: StreamDiffusion, depth: int = 2):
         self.stream = stream
         self.graph = FrameGraph(stream, depth=depth)
-        self._latest = None
+        self._latest: Output | None = None
 
     def __call__(self, frame):
         outs = self.graph.submit(frame)
@@ -376,5 +393,5 @@ class LiveGraphStream:
     def flush(self):
         return self.stream.flush()
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self.stream, name)

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -15,6 +16,11 @@ from streamstudio.errors import StreamStudioError
 from streamstudio.models.image import sdxl
 from streamstudio.models.image.image_net import ImageCond
 from streamstudio.pipelines.image.addons import StreamAddOns
+
+if TYPE_CHECKING:  # (transformers loads with the model)
+    from transformers import PreTrainedTokenizerBase
+
+    from streamstudio.pipelines.image.stream_diffusion import StreamStats
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +32,9 @@ class PromptEncoder:
     """A prompt, or [(prompt, weight), ...], -> an `ImageCond` of one row. The text encoder
     runs only for prompts it has not seen (`encodes` counts its runs)."""
 
-    def __init__(self, tokenizer, text_encoder: torch.nn.Module, device: torch.device, dtype: torch.dtype,
-                 tokenizer_2=None, text_encoder_2: torch.nn.Module | None = None):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, text_encoder: torch.nn.Module, device: torch.device,
+                 dtype: torch.dtype, tokenizer_2: PreTrainedTokenizerBase | None = None,
+                 text_encoder_2: torch.nn.Module | None = None):
         self.tokenizer, self.text_encoder = tokenizer, text_encoder
         self.tokenizer_2, self.text_encoder_2 = tokenizer_2, text_encoder_2  # SDXL's second encoder (pooled text)
         self.device, self.dtype = device, dtype
@@ -98,13 +105,13 @@ class StreamPrompts:
     with the stream's own add-on fields (`StreamAddOns.cond_fields`). `stats.text_encodes`
     follows the encoder's runs."""
 
-    def __init__(self, encoder: PromptEncoder, addons: StreamAddOns, stats, prompt: PromptSpec,
+    def __init__(self, encoder: PromptEncoder, addons: StreamAddOns, stats: StreamStats, prompt: PromptSpec,
                  negative_prompt: str, blend: str):
         self.encoder, self.addons, self.stats = encoder, addons, stats
         self.set_negative(negative_prompt)
         self.set_prompt(prompt, blend)
 
-    def _encoded(self, encode, *args) -> ImageCond:
+    def _encoded(self, encode: Callable[..., ImageCond], *args: object) -> ImageCond:
         cond = encode(*args)
         self.stats.text_encodes = self.encoder.encodes
         return cond
@@ -135,7 +142,9 @@ class StreamPrompts:
 def _blend(parts: list[torch.Tensor], weights: list[float], mode: str) -> torch.Tensor:
     if mode == "linear":
         total = sum(weights)
-        return sum(w / total * e for w, e in zip(weights, parts))
+        blended = sum(w / total * e for w, e in zip(weights, parts))
+        assert isinstance(blended, torch.Tensor)  # (parts is not empty)
+        return blended
     out, acc = parts[0], weights[0]
     for e, w in zip(parts[1:], weights[1:]):  # slerp towards each next prompt by its share so far
         if acc + w > 0:

@@ -23,6 +23,7 @@ import dataclasses
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -31,20 +32,25 @@ from streamstudio.kernels.reference import CFG_FULL, CFG_INITIALIZE
 from streamstudio.models.image import feature_bank
 from streamstudio.models.image.image_net import ImageCond, ImageNet
 
+if TYPE_CHECKING:  # (by its module: diffusers' top-level names are dummies to a type checker)
+    from diffusers.schedulers.scheduling_lcm import LCMScheduler
+
+
 PRIMED = -1  # the id of a group that is no input's: a primed slot, or a filler
-FrameFields = dict  # ImageCond fields of one group's k frames: name -> (k, ...) tensor or tuple of them
+FrameFields = dict[str, Any]  # ImageCond fields of one group's k frames: name -> (k, ...) tensor or tuple of them
 
 
 def join_fields(parts: Sequence[FrameFields | None]) -> FrameFields | None:
     """The fields of several groups, rows in order (None when the groups have none)."""
     if not parts or parts[0] is None:
         return None
-    out = {}
+    groups = [p for p in parts if p is not None]  # (a stream's groups all have fields, or none has)
+    out: FrameFields = {}
     for name, value in parts[0].items():
         if isinstance(value, tuple):
-            out[name] = tuple(torch.cat([p[name][i] for p in parts]) for i in range(len(value)))
+            out[name] = tuple(torch.cat([p[name][i] for p in groups]) for i in range(len(value)))
         else:
-            out[name] = torch.cat([p[name] for p in parts])
+            out[name] = torch.cat([p[name] for p in groups])
     return out
 
 
@@ -52,8 +58,9 @@ def with_fields(cond: ImageCond, fields: FrameFields | None, rows: slice = slice
     """`cond` (already of the right rows) with the per-row fields of `rows` set."""
     if fields is None:
         return cond
-    return dataclasses.replace(cond, **{name: tuple(v[rows] for v in value) if isinstance(value, tuple) else value[rows]
-                                        for name, value in fields.items()})
+    changes: FrameFields = {name: tuple(v[rows] for v in value) if isinstance(value, tuple) else value[rows]
+                            for name, value in fields.items()}
+    return dataclasses.replace(cond, **changes)
 
 
 @dataclass(frozen=True)
@@ -68,7 +75,7 @@ class Schedule:
         return self.timesteps.shape[0]
 
     @staticmethod
-    def lcm(scheduler, t_index: Sequence[int], step_type: str, device: torch.device) -> "Schedule":
+    def lcm(scheduler: LCMScheduler, t_index: Sequence[int], step_type: str, device: torch.device) -> "Schedule":
         """Steps `t_index` of the scheduler's timesteps. step_type "lcm": the LCM boundary
         scalings (c_skip, c_out); "turbo": x0 = F (c_skip 0, c_out 1)."""
         timesteps = scheduler.timesteps[list(t_index)].to(torch.long)  # (N,)
@@ -168,6 +175,7 @@ class StreamBatchSampler:
     def _batch_call(self, x_first: torch.Tensor, guidance: Guidance, fields: FrameFields | None) -> torch.Tensor:
         """Every slot advances one step; returns the last slot's x0."""
         k = self.k
+        assert self._buffer is not None and self._stock is not None  # (primed by `advance`)
         x = torch.cat([x_first, self._buffer])  # (N*k, 4, h, w)
         stock = torch.cat([self._noise[:k], self._stock])
         slots = [(j, self._bank_frame - j) for j in self._levels]  # slot j holds the group that came j calls ago
@@ -209,7 +217,9 @@ class StreamBatchSampler:
             stocks.append(stock)
         return x0, xs, stocks
 
-    def _step(self, x, stock, coef, t, noise_next, guidance: Guidance, first_rows: int, slots=None, fields=None):
+    def _step(self, x: torch.Tensor, stock: torch.Tensor, coef: torch.Tensor, t: torch.Tensor, noise_next: torch.Tensor,
+              guidance: Guidance, first_rows: int, slots: Sequence[tuple[int, int]] | None = None,
+              fields: FrameFields | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         eps_text, eps_uncond, uncond_first = self._predict_eps(x, t, coef, guidance, first_rows, slots, fields)
         if uncond_first is not None:
             stock = torch.cat([uncond_first, stock[first_rows:]])
@@ -219,7 +229,8 @@ class StreamBatchSampler:
     # ------------------------------------------------------------------ the network
     def _predict_eps(self, x: torch.Tensor, t: torch.Tensor, coef: torch.Tensor, guidance: Guidance,
                      first_rows: int, slots: Sequence[tuple[int, int]] | None = None,
-                     fields: FrameFields | None = None):
+                     fields: FrameFields | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Noise predictions for rows x (B, 4, h, w) at timesteps t (B,).
 
         Returns (eps_text, eps_uncond or None, stock override for the first rows or None).
@@ -233,11 +244,12 @@ class StreamBatchSampler:
         b, cfg = x.shape[0], guidance.cfg
         text = with_fields(guidance.text.expand(b), fields)  # (B rows), each with its group's frame fields
         bank = self.bank if slots is not None else None
-        rows = None if bank is None else [(step, frame, r % self.k) for r, (step, frame) in enumerate(slots)]
+        rows = None if bank is None or slots is None else [(step, frame, r % self.k)
+                                                           for r, (step, frame) in enumerate(slots)]
 
         def eps(x_, t_, cond, branches):  # branches: the bank branch of each row's block of rows
             self.unet_rows += x_.shape[0]
-            if rows is None:
+            if rows is None or bank is None:
                 return self.net.eps(x_, t_, cond)
             keyed = [(branch, *row) for branch, n in branches for row in rows[:n]]
             keys = tuple(None if frame < 0 else (branch, step, i) for branch, step, frame, i in keyed)

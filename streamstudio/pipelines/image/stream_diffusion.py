@@ -69,13 +69,14 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import torch
 
 from streamstudio import kernels
 from streamstudio.errors import StreamStudioError
-from streamstudio.frames import to_frames
+from streamstudio.frames import ImagesLike, to_frames
 from streamstudio.kernels.reference import CFG_CODES, CFG_NONE
 from streamstudio.models.image import feature_bank
 from streamstudio.models.image.image_net import ImageNet, check_bank
@@ -175,7 +176,8 @@ class StreamDiffusionConfig:
         return CFG_CODES[self.cfg_type]
 
 
-def _bank_for(c: StreamDiffusionConfig, net: ImageNet, bank: feature_bank.FeatureBank | None):
+def _bank_for(c: StreamDiffusionConfig, net: ImageNet,
+              bank: feature_bank.FeatureBank | None) -> feature_bank.FeatureBank | None:
     """The feature bank after a settings change: made, `bank` changed, or dropped (None)."""
     if not c.uses_bank:
         return None  # frees its memory; turning it on again starts empty
@@ -224,8 +226,8 @@ class StreamDiffusion:
         self.prompts = StreamPrompts(encoder, self.addons, self.stats, prompt, negative_prompt, c.prompt_blend)
         self._filter = SimilarityFilter(SimilarityFilterConfig(self.config.similarity_threshold,
                                                                self.config.max_skip_frame, self.config.seed))
-        self.sampler: StreamBatchSampler | None = None
-        self._make_sampler()
+        self.sampler: StreamBatchSampler  # (made by _make_sampler)
+        self._make_sampler(bank=None)
 
     # ------------------------------------------------------------------ run-time settings
     @property
@@ -256,7 +258,7 @@ class StreamDiffusion:
     def set_negative_prompt(self, negative_prompt: str) -> None:
         self.prompts.set_negative(negative_prompt)
 
-    def update(self, **changes) -> None:
+    def update(self, **changes: Any) -> None:
         """Change settings at run time: guidance_scale, delta, cfg_type, strength, steps,
         t_index_list, seed, similarity_filter, similarity_threshold, max_skip_frame,
         prompt_blend, temporal, feedback_weight, bank_size, bank_interval, bank_threshold,
@@ -278,7 +280,7 @@ class StreamDiffusion:
         self.config = new
         if (new.resolved_t_index_list() != old.resolved_t_index_list()
                 or new.use_denoising_batch != old.use_denoising_batch):
-            self._make_sampler()
+            self._make_sampler(self.sampler.bank)
         elif new.seed != old.seed:
             self.sampler.reseed(new.seed)
         if new.prompt_blend != old.prompt_blend:
@@ -288,11 +290,11 @@ class StreamDiffusion:
         self.addons.update(**addons)
         self.prompts.refresh(new.prompt_blend)  # a LoRA scale that changed the text encoders: the prompts again, now
 
-    def _make_sampler(self) -> None:
-        """A sampler for the config's steps (its buffer starts empty)."""
+    def _make_sampler(self, bank: feature_bank.FeatureBank | None) -> None:
+        """A sampler for the config's steps (its buffer starts empty), with the feature bank `bank`
+        (the old sampler's) changed to the config's."""
         c, scale = self.config, self.net.latent_scale
         schedule = Schedule.lcm(self.scheduler, c.resolved_t_index_list(), self.step_type, self.device)
-        bank = self.sampler.bank if self.sampler is not None else None
         self.sampler = StreamBatchSampler(
             self.net, schedule, frames=c.frame_buffer_size, stream_batch=c.use_denoising_batch,
             latent_shape=(self.net.latent_channels, c.height // scale, c.width // scale), seed=c.seed,
@@ -324,7 +326,7 @@ class StreamDiffusion:
         self._last_out_latent = out  # latent feedback: blended into the next input
         return out, group
 
-    def filter_input(self, image) -> torch.Tensor:
+    def filter_input(self, image: ImagesLike) -> torch.Tensor:
         """`image` preprocessed as the pipeline takes it in: (k, 3, H, W) in [-1, 1], what the
         similarity filter compares (a replay of the filter over earlier frames feeds it this)."""
         frames = to_frames(image, self.config.frame_buffer_size)  # (k, H, W, 3) uint8
@@ -335,7 +337,7 @@ class StreamDiffusion:
         starts with the filter where the whole-file run has it (app/batch/segments.py)."""
         self._filter = state
 
-    def _input_latents(self, image) -> tuple[torch.Tensor | None, bool]:
+    def _input_latents(self, image: ImagesLike | None) -> tuple[torch.Tensor | None, bool]:
         """Convert the input; returns (latents or None for txt2img, skipped by the filter)."""
         if self.config.mode == "txt2img":
             if image is not None:
@@ -361,7 +363,7 @@ class StreamDiffusion:
                 latents = (1.0 - w) * latents + w * self._last_out_latent.to(latents.dtype)
         return latents, False
 
-    def __call__(self, image=None) -> np.ndarray | list[np.ndarray]:
+    def __call__(self, image: ImagesLike | None = None) -> np.ndarray | list[np.ndarray]:
         """Live mode: put a frame in (None for txt2img) and get the latest output frame
         (a list of k frames when frame_buffer_size k > 1)."""
         latents, skipped = self._input_latents(image)
@@ -369,14 +371,17 @@ class StreamDiffusion:
             out, _ = self._advance(latents, PRIMED)  # live outputs are not matched to inputs
             with torch.inference_mode():
                 self._last_out = self.io.decode(out)
-        return self._last_out[0] if len(self._last_out) == 1 else list(self._last_out)
+        last = self._last_out
+        assert last is not None  # (the filter skips a frame only after an output)
+        return last[0] if len(last) == 1 else list(last)
 
-    def push(self, image=None) -> list[np.ndarray]:
+    def push(self, image: ImagesLike | None = None) -> list[np.ndarray]:
         """Frame-aligned mode: put a frame in; get the outputs of the inputs that finished,
         in input order (none for the first N-1 calls; see `flush`)."""
         latents, skipped = self._input_latents(image)
         if skipped:
             if not self._waiting:  # every earlier input is out: this one is a copy of the last output
+                assert self._last_out is not None  # (the filter skips a frame only after an output)
                 return [f.copy() for f in self._last_out]
             self._copies[self._waiting[-1]] = self._copies.get(self._waiting[-1], 0) + 1
             return []

@@ -8,7 +8,9 @@ orientation of 3DGS (COLMAP) scenes.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Union
 
 import numpy as np
 import torch
@@ -21,6 +23,7 @@ from streamstudio.pipelines.live_settings import SPLAT_SETTINGS
 PATHS = ("orbit", "turntable", "fly")
 MODES = ("rgb", "depth", "alpha")
 DEFAULT_UP = (0.0, -1.0, 0.0)
+Vector = Union[torch.Tensor, np.ndarray, Sequence[float]]  # a point or direction (3,), any of these
 
 
 CAMERAS = {"perspective": "pinhole", "ortho": "ortho", "fisheye": "fisheye"}  # config name -> renderer model
@@ -54,7 +57,8 @@ class Camera:
         return -self.viewmat[:3, :3].T @ self.viewmat[:3, 3]  # (3,)
 
     @staticmethod
-    def look_at(eye, target, width: int, height: int, fov_y_deg: float = 50.0, up=DEFAULT_UP) -> "Camera":
+    def look_at(eye: Vector, target: Vector, width: int, height: int, fov_y_deg: float = 50.0,
+                up: Vector = DEFAULT_UP) -> "Camera":
         eye, target = torch.as_tensor(eye, dtype=torch.float32), torch.as_tensor(target, dtype=torch.float32)
         forward = _unit(target - eye)  # camera +z
         down = -torch.as_tensor(up, dtype=torch.float32)
@@ -123,7 +127,7 @@ class SceneFit:
         return 1.05 * self.radius / math.sin(half)
 
 
-def _up_basis(up) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _up_basis(up: Vector) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Unit up u and two unit vectors a, b spanning the plane normal to it."""
     u = torch.nn.functional.normalize(torch.as_tensor(up, dtype=torch.float32), dim=0)
     helper = torch.tensor([1.0, 0.0, 0.0]) if abs(float(u[0])) < 0.9 else torch.tensor([0.0, 0.0, 1.0])
@@ -182,7 +186,7 @@ def camera_path(kind: str, fit: SceneFit, cfg: SplatRenderConfig, frames: int,
     raise StreamStudioError(f"camera path {kind!r} is unknown; use one of {', '.join(PATHS)}")
 
 
-def _fly_point(fit: SceneFit, u, a, b, s: float) -> torch.Tensor:
+def _fly_point(fit: SceneFit, u: torch.Tensor, a: torch.Tensor, b: torch.Tensor, s: float) -> torch.Tensor:
     ang = 2 * math.pi * s
     r = 0.8 * fit.radius
     return fit.center + r * (math.cos(ang) * b + 0.6 * math.sin(ang) * a) + 0.25 * fit.radius * math.sin(2 * ang) * u
@@ -341,8 +345,9 @@ class KeyframePath:
             scene_t = float(hermite(times, np.array([[s] for s in scene_times]), t, self.smoothness, period)[0])
         positions = np.stack([k.c2w[:3, 3] for k in keys])
         eye = hermite(times, positions, t, self.smoothness, period)
-        if all(k.target is not None for k in keys):
-            target = hermite(times, np.stack([k.target for k in keys]), t, self.smoothness, period)
+        targets = [k.target for k in keys if k.target is not None]
+        if len(targets) == len(keys):
+            target = hermite(times, np.stack(targets), t, self.smoothness, period)
             view = Camera.look_at(eye, target, 8, 8, fov, self.up).viewmat.double().numpy()
             return np.linalg.inv(view), fov, scene_t
         quats = np.stack([rotation_to_quat(k.c2w[:3, :3]) for k in keys])
@@ -373,13 +378,13 @@ class KeyframePath:
         return out
 
 
-def _c2w_of(k: Keyframe, up) -> np.ndarray:
+def _c2w_of(k: Keyframe, up: Vector) -> np.ndarray:
     if k.target is None:
         return k.c2w
     return np.linalg.inv(Camera.look_at(k.c2w[:3, 3], k.target, 8, 8, k.fov_y_deg, up).viewmat.double().numpy())
 
 
-def _padded(times: np.ndarray, values: np.ndarray, period: float | None):
+def _padded(times: np.ndarray, values: np.ndarray, period: float | None) -> tuple[np.ndarray, np.ndarray]:
     """Times and values, for a loop with the last two keys before and the first two after (SuperSplat's
     `fromPointsLooping`), so the tangents wrap."""
     if period is None:
@@ -552,7 +557,7 @@ def path_from_json(data: dict, name: str = "the camera path", prefer: str = "fra
                             "keyframes) or SuperSplat's animation (animTracks, or a project's poseSets)")
 
 
-def _matrix(values) -> np.ndarray:
+def _matrix(values: Sequence[float] | np.ndarray) -> np.ndarray:
     m = np.asarray(values, dtype=np.float64).reshape(4, 4)  # row-major
     return m @ GL_TO_CV  # OpenGL camera axes -> OpenCV
 
@@ -590,7 +595,8 @@ def _float_or_none(v):
     return float(v) if v is not None else None
 
 
-def _supersplat_keys(times_frames, positions, targets, fovs, rate: float) -> list[Keyframe]:
+def _supersplat_keys(times_frames: Sequence[float], positions: np.ndarray | Sequence[Vector],
+                     targets: np.ndarray | Sequence[Vector], fovs: Sequence[float], rate: float) -> list[Keyframe]:
     order = np.argsort(np.asarray(times_frames, dtype=np.float64), kind="stable")
     keys = []
     for i in order:

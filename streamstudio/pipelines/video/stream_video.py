@@ -253,6 +253,7 @@ class StreamSampler:
         self.x = torch.cat([self.x[c:], new])
         self.levels = torch.cat([self.levels[c:], torch.zeros(c, dtype=torch.long)])
         if self.cfg.solver == "ab2":  # the new rows' history is never read (level 0); others keep none
+            assert self.v_prev is not None  # (set by every level step before a chunk finishes)
             self.v_prev = torch.cat([self.v_prev[c:], torch.zeros_like(self.v_prev[:c])])
         else:
             self.v_prev = None
@@ -293,6 +294,7 @@ class ChunkDecoder:
         else:
             decoded = self.codec.decode(torch.cat([self.tail_latents, latents]))  # (o + c, 3, H, W)
             w = torch.arange(1, o + 1, dtype=decoded.dtype, device=decoded.device) / (o + 1)  # old -> new
+            assert self.tail_frames is not None  # (held with tail_latents)
             blended = (1 - w)[:, None, None, None] * self.tail_frames + w[:, None, None, None] * decoded[:o]
             ready = torch.cat([blended, decoded[o:]])
         if o == 0:
@@ -407,6 +409,7 @@ class VideoStream:
         out: list[np.ndarray] = []
         if self.mode == "video-to-video":
             while self.sampled < self.pushed:
+                assert self._last_clean is not None  # (a frame was pushed)
                 self.pending.append(self._last_clean)
                 out += self._advance()
         tail = self.decoder.flush()
