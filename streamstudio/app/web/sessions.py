@@ -32,7 +32,7 @@ import numpy as np
 
 from streamstudio.app.streams.image import output_size
 from streamstudio.app.settings import parse_settings
-from streamstudio.app.perform.inputs import opened
+from streamstudio.app.perform.inputs import LiveInputs, opened
 from streamstudio.app.web.model_guard import ModelGuard
 from streamstudio.app.web.security import SourceRate
 from streamstudio.errors import StreamStudioError
@@ -507,6 +507,7 @@ class SessionManager:
         self._presets: dict[str, tuple[dict, float]] = {}
         self._owners: dict[str, str] = {}  # stream id -> the page (Gradio session hash) that owns it
         self.offer_rate = SourceRate()  # new connections per source address (serve --offers-per-minute)
+        self.inputs: LiveInputs | None = None  # what the streams' modulations read (serve sets it; issue 48)
         # connections one address may hold before they stream (serve --max-pending-per-source)
         self.max_pending_per_source = max(1, max_streams // 2)
         # connections of every address together that hold a slot without streaming (serve --max-pending)
@@ -612,7 +613,7 @@ class SessionManager:
             self._owners.pop(sid, None)
         if session is None:
             return False
-        if getattr(self, "inputs", None) is not None:
+        if self.inputs is not None:
             self.inputs.forget(sid)  # its audio's features
         session.close(wait)
         log.info("stream %s closed (%d frames processed)", sid, session.processed)
