@@ -45,6 +45,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                          "--transition seconds (see docs/streaming.md)")
     io.add_argument("--transition", type=number(float, 0, 3600), default=None,
                     help="prompt-schedule blend seconds (default 1)")
+    io.add_argument("--modulation", default=None, metavar="FILE",
+                    help="settings driven by LFOs and the beat at each frame's time, a JSON file of mappings "
+                         "(docs/performance.md); one file in, not with a batch")
+    io.add_argument("--bpm", type=number(float, 20, 400), default=120.0,
+                    help="with --modulation: the tempo its beat sources follow, from the file's start (default 120)")
     io.add_argument("--fps", type=number(float, 0, 1000, low_open=True), default=None,
                     help="output frame rate (default: the input's). A video file at another rate is resampled "
                          "by timestamps (frames dropped or repeated; duration and audio kept); image folders and "
@@ -219,9 +224,14 @@ def run(args) -> int:
 
     request = batch_request(args)
     if wants_batch(request):  # many files, or one in segments, on Ray or one after another (app/batch/cluster.py)
+        if args.modulation:
+            raise StreamStudioError("--modulation renders one file in one run; not with a folder, --segment-frames, "
+                                    "--workers or --cluster")
         return run_batch(request)
     _check_io(args)
     if args.pipeline == "video":
+        if args.modulation:
+            raise StreamStudioError("--modulation drives the image pipeline's settings; not with --pipeline video")
         return _run_video(args)
     return _run_image(args)
 
@@ -250,6 +260,12 @@ def _run_image(args) -> int:
     from streamstudio.streaming.sources import open_source
 
     schedule = load_schedule(args.prompt_schedule, args.transition) if args.prompt_schedule else None
+    mods = None
+    if args.modulation:
+        from streamstudio.app.perform.modulation import apply_at, load_modulations
+        from streamstudio.app.perform.tempo import TempoClock
+
+        mods, clock = load_modulations(args.modulation), TempoClock(args.bpm, origin=0.0)
     realtime = args.mode != "offline"
     source = open_source(args.input, fps=args.fps, realtime=realtime)
     try:
@@ -259,6 +275,10 @@ def _run_image(args) -> int:
         pipe = FittedFrames(build_pipeline(image_request(args), "img2img", aspect=aspect), getattr(args, "fit", "crop"))
         if schedule is not None:
             schedule.check(pipe)  # its scales fit the model's ControlNets and IP-Adapter
+        if mods is not None and pipe.latency_frames and any(m.setting == "strength" for m in mods.mappings):
+            raise StreamStudioError("--modulation: strength picks the denoising steps, and a new step re-makes the "
+                                    "Stream Batch buffer, losing the frames in it; in a render modulate guidance, "
+                                    "delta or seed, or render with --steps 1")
         fps = args.fps or source.info.fps
         # a file keeps its audio in live mode too: output frames carry their input's timestamps, so
         # the audio stays in step where frames were dropped (live inputs have none to copy)
@@ -268,12 +288,17 @@ def _run_image(args) -> int:
     except BaseException:
         source.close()
         raise
-    on_input = (lambda pts: schedule.apply_to(pipe, pts)) if schedule else None  # prompt and scales
+    def on_input(pts: float) -> None:  # between frames: the schedule's prompt and scales, the modulations
+        if schedule is not None:
+            schedule.apply_to(pipe, pts)
+        if mods is not None:
+            apply_at(pipe, mods, clock, pts)
     fitted = "" if aspect is None or abs(aspect - pipe.config.width / pipe.config.height) < 0.01 else f" ({args.fit})"
     print(f"render: {source.info.description} -> {args.output} ({'live' if live else 'offline'}, "
           f"{pipe.config.width}x{pipe.config.height}{fitted} @ {fps:g} fps, model {pipe.comps.name}, "
           f"frame latency {pipe.latency_frames})", file=sys.stderr)
-    runner = Runner(source, pipe, sink, RunnerConfig(live=live, max_frames=args.max_frames), on_input=on_input)
+    runner = Runner(source, pipe, sink, RunnerConfig(live=live, max_frames=args.max_frames),
+                    on_input=on_input if schedule is not None or mods is not None else None)
     total = expected_frames(source.info.frame_count, args.max_frames)
     try:
         metrics = watch(runner, total, live=live)

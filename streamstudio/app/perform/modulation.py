@@ -209,3 +209,25 @@ def _table(pipeline: str) -> dict[str, LiveSetting]:
 
 def _number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def load_modulations(path: str, pipeline: str = "image") -> Modulations:
+    """A file of modulations (the JSON form above; `render --modulation FILE`), or a one-line error
+    naming the file."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise StreamStudioError(f"--modulation {path!r} is not a readable JSON file ({exc})") from exc
+    return Modulations.parse(raw, pipeline)
+
+
+def apply_at(pipe, mods: Modulations, clock, t: float) -> dict:
+    """The modulated settings at media time `t` given to `pipe` (an image stream: `update`); a file's
+    frames follow its own clock, so an offline render's modulation is the same run after run."""
+    values = mods.values(t, clock)
+    if values:
+        pipe.update(**values)
+    return values
