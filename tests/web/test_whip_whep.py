@@ -966,3 +966,39 @@ def test_one_address_cannot_hold_every_slot_with_offers_that_never_stream():
             manager.shutdown()
     finally:
         srv.close()
+
+
+def test_a_stream_that_ended_does_not_keep_its_name_from_a_new_publisher(server):
+    """The stream's session ends (its idle timeout, DELETE on the session, the server) while its
+    publisher's connection is still up; the watcher ends that connection at its next look (every
+    0.5 s), and a new publisher of the name that came before it was refused with 409 (the outputs
+    test's fixture met this in a loaded full run). The offer ends such orphans itself now: a
+    publisher right after the stream ends is taken."""
+    from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+
+    first, line = publisher_in_a_process(f"{server.url}/whip/orphan", TOKEN)
+    try:
+        assert line.startswith("201 /whip/orphan/"), line
+        deadline = time.monotonic() + 30
+        while server.manager.get("orphan") is None or server.manager.get("orphan").processed < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        old = server.app.state.whip.sessions.publisher("orphan")
+
+        async def main():
+            pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+            pc.addTransceiver(synthetic_track(10), direction="sendonly")
+            await pc.setLocalDescription(await pc.createOffer())
+            server.manager.close("orphan", wait=5.0)  # the stream ends; its publisher is still connected
+            async with httpx.AsyncClient(timeout=20) as http:  # and at once a new one comes
+                r = await http.post(f"{server.url}/whip/orphan", content=pc.localDescription.sdp, headers=headers())
+            assert r.status_code == 201, r.text  # not 409: the name is free again
+            await pc.setRemoteDescription(RTCSessionDescription(r.text, "answer"))
+            assert old.closed
+            await pc.close()
+
+        run(main())
+    finally:
+        first.kill()
+        first.wait()
+        server.manager.close("orphan", wait=5.0)

@@ -73,7 +73,7 @@ from streamstudio.app.web.whip_sdp import (
     rtc_configuration,
     trickle_candidates,
 )
-from streamstudio.app.web.whip_sessions import Resource, WhipSessions
+from streamstudio.app.web.whip_sessions import Resource, WhipSessions, end_orphans
 from streamstudio.errors import StreamStudioError
 
 log = logging.getLogger(__name__)
@@ -275,6 +275,7 @@ class WhipServer:
             sid = stream or secrets.token_hex(8)
             old = None  # the publisher a new one replaces (a reconnect: same name, valid login)
             if kind == "whip":
+                await end_orphans(self.sessions, sid)  # publishers of a stream that ended hold its name no longer
                 old = self.sessions.publisher(sid)
                 if old is None:
                     self.sessions.check_in_use(sid)

@@ -333,3 +333,13 @@ def listen(manager, sid: str, frame) -> None:
 
     samples, rate, channels = audio_samples(frame)
     inputs.feed_audio(sid, samples, rate, time.monotonic(), channels)
+
+
+async def end_orphans(sessions: WhipSessions, sid: str) -> None:
+    """End the WHIP publishers of stream `sid` whose stream has ended (closed by its idle timeout,
+    by DELETE on its session, by the server) while their connection has not failed yet: they no
+    longer hold the name, so a new publisher of it is not refused meanwhile."""
+    current = sessions.manager.get(sid)
+    for res in list(sessions.resources.values()):
+        if res.kind == "whip" and res.sid == sid and res.session is not None and res.session is not current:
+            await sessions.end(res, "its stream ended")
