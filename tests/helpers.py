@@ -221,3 +221,13 @@ def wait_output(session, count: int = 1, timeout: float = 30.0) -> np.ndarray:
         assert time.monotonic() < deadline, "no output in time"
         time.sleep(0.01)
     return session.latest()
+
+
+def wait_for_sync(predicate, timeout: float) -> bool:
+    """Poll `predicate` every 50 ms until it holds (True) or `timeout` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True

@@ -9,7 +9,7 @@ import time
 
 import httpx
 import pytest
-from helpers import frame
+from helpers import frame, wait_for_sync
 
 from streamstudio.app.web.ray_cluster import ElasticPolicy
 from streamstudio.app.web.sessions import BusyError
@@ -50,14 +50,6 @@ def test_min_replicas_alone_is_refused(monkeypatch):
         build_manager(serve_request(args))
 
 
-def wait_for(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
 
 def test_a_full_cluster_grows_by_a_replica_and_an_idle_one_is_released():
     """One CPU replica of the tiny model, one stream each, at most two: a second stream is told
@@ -85,21 +77,21 @@ def test_a_full_cluster_grows_by_a_replica_and_an_idle_one_is_released():
 
         feeder = threading.Thread(target=pump, daemon=True)
         feeder.start()
-        assert wait_for(lambda: a.processed >= 2, 90)
+        assert wait_for_sync(lambda: a.processed >= 2, 90)
         with pytest.raises(BusyError, match="another is starting"):
             manager.open("eb")
-        assert wait_for(lambda: len(manager._healthy()) == 2, 120), manager.stats()
+        assert wait_for_sync(lambda: len(manager._healthy()) == 2, 120), manager.stats()
         b = manager.open("eb")
         assert manager.replica_of("eb") is not manager.replica_of("ea")
         startup = manager.replica_of("eb").stats()["startup"]  # where its start-up went
         assert set(startup) == {"process_s", "load_s", "ready_s"} and 0 < startup["load_s"] < startup["ready_s"]
         b.submit(frame(40, 64, 64))
-        assert wait_for(lambda: b.processed >= 1, 60) and b.error is None
+        assert wait_for_sync(lambda: b.processed >= 1, 60) and b.error is None
         manager.close("eb")
-        assert wait_for(lambda: len(manager.replicas) == 1, 30), manager.stats()
+        assert wait_for_sync(lambda: len(manager.replicas) == 1, 30), manager.stats()
         assert manager.released == 1 and manager.cluster.target == 1
         seen = a.processed
-        assert wait_for(lambda: a.processed >= seen + 3, 30) and a.error is None
+        assert wait_for_sync(lambda: a.processed >= seen + 3, 30) and a.error is None
         replicas = httpx.get(server.url + "/studio/status", timeout=10).json()["replicas"]
         assert len([r for r in replicas if r["healthy"]]) == 1
         assert "streamstudio_replicas_released_total 1" in httpx.get(server.url + "/metrics", timeout=10).text
@@ -137,7 +129,7 @@ def test_a_rolling_update_replaces_every_replica_with_no_stream_dropped():
 
         feeder = threading.Thread(target=pump, daemon=True)
         feeder.start()
-        assert wait_for(lambda: a.processed >= 2 and b.processed >= 2, 90)
+        assert wait_for_sync(lambda: a.processed >= 2 and b.processed >= 2, 90)
         old = {r.index for r in manager.replicas}
         bad = httpx.post(server.url + "/studio/replicas/update", json={"width": 512}, timeout=10)
         assert bad.status_code == 400 and "cannot change width" in bad.json()["error"]
@@ -151,7 +143,7 @@ def test_a_rolling_update_replaces_every_replica_with_no_stream_dropped():
         assert [r["model"] for r in replicas["replicas"]] == ["builtin", "builtin"]
         assert not old & {r.index for r in manager.replicas} and replicas["update"]["status"] == "done"
         seen = a.processed, b.processed
-        assert wait_for(lambda: a.processed >= seen[0] + 3 and b.processed >= seen[1] + 3, 60)
+        assert wait_for_sync(lambda: a.processed >= seen[0] + 3 and b.processed >= seen[1] + 3, 60)
         assert a.error is None and b.error is None and b.stats()["settings"]["seed"] == 11
         assert replicas["model"] == "builtin"  # new streams' banner
     finally:

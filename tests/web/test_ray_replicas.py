@@ -20,7 +20,7 @@ import time
 import httpx
 import numpy as np
 import pytest
-from helpers import frame
+from helpers import frame, wait_for_sync
 from live_server import connected, run, wait_for
 from rtmp_server import free_port
 
@@ -208,14 +208,6 @@ def test_a_killed_replica_moves_its_streams_and_a_new_replica_starts(server):
         for sid in ("ka", "kb", "kc"):
             manager.close(sid)
 
-
-def wait_for_sync(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def test_a_round_with_a_streams_frame_and_its_close_answers_both():

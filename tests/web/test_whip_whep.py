@@ -11,6 +11,7 @@ import time
 import httpx
 import numpy as np
 import pytest
+from helpers import wait_for_sync
 from live_server import SIZE, pattern, publisher_in_a_process, start, viewers_in_a_process, wait_for
 
 TOKEN = "s3cret-token"
@@ -979,10 +980,7 @@ def test_a_stream_that_ended_does_not_keep_its_name_from_a_new_publisher(server)
     first, line = publisher_in_a_process(f"{server.url}/whip/orphan", TOKEN)
     try:
         assert line.startswith("201 /whip/orphan/"), line
-        deadline = time.monotonic() + 30
-        while server.manager.get("orphan") is None or server.manager.get("orphan").processed < 2:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        assert wait_for_sync(lambda: (s := server.manager.get("orphan")) is not None and s.processed >= 2, 30)
         old = server.app.state.whip.sessions.publisher("orphan")
 
         async def main():

@@ -108,8 +108,7 @@ class Modulations:
         return cls([_mapping(m, table) for m in raw["mappings"]], table)
 
     def to_json(self) -> dict:
-        return {"mappings": [{**asdict(m), "source": {k: v for k, v in asdict(m.source).items()}}
-                             for m in self.mappings]}
+        return {"mappings": [asdict(m) for m in self.mappings]}
 
     def values(self, t: float, clock=None, inputs=None) -> dict[str, float | int]:
         out: dict[str, float | int] = {}
