@@ -9,6 +9,8 @@ end to end with host I/O (uint8 numpy in, uint8 numpy out):
   graph            FrameGraph (2 frames in flight) over eager networks: one CUDA graph a frame
   graph+compile    FrameGraph over networks compiled without their own CUDA graphs
   graph+compile+cl the same, UNet in channels_last with fused QKV projections (GPU only)
+  graph+compile+clv  the same, and TAESD in channels_last too (`--parts tuned`: only these
+                   three compiled modes, interleaved, for a draw that has the rest already)
 
 then a per-stage CUDA-event breakdown of one eager and one compiled frame (upload, pre, encode,
 UNet and step, decode, post, download, and the host's share of the wall time), and the ratios
@@ -59,15 +61,18 @@ def config(size: int, **kw) -> StreamDiffusionConfig:
     return StreamDiffusionConfig(**{**base, **kw})
 
 
-def fast_unet(comps):
-    """channels_last activations and fused QKV projections (diffusers' fuse_qkv_projections)."""
+def fast_unet(comps, vae: bool = False):
+    """channels_last activations and fused QKV projections (diffusers' fuse_qkv_projections) for
+    the UNet; with `vae`, the VAE (TAESD: convolutions only) in channels_last too."""
     import copy
+    from dataclasses import replace
 
     unet = copy.deepcopy(comps.unet).to(memory_format=torch.channels_last)
     unet.fuse_qkv_projections()
-    from dataclasses import replace
-
-    return replace(comps, unet=unet, network=None)
+    if not vae:
+        return replace(comps, unet=unet, network=None)
+    return replace(comps, unet=unet, vae=copy.deepcopy(comps.vae).to(memory_format=torch.channels_last),
+                   network=None)
 
 
 class Mode:
@@ -211,6 +216,16 @@ def main(argv=None) -> int:
             extra = Mode("graph+compile+cl", cl, config(size), graph=True)
             result["modes"].update(interleaved([extra, modes[3]], images, args.rounds, sync))
             result["compile_cl_s"] = time.perf_counter() - t0
+        save()
+    if "tuned" in parts and gpu:  # each tuning choice against the plain compiled frame graph
+        t0 = time.perf_counter()
+        tuned = [Mode("graph+compile", apply_acceleration(comps, "compile", cuda_graphs=False), config(size), True),
+                 Mode("graph+compile+cl", apply_acceleration(fast_unet(comps), "compile", cuda_graphs=False),
+                      config(size), True),
+                 Mode("graph+compile+clv", apply_acceleration(fast_unet(comps, vae=True), "compile",
+                                                              cuda_graphs=False), config(size), True)]
+        result["modes"].update(interleaved(tuned, images, args.rounds, sync))
+        result["tuned_s"] = time.perf_counter() - t0
         save()
     report(result)
     print(f"wrote {out}")

@@ -44,6 +44,8 @@
 # started), so the summary is always printed. `--plan` prints the plan as JSON (tests/acceleration/test_gpu_session.py
 # checks it fits); any stage can be named alone (`bash benchmarks/gpu_session.sh tests kernels`).
 # GPU_LIMIT_<stage>=SECONDS overrides a stage's limit, for a rerun of what a call cut short.
+# FRAME_PATH_PARTS=tuned runs only frame_path's compiled variants (plain, channels_last + fused QKV,
+# and TAESD in channels_last too), for a draw that has the other modes already.
 # .whl holds the wheels the image lacks (benchmarks/gpu_wheels.sh), .gpu_ext the prebuilt extensions.
 # After each stage, its outcome goes into $OUT/stages.json and the summary table into $OUT/summary.md
 # (benchmarks/gpu_summary.py), so a call killed midway still leaves what ran; at the end the table is
@@ -218,6 +220,7 @@ for name, load in (('stream_ops', lambda: cuda_build.load_extension(EXTENSION, S
     --junitxml="$OUT/gpu_tests_slow.xml" "${GPU_TEST_FILES[@]}"
 fi
 stage frame_path python3 benchmarks/frame_path.py --device cuda --frames 200 --rounds 2 --budget-s $((LIMIT[frame_path] - 10)) \
+  --parts "${FRAME_PATH_PARTS:-modes,stages,ratios}" \
   --out "$OUT/frame_path.json" "${HELP[@]}"
 stage peers python3 benchmarks/peers.py --device cuda --out "$OUT/peers.json" "${HELP[@]}"
 stage kernels python3 benchmarks/kernels.py --quick --out "$OUT/kernels.json" "${HELP[@]}"

@@ -29,10 +29,12 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   "google-crc32c==1.9.0" "cryptography==50.0.2" "pyOpenSSL==26.4.0" "brotli==1.2.1" "websockets==15.0.1" \
   "dnspython==2.9.2" "ifaddr==0.2.0" "python-osc==1.10.2" "annotated-types==0.7.0" "typing-inspection==0.4.2" \
   "cffi==2.0.0" "pycparser==3.0" "librosa==0.11.0" "audioread==3.1.0" "soundfile==0.14.0" "soxr==1.1.0" \
-  "pooch==1.9.0" "platformdirs==4.14.8" "decorator==5.2.1"
+  "pooch==1.9.0" "platformdirs==4.14.8" "decorator==5.2.1" "pytz==2026.6" "opentelemetry-api==1.45.2" \
+  "importlib-metadata==8.7.0" "zipp==3.23.0"
 # not carried, on the image already: numpy, pandas, pillow, httpx, anyio, jinja2, huggingface_hub, typer,
 # aiofiles, numba, scikit-learn, scipy, msgpack, lazy-loader, pyyaml; not needed to serve: ruff (Gradio's
-# custom components), opentelemetry
+# custom components). pytz (Gradio's DateTime) and opentelemetry-api (FastAPI's telemetry) were missing
+# on the image in the 2026-11-28 draw: carried now
 tar -C .webwhl/all -cf .webwhl/wheels.tar .
 rm -rf .webwhl/all
 sum=$(sha256sum .webwhl/wheels.tar | cut -d' ' -f1)

@@ -49,7 +49,10 @@ def start_server(port: int, size: int, max_streams: int, log_path: Path) -> subp
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False",
            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     cmd = [sys.executable, "-m", "streamstudio", "serve", "--model", "tiny", "--width", str(size),
-           "--height", str(size), "--port", str(port), "--max-streams", str(max_streams), "--latency-probe"]
+           "--height", str(size), "--port", str(port), "--max-streams", str(max_streams), "--latency-probe",
+           # every client connects at once from 127.0.0.1: the limits on streams not yet streaming
+           # (2 a server and 2 an address by default) would refuse the third
+           "--max-pending", str(max_streams), "--max-pending-per-source", str(max_streams)]
     with open(log_path, "wb") as log:  # a file, not a pipe nobody reads (a full pipe would stall the server)
         return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
 
