@@ -42,8 +42,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Callable, Sequence
+import importlib.util
 
 import torch
+from torch.utils import cpp_extension
+from torch.utils.cpp_extension import include_paths
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +69,6 @@ def unavailable_reason() -> str | None:
         return "this torch build has no CUDA support"
     if not torch.cuda.is_available():
         return "no CUDA GPU is visible"
-    from torch.utils import cpp_extension
-
     if cpp_extension.CUDA_HOME is None and shutil.which("nvcc") is None:
         return "no CUDA toolkit (nvcc) was found; install it or set CUDA_HOME"
     return None
@@ -137,8 +138,6 @@ def device_arch(device: int | None = None) -> str:
 
 
 def _import_file(module_name: str, path: Path) -> ModuleType:
-    import importlib.util
-
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot import {path}")
@@ -190,8 +189,6 @@ def prebuild(name: str, sources: Sequence[str | os.PathLike], out_dir: str | os.
 
 
 def _build(name: str, paths: list[Path], flags: Flags, verbose: bool, use_prebuilt: bool = True) -> ModuleType:
-    from torch.utils import cpp_extension
-
     cflags, cuda_cflags = ["-O3", *flags.cflags], [*DEFAULT_CUDA_FLAGS, *flags.cuda_cflags]
     digest = _digest(paths, flags)
     if use_prebuilt and any(p.suffix == ".cu" for p in paths):
@@ -218,10 +215,6 @@ def _build_without_ninja(name: str, paths: list[Path], cflags: list[str], ldflag
                          verbose: bool) -> ModuleType:
     """A C++ extension as torch's load() builds it (its defines, headers and libraries), with one
     call of the C++ compiler: torch's load() needs ninja."""
-    import importlib.util
-
-    from torch.utils import cpp_extension
-
     so_path = build_dir / f"{name}.so"
     if not so_path.is_file():
         cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or "c++"
@@ -337,8 +330,6 @@ def cuda_include_dir() -> Path | None:
 
 def torch_nvcc_flags() -> list[str]:
     """The flags torch's extension loader gives nvcc (no half operators, relaxed constexpr)."""
-    from torch.utils import cpp_extension
-
     return list(getattr(cpp_extension, "COMMON_NVCC_FLAGS", []))
 
 
@@ -406,8 +397,6 @@ def binding_check(source: str | os.PathLike, compiler: str | None = None, timeou
     A check that passed is remembered in the kernel cache (`cache_root()/binding-checks`) under
     everything it depends on (`_binding_key`), so an unchanged binding is not compiled again
     (a minute of CPU each); a failure is never remembered."""
-    from torch.utils.cpp_extension import include_paths
-
     cxx = compiler or shutil.which("g++") or shutil.which("c++")
     cuda_include = cuda_include_dir()
     if cxx is None or cuda_include is None:

@@ -18,6 +18,8 @@ import torch
 from streamstudio.kernels import splat_fast, splat_reference
 from streamstudio.kernels.splat_reference import (CAMERA_MODELS, antialias_compensation, project_gaussians,
                                                   quat_scale_to_covar, sh_colors)
+from streamstudio.kernels import splat_cpu
+from streamstudio.kernels import splat_cuda
 
 IMPLS = ("auto", "reference", "cpp", "fast", "fast_compiled", "cuda")
 
@@ -44,10 +46,8 @@ def pick_impl(impl: str, device: torch.device) -> str:
     if impl != "auto":
         return impl
     if device.type == "cuda":
-        from streamstudio.kernels import splat_cuda
         return "cuda" if splat_cuda.load() is not None else "reference"
     if device.type == "cpu":
-        from streamstudio.kernels import splat_cpu
         return "cpp" if splat_cpu.load() is not None else "fast"
     return "reference"
 
@@ -91,7 +91,6 @@ def rasterize_gaussians(means: torch.Tensor, quats: torch.Tensor | None, scales:
     device = means.device
     chosen = pick_impl(impl, device)
     if chosen == "cpp":  # the whole frame (projection, SH, binning, blending) in C++
-        from streamstudio.kernels import splat_cpu
         rgb, depth, alpha, n_visible = splat_cpu.render(means, quats, scales, opacities, colors, viewmat, intrinsics,
                                                         width, height, sh_degree, background, covars, near, far,
                                                         antialiased=antialiased, camera_model=camera_model)
@@ -115,7 +114,6 @@ def rasterize_gaussians(means: torch.Tensor, quats: torch.Tensor | None, scales:
     bg = None if background is None else torch.as_tensor(background, dtype=dtype, device=device)
     args = (means2d, conics, opacities, colors.to(dtype), depths, radii, width, height, bg)
     if chosen == "cuda":
-        from streamstudio.kernels import splat_cuda
         rgb, depth, alpha = splat_cuda.rasterize_projected(*args)
     elif chosen in ("fast", "fast_compiled"):
         if device.type != "cpu":

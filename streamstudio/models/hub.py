@@ -15,6 +15,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
+from fnmatch import fnmatch
 
 from streamstudio.errors import ModelNotFoundError
 
@@ -217,8 +218,6 @@ def quiet_hub():
 def hub_download_size(repo: str, patterns: list[str], timeout: float = 10.0) -> int | None:
     """Bytes of the files of `repo` that match `patterns` (what loading it fetches), or None when
     the hub cannot be reached."""
-    from fnmatch import fnmatch
-
     from huggingface_hub import HfApi
 
     try:

@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import yaml
+
 from streamstudio.errors import StreamStudioError
 
 PromptSpec = str | list[tuple[str, float]]
@@ -313,8 +315,6 @@ def load_schedule(path: str | Path, transition: float | None = None) -> PromptSc
 
 
 def _load_structured(text: str, path: Path) -> object:
-    import yaml
-
     try:
         return json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:

@@ -26,6 +26,7 @@ import math
 import random
 import threading
 from dataclasses import asdict, dataclass, field
+import json
 
 from streamstudio.errors import StreamStudioError
 from streamstudio.pipelines.live_settings import ADDON_SCALE, SETTINGS, VIDEO_SETTINGS, LiveSetting
@@ -213,8 +214,6 @@ def _number(v) -> bool:
 def load_modulations(path: str, pipeline: str = "image") -> Modulations:
     """A file of modulations (the JSON form above; `render --modulation FILE`), or a one-line error
     naming the file."""
-    import json
-
     try:
         with open(path, encoding="utf-8") as f:
             raw = json.load(f)

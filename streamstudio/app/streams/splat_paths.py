@@ -5,18 +5,17 @@ Splats tab alike."""
 from __future__ import annotations
 
 from pathlib import Path
+import json
+import zipfile
 
 from streamstudio.errors import StreamStudioError
+from streamstudio.pipelines.splats.splat_render import path_from_json
+from streamstudio.pipelines.splats.splat_render import path_to_nerfstudio
 
 
 def read_path_file(path: str | Path, prefer: str = "frames"):
     """A camera path file: nerfstudio's camera_path.json, SuperSplat's viewer settings / document.json,
     or a SuperSplat project (.ssproj, a zip holding document.json). Bad files raise StreamStudioError."""
-    import json
-    import zipfile
-
-    from streamstudio.pipelines.splats.splat_render import path_from_json
-
     path = Path(path)
     if not path.is_file():
         raise StreamStudioError(f"{path}: no such camera path file")
@@ -34,10 +33,6 @@ def read_path_file(path: str | Path, prefer: str = "frames"):
 
 def write_path_file(keyframe_path, target: str | Path, width: int, height: int, fps: float) -> Path:
     """Write a path as nerfstudio's camera_path.json (keyframes and the rendered frames)."""
-    import json
-
-    from streamstudio.pipelines.splats.splat_render import path_to_nerfstudio
-
     target = Path(target)
     try:
         target.write_text(json.dumps(path_to_nerfstudio(keyframe_path, width, height, fps), indent=1))

@@ -47,6 +47,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from diffusers import LCMScheduler
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
 
 from streamstudio.device import pick_device
 from streamstudio.errors import StreamStudioError
@@ -54,6 +57,8 @@ from streamstudio.models.image import builtin_image, image_data
 from streamstudio.models.image.image_net import DiffusersImageNet, ImageCond
 from streamstudio.models.image.tiny import SCHEDULER_CONFIG
 from streamstudio.app.training.config import STAGES, ImageTrainConfig  # noqa: F401 (re-exported)
+from streamstudio.models.image.photo_data import PhotoSet
+from streamstudio.pipelines.image.stream_diffusion import StreamDiffusionConfig
 
 PREDICTIONS = ("", "epsilon", "v_prediction")  # "": the resumed run's or the --init model's (else epsilon)
 
@@ -70,10 +75,6 @@ def pipeline_timesteps() -> tuple[int, list[int], int]:
     """(default t, img2img ts, txt2img t) exactly as the pipeline's schedule picks them: the t of
     strength 0.5 with one step, every t img2img uses for strengths 0.2-0.9 and 1-4 steps, and
     txt2img's first t."""
-    from diffusers import LCMScheduler
-
-    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusionConfig
-
     sched = LCMScheduler.from_config(SCHEDULER_CONFIG)
     sched.set_timesteps(50)
 
@@ -88,8 +89,6 @@ def pipeline_timesteps() -> tuple[int, list[int], int]:
 
 
 def alphas_cumprod() -> torch.Tensor:
-    from diffusers import LCMScheduler
-
     return LCMScheduler.from_config(SCHEDULER_CONFIG).alphas_cumprod.to(torch.float32)  # (1000,)
 
 
@@ -129,8 +128,6 @@ def recon_loss(pred: torch.Tensor, target: torch.Tensor, per_sample: bool = Fals
 def export_checkpoint(run: str | Path, dest: str | Path) -> Path:
     """Write the shippable model of a training run: float16 weights (about 2.7 MB) and
     config.json, without the optimizer state (what assets/image_builtin holds)."""
-    from safetensors.torch import load_file, save_file
-
     run, dest = Path(run), Path(dest)
     if not (run / "model.safetensors").is_file():
         raise StreamStudioError(f"no checkpoint in {run}: train first (streamstudio train-image --output {run})")
@@ -183,8 +180,6 @@ class ImageTrainer:
                                            lr=cfg.lr, weight_decay=0.0)
         self.photos = None
         if cfg.photos and cfg.photo_share > 0:
-            from streamstudio.models.image.photo_data import PhotoSet
-
             self.photos = PhotoSet(cfg.photos, "train", progress=cfg.progress)
         if cfg.resume:
             self._resume()
@@ -429,8 +424,6 @@ class ImageTrainer:
     # ------------------------------------------------------------------ loop
     def _run(self, name: str, total: int, key: str, loss_fn, opt, params, base_lr: float, start: float,
              modules) -> list[float]:
-        from tqdm.auto import tqdm
-
         cfg = self.cfg
         losses: list[float] = []
         bar = tqdm(total=total, initial=self.state[key], disable=not cfg.progress, desc=f"train-image ({name})",

@@ -34,6 +34,8 @@ from functools import partial
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
+from tqdm.auto import tqdm
 
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.video.stream_dit import (StreamDiT, StreamDiTConfig, guided_velocity, load_checkpoint,
@@ -219,8 +221,6 @@ class VideoTrainer:
             model.load_state_dict(self.teacher.state_dict())
             return model
         if self.cfg.init and not self.cfg.resume:  # the checkpoint's architecture, trained with the window mask
-            from safetensors.torch import load_file
-
             cfg = StreamDiTConfig.from_dict(read_checkpoint_config(self.cfg.init)["model"])
             if self.cfg.init_shift_mask:
                 cfg = replace(cfg, shift_mask=True)
@@ -231,8 +231,6 @@ class VideoTrainer:
         return StreamDiT(named_config(self.cfg.model))
 
     def _resume(self, model: StreamDiT, opt: torch.optim.Optimizer) -> None:
-        from safetensors.torch import load_file
-
         state_file = self.out / "trainer_state.json"
         if not state_file.is_file():
             raise StreamStudioError(f"nothing to resume in {self.out}: no trainer_state.json; "
@@ -297,8 +295,6 @@ class VideoTrainer:
 
     # ------------------------------------------------------------------ loop
     def train(self) -> list[float]:
-        from tqdm.auto import tqdm
-
         cfg = self.cfg
         losses: list[float] = []
         bar = tqdm(total=cfg.steps, initial=self.step, disable=not (cfg.progress and self.acc.is_main_process),

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import html
 
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import HTMLResponse, JSONResponse
+
 PREFIXES = ("/studio", "/metrics")
 
 
 def studio_openapi(app) -> dict:
     """The app's OpenAPI document with only the /studio routes and /metrics."""
-    from fastapi.openapi.utils import get_openapi
-
     routes = [r for r in app.routes if getattr(r, "path", "").startswith(PREFIXES)]
     doc = get_openapi(title="StreamStudio control API", version="1", routes=routes,
                       description="Live streams, their settings, outputs, modulations and tempo, the replicas "
@@ -45,8 +46,6 @@ def page(doc: dict) -> str:
 
 
 def mount(app) -> None:
-    from fastapi.responses import HTMLResponse, JSONResponse
-
     @app.get("/studio/openapi.json", tags=["studio"], include_in_schema=False)
     async def openapi():
         return JSONResponse(studio_openapi(app))

@@ -8,6 +8,8 @@ replica's streams and health, and the streams moved off failed replicas and reba
 
 from __future__ import annotations
 
+from fastapi.responses import Response
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -79,8 +81,6 @@ def _replicas(out: _Text, manager) -> None:
 
 def mount(app, manager, outputs=None) -> None:
     """`GET /metrics` on `app` (FastAPI)."""
-    from fastapi.responses import Response
-
     @app.get("/metrics", tags=["studio"])
     async def metrics():
         return Response(render(manager, outputs), media_type=CONTENT_TYPE)

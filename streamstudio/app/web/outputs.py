@@ -22,10 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
+import asyncio
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
 
 from streamstudio.errors import StreamStudioError
 from streamstudio.streaming.runner import Attachment
 from streamstudio.streaming.sinks import open_sink
+from streamstudio.app.web.webrtc import OfferRefused, read_json
 
 if TYPE_CHECKING:
     from streamstudio.app.web.sessions import SessionManager, StreamSession
@@ -243,13 +248,6 @@ def mount(app, outputs: Outputs) -> None:
         GET    /studio/outputs/{stream}/{id}   -> {output}
         DELETE /studio/outputs/{stream}/{id}   -> {output}: stopped, with its final counters
     """
-    import asyncio
-
-    from fastapi import Request
-    from fastapi.responses import JSONResponse
-
-    from streamstudio.app.web.webrtc import OfferRefused, read_json
-
     def refused(exc: OutputRefused) -> JSONResponse:
         return JSONResponse({"status": "failed", "error": str(exc)}, status_code=exc.status)
 

@@ -21,6 +21,10 @@ The modulation format is app/perform/modulation.py's; a stream is named as in th
 from __future__ import annotations
 
 import time
+import json
+
+from fastapi import Body
+from fastapi.responses import JSONResponse
 
 from streamstudio.app.perform.inputs import LiveInputs
 from streamstudio.app.perform.modulation import Modulations
@@ -46,8 +50,6 @@ def osc_message(manager, address: str, args: tuple) -> bool:
     """OSC's side of these routes (app/web/osc.py): `/streamstudio/tempo BPM`, `/streamstudio/tap`,
     `/streamstudio/midi CC VALUE [CHANNEL]`, `/streamstudio/{stream}/modulations "JSON"`. Returns
     False for another address; a bad message is a StreamStudioError."""
-    import json
-
     inputs: LiveInputs | None = getattr(manager, "inputs", None)
     address = address.rstrip("/")
     if address not in OSC_ADDRESSES and not address.endswith("/modulations"):
@@ -77,9 +79,6 @@ def osc_message(manager, address: str, args: tuple) -> bool:
 
 
 def mount(app, manager, inputs: LiveInputs) -> None:
-    from fastapi import Body
-    from fastapi.responses import JSONResponse
-
     def failed(error: str, status: int) -> JSONResponse:
         return JSONResponse({"status": "failed", "error": error}, status_code=status)
 

@@ -22,6 +22,7 @@ from streamstudio.app.streams.requests import ServeRequest
 from streamstudio.app.web.replica_actor import ReplicaActor, first_error
 from streamstudio.app.web.ray_replicas import TRANSPORTS, ClusterSessionManager, RemoteReplica
 from streamstudio.errors import StreamStudioError
+from streamstudio.app.ray_connect import connect_ray
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +91,6 @@ class RayReplicas:
     def __init__(self, request: ServeRequest, address: str | None, node_replicas: int = 1, transport: str = "auto",
                  elastic: ElasticPolicy | None = None):
         import ray
-
-        from streamstudio.app.ray_connect import connect_ray
 
         if transport not in ("auto", *TRANSPORTS):  # said before Ray starts
             raise StreamStudioError(f"--replica-transport {transport!r}: use auto, {' or '.join(TRANSPORTS)}")

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from fastapi import Body
+from fastapi.responses import JSONResponse
 
 from streamstudio.app.web.replica_actor import HEALTH_SID, first_error
 from streamstudio.app.web.replicas import ReplicaSessions
@@ -34,6 +36,7 @@ from streamstudio.app.web.model_guard import ModelGuard
 from streamstudio.app.web.sessions import SessionManager
 from streamstudio.errors import StreamStudioError
 from streamstudio.frames import fit
+from streamstudio.app.streams.image import output_size
 
 if TYPE_CHECKING:  # (ray_cluster and ray_rollout import this module)
     from streamstudio.app.web.ray_cluster import RayReplicas
@@ -283,8 +286,6 @@ class RemoteModel:
         return self.config.width, self.config.height
 
     def stream_size(self, aspect: float | None) -> tuple[int, int]:
-        from streamstudio.app.streams.image import output_size
-
         if aspect is None or self.replica.info["fixed_shapes"]:
             return self.size
         return output_size(None, None, max(self.size), aspect)
@@ -615,9 +616,6 @@ def mount(app, manager: ClusterSessionManager) -> None:
     """`POST /studio/replicas/{index}/drain`: 202 and the streams that move; 409 no room, 404 no
     replica. `POST /studio/replicas/update` (JSON: what changes, e.g. {"model": ...}): a rolling
     update (app/web/ray_rollout.py), 202 with its state; 409 while one runs, 400 for a bad change."""
-    from fastapi import Body
-    from fastapi.responses import JSONResponse
-
     from streamstudio.app.web.ray_rollout import RollingUpdate
 
     @app.post("/studio/replicas/update", tags=["studio"], status_code=202)

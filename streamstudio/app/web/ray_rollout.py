@@ -19,6 +19,7 @@ import time
 from dataclasses import replace
 
 from streamstudio.errors import StreamStudioError
+from streamstudio.models.hub import check_model_source
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +38,6 @@ def updated_request(request, changes: dict):
         if not isinstance(value, UPDATABLE[name]):
             raise StreamStudioError(f"{name} must be a {UPDATABLE[name].__name__}, got {value!r}")
     if "model" in changes:
-        from streamstudio.models.hub import check_model_source
-
         check_model_source(changes["model"])  # a hub id that cannot be had: said now, before any replica goes
     return replace(request, image=replace(request.image, **changes))
 

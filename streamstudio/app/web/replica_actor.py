@@ -15,6 +15,7 @@ from streamstudio.app.streams.requests import ServeRequest
 from streamstudio.app.web.sessions import ServerModel, StreamProcessor
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.hub import first_line
+from streamstudio.app.streams import build_pipeline
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +34,6 @@ class ReplicaActor:
     def __init__(self, request: ServeRequest, threads: int | None = None):
         self.init_at = time.time()  # the process is up and this module imported (a replica's start-up, in parts)
         import torch
-
-        from streamstudio.app.streams import build_pipeline
 
         if threads:
             torch.set_num_threads(threads)

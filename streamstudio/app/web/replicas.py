@@ -25,6 +25,7 @@ from streamstudio.app.perform.inputs import opened
 from streamstudio.app.streams.requests import ServeRequest
 from streamstudio.app.web.sessions import BusyError, ServerModel, SessionManager, StreamSession
 from streamstudio.errors import StreamStudioError
+from streamstudio.app.streams import build_pipeline
 
 if TYPE_CHECKING:
     from streamstudio.app.web.session_model import SessionModel
@@ -225,8 +226,6 @@ def replica_devices(n: int, device: str = "auto") -> list[str]:
 
 def build_manager(request: ServeRequest) -> ReplicaSessionManager:
     """`serve --gpus N`: a replica of the model on each device, and the manager over them."""
-    from streamstudio.app.streams import build_pipeline
-
     image = request.image
     devices, models = replica_devices(request.gpus, image.device), []
     for device in devices:

@@ -41,6 +41,10 @@ from streamstudio.streaming.probe import draw_probe, read_probe
 from streamstudio.streaming.runner import Runner, RunnerConfig
 from streamstudio.streaming.sinks import NullSink
 from streamstudio.streaming.sources import DEFAULT_FPS, PushSource
+from streamstudio.app.streams.image import new_stream
+from streamstudio.frames import to_rgb
+from streamstudio.models.image.batching import warm_up
+from streamstudio.models.image.lora import check_scale
 
 if TYPE_CHECKING:  # (torch and the models load when the server starts, not with the command line)
     import torch
@@ -93,8 +97,6 @@ class ServerModel:
             self._stream_comps = batched_components(self.comps, self.executor)
             net = self._stream_comps.net
             if isinstance(net, BatchedImageNet) and net.pad:  # compiled / TensorRT: every bucket warmed up now
-                from streamstudio.models.image.batching import warm_up
-
                 warm_up(self._stream_comps, self.config.height, self.config.width)
         self.guard = ModelGuard(self.executor)
 
@@ -124,8 +126,6 @@ class ServerModel:
     def build(self, mode: str, size: tuple[int, int] | None = None) -> StreamDiffusion:
         """A new stream (per-session state) over the shared modules, at `size` (width, height;
         default the configured size)."""
-        from streamstudio.app.streams.image import new_stream
-
         width, height = size or self.size
         with self.guard.text():
             return new_stream(self._stream_comps, replace(self.config, mode=mode, width=width, height=height),
@@ -152,8 +152,6 @@ class ServerModel:
         weights, so every stream gets them. Applied between frames (`ModelGuard.exclusive`); the
         streams encode their prompts again at their next frame when a LoRA changes the text
         encoders. All names are checked before any scale changes."""
-        from streamstudio.models.image.lora import check_scale
-
         loras = getattr(self.comps, "loras", None)
         if loras is None or not loras.loras:
             raise StreamStudioError("no LoRA is loaded on this server (serve --lora PATH_OR_ID[:scale])")
@@ -336,8 +334,6 @@ class StreamSession:
         here (once per new picture), under the model's text guard, and the stream takes it before
         its next frame; other streams keep theirs."""
         import torch
-
-        from streamstudio.frames import to_rgb
 
         ip = getattr(self.model.comps, "ip_adapter", None)
         if ip is None:

@@ -18,8 +18,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
+import functools
+import inspect
+import math
+import tempfile
 
 import numpy as np
+import torch
 
 from streamstudio import ASSETS
 from streamstudio.device import pick_device
@@ -29,6 +34,13 @@ from streamstudio.models.splats.gaussians import GaussianScene, load_scene
 from streamstudio.pipelines.live_settings import SPLAT_SETTINGS, defaults
 from streamstudio.pipelines.splats.splat_render import (PATHS, Keyframe, KeyframePath, SceneFit, SplatRenderConfig,
                                                         camera_path, fitted_camera, render, to_frame, with_camera_model)
+from streamstudio.app.settings import widget
+from streamstudio.app.streams.image import build_pipeline, multiple_of_8, request
+from streamstudio.app.streams.splat_paths import read_path_file
+from streamstudio.app.streams.splat_paths import write_path_file
+from streamstudio.kernels import splat_cpu
+from streamstudio.kernels.splat import pick_impl
+from streamstudio.pipelines.live_settings import SETTINGS
 
 log = logging.getLogger(__name__)
 
@@ -114,8 +126,6 @@ def time_slider_range(lo: float, hi: float) -> tuple[float, float, float]:
     """(minimum, maximum, step) of the time slider for a scene's time range: the range widened to
     a round step (about a hundredth of it), so the slider's labels read 0 and 1, not
     0.0007824897766113281."""
-    import math
-
     if not hi - lo > 1e-6:  # no span (a 3D scene): a plain 0..1 from its time
         lo = round(lo, 2)
         return lo, lo + 1.0, 0.01
@@ -134,8 +144,6 @@ STILL_LOADING = "The scene is still loading (the splat renderer is being built):
 def renderer_build_note(cfg: SplatRenderConfig) -> str | None:
     """What to tell the user while the renderer `cfg` picks gets ready, when its first use may
     build it (the C++ CPU renderer: about a minute, once); None when it answers at once."""
-    from streamstudio.kernels import splat_cpu
-
     if cfg.device.split(":")[0] == "cpu" and cfg.impl in ("auto", "cpp") and not splat_cpu.ready():
         return BUILDING_CPP
     return None
@@ -144,10 +152,6 @@ def renderer_build_note(cfg: SplatRenderConfig) -> str | None:
 def warm_renderer(cfg: SplatRenderConfig) -> str:
     """Have the renderer `cfg` picks built or imported now (the C++ or CUDA extension, on its first
     use in this process), so no frame's time includes the build. Returns the implementation."""
-    import torch
-
-    from streamstudio.kernels.splat import pick_impl
-
     return pick_impl(cfg.impl, torch.device(cfg.device))
 
 
@@ -332,8 +336,6 @@ def preview_path(session: SplatSession, view: ViewSettings, fps: float = PREVIEW
 
 def save_path(session: SplatSession, view: ViewSettings, folder: str | Path, fps: float = 30.0) -> str:
     """Write the authored path as nerfstudio's camera_path.json in `folder`; returns its path."""
-    from streamstudio.app.streams.splat_paths import write_path_file
-
     if session.path is None or not session.path.keyframes:
         raise StreamStudioError("the path has no keyframes to save")
     folder = Path(folder)
@@ -343,8 +345,6 @@ def save_path(session: SplatSession, view: ViewSettings, folder: str | Path, fps
 
 def load_path(session: SplatSession, file: str | Path) -> str:
     """Read a camera path (nerfstudio camera_path.json, SuperSplat's animation) as the session's keyframes."""
-    from streamstudio.app.streams.splat_paths import read_path_file
-
     path = read_path_file(file, prefer="keyframes")
     path.check()
     session.path = path
@@ -360,8 +360,6 @@ def _times_for(scene: GaussianScene, frames: int) -> list[float | None]:
 
 
 def _run_pipe(pipe, frame: np.ndarray) -> np.ndarray:
-    import torch
-
     with torch.inference_mode():
         out = pipe(frame)  # live mode: the latest output
     return out[0] if isinstance(out, list) else out
@@ -371,10 +369,6 @@ def default_pipe_factory(width: int, height: int) -> Callable[[], object]:
     """An img2img stream of its own (sd-turbo with a CUDA GPU, else the built-in model), when the app gives none."""
 
     def make():
-        import torch
-
-        from streamstudio.app.streams.image import build_pipeline, multiple_of_8, request
-
         with torch.inference_mode():  # the stream opened as the CLI's are: a request with the pipeline's defaults
             return build_pipeline(request(width=max(64, multiple_of_8(width)), height=max(64, multiple_of_8(height)),
                                           steps=1, strength=0.5), "img2img")
@@ -403,9 +397,6 @@ def build_splat_tab(get_image_pipeline: Callable[[], object] | None = None, slot
     """Fill the open `gr.Tab` with the Splats panel; returns its components by name. `slots` (the
     server's SessionManager) counts a Stylize stream against --max-streams with the other tabs'."""
     import gradio as gr
-
-    from streamstudio.app.settings import widget
-    from streamstudio.pipelines.live_settings import SETTINGS
 
     v = ViewSettings()
     state = gr.State(None)  # a SplatSession, made on the first load
@@ -539,8 +530,6 @@ def build_splat_tab(get_image_pipeline: Callable[[], object] | None = None, slot
             yield frame, line
 
     def on_save(session, *vals):
-        import tempfile
-
         session = session or SplatSession()
         return save_path(session, view_of(*vals), tempfile.mkdtemp(prefix="streamstudio-path-"))
 
@@ -581,8 +570,6 @@ def build_splat_tab(get_image_pipeline: Callable[[], object] | None = None, slot
 
 def view_control(name: str, view: ViewSettings):
     """The Gradio control of the splat table's setting `name`, showing `view`'s value."""
-    from streamstudio.app.settings import widget
-
     return widget(SPLAT_SETTINGS[name], getattr(view, name))
 
 
@@ -611,9 +598,6 @@ def _enter_releases_sliders() -> None:
 
 def _guard(fn):
     """User errors become a Gradio error message in this session; the app keeps serving."""
-    import functools
-    import inspect
-
     import gradio as gr
 
     if inspect.isgeneratorfunction(fn):

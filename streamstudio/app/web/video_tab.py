@@ -27,6 +27,9 @@ from streamstudio.errors import StreamStudioError
 from streamstudio.streaming.runner import Runner, RunnerConfig
 from streamstudio.streaming.sinks import NullSink
 from streamstudio.streaming.sources import DEFAULT_FPS, PushSource
+from streamstudio.app.settings import video_controls, video_values, widget
+from streamstudio.models.video.stream_dit import BUILTIN_CHECKPOINT, read_checkpoint_config
+from streamstudio.pipelines.live_settings import SETTINGS, VIDEO_SETTINGS
 
 if TYPE_CHECKING:
     from streamstudio.app.web.sessions import SessionManager
@@ -55,8 +58,6 @@ def cached_model(model: str | None = None) -> VideoModel:
 
 def builtin_solver() -> str:
     """The built-in model's solver (its checkpoint's `sampling.solver`): the tab's Step at start."""
-    from streamstudio.models.video.stream_dit import BUILTIN_CHECKPOINT, read_checkpoint_config
-
     return read_checkpoint_config(BUILTIN_CHECKPOINT)["sampling"].get("solver", "euler")
 
 
@@ -262,9 +263,6 @@ def build_video_tab(slots=None) -> None:
     """The Video tab's components and events, inside an open `gr.Tab`; `slots` (the server's
     SessionManager) counts its streams against --max-streams with the other tabs'."""
     import gradio as gr
-
-    from streamstudio.app.settings import video_controls, video_values, widget
-    from streamstudio.pipelines.live_settings import SETTINGS, VIDEO_SETTINGS
 
     # its threads end with the page
     state = gr.State(lambda: VideoSession(slots=slots), delete_callback=VideoSession.close)

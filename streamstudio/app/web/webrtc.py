@@ -29,13 +29,21 @@ import re
 import time
 import weakref
 from typing import TYPE_CHECKING, Any, Callable
+from unittest import mock
+import json
 
 import numpy as np
+from fastapi import Body as JsonBody
+from fastapi import Request
+from fastapi.responses import JSONResponse
 
 from streamstudio.app.web.security import peer
 from streamstudio.app.web.sessions import BusyError, Pending, SessionManager, StreamSession, pending_from
 from streamstudio.app.settings import settings_from_ui
 from streamstudio.errors import StreamStudioError
+from streamstudio.app.web import ice
+from streamstudio.app.web.ice import IceScopeMiddleware
+from streamstudio.app.web.rtp_receive import receive_video_without_delay
 
 if TYPE_CHECKING:  # (fastrtc and aiortc load with the web app's streams)
     from aiortc import RTCPeerConnection
@@ -142,8 +150,6 @@ class OfferRefused(StreamStudioError):
         self.code, self.status = code, status
 
     def response(self):
-        from fastapi.responses import JSONResponse
-
         return JSONResponse({"status": "failed", "meta": {"error": self.code, "message": str(self)}},
                             status_code=self.status)
 
@@ -265,8 +271,6 @@ class GuardedOffers(_FastRTC):
               kind: str = "webrtc_offer"):
         """Take offers for `manager`'s streams, with ICE on `host`'s addresses; returns self.
         `kind` names its connections in /studio/status (`SessionManager.peer_counters`)."""
-        from streamstudio.app.web import ice
-
         ice.install()
         self.manager, self.ice_addresses = manager, ice.ice_addresses(host)
         self.pending_timeout = pending_timeout
@@ -278,10 +282,6 @@ class GuardedOffers(_FastRTC):
     async def guarded_offer(self, data: dict, answer: Callable[[], Any]):
         """Check `data` ({sdp, type, webrtc_id}), then `await answer()` (fastrtc's own offer)."""
         from aiortc.exceptions import InvalidAccessError, InvalidStateError
-        from fastapi.responses import JSONResponse
-
-        from streamstudio.app.web import ice
-        from streamstudio.app.web.rtp_receive import receive_video_without_delay
 
         manager = self.manager
         try:
@@ -440,8 +440,6 @@ def live_component(manager: SessionManager, host: str | None, pending_timeout: f
 
 @functools.cache
 def _studio_webrtc_class():
-    from unittest import mock
-
     from fastrtc import WebRTC
     from gradio.components.base import server
 
@@ -482,12 +480,7 @@ def mount_api(app, manager: SessionManager, stream) -> None:
     runs in the stream's ICE scope, so the Gradio WebRTC component's peer connections gather on
     the bound address too (streamstudio.app.web.ice). The login these routes need under --auth is
     the request guard's (streamstudio.app.web.security), as for every route of the server."""
-    from fastapi import Body as JsonBody
-    from fastapi import Request
-    from fastapi.responses import JSONResponse
     from fastrtc.stream import Body
-
-    from streamstudio.app.web.ice import IceScopeMiddleware
 
     app.state.studio_stream = stream
     if hasattr(stream, "ice_addresses"):
@@ -550,8 +543,6 @@ def lora_payload(listing) -> list[dict]:
 
 async def read_json(request, limit: int):
     """The request's JSON body, refused past `limit` bytes without reading further."""
-    import json
-
     declared = request.headers.get("content-length")
     if declared is not None and (not declared.isdigit() or int(declared) > limit):
         raise OfferRefused("body_too_large", f"the request body is larger than {limit // 1024} KB")

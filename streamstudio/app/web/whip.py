@@ -57,6 +57,9 @@ import logging
 import secrets
 from typing import Callable
 
+from fastapi import Request
+from fastapi.responses import Response
+
 from streamstudio.app.web.security import Credentials, peer
 from streamstudio.app.web.sessions import BusyError, SessionManager
 from streamstudio.app.web.webrtc import (
@@ -75,6 +78,7 @@ from streamstudio.app.web.whip_sdp import (
 )
 from streamstudio.app.web.whip_sessions import Resource, WhipSessions, end_orphans
 from streamstudio.errors import StreamStudioError
+from streamstudio.app.web import ice
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +103,6 @@ class WhipServer:
                  pending_timeout: float = PENDING_TIMEOUT, max_viewers: int = MAX_VIEWERS,
                  other_slots: Callable[[], set] = set, max_viewers_per_source: int = MAX_VIEWERS_PER_SOURCE,
                  cors_origins: tuple[str, ...] = ()):
-        from streamstudio.app.web import ice
-
         if max_viewers < 0:
             raise StreamStudioError("--max-viewers must be 0 or more")
         ice.install()
@@ -162,8 +164,6 @@ class WhipServer:
     def _options(self, request, methods: str, post: bool):
         """OPTIONS (RFC 9725 4.2: "The "200 OK" response to any OPTIONS request SHOULD include an
         Accept-Post header"), also the browsers' CORS preflight (no login asked)."""
-        from fastapi.responses import Response
-
         origin = request.headers.get("origin")
         headers = {"Allow": methods}
         if post:
@@ -180,8 +180,6 @@ class WhipServer:
         """GET and HEAD (RFC 9725 4.1: the endpoints and sessions "MUST return a 2xx successful
         response with no content when a GET request is received"); a session URL that names no
         session is 404."""
-        from fastapi.responses import Response
-
         origin = request.headers.get("origin")
         if rid is not None:
             kind = request.url.path.strip("/").split("/")[0]
@@ -210,8 +208,6 @@ class WhipServer:
     def mount(self, app) -> None:
         """The routes on `app` (FastAPI). Under --auth the request guard lets /whip and /whep
         through to these, which check their own login (`security.GuardConfig.self_auth_prefixes`)."""
-        from fastapi import Request
-
         async def whip_post(request: Request, stream: str | None = None):
             return await self._post("whip", request, stream)
 
@@ -262,10 +258,6 @@ class WhipServer:
 
     # ------------------------------------------------------------------ POST
     async def _post(self, kind: str, request, stream: str | None):
-        from fastapi.responses import Response
-
-        from streamstudio.app.web import ice
-
         origin = request.headers.get("origin")
         try:
             sdp, who = await self._read_sdp(request, SDP_TYPE, kind)
@@ -365,8 +357,6 @@ class WhipServer:
 
 
     async def _delete(self, request, stream: str, rid: str):
-        from fastapi.responses import Response
-
         kind, origin = request.url.path.strip("/").split("/")[0], request.headers.get("origin")
         try:
             self.identity(kind, request.headers)
@@ -377,8 +367,6 @@ class WhipServer:
         return Response(status_code=200, headers=self._headers(origin=origin))
 
     async def _patch(self, request, stream: str, rid: str):
-        from fastapi.responses import Response
-
         kind, origin = request.url.path.strip("/").split("/")[0], request.headers.get("origin")
         try:
             frag, _ = await self._read_sdp(request, TRICKLE_TYPE, kind)

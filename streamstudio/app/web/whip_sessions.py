@@ -19,6 +19,8 @@ from streamstudio.app.web.sessions import Pending, SessionManager
 if TYPE_CHECKING:
     from streamstudio.app.web.sessions import StreamSession
 from streamstudio.app.web.webrtc import OfferRefused
+from streamstudio.app.perform.inputs import audio_samples
+from streamstudio.app.web.rtp_receive import receive_video_without_delay
 
 log = logging.getLogger(__name__)
 
@@ -130,8 +132,6 @@ class WhipSessions:
             self.manager.close(sid, wait=0.0)
 
     def on_publisher_track(self, res: Resource, track) -> None:
-        from streamstudio.app.web.rtp_receive import receive_video_without_delay
-
         res.tracks.append(track)
         if track.kind == "video":
             receive_video_without_delay(res.pc)  # a frame decoded at its last packet, not a frame later
@@ -329,8 +329,6 @@ def listen(manager, sid: str, frame) -> None:
     mods = getattr(session, "modulations", None)
     if inputs is None or mods is None or not any(m.source.kind == "audio" for m in mods.mappings):
         return
-    from streamstudio.app.perform.inputs import audio_samples
-
     samples, rate, channels = audio_samples(frame)
     inputs.feed_audio(sid, samples, rate, time.monotonic(), channels)
 

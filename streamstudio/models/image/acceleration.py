@@ -42,6 +42,7 @@ from streamstudio.models.acceleration import MODES, compile_kwargs, engine_shape
 from streamstudio.models.image.components import SDComponents
 from streamstudio.models.image.export_specs import IMAGE_PARTS, EngineImageNet, image_specs
 from streamstudio.models.image.image_net import ImageCond, ImageNet, WrappedImageNet, broadcast
+from streamstudio.kernels.tensorrt import runtime
 
 if TYPE_CHECKING:  # (TensorRT's runtime loads only when engines are asked for)
     from streamstudio.kernels.tensorrt.runtime import TRTEngine
@@ -321,8 +322,6 @@ def _tensorrt(comps: SDComponents, engine_dir, shapes: ShapeRange | None, precis
     missing = tensorrt_missing(device)
     if missing:
         return replace(comps, notes=[*comps.notes, missing])
-    from streamstudio.kernels.tensorrt import runtime
-
     cache = EngineCache(engine_dir)
 
     def load(spec: ExportSpec):

@@ -57,6 +57,7 @@ import torch
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.image.acceleration import BatchPlan, bucket_for, bucket_sizes
 from streamstudio.models.image.image_net import ImageCond, ImageNet, WrappedImageNet, broadcast, check_bank
+from streamstudio.models.image import acceleration
 
 log = logging.getLogger(__name__)
 
@@ -430,8 +431,6 @@ def warm_up(shared, height: int, width: int) -> int:
     """At start-up, before streams run: one call of each network of `shared` (components from
     `batched_components`) through the executor, which warms every bucket of a padded network
     (see BatchExecutor._warm_up). Returns the executor's warm-up calls."""
-    from streamstudio.models.image import acceleration
-
     executor = shared.net.executor
     one = BatchPlan({"unet": (1,), "vae_encoder": (1,), "vae_decoder": (1,)},
                     {"unet": 1, "vae_encoder": 1, "vae_decoder": 1}, height, width)

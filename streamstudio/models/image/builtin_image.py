@@ -24,6 +24,12 @@ import torch
 import torch.nn as nn
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
+from diffusers import UNet2DConditionModel
+from transformers import CLIPTextConfig, CLIPTextModel
+from transformers import CLIPTokenizer
+
+from streamstudio.models.image.image_data import vocabulary
+from streamstudio.models.image.tiny import _bytes_to_unicode
 
 BUILTIN_NAME = "builtin"
 TEXT_DIM = 64
@@ -174,8 +180,6 @@ def build_tokenizer_files(words: list[str]) -> dict[str, str]:
     """vocab.json and merges.txt of a CLIP BPE tokenizer in which every word of `words` is one
     token (merges are added until CLIP's merge loop turns each word into one symbol) and any
     other text falls back to single characters."""
-    from streamstudio.models.image.tiny import _bytes_to_unicode
-
     chars = list(_bytes_to_unicode().values())
     merges: list[tuple[str, str]] = []
     ranks: dict[tuple[str, str], int] = {}
@@ -201,8 +205,6 @@ def build_tokenizer_files(words: list[str]) -> dict[str, str]:
 
 
 def make_tokenizer(files: dict[str, str]):
-    from transformers import CLIPTokenizer
-
     with tempfile.TemporaryDirectory(prefix="streamstudio-builtin-tok-") as folder:  # read in __init__
         for name, text in files.items():
             Path(folder, Path(name).name).write_text(text, encoding="utf-8")
@@ -219,11 +221,6 @@ def text_config(vocab_size: int, vocab: dict[str, int]) -> dict:
 def build(config: dict | None = None, seed: int = 0) -> dict:
     """Fresh (untrained) networks from a config dict (the checkpoint's config.json, or the
     defaults for `words`): unet, vae, text_encoder, tokenizer, tokenizer_files, config."""
-    from diffusers import UNet2DConditionModel
-    from transformers import CLIPTextConfig, CLIPTextModel
-
-    from streamstudio.models.image.image_data import vocabulary
-
     if config is None:
         files = build_tokenizer_files(vocabulary())
         vocab = json.loads(files["vocab.json"])

@@ -11,6 +11,7 @@ import torch
 
 from streamstudio.models.image import sdxl
 from streamstudio.models.image.image_net import DiffusersImageNet, ImageNet, latent_scale
+from streamstudio.models.image.image_net import ImageCond
 
 if TYPE_CHECKING:  # (the add-ons, diffusers and transformers load with the model, not with this module;
     #                 diffusers' classes by their modules' paths: its lazy top-level names are opaque to mypy)
@@ -83,8 +84,6 @@ class SDComponents:
         """A condition of `rows` rows (zeros) with every field this model's UNet call takes: the
         text embeddings, SDXL's pooled text and time ids, the ControlNets' images and scales,
         IP-Adapter's image embedding and per-row scale (what warm-ups and exports feed the seam)."""
-        from streamstudio.models.image.image_net import ImageCond
-
         def zeros(*shape, kind=dtype):
             return torch.zeros((rows, *shape), device=device, dtype=kind)
 

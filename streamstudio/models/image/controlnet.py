@@ -23,6 +23,7 @@ import torch
 
 from streamstudio.errors import ModelNotFoundError, StreamStudioError
 from streamstudio.models.image.lora import check_scale, split_scale
+from streamstudio.models.hub import hub_repo_source, quiet_hub
 
 Residuals = tuple[tuple[torch.Tensor, ...], torch.Tensor]  # (down-block residuals, mid-block residual)
 
@@ -46,8 +47,6 @@ def load_controlnet(source: str, device: torch.device | str = "cpu", dtype: torc
     """A diffusers ControlNetModel from a hub id, a folder, or one .safetensors file (original
     layout, through diffusers' single-file loader)."""
     from diffusers import ControlNetModel
-
-    from streamstudio.models.hub import hub_repo_source, quiet_hub
 
     if local_files_only is None:
         local_files_only = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")

@@ -23,6 +23,8 @@ from functools import lru_cache
 import numpy as np
 import torch
 import torch.nn.functional as F
+from PIL import Image, ImageDraw
+from PIL import ImageFont
 
 # ---------------------------------------------------------------------------------------------
 # Vocabulary: what a prompt can name
@@ -338,8 +340,6 @@ def noise_field(gen, s):
 
 @lru_cache(maxsize=8)
 def _font(size: int):
-    from PIL import ImageFont
-
     try:
         return ImageFont.load_default(size=size)
     except TypeError:  # Pillow < 10.1
@@ -347,8 +347,6 @@ def _font(size: int):
 
 
 def text_image(gen, s):
-    from PIL import Image, ImageDraw
-
     bg = (_colour(gen).flatten() * 255).round().byte().tolist()
     img = Image.new("RGB", (s, s), tuple(bg))
     draw = ImageDraw.Draw(img)
@@ -565,8 +563,6 @@ def test_card(size: int = 256) -> np.ndarray:
     for _ in range(2):
         mm = _shape_mask(gen, size, yy, xx)
         img = img * (1 - mm) + _colour(gen) * mm
-    from PIL import Image, ImageDraw
-
     band = Image.new("RGB", (size, size // 6), (240, 240, 240))
     ImageDraw.Draw(band).text((size // 20, size // 40), "StreamStudio 0123", fill=(20, 20, 20),
                               font=_font(max(8, size // 10)))

@@ -7,6 +7,7 @@ tests and `benchmarks/image_quality.py`.
 from __future__ import annotations
 
 import numpy as np
+from PIL import Image, ImageFilter
 
 LUMA = np.array([0.299, 0.587, 0.114])
 
@@ -75,8 +76,6 @@ def saturation(img: np.ndarray) -> float:
 
 def gaussian_blur(img: np.ndarray, sigma: float) -> np.ndarray:
     """The picture blurred by a Gaussian of `sigma` pixels (edges replicated), uint8."""
-    from PIL import Image, ImageFilter
-
     pad = int(3 * sigma) + 1
     big = np.pad(img, ((pad, pad), (pad, pad), (0, 0)), mode="edge")
     out = np.asarray(Image.fromarray(big).filter(ImageFilter.GaussianBlur(sigma)))

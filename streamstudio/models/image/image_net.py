@@ -40,6 +40,7 @@ from torch import nn
 
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.image import feature_bank
+from streamstudio.models.image import controlnet
 
 Layout = tuple[tuple[str, int], ...]  # (field, -1 for one tensor or n for a tuple of n) per field that is set
 
@@ -208,8 +209,6 @@ class DiffusersImageNet(ImageNet):
             added.update(text_embeds=cond.text_embeds, time_ids=cond.time_ids)
         kwargs: dict[str, Any] = {"encoder_hidden_states": cond.text}
         if cond.control is not None:
-            from streamstudio.models.image import controlnet
-
             if len(cond.control) != len(self.controlnets):
                 raise StreamStudioError(f"{len(cond.control)} control images for {len(self.controlnets)} ControlNets")
             assert cond.control_scale is not None  # (control images come with their scales)

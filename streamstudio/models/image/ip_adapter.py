@@ -34,10 +34,13 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from PIL import Image
+import numpy as np
 
 from streamstudio.errors import ModelNotFoundError, StreamStudioError
 from streamstudio.models.image.feature_bank import attention_input, attention_output
 from streamstudio.models.image.lora import check_scale, split_scale
+from streamstudio.models.hub import hub_repo_source, quiet_hub
 
 IP_ADAPTER_REPO = "h94/IP-Adapter"
 DEFAULT_FILES = {False: ("models", "ip-adapter_sd15.safetensors"), True: ("sdxl_models", "ip-adapter_sdxl.safetensors")}
@@ -86,8 +89,6 @@ class IPAdapter:
             local_files_only = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
         self.comps, self.source = comps, spec.source
         where, subfolder, weight = locate(spec.source, comps.is_sdxl)
-        from streamstudio.models.hub import hub_repo_source, quiet_hub
-
         if not Path(where).is_dir():  # a hub repo: the cache, or the hub at once, or one line
             local_files_only = hub_repo_source(
                 where, Path(subfolder, weight).as_posix(), f"IP-Adapter {spec.source!r}", local_files_only,
@@ -303,9 +304,6 @@ def pil_resize(images: torch.Tensor, size: tuple[int, int], resample: str = "bic
     """(B, 3, H, W) in [0, 1] -> (B, 3, *size) float32 in [0, 1] on the same device: each picture
     rounded to uint8 and resized by PIL (`resample`: a PIL.Image.Resampling name), as
     transformers' and diffusers' image processors resize pictures; values in steps of 1/255."""
-    import numpy as np
-    from PIL import Image
-
     filt = Image.Resampling[resample.upper()]
     pixels = (images.detach().float().clamp(0, 1) * 255).round().to("cpu", torch.uint8)  # (B, 3, H, W)
     out = [np.asarray(Image.fromarray(p.permute(1, 2, 0).numpy()).resize((size[1], size[0]), resample=filt))

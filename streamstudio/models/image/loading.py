@@ -15,6 +15,9 @@ import tempfile
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file
+from safetensors.torch import save_file
 
 from streamstudio import ASSETS
 from streamstudio.errors import ModelNotFoundError, StreamStudioError
@@ -30,6 +33,7 @@ from streamstudio.models.hub import offline as _offline
 from streamstudio.models.hub import quiet_hub  # noqa: F401 (loading.quiet_hub: callers of old)
 from streamstudio.models.image.components import SDComponents
 from streamstudio.models.image.lora import lora_source
+from streamstudio.models.image import builtin_image
 
 log = logging.getLogger(__name__)
 
@@ -198,8 +202,6 @@ def _read_scheduler_config(source: str, local_files_only: bool) -> dict:
 def save_single_file(comps: SDComponents, path: str | os.PathLike) -> Path:
     """Write all components into one .safetensors file (this project's layout: prefixed
     diffusers keys, configs and tokenizer files in the header metadata)."""
-    from safetensors.torch import save_file
-
     tensors = {}
     for prefix, module in _single_file_modules(comps):
         for key, value in module.state_dict().items():
@@ -238,8 +240,6 @@ def _tokenizer_from_files(files: dict[str, str]):
 
 
 def _load_single_file(path: Path, local_files_only: bool) -> SDComponents:
-    from safetensors import SafetensorError, safe_open
-
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = (f.metadata() or {}).get(SINGLE_FILE_KEY)
@@ -272,7 +272,6 @@ def _not_safetensors(path: Path, exc: BaseException) -> StreamStudioError:
 def _load_own_single_file(path: Path, meta: dict) -> SDComponents:
     import diffusers
     from diffusers import UNet2DConditionModel
-    from safetensors.torch import load_file
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
     state = load_file(str(path))
@@ -500,9 +499,6 @@ def load_builtin(folder: str | os.PathLike | None = None) -> SDComponents:
     pixel-shuffle autoencoder, a small UNet taking sd-turbo's one-step x0 update, and its own
     word-level tokenizer and text encoder; 256x256 by default."""
     from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    from streamstudio.models.image import builtin_image
 
     path = BUILTIN_DIR if folder is None else Path(os.path.expanduser(str(folder)))
     if not (path / "model.safetensors").is_file() or not (path / "config.json").is_file():

@@ -29,10 +29,13 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+import copy
 
 import torch
 
 from streamstudio.errors import ModelNotFoundError, StreamStudioError
+from streamstudio.models.hub import looks_like_path
+from streamstudio.models.image.tiny import redraw_parameters
 
 log = logging.getLogger(__name__)
 
@@ -304,8 +307,6 @@ def _hub_location(source: str, local_files_only: bool) -> tuple[str, dict, bool]
     """For a hub id: (its cached file or the id, keyword arguments, local_files_only) from
     `lora_source` (below), which fails at once, in one line, when the hub is off or cannot
     be reached (no minute of huggingface_hub's retries); None for a file or folder."""
-    from streamstudio.models.hub import looks_like_path
-
     if Path(os.path.expanduser(source)).exists() or looks_like_path(source):
         return None
     return lora_source(source, local_files_only, what=f"LoRA {source!r}")
@@ -334,15 +335,11 @@ def save_random_lora(comps, folder: str | os.PathLike, rank: int = 4, alpha: flo
     `folder`, in diffusers' layout with its adapter configs in the metadata, as diffusers'
     training scripts save them; for tests and benchmarks. Returns (path, unet, text_encoder):
     peft-wrapped copies with the LoRA active, the reference of what loading it must give."""
-    import copy
-
     from diffusers import StableDiffusionPipeline
     from peft import LoraConfig
     from peft.utils import get_peft_model_state_dict
 
     unet, text_encoder = copy.deepcopy(comps.unet), copy.deepcopy(comps.text_encoder)
-    from streamstudio.models.image.tiny import redraw_parameters
-
     config: dict[str, Any] = dict(r=rank, lora_alpha=alpha or rank, init_lora_weights=False)
     with torch.random.fork_rng(devices=[]):
         unet.add_adapter(LoraConfig(target_modules=["to_q", "to_k", "to_v", "to_out.0"], **config))

@@ -26,6 +26,8 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from PIL import Image
+from tqdm.auto import tqdm
 
 from streamstudio.errors import StreamStudioError
 
@@ -84,8 +86,6 @@ def fetch(root: str | Path, data_list: Path | None = None) -> Path:
 
 
 def _load(path: Path, short_side: int) -> np.ndarray:
-    from PIL import Image
-
     with Image.open(path) as im:
         im = im.convert("RGB")
         scale = short_side / min(im.size)
@@ -114,8 +114,6 @@ class PhotoSet:
             with np.load(cache) as data:
                 self.images = [data[f"i{k}"] for k in range(len(self.entries))]
         else:
-            from tqdm.auto import tqdm
-
             self.images = [_load(self.root / e.path, short_side)
                            for e in tqdm(self.entries, desc="loading photographs", disable=not progress)]
             tmp = cache.with_suffix(".tmp.npz")
@@ -175,8 +173,6 @@ def held_out(size: int = 256, more: bool = False) -> dict[str, np.ndarray]:
     other bundled pictures (MORE_HELD_OUT), each centre-cropped to a square and resized to size x
     size (uint8 HxWx3; grey ones as RGB). Needs scikit-image installed (the test extra has it);
     the files are read with PIL, not through scikit-image's readers."""
-    from PIL import Image
-
     try:
         import skimage.data
     except ImportError as e:  # pragma: no cover - the test extra installs it

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from streamstudio.models.hub import LCM_LORA_SDXL, TAESD_SDXL  # noqa: F401 (named here for SDXL callers)
+from streamstudio.models.image import tiny
 
 SDXL_TURBO = "stabilityai/sdxl-turbo"
 VAE_FP16_FIX = "madebyollin/sdxl-vae-fp16-fix"
@@ -115,8 +116,6 @@ def tiny_sdxl_components(seed: int = 0, taesd: bool = False) -> dict:
     from diffusers.models.autoencoders.autoencoder_tiny import AutoencoderTiny
     from diffusers.models.unets.unet_2d_condition import UNet2DConditionModel
     from transformers import CLIPTextModel, CLIPTextModelWithProjection
-
-    from streamstudio.models.image import tiny
 
     base = tiny._text_config()
     with torch.random.fork_rng(devices=[]):  # the constructors' own draws leave the caller's stream alone

@@ -49,6 +49,8 @@ import torch
 from streamstudio.models.splats.gaussian_scene import (BYTES_PER_GAUSSIAN_IN_MEMORY, SH_C0, GaussianScene,  # noqa: F401
                                                 _check_finite, _check_memory, _err, rotation_4d)
 from streamstudio.models.splats.gaussians_spz_sog import read_sog, read_spz, write_spz
+from streamstudio.models.splats.gaussians_4dgs import read_4dgs_checkpoint
+from streamstudio.models.splats.gaussians_ksplat import read_ksplat
 
 PLY_TYPES = {"float": "<f4", "float32": "<f4", "double": "<f8", "float64": "<f8", "uchar": "u1",
              "uint8": "u1", "char": "i1", "int8": "i1", "short": "<i2", "int16": "<i2", "ushort": "<u2",
@@ -72,13 +74,9 @@ def load_scene(path: str | os.PathLike, max_gaussians: int | None = None, spz_ax
     elif suffix == ".sog" or path.name.lower() == "meta.json":
         scene = read_sog(path, max_gaussians)
     elif suffix in (".pth", ".pt"):  # a checkpoint of the reference 4D Gaussian code (tensors only)
-        from streamstudio.models.splats.gaussians_4dgs import read_4dgs_checkpoint
-
         scene, _ = read_4dgs_checkpoint(path)
         _check_memory(path, len(scene), max_gaussians)
     elif suffix == ".ksplat":  # mkkellogg's GaussianSplats3D
-        from streamstudio.models.splats.gaussians_ksplat import read_ksplat
-
         scene = read_ksplat(path, max_gaussians)
     else:
         raise _err(path, f"unknown scene format {suffix!r}; use a 3DGS .ply (or SuperSplat's compressed .ply), "

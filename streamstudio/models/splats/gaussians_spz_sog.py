@@ -7,9 +7,16 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+import gzip
+import io
+import json
+import struct
+import zipfile
+import zlib
 
 import numpy as np
 import torch
+from PIL import Image, UnidentifiedImageError
 
 from streamstudio.models.splats.gaussian_scene import GaussianScene, _check_finite, _check_memory, _err
 
@@ -40,10 +47,6 @@ SPZ_SH_FLIP = np.array([-1, -1, 1, -1, 1, 1, -1, 1, -1, 1, -1, -1, 1, -1, 1], dt
 
 def _spz_payload(path: Path) -> tuple[dict, bytes]:
     """(header, attribute bytes in order) of a .spz file of version 1..4."""
-    import gzip
-    import struct
-    import zlib
-
     raw = path.read_bytes()
     if raw[:2] == b"\x1f\x8b":
         try:
@@ -151,9 +154,6 @@ def read_spz(path: str | os.PathLike, max_gaussians: int | None = None, axes: st
 def write_spz(scene: GaussianScene, path: str | os.PathLike, fractional_bits: int = 12) -> None:
     """Write `.spz` version 3 (gzip; readable by every spz reader, 4 included), as spz's packer
     does with its defaults: 12 fractional bits, SH degree 1 on 5 bits and 2..3 on 4 bits. 3D only."""
-    import gzip
-    import struct
-
     if scene.is_4d:
         raise _err(path, ".spz holds 3D scenes only; write a 4D scene as .ply")
     n, degree = len(scene), scene.sh_degree
@@ -212,12 +212,6 @@ SOG_SH_COEFFS = {0: 0, 1: 3, 2: 8, 3: 15}
 
 def read_sog(path: str | os.PathLike, max_gaussians: int | None = None) -> GaussianScene:
     """Read PlayCanvas's `.sog` (a zip of meta.json and WebP images) or an unbundled `meta.json`."""
-    import io
-    import json
-    import zipfile
-
-    from PIL import Image, UnidentifiedImageError
-
     path = Path(path)
     if path.suffix.lower() == ".sog" and not zipfile.is_zipfile(path):
         raise _err(path, "not a .sog bundle: the zip file is truncated or damaged; export it again")

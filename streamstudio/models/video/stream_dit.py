@@ -30,6 +30,8 @@ from typing import Protocol
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from safetensors.torch import load_file
+from safetensors.torch import save_file
 
 from streamstudio import ASSETS
 from streamstudio.errors import ModelNotFoundError, StreamStudioError
@@ -441,8 +443,6 @@ def count_parameters(model: nn.Module) -> int:
 
 def save_checkpoint(model: StreamDiT, folder: str | Path, extra: dict | None = None) -> Path:
     """Write `model.safetensors` and `config.json` (model config + `extra`, e.g. sampling defaults)."""
-    from safetensors.torch import save_file
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
@@ -464,8 +464,6 @@ def read_checkpoint_config(folder: str | Path) -> dict:
 def load_checkpoint(folder: str | Path, device: str | torch.device = "cpu",
                     dtype: torch.dtype = torch.float32) -> tuple[StreamDiT, dict]:
     """(model in eval mode, the checkpoint's config.json as a dict)."""
-    from safetensors.torch import load_file
-
     meta = read_checkpoint_config(folder)
     model = StreamDiT(StreamDiTConfig.from_dict(meta["model"]))
     model.load_state_dict(load_file(str(Path(folder) / "model.safetensors")))

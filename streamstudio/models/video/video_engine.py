@@ -21,6 +21,7 @@ from streamstudio.kernels.tensorrt.export import ExportSpec, random_normal, rand
 from streamstudio.kernels.tensorrt.runtime import TRTEngine
 from streamstudio.models.acceleration import MODES, compile_kwargs, say_once, tensorrt_missing
 from streamstudio.models.video.stream_dit import StreamDiT, TextCondition, VideoNetwork
+from streamstudio.kernels.tensorrt import runtime
 
 
 class VideoExport(nn.Module):
@@ -113,8 +114,6 @@ def apply_video_acceleration(model: StreamDiT, mode: str, *, frames: int, height
         return torch.compile(model, **options)  # type: ignore[return-value]
     if tensorrt_missing(device):
         return model
-    from streamstudio.kernels.tensorrt import runtime
-
     spec, _ = video_export_spec(model, frames, height, width)
     shapes = ShapeRange((1, 1, max_batch), (height,) * 3, (width,) * 3)
     try:

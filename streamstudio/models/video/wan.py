@@ -39,6 +39,10 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from streamstudio.errors import ModelNotFoundError, StreamStudioError
+from streamstudio.models import hub
+from streamstudio.models.hub import download_command
+from streamstudio.models.hub import first_line as _first_line
+from streamstudio.models.hub import quiet_hub
 
 if TYPE_CHECKING:  # (diffusers and transformers load with the model; the classes by their modules' paths:
     #                 diffusers' lazy top-level names are opaque to a type checker)
@@ -344,8 +348,6 @@ def _read_json(path: Path) -> dict | None:
 
 
 def _missing(model: str, why: str) -> ModelNotFoundError:
-    from streamstudio.models.hub import download_command
-
     return ModelNotFoundError(
         f"Wan model {model!r} could not be loaded: {why}. To get it, run `{download_command(model)}` on a machine "
         f"with network access (it lands in the Hugging Face cache), or `{download_command(model)} --local-dir DIR` "
@@ -355,8 +357,6 @@ def _missing(model: str, why: str) -> ModelNotFoundError:
 def resolve_folder(model: str, local_files_only: bool | None = None) -> Path:
     """A local folder as it is; a hub id from the Hugging Face cache, else downloaded when the hub
     can be reached (after a one-line notice of its size). Clear errors otherwise."""
-    from streamstudio.models import hub
-
     path = Path(os.path.expanduser(model))
     if path.is_dir():
         return path
@@ -410,9 +410,6 @@ def load_wan(model: str, device: torch.device | str = "cpu", dtype: torch.dtype 
     transformer and the text encoder in `dtype` (None: `default_dtype(device)`), the VAE in float32."""
     from diffusers import AutoencoderKLWan, WanTransformer3DModel
     from transformers import AutoTokenizer, UMT5EncoderModel
-
-    from streamstudio.models.hub import first_line as _first_line
-    from streamstudio.models.hub import quiet_hub
 
     device = torch.device(device)
     dtype = dtype or default_dtype(device)

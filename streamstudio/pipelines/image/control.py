@@ -36,9 +36,12 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from PIL import Image
+import numpy as np
 
 from streamstudio.errors import StreamStudioError
 from streamstudio.frames import ImagesLike
+from streamstudio.frames import to_rgb
 
 PREPROCESSORS = ("canny", "depth", "lineart", "softedge", "none")
 LUMA = (0.299, 0.587, 0.114)  # ITU-R BT.601, OpenCV's RGB2GRAY weights
@@ -357,11 +360,6 @@ def fit_picture(pictures: ImagesLike, height: int, width: int) -> torch.Tensor:
     size is taken as it is (PIL's resize copies it). One picture or a list, anything
     `frames.to_rgb` takes (transparency composited on black first, as every input of the stream)
     -> (k, 3, height, width) float32 in [0, 1] on the CPU."""
-    import numpy as np
-    from PIL import Image
-
-    from streamstudio.frames import to_rgb
-
     items = list(pictures) if isinstance(pictures, (list, tuple)) else [pictures]
     if not items:
         raise StreamStudioError("no control picture given")
