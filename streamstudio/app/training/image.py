@@ -218,8 +218,6 @@ class ImageTrainer:
     def _init_from(self, folder: Path) -> None:
         """A trained model's weights (float16 ones too) as the start of a new run: its
         autoencoder counts as trained (scaled, all --vae-steps done); the denoiser trains on."""
-        from safetensors.torch import load_file
-
         state = {k: v.float() for k, v in load_file(str(folder / "model.safetensors")).items()}
         channels = self.parts["config"]["vae"]["latent_channels"]
         if channels != self.init_config["vae"]["latent_channels"]:  # _read_init_config widened the config
@@ -228,8 +226,6 @@ class ImageTrainer:
         self.state.update(vae_step=self.cfg.vae_steps, scaled=True)
 
     def _resume(self) -> None:
-        from safetensors.torch import load_file
-
         builtin_image.load_state(self.parts, load_file(str(self.out / "model.safetensors")))
         self.state.update(json.loads((self.out / "trainer_state.json").read_text()))
         opt_file = self.out / "optimizer.pt"
@@ -241,8 +237,6 @@ class ImageTrainer:
                 self.joint_opt.load_state_dict(opts["joint"])
 
     def save(self) -> None:
-        from safetensors.torch import save_file
-
         self.out.mkdir(parents=True, exist_ok=True)
         model_cfg = dict(self.parts["config"])
         model_cfg["vae"] = {k: v for k, v in dict(self.parts["vae"].config).items() if not k.startswith("_")}

@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 from tqdm.auto import tqdm
+from accelerate import Accelerator
 
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.video.stream_dit import (StreamDiT, StreamDiTConfig, guided_velocity, load_checkpoint,
@@ -183,8 +184,6 @@ class VideoTrainer:
     """`VideoTrainer(cfg).train()` -> list of losses (one per step run)."""
 
     def __init__(self, cfg: VideoTrainConfig):
-        from accelerate import Accelerator
-
         if cfg.mode not in ("flow", "distill"):
             raise StreamStudioError(f"unknown training mode {cfg.mode!r}; use flow or distill")
         if cfg.buffer_frames < 1 or cfg.buffer_frames & (cfg.buffer_frames - 1):

@@ -80,6 +80,8 @@ import time
 from collections import OrderedDict
 from typing import Any
 
+from pythonosc.osc_message_builder import OscMessageBuilder
+
 from streamstudio.app.settings import CONTROL_SCALES, IP_ADAPTER_SCALE
 from streamstudio.app.web import perform_routes
 from streamstudio.app.web.sessions import SessionManager
@@ -198,8 +200,6 @@ def _string(data: bytes, at: int) -> tuple[str, int]:
 
 def encode(address: str, args: list) -> bytes:
     """One OSC message's datagram (python-osc's builder: i or h for whole numbers, f, s, T/F)."""
-    from pythonosc.osc_message_builder import OscMessageBuilder
-
     builder = OscMessageBuilder(address)
     for arg in args:
         builder.add_arg(arg)

@@ -10,6 +10,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import torch
 
 from streamstudio.app.streams.requests import ServeRequest
 from streamstudio.app.web.sessions import ServerModel, StreamProcessor
@@ -33,8 +34,6 @@ class ReplicaActor:
 
     def __init__(self, request: ServeRequest, threads: int | None = None):
         self.init_at = time.time()  # the process is up and this module imported (a replica's start-up, in parts)
-        import torch
-
         if threads:
             torch.set_num_threads(threads)
         image = request.image

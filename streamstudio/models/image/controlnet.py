@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from diffusers import ControlNetModel
 
 from streamstudio.errors import ModelNotFoundError, StreamStudioError
 from streamstudio.models.image.lora import check_scale, split_scale
@@ -46,8 +47,6 @@ def load_controlnet(source: str, device: torch.device | str = "cpu", dtype: torc
                     local_files_only: bool | None = None):
     """A diffusers ControlNetModel from a hub id, a folder, or one .safetensors file (original
     layout, through diffusers' single-file loader)."""
-    from diffusers import ControlNetModel
-
     if local_files_only is None:
         local_files_only = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
     path = Path(os.path.expanduser(source))

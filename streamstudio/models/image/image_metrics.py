@@ -84,8 +84,6 @@ def gaussian_blur(img: np.ndarray, sigma: float) -> np.ndarray:
 
 def bicubic_down_up(img: np.ndarray, factor: int = 4) -> np.ndarray:
     """Bicubic down by `factor` and back up: the baseline an autoencoder of that compression beats."""
-    from PIL import Image
-
     h, w = img.shape[:2]
     small = Image.fromarray(img).resize((w // factor, h // factor), Image.Resampling.BICUBIC)
     return np.asarray(small.resize((w, h), Image.Resampling.BICUBIC)).copy()

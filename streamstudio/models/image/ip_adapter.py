@@ -36,6 +36,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 import numpy as np
+from diffusers.models.attention_processor import IPAdapterAttnProcessor2_0
+from diffusers.models.embeddings import MultiIPAdapterImageProjection
 
 from streamstudio.errors import ModelNotFoundError, StreamStudioError
 from streamstudio.models.image.feature_bank import attention_input, attention_output
@@ -172,9 +174,6 @@ class IPAdapter:
 # ---------------------------------------------------------------------------------------------
 
 def _diffusers_classes():
-    from diffusers.models.attention_processor import IPAdapterAttnProcessor2_0
-    from diffusers.models.embeddings import MultiIPAdapterImageProjection
-
     return IPAdapterAttnProcessor2_0, MultiIPAdapterImageProjection
 
 
@@ -204,8 +203,6 @@ def row_scaled_projection_class() -> type:
     """diffusers' MultiIPAdapterImageProjection that also takes the per-row scales: image_embeds
     [embeds..., scales (B, n)] -> [image tokens..., scales]."""
     if "projection" not in _CLASSES:
-        from diffusers.models.embeddings import MultiIPAdapterImageProjection
-
         class RowScaledProjection(MultiIPAdapterImageProjection):
             def forward(self, image_embeds):
                 if isinstance(image_embeds, (list, tuple)) and len(image_embeds) == self.num_ip_adapters + 1:
@@ -221,8 +218,6 @@ def row_scaled_processor_class() -> type:
     """diffusers' IPAdapterAttnProcessor2_0 whose image attention is scaled row by row when the
     image tokens come with per-row scales (`RowScaledProjection`); without them, diffusers' own."""
     if "processor" not in _CLASSES:
-        from diffusers.models.attention_processor import IPAdapterAttnProcessor2_0
-
         class RowScaledIPAdapterProcessor(IPAdapterAttnProcessor2_0):
             def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None,
                          scale: float = 1.0, ip_adapter_masks=None):

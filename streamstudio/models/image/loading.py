@@ -16,12 +16,14 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
+from diffusers import AutoencoderKL, AutoencoderTiny, LCMScheduler, UNet2DConditionModel
+from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
+import diffusers
 
 from streamstudio import ASSETS
 from streamstudio.errors import ModelNotFoundError, StreamStudioError
-from streamstudio.models.image import sdxl, tiny
+from streamstudio.models.image import builtin_image, sdxl, tiny
 from streamstudio.models.hub import (DEFAULT_MODEL, HUB_PROBE_TIMEOUT, LCM_LORA_SD15, SHORT_NAMES,  # noqa: F401
                                      TAESD_SD, cached_file, cached_snapshot, download_command, download_model,
                                      hub_cache_dir, hub_download_size, hub_id, hub_repo_source, hub_unreachable)
@@ -33,7 +35,6 @@ from streamstudio.models.hub import offline as _offline
 from streamstudio.models.hub import quiet_hub  # noqa: F401 (loading.quiet_hub: callers of old)
 from streamstudio.models.image.components import SDComponents
 from streamstudio.models.image.lora import lora_source
-from streamstudio.models.image import builtin_image
 
 log = logging.getLogger(__name__)
 
@@ -160,9 +161,6 @@ def _load_hub_model(model: str, local_files_only: bool) -> SDComponents:
 
 
 def _load_folder(source: str, model: str, local_files_only: bool) -> SDComponents:
-    from diffusers import AutoencoderKL, UNet2DConditionModel
-    from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
-
     text_encoder_2 = tokenizer_2 = None
     try:
         local = local_files_only
@@ -186,8 +184,6 @@ def _load_folder(source: str, model: str, local_files_only: bool) -> SDComponent
 
 
 def _read_scheduler_config(source: str, local_files_only: bool) -> dict:
-    from diffusers import LCMScheduler
-
     try:
         return dict(LCMScheduler.load_config(source, subfolder="scheduler", local_files_only=local_files_only))
     except (OSError, ValueError):
@@ -231,8 +227,6 @@ def _tokenizer_files(tokenizer) -> dict[str, str]:
 
 
 def _tokenizer_from_files(files: dict[str, str]):
-    from transformers import CLIPTokenizer
-
     with tempfile.TemporaryDirectory() as tok_dir:
         for name, text in files.items():
             Path(tok_dir, Path(name).name).write_text(text, encoding="utf-8")
@@ -270,10 +264,6 @@ def _not_safetensors(path: Path, exc: BaseException) -> StreamStudioError:
 
 
 def _load_own_single_file(path: Path, meta: dict) -> SDComponents:
-    import diffusers
-    from diffusers import UNet2DConditionModel
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
-
     state = load_file(str(path))
     unet = UNet2DConditionModel.from_config(meta["unet"])
     vae = getattr(diffusers, meta.get("vae_class", "AutoencoderKL")).from_config(meta["vae"])
@@ -307,8 +297,6 @@ SDXL_ORIGINAL_KEY = "conditioner.embedders.1.model.ln_final.weight"  # SDXL's se
 
 def is_original_sdxl_file(path: Path) -> bool:
     """An original-layout (Stability / A1111) SDXL checkpoint: it has SDXL's second text encoder."""
-    from safetensors import safe_open
-
     with safe_open(str(path), framework="pt") as f:
         return SDXL_ORIGINAL_KEY in set(f.keys())
 
@@ -400,7 +388,6 @@ def fuse_lora(comps: SDComponents, lora: str, scale: float = 1.0, local_files_on
 
 
 def _fuse(comps: SDComponents, where: str, kwargs: dict, local_files_only: bool, scale: float, label: str) -> None:
-    from diffusers import LCMScheduler
     # (the pipelines by their modules: diffusers' top-level names are dummies to a type checker)
     from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion import StableDiffusionPipeline
     from diffusers.pipelines.stable_diffusion_xl.pipeline_stable_diffusion_xl import StableDiffusionXLPipeline
@@ -429,8 +416,6 @@ def _fuse(comps: SDComponents, where: str, kwargs: dict, local_files_only: bool,
 def _sdxl_fp16_vae(comps: SDComponents, local_files_only: bool) -> None:
     """SDXL's own VAE overflows in float16 (NaN images): the fp16-fix VAE when it can be had
     (from the cache, or the hub when it answers), else the model's VAE kept in float32."""
-    from diffusers import AutoencoderKL
-
     if not isinstance(comps.vae, AutoencoderKL) or not getattr(comps.vae.config, "force_upcast", False):
         return  # TAESDXL, or a VAE that says it runs in float16
     local = Path(os.path.expanduser(sdxl.VAE_FP16_FIX))
@@ -451,8 +436,6 @@ def _sdxl_fp16_vae(comps: SDComponents, local_files_only: bool) -> None:
 
 
 def _load_taesd(source: str, local_files_only: bool):
-    from diffusers import AutoencoderTiny
-
     local = os.path.isdir(os.path.expanduser(source))
     where = os.path.expanduser(source) if local else source
     if not local:
@@ -498,8 +481,6 @@ def load_builtin(folder: str | os.PathLike | None = None) -> SDComponents:
     """The built-in image model (assets/image_builtin, or a `train-image` checkpoint folder): a
     pixel-shuffle autoencoder, a small UNet taking sd-turbo's one-step x0 update, and its own
     word-level tokenizer and text encoder; 256x256 by default."""
-    from safetensors import SafetensorError
-
     path = BUILTIN_DIR if folder is None else Path(os.path.expanduser(str(folder)))
     if not (path / "model.safetensors").is_file() or not (path / "config.json").is_file():
         raise ModelNotFoundError(

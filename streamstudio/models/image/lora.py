@@ -32,9 +32,14 @@ from typing import Any
 import copy
 
 import torch
+from diffusers import UNet2DConditionModel
+from peft import LoraConfig
+from peft.tuners.lora import LoraLayer
+from peft.tuners.tuners_utils import BaseTunerLayer
+from peft.utils import get_peft_model_state_dict
 
 from streamstudio.errors import ModelNotFoundError, StreamStudioError
-from streamstudio.models.hub import looks_like_path
+from streamstudio.models.hub import cached_file, download_command, hub_id, hub_off, looks_like_path
 from streamstudio.models.image.tiny import redraw_parameters
 
 log = logging.getLogger(__name__)
@@ -92,8 +97,6 @@ class LoraSet:
     has `text_encoder_2`). Changes act in place on the components' modules."""
 
     def __init__(self, comps, fuse: bool = True, local_files_only: bool | None = None):
-        from diffusers import UNet2DConditionModel
-
         if not isinstance(comps.unet, UNet2DConditionModel):
             raise StreamStudioError(f"LoRAs need a diffusers Stable Diffusion model; {comps.name!r} has its own "
                                     "networks (the built-in model takes no LoRA)")
@@ -230,8 +233,6 @@ class LoraSet:
         return self._pipe
 
     def _lora_layers(self):
-        from peft.tuners.tuners_utils import BaseTunerLayer
-
         for module in self._modules():
             for layer in module.modules():
                 if isinstance(layer, BaseTunerLayer):
@@ -243,8 +244,6 @@ class LoraSet:
         return {name for m in self.comps.unet.modules() if isinstance(m, LoraLayer) for name in m.lora_A}
 
     def _text_adapters(self) -> set[str]:
-        from peft.tuners.lora import LoraLayer
-
         encoders = [self.comps.text_encoder] + ([self.comps.text_encoder_2] if self.is_sdxl else [])
         return {name for enc in encoders if enc is not None for m in enc.modules() if isinstance(m, LoraLayer)
                 for name in m.lora_A}
@@ -336,8 +335,6 @@ def save_random_lora(comps, folder: str | os.PathLike, rank: int = 4, alpha: flo
     training scripts save them; for tests and benchmarks. Returns (path, unet, text_encoder):
     peft-wrapped copies with the LoRA active, the reference of what loading it must give."""
     from diffusers import StableDiffusionPipeline
-    from peft import LoraConfig
-    from peft.utils import get_peft_model_state_dict
 
     unet, text_encoder = copy.deepcopy(comps.unet), copy.deepcopy(comps.text_encoder)
     config: dict[str, Any] = dict(r=rank, lora_alpha=alpha or rank, init_lora_weights=False)
@@ -365,8 +362,6 @@ def lora_source(source: str, local_files_only: bool, what: str | None = None,
     is its cached file when the cache holds it (no request), the id when the hub answers, and
     otherwise a one-line ModelNotFoundError at once, with the command that fetches it and
     `instead` (what else the user can do)."""
-    from streamstudio.models.hub import cached_file, download_command, hub_id, hub_off, looks_like_path
-
     what = what or f"LoRA {source!r}"
     path = Path(os.path.expanduser(source))
     if path.exists():

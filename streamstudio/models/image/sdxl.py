@@ -18,6 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from diffusers.models.autoencoders.autoencoder_kl import AutoencoderKL
+from diffusers.models.autoencoders.autoencoder_tiny import AutoencoderTiny
+from diffusers.models.unets.unet_2d_condition import UNet2DConditionModel
+from transformers import CLIPTextModel, CLIPTextModelWithProjection
 
 from streamstudio.models.hub import LCM_LORA_SDXL, TAESD_SDXL  # noqa: F401 (named here for SDXL callers)
 from streamstudio.models.image import tiny
@@ -112,11 +116,6 @@ def tiny_sdxl_components(seed: int = 0, taesd: bool = False) -> dict:
     both), the tiny VAE with SDXL's latent scaling. Keys as `tiny.tiny_components`, plus
     text_encoder_2 and tokenizer_2."""
     # (diffusers' classes by their modules: its top-level names are dummies to a type checker)
-    from diffusers.models.autoencoders.autoencoder_kl import AutoencoderKL
-    from diffusers.models.autoencoders.autoencoder_tiny import AutoencoderTiny
-    from diffusers.models.unets.unet_2d_condition import UNet2DConditionModel
-    from transformers import CLIPTextModel, CLIPTextModelWithProjection
-
     base = tiny._text_config()
     with torch.random.fork_rng(devices=[]):  # the constructors' own draws leave the caller's stream alone
         unet = UNet2DConditionModel(**TINY_UNET_CONFIG)

@@ -16,6 +16,10 @@ from functools import lru_cache
 from pathlib import Path
 
 import torch
+from diffusers.models.autoencoders.autoencoder_kl import AutoencoderKL
+from diffusers.models.autoencoders.autoencoder_tiny import AutoencoderTiny
+from diffusers.models.unets.unet_2d_condition import UNet2DConditionModel
+from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
 TINY_NAME = "tiny"
 TINY_SEED = 0
@@ -68,8 +72,6 @@ SCHEDULER_CONFIG = dict(
 
 
 def _text_config():
-    from transformers import CLIPTextConfig
-
     vocab = _vocab()
     return CLIPTextConfig(
         vocab_size=len(vocab),
@@ -118,8 +120,6 @@ def _tokenizer_dir() -> str:
 
 
 def tiny_tokenizer():
-    from transformers import CLIPTokenizer
-
     folder = _tokenizer_dir()
     return CLIPTokenizer(os.path.join(folder, "vocab.json"), os.path.join(folder, "merges.txt"),
                          model_max_length=77, pad_token="<|endoftext|>")
@@ -158,11 +158,6 @@ def tiny_components(seed: int = TINY_SEED, taesd: bool = False) -> dict:
     and `taesd` (an AutoencoderTiny) when asked for.
     """
     # (diffusers' classes by their modules: its top-level names are dummies to a type checker)
-    from diffusers.models.autoencoders.autoencoder_kl import AutoencoderKL
-    from diffusers.models.autoencoders.autoencoder_tiny import AutoencoderTiny
-    from diffusers.models.unets.unet_2d_condition import UNet2DConditionModel
-    from transformers import CLIPTextModel
-
     with torch.random.fork_rng(devices=[]):  # the constructors' own draws leave the caller's stream alone
         unet = UNet2DConditionModel(**UNET_CONFIG)
         vae = AutoencoderKL(**VAE_CONFIG)

@@ -37,12 +37,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
+from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d, unpatchify
+from diffusers.pipelines.wan.pipeline_wan import prompt_clean
+from huggingface_hub import snapshot_download
+from transformers import AutoTokenizer, UMT5EncoderModel
 
 from streamstudio.errors import ModelNotFoundError, StreamStudioError
 from streamstudio.models import hub
-from streamstudio.models.hub import download_command
+from streamstudio.models.hub import download_command, quiet_hub
 from streamstudio.models.hub import first_line as _first_line
-from streamstudio.models.hub import quiet_hub
 
 if TYPE_CHECKING:  # (diffusers and transformers load with the model; the classes by their modules' paths:
     #                 diffusers' lazy top-level names are opaque to a type checker)
@@ -156,8 +159,6 @@ class UMT5TextEncoder:
 
     def tokens(self, prompt: str) -> tuple[torch.Tensor, torch.Tensor]:
         """(input ids (1, max_length), attention mask (1, max_length))."""
-        from diffusers.pipelines.wan.pipeline_wan import prompt_clean
-
         inputs = self.tokenizer([prompt_clean(prompt)], padding="max_length", max_length=self.max_length,
                                 truncation=True, add_special_tokens=True, return_attention_mask=True,
                                 return_tensors="pt")
@@ -241,8 +242,6 @@ class WanStreamCodec:
         self.reset()
 
     def reset(self) -> None:
-        from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
-
         convs = sum(isinstance(m, WanCausalConv3d) for m in self.codec.vae.decoder.modules())
         self._cache: list = [None] * convs  # the decoder's per-conv causal context
         self._first = True
@@ -264,8 +263,6 @@ class WanStreamCodec:
             self._first = False
         out = torch.cat(outs, dim=2)
         if vae.config["patch_size"] is not None:
-            from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
-
             out = unpatchify(out, patch_size=vae.config["patch_size"])
         self.decoded += x.shape[2]
         return out.clamp(-1, 1)[0].permute(1, 0, 2, 3).float()  # (F, 3, H, W)
@@ -362,8 +359,6 @@ def resolve_folder(model: str, local_files_only: bool | None = None) -> Path:
         return path
     if path.exists() or model.startswith((".", "/", "~")) or model.count("/") != 1:
         raise _missing(model, "no such folder" if not path.exists() else "it is a file, not a diffusers folder")
-    from huggingface_hub import snapshot_download
-
     with hub.quiet_hub():
         try:
             return Path(snapshot_download(model, allow_patterns=WAN_FILES, local_files_only=True))
@@ -409,7 +404,6 @@ def load_wan(model: str, device: torch.device | str = "cpu", dtype: torch.dtype 
     """Load a diffusers Wan 2.1 text-to-video checkpoint (folder or hub id) onto `device`: the
     transformer and the text encoder in `dtype` (None: `default_dtype(device)`), the VAE in float32."""
     from diffusers import AutoencoderKLWan, WanTransformer3DModel
-    from transformers import AutoTokenizer, UMT5EncoderModel
 
     device = torch.device(device)
     dtype = dtype or default_dtype(device)

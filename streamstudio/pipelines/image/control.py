@@ -38,10 +38,10 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 import numpy as np
+from transformers import AutoModelForDepthEstimation
 
 from streamstudio.errors import StreamStudioError
-from streamstudio.frames import ImagesLike
-from streamstudio.frames import to_rgb
+from streamstudio.frames import ImagesLike, to_rgb
 
 PREPROCESSORS = ("canny", "depth", "lineart", "softedge", "none")
 LUMA = (0.299, 0.587, 0.114)  # ITU-R BT.601, OpenCV's RGB2GRAY weights
@@ -251,8 +251,6 @@ def transformers_depth_model(name_or_path: str, device: torch.device | str = "cp
     Frames are resized to `side` (default: the model's training size, its backbone's for Depth
     Anything: 518, a multiple of its 14-pixel patches) and normalised with ImageNet's mean and
     std, as its image processor does."""
-    from transformers import AutoModelForDepthEstimation
-
     try:
         model = AutoModelForDepthEstimation.from_pretrained(name_or_path, local_files_only=local_files_only)
     except (OSError, ValueError) as exc:

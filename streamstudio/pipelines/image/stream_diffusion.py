@@ -73,6 +73,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from diffusers import LCMScheduler
 
 from streamstudio import kernels
 from streamstudio.errors import StreamStudioError
@@ -217,8 +218,6 @@ class StreamDiffusion:
         self.addons = StreamAddOns(components, c.mode, c.height, c.width, c.frame_buffer_size, self.device,
                                    self.dtype, control)
         self._fields: dict | None = None  # the last input group's frame fields (ControlNet images)
-        from diffusers import LCMScheduler
-
         self.scheduler = LCMScheduler.from_config(components.scheduler_config)
         self.scheduler.set_timesteps(self.config.num_inference_steps)
         encoder = PromptEncoder(components.tokenizer, components.text_encoder, self.device, self.dtype,
