@@ -15,6 +15,7 @@ from collections.abc import Callable
 import gradio as gr
 import numpy as np
 
+from streamstudio.app.web.midi_ui import midi_controls
 from streamstudio.app.web.outputs import LiveOutput, OutputRefused, Outputs
 from streamstudio.app.web.model_guard import GuardedPipeline
 from streamstudio.app.web.sessions import BusyError, SessionManager, StreamSession
@@ -41,6 +42,7 @@ CSS = """
 #live-camera-note:empty { display: none; }
 #live-camera-note { padding: 10px 14px; border-radius: 8px; border: 1px solid var(--error-border-color, #ef4444);
   background: var(--error-background-fill, #fef2f2); color: var(--error-text-color, #b91c1c); }
+.ss-hidden { display: none !important; }
 """
 
 # fastrtc's webcam box calls getUserMedia and drops a failure unseen (an unhandled promise
@@ -179,6 +181,7 @@ def _live_tab(manager: SessionManager, rtc_config: dict | None, host: str | None
             controls |= addon_controls(manager.model)  # ControlNet and IP-Adapter scales: with the controls above
             _ip_adapter_controls(manager, webrtc)
             _lora_controls(manager)
+            midi_controls(manager, webrtc, live_id)
     # The component checks nothing itself beyond a generous cap; the session manager says "busy".
     webrtc.stream(LiveHandler(manager, tuple(controls)), inputs=[webrtc, *controls.values()], outputs=[webrtc],
                   concurrency_limit=2 * manager.max_streams + 2)
