@@ -58,10 +58,16 @@ class TempoClock:
         if len(taps) >= 2:
             interval = statistics.median(b - a for a, b in zip(taps, taps[1:]))
             self.set_bpm(min(MAX_BPM, max(MIN_BPM, 60.0 / interval)), t, "tap")
-        with self._lock:  # the tap is on the beat: the phase is 0 at t
-            beat = self._origin_beat + (t - self._origin_t) * self._bpm / 60.0
-            self._origin_t, self._origin_beat, self.source = t, float(round(beat)), "tap"
+        self.downbeat(t, "tap")  # the tap is on the beat
         return self._bpm
+
+    def downbeat(self, t: float, source: str | None = None) -> None:
+        """A beat lands at t (a tap, MIDI Start's first pulse): the phase is 0 there, the count
+        moved to its nearest whole beat."""
+        with self._lock:
+            beat = self._origin_beat + (t - self._origin_t) * self._bpm / 60.0
+            self._origin_t, self._origin_beat = t, float(round(beat))
+            self.source = source or self.source
 
     def midi_pulse(self, t: float) -> None:
         """A MIDI clock pulse (0xF8) at time t: the tempo follows the pulses of the last two beats."""
