@@ -28,6 +28,7 @@ import threading
 from dataclasses import asdict, dataclass, field
 import json
 
+from streamstudio.app.settings import CONTROL_SCALES, MAX_CONTROLNETS, control_scale_key
 from streamstudio.errors import StreamStudioError
 from streamstudio.pipelines.live_settings import ADDON_SCALE, SETTINGS, VIDEO_SETTINGS, LiveSetting
 
@@ -123,7 +124,7 @@ class Modulations:
                 value = self._smooth(i, m.smoothing, t, value)
                 setting = self.table[m.setting]
                 out[m.setting] = setting.check(round(value) if setting.kind is int else value)
-        return out
+        return _fold_control_scales(out)
 
     def _source(self, i: int, s: Source, t: float, clock, inputs) -> float | None:
         if s.kind == "midi":
@@ -202,9 +203,20 @@ def _table(pipeline: str) -> dict[str, LiveSetting]:
     if pipeline not in TABLES:
         raise StreamStudioError(f"no settings table for {pipeline!r}")
     table = dict(TABLES[pipeline])
-    if pipeline == "image":
+    if pipeline == "image":  # the model's add-ons: the IP-Adapter's scale, each ControlNet's ("control_scales.0")
         table["ip_adapter_scale"] = ADDON_SCALE
+        table.update({control_scale_key(i): ADDON_SCALE for i in range(MAX_CONTROLNETS)})
     return table
+
+
+def _fold_control_scales(values: dict) -> dict:
+    """Each modulated ControlNet's scale ("control_scales.1": 0.7) as one partial update of the
+    pipeline's `control_scales` ({1: 0.7}: the other nets keep theirs)."""
+    keys = [k for k in values if k.startswith(CONTROL_SCALES + ".")]
+    scales = {int(k.rsplit(".", 1)[1]): values.pop(k) for k in keys}
+    if scales:
+        values[CONTROL_SCALES] = scales
+    return values
 
 
 def _number(v) -> bool:

@@ -136,14 +136,21 @@ class StreamAddOns:
         return True
 
     # ------------------------------------------------------------------ run-time settings
-    def update(self, control_scales: list[float] | tuple[float, ...] | None = None,
+    def update(self, control_scales: list[float] | tuple[float, ...] | dict[int | str, float] | None = None,
                ip_adapter_scale: float | None = None, lora_scales: dict[str, float] | None = None) -> None:
-        """`StreamDiffusion.update`'s add-on keys (ADDON_SETTINGS)."""
+        """`StreamDiffusion.update`'s add-on keys (ADDON_SETTINGS). `control_scales`: one scale per
+        ControlNet, or {index: scale} for some of them (a modulated net's; indices as JSON's strings too)."""
         if control_scales is not None:
-            if self.control is None or len(control_scales) != len(self.control):
-                raise StreamStudioError(f"control_scales needs one scale per ControlNet "
-                                        f"({0 if self.control is None else len(self.control)}), got {control_scales!r}")
-            for i, scale in enumerate(control_scales):
+            n = 0 if self.control is None else len(self.control)
+            if isinstance(control_scales, dict):
+                scales = {int(i): s for i, s in control_scales.items()}
+                if not all(0 <= i < n for i in scales):
+                    raise StreamStudioError(f"control_scales names ControlNet(s) {sorted(scales)}; this model has {n}")
+            elif len(control_scales) != n:
+                raise StreamStudioError(f"control_scales needs one scale per ControlNet ({n}), got {control_scales!r}")
+            else:
+                scales = dict(enumerate(control_scales))
+            for i, scale in scales.items():
                 self.set_control_scale(i, scale)
         if ip_adapter_scale is not None:
             self.set_ip_adapter_scale(ip_adapter_scale)
