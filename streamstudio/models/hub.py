@@ -17,8 +17,6 @@ import warnings
 from pathlib import Path
 from fnmatch import fnmatch
 
-from huggingface_hub import HfApi, constants, get_session, hf_hub_url, snapshot_download, try_to_load_from_cache
-
 from streamstudio.errors import ModelNotFoundError
 
 log = logging.getLogger(__name__)
@@ -93,12 +91,16 @@ def hub_cache_dir() -> Path:
         return Path(os.path.expanduser(os.environ["HF_HUB_CACHE"]))
     if os.environ.get("HF_HOME"):
         return Path(os.path.expanduser(os.environ["HF_HOME"])) / "hub"
+    from huggingface_hub import constants
+
     return Path(constants.HF_HUB_CACHE)
 
 
 def cached_file(repo: str, filename: str) -> Path | None:
     """`filename` of hub repo `repo` (main revision) in the local cache, or None. Asks nothing
     of the network."""
+    from huggingface_hub import try_to_load_from_cache
+
     try:
         found = try_to_load_from_cache(repo, filename, cache_dir=hub_cache_dir())
     except Exception as exc:  # a malformed id, an unreadable cache: not cached
@@ -114,6 +116,8 @@ def cached_snapshot(repo: str, needs: str) -> Path | None:
 
 
 def hub_endpoint() -> str:
+    from huggingface_hub import constants
+
     return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
 
 
@@ -130,6 +134,8 @@ def hub_unreachable(repo: str = DEFAULT_MODEL, timeout: float | None = None) -> 
         outcome: list[str | None] = [f"no answer in {timeout:g} s"]
 
         def probe() -> None:
+            from huggingface_hub import get_session, hf_hub_url
+
             try:
                 get_session().head(hf_hub_url(repo, "model_index.json", endpoint=endpoint), timeout=timeout,
                                    follow_redirects=False)
@@ -212,6 +218,8 @@ def quiet_hub():
 def hub_download_size(repo: str, patterns: list[str], timeout: float = 10.0) -> int | None:
     """Bytes of the files of `repo` that match `patterns` (what loading it fetches), or None when
     the hub cannot be reached."""
+    from huggingface_hub import HfApi
+
     try:
         info = HfApi().model_info(repo, files_metadata=True, timeout=timeout)
     except Exception as exc:  # no network, DNS, proxy, HTTP errors: all mean "not reachable now"
@@ -223,5 +231,7 @@ def hub_download_size(repo: str, patterns: list[str], timeout: float = 10.0) -> 
 def download_model(repo: str, patterns: list[str]) -> str:
     """Fetch `repo`'s files that match `patterns` into the Hugging Face cache, with huggingface_hub's
     own progress bars."""
+    from huggingface_hub import snapshot_download
+
     with quiet_hub():
         return snapshot_download(repo, allow_patterns=patterns)
