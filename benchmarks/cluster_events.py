@@ -60,7 +60,7 @@ def start_update(manager) -> None:
     """A rolling update to the same model: every replica replaced, one at a time."""
     from streamstudio.app.web.ray_rollout import RollingUpdate
 
-    manager.update = RollingUpdate(manager, {"model": "tiny"})
+    manager.placement.update = RollingUpdate(manager.placement, {"model": "tiny"})
 
 
 def event(streams, window: float, action, settled, timeout: float) -> dict:
@@ -87,36 +87,37 @@ def run(window: float, feed_fps: float) -> dict:
     args = build_parser().parse_args(["serve", "--model", "tiny", "--width", "64", "--height", "64", "--device",
                                       "cpu", "--cluster", "local", "--node-replicas", "2", "--max-streams", "2"])
     manager = ray_cluster.build_manager(serve_request(args))
+    placement = manager.placement
     stop = threading.Event()
     try:
         streams = [manager.open("s0"), manager.open("s1")]
         threading.Thread(target=feed, args=(streams, stop, feed_fps), daemon=True).start()
         wait(lambda: all(s.processed >= 10 for s in streams), 120)
         before = window_fps(streams, window)
-        victim = manager.replica_of("s1")
+        victim = placement.replica_of("s1")
         os.kill(victim.info["pid"], signal.SIGKILL)
         seen = streams[1].processed
         moved_s = wait(lambda: streams[1].processed > seen, 60)
         at_move = (time.monotonic(), [s.processed for s in streams])
-        ready_s = wait(lambda: len([r for r in manager._healthy() if r is not victim]) == 2, 180) + moved_s
-        spread_s = wait(lambda: manager.replica_of("s0") is not manager.replica_of("s1"), 60)
+        ready_s = wait(lambda: len([r for r in placement.healthy() if r is not victim]) == 2, 180) + moved_s
+        spread_s = wait(lambda: placement.replica_of("s0") is not placement.replica_of("s1"), 60)
         at_spread = (time.monotonic(), [s.processed for s in streams])
         held = at_spread[0] - at_move[0]  # the survivor held both streams this long
         during = {s.sid: (n1 - n0) / held for s, n0, n1 in zip(streams, at_move[1], at_spread[1])} if held > 1 \
             else None
         time.sleep(1.0)  # the moved stream's first frames on its new replica
         after = window_fps(streams, window)
-        replacement = max(manager._healthy(), key=lambda r: r.index)
+        replacement = max(placement.healthy(), key=lambda r: r.index)
         kill = {"before": before, "during": during, "after": after, "moved_s": moved_s,
                 "replacement_startup": replacement.info.get("startup"),
                 "replacement_ready_s": ready_s, "rebalanced_after_ready_s": spread_s, "survivor_held_both_s": held,
-                "moves": manager.moves, "rebalances": manager.rebalances}
-        update = event(streams, window, lambda: start_update(manager), lambda: manager.update.status != "running",
+                "moves": placement.moves, "rebalances": placement.rebalances}
+        update = event(streams, window, lambda: start_update(manager), lambda: placement.update.status != "running",
                        600)
-        update["state"] = manager.update.state()
-        drained = manager.replica_of("s1")
-        drain = event(streams, window, lambda: manager.drain(drained.index), lambda: drained not in manager.replicas,
-                      120)
+        update["state"] = placement.update.state()
+        drained = placement.replica_of("s1")
+        drain = event(streams, window, lambda: placement.drain(drained.index),
+                      lambda: drained not in placement.replicas, 120)
         return {**kill, "events": {"rolling update": update, "drain": drain}}
     finally:
         stop.set()

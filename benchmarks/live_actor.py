@@ -102,7 +102,7 @@ def serve_path(count: int, transport: str, side: int = 512) -> dict:
     frames = [frame_of(side, i) for i in range(count)]
     manager = build_manager(serve_request(args))
     try:
-        replica = manager.replicas[0]
+        replica = manager.placement.replicas[0]
         remote = replica.model.processor("img2img", "bench")
         remote.open((side, side))
         timed_ms(remote, frames[:5])

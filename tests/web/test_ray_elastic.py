@@ -64,8 +64,8 @@ def test_a_full_cluster_grows_by_a_replica_and_an_idle_one_is_released():
                                "--replica-idle-release", "2", "--max-streams", "1", "--device", "cpu")
     stop = threading.Event()
     try:
-        manager = server.manager
-        assert len(manager.replicas) == 1 and manager.cluster.target == 1  # the minimum at the start
+        manager, placement = server.manager, server.manager.placement
+        assert len(placement.replicas) == 1 and placement.cluster.target == 1  # the minimum at the start
         a = manager.open("ea")
 
         def pump():
@@ -80,16 +80,16 @@ def test_a_full_cluster_grows_by_a_replica_and_an_idle_one_is_released():
         assert wait_for_sync(lambda: a.processed >= 2, 90)
         with pytest.raises(BusyError, match="another is starting"):
             manager.open("eb")
-        assert wait_for_sync(lambda: len(manager._healthy()) == 2, 120), manager.stats()
+        assert wait_for_sync(lambda: len(placement.healthy()) == 2, 120), placement.stats()
         b = manager.open("eb")
-        assert manager.replica_of("eb") is not manager.replica_of("ea")
-        startup = manager.replica_of("eb").stats()["startup"]  # where its start-up went
+        assert placement.replica_of("eb") is not placement.replica_of("ea")
+        startup = placement.replica_of("eb").stats()["startup"]  # where its start-up went
         assert set(startup) == {"process_s", "load_s", "ready_s"} and 0 < startup["load_s"] < startup["ready_s"]
         b.submit(frame(40, 64, 64))
         assert wait_for_sync(lambda: b.processed >= 1, 60) and b.error is None
         manager.close("eb")
-        assert wait_for_sync(lambda: len(manager.replicas) == 1, 30), manager.stats()
-        assert manager.released == 1 and manager.cluster.target == 1
+        assert wait_for_sync(lambda: len(placement.replicas) == 1, 30), placement.stats()
+        assert placement.released == 1 and placement.cluster.target == 1
         seen = a.processed
         assert wait_for_sync(lambda: a.processed >= seen + 3, 30) and a.error is None
         replicas = httpx.get(server.url + "/studio/status", timeout=10).json()["replicas"]
@@ -115,7 +115,7 @@ def test_a_rolling_update_replaces_every_replica_with_no_stream_dropped():
                                "--device", "cpu")
     stop = threading.Event()
     try:
-        manager = server.manager
+        manager, placement = server.manager, server.manager.placement
         a, b = manager.open("ua"), manager.open("ub")
         b.request({"seed": 11})
 
@@ -130,18 +130,18 @@ def test_a_rolling_update_replaces_every_replica_with_no_stream_dropped():
         feeder = threading.Thread(target=pump, daemon=True)
         feeder.start()
         assert wait_for_sync(lambda: a.processed >= 2 and b.processed >= 2, 90)
-        old = {r.index for r in manager.replicas}
+        old = {r.index for r in placement.replicas}
         bad = httpx.post(server.url + "/studio/replicas/update", json={"width": 512}, timeout=10)
         assert bad.status_code == 400 and "cannot change width" in bad.json()["error"]
         r = httpx.post(server.url + "/studio/replicas/update", json={"model": "builtin"}, timeout=10)
         assert r.status_code == 202, r.text
         again = httpx.post(server.url + "/studio/replicas/update", json={"model": "tiny"}, timeout=10)
         assert again.status_code == 409
-        state = manager.update.wait(240)
+        state = placement.update.wait(240)
         assert state == {"status": "done", "changes": {"model": "builtin"}, "replaced": 2, "of": 2, "error": None}
         replicas = httpx.get(server.url + "/studio/status", timeout=10).json()
         assert [r["model"] for r in replicas["replicas"]] == ["builtin", "builtin"]
-        assert not old & {r.index for r in manager.replicas} and replicas["update"]["status"] == "done"
+        assert not old & {r.index for r in placement.replicas} and replicas["update"]["status"] == "done"
         seen = a.processed, b.processed
         assert wait_for_sync(lambda: a.processed >= seen[0] + 3 and b.processed >= seen[1] + 3, 60)
         assert a.error is None and b.error is None and b.stats()["settings"]["seed"] == 11

@@ -96,10 +96,10 @@ def test_the_remote_step_equals_the_in_process_step(server, transport):
     from streamstudio.app.web.ray_replicas import RemoteReplica
     from streamstudio.app.web.sessions import StreamProcessor
 
-    first = server.manager.replicas[0]
+    first = server.manager.placement.replicas[0]
     assert first.transport == "calls"  # a CPU replica: no core spent spinning on a channel
     replica = first if transport == "calls" else RemoteReplica(99, first.actor, first.info, "compiled")
-    replica.model.manager = server.manager
+    replica.model.placement = server.manager.placement
     remote = replica.model.processor("img2img", "same-" + transport)
     args = build_parser().parse_args(["serve", "--model", "tiny", "--width", "64", "--height", "64", "--device", "cpu"])
     model = build_model(args)
@@ -127,12 +127,12 @@ def test_two_streams_on_one_replica_share_its_batched_calls(server):
     out of phase, they took turns, a round each. A round now waits (briefly) for the frames of the
     replica's other sending streams, so after the first they run in the same round, and the
     replica's batching executor joins their calls."""
-    manager = server.manager
+    manager, placement = server.manager, server.manager.placement
     opened = [manager.open(f"b{i}") for i in range(4)]  # two on each replica
     stop = threading.Event()
     feeder = threading.Thread(target=pump, args=(opened, stop), daemon=True)
     try:
-        replicas = list({manager.replica_of(s.sid).index: manager.replica_of(s.sid) for s in opened}.values())
+        replicas = list({placement.replica_of(s.sid).index: placement.replica_of(s.sid) for s in opened}.values())
         assert len(replicas) == 2 and all(len(r.sessions) == 2 for r in replicas)
         before = {r.index: dict(r.batching or {"calls": 0, "requests": 0, "batched_calls": 0}) for r in replicas}
         feeder.start()
@@ -153,10 +153,10 @@ def test_two_streams_on_one_replica_share_its_batched_calls(server):
 
 
 def test_placement_spreads_streams_and_is_busy_only_when_every_replica_is_full(server):
-    manager = server.manager
+    manager, placement = server.manager, server.manager.placement
     opened = [manager.open(f"p{i}") for i in range(4)]
     try:
-        assert sorted(manager.replica_of(s.sid).index for s in opened) == [0, 0, 1, 1]
+        assert sorted(placement.replica_of(s.sid).index for s in opened) == [0, 0, 1, 1]
         with pytest.raises(BusyError, match="all 2 model replica"):
             manager.open("p4")
     finally:
@@ -165,15 +165,15 @@ def test_placement_spreads_streams_and_is_busy_only_when_every_replica_is_full(s
 
 
 def test_a_killed_replica_moves_its_streams_and_a_new_replica_starts(server):
-    manager = server.manager
+    manager, placement = server.manager, server.manager.placement
     a, b = manager.open("ka"), manager.open("kb")
     stop = threading.Event()
     feeder = threading.Thread(target=pump, args=([a, b], stop), daemon=True)
     feeder.start()
     try:
         assert wait_for_sync(lambda: a.processed >= 3 and b.processed >= 3, 90)
-        victim = manager.replica_of("kb")
-        survivor = manager.replica_of("ka")
+        victim = placement.replica_of("kb")
+        survivor = placement.replica_of("ka")
         assert victim is not survivor
         os.kill(victim.info["pid"], signal.SIGKILL)  # a hard crash: no Python error, the process is gone
         seen_a, seen_b = a.processed, b.processed
@@ -185,9 +185,9 @@ def test_a_killed_replica_moves_its_streams_and_a_new_replica_starts(server):
         assert replicas[victim.index]["healthy"] is False and "failed" in replicas[victim.index]["failed"]
         # the watcher starts a replica in its place and rebalances: one of the survivor's two streams
         # moves there at a frame boundary (issue 47: it sat idle while the survivor ran both)
-        assert wait_for_sync(lambda: len(manager._healthy()) == 2, 120), status(server)
-        assert wait_for_sync(lambda: manager.replica_of("ka") is not manager.replica_of("kb"), 30), status(server)
-        moved = next(s for s in (a, b) if manager.replica_of(s.sid) not in (victim, survivor))
+        assert wait_for_sync(lambda: len(placement.healthy()) == 2, 120), status(server)
+        assert wait_for_sync(lambda: placement.replica_of("ka") is not placement.replica_of("kb"), 30), status(server)
+        moved = next(s for s in (a, b) if placement.replica_of(s.sid) not in (victim, survivor))
         seen = moved.processed
         assert wait_for_sync(lambda: moved.processed >= seen + 3, 60) and moved.error is None, moved.stats()
         assert "rebalanced from" in moved.stats()["notice"]
@@ -198,7 +198,7 @@ def test_a_killed_replica_moves_its_streams_and_a_new_replica_starts(server):
         assert metrics["streamstudio_stream_rebalances"].samples[0].value >= 1  # and one back
         assert sorted(s.value for s in metrics["streamstudio_replica_healthy"].samples) == [0, 1, 1]
         fresh = manager.open("kc")  # a new stream still goes to a healthy replica
-        assert manager.replica_of("kc") is not victim
+        assert placement.replica_of("kc") is not victim
         fresh.submit(frame(30, 64, 64))
         assert wait_for_sync(lambda: fresh.processed >= 1 or fresh.error is not None, 60)
         assert fresh.error is None
@@ -365,7 +365,8 @@ def test_two_nodes_spread_a_killed_replica_comes_back_and_a_drained_node_loses_n
         args = build_parser().parse_args(["serve", "--model", "tiny", "--cluster", address, "--max-streams", "2",
                                           "--width", "64", "--height", "64", "--device", "cpu"])
         manager = ray_cluster.build_manager(serve_request(args))
-        assert len(manager.replicas) == 1  # the head's
+        placement = manager.placement
+        assert len(placement.replicas) == 1  # the head's
         head_nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
         a, b = manager.open("na"), manager.open("nb")  # both on the head's replica
         stop = threading.Event()
@@ -375,29 +376,29 @@ def test_two_nodes_spread_a_killed_replica_comes_back_and_a_drained_node_loses_n
         # a node that joins under load gets a replica of its own, and one stream moves there
         node = ray_cli("start", "--block", f"--address={address}", "--num-cpus=1", "--node-ip-address=127.0.0.1",
                        env=env)
-        spread = lambda: manager.replica_of("na").info["node_id"] != manager.replica_of("nb").info["node_id"]  # noqa: E731
-        assert wait_for_sync(lambda: len(manager._healthy()) == 2 and spread(), 120), manager.stats()
+        spread = lambda: placement.replica_of("na").info["node_id"] != placement.replica_of("nb").info["node_id"]  # noqa: E731
+        assert wait_for_sync(lambda: len(placement.healthy()) == 2 and spread(), 120), placement.stats()
         assert wait_for_sync(lambda: a.processed >= 40 and b.processed >= 40, 60)
         time.sleep(3)  # a window of frames on their own replicas
         before = {s.sid: s.metrics().recent_fps for s in (a, b)}
         # its replica killed: its stream moves back, the replacement starts there, the load spreads again
-        remote = next(r for r in manager._healthy() if r.info["node_id"] not in head_nodes)
+        remote = next(r for r in placement.healthy() if r.info["node_id"] not in head_nodes)
         os.kill(remote.info["pid"], signal.SIGKILL)
         assert wait_for_sync(lambda: remote.failed is not None, 30)
-        assert wait_for_sync(lambda: len(manager._healthy()) == 2 and spread(), 120), manager.stats()
+        assert wait_for_sync(lambda: len(placement.healthy()) == 2 and spread(), 120), placement.stats()
         time.sleep(4)
         after = {s.sid: s.metrics().recent_fps for s in (a, b)}
         assert all(after[sid] >= 0.8 * before[sid] for sid in before), (before, after)
         assert a.error is None and b.error is None
         # drained on purpose: its stream moves to the head, none is lost, and no replica starts there again
-        remote = next(r for r in manager._healthy() if r.info["node_id"] not in head_nodes)
+        remote = next(r for r in placement.healthy() if r.info["node_id"] not in head_nodes)
         seen = a.processed, b.processed
-        assert manager.drain(remote.index)
-        assert wait_for_sync(lambda: remote not in manager.replicas, 60), manager.stats()
+        assert placement.drain(remote.index)
+        assert wait_for_sync(lambda: remote not in placement.replicas, 60), placement.stats()
         assert wait_for_sync(lambda: a.processed >= seen[0] + 5 and b.processed >= seen[1] + 5, 60)
         assert a.error is None and b.error is None and not spread()
         time.sleep(2)
-        assert len(manager._healthy()) == 1
+        assert len(placement.healthy()) == 1
         lost, kept = b, a
         before = kept.metrics().recent_fps
         doomed = descendants(node.pid)  # the second node: its raylet and every worker of it (a machine lost)
@@ -458,7 +459,7 @@ def test_draining_a_replica_moves_its_streams_and_stops_it(server):
     stream moves to the other replica at a frame boundary with its settings, then it stops and the
     watcher does not start another in its place; no stream is lost. (Last in this file: the
     module's server keeps one replica after it.)"""
-    manager = server.manager
+    manager, placement = server.manager, server.manager.placement
     a, b = manager.open("da"), manager.open("db")
     a.request({"seed": 5})
     b.request({"seed": 9, "prompt": "a lighthouse"})
@@ -467,15 +468,15 @@ def test_draining_a_replica_moves_its_streams_and_stops_it(server):
     feeder.start()
     try:
         assert wait_for_sync(lambda: a.processed >= 3 and b.processed >= 3, 90)
-        leaving, staying = manager.replica_of("db"), manager.replica_of("da")
+        leaving, staying = placement.replica_of("db"), placement.replica_of("da")
         assert leaving is not staying
         assert httpx.post(f"{server.url}/studio/replicas/99/drain").status_code == 404
         r = httpx.post(f"{server.url}/studio/replicas/{leaving.index}/drain")
         assert r.status_code == 202 and r.json()["moving"] == ["db"], r.text
-        assert wait_for_sync(lambda: leaving not in manager.replicas, 60), status(server)
+        assert wait_for_sync(lambda: leaving not in placement.replicas, 60), status(server)
         seen_a, seen_b = a.processed, b.processed
         assert wait_for_sync(lambda: a.processed >= seen_a + 5 and b.processed >= seen_b + 5, 60)
-        assert a.error is None and b.error is None and manager.replica_of("db") is staying
+        assert a.error is None and b.error is None and placement.replica_of("db") is staying
         assert b.stats()["settings"]["seed"] == 9 and "rebalanced from" in b.stats()["notice"]
         time.sleep(3)  # several watcher looks: no replica started in its place
         assert [r["replica"] for r in status(server)["replicas"] if r["healthy"]] == [staying.index]

@@ -11,8 +11,8 @@ import torch
 from helpers import frame, wait_output
 
 from streamstudio.models.image.batching import BatchingConfig
-from streamstudio.app.web.replicas import ReplicaModel, ReplicaSessionManager, replica_devices
-from streamstudio.app.web.sessions import BusyError
+from streamstudio.app.web.replicas import LocalReplicas, ReplicaModel, replica_devices
+from streamstudio.app.web.sessions import BusyError, SessionManager
 from streamstudio.errors import StreamStudioError
 from streamstudio.pipelines.image.stream_diffusion import StreamDiffusionConfig
 
@@ -22,19 +22,19 @@ def manager(tiny_components_factory):
     torch.set_num_threads(1)
     models = [ReplicaModel(tiny_components_factory(), StreamDiffusionConfig(width=64, height=64, steps=2),
                            prompt="a cat", batching=BatchingConfig()) for _ in range(2)]
-    m = ReplicaSessionManager(models, ["cpu", "cpu"], max_streams=2, idle_timeout=30.0, owns_model=True)
+    m = SessionManager(placement=LocalReplicas(models, ["cpu", "cpu"], 2), idle_timeout=30.0)
     yield m
     m.shutdown()
 
 
 def test_sessions_go_to_the_least_loaded_replica_and_busy_only_when_all_are_full(manager):
     sessions = [manager.open(f"s{i}") for i in range(4)]
-    assert [manager.replica_of(s.sid).index for s in sessions] == [0, 1, 0, 1]
+    assert [manager.placement.replica_of(s.sid).index for s in sessions] == [0, 1, 0, 1]
     assert not manager.has_capacity()
     with pytest.raises(BusyError, match="all 2 model replica"):
         manager.open("s4")
     manager.close("s1")
-    assert manager.replica_of(manager.open("s5").sid).index == 1  # the replica with room
+    assert manager.placement.replica_of(manager.open("s5").sid).index == 1  # the replica with room
     for s in sessions[:1]:
         s.submit(frame())
         wait_output(s)
@@ -42,7 +42,7 @@ def test_sessions_go_to_the_least_loaded_replica_and_busy_only_when_all_are_full
 
 def test_a_failed_replica_ends_only_its_own_sessions(manager, monkeypatch):
     a, b, c = (manager.open(sid) for sid in ("a", "b", "c"))  # replicas 0, 1, 0
-    broken = manager.replicas[1].model.comps.unet
+    broken = manager.placement.replicas[1].model.comps.unet
 
     def fault(*args, **kwargs):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
@@ -66,10 +66,10 @@ def test_a_failed_replica_ends_only_its_own_sessions(manager, monkeypatch):
     manager.close("b")
     manager.close("c")
     d = manager.open("d")  # a reconnect: on the healthy replica
-    assert manager.replica_of("d").index == 0
+    assert manager.placement.replica_of("d").index == 0
     d.submit(frame())
     wait_output(d)
-    manager.replicas[0].model.executor.close()  # the last replica's executor ends: nothing takes streams
+    manager.placement.replicas[0].model.executor.close()  # the last replica's executor ends: nothing takes streams
     manager.close("a")
     with pytest.raises(BusyError, match="every model replica failed"):
         manager.open("f")
@@ -93,8 +93,8 @@ def test_serve_gpus_builds_a_replica_per_device():
                                                "--width", "64", "--height", "64", "--max-streams", "3"])
     manager = build_manager(serve_request(args))
     try:
-        a, b = manager.replicas
-        assert (a.device, b.device, manager.per_replica, manager.max_streams) == ("cpu", "cpu", 3, 6)
+        a, b = manager.placement.replicas
+        assert (a.device, b.device, manager.placement.per_replica, manager.max_streams) == ("cpu", "cpu", 3, 6)
         # own model, own batching
         assert a.model.comps is not b.model.comps and a.model.executor is not b.model.executor
         assert manager.model is a.model

@@ -275,7 +275,7 @@ def test_lora_scale_is_server_wide_between_frames(addon_model):
 def test_lora_scales_reach_every_replica(tiny_components_factory, tmp_path):
     """serve --gpus N: a server-wide LoRA scale is set on every replica's model (each has its own
     fused weights); the weights follow the scale; a wrong name changes nothing."""
-    from streamstudio.app.web.replicas import ReplicaModel, ReplicaSessionManager
+    from streamstudio.app.web.replicas import LocalReplicas, ReplicaModel
     from streamstudio.models.image.lora import LoraSet, save_random_lora
 
     base = tiny_components_factory()
@@ -287,7 +287,7 @@ def test_lora_scales_reach_every_replica(tiny_components_factory, tmp_path):
         comps.loras.add(f"{path}:1.0")
         models.append(ReplicaModel(comps, StreamDiffusionConfig(width=SIZE, height=SIZE, steps=2),
                                    batching=BatchingConfig(max_wait_ms=5)))
-    manager = ReplicaSessionManager(models, ["cpu", "cpu"], max_streams=1, owns_model=True)
+    manager = SessionManager(placement=LocalReplicas(models, ["cpu", "cpu"], 1))
     def weights(model):  # the UNet's weights as used (a fused layer's merged weight under its plain name)
         return {k.replace(".base_layer", ""): v.clone() for k, v in model.comps.unet.state_dict().items()
                 if ".lora_" not in k}

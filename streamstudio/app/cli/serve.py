@@ -294,10 +294,10 @@ def build_app(args, model=None):
     app = FastAPI(title="StreamStudio", **docs)
     stream = webrtc.build_stream(manager, rtc, host=args.host or "127.0.0.1")
     webrtc.mount_api(app, manager, stream)
-    if hasattr(manager, "drain"):  # serve --cluster: replicas taken out of service on purpose
+    if hasattr(manager.placement, "drain"):  # serve --cluster: replicas taken out of service on purpose
         from streamstudio.app.web.ray_replicas import mount as mount_replicas
 
-        mount_replicas(app, manager)
+        mount_replicas(app, manager.placement)
     manager.offer_rate = security.SourceRate(getattr(args, "offers_per_minute", 20))
     if getattr(args, "max_pending_per_source", None) is not None:
         manager.max_pending_per_source = args.max_pending_per_source

@@ -64,9 +64,9 @@ def render(manager, outputs=None) -> str:
 
 
 def _replicas(out: _Text, manager) -> None:
-    if not hasattr(manager, "stats"):
+    placement, replicas = manager.placement, manager.placement.stats()
+    if replicas is None:
         return
-    replicas = manager.stats()
     out.family("streamstudio_replica_streams", "gauge", "Streams placed on a model replica.",
                [({"replica": r["replica"]}, r["sessions"]) for r in replicas])
     out.family("streamstudio_replica_healthy", "gauge", "1 for a replica that runs, 0 for one that failed.",
@@ -75,8 +75,8 @@ def _replicas(out: _Text, manager) -> None:
                              ("streamstudio_stream_rebalances_total", "rebalances", "Streams moved to even the load."),
                              ("streamstudio_replicas_released_total", "released",
                               "Idle replicas stopped (elastic replicas).")):
-        if hasattr(manager, attr):
-            out.family(name, "counter", text, [({}, getattr(manager, attr))])
+        if hasattr(placement, attr):
+            out.family(name, "counter", text, [({}, getattr(placement, attr))])
 
 
 def mount(app, manager, outputs=None) -> None:

@@ -20,7 +20,8 @@ from typing import Any
 
 from streamstudio.app.streams.requests import ServeRequest
 from streamstudio.app.web.replica_actor import ReplicaActor, first_error
-from streamstudio.app.web.ray_replicas import TRANSPORTS, ClusterSessionManager, RemoteReplica
+from streamstudio.app.web.ray_replicas import TRANSPORTS, RayPlacement, RemoteReplica
+from streamstudio.app.web.sessions import SessionManager
 from streamstudio.errors import StreamStudioError
 from streamstudio.app.ray_connect import connect_ray
 
@@ -237,7 +238,7 @@ class RayReplicas:
             self.ray.shutdown()
 
 
-def build_manager(request: ServeRequest) -> ClusterSessionManager:
+def build_manager(request: ServeRequest) -> SessionManager:
     """`serve --cluster auto|local|ray://HOST:10001|HOST:6379`: replicas on that cluster, the
     sessions over them."""
     choice = request.cluster
@@ -258,7 +259,8 @@ def build_manager(request: ServeRequest) -> ClusterSessionManager:
     cluster = RayReplicas(request, address, node_replicas=request.node_replicas, transport=request.replica_transport,
                           elastic=elastic)
     try:
-        return ClusterSessionManager(cluster, max_streams=request.max_streams, idle_timeout=request.idle_timeout)
+        return SessionManager(placement=RayPlacement(cluster, request.max_streams), max_streams=request.max_streams,
+                              idle_timeout=request.idle_timeout)
     except BaseException:
         cluster.shutdown()
         raise

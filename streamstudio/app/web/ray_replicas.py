@@ -31,9 +31,8 @@ from fastapi import Body
 from fastapi.responses import JSONResponse
 
 from streamstudio.app.web.replica_actor import HEALTH_SID, first_error
-from streamstudio.app.web.replicas import ReplicaSessions
 from streamstudio.app.web.model_guard import ModelGuard
-from streamstudio.app.web.sessions import SessionManager
+from streamstudio.app.web.placement import ReplicaPlacement
 from streamstudio.errors import StreamStudioError
 from streamstudio.frames import fit
 from streamstudio.app.streams.image import output_size
@@ -41,6 +40,7 @@ from streamstudio.app.streams.image import output_size
 if TYPE_CHECKING:  # (ray_cluster and ray_rollout import this module)
     from streamstudio.app.web.ray_cluster import RayReplicas
     from streamstudio.app.web.ray_rollout import RollingUpdate
+    from streamstudio.app.web.sessions import SessionManager
     from streamstudio.models.image.batching import ClientStats
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ class RemoteReplica:
     failed: str | None = None
     batching: dict | None = None
     frames: int = 0
-    draining: bool = False  # taken out of placement, its streams moving off (`ClusterSessionManager.drain`)
+    draining: bool = False  # taken out of placement, its streams moving off (`RayPlacement.drain`)
 
     def __post_init__(self) -> None:
         self.model = RemoteModel(self)
@@ -275,7 +275,7 @@ class RemoteModel:
 
     def __init__(self, replica: RemoteReplica):
         self.replica = replica
-        self.manager: ClusterSessionManager | None = None  # set when the replica joins it
+        self.placement: RayPlacement | None = None  # set when the replica joins it
         self.config = replica.info["config"]
         self.name, self.is_demo = replica.info["name"], replica.info["demo"]
         self.prompt, self.negative_prompt = replica.info["prompt"], replica.info["negative_prompt"]
@@ -291,8 +291,8 @@ class RemoteModel:
         return output_size(None, None, max(self.size), aspect)
 
     def processor(self, mode: str, sid: str) -> "RemoteStreamProcessor":
-        assert self.manager is not None  # (a replica's streams open once it joined a manager)
-        return RemoteStreamProcessor(self.manager, self.replica, mode, sid)
+        assert self.placement is not None  # (a replica's streams open once it joined a placement)
+        return RemoteStreamProcessor(self.placement, self.replica, mode, sid)
 
     def build(self, *args, **kwargs):
         raise StreamStudioError("with --cluster the model runs in the replicas, so this tab's stream is not "
@@ -328,24 +328,24 @@ class _PipeState:
 class RemoteStreamProcessor:
     """A stream's frame step run by a replica actor: the frame fitted to the stream's size here,
     stepped there. Keeps every setting it applied, so that when its replica fails it opens the
-    stream again on another one (`ClusterSessionManager.move`) and goes on."""
+    stream again on another one (`RayPlacement.move`) and goes on."""
 
-    def __init__(self, manager: "ClusterSessionManager", replica: RemoteReplica, mode: str, sid: str):
-        self.manager, self.replica, self.mode, self.sid = manager, replica, mode, sid
+    def __init__(self, placement: RayPlacement, replica: RemoteReplica, mode: str, sid: str):
+        self.placement, self.replica, self.mode, self.sid = placement, replica, mode, sid
         self.pipe: _PipeState | None = None
         self.fit = "crop"
         self.calls: ClientStats | None = None  # (a replica's batching counts are the replica's)
         self.notice: str | None = None
         self._size: tuple[int, int] | None = None
         self._settings: dict = {}
-        self._wanted: RemoteReplica | None = None  # where the manager rebalances it to, at the next frame
+        self._wanted: RemoteReplica | None = None  # where the placement rebalances it to, at the next frame
 
     @property
     def stats(self):
         return self.pipe
 
     def move_to(self, replica: RemoteReplica) -> None:
-        """Move to `replica` at the next frame boundary (`ClusterSessionManager.rebalance`)."""
+        """Move to `replica` at the next frame boundary (`RayPlacement.rebalance`)."""
         self._wanted = replica
 
     def open(self, size: tuple[int, int]) -> None:
@@ -400,7 +400,7 @@ class RemoteStreamProcessor:
             target.call({"sid": self.sid, "op": "open", "mode": self.mode, "size": self._size,
                          "settings": dict(self._settings)})
         except (ReplicaLost, StreamStudioError) as exc:
-            self.manager.placed(self.sid, target, old)
+            self.placement.placed(self.sid, target, old)
             log.warning("stream %s stays on %s: %s", self.sid, old.name, exc)
             return
         self.replica = target
@@ -411,7 +411,7 @@ class RemoteStreamProcessor:
     def _move(self, why: str) -> None:
         """Open this stream on another healthy replica, with its size and settings."""
         old = self.replica
-        self.replica = self.manager.move(self.sid, old, why)
+        self.replica = self.placement.move(self.sid, old, why)
         if self.pipe is not None:
             self.replica.call({"sid": self.sid, "op": "open", "mode": self.mode, "size": self._size,
                                "settings": dict(self._settings)})
@@ -419,41 +419,41 @@ class RemoteStreamProcessor:
         log.warning("stream %s moved from %s to %s", self.sid, old.name, self.replica.name)
 
 
-class ClusterSessionManager(ReplicaSessions[RemoteReplica]):
-    """Sessions over replica actors that come and go: least-loaded placement among the healthy
-    ones (`--max-streams` each), a failed replica's streams moved to the others, the cluster
-    watched for new nodes and dead replicas."""
+class RayPlacement(ReplicaPlacement[RemoteReplica]):
+    """The placement over replica actors that come and go (`SessionManager.placement`): least-loaded
+    among the healthy ones (`--max-streams` each), a failed replica's streams moved to the others, the
+    cluster watched for new nodes and dead replicas by a thread that starts when the manager attaches
+    (it moves the manager's streams, and ends with the manager's `stopping`)."""
 
-    def __init__(self, cluster: RayReplicas, max_streams: int = 4, idle_timeout: float = 20.0,
-                 preset_ttl: float = 120.0):
+    def __init__(self, cluster: RayReplicas, max_streams: int = 4):
         self.cluster = cluster
         replicas = cluster.start_wanted(wait=True)
         if not replicas:
             raise StreamStudioError(f"no model replica could start on the Ray cluster ({cluster.address})")
-        self._configured = self.per_replica = max_streams
-        self.replicas = list(replicas)
-        self._placed = {}
+        super().__init__(list(replicas), max_streams)
         self.moves = self.rebalances = 0  # streams moved off failed replicas / to even the load (/metrics)
         self.released = 0  # elastic: idle replicas stopped
         self.update: RollingUpdate | None = None  # the rolling update under way or last made (app/web/ray_rollout.py)
+        self.stopping = threading.Event()  # the manager's, once attached
         for replica in replicas:
-            replica.model.manager = self
-        SessionManager.__init__(self, replicas[0].model, max_streams=max_streams, idle_timeout=idle_timeout,
-                                preset_ttl=preset_ttl, owns_model=True)
+            replica.model.placement = self
         self._watch = threading.Thread(target=self._watch_loop, name="replica-watcher", daemon=True)
+
+    def attach(self, manager: SessionManager) -> None:
+        super().attach(manager)
+        self.stopping = manager.stopping
         self._watch.start()
 
-    @property
-    def max_streams(self) -> int:
+    def limit(self) -> int:
         """Every healthy replica's streams together."""
-        return self._configured * max(1, len(self._healthy()))
+        return self.per_replica * max(1, len(self.healthy()))
 
-    @max_streams.setter
-    def max_streams(self, value: int) -> None:  # (the base class sets it once)
-        pass
-
-    def _healthy(self) -> list[RemoteReplica]:
+    def healthy(self) -> list[RemoteReplica]:
         return [r for r in self.replicas if r.failed is None and not r.draining]
+
+    def _processor(self, sid: str) -> object:
+        """The frame step of the manager's stream `sid` (None: no such stream)."""
+        return getattr(self.manager and self.manager.get(sid), "processor", None)
 
     def drain(self, index: int, retire: bool = True) -> list[str]:
         """Take replica `index` out of service with no stream lost: its streams move to the others
@@ -462,10 +462,10 @@ class ClusterSessionManager(ReplicaSessions[RemoteReplica]):
         Returns the streams that move; StreamStudioError when there is no such replica or the
         others have no room."""
         with self._lock:
-            replica = next((r for r in self._healthy() if r.index == index), None)
+            replica = next((r for r in self.healthy() if r.index == index), None)
             if replica is None:
                 raise StreamStudioError(f"no running model replica {index}")
-            others = [r for r in self._healthy() if r is not replica]
+            others = [r for r in self.healthy() if r is not replica]
             if len(replica.sessions) > sum(self.per_replica - len(r.sessions) for r in others):
                 raise StreamStudioError(f"the other replicas have no room for {replica.name}'s "
                                         f"{len(replica.sessions)} stream(s); try when fewer streams run")
@@ -476,12 +476,10 @@ class ClusterSessionManager(ReplicaSessions[RemoteReplica]):
             for sid in sorted(replica.sessions):
                 target = min((r for r in others if len(r.sessions) < self.per_replica),
                              key=lambda r: (len(r.sessions), r.index))
-                replica.sessions.discard(sid)
-                target.sessions.add(sid)
-                self._placed[sid] = target
+                self._assign(sid, replica, target)
                 moves.append((sid, target))
         for sid, target in moves:
-            processor = getattr(self._sessions.get(sid), "processor", None)
+            processor = self._processor(sid)
             if isinstance(processor, RemoteStreamProcessor):
                 processor.move_to(target)
         threading.Thread(target=self._retire, args=(replica, [sid for sid, _ in moves]), daemon=True).start()
@@ -492,8 +490,8 @@ class ClusterSessionManager(ReplicaSessions[RemoteReplica]):
         """Stop a drained replica once its streams have moved (one that sent no frame within
         `timeout` moves at its next, as off a failed replica)."""
         deadline = time.monotonic() + timeout
-        on_it = lambda sid: getattr(getattr(self._sessions.get(sid), "processor", None), "replica", None)  # noqa: E731
-        while time.monotonic() < deadline and not self._stop.is_set() and any(on_it(s) is replica for s in sids):
+        on_it = lambda sid: getattr(self._processor(sid), "replica", None)  # noqa: E731
+        while time.monotonic() < deadline and not self.stopping.is_set() and any(on_it(s) is replica for s in sids):
             time.sleep(0.1)
         replica.close(kill=True)
         with self._lock:
@@ -501,10 +499,10 @@ class ClusterSessionManager(ReplicaSessions[RemoteReplica]):
         log.info("%s drained and stopped", replica.name)
 
     def busy_message(self) -> str:
-        if not self._healthy():
+        if not self.healthy():
             return ("StreamStudio cannot take live streams: no model replica is running on the cluster; it "
                     "starts new ones as nodes join (see `ray status`)")
-        policy, healthy = self.cluster.elastic, len(self._healthy())
+        policy, healthy = self.cluster.elastic, len(self.healthy())
         if policy is not None and healthy + self.cluster.starting < policy.max_replicas or self.cluster.starting:
             return (f"StreamStudio is busy: all {healthy} model replica(s) are full ({self.per_replica} live "
                     "stream(s) each) and another is starting; try again in a minute.")
@@ -515,27 +513,23 @@ class ClusterSessionManager(ReplicaSessions[RemoteReplica]):
         with self._lock:
             old.sessions.discard(sid)
             replica = self._pick()
+            self._assign(sid, None, replica)
             if replica is None:
-                self._placed.pop(sid, None)
                 raise StreamStudioError(f"{why}; no other model replica has room, reconnect in a minute")
-            replica.sessions.add(sid)
-            self._placed[sid] = replica
             self.moves += 1
             return replica
 
     def placed(self, sid: str, old: RemoteReplica, new: RemoteReplica) -> None:
         """Stream `sid` counts on `new` instead of `old` (a move planned, or one undone)."""
         with self._lock:
-            old.sessions.discard(sid)
-            new.sessions.add(sid)
-            self._placed[sid] = new
+            self._assign(sid, old, new)
 
     def rebalance(self) -> list[tuple[str, RemoteReplica, RemoteReplica]]:
         """While a healthy replica holds two streams more than another (one that joined or came
         back sits idle), move one of its streams there at its next frame (`_switch`)."""
         moves = []
         with self._lock:
-            healthy = self._healthy()
+            healthy = self.healthy()
             while len(healthy) > 1:
                 heavy = max(healthy, key=lambda r: len(r.sessions))
                 light = min(healthy, key=lambda r: (len(r.sessions), r.index))
@@ -543,35 +537,33 @@ class ClusterSessionManager(ReplicaSessions[RemoteReplica]):
                 if len(heavy.sessions) - len(light.sessions) <= 1 or not movable:
                     break
                 sid = movable[0]
-                heavy.sessions.discard(sid)
-                light.sessions.add(sid)
-                self._placed[sid] = light
+                self._assign(sid, heavy, light)
                 moves.append((sid, heavy, light))
             self.rebalances += len(moves)
         for sid, _, light in moves:
-            processor = self._sessions[sid].processor
+            processor = self._processor(sid)
             if isinstance(processor, RemoteStreamProcessor):  # (every stream here: `_movable` read its _wanted)
                 processor.move_to(light)
         return moves
 
     def _movable(self, sid: str) -> bool:  # (under self._lock)
-        return getattr(getattr(self._sessions.get(sid), "processor", None), "_wanted", 0) is None
+        return getattr(self._processor(sid), "_wanted", 0) is None
 
     def _watch_loop(self) -> None:
         checked = time.monotonic()
-        while not self._stop.wait(WATCH_S):
+        while not self.stopping.wait(WATCH_S):
             if time.monotonic() - checked >= HEALTH_S:
                 checked = time.monotonic()
-                for replica in self._healthy():
+                for replica in self.healthy():
                     replica.check_health()
             try:
                 if self.cluster.elastic is not None:
                     self._elastic_step()
                 for replica in self.cluster.check(self.replicas):
-                    replica.model.manager = self
+                    replica.model.placement = self
                     with self._lock:
                         self.replicas.append(replica)
-                    log.info("%s joined (%d replica(s) healthy)", replica.name, len(self._healthy()))
+                    log.info("%s joined (%d replica(s) healthy)", replica.name, len(self.healthy()))
                 self.rebalance()
             except Exception:  # pragma: no cover - keep watching
                 log.exception("replica watcher")
@@ -582,7 +574,7 @@ class ClusterSessionManager(ReplicaSessions[RemoteReplica]):
         policy, cluster = self.cluster.elastic, self.cluster
         assert policy is not None  # (the watcher steps only an elastic cluster)
         with self._lock:
-            healthy = self._healthy()
+            healthy = self.healthy()
             if policy.grow([len(r.sessions) for r in healthy], self.per_replica, cluster.starting):
                 cluster.target = len(healthy) + 1
                 log.info("every replica is full (%d): starting another (at most %d)", len(healthy),
@@ -598,12 +590,9 @@ class ClusterSessionManager(ReplicaSessions[RemoteReplica]):
             self.released += 1
         replica.close(kill=True)
         log.info("%s held no stream for %.0f s: stopped (%d replica(s) run)", replica.name, policy.release_idle_s,
-                 len(self._healthy()))
+                 len(self.healthy()))
 
     def shutdown(self) -> None:
-        self._stop.set()
-        for sid in self.ids():
-            self.close(sid)
         for replica in self.replicas:
             replica.close()
         self.cluster.shutdown()
@@ -612,7 +601,7 @@ class ClusterSessionManager(ReplicaSessions[RemoteReplica]):
         return [r.stats() for r in self.replicas]
 
 
-def mount(app, manager: ClusterSessionManager) -> None:
+def mount(app, placement: RayPlacement) -> None:
     """`POST /studio/replicas/{index}/drain`: 202 and the streams that move; 409 no room, 404 no
     replica. `POST /studio/replicas/update` (JSON: what changes, e.g. {"model": ...}): a rolling
     update (app/web/ray_rollout.py), 202 with its state; 409 while one runs, 400 for a bad change."""
@@ -620,12 +609,12 @@ def mount(app, manager: ClusterSessionManager) -> None:
 
     @app.post("/studio/replicas/update", tags=["studio"], status_code=202)
     async def update(changes: dict = Body(default=None)):  # noqa: B008 - FastAPI's way to take the JSON body
-        current = manager.update
+        current = placement.update
         if current is not None and current.status == "running":
             return JSONResponse({"status": "failed", "error": "a rolling update is under way",
                                  "update": current.state()}, status_code=409)
         try:
-            manager.update = started = RollingUpdate(manager, changes)
+            placement.update = started = RollingUpdate(placement, changes)
         except StreamStudioError as exc:
             return JSONResponse({"status": "failed", "error": str(exc)}, status_code=400)
         return JSONResponse({"status": "updating", "update": started.state()}, status_code=202)
@@ -633,7 +622,7 @@ def mount(app, manager: ClusterSessionManager) -> None:
     @app.post("/studio/replicas/{index}/drain", tags=["studio"], status_code=202)
     async def drain(index: int):
         try:
-            moving = manager.drain(index)
+            moving = placement.drain(index)
         except StreamStudioError as exc:
             status = 404 if str(exc).startswith("no running") else 409
             return JSONResponse({"status": "failed", "error": str(exc)}, status_code=status)

@@ -2,7 +2,7 @@
 model, one at a time, no stream dropped.
 
 For each replica that still runs the old model: it is drained (its streams move to the other
-replicas at their next frames, with their settings, as `ClusterSessionManager.drain` moves them),
+replicas at their next frames, with their settings, as `RayPlacement.drain` moves them),
 it stops, and the watcher starts its replacement from the cluster's request, which now names the
 new model; the next replica goes once the replacement is ready. A replica whose streams the
 others have no room for waits until they have (streams end, or an elastic cluster grows) up to
@@ -43,16 +43,16 @@ def updated_request(request, changes: dict):
 
 
 class RollingUpdate:
-    """One update of `manager`'s replicas (a ClusterSessionManager) to `changes`, in a thread."""
+    """One update of `placement`'s replicas (a ray_replicas.RayPlacement) to `changes`, in a thread."""
 
-    def __init__(self, manager, changes: dict, wait_s: float = 300.0, ready_s: float = 600.0):
-        self.manager, self.changes, self.wait_s, self.ready_s = manager, dict(changes), wait_s, ready_s
-        self.old = [r for r in manager._healthy()]
+    def __init__(self, placement, changes: dict, wait_s: float = 300.0, ready_s: float = 600.0):
+        self.placement, self.changes, self.wait_s, self.ready_s = placement, dict(changes), wait_s, ready_s
+        self.old = [r for r in placement.healthy()]
         self.replaced = 0
         self.status = "running"
         self.error: str | None = None
         self.started = time.time()
-        manager.cluster.request = updated_request(manager.cluster.request, changes)
+        placement.cluster.request = updated_request(placement.cluster.request, changes)
         self._thread = threading.Thread(target=self._run, name="rolling-update", daemon=True)
         self._thread.start()
 
@@ -79,25 +79,25 @@ class RollingUpdate:
             log.exception("rolling update")
 
     def _replace(self, replica) -> None:
-        manager = self.manager
-        if replica.failed is not None or replica not in manager.replicas:
+        placement = self.placement
+        if replica.failed is not None or replica not in placement.replicas:
             return  # gone meanwhile (failed, drained): the watcher's replacement already runs the new model
-        before = len(manager._healthy())
+        before = len(placement.healthy())
         deadline = time.monotonic() + self.wait_s
         while True:
             try:
-                manager.drain(replica.index, retire=False)
+                placement.drain(replica.index, retire=False)
                 break
             except StreamStudioError as exc:
-                if time.monotonic() > deadline or manager._stop.is_set():
+                if time.monotonic() > deadline or placement.stopping.is_set():
                     raise StreamStudioError(f"{replica.name} could not be replaced: {exc}") from None
                 time.sleep(1.0)
         deadline = time.monotonic() + self.ready_s
-        while replica in manager.replicas or len(manager._healthy()) < before:
-            if time.monotonic() > deadline or manager._stop.is_set():
+        while replica in placement.replicas or len(placement.healthy()) < before:
+            if time.monotonic() > deadline or placement.stopping.is_set():
                 raise StreamStudioError(f"{replica.name}'s replacement was not ready within {self.ready_s:.0f} s")
             time.sleep(0.2)
-        new = max(manager._healthy(), key=lambda r: r.index)
-        manager.model = new.model  # the banner and new streams' defaults: the new model's
+        new = max(placement.healthy(), key=lambda r: r.index)
+        placement.manager.model = new.model  # the banner and new streams' defaults: the new model's
         log.info("rolling update: %s replaced by %s (%d of %d)", replica.name, new.name, self.replaced + 1,
                  len(self.old))

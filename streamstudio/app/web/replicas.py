@@ -19,36 +19,14 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
-from streamstudio.app.perform.inputs import opened
 from streamstudio.app.streams.requests import ServeRequest
-from streamstudio.app.web.sessions import BusyError, ServerModel, SessionManager, StreamSession
+from streamstudio.app.web.placement import ReplicaPlacement
+from streamstudio.app.web.sessions import ServerModel, SessionManager
 from streamstudio.errors import StreamStudioError
 from streamstudio.app.streams import build_pipeline
 
-if TYPE_CHECKING:
-    from streamstudio.app.web.session_model import SessionModel
-
 log = logging.getLogger(__name__)
-
-
-class PlacedReplica(Protocol):
-    """What placing sessions reads of a replica: `Replica` here, `ray_replicas.RemoteReplica` for
-    `serve --cluster`'s replica actors."""
-
-    index: int
-    sessions: set[str]
-    failed: str | None
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def model(self) -> SessionModel: ...
-
-
-R = TypeVar("R", bound=PlacedReplica)
 
 
 @dataclass
@@ -104,82 +82,23 @@ class _ReplicaPipeline:
         return getattr(self._pipe, name)
 
 
-class ReplicaSessions(SessionManager, Generic[R]):
-    """Sessions over several replicas of kind R: least-loaded placement, per-replica capacity
-    (`per_replica` streams each). `ReplicaSessionManager` (this process's replicas) and
-    `ray_replicas.ClusterSessionManager` (replica actors) make the replicas."""
+class LocalReplicas(ReplicaPlacement[Replica]):
+    """The placement over several replicas in this process (`SessionManager.placement`): least-loaded,
+    `per_replica` streams each, a failed replica's sessions ended alone; shutdown closes the models."""
 
-    per_replica: int
-    replicas: list[R]
-    _placed: dict[str, R]  # stream id -> its replica
-
-    def busy_message(self) -> str:
-        healthy = self._healthy()
-        if not healthy:
-            return ("StreamStudio cannot take live streams: every model replica failed "
-                    f"({self.replicas[0].failed}); the server's admin must restart it.")
-        return (f"StreamStudio is busy: all {len(healthy)} model replica(s) are full ({self.per_replica} live "
-                f"stream(s) each). Try again in a minute (the server's admin can raise --max-streams or --gpus).")
-
-    def _healthy(self) -> list[R]:
-        """Replicas that take streams."""
-        return [r for r in self.replicas if r.failed is None]
-
-    def has_capacity(self) -> bool:
-        with self._lock:
-            return self._room() and self._pick() is not None
-
-    def _pick(self) -> R | None:
-        room = [r for r in self._healthy() if len(r.sessions) < self.per_replica]
-        return min(room, key=lambda r: (len(r.sessions), r.index), default=None)
-
-    def open(self, sid: str, mode: str = "img2img") -> StreamSession:
-        with self._lock:
-            session = self._sessions.get(sid)
-            if session is not None:
-                return session
-            replica = self._pick() if self._room() else None  # (the other tabs' streams count in all)
-            if replica is None:
-                raise BusyError(self.busy_message())
-            preset, _ = self._presets.pop(sid, ({}, 0.0))
-            session = StreamSession(sid, replica.model, mode, preset)
-            self._sessions[sid] = session
-            opened(self, session)  # the show's modulations for it (app/perform/inputs.py)
-            replica.sessions.add(sid)
-            self._placed[sid] = replica
-            log.info("stream %s on %s (%d of %d)", sid, replica.name, len(replica.sessions), self.per_replica)
-            return session
-
-    def close(self, sid: str, wait: float = 5.0) -> bool:
-        with self._lock:
-            replica = self._placed.pop(sid, None)
-            if replica is not None:
-                replica.sessions.discard(sid)
-        return super().close(sid, wait)
-
-    def replica_of(self, sid: str) -> R | None:
-        return self._placed.get(sid)
-
-
-class ReplicaSessionManager(ReplicaSessions[Replica]):
-    """Sessions over several replicas in this process: least-loaded placement, per-replica
-    capacity, a failed replica's sessions ended alone."""
-
-    def __init__(self, models: list[ReplicaModel], devices: list[str], max_streams: int = 4,
-                 idle_timeout: float = 20.0, preset_ttl: float = 120.0, owns_model: bool = False):
+    def __init__(self, models: list[ReplicaModel], devices: list[str], per_replica: int):
         if not models:
             raise StreamStudioError("--gpus must be at least 1")
-        self.per_replica = max_streams
-        self.replicas = [Replica(i, m, d) for i, (m, d) in enumerate(zip(models, devices))]
+        super().__init__([Replica(i, m, d) for i, (m, d) in enumerate(zip(models, devices))], per_replica)
         for replica in self.replicas:
             replica.model.replica = replica
             replica.model.on_failure = self._fail
-        self._placed = {}
         self._fail_lock = threading.Lock()
-        super().__init__(models[0], max_streams=max_streams * len(models), idle_timeout=idle_timeout,
-                         preset_ttl=preset_ttl, owns_model=owns_model)
 
-    def _healthy(self) -> list[Replica]:
+    def limit(self) -> int:
+        return self.per_replica * len(self.replicas)
+
+    def healthy(self) -> list[Replica]:
         """Replicas that take streams; one whose batching executor has stopped is failed too."""
         for replica in self.replicas:
             executor = replica.model.executor
@@ -199,10 +118,8 @@ class ReplicaSessionManager(ReplicaSessions[Replica]):
         return replica.failed
 
     def shutdown(self) -> None:
-        super().shutdown()
-        if self.owns_model:
-            for replica in self.replicas[1:]:  # the first is the manager's own `model`
-                replica.model.close()
+        for replica in self.replicas:
+            replica.model.close()
 
     def stats(self) -> list[dict]:
         return [{"replica": r.index, "device": r.device, "sessions": len(r.sessions), "failed": r.failed}
@@ -224,7 +141,7 @@ def replica_devices(n: int, device: str = "auto") -> list[str]:
     return [f"cuda:{i}" for i in range(n)]
 
 
-def build_manager(request: ServeRequest) -> ReplicaSessionManager:
+def build_manager(request: ServeRequest) -> SessionManager:
     """`serve --gpus N`: a replica of the model on each device, and the manager over them."""
     image = request.image
     devices, models = replica_devices(request.gpus, image.device), []
@@ -232,5 +149,5 @@ def build_manager(request: ServeRequest) -> ReplicaSessionManager:
         pipe = build_pipeline(request.on(device).image, "img2img", serving=True)
         models.append(ReplicaModel(pipe.comps, pipe.config, prompt=image.prompt, negative_prompt=image.negative_prompt,
                                    latency_probe=request.latency_probe, batching=image.batching))
-    return ReplicaSessionManager(models, devices, max_streams=request.max_streams, idle_timeout=request.idle_timeout,
-                                 owns_model=True)
+    return SessionManager(placement=LocalReplicas(models, devices, request.max_streams),
+                          max_streams=request.max_streams * len(models), idle_timeout=request.idle_timeout)

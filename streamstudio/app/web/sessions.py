@@ -34,6 +34,7 @@ from streamstudio.app.streams.image import output_size
 from streamstudio.app.settings import parse_settings
 from streamstudio.app.perform.inputs import LiveInputs, opened
 from streamstudio.app.web.model_guard import ModelGuard
+from streamstudio.app.web.placement import OneModel
 from streamstudio.app.web.security import SourceRate
 from streamstudio.errors import StreamStudioError
 from streamstudio.frames import fit_aspect
@@ -49,6 +50,7 @@ from streamstudio.models.image.lora import check_scale
 if TYPE_CHECKING:  # (torch and the models load when the server starts, not with the command line)
     import torch
 
+    from streamstudio.app.web.placement import Placement
     from streamstudio.app.web.session_model import SessionModel, SessionProcessor
     from streamstudio.models.image.batching import BatchExecutor, BatchingConfig, ClientStats
     from streamstudio.models.image.components import SDComponents
@@ -490,13 +492,16 @@ class Pending:
 
 class SessionManager:
     """Open, find and free sessions; at most `max_streams` live streams at once, the Live tab's
-    sessions and the other tabs' streams (the Video tab's, Splats Stylize: `take_slot`) together."""
+    sessions and the other tabs' streams (the Video tab's, Splats Stylize: `take_slot`) together.
+    Its `placement` (app/web/placement.py; default: every session on `model`) puts each on a model."""
 
-    def __init__(self, model: SessionModel, max_streams: int = 4, idle_timeout: float = 20.0,
-                 preset_ttl: float = 120.0, owns_model: bool = False):
+    def __init__(self, model: SessionModel | None = None, max_streams: int = 4, idle_timeout: float = 20.0,
+                 preset_ttl: float = 120.0, owns_model: bool = False, placement: Placement | None = None):
         if max_streams < 1:
             raise StreamStudioError("--max-streams must be at least 1")
-        self.model, self.max_streams, self.owns_model = model, max_streams, owns_model
+        # (model None and no placement: a manager of the other tabs' slots alone, as some tests build it)
+        self.placement: Placement = placement or OneModel(model, max_streams, owns_model)  # type: ignore[arg-type]
+        self.model = self.placement.models()[0]  # (the model the banner and status show)
         self.idle_timeout, self.preset_ttl = idle_timeout, preset_ttl
         self._sessions: dict[str, StreamSession] = {}
         self._slots: dict[str, str] = {}  # key -> tab: the other tabs' live streams (take_slot)
@@ -511,20 +516,21 @@ class SessionManager:
         self.pending_lists: list[Callable[[], list[Pending]]] = []  # each front end's pending connections
         self.peer_counters: dict[str, Callable[[], int]] = {}  # peer connections by kind (/studio/status)
         self._lock = threading.Lock()
-        self._stop = threading.Event()
+        self.stopping = threading.Event()  # set by shutdown: the reaper (and a placement's threads) end
         self._reaper = threading.Thread(target=_reap_forever, args=(self,), name="session-reaper", daemon=True)
         self._reaper.start()
+        self.placement.attach(self)
+
+    @property
+    def max_streams(self) -> int:
+        return self.placement.limit()
 
     def busy_message(self) -> str:
-        return (f"StreamStudio is busy: all {self.max_streams} live stream slot(s) are in use. "
-                f"Try again in a minute (the server's admin can raise --max-streams).")
+        return self.placement.busy_message()
 
     def has_capacity(self) -> bool:
         with self._lock:
-            return self._room()
-
-    def _room(self) -> bool:  # (under self._lock)
-        return len(self._sessions) + len(self._slots) < self.max_streams
+            return len(self) < self.max_streams and self.placement.has_room()
 
     def take_slot(self, key: str, tab: str) -> None:
         """Count another tab's live stream (`key`, unique to it) against --max-streams until
@@ -532,7 +538,7 @@ class SessionManager:
         with self._lock:
             if key in self._slots:
                 return
-            if not self._room():
+            if len(self) >= self.max_streams:
                 raise BusyError(self.busy_message())
             self._slots[key] = tab
         log.info("%s stream %s started (%d live stream(s))", tab, key, len(self))
@@ -547,10 +553,15 @@ class SessionManager:
             session = self._sessions.get(sid)
             if session is not None:  # a failed one too: its error shows until the reaper frees it
                 return session
-            if not self._room():
+            model = self.placement.place(sid) if len(self) < self.max_streams else None  # (other tabs count too)
+            if model is None:
                 raise BusyError(self.busy_message())
             preset, _ = self._presets.pop(sid, ({}, 0.0))
-            session = StreamSession(sid, self.model, mode, preset)
+            try:
+                session = StreamSession(sid, model, mode, preset)
+            except BaseException:
+                self.placement.release(sid)
+                raise
             self._sessions[sid] = session
             opened(self, session)  # the show's modulations for it (app/perform/inputs.py)
             return session
@@ -607,6 +618,7 @@ class SessionManager:
             session = self._sessions.pop(sid, None)
             self._presets.pop(sid, None)
             self._owners.pop(sid, None)
+            self.placement.release(sid)
         if session is None:
             return False
         if self.inputs is not None:
@@ -616,9 +628,8 @@ class SessionManager:
         return True
 
     def models(self) -> list[SessionModel]:
-        """Every model the sessions run on (one; `serve --gpus N`: the replicas')."""
-        replicas = getattr(self, "replicas", None)
-        return [r.model for r in replicas] if replicas else [self.model]
+        """Every model the sessions run on (one; `serve --gpus N`, `--cluster`: the replicas')."""
+        return self.placement.models()
 
     def set_lora_scales(self, scales: object) -> list[tuple[str, float]]:
         """Server-wide LoRA scales (`ServerModel.set_lora_scales`), on every replica."""
@@ -649,16 +660,15 @@ class SessionManager:
         return len(stale)
 
     def shutdown(self) -> None:
-        self._stop.set()
+        self.stopping.set()
         for sid in self.ids():
             self.close(sid)
-        if self.owns_model:
-            self.model.close()
+        self.placement.shutdown()
 
 
 def _reap_forever(manager: SessionManager) -> None:
     """The reaper thread: `manager.reap()` every second until it shuts down."""
-    while not manager._stop.wait(1.0):
+    while not manager.stopping.wait(1.0):
         try:
             manager.reap()
         except Exception:  # pragma: no cover - keep reaping

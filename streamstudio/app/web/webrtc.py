@@ -573,9 +573,9 @@ def status_payload(manager: SessionManager, stream=None) -> dict:
     out.update(connections=counts, peer_connections=sum(counts.values()), pending=len(manager.pending_connections()))
     if stream is not None:
         out.update(in_use=stream.slots_in_use())
-    if hasattr(manager, "stats"):  # serve --gpus / --cluster: every replica, its node, load and health
-        out["replicas"] = manager.stats()
-    update = getattr(manager, "update", None)
+    if (replicas := manager.placement.stats()) is not None:  # serve --gpus / --cluster: each replica's load, health
+        out["replicas"] = replicas
+    update = getattr(manager.placement, "update", None)
     if update is not None:  # serve --cluster: the rolling update's progress
         out["update"] = update.state()
     return out
