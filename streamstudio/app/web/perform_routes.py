@@ -28,6 +28,7 @@ from fastapi.responses import JSONResponse
 
 from streamstudio.app.perform.inputs import LiveInputs
 from streamstudio.app.perform.modulation import Modulations
+from streamstudio.app.web import deck_routes
 from streamstudio.errors import StreamStudioError
 
 
@@ -154,3 +155,5 @@ def mount(app, manager, inputs: LiveInputs) -> None:
         except StreamStudioError as exc:
             return failed(str(exc), 400)
         return {"status": "ok", "cc": raw.get("cc"), "value": value}
+
+    deck_routes.mount(app, manager)  # two decks: POST /studio/streams/{stream}/deck, .../switch

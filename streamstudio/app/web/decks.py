@@ -1,0 +1,467 @@
+"""Two decks (issue 48): while a web stream plays (deck A), a second model is loaded beside it
+(deck B), warmed on the stream's own frames, then switched to by a cut (at once, or on the next
+beat of the tempo clock, app/perform/tempo.py) or a pixel cross-fade over N seconds.
+
+A stream's frame step is its session's processor (app/web/sessions.py, `StreamProcessor`). While
+a deck is loaded, `DeckProcessor` takes its place: every input frame goes to A, whose output is
+the stream's, and to B, whose output is the deck's preview, so B's Stream Batch buffer is full of
+the stream's own frames before it goes on air. Settings applied go to both. A switch ends with B
+as the session's processor and A's pipeline (and its model, when a deck loaded it) released.
+Every input frame gives exactly one output frame throughout: nothing dropped, nothing repeated.
+
+Memory is checked before loading (`memory_report`): deck B's weights (their files' sizes on
+disk; parameter count x bytes for the tiny model) against what the device has free
+(torch.cuda.mem_get_info on CUDA, psutil's available memory on CPU). The routes are
+app/web/deck_routes.py's. Not yet: add-on sets (LoRAs, ControlNets, IP-Adapter), another size,
+the video pipeline, `serve --gpus`/`--cluster` replicas.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import psutil
+import torch
+
+from streamstudio.app.web.sessions import ServerModel, StreamProcessor, StreamSession
+from streamstudio.errors import StreamStudioError
+from streamstudio.models.hub import SHORT_NAMES
+from streamstudio.models.image.loading import BUILTIN_DIR, BUILTIN_NAME, resolve_demo_default
+
+log = logging.getLogger(__name__)
+
+HEADROOM = 1.25  # a deck needs its weights and about a quarter more for its work (activations, buffers)
+MAX_FADE_S = 60.0
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
+NOT_YET = {
+    "loras": "LoRAs", "lora": "LoRAs", "controlnet": "ControlNets", "controlnets": "ControlNets",
+    "ip_adapter": "an IP-Adapter", "width": "another size", "height": "another size", "size": "another size",
+    "pipeline": "the video pipeline", "mode": "another mode",
+}
+STATES = ("loading", "warming", "ready", "switching", "switched", "error", "unloaded")
+
+
+class DeckRefused(StreamStudioError):
+    """A deck that does not fit in memory (HTTP 507)."""
+
+    def __init__(self, message: str, memory: dict):
+        super().__init__(message)
+        self.memory = memory
+
+
+# ------------------------------------------------------------------ the request and the memory
+@dataclass(frozen=True)
+class DeckSpec:
+    """What deck B is: a model (the names `serve --model` takes) and, optionally, its prompt."""
+
+    model: str
+    prompt: str | None = None
+    negative_prompt: str | None = None
+
+    @staticmethod
+    def parse(raw: object) -> DeckSpec:
+        if not isinstance(raw, dict):
+            raise StreamStudioError('a deck is a JSON object {"model": NAME, "prompt": TEXT?}')
+        for key in raw:
+            if key in NOT_YET:
+                raise StreamStudioError(f"not yet: a deck with {NOT_YET[key]} ({key!r}); a deck is a model and a "
+                                        "prompt at the stream's own size, on the image pipeline")
+        unknown = sorted(set(raw) - {"model", "prompt", "negative_prompt"})
+        if unknown:
+            raise StreamStudioError(f"unknown deck field(s) {', '.join(map(repr, unknown))}: a deck takes model, "
+                                    "prompt, negative_prompt")
+        model = raw.get("model")
+        if not isinstance(model, str) or not model.strip():
+            raise StreamStudioError('a deck needs "model": a model name as serve --model takes (tiny, builtin, a hub '
+                                    'id, a folder or a .safetensors file)')
+        for key in ("prompt", "negative_prompt"):
+            if raw.get(key) is not None and not isinstance(raw[key], str):
+                raise StreamStudioError(f"{key} must be a string")
+        return DeckSpec(model.strip(), raw.get("prompt"), raw.get("negative_prompt"))
+
+
+def loaded_bytes(comps) -> int:
+    """The bytes of a loaded model's weights (its networks' parameters and buffers)."""
+    modules = [comps.unet, comps.vae, comps.text_encoder, comps.text_encoder_2, *comps.controlnets]
+    seen: set[int] = set()
+    total = 0
+    for module in modules:
+        if not isinstance(module, torch.nn.Module):
+            continue
+        for t in [*module.parameters(), *module.buffers()]:
+            if id(t) not in seen:
+                seen.add(id(t))
+                total += t.numel() * t.element_size()
+    return total
+
+
+def _files_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and p.name.endswith(WEIGHT_SUFFIXES))
+
+
+def _hub_cache_bytes(repo: str) -> int | None:
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    folder = Path(HF_HUB_CACHE) / ("models--" + repo.replace("/", "--")) / "blobs"
+    if not folder.is_dir():
+        return None
+    return sum(p.stat().st_size for p in folder.iterdir() if p.is_file()) or None
+
+
+def weights_estimate(model: str, dtype: torch.dtype) -> tuple[int | None, str]:
+    """(bytes, how) of `model`'s weights before it loads: its files' sizes on disk (a file, a
+    folder, the built-in model, a hub id in the local cache), the tiny models' parameter count x
+    the bytes of `dtype`; (None, why) when it cannot be told (a hub id not fetched yet)."""
+    if model in ("tiny", "tiny-sdxl"):
+        from streamstudio.models.image import sdxl, tiny
+
+        parts = tiny.tiny_components() if model == "tiny" else sdxl.tiny_sdxl_components()
+        count = sum(p.numel() for m in parts.values() if isinstance(m, torch.nn.Module) for p in m.parameters())
+        return count * torch.empty((), dtype=dtype).element_size(), "parameters"
+    if model == BUILTIN_NAME:
+        return (BUILTIN_DIR / "model.safetensors").stat().st_size, "files"
+    path = Path(os.path.expanduser(model))
+    if path.is_file():
+        return path.stat().st_size, "files"
+    if path.is_dir():
+        return _files_bytes(path), "files"
+    size = _hub_cache_bytes(SHORT_NAMES.get(model, model)) if "/" in SHORT_NAMES.get(model, model) else None
+    return (size, "files") if size is not None else (None, "unknown: not in the local cache (loading fetches it)")
+
+
+def available_bytes(device: torch.device) -> int:
+    """Memory free for another model on `device`: the GPU's free memory, or the machine's available RAM."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    return int(psutil.virtual_memory().available)
+
+
+def memory_report(spec: DeckSpec, a_comps) -> dict:
+    """Deck A's and deck B's memory and what is free, before B loads; DeckRefused when B does not fit."""
+    device = a_comps.unet.device if hasattr(a_comps.unet, "device") else next(a_comps.unet.parameters()).device
+    dtype = next(a_comps.unet.parameters()).dtype
+    b_bytes, how = weights_estimate(spec.model, dtype)
+    free = available_bytes(torch.device(device))
+    a_bytes = loaded_bytes(a_comps)
+    needs = None if b_bytes is None else int(b_bytes * HEADROOM)
+    fits = needs is None or needs <= free
+    report = {"device": str(device), "available_bytes": free, "deck_a": {"model": a_comps.name, "bytes": a_bytes},
+              "deck_b": {"model": spec.model, "bytes": b_bytes, "estimate": how}, "needs_bytes": needs, "fits": fits}
+    if not fits:
+        raise DeckRefused(f"deck B ({spec.model}) does not fit: it needs about {_gib(needs)} (weights "
+                          f"{_gib(b_bytes)} + {HEADROOM - 1:.0%} to run) and {_gib(free)} is free on {device} "
+                          f"(deck A, {a_comps.name}, holds {_gib(a_bytes)})", report)
+    return report
+
+
+def _gib(n: int | None) -> str:
+    return "?" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+# ------------------------------------------------------------------ deck B's model and frame step
+class DeckStreamProcessor(StreamProcessor):
+    """Deck B's frame step: a `StreamProcessor` over a model the deck loaded, which it owns (closed with it)."""
+
+    def close(self) -> None:
+        self.model.close()
+
+
+def build_deck(spec: DeckSpec, a: StreamProcessor, size: tuple[int, int]) -> DeckStreamProcessor:
+    """Deck B: `spec`'s model on deck A's device and dtype, its pipeline built at the stream's `size`."""
+    a_model = a.model
+    device = next(a_model.comps.unet.parameters()).device
+    dtype = next(a_model.comps.unet.parameters()).dtype
+    comps = resolve_demo_default(spec.model, device=device, dtype=dtype)
+    base = a_model.config
+    config = replace(base, width=size[0], height=size[1])
+    if comps.step_type != a_model.comps.step_type:  # the defaults build_pipeline gives such a model
+        turbo = comps.step_type == "turbo"
+        config = replace(config, steps=1 if turbo else 2, t_index_list=None, guidance_scale=1.0 if turbo else 1.2)
+    model = ServerModel(comps, config.validate(), prompt=a_model.prompt if spec.prompt is None else spec.prompt,
+                        negative_prompt=a_model.negative_prompt if spec.negative_prompt is None
+                        else spec.negative_prompt, latency_probe=a_model.latency_probe)
+    b = DeckStreamProcessor(model, a.mode, a.sid)
+    b.open(size)
+    return b
+
+
+# ------------------------------------------------------------------ the switch
+@dataclass
+class Switch:
+    """A switch asked for: a cut or a fade of `seconds`, at once or from the next whole beat."""
+
+    mode: str = "cut"
+    seconds: float = 2.0
+    on_beat: bool = False
+    beat: float | None = None  # the whole beat it waits for (on_beat)
+    start: float | None = None  # the time of its first frame (a fade's alpha counts from it)
+
+    @staticmethod
+    def parse(raw: object) -> Switch:
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, dict):
+            raise StreamStudioError('a switch is a JSON object {"mode": "cut"|"fade", "seconds": 2.0, '
+                                    '"on_beat": false}')
+        unknown = sorted(set(raw) - {"mode", "seconds", "on_beat"})
+        if unknown:
+            raise StreamStudioError(f"unknown switch field(s) {', '.join(map(repr, unknown))}: mode, seconds, on_beat")
+        mode, seconds, on_beat = raw.get("mode", "cut"), raw.get("seconds", 2.0), raw.get("on_beat", False)
+        if mode not in ("cut", "fade"):
+            raise StreamStudioError(f'mode must be "cut" or "fade", got {mode!r}')
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= MAX_FADE_S:
+            raise StreamStudioError(f"seconds must be a number over 0 and at most {MAX_FADE_S:g}, got {seconds!r}")
+        if not isinstance(on_beat, bool):
+            raise StreamStudioError(f"on_beat must be true or false, got {on_beat!r}")
+        return Switch(mode, float(seconds), on_beat)
+
+    def alpha(self, now: float, clock) -> float:
+        """Deck B's share of the frame at `now`: 0 before the beat waited for, then 1 (a cut) or
+        rising from 0 to 1 over `seconds` (a fade)."""
+        if self.beat is not None and clock.beat(now) < self.beat:
+            return 0.0
+        if self.start is None:
+            self.start = now
+        if self.mode == "cut":
+            return 1.0
+        return min(1.0, (now - self.start) / self.seconds)
+
+
+def crossfade(a: np.ndarray, b: np.ndarray, alpha: float) -> np.ndarray:
+    """(1 - alpha) a + alpha b, rounded, as uint8."""
+    mixed = a.astype(np.float32) * (1.0 - alpha) + b.astype(np.float32) * alpha
+    return np.clip(np.rint(mixed), 0, 255).astype(np.uint8)
+
+
+@dataclass
+class FrameRecord:
+    """One output frame of a stream with a deck: its number since the deck was loaded, its time,
+    the tempo clock's beat then, and deck B's share of it (0: deck A's, 1: deck B's)."""
+
+    index: int
+    t: float
+    beat: float | None
+    alpha: float
+    warmed: bool  # deck B took this frame
+
+
+class Deck:
+    """Deck B of one stream: its state, memory figures, preview, the switch and the frame log."""
+
+    def __init__(self, session: StreamSession, spec: DeckSpec, memory: dict, clock=None):
+        self.session, self.spec, self.memory, self.clock = session, spec, memory, clock
+        self.state = "loading"  # (STATES)
+        self.error: str | None = None
+        self.notice: str | None = None  # a setting deck B refused (deck A took it)
+        self.a: StreamProcessor | None = None
+        self.b: DeckStreamProcessor | None = None
+        self.joined = False
+        self.warmed = 0  # frames deck B has taken
+        self.preview: np.ndarray | None = None  # deck B's newest output
+        self.switch: Switch | None = None
+        self.records: list[FrameRecord] = []  # since the deck loaded (bounded)
+        self.loaded_at: float | None = None
+        self.switched_at: float | None = None
+        self.lock = threading.Lock()  # a frame, an unload, the switch's end: one at a time
+
+    def to_json(self) -> dict:
+        sw = self.switch
+        return {"stream": self.session.sid, "state": self.state, "model": self.spec.model, "prompt": self.spec.prompt,
+                "warmed_frames": self.warmed, "error": self.error, "notice": self.notice, "memory": self.memory,
+                "switch": None if sw is None else {"mode": sw.mode, "seconds": sw.seconds, "on_beat": sw.on_beat,
+                                                   "beat": sw.beat},
+                "frames": len(self.records), "preview": self.preview is not None}
+
+    def load(self) -> None:
+        """Load deck B (the background thread of `POST .../deck`); on success its processor takes
+        the session's place; a failure leaves deck A playing and says why in `error`."""
+        session = self.session
+        a = session.processor
+        try:
+            if not isinstance(a, StreamProcessor) or a.pipe is None:
+                raise StreamStudioError("the stream has no frame yet: send one before loading a deck")
+            self.a = a
+            self.b = build_deck(self.spec, a, session.size)
+        except Exception as exc:  # noqa: BLE001 - a failed load is said in the deck's state; A plays on
+            self.state, self.error = "error", f"deck B did not load: {exc}"
+            log.warning("stream %s: %s", session.sid, self.error)
+            return
+        with self.lock:
+            if self.state != "loading":  # unloaded meanwhile
+                self.b.close()
+                return
+            self.state, self.loaded_at = "warming", time.monotonic()
+            processor = DeckProcessor(self)
+            session.processor = session.runner.processor = processor  # the runner calls it from its next frame
+        log.info("stream %s: deck B (%s) loaded, warming on the stream's frames", session.sid, self.spec.model)
+
+    def unload(self) -> None:
+        """Deck B unloaded, deck A plays on alone (before a switch)."""
+        with self.lock:
+            if self.state in ("switched", "unloaded"):
+                raise StreamStudioError(f"nothing to unload: the deck is {self.state}")
+            if self.a is not None and self.session.processor is not self.a and self.state != "loading":
+                self.session.processor = self.session.runner.processor = self.a
+            self.state = "unloaded"
+            b, self.b = self.b, None
+        if b is not None:
+            b.close()
+
+    def ask_switch(self, switch: Switch) -> None:
+        with self.lock:
+            if self.state not in ("warming", "ready"):
+                raise StreamStudioError(f"no deck to switch to: the deck is {self.state}"
+                                        + (f" ({self.error})" if self.error else ""))
+            if switch.on_beat:
+                if self.clock is None:
+                    raise StreamStudioError("on_beat needs the tempo clock (this server takes no performance input)")
+                switch.beat = float(math.floor(self.clock.beat(time.monotonic())) + 1)
+            self.switch, self.state = switch, "switching"
+
+    def finish(self) -> None:
+        """(In the runner's thread, under the lock) deck B on air alone; deck A released."""
+        a, b = self.a, self.b
+        assert a is not None and b is not None
+        self.session.processor = self.session.runner.processor = b
+        self.session.model = b.model
+        self.state, self.switched_at, self.a = "switched", time.monotonic(), None
+        self.preview = None
+        a.close()  # (a deck's own model is closed with it; the server's shared model stays)
+        log.info("stream %s: switched to deck B (%s)", self.session.sid, self.spec.model)
+
+    def record(self, t: float, alpha: float, warmed: bool) -> None:
+        beat = None if self.clock is None else self.clock.beat(t)
+        self.records.append(FrameRecord(len(self.records), t, beat, alpha, warmed))
+        del self.records[:-10000]
+
+
+class DeckProcessor:
+    """A stream's frame step while it has deck B: A's output (or the cross-fade, or B's), B
+    warming on the same frame (see the module's docstring); the session's processor meanwhile."""
+
+    def __init__(self, deck: Deck):
+        assert deck.a is not None and deck.b is not None
+        self.deck, self.a, self.b = deck, deck.a, deck.b
+        self.calls = self.a.calls
+
+    @property
+    def fit(self) -> str:
+        return self.a.fit
+
+    @fit.setter
+    def fit(self, value: str) -> None:  # (the settings' "fit" goes through apply)
+        self.a.fit = value
+
+    @property
+    def pipe(self):
+        return self.a.pipe
+
+    @property
+    def stats(self):
+        return self.a.stats
+
+    @property
+    def notice(self) -> str | None:
+        return self.deck.notice
+
+    def open(self, size: tuple[int, int]) -> None:
+        self.a.open(size)
+
+    def apply(self, changes: dict) -> None:
+        """Deck A's settings change (its refusal is the stream's); deck B's too, once it has joined."""
+        self.a.apply(changes)
+        if self.deck.joined:
+            self._apply_b(changes)
+
+    def _apply_b(self, changes: dict) -> None:
+        try:
+            self.b.apply(changes)
+        except StreamStudioError as exc:
+            self.deck.notice = f"deck B did not take a setting: {exc}"
+
+    def close(self) -> None:
+        self.a.close()
+        self.b.close()
+
+    def _join(self) -> None:
+        """Deck B's first frame: the stream's settings so far (its own prompt kept) and A's fit."""
+        settings = dict(getattr(self.deck.session, "_applied", {}))
+        settings.pop("fit", None)
+        if self.deck.spec.prompt is not None:
+            settings.pop("prompt", None)
+        if self.deck.spec.negative_prompt is not None:
+            settings.pop("negative_prompt", None)
+        self.b.fit = self.a.fit
+        if settings:
+            self._apply_b(settings)
+        self.deck.joined = True
+
+    def __call__(self, frame: np.ndarray) -> np.ndarray:
+        deck = self.deck
+        with deck.lock:
+            if deck.session.processor is not self:  # unloaded or switched meanwhile: this frame is theirs
+                return deck.session.processor(frame)
+            if not deck.joined:
+                self._join()
+            out_a = self.a(frame)
+            out_b = self.b(frame)
+            deck.warmed += 1
+            assert self.b.pipe is not None  # (build_deck opened it)
+            if deck.state == "warming" and deck.warmed > (self.b.pipe.latency_frames or 0):
+                deck.state = "ready"  # B's buffer holds only the stream's frames
+            now = time.monotonic()
+            switch = deck.switch
+            alpha = 0.0 if switch is None else switch.alpha(now, deck.clock)
+            deck.record(now, alpha, True)
+            if alpha >= 1.0:
+                deck.finish()
+                return out_b
+            deck.preview = out_b
+            return out_a if alpha <= 0.0 else crossfade(out_a, out_b, alpha)
+
+
+class Decks:
+    """The decks of a server's streams, by stream id (the routes' state)."""
+
+    def __init__(self, manager):
+        self.manager = manager
+        self._decks: dict[str, Deck] = {}
+        self._lock = threading.Lock()
+
+    def get(self, sid: str) -> Deck | None:
+        with self._lock:
+            for gone in [k for k, d in self._decks.items() if self.manager.get(k) is not d.session]:
+                self._decks.pop(gone)
+            return self._decks.get(sid)
+
+    def load(self, sid: str, spec: DeckSpec, background: bool = True) -> Deck:
+        """Start loading deck B for stream `sid`: LookupError without the stream, DeckRefused when
+        it does not fit, StreamStudioError when the stream cannot take a deck now."""
+        session = self.manager.get(sid)
+        if session is None:
+            raise LookupError(f"no stream {sid!r}")
+        processor, existing = session.processor, self.get(sid)
+        if existing is not None and (isinstance(processor, DeckProcessor) or existing.state == "loading"):
+            raise StreamStudioError(f"stream {sid!r} has a deck B already ({existing.spec.model}, "
+                                    f"{existing.state}): switch to it or unload it (DELETE) first")
+        if not isinstance(processor, StreamProcessor):
+            raise StreamStudioError("not yet: decks on serve --cluster's remote replicas")
+        if processor.pipe is None:
+            raise StreamStudioError(f"stream {sid!r} has no frame yet: send one before loading a deck")
+        memory = memory_report(spec, processor.model.comps)
+        inputs = getattr(self.manager, "inputs", None)
+        deck = Deck(session, spec, memory, getattr(inputs, "clock", None))
+        with self._lock:
+            self._decks[sid] = deck
+        if background:
+            threading.Thread(target=deck.load, name=f"deck-{sid}", daemon=True).start()
+        else:
+            deck.load()
+        return deck

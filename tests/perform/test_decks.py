@@ -1,0 +1,242 @@
+"""Two decks on a running server (app/web/decks.py, deck_routes.py; issue 48): deck B loaded beside a
+playing stream, warmed on its frames, switched to by a cut, a fade or a cut on the beat, counted
+frame by frame (every frame in gives one frame out, none repeated; deck A's frames before the
+switch, deck B's after, the fade's in between exactly as mixed); memory refused with its figures;
+bad requests refused with nothing lost."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import numpy as np
+import pytest
+from helpers import frame
+
+from streamstudio.app.web import decks as decks_module
+from streamstudio.app.web.decks import crossfade
+
+pytestmark = pytest.mark.timeout(240)
+
+AUTH = {"Authorization": "Bearer deck-token"}
+SIZE = 64
+
+
+@pytest.fixture(scope="module")
+def server():
+    import live_server
+
+    srv = live_server.start("--whip-token", "deck-token")
+    yield srv
+    srv.close()
+
+
+def picture(k: int) -> np.ndarray:
+    return frame((23 * k) % 256, SIZE, SIZE)
+
+
+def feed_one(session, image: np.ndarray) -> np.ndarray:
+    """Hand in one frame and wait for its output (the stream's view), which is returned."""
+    before = session.processed
+    session.submit(image)
+    deadline = time.monotonic() + 60
+    while session.processed == before:
+        assert time.monotonic() < deadline and session.error is None, session.error
+        time.sleep(0.005)
+    assert session.processed == before + 1  # one frame in, one out
+    out = session.latest()
+    assert out is not None
+    return out.copy()
+
+
+def wait_state(url: str, *states: str, timeout: float = 120.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        deck = httpx.get(url, headers=AUTH, timeout=10).json()["deck"]
+        if deck["state"] in states:
+            return deck
+        assert time.monotonic() < deadline and deck["state"] != "error", deck
+        time.sleep(0.05)
+
+
+def references(server, deck, sid: str):
+    """Standalone frame steps of deck A (the server's model) and deck B (the deck's model), fed the
+    frames the stream's decks were fed, outside the session."""
+    ref_a = server.manager.model.processor("img2img", sid + "-ref-a")
+    ref_a.open((SIZE, SIZE))
+    ref_b = deck.b.model.processor("img2img", sid + "-ref-b")
+    ref_b.open((SIZE, SIZE))
+    return ref_a, ref_b
+
+
+def run_switch(server, sid: str, switch: dict, model: str = "tiny", before: int = 6, after: int = 8,
+               between=None):
+    """Play stream `sid`, load deck B (`model`, another prompt), feed, switch, feed; check every
+    output frame against the standalone decks. Returns (outputs, records, deck)."""
+    session = server.manager.open(sid)
+    url = f"{server.url}/studio/streams/{sid}/deck"
+    k, outs = 0, []
+    for _ in range(3):  # deck A plays
+        outs.append(feed_one(session, picture(k)))
+        k += 1
+    r = httpx.post(url, json={"model": model, "prompt": "a deck B prompt far from A's"}, headers=AUTH, timeout=30)
+    assert r.status_code == 202, r.text
+    memory = r.json()["deck"]["memory"]
+    assert memory["deck_a"]["bytes"] > 0 and memory["deck_b"]["bytes"] > 0 and memory["available_bytes"] > 0
+    assert memory["fits"] is True and memory["deck_b"]["model"] == model
+    wait_state(url, "warming", "ready")  # loaded: deck B takes every frame from now on
+    installed = k
+    for _ in range(before):
+        outs.append(feed_one(session, picture(k)))
+        k += 1
+    assert httpx.get(url, headers=AUTH, timeout=10).json()["deck"]["state"] == "ready"  # warmed
+    r = httpx.post(f"{server.url}/studio/streams/{sid}/switch", json=switch, headers=AUTH, timeout=10)
+    assert r.status_code == 202, r.text
+    for i in range(after):
+        if between is not None:
+            between(i)
+        outs.append(feed_one(session, picture(k)))
+        k += 1
+    deck = server.app.state.decks.get(sid)
+    assert deck.state == "switched" and session.processor is deck.b
+    stats = session.stats()
+    assert stats["frames_in"] == stats["processed"] == k and stats["dropped"] == 0  # 0 dropped
+    repeats = [i for i in range(installed, k) if np.array_equal(outs[i], outs[i - 1])]
+    assert not repeats, repeats  # 0 repeated (from the deck on; a new stream's first two are its warm-up's)
+
+    ref_a, ref_b = references(server, deck, sid)
+    records = deck.records
+    # the deck saw every frame from its install to the switch's end, then deck B plays alone
+    assert len(records) <= k - installed and records[-1].alpha == 1.0
+    for i in range(k):
+        want_a = ref_a(picture(i))
+        if i < installed:
+            np.testing.assert_array_equal(outs[i], want_a)
+            continue
+        want_b = ref_b(picture(i))
+        alpha = records[i - installed].alpha if i - installed < len(records) else 1.0
+        want = want_a if alpha == 0 else want_b if alpha >= 1 else crossfade(want_a, want_b, alpha)
+        np.testing.assert_array_equal(outs[i], want, err_msg=f"frame {i} (alpha {alpha})")
+    assert not np.array_equal(ref_a(picture(k)), ref_b(picture(k)))  # the decks differ
+    server.manager.close(sid)
+    return outs, records, deck
+
+
+def test_a_cut_switches_on_the_next_frame_with_no_frame_dropped_or_repeated(server):
+    _, records, _ = run_switch(server, "deck-cut", {"mode": "cut"})
+    alphas = [r.alpha for r in records]
+    assert alphas == [0.0] * 6 + [1.0]  # the frame after the switch asked is deck B's
+
+
+def test_a_fade_mixes_the_decks_by_frame_time(server):
+    _, records, _ = run_switch(server, "deck-fade", {"mode": "fade", "seconds": 0.5}, after=14,
+                               between=lambda i: time.sleep(0.05))
+    fading = [r.alpha for r in records[6:]]
+    assert fading[0] == 0.0 and fading[-1] == 1.0
+    middle = [a for a in fading if 0 < a < 1]
+    assert len(middle) >= 3 and middle == sorted(middle)  # between the two, rising with time
+    assert records[-1].t - records[6].t == pytest.approx(0.5, abs=0.15)
+
+
+def test_a_cut_on_the_beat_lands_on_the_first_frame_at_or_after_it(server):
+    assert httpx.put(f"{server.url}/studio/tempo", json={"bpm": 150}, headers=AUTH, timeout=10).status_code == 200
+    _, records, deck = run_switch(server, "deck-beat", {"mode": "cut", "on_beat": True}, after=12,
+                                  between=lambda i: time.sleep(0.05))
+    target = deck.switch.beat
+    cut = next(i for i, r in enumerate(records) if r.alpha > 0)
+    assert records[cut].alpha == 1.0 and records[cut].beat >= target > records[cut - 1].beat
+    assert target == int(target)  # a whole beat
+
+
+def test_the_builtin_model_as_deck_b(server):
+    outs, records, _ = run_switch(server, "deck-builtin", {"mode": "cut"}, model="builtin", after=3)
+    assert [r.alpha for r in records][-1] == 1.0
+
+
+def test_a_deck_that_does_not_fit_is_refused_with_the_figures(server, monkeypatch):
+    session = server.manager.open("deck-mem")
+    feed_one(session, picture(0))
+    monkeypatch.setattr(decks_module, "available_bytes", lambda device: 1000)
+    r = httpx.post(f"{server.url}/studio/streams/deck-mem/deck", json={"model": "tiny"}, headers=AUTH, timeout=30)
+    assert r.status_code == 507 and "does not fit" in r.json()["error"] and "GiB" in r.json()["error"]
+    memory = r.json()["memory"]
+    assert memory["available_bytes"] == 1000 and memory["needs_bytes"] > 1000 and memory["fits"] is False
+    assert httpx.get(f"{server.url}/studio/streams/deck-mem/deck", headers=AUTH, timeout=10).status_code == 404
+    feed_one(session, picture(1))  # deck A plays on
+    server.manager.close("deck-mem")
+
+
+def test_a_load_that_fails_leaves_deck_a_playing_and_says_why(server):
+    session = server.manager.open("deck-fail")
+    feed_one(session, picture(0))
+    url = f"{server.url}/studio/streams/deck-fail/deck"
+    r = httpx.post(url, json={"model": "./no/such/model.safetensors"}, headers=AUTH, timeout=30)
+    assert r.status_code == 202
+    deck = wait_state(url, "error", "error")
+    assert "did not load" in deck["error"] and "no/such" in deck["error"]
+    assert session.processor is not None and type(session.processor).__name__ == "StreamProcessor"
+    feed_one(session, picture(1))
+    r = httpx.post(f"{server.url}/studio/streams/deck-fail/switch", json={}, headers=AUTH, timeout=10)
+    assert r.status_code == 409 and "error" in r.json()["error"]
+    server.manager.close("deck-fail")
+
+
+def test_a_deck_unloaded_before_the_switch_leaves_deck_a_alone(server):
+    session = server.manager.open("deck-gone")
+    a = session.processor
+    outs = [feed_one(session, picture(0))]
+    url = f"{server.url}/studio/streams/deck-gone/deck"
+    assert httpx.post(url, json={"model": "tiny", "prompt": "B"}, headers=AUTH, timeout=30).status_code == 202
+    wait_state(url, "warming", "ready")
+    r = httpx.post(url, json={"model": "tiny"}, headers=AUTH, timeout=30)
+    assert r.status_code == 409 and "already" in r.json()["error"]  # one deck B at a time
+    outs += [feed_one(session, picture(k)) for k in (1, 2)]
+    assert httpx.delete(url, headers=AUTH, timeout=10).json()["deck"]["state"] == "unloaded"
+    assert session.processor is a
+    outs += [feed_one(session, picture(k)) for k in (3, 4)]
+    ref = server.manager.model.processor("img2img", "deck-gone-ref")
+    ref.open((SIZE, SIZE))
+    for k, out in enumerate(outs):  # deck A's frames throughout
+        np.testing.assert_array_equal(out, ref(picture(k)))
+    assert httpx.delete(url, headers=AUTH, timeout=10).status_code == 409
+    server.manager.close("deck-gone")
+
+
+@pytest.mark.parametrize("path, body, status, words", [
+    ("deck", {"model": ""}, 400, "needs \"model\""),
+    ("deck", {"prompt": "x"}, 400, "needs \"model\""),
+    ("deck", {"model": "tiny", "loras": ["a.safetensors"]}, 400, "not yet"),
+    ("deck", {"model": "tiny", "pipeline": "video"}, 400, "not yet"),
+    ("deck", {"model": "tiny", "width": 128}, 400, "not yet"),
+    ("deck", {"model": "tiny", "colour": 1}, 400, "unknown deck field"),
+    ("deck", {"model": "tiny", "prompt": 3}, 400, "must be a string"),
+    ("switch", {"mode": "wipe"}, 409, "no deck"),
+])
+def test_bad_requests_are_refused(server, path, body, status, words):
+    session = server.manager.open("deck-bad")
+    if session.processor.pipe is None:
+        feed_one(session, picture(0))
+    r = httpx.post(f"{server.url}/studio/streams/deck-bad/{path}", json=body, headers=AUTH, timeout=30)
+    assert r.status_code in (status, 404) and words in r.json()["error"], r.text
+    assert type(session.processor).__name__ == "StreamProcessor"  # nothing changed
+
+
+def test_bad_switches_keep_the_deck_and_the_routes_are_behind_the_door(server):
+    session = server.manager.open("deck-door")
+    feed_one(session, picture(0))
+    url = f"{server.url}/studio/streams/deck-door"
+    assert httpx.post(url + "/deck", json={"model": "tiny"}, timeout=10).status_code == 401
+    assert httpx.post(f"{server.url}/studio/streams/nobody/deck", json={"model": "tiny"}, headers=AUTH,
+                      timeout=10).status_code == 404
+    assert httpx.post(url + "/deck", json={"model": "tiny"}, headers=AUTH, timeout=30).status_code == 202
+    wait_state(url + "/deck", "warming", "ready")
+    for body, words in (({"mode": "wipe"}, '"cut" or "fade"'), ({"mode": "fade", "seconds": -1}, "over 0"),
+                        ({"on_beat": "yes"}, "true or false"), ({"speed": 2}, "unknown switch field")):
+        r = httpx.post(url + "/switch", json=body, headers=AUTH, timeout=10)
+        assert r.status_code == 400 and words in r.json()["error"], r.text
+    feed_one(session, picture(1))
+    assert httpx.get(url + "/deck", headers=AUTH, timeout=10).json()["deck"]["state"] in ("warming", "ready")
+    doc = httpx.get(f"{server.url}/studio/openapi.json", headers=AUTH, timeout=10).json()["paths"]
+    assert {"post", "get", "delete"} <= set(doc["/studio/streams/{stream}/deck"])
+    assert "post" in doc["/studio/streams/{stream}/switch"]
+    server.manager.close("deck-door")
