@@ -210,14 +210,14 @@ def test_a_deck_unloaded_before_the_switch_leaves_deck_a_alone(server):
     ("deck", {"model": "tiny", "width": 128}, 400, "not yet"),
     ("deck", {"model": "tiny", "colour": 1}, 400, "unknown deck field"),
     ("deck", {"model": "tiny", "prompt": 3}, 400, "must be a string"),
-    ("switch", {"mode": "wipe"}, 409, "no deck"),
+    ("switch", {"mode": "cut"}, 404, "has no deck"),
 ])
 def test_bad_requests_are_refused(server, path, body, status, words):
     session = server.manager.open("deck-bad")
     if session.processor.pipe is None:
         feed_one(session, picture(0))
     r = httpx.post(f"{server.url}/studio/streams/deck-bad/{path}", json=body, headers=AUTH, timeout=30)
-    assert r.status_code in (status, 404) and words in r.json()["error"], r.text
+    assert r.status_code == status and words in r.json()["error"], r.text
     assert type(session.processor).__name__ == "StreamProcessor"  # nothing changed
 
 
@@ -240,3 +240,50 @@ def test_bad_switches_keep_the_deck_and_the_routes_are_behind_the_door(server):
     assert {"post", "get", "delete"} <= set(doc["/studio/streams/{stream}/deck"])
     assert "post" in doc["/studio/streams/{stream}/switch"]
     server.manager.close("deck-door")
+
+
+class Collecting:
+    """A sink that keeps every frame written to it, with its timestamp."""
+
+    def __init__(self):
+        self.frames: list[tuple[np.ndarray, float]] = []
+
+    def write(self, image: np.ndarray, pts: float) -> None:
+        self.frames.append((image, pts))
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_fade_at_a_steady_frame_rate_drops_and_repeats_no_frame(server):
+    """Frames handed in at a steady 5 fps, as a camera does (never waiting for the outputs): deck B
+    loads, warms and fades in over 1 s meanwhile; every frame in gives one frame out, each once."""
+    session = server.manager.open("deck-steady")
+    feed_one(session, picture(0))
+    got = Collecting()
+    attachment = session.attach(got)
+    url = f"{server.url}/studio/streams/deck-steady"
+    period, sent, start = 0.2, 1, time.monotonic()
+    while sent < 40:
+        if sent == 5:
+            assert httpx.post(url + "/deck", json={"model": "tiny", "prompt": "B"}, headers=AUTH,
+                              timeout=30).status_code == 202
+        if sent == 20:
+            assert httpx.get(url + "/deck", headers=AUTH, timeout=10).json()["deck"]["state"] == "ready"
+            r = httpx.post(url + "/switch", json={"mode": "fade", "seconds": 1.0}, headers=AUTH, timeout=10)
+            assert r.status_code == 202
+        session.submit(picture(sent))
+        sent += 1
+        time.sleep(max(0.0, start + sent * period - time.monotonic()))
+    deadline = time.monotonic() + 10
+    while session.processed < sent and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    stats = session.stats()
+    assert stats["frames_in"] == stats["processed"] == sent and stats["dropped"] == 0, stats  # 0 dropped
+    written = [pts for _, pts in got.frames]
+    assert len(written) == sent - 1 and len(set(written)) == len(written)  # each output once: 0 repeated
+    deck = server.app.state.decks.get("deck-steady")
+    assert deck.state == "switched" and any(0 < r.alpha < 1 for r in deck.records)
+    session.detach(attachment)
+    server.manager.close("deck-steady")

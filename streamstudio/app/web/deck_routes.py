@@ -18,7 +18,7 @@ from __future__ import annotations
 from fastapi import Body
 from fastapi.responses import JSONResponse
 
-from streamstudio.app.web.decks import DeckRefused, Decks, DeckSpec, Switch
+from streamstudio.app.web.decks import DeckBusy, DeckRefused, Decks, DeckSpec, Switch
 from streamstudio.errors import StreamStudioError
 
 
@@ -40,7 +40,7 @@ def mount(app, manager) -> Decks:
         except DeckRefused as exc:
             return failed(str(exc), 507, memory=exc.memory)
         except StreamStudioError as exc:
-            return failed(str(exc), 409 if "already" in str(exc) else 400)
+            return failed(str(exc), 409 if isinstance(exc, DeckBusy) else 400)
         return JSONResponse({"status": "loading", "deck": deck.to_json()}, status_code=202)
 
     @app.get("/studio/streams/{stream}/deck", tags=["perform"])
@@ -60,7 +60,7 @@ def mount(app, manager) -> Decks:
         try:
             deck.ask_switch(Switch.parse(raw))
         except StreamStudioError as exc:
-            return failed(str(exc), 400 if "must be" in str(exc) or "field" in str(exc) else 409)
+            return failed(str(exc), 409 if isinstance(exc, DeckBusy) else 400)
         return JSONResponse({"status": "switching", "deck": deck.to_json()}, status_code=202)
 
     @app.delete("/studio/streams/{stream}/deck", tags=["perform"])

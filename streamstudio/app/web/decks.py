@@ -48,6 +48,11 @@ NOT_YET = {
 STATES = ("loading", "warming", "ready", "switching", "switched", "error", "unloaded")
 
 
+class DeckBusy(StreamStudioError):
+    """The deck's state does not allow it now (HTTP 409): a second deck B, a switch with no deck
+    ready, an unload after the switch, a stream with no frame yet."""
+
+
 class DeckRefused(StreamStudioError):
     """A deck that does not fit in memory (HTTP 507)."""
 
@@ -306,7 +311,7 @@ class Deck:
         """Deck B unloaded, deck A plays on alone (before a switch)."""
         with self.lock:
             if self.state in ("switched", "unloaded"):
-                raise StreamStudioError(f"nothing to unload: the deck is {self.state}")
+                raise DeckBusy(f"nothing to unload: the deck is {self.state}")
             if self.a is not None and self.session.processor is not self.a and self.state != "loading":
                 self.session.processor = self.session.runner.processor = self.a
             self.state = "unloaded"
@@ -317,7 +322,7 @@ class Deck:
     def ask_switch(self, switch: Switch) -> None:
         with self.lock:
             if self.state not in ("warming", "ready"):
-                raise StreamStudioError(f"no deck to switch to: the deck is {self.state}"
+                raise DeckBusy(f"no deck to switch to: the deck is {self.state}"
                                         + (f" ({self.error})" if self.error else ""))
             if switch.on_beat:
                 if self.clock is None:
@@ -377,8 +382,9 @@ class DeckProcessor:
     def apply(self, changes: dict) -> None:
         """Deck A's settings change (its refusal is the stream's); deck B's too, once it has joined."""
         self.a.apply(changes)
-        if self.deck.joined:
-            self._apply_b(changes)
+        with self.deck.lock:
+            if self.deck.joined and self.deck.b is not None:  # (not unloaded meanwhile)
+                self._apply_b(changes)
 
     def _apply_b(self, changes: dict) -> None:
         try:
@@ -449,12 +455,12 @@ class Decks:
             raise LookupError(f"no stream {sid!r}")
         processor, existing = session.processor, self.get(sid)
         if existing is not None and (isinstance(processor, DeckProcessor) or existing.state == "loading"):
-            raise StreamStudioError(f"stream {sid!r} has a deck B already ({existing.spec.model}, "
+            raise DeckBusy(f"stream {sid!r} has a deck B already ({existing.spec.model}, "
                                     f"{existing.state}): switch to it or unload it (DELETE) first")
         if not isinstance(processor, StreamProcessor):
             raise StreamStudioError("not yet: decks on serve --cluster's remote replicas")
         if processor.pipe is None:
-            raise StreamStudioError(f"stream {sid!r} has no frame yet: send one before loading a deck")
+            raise DeckBusy(f"stream {sid!r} has no frame yet: send one before loading a deck")
         memory = memory_report(spec, processor.model.comps)
         inputs = getattr(self.manager, "inputs", None)
         deck = Deck(session, spec, memory, getattr(inputs, "clock", None))
