@@ -256,14 +256,14 @@ class Collecting:
 
 
 def test_a_fade_at_a_steady_frame_rate_drops_and_repeats_no_frame(server):
-    """Frames handed in at a steady 5 fps, as a camera does (never waiting for the outputs): deck B
+    """Frames handed in at a steady 4 fps, as a camera does (never waiting for the outputs): deck B
     loads, warms and fades in over 1 s meanwhile; every frame in gives one frame out, each once."""
     session = server.manager.open("deck-steady")
     feed_one(session, picture(0))
     got = Collecting()
     attachment = session.attach(got)
     url = f"{server.url}/studio/streams/deck-steady"
-    period, sent, start = 0.2, 1, time.monotonic()
+    period, sent, start = 0.25, 1, time.monotonic()
     while sent < 40:
         if sent == 5:
             assert httpx.post(url + "/deck", json={"model": "tiny", "prompt": "B"}, headers=AUTH,
