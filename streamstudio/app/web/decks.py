@@ -13,7 +13,8 @@ Memory is checked before loading (`memory_report`): deck B's weights (their file
 disk; parameter count x bytes for the tiny model) against what the device has free
 (torch.cuda.mem_get_info on CUDA, psutil's available memory on CPU). The routes are
 app/web/deck_routes.py's. Not yet: add-on sets (LoRAs, ControlNets, IP-Adapter), another size,
-the video pipeline, `serve --gpus`/`--cluster` replicas.
+the video pipeline, `serve --cluster`'s remote replicas (with `serve --gpus`, untested: deck B
+would load on the stream's replica's device).
 """
 
 from __future__ import annotations
