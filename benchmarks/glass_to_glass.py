@@ -184,7 +184,7 @@ def page_origin():
 
 def start_server(size: int, steps: int | None, threads: int):
     from streamstudio.app.cli import build_parser
-    from streamstudio.app.cli.serve import start_in_thread
+    from streamstudio.app.cli.serve_run import start_in_thread
 
     bench_device("cpu", cpu_threads=threads)  # torch's threads (the browser shares the machine's cores)
     extra = ["--steps", str(steps)] if steps else []

@@ -93,7 +93,7 @@ def serve_path(count: int, transport: str, side: int = 512) -> dict:
 
     from streamstudio.app.cli import build_parser
     from streamstudio.app.cli.requests import serve_request
-    from streamstudio.app.cli.serve import build_model
+    from streamstudio.app.cli.serve_run import build_model
     from streamstudio.app.web.ray_cluster import build_manager
     from streamstudio.app.web.sessions import StreamProcessor
 

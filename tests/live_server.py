@@ -15,7 +15,7 @@ SIZE = 64
 
 def start(*extra: str):
     from streamstudio.app.cli import build_parser
-    from streamstudio.app.cli.serve import start_in_thread
+    from streamstudio.app.cli.serve_run import start_in_thread
 
     torch.set_num_threads(1)
     args = build_parser().parse_args(["serve", "--model", "tiny", "--width", str(SIZE), "--height", str(SIZE),

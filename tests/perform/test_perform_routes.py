@@ -137,7 +137,7 @@ def test_a_show_is_saved_and_loaded_and_streams_take_it_when_they_open(server, t
         server.manager.close(sid)
     httpx.put(f"{server.url}/studio/show", json={"streams": {}}, headers=AUTH, timeout=10)
 
-    from streamstudio.app.cli.serve import read_show
+    from streamstudio.app.cli.serve_run import read_show
 
     path = tmp_path / "show.json"
     path.write_text("{not json")

@@ -74,4 +74,4 @@ def test_a_batch_render_refuses_modulation(tmp_path):
     args = build_parser().parse_args(["render", "--input", "pattern:32x32", "--output", str(tmp_path / "o.mp4"),
                                       "--model", "tiny", "--workers", "2", "--modulation", str(tmp_path / "GOOD")])
     with pytest.raises(StreamStudioError, match="one file in one run"):
-        render.run(args)
+        render.check(args)

@@ -12,7 +12,8 @@ import torch
 from helpers import recorded_runners
 
 from streamstudio.app.web import video_tab
-from streamstudio.app.cli.render_video import add_video_arguments, run_video_render
+from streamstudio.app.cli.render import add_video_arguments
+from streamstudio.app.cli.render_video import run_video_render
 from streamstudio.app.streams.video import (VideoFrames, build_stream, latent_size, load_video_model,
                                             parse_prompt_changes)
 from streamstudio.errors import StreamStudioError

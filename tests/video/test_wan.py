@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from streamstudio.app.cli.render_video import add_video_arguments, run_video_render
+from streamstudio.app.cli.render import add_video_arguments
+from streamstudio.app.cli.render_video import run_video_render
 from streamstudio.app.streams.video import build_stream, load_video_model
 from streamstudio.errors import ModelNotFoundError, StreamStudioError
 from streamstudio.models.video import wan

@@ -58,7 +58,7 @@ def free_udp_port() -> int:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     from streamstudio.app.cli import build_parser
-    from streamstudio.app.cli.serve import start_in_thread
+    from streamstudio.app.cli.serve_run import start_in_thread
 
     torch.set_num_threads(1)
     with socket.socket() as s:

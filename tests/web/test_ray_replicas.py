@@ -92,7 +92,7 @@ def test_the_remote_step_equals_the_in_process_step(server, transport):
     through a compiled graph over the same actor) and through the step in this process (the same
     tiny model, the same settings): the same pictures."""
     from streamstudio.app.cli import build_parser
-    from streamstudio.app.cli.serve import build_model
+    from streamstudio.app.cli.serve_run import build_model
     from streamstudio.app.web.ray_replicas import RemoteReplica
     from streamstudio.app.web.sessions import StreamProcessor
 

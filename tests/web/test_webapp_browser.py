@@ -122,7 +122,7 @@ def server():
     import torch
 
     from streamstudio.app.cli import build_parser
-    from streamstudio.app.cli.serve import start_in_thread
+    from streamstudio.app.cli.serve_run import start_in_thread
 
     torch.set_num_threads(1)
     args = build_parser().parse_args(["serve", "--model", "builtin", "--port", str(free_port()),
@@ -257,7 +257,7 @@ def test_browser_login_then_live_under_auth():
     import torch
 
     from streamstudio.app.cli import build_parser
-    from streamstudio.app.cli.serve import start_in_thread
+    from streamstudio.app.cli.serve_run import start_in_thread
 
     torch.set_num_threads(1)
     args = build_parser().parse_args(["serve", "--model", "tiny", "--width", str(SIZE), "--height", str(SIZE),
@@ -427,7 +427,7 @@ def test_an_operator_records_a_whip_stream_from_the_live_output_tab(tmp_path):
     from live_server import publisher_in_a_process
 
     from streamstudio.app.cli import build_parser
-    from streamstudio.app.cli.serve import start_in_thread
+    from streamstudio.app.cli.serve_run import start_in_thread
 
     torch.set_num_threads(1)
     args = build_parser().parse_args(["serve", "--model", "tiny", "--width", str(SIZE), "--height", str(SIZE),

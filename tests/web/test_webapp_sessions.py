@@ -458,7 +458,7 @@ def test_live_outputs_are_capped_per_stream_and_server_and_pushes_go_where_allow
     thread and an encoder) per call, never pruned: 40 calls took the stream to 1.1 fps."""
     pytest.importorskip("av", reason="PyAV is not installed (the GPU image has none)")
     from streamstudio.app.cli import build_parser
-    from streamstudio.app.cli.serve import output_limits
+    from streamstudio.app.cli.serve_run import output_limits
     from streamstudio.app.web.outputs import OutputLimits, Outputs
     from streamstudio.app.web.ui import _start_output
 

@@ -1,9 +1,16 @@
-"""The `streamstudio` command. Each subcommand lives in `streamstudio/app/cli/<name>.py`
-and exposes `add_parser(subparsers)` (returning its parser) and `run(args) -> int`.
+"""The `streamstudio` command. Each subcommand is two modules of `streamstudio/app/cli/`:
 
-Only the named command's module is imported, and command modules import nothing heavy (torch,
-diffusers, gradio, av) at their top: `--help` and argument errors answer at once, and every check
-that needs no model runs before one loads (benchmarks/cli_startup.py measures it)."""
+- `<name>.py`, its command module: `add_parser(subparsers)` (returning its parser) and, where the
+  command has any, `check(args)`, the checks that need no model (ranges, output kind, input
+  exists, port free). It imports nothing heavy (torch, diffusers, gradio, av).
+- `<name>_run.py`, its runner: `run(args) -> int`, the body that loads models and runs, with what
+  it needs imported at its top. (`render --pipeline video` goes on in render_video.py, which
+  render_run.py imports by name when asked for: an installation may lack it.)
+
+This file is the one place loading waits: `COMMANDS` names each command's module and `RUNNERS` its
+runner ("module:function"). Only the named command's module is imported to parse, and its runner
+once the command line parsed and `check` passed, so `--help`, argument errors and every check that
+needs no model answer at once (benchmarks/cli_startup.py measures it)."""
 
 from __future__ import annotations
 
@@ -17,7 +24,7 @@ import traceback
 
 from streamstudio.errors import StreamStudioError
 
-# subcommand name -> module under streamstudio.app.cli
+# subcommand name -> its command module under streamstudio.app.cli (parser, checks)
 COMMANDS = {
     "serve": "serve",
     "generate": "generate",
@@ -27,6 +34,17 @@ COMMANDS = {
     "train-image": "train_image",
     "build-engines": "build_engines",
     "bench": "bench",
+}
+# subcommand name -> its runner, "module:function" under streamstudio.app.cli (imported when it runs)
+RUNNERS = {
+    "serve": "serve_run:run",
+    "generate": "generate_run:run",
+    "render": "render_run:run",
+    "splat": "splat_run:run",
+    "train-video": "train_video_run:run",
+    "train-image": "train_image_run:run",
+    "build-engines": "build_engines_run:run",
+    "bench": "bench_run:run",
 }
 
 # subcommand name -> its line in `streamstudio --help` (the top-level help imports no command)
@@ -61,7 +79,7 @@ def setup_logging(verbose: bool) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("streamstudio").setLevel(logging.DEBUG if verbose else logging.NOTSET)
     if verbose:
-        import torch
+        import torch  # only with -v: start-up without it never loads torch
 
         log = logging.getLogger("streamstudio.cli")
         log.debug("python %s, torch %s, CUDA %s, %d CPU threads", platform.python_version(), torch.__version__,
@@ -93,8 +111,14 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         sub_parser = module.add_parser(sub)
         # `-v` after the command too (`streamstudio render -v ...`); SUPPRESS keeps one given first
         sub_parser.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=VERBOSE_HELP)
-        sub_parser.set_defaults(_run=module.run, _parser=sub_parser)
+        sub_parser.set_defaults(_run=RUNNERS[name], _check=getattr(module, "check", None), _parser=sub_parser)
     return parser
+
+
+def runner(spec: str):
+    """The function a RUNNERS entry names ("module:function" under streamstudio.app.cli), imported now."""
+    module, _, function = spec.partition(":")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), function)
 
 
 def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
@@ -123,7 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args._run(args) or 0)
+        if args._check is not None:
+            args._check(args)  # before the runner's imports: said at once
+        return int(runner(args._run)(args) or 0)
     except StreamStudioError as exc:
         report_error(exc, args.verbose)
         return 1

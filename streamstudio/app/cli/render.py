@@ -10,25 +10,25 @@ its duration and audio stay as they were."""
 from __future__ import annotations
 
 import argparse
-import logging
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from streamstudio.app.batch.cluster import add_arguments as add_batch_arguments
+from streamstudio.app.batch.cluster import wants_batch
+from streamstudio.app.cli.requests import batch_request
+from streamstudio.app.settings import add_pipeline_arguments, add_setting_flags, flag_dests, number
+from streamstudio.app.streams.video import DEFAULT_FRAMES
 from streamstudio.errors import StreamStudioError
-
-log = logging.getLogger(__name__)
-
-VIDEO_MODULE = "streamstudio.app.cli.render_video"
-# settings handed to the video pipeline's render (`run_video_render(args)`)
-VIDEO_ARGS = ("prompt", "input", "output", "frames", "seed", "width", "height", "fps", "model", "max_frames",
-              "device", "dtype", "acceleration")
+from streamstudio.models.hub import check_model_source
+from streamstudio.pipelines.live_settings import VIDEO_SETTINGS
+from streamstudio.streaming.sinks import check_not_input, sink_kind
+from streamstudio.streaming.sources import source_kind
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    from streamstudio.app.settings import add_pipeline_arguments, add_setting_flags, number
-
     p = subparsers.add_parser("render", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     io = p.add_argument_group("input and output")
     io.add_argument("--input", default=None,
@@ -67,34 +67,22 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     add_setting_flags(io, names=["fit"])  # the settings table's --fit (pipelines/live_settings.py)
     io.add_argument("--pipeline", choices=("image", "video"), default="image",
                     help="image: stream-batched diffusion per frame; video: the streaming video model")
-    from streamstudio.app.batch.cluster import add_arguments as add_batch_arguments
-
     add_batch_arguments(io)
     add_pipeline_arguments(p)
-    _add_video_arguments(p)
+    add_video_arguments(p)
     p.set_defaults(_render_defaults={a.dest: a.default for a in p._actions if a.dest != "help"},
                    _render_actions={a.dest: a for a in p._actions if a.dest != "help"})
     return p
 
 
-def _add_video_arguments(parser: argparse.ArgumentParser) -> None:
-    module, _ = _video_module()
-    if module is not None and hasattr(module, "add_video_arguments"):
-        try:
-            module.add_video_arguments(parser)
-        except argparse.ArgumentError as exc:  # an option both pipelines define: keep render's
-            log.debug("video render arguments not added: %s", exc)
-
-
-def _video_module():
-    """(the video render module, None) or (None, why it cannot be had)."""
-    import importlib
-
-    try:
-        return importlib.import_module(VIDEO_MODULE), None
-    except ImportError as exc:  # not written yet, or one of its dependencies is missing
-        log.debug("%s not available: %s", VIDEO_MODULE, exc)
-        return None, str(exc)
+def add_video_arguments(parser: argparse.ArgumentParser) -> None:
+    """The video pipeline's own options (render_video.py runs it)."""
+    g = parser.add_argument_group("video pipeline (--pipeline video)")
+    g.add_argument("--frames", type=number(int, 1, 10**7), default=None,
+                   help=f"text-to-video: frames to make (default {DEFAULT_FRAMES})")
+    add_setting_flags(g, table=VIDEO_SETTINGS)  # --video-strength, --video-guidance, --num-chunks, ...
+    g.add_argument("--prompt-change", action="append", default=None, metavar="FRAME:PROMPT",
+                   help="switch to PROMPT from output frame FRAME on (repeatable)")
 
 
 # ---------------------------------------------------------------------------- settings
@@ -102,10 +90,6 @@ def apply_config(args, path: str | Path) -> None:
     """Settings from a YAML file, by option name (dashes or underscores) or, for the live
     settings, by their name in the table and the web API (guidance_scale for --guidance); options
     given on the command line win."""
-    import yaml
-
-    from streamstudio.app.settings import flag_dests
-
     path = Path(path)
     if not path.is_file():
         raise StreamStudioError(f"config file {path} does not exist")
@@ -205,9 +189,6 @@ def _check_args(args) -> None:
 def _check_io(args) -> None:
     """The input exists, the output is one render can write and is not the input: said before
     any model loads (a batch's inputs and output are the batch's to check)."""
-    from streamstudio.streaming.sinks import check_not_input, sink_kind
-    from streamstudio.streaming.sources import source_kind
-
     if args.input:
         source_kind(args.input)
     sink_kind(args.output)
@@ -215,105 +196,20 @@ def _check_io(args) -> None:
 
 
 # ---------------------------------------------------------------------------- run
-def run(args) -> int:
+def check(args) -> None:
+    """What render says before the model loads: the config file's settings, the flags, and for one
+    file the input, the output and the model (a batch's inputs and output are the batch's to check)."""
     if args.config:
         apply_config(args, args.config)
     _check_args(args)
-    from streamstudio.app.batch.cluster import run_batch, wants_batch
-    from streamstudio.app.cli.requests import batch_request
-
-    request = batch_request(args)
-    if wants_batch(request):  # many files, or one in segments, on Ray or one after another (app/batch/cluster.py)
+    if wants_batch(batch_request(args)):  # many files, or one in segments (app/batch/cluster.py)
         if args.modulation:
             raise StreamStudioError("--modulation renders one file in one run; not with a folder, --segment-frames, "
                                     "--workers or --cluster")
-        return run_batch(request)
+        return
     _check_io(args)
     if args.pipeline == "video":
         if args.modulation:
             raise StreamStudioError("--modulation drives the image pipeline's settings; not with --pipeline video")
-        return _run_video(args)
-    return _run_image(args)
-
-
-def _run_video(args) -> int:
-    module, why = _video_module()
-    if module is None or not hasattr(module, "run_video_render"):
-        raise StreamStudioError("--pipeline video is not available in this installation "
-                                f"({why or VIDEO_MODULE + '.run_video_render is missing'}); use --pipeline image")
-    for name in VIDEO_ARGS:
-        if not hasattr(args, name):
-            setattr(args, name, None)
-    return int(module.run_video_render(args) or 0)
-
-
-def _run_image(args) -> int:
-    from streamstudio.models.hub import check_model_source
-
+        return
     check_model_source(args.model)  # a hub id that cannot be had: said at once, before torch loads
-    from streamstudio.app.cli.requests import image_request
-    from streamstudio.app.streams import FittedFrames, build_pipeline, expected_frames, rtmp_config, watch
-    from streamstudio.streaming.runner import Runner, RunnerConfig
-    from streamstudio.streaming.schedule import load_schedule
-    from streamstudio.streaming.sinks import open_sink
-    from streamstudio.streaming.resample import resample_file
-    from streamstudio.streaming.sources import open_source
-
-    schedule = load_schedule(args.prompt_schedule, args.transition) if args.prompt_schedule else None
-    mods = None
-    if args.modulation:
-        from streamstudio.app.perform.modulation import apply_at, load_modulations
-        from streamstudio.app.perform.tempo import TempoClock
-
-        mods, clock = load_modulations(args.modulation), TempoClock(args.bpm, origin=0.0)
-    realtime = args.mode != "offline"
-    source = open_source(args.input, fps=args.fps, realtime=realtime)
-    try:
-        source = resample_file(source, args.fps)
-        live = source.info.live if args.mode == "auto" else args.mode == "live"
-        aspect = source.info.width / source.info.height if source.info.width and source.info.height else None
-        pipe = FittedFrames(build_pipeline(image_request(args), "img2img", aspect=aspect), getattr(args, "fit", "crop"))
-        if schedule is not None:
-            schedule.check(pipe)  # its scales fit the model's ControlNets and IP-Adapter
-        if mods is not None and pipe.latency_frames and any(m.setting == "strength" for m in mods.mappings):
-            raise StreamStudioError("--modulation: strength picks the denoising steps, and a new step re-makes the "
-                                    "Stream Batch buffer, losing the frames in it; in a render modulate guidance, "
-                                    "delta or seed, or render with --steps 1")
-        fps = args.fps or source.info.fps
-        # a file keeps its audio in live mode too: output frames carry their input's timestamps, so
-        # the audio stays in step where frames were dropped (live inputs have none to copy)
-        audio = None if (args.no_audio or source.info.live) else source.info.audio
-        sink = open_sink(args.output, pipe.config.width, pipe.config.height, fps, audio_from=audio,
-                         rtmp=rtmp_config(args.rtmp_timeout))
-    except BaseException:
-        source.close()
-        raise
-    def on_input(pts: float) -> None:  # between frames: the schedule's prompt and scales, the modulations
-        if schedule is not None:
-            schedule.apply_to(pipe, pts)
-        if mods is not None:
-            apply_at(pipe, mods, clock, pts)
-    fitted = "" if aspect is None or abs(aspect - pipe.config.width / pipe.config.height) < 0.01 else f" ({args.fit})"
-    print(f"render: {source.info.description} -> {args.output} ({'live' if live else 'offline'}, "
-          f"{pipe.config.width}x{pipe.config.height}{fitted} @ {fps:g} fps, model {pipe.comps.name}, "
-          f"frame latency {pipe.latency_frames})", file=sys.stderr)
-    runner = Runner(source, pipe, sink, RunnerConfig(live=live, max_frames=args.max_frames),
-                    on_input=on_input if schedule is not None or mods is not None else None)
-    total = expected_frames(source.info.frame_count, args.max_frames)
-    try:
-        metrics = watch(runner, total, live=live)
-    except KeyboardInterrupt:
-        runner.stop()
-        try:
-            runner.wait(15)
-        finally:
-            print(f"\ninterrupted: {runner.metrics().frames_out} frame(s) written, {args.output} closed",
-                  file=sys.stderr)
-        return 130
-    for warning in metrics.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    print(f"done: {metrics.summary()}", file=sys.stderr)
-    print(f"wrote {args.output}")
-    return 0
-
-

@@ -3,8 +3,9 @@
 `streamstudio render --pipeline video --prompt "a red circle moving left" --frames 48 --output out.mp4`
 `streamstudio render --pipeline video --input in.mp4 --prompt "..." --output out.mp4`
 
-`run_video_render(args)` is called by `streamstudio render`; `add_video_arguments(parser)` adds
-the video-only options; the stream itself opens in `app/streams/video.py`. Frames take the one road
+`run_video_render(args)` is the runner of `render --pipeline video` (render_run.py hands it
+over; its options are render.py's `add_video_arguments`); the stream itself opens in
+`app/streams/video.py`. Frames take the one road
 every front end takes (streaming.Runner from `open_source` to `open_sink`): text-to-video from a
 clock of empty frames, video-to-video from any input render reads, into any output render writes,
 with the input's audio kept. An input of
@@ -15,43 +16,27 @@ the output's aspect to within one patch.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 
+from streamstudio.app.settings import config_values
+from streamstudio.app.streams import expected_frames, rtmp_config, watch
 from streamstudio.app.streams.video import (BUILTIN_NAMES, DEFAULT_FPS, DEFAULT_FRAMES, DEFAULT_STRENGTH,
                                             VideoFrames, build_stream, load_video_model, parse_prompt_changes)
+from streamstudio.device import use_threads
 from streamstudio.errors import StreamStudioError
+from streamstudio.pipelines.live_settings import VIDEO_SETTINGS
+from streamstudio.streaming.generated import NoInputSource
+from streamstudio.streaming.resample import resample_file
+from streamstudio.streaming.runner import Runner, RunnerConfig
+from streamstudio.streaming.sinks import open_sink
+from streamstudio.streaming.sources import open_source
 
 log = logging.getLogger(__name__)
 
 
-def add_video_arguments(parser: argparse.ArgumentParser) -> None:
-    from streamstudio.app.settings import add_setting_flags, number
-    from streamstudio.pipelines.live_settings import VIDEO_SETTINGS
-
-    g = parser.add_argument_group("video pipeline (--pipeline video)")
-    g.add_argument("--frames", type=number(int, 1, 10**7), default=None,
-                   help=f"text-to-video: frames to make (default {DEFAULT_FRAMES})")
-    add_setting_flags(g, table=VIDEO_SETTINGS)  # --video-strength, --video-guidance, --num-chunks, ...
-    g.add_argument("--prompt-change", action="append", default=None, metavar="FRAME:PROMPT",
-                   help="switch to PROMPT from output frame FRAME on (repeatable)")
-
-
-# ---------------------------------------------------------------------------- model and stream
-
-
-# ---------------------------------------------------------------------------- Wan 2.1 checkpoints
-
-
-# ---------------------------------------------------------------------------- entry point
-
-
 def open_input(spec: str, fps: float | None):
     """The video-to-video input (anything `render --input` takes), at `fps` when given."""
-    from streamstudio.streaming.resample import resample_file
-    from streamstudio.streaming.sources import open_source
-
     try:
         source = open_source(spec, fps=fps, realtime=False)
     except StreamStudioError as exc:
@@ -64,14 +49,6 @@ def open_input(spec: str, fps: float | None):
 
 
 def run_video_render(args) -> int:
-    from streamstudio.app.settings import config_values
-    from streamstudio.app.streams import expected_frames, rtmp_config, watch
-    from streamstudio.device import use_threads
-    from streamstudio.pipelines.live_settings import VIDEO_SETTINGS
-    from streamstudio.streaming.runner import Runner, RunnerConfig
-    from streamstudio.streaming.sinks import open_sink
-    from streamstudio.streaming.generated import NoInputSource
-
     output = getattr(args, "output", None)
     if not output:
         raise StreamStudioError("--output is required: a video file, a folder, rtmp://... or hls:DIR")

@@ -9,37 +9,22 @@ STREAMSTUDIO_WHIP_TOKEN (as --whip-token), STREAMSTUDIO_WHEP_TOKEN (as --whep-to
 from __future__ import annotations
 
 import argparse
-import contextlib
 import errno
-import io
-import logging
+import ipaddress
 import os
 import socket
 import sys
-import threading
-import time
-from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from streamstudio.app.settings import add_pipeline_arguments, host_port, number
+from streamstudio.app.web.outputs import parse_output_url
 from streamstudio.errors import StreamStudioError
-
-if TYPE_CHECKING:  # (the server's packages load when it starts, not when the command line is parsed)
-    import uvicorn
-    from fastapi import FastAPI
-
-    from streamstudio.app.web.sessions import SessionManager
-
-log = logging.getLogger(__name__)
+from streamstudio.models.hub import check_model_source
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    from streamstudio.app.settings import add_pipeline_arguments
-    from streamstudio.app.settings import host_port, number
-
     p = subparsers.add_parser("serve", description=__doc__.splitlines()[0])
     p.add_argument("--host", default=None, help="address to bind (default 127.0.0.1; anything else "
                                                 "exposes the app to the network: use --auth)")
@@ -168,86 +153,8 @@ def bind_host(args) -> str:
     return host
 
 
-def build_model(args):
-    """Load the model once and keep the defaults new streams start from."""
-    from streamstudio.app.cli.requests import serve_request
-    from streamstudio.app.streams import build_pipeline
-    from streamstudio.app.web.sessions import ServerModel
-
-    request = serve_request(args)
-    image = request.image
-    pipe = build_pipeline(image, "img2img", serving=True)
-    return ServerModel(pipe.comps, pipe.config, prompt=image.prompt, negative_prompt=image.negative_prompt,
-                       latency_probe=request.latency_probe, batching=image.batching)
-
-
-def guard_config(args):
-    """The request guard's limits (login, body caps, upload quotas) from the command line."""
-    from streamstudio.app.web.security import GuardConfig, parse_size
-
-    if getattr(args, "uploads_per_client", 20) < 1:
-        raise StreamStudioError("--uploads-per-client must be at least 1")
-    if getattr(args, "upload_ttl", 300.0) < 10:
-        raise StreamStudioError("--upload-ttl must be at least 10 seconds")
-    return GuardConfig(auth=parse_auth(args.auth), max_upload_bytes=parse_size(args.max_upload_size),
-                       max_upload_total_bytes=parse_size(getattr(args, "max_upload_total", "200mb")),
-                       uploads_per_client=getattr(args, "uploads_per_client", 20))
-
-
-def output_limits(args):
-    """The Live output tab's limits: 2 outputs per stream, 2 per stream slot on the server, and the
-    RTMP hosts --allow-push names (default: any on loopback, none when reachable from the network)."""
-    from streamstudio.app.web.outputs import OutputLimits
-
-    allow = getattr(args, "allow_push", None)
-    if allow is None:
-        allow = "any" if (args.host or "127.0.0.1") in LOOPBACK else "none"
-    hosts = None if allow.strip().lower() == "any" else tuple(
-        h.strip().lower() for h in allow.split(",") if h.strip() and h.strip().lower() != "none")
-    return OutputLimits(per_stream=2, total=2 * args.max_streams, allow_push=hosts)
-
-
-def whip_token(args) -> str | None:
-    token = getattr(args, "whip_token", None)
-    token = token if token is not None else os.environ.get("STREAMSTUDIO_WHIP_TOKEN")
-    return token or None
-
-
-def credentials(args):
-    """Who may publish and control (--whip-token, --auth) and who may watch (--whep-token)."""
-    from streamstudio.app.web.security import Credentials
-
-    view = getattr(args, "whep_token", None)
-    view = view if view is not None else os.environ.get("STREAMSTUDIO_WHEP_TOKEN")
-    return Credentials(publish_token=whip_token(args), view_token=view or None, auth=parse_auth(args.auth))
-
-
-GRADIO_DEBUG_PRINTS = ("content_type",)  # gradio 5.50 prints this for every component request
-
-
-def silence_gradio_debug_prints() -> None:
-    """Drop the debug lines Gradio 5.50 left in its routes (`print("content_type", ...)` on every
-    component request, e.g. each Live-tab WebRTC offer): the server's terminal is for what a
-    person running it needs. Only those lines: anything else gradio.routes prints goes through."""
-    import builtins
-
-    import gradio.routes
-
-    if getattr(gradio.routes, "print", builtins.print) is not builtins.print:
-        return  # already done
-
-    def quiet_print(*values, **kwargs):
-        if values and isinstance(values[0], str) and values[0] in GRADIO_DEBUG_PRINTS:
-            return
-        builtins.print(*values, **kwargs)
-
-    setattr(gradio.routes, "print", quiet_print)  # (a module global over the builtin, as the check above reads it)
-
-
 def check_outputs(args) -> list[tuple[str, str]]:
     """`--output` URLs as (kind, target), checked before the model loads."""
-    from streamstudio.app.web.outputs import parse_output_url
-
     urls = list(getattr(args, "output", None) or ())
     if urls and not getattr(args, "input", None):
         raise StreamStudioError("--output sends the --input stream out: give --input too (other streams' outputs "
@@ -262,193 +169,9 @@ def check_osc(args) -> None:
         raise StreamStudioError("--osc-feedback sends from the OSC port: give --osc-port too")
 
 
-def build_app(args, model=None):
-    """(FastAPI app, SessionManager): the Gradio UI at /, the WebRTC and JSON API beside it, all
-    behind the request guard (`app/web/security.py`)."""
-    import gradio as gr
-    from fastapi import FastAPI
-
-    from streamstudio.app.perform.inputs import LiveInputs
-    from streamstudio.app.web import api_docs, metrics, outputs, perform_routes, security, ui, webrtc, whip
-    from streamstudio.app.web.sessions import SessionManager
-
-    guard = guard_config(args)
-    guard.self_auth_prefixes = ("/whip", "/whep")  # they take a bearer token (app/web/whip.py)
-    guard.credentials = credentials(args)  # /studio/* behind the publish credential
-    rtc = webrtc.rtc_config_from_env()
-    if model is None and getattr(args, "cluster", None):  # replicas as Ray actors (app/web/ray_replicas.py)
-        from streamstudio.app.cli.requests import serve_request
-        from streamstudio.app.web.ray_cluster import build_manager
-
-        manager = build_manager(serve_request(args))
-    elif model is None and getattr(args, "gpus", 1) != 1:  # N replicas of the model (app/web/replicas.py)
-        from streamstudio.app.cli.requests import serve_request
-        from streamstudio.app.web.replicas import build_manager
-
-        manager = build_manager(serve_request(args))
-    else:
-        manager = SessionManager(model or build_model(args), max_streams=args.max_streams,
-                                 idle_timeout=args.idle_timeout, owns_model=model is None)
-    # With a login, the API's docs are not served at all (FastAPI would serve them to anyone).
-    docs = {} if guard.auth is None else {"docs_url": None, "redoc_url": None, "openapi_url": None}
-    app = FastAPI(title="StreamStudio", **docs)
-    stream = webrtc.build_stream(manager, rtc, host=args.host or "127.0.0.1")
-    webrtc.mount_api(app, manager, stream)
-    if hasattr(manager.placement, "drain"):  # serve --cluster: replicas taken out of service on purpose
-        from streamstudio.app.web.ray_replicas import mount as mount_replicas
-
-        mount_replicas(app, manager.placement)
-    manager.offer_rate = security.SourceRate(getattr(args, "offers_per_minute", 20))
-    if getattr(args, "max_pending_per_source", None) is not None:
-        manager.max_pending_per_source = args.max_pending_per_source
-    if getattr(args, "max_pending", None) is not None:
-        manager.max_pending = args.max_pending
-    whip.WhipServer(manager, host=args.host or "127.0.0.1", credentials=guard.credentials,
-                    rtc_config=rtc, max_viewers=getattr(args, "max_viewers", 32),
-                    max_viewers_per_source=getattr(args, "max_viewers_per_source", 8),
-                    cors_origins=tuple(getattr(args, "whip_cors", None) or ()),
-                    other_slots=lambda: set(stream.pcs)).mount(app)
-    live_outputs = outputs.Outputs(manager, args.output_dir, output_limits(args))
-    outputs.mount(app, live_outputs)
-    metrics.mount(app, manager, live_outputs)
-    manager.inputs = LiveInputs()  # the tempo clock and MIDI the streams' modulations read (issue 48)
-    if getattr(args, "show", None):
-        manager.inputs.load_show(read_show(args.show))
-    perform_routes.mount(app, manager, manager.inputs)
-    api_docs.mount(app)  # /studio/openapi.json and /studio/api: every route above, for show-control tools
-    blocks = ui.build_ui(manager, rtc_config=rtc, outputs=live_outputs,
-                         file_ttl=int(getattr(args, "upload_ttl", 300.0)), host=args.host or "127.0.0.1")
-    silence_gradio_debug_prints()
-    with contextlib.redirect_stdout(io.StringIO()):  # gradio prints "new /" here
-        app = gr.mount_gradio_app(app, blocks, path="/", server_name=args.host or "127.0.0.1",
-                                  server_port=args.port, show_api=False, auth=guard.auth,
-                                  max_file_size=guard.max_upload_bytes, ssr_mode=False)
-    security.install(app, guard, blocks)
-    app.state.manager = manager
-    app.state.osc = None
-    check_osc(args)
-    if getattr(args, "input", None):
-        from streamstudio.streaming.sources import source_kind
-
-        source_kind(args.input)  # before the model loads
-    if getattr(args, "osc_port", None) is not None:
-        from streamstudio.app.web.osc import OscControl
-
-        app.state.osc = OscControl(manager, args.osc_port, args.osc_host,
-                                   feedback=getattr(args, "osc_feedback", None), outputs=live_outputs)
-    app.state.feed = None
-    if getattr(args, "input", None):
-        app.state.feed = InputFeed(manager, args.input, args.input_stream, check_outputs(args), live_outputs)
-    return app, manager
-
-
-class InputFeed:
-    """`serve --input`: a live source the server reads in a thread of its own into the stream
-    `name` (as a WHIP publisher feeds one); a source that stops, or cannot be opened yet (an NDI
-    sender not started), is tried again every RETRY_S seconds until the server stops."""
-
-    RETRY_S = 2.0
-
-    def __init__(self, manager, spec: str, name: str, outputs: Sequence[tuple[str, str]] = (), live_outputs=None):
-        from streamstudio.app.web.webrtc import WEBRTC_ID
-        from streamstudio.streaming.sources import source_kind
-
-        if not WEBRTC_ID.fullmatch(name):
-            raise StreamStudioError("--input-stream must be 1 to 64 letters, digits, '-' or '_'")
-        source_kind(spec)  # a spec that cannot be opened says so now
-        self.manager, self.spec, self.name = manager, spec, name
-        self.outputs, self.live_outputs = list(outputs), live_outputs  # `serve --output`: (kind, target)
-        self.frames = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="serve-input", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        from streamstudio.streaming.sources import open_source
-
-        log = logging.getLogger(__name__)
-        while not self._stop.is_set():
-            try:
-                with open_source(self.spec) as source:
-                    log.info("--input %s feeds the stream %r", source.info.description or self.spec, self.name)
-                    session = self.manager.open(self.name)
-                    session.named = True  # --input-stream names it for viewers, OSC and the outputs
-                    for frame in source.frames():
-                        if self._stop.is_set() or session.closed:
-                            break
-                        session.submit(frame.image)
-                        self.frames += 1
-                        if self.frames == 1 or self.frames % 30 == 0:  # (again after a failure or a restart)
-                            self._start_outputs(source.info.fps)
-            except StreamStudioError as exc:  # not there yet, gone, or every slot busy: said, tried again
-                log.warning("--input %s: %s; trying again in %.0f s", self.spec, exc, self.RETRY_S)
-            except Exception:  # noqa: BLE001 - a bug: its traceback, and the server goes on
-                log.exception("--input %s failed", self.spec)
-            self._stop.wait(self.RETRY_S)
-
-    def _start_outputs(self, fps: float | None) -> None:
-        """Start each `--output` the stream does not run now (first frame, a restarted stream, an
-        output whose server went away); a refusal is said and tried again 30 frames later."""
-        if self.live_outputs is None:
-            return
-        from streamstudio.app.web.outputs import DEFAULT_FPS, OutputRefused
-
-        running = {(o.kind, o.target) for o in self.live_outputs.of(self.name) if o.running}
-        for kind, target in self.outputs:
-            if (kind, target) in running:
-                continue
-            for old in [o for o in self.live_outputs.of(self.name) if (o.kind, o.target) == (kind, target)]:
-                self.live_outputs.stop(old.oid)  # a failed one: its place goes to the new one
-            try:
-                out = self.live_outputs.start(self.name, kind, target, min(60.0, fps or DEFAULT_FPS))
-            except OutputRefused as exc:
-                logging.getLogger(__name__).warning("--output %s: %s", target, exc)
-            else:
-                logging.getLogger(__name__).info("--output: the stream %r goes to %s", self.name, out.location)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-
-def close_extras(app) -> None:
-    """Stop what build_app started beside the HTTP server (the OSC port, the --input feed)."""
-    osc = getattr(app.state, "osc", None)
-    if osc is not None:
-        osc.close()
-        app.state.osc = None
-    feed = getattr(app.state, "feed", None)
-    if feed is not None:
-        feed.close()
-        app.state.feed = None
-    live_outputs = getattr(app.state, "outputs", None)
-    if live_outputs is not None:
-        live_outputs.close()
-
-
-@dataclass
-class ServerThread:
-    """The server in a background thread (tests, benchmarks): `.url`, `.close()`."""
-
-    server: uvicorn.Server
-    thread: threading.Thread
-    manager: SessionManager
-    url: str
-    app: FastAPI | None = None
-
-    def close(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(20)
-        if self.app is not None:
-            close_extras(self.app)
-        self.manager.shutdown()
-
-
 def proxy_options(args) -> dict:
     """uvicorn's proxy-header options: believed only from the --trusted-proxy addresses (uvicorn's
     own default believes X-Forwarded-For from 127.0.0.1, so any local client could name itself)."""
-    import ipaddress
-
     trusted = list(getattr(args, "trusted_proxy", None) or ())
     for addr in trusted:
         try:
@@ -457,25 +180,6 @@ def proxy_options(args) -> dict:
             raise StreamStudioError(f"--trusted-proxy {addr!r} is not an address or a network "
                                     "(write it like 127.0.0.1, ::1 or 10.0.0.0/8)") from None
     return {"proxy_headers": bool(trusted), "forwarded_allow_ips": trusted or ""}
-
-
-def start_in_thread(args, model=None, timeout: float = 60.0) -> ServerThread:
-    import uvicorn
-
-    app, manager = build_app(args, model)
-    host = bind_host(args)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=args.port, log_level="warning",
-                                           **proxy_options(args)))
-    thread = threading.Thread(target=server.run, name="streamstudio-server", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + timeout
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            close_extras(app)
-            manager.shutdown()
-            raise StreamStudioError(f"the server did not start on {host}:{args.port} (is the port in use?)")
-        time.sleep(0.05)
-    return ServerThread(server, thread, manager, f"http://{host}:{args.port}", app)
 
 
 def check_port_free(host: str, port: int, kind: int = socket.SOCK_STREAM, flag: str = "--port") -> None:
@@ -501,47 +205,18 @@ def check_port_free(host: str, port: int, kind: int = socket.SOCK_STREAM, flag: 
                                     "without root)") from exc
 
 
-def run(args) -> int:
-    import uvicorn
-
-    for noisy in ("aioice", "aiortc"):  # a line per ICE check otherwise
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+def check(args) -> None:
+    """What serve says before the model loads (and before the web app's packages are imported):
+    the output folder, the host, --trusted-proxy, the ports free, --osc-*, --output, the model."""
     output_dir = Path(getattr(args, "output_dir", None) or "outputs")
-    if output_dir.exists() and not output_dir.is_dir():  # (said before anything starts)
+    if output_dir.exists() and not output_dir.is_dir():
         raise StreamStudioError(f"--output-dir {output_dir} is a file; name a folder for the Live output recordings "
                                 "(it is made when missing)")
     host = bind_host(args)
-    proxy_options(args)  # a bad --trusted-proxy is said before the model loads
-    check_port_free(host, args.port)  # before the model loads
+    proxy_options(args)
+    check_port_free(host, args.port)
     check_osc(args)
     check_outputs(args)
     if getattr(args, "osc_port", None) is not None:
         check_port_free(args.osc_host, args.osc_port, socket.SOCK_DGRAM, "--osc-port")
-    from streamstudio.models.hub import check_model_source
-
     check_model_source(args.model)
-    app, manager = build_app(args)
-    print(f"model: {manager.model.name}" + (" (a built-in model)" if manager.model.is_demo else ""))
-    print(f"StreamStudio on http://{host}:{args.port}  (WebRTC endpoint: POST /webrtc/offer; "
-          f"WHIP: POST /whip/<stream>, WHEP: POST /whep/<stream>)")
-    if app.state.osc is not None:
-        print("OSC control on udp://{}:{}".format(*app.state.osc.address))
-    try:
-        uvicorn.run(app, host=host, port=args.port, log_level="warning", **proxy_options(args))
-    except OSError as exc:
-        raise StreamStudioError(f"cannot serve on {host}:{args.port}: {exc}; pick another --port") from exc
-    finally:
-        close_extras(app)
-        manager.shutdown()
-    return 0
-
-
-def read_show(path: str) -> dict:
-    """A show file's JSON, or a one-line error naming the file."""
-    import json
-
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError) as exc:
-        raise StreamStudioError(f"--show {path!r} is not a readable JSON file ({exc})") from exc
