@@ -23,7 +23,7 @@ from streamstudio.app.settings import add_pipeline_arguments, add_setting_flags,
 from streamstudio.app.streams.video import DEFAULT_FRAMES
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.hub import check_model_source
-from streamstudio.pipelines.live_settings import VIDEO_SETTINGS
+from streamstudio.pipelines import live_settings  # (its tables read when used: tests add a setting)
 from streamstudio.streaming.sinks import check_not_input, sink_kind
 from streamstudio.streaming.sources import source_kind
 
@@ -80,7 +80,7 @@ def add_video_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("video pipeline (--pipeline video)")
     g.add_argument("--frames", type=number(int, 1, 10**7), default=None,
                    help=f"text-to-video: frames to make (default {DEFAULT_FRAMES})")
-    add_setting_flags(g, table=VIDEO_SETTINGS)  # --video-strength, --video-guidance, --num-chunks, ...
+    add_setting_flags(g, table=live_settings.VIDEO_SETTINGS)  # --video-strength, --video-guidance, --num-chunks, ...
     g.add_argument("--prompt-change", action="append", default=None, metavar="FRAME:PROMPT",
                    help="switch to PROMPT from output frame FRAME on (repeatable)")
 

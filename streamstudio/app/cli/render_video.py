@@ -25,7 +25,7 @@ from streamstudio.app.streams.video import (BUILTIN_NAMES, DEFAULT_FPS, DEFAULT_
                                             VideoFrames, build_stream, load_video_model, parse_prompt_changes)
 from streamstudio.device import use_threads
 from streamstudio.errors import StreamStudioError
-from streamstudio.pipelines.live_settings import VIDEO_SETTINGS
+from streamstudio.pipelines import live_settings  # (its tables read when used: tests add a setting)
 from streamstudio.streaming.generated import NoInputSource
 from streamstudio.streaming.resample import resample_file
 from streamstudio.streaming.runner import Runner, RunnerConfig
@@ -63,7 +63,8 @@ def run_video_render(args) -> int:
         model, meta = load_video_model(getattr(args, "model", None), getattr(args, "device", None) or "auto",
                                        getattr(args, "dtype", None) or "auto")
         use_threads(getattr(args, "threads", None), next(model.parameters()).device)
-        settings = {"strength": DEFAULT_STRENGTH, **config_values(vars(args), VIDEO_SETTINGS)}  # the flags given
+        # the flags given
+        settings = {"strength": DEFAULT_STRENGTH, **config_values(vars(args), live_settings.VIDEO_SETTINGS)}
         if source is None:
             settings["strength"] = 1.0  # text-to-video starts from pure noise
         aspect = source.info.width / source.info.height if source is not None else None
