@@ -42,7 +42,7 @@ import torch
 from common import RESULTS as RESULTS_DIR, bench_device, table, utc_now, write_json  # puts the package on sys.path
 
 from streamstudio import kernels
-from streamstudio.app.cli.bench import device_name
+from streamstudio.app.cli.bench_run import device_name
 from streamstudio.kernels import reference
 from streamstudio.kernels.reference import CFG_FULL, CFG_NONE, CFG_SELF
 

@@ -22,7 +22,7 @@ import torch
 from common import RESULTS, bench_device, utc_now, write_json  # puts the package on sys.path
 
 from streamstudio.models.image.batching import BatchingConfig
-from streamstudio.app.cli.bench import closed_loop, device_name
+from streamstudio.app.cli.bench_run import closed_loop, device_name
 from streamstudio.app.web.sessions import ServerModel, SessionManager
 from streamstudio.pipelines.image.stream_diffusion import StreamDiffusionConfig
 

@@ -46,7 +46,7 @@ from diffusers import LCMScheduler, StableDiffusionPipeline
 from common import RESULTS, bench_device, table, utc_now, write_json  # puts the package on sys.path
 from stream_diffusion import sd_turbo_architecture
 
-from streamstudio.app.cli.bench import device_name
+from streamstudio.app.cli.bench_run import device_name
 from streamstudio.models.acceleration import compile_kwargs
 from streamstudio.models.image.acceleration import apply_acceleration
 from streamstudio.models.image.loading import load_components

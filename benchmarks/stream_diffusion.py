@@ -22,7 +22,7 @@ import torch
 
 from common import RESULTS, bench_device, synchronizer, table, timed, utc_now, write_json  # sys.path set by common
 
-from streamstudio.app.cli.bench import device_name
+from streamstudio.app.cli.bench_run import device_name
 from streamstudio.models.image.components import SDComponents
 from streamstudio.models.image.loading import load_components
 from streamstudio.models.image.tiny import SCHEDULER_CONFIG, tiny_tokenizer

@@ -37,7 +37,7 @@ import torch
 
 from common import RESULTS, bench_device, synchronizer, table, timed, utc_now, write_json  # sys.path set by common
 
-from streamstudio.app.cli.bench import device_name
+from streamstudio.app.cli.bench_run import device_name
 from streamstudio.models.image import feature_bank
 from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig
 

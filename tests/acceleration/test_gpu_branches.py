@@ -102,7 +102,7 @@ class FakePipe:
 
 
 def test_bench_device_name_on_a_gpu(fake_gpu):
-    from streamstudio.app.cli.bench import device_name
+    from streamstudio.app.cli.bench_run import device_name
 
     assert device_name(CUDA) == GPU_NAME
     assert device_name(torch.device("cuda", 0)) == GPU_NAME
@@ -110,7 +110,7 @@ def test_bench_device_name_on_a_gpu(fake_gpu):
 
 
 def test_bench_one_stream_synchronizes_the_gpu_after_each_frame(fake_gpu):
-    from streamstudio.app.cli.bench import time_one_stream
+    from streamstudio.app.cli.bench_run import time_one_stream
 
     pipe = FakePipe()
     r = time_one_stream(pipe, frames=5, warmup=2, txt2img=False, progress=False)
