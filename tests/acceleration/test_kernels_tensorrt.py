@@ -216,7 +216,7 @@ def test_build_engines_loads_the_model_as_the_app_does(monkeypatch, dtype):
     from streamstudio.app.cli import build_parser
     from streamstudio.app.cli.requests import image_request
     from streamstudio.app import streams
-    from streamstudio.app.cli import build_engines
+    from streamstudio.app.cli import build_engines_run as build_engines
     from streamstudio.models.image import loading
 
     seen = []

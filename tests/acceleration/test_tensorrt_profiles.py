@@ -405,7 +405,7 @@ def test_build_engines_asks_for_the_same_profiles_as_the_app(tiny, monkeypatch, 
     """`build-engines` with the app's settings builds engines of the profiles (hence cache keys)
     that `apply_acceleration(..., plan=...)` looks up."""
     from streamstudio.app.cli import build_parser
-    from streamstudio.app.cli import build_engines
+    from streamstudio.app.cli import build_engines_run as build_engines
 
     asked = []
     monkeypatch.setattr(trt_kernels, "tensorrt_available", lambda: True)

@@ -6,17 +6,14 @@ Runs on CPU as is and on several GPUs through `accelerate launch -m streamstudio
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
-from streamstudio.errors import StreamStudioError
+from streamstudio.app.settings import number
 from streamstudio.app.training.config import VideoTrainConfig
 
 DEFAULTS = VideoTrainConfig()
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    from streamstudio.app.settings import number
-
     p = subparsers.add_parser("train-video", description=__doc__.splitlines()[0])
     p.add_argument("--output", default=DEFAULTS.output, help="checkpoint folder (model.safetensors + config.json)")
     p.add_argument("--model", default=DEFAULTS.model, help="named model config: tiny, small, base, 4b")
@@ -68,33 +65,3 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def config_from_args(args) -> VideoTrainConfig:
-    if args.num_chunks < 1 or args.buffer_frames % args.num_chunks:
-        raise StreamStudioError(f"--num-chunks {args.num_chunks} must divide --buffer-frames {args.buffer_frames}")
-    names = {f.name for f in dataclasses.fields(VideoTrainConfig)}
-    values = {k: v for k, v in vars(args).items() if k in names}
-    values["progress"] = not args.no_progress
-    micro = args.micro_steps or (1 if args.mode == "distill" else 2)
-    values["sampling"] = {"num_chunks": args.num_chunks, "chunk_size": args.buffer_frames // args.num_chunks,
-                          "micro_steps": micro}
-    return VideoTrainConfig(**values)
-
-
-def run(args) -> int:
-    import torch
-
-    from streamstudio.app.training.video import VideoTrainer
-    from streamstudio.streaming.sinks import make_output_folder
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    cfg = config_from_args(args)
-    make_output_folder(cfg.output, "checkpoint")  # a file there is said now, not after the first steps
-    losses = VideoTrainer(cfg).train()
-    if losses:
-        k = max(1, len(losses) // 10)
-        print(f"trained {len(losses)} steps: loss {sum(losses[:k]) / k:.4f} -> {sum(losses[-k:]) / k:.4f}; "
-              f"checkpoint in {cfg.output}")
-    else:
-        print(f"nothing to do: {cfg.output} is already at step {cfg.steps}")
-    return 0

@@ -1,0 +1,41 @@
+"""`streamstudio train-video`'s runner: the StreamDiT video model trained (app/training/video.py).
+Its parser is train_video.py."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from streamstudio.app.training.config import VideoTrainConfig
+from streamstudio.app.training.video import VideoTrainer
+from streamstudio.errors import StreamStudioError
+from streamstudio.streaming.sinks import make_output_folder
+
+
+def config_from_args(args) -> VideoTrainConfig:
+    if args.num_chunks < 1 or args.buffer_frames % args.num_chunks:
+        raise StreamStudioError(f"--num-chunks {args.num_chunks} must divide --buffer-frames {args.buffer_frames}")
+    names = {f.name for f in dataclasses.fields(VideoTrainConfig)}
+    values = {k: v for k, v in vars(args).items() if k in names}
+    values["progress"] = not args.no_progress
+    micro = args.micro_steps or (1 if args.mode == "distill" else 2)
+    values["sampling"] = {"num_chunks": args.num_chunks, "chunk_size": args.buffer_frames // args.num_chunks,
+                          "micro_steps": micro}
+    return VideoTrainConfig(**values)
+
+
+def run(args) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = config_from_args(args)
+    make_output_folder(cfg.output, "checkpoint")  # a file there is said now, not after the first steps
+    losses = VideoTrainer(cfg).train()
+    if losses:
+        k = max(1, len(losses) // 10)
+        print(f"trained {len(losses)} steps: loss {sum(losses[:k]) / k:.4f} -> {sum(losses[-k:]) / k:.4f}; "
+              f"checkpoint in {cfg.output}")
+    else:
+        print(f"nothing to do: {cfg.output} is already at step {cfg.steps}")
+    return 0
+
