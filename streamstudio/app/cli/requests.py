@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
+from streamstudio.app.settings import config_values
 from streamstudio.app.streams.requests import Addons, BatchRequest, ImageRequest, ServeRequest
 
 _NOT_FLAGS = {"settings", "addons", "batching", "image", "fingerprint"}  # the requests' own fields
@@ -19,8 +20,6 @@ def _given(args, request_type) -> dict:
 
 def image_request(args) -> ImageRequest:
     """The image stream a command line asks for: model, size, table settings, add-ons, batching."""
-    from streamstudio.app.settings import config_values
-
     given = vars(args)
     addons = Addons(loras=list(given.get("lora") or []), controlnets=list(given.get("controlnet") or []),
                     control_preprocessors=list(given.get("control_preprocessor") or []),
@@ -33,7 +32,7 @@ def image_request(args) -> ImageRequest:
 
 def batching_config(args):
     """Cross-stream batching settings from the command line, or None when it is off."""
-    from streamstudio.models.image.batching import BatchingConfig
+    from streamstudio.models.image.batching import BatchingConfig  # (torch: render.py imports this module to check)
 
     if getattr(args, "no_stream_batching", False):
         return None
