@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 from streamstudio.app.settings import add_pipeline_arguments, host_port, number
-from streamstudio.app.web.outputs import parse_output_url
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.hub import check_model_source
 
@@ -155,6 +154,8 @@ def bind_host(args) -> str:
 
 def check_outputs(args) -> list[tuple[str, str]]:
     """`--output` URLs as (kind, target), checked before the model loads."""
+    from streamstudio.app.web.outputs import parse_output_url  # (that module imports the web stack: not at --help)
+
     urls = list(getattr(args, "output", None) or ())
     if urls and not getattr(args, "input", None):
         raise StreamStudioError("--output sends the --input stream out: give --input too (other streams' outputs "
