@@ -195,7 +195,7 @@ def _check_io(args) -> None:
     check_not_input(args.output, [args.input])
 
 
-# ---------------------------------------------------------------------------- run
+# ---------------------------------------------------------------------------- checks
 def check(args) -> None:
     """What render says before the model loads: the config file's settings, the flags, and for one
     file the input, the output and the model (a batch's inputs and output are the batch's to check)."""
