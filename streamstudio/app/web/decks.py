@@ -34,6 +34,7 @@ import torch
 from streamstudio.app.web.sessions import ServerModel, StreamProcessor, StreamSession
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.hub import SHORT_NAMES
+from streamstudio.models.image import sdxl, tiny
 from streamstudio.models.image.loading import BUILTIN_DIR, BUILTIN_NAME, resolve_demo_default
 
 log = logging.getLogger(__name__)
@@ -126,8 +127,6 @@ def weights_estimate(model: str, dtype: torch.dtype) -> tuple[int | None, str]:
     folder, the built-in model, a hub id in the local cache), the tiny models' parameter count x
     the bytes of `dtype`; (None, why) when it cannot be told (a hub id not fetched yet)."""
     if model in ("tiny", "tiny-sdxl"):
-        from streamstudio.models.image import sdxl, tiny
-
         parts = tiny.tiny_components() if model == "tiny" else sdxl.tiny_sdxl_components()
         count = sum(p.numel() for m in parts.values() if isinstance(m, torch.nn.Module) for p in m.parameters())
         return count * torch.empty((), dtype=dtype).element_size(), "parameters"

@@ -38,23 +38,23 @@ from streamstudio.app.web.placement import OneModel
 from streamstudio.app.web.security import SourceRate
 from streamstudio.errors import StreamStudioError
 from streamstudio.frames import fit_aspect
+from streamstudio.models.image.batching import (BatchedImageNet, BatchExecutor, BatchingConfig, ClientStats,
+                                                batched_components, warm_up)
+from streamstudio.models.image.net_thread import NetworkThread, threaded_components
 from streamstudio.streaming.probe import draw_probe, read_probe
 from streamstudio.streaming.runner import Runner, RunnerConfig
 from streamstudio.streaming.sinks import NullSink
 from streamstudio.streaming.sources import DEFAULT_FPS, PushSource
 from streamstudio.app.streams.image import new_stream
 from streamstudio.frames import to_rgb
-from streamstudio.models.image.batching import warm_up
 from streamstudio.models.image.lora import check_scale
 
-if TYPE_CHECKING:  # (torch and the models load when the server starts, not with the command line)
+if TYPE_CHECKING:  # (names for the type checker: modules that import this one, and torch's types)
     import torch
 
     from streamstudio.app.web.placement import Placement
     from streamstudio.app.web.session_model import SessionModel, SessionProcessor
-    from streamstudio.models.image.batching import BatchExecutor, BatchingConfig, ClientStats
     from streamstudio.models.image.components import SDComponents
-    from streamstudio.models.image.net_thread import NetworkThread
     from streamstudio.pipelines.image.stream_diffusion import StreamDiffusion, StreamDiffusionConfig, StreamStats
     from streamstudio.streaming.runner import Attachment, RunMetrics
     from streamstudio.streaming.sink_base import Sink
@@ -88,13 +88,9 @@ class ServerModel:
         self._stream_comps = self.comps
         on_gpu = self.comps.net.device.type == "cuda"
         if self.batching is None and (self.network_thread or (self.network_thread is None and on_gpu)):
-            from streamstudio.models.image.net_thread import NetworkThread, threaded_components
-
             self.thread = NetworkThread("model-network")
             self._stream_comps = threaded_components(self.comps, self.thread)
         if self.batching is not None:
-            from streamstudio.models.image.batching import BatchedImageNet, BatchExecutor, batched_components
-
             self.executor = BatchExecutor(self.batching)
             self._stream_comps = batched_components(self.comps, self.executor)
             net = self._stream_comps.net
@@ -201,8 +197,6 @@ class StreamProcessor:
         self._probes: deque[int | None] = deque()
         self.calls: ClientStats | None = None  # this stream's network calls, shared or alone
         if model.executor is not None:
-            from streamstudio.models.image.batching import ClientStats
-
             self.calls = ClientStats()
 
     def open(self, size: tuple[int, int]) -> None:
