@@ -64,3 +64,20 @@ def test_a_missing_or_ambiguous_port_is_refused_with_the_ports_there_are(backend
             MidiPort(LiveInputs(), "Fake Knobs")
     finally:
         fake_midi_backend.NAMES.pop()
+
+
+def test_serve_midi_in_feeds_the_server_and_a_wrong_port_is_refused_before_the_model(backend, capsys):
+    import live_server
+
+    from streamstudio.app import cli
+
+    rc = cli.main(["serve", "--model", "no-such-model-here", "--midi-in", "nanoKONTROL2"])  # said first
+    err = capsys.readouterr().err
+    assert rc == 1 and "--midi-in 'nanoKONTROL2': no MIDI input" in err and "Fake Knobs 20:0" in err, err
+    srv = live_server.start("--midi-in", "Fake Knobs")
+    try:
+        backend.play(mido.Message("control_change", channel=3, control=1, value=64))
+        assert srv.manager.inputs.cc(1, 4) == pytest.approx(64 / 127)
+    finally:
+        srv.close()
+    assert backend.OPEN == []  # the server's stop closed the port

@@ -67,6 +67,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--show", default=None, metavar="FILE",
                    help="a show file (JSON): the tempo and each stream's modulations, taken when the stream opens "
                         "(\"*\": any stream); GET /studio/show writes one (README, live performance)")
+    p.add_argument("--midi-in", default=None, metavar="PORT",
+                   help="a MIDI input on this machine (its name, or the start of it): control changes feed the "
+                        "streams' MIDI modulations, its clock the tempo (needs pip install \"streamstudio[midi]\")")
     p.add_argument("--latency-probe", action="store_true",
                    help="copy a frame counter drawn in the input's top band onto the output (benchmarks/webapp.py)")
     p.add_argument("--output-dir", default="outputs", help="folder for Live output recordings (default outputs)")
@@ -208,7 +211,7 @@ def check_port_free(host: str, port: int, kind: int = socket.SOCK_STREAM, flag: 
 
 def check(args) -> None:
     """What serve says before the model loads (and before the web app's packages are imported):
-    the output folder, the host, --trusted-proxy, the ports free, --osc-*, --output, the model."""
+    the output folder, the host, --trusted-proxy, the ports free, --osc-*, --output, --midi-in, the model."""
     output_dir = Path(getattr(args, "output_dir", None) or "outputs")
     if output_dir.exists() and not output_dir.is_dir():
         raise StreamStudioError(f"--output-dir {output_dir} is a file; name a folder for the Live output recordings "
@@ -220,4 +223,8 @@ def check(args) -> None:
     check_outputs(args)
     if getattr(args, "osc_port", None) is not None:
         check_port_free(args.osc_host, args.osc_port, socket.SOCK_DGRAM, "--osc-port")
+    if getattr(args, "midi_in", None):
+        from streamstudio.app.perform import midi_port  # (mido: only with --midi-in)
+
+        midi_port.pick_input(args.midi_in, midi_port.input_names())
     check_model_source(args.model)

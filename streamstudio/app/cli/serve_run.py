@@ -26,6 +26,7 @@ from streamstudio.app.cli.serve import LOOPBACK, bind_host, check_osc, check_out
 from streamstudio.app.perform.inputs import LiveInputs
 from streamstudio.app.web import (api_docs, metrics, outputs, perform_routes, ray_cluster, ray_replicas, replicas,
                                   security, ui, webrtc, whip)
+from streamstudio.app.perform.midi_port import MidiPort
 from streamstudio.app.web.osc import OscControl
 from streamstudio.app.web.outputs import DEFAULT_FPS, OutputLimits, OutputRefused
 from streamstudio.app.web.security import Credentials, GuardConfig, parse_size
@@ -135,6 +136,7 @@ def build_app(args, model=None):
     if getattr(args, "show", None):
         manager.inputs.load_show(read_show(args.show))
     perform_routes.mount(app, manager, manager.inputs)
+    app.state.midi = MidiPort(manager.inputs, args.midi_in) if getattr(args, "midi_in", None) else None
     api_docs.mount(app)  # /studio/openapi.json and /studio/api: every route above, for show-control tools
     blocks = ui.build_ui(manager, rtc_config=rtc, outputs=live_outputs,
                          file_ttl=int(getattr(args, "upload_ttl", 300.0)), host=args.host or "127.0.0.1")
@@ -230,6 +232,10 @@ def close_extras(app) -> None:
     if feed is not None:
         feed.close()
         app.state.feed = None
+    midi = getattr(app.state, "midi", None)
+    if midi is not None:
+        midi.close()
+        app.state.midi = None
     live_outputs = getattr(app.state, "outputs", None)
     if live_outputs is not None:
         live_outputs.close()
@@ -281,6 +287,8 @@ def run(args) -> int:
           f"WHIP: POST /whip/<stream>, WHEP: POST /whep/<stream>)")
     if app.state.osc is not None:
         print("OSC control on udp://{}:{}".format(*app.state.osc.address))
+    if app.state.midi is not None:
+        print(f"MIDI input: {app.state.midi.name}")
     try:
         uvicorn.run(app, host=host, port=args.port, log_level="warning", **proxy_options(args))
     except OSError as exc:
