@@ -30,10 +30,10 @@
 #                       (about 110 MB) are staged over calls first (gpu_webapp_wheels.sh here, then
 #                       gpu_webapp_stage.sh N there, one part a call), else it is recorded as missing
 #   later (only when named)
-#     kernels           benchmarks/kernels.py --quick: each fused op against eager and the bandwidth floor
+#     kernels           benchmarks/kernel_ops.py --quick: each fused op against eager and the bandwidth floor
 #     stream_diffusion  benchmarks/stream_diffusion.py --part core: ratios on eager networks (the old way)
 #     tests_slow        the `gpu` tests marked slow (torch.compile's cold compiles, over 45 s each)
-#     kernels_full      benchmarks/kernels.py without --quick: checks the quick figures
+#     kernels_full      benchmarks/kernel_ops.py without --quick: checks the quick figures
 #
 # The calls (the device tool's `run`), the first right after the second's prerequisites are made here:
 #   bash benchmarks/gpu_wheels.sh && bash benchmarks/gpu_prebuild.sh        # here, before the session
@@ -223,7 +223,7 @@ stage frame_path python3 benchmarks/frame_path.py --device cuda --frames 200 --r
   --parts "${FRAME_PATH_PARTS:-modes,stages,ratios}" \
   --out "$OUT/frame_path.json" "${HELP[@]}"
 stage peers python3 benchmarks/peers.py --device cuda --out "$OUT/peers.json" "${HELP[@]}"
-stage kernels python3 benchmarks/kernels.py --quick --out "$OUT/kernels.json" "${HELP[@]}"
+stage kernels python3 benchmarks/kernel_ops.py --quick --out "$OUT/kernels.json" "${HELP[@]}"
 stage stream_diffusion python3 benchmarks/stream_diffusion.py --device cuda --part core \
   --out "$OUT/stream_diffusion.json" "${HELP[@]}"
 stage video python3 benchmarks/stream_video.py --gpu-only --output "$OUT/stream_video.json" "${HELP[@]}"
@@ -234,7 +234,7 @@ case "$STAGES" in *" tensorrt "*)
 esac
 stage addons python3 benchmarks/stream_diffusion.py --device cuda --part addons \
   --out "$OUT/stream_diffusion_addons.json" "${HELP[@]}"
-stage kernels_full python3 benchmarks/kernels.py --out "$OUT/kernels_full.json" "${HELP[@]}"
+stage kernels_full python3 benchmarks/kernel_ops.py --out "$OUT/kernels_full.json" "${HELP[@]}"
 case "$STAGES" in *" webapp "*)
   STAGE_DIR=${WEBAPP_STAGE_DIR:-/tmp/streamstudio-webapp-stage}  # the web app's wheels, staged over calls
   [ -f "$STAGE_DIR/ready" ] && export PYTHONPATH=$STAGE_DIR/site:$PYTHONPATH  # (benchmarks/gpu_webapp_stage.sh)

@@ -1,8 +1,10 @@
 """Fused kernels and the image pipeline: speed against torch eager and the bandwidth floor.
+(Not named kernels.py: with benchmarks/ on the path that name shadowed the `kernels` package
+transformers looks for, and importing transformers ran this script.)
 
-    python benchmarks/kernels.py                 # GPU: full sizes; CPU: reference paths, reduced sizes
-    python benchmarks/kernels.py --quick         # fewer repeats and frames (a few seconds on CPU)
-    python benchmarks/kernels.py --no-pipeline   # the fused ops only
+    python benchmarks/kernel_ops.py                 # GPU: full sizes; CPU: reference paths, reduced sizes
+    python benchmarks/kernel_ops.py --quick         # fewer repeats and frames (a few seconds on CPU)
+    python benchmarks/kernel_ops.py --no-pipeline   # the fused ops only
 
 Each fused op (preprocess, postprocess, stream_step, cosine similarity) and its pure-torch
 reference ("eager") are timed at sizes that do not fit in the GPU's L2 cache (each op moves

@@ -1,4 +1,4 @@
-"""benchmarks/kernels.py on the CPU: the sizes it times on a GPU, its CPU run and its JSON.
+"""benchmarks/kernel_ops.py on the CPU: the sizes it times on a GPU, its CPU run and its JSON.
 
 Its GPU path (CUDA graphs, events, the L2 size, the fused rows) runs on the CPU with faked
 torch.cuda functions in tests/acceleration/test_gpu_branches.py.
@@ -24,7 +24,7 @@ def bench():
         sys.path.insert(0, str(ROOT / "benchmarks"))
     key = "_bench_kernels"
     if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, ROOT / "benchmarks" / "kernels.py")
+        spec = importlib.util.spec_from_file_location(key, ROOT / "benchmarks" / "kernel_ops.py")
         module = importlib.util.module_from_spec(spec)
         sys.modules[key] = module
         spec.loader.exec_module(module)
