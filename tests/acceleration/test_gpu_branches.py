@@ -387,7 +387,7 @@ class FakeCUDAGraph:
 
 @pytest.fixture
 def fake_cuda_graph(monkeypatch):
-    """torch.cuda's streams and graphs as benchmarks/kernels.py uses them: capture runs the
+    """torch.cuda's streams and graphs as benchmarks/kernel_ops.py uses them: capture runs the
     Python body once (as a real capture does), replay does nothing. Keyword arguments are
     bound against the real signatures, so a misspelt one fails here."""
     import inspect
@@ -434,7 +434,7 @@ def fake_cuda_graph(monkeypatch):
 
 
 def tiny_kernel_sizes(bench):
-    """benchmarks/kernels.py's op sizes, small enough for the CPU."""
+    """benchmarks/kernel_ops.py's op sizes, small enough for the CPU."""
     return bench.Sizes(cam=(12, 20), size=8, resize_batch=2, frame_batch=2, rows=3, latent=(4, 2, 4), cosine=40)
 
 
