@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
 
 from streamstudio.app import streams
 from streamstudio.app.batch.cluster import run_batch, wants_batch
 from streamstudio.app.cli.requests import batch_request, image_request
+from streamstudio.app.perform.file_audio import FileAudio
 from streamstudio.app.perform.modulation import apply_at, load_modulations
 from streamstudio.app.perform.tempo import TempoClock
 from streamstudio.app.streams import FittedFrames, expected_frames, rtmp_config, watch
@@ -58,7 +60,7 @@ def _run_video(args) -> int:
 
 def _run_image(args) -> int:
     schedule = load_schedule(args.prompt_schedule, args.transition) if args.prompt_schedule else None
-    mods = None
+    mods, file_audio = None, None
     if args.modulation:
         mods, clock = load_modulations(args.modulation), TempoClock(args.bpm, origin=0.0)
     realtime = args.mode != "offline"
@@ -71,6 +73,11 @@ def _run_image(args) -> int:
                             getattr(args, "fit", "crop"))
         if schedule is not None:
             schedule.check(pipe)  # its scales fit the model's ControlNets and IP-Adapter
+        if mods is not None and mods.uses("audio"):
+            if source.info.live or not os.path.isfile(args.input):
+                raise StreamStudioError("--modulation maps an audio feature: render reads it from the input file's "
+                                        "own audio (a live input's sound reaches the server as a WHIP stream)")
+            file_audio = FileAudio(args.input, 1.0 / (args.fps or source.info.fps or 30.0))
         if mods is not None and pipe.latency_frames and any(m.setting == "strength" for m in mods.mappings):
             raise StreamStudioError("--modulation: strength picks the denoising steps, and a new step re-makes the "
                                     "Stream Batch buffer, losing the frames in it; in a render modulate guidance, "
@@ -83,12 +90,15 @@ def _run_image(args) -> int:
                          rtmp=rtmp_config(args.rtmp_timeout))
     except BaseException:
         source.close()
+        if file_audio is not None:
+            file_audio.close()
         raise
+
     def on_input(pts: float) -> None:  # between frames: the schedule's prompt and scales, the modulations
         if schedule is not None:
             schedule.apply_to(pipe, pts)
         if mods is not None:
-            apply_at(pipe, mods, clock, pts)
+            apply_at(pipe, mods, clock, pts, file_audio)
     fitted = "" if aspect is None or abs(aspect - pipe.config.width / pipe.config.height) < 0.01 else f" ({args.fit})"
     print(f"render: {source.info.description} -> {args.output} ({'live' if live else 'offline'}, "
           f"{pipe.config.width}x{pipe.config.height}{fitted} @ {fps:g} fps, model {pipe.comps.name}, "
@@ -106,6 +116,9 @@ def _run_image(args) -> int:
             print(f"\ninterrupted: {runner.metrics().frames_out} frame(s) written, {args.output} closed",
                   file=sys.stderr)
         return 130
+    finally:
+        if file_audio is not None:
+            file_audio.close()
     for warning in metrics.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     print(f"done: {metrics.summary()}", file=sys.stderr)

@@ -11,6 +11,8 @@ Per analysis frame (hop = sample rate / `rate`, a Hann window of twice the hop):
   above 4 kHz (they add up to 1; silence: 0 each);
 - `onset`: 1 when the spectral flux (the summed rise of the magnitude spectrum over the last frame)
   exceeds `onset_k` times its recent median (and a floor), else 0: a drum hit, a note's attack.
+  Read at a time, it is 1 when an onset fell within the last `onset_hold_s` (a video frame is
+  tens of milliseconds apart, an analysis frame 10: without the hold a frame would miss most hits).
 Values are 0..1 (RMS clipped at 1), ready for a mapping's range.
 """
 
@@ -29,11 +31,13 @@ HISTORY_S = 10.0  # features kept, seconds (enough for any latency offset)
 class AudioFeatures:
     """Audio in (mono or interleaved channels, int16 or float), features out by time."""
 
-    def __init__(self, sample_rate: int, rate: float = 100.0, latency_s: float = 0.0, onset_k: float = 2.0):
+    def __init__(self, sample_rate: int, rate: float = 100.0, latency_s: float = 0.0, onset_k: float = 2.0,
+                 onset_hold_s: float = 0.1):
         if not 8000 <= sample_rate <= 192_000 or not 50.0 <= rate <= 1000.0:
             raise ValueError(f"sample rate 8000..192000 Hz and 50..1000 feature frames a second, got "
                              f"{sample_rate} and {rate}")
         self.sample_rate, self.latency_s, self.onset_k = sample_rate, latency_s, onset_k
+        self.onset_hold_s = onset_hold_s
         self.hop = max(1, round(sample_rate / rate))
         self.window = np.hanning(2 * self.hop)
         freqs = np.fft.rfftfreq(2 * self.hop, 1.0 / sample_rate)
@@ -94,4 +98,9 @@ class AudioFeatures:
         None before the first frame."""
         with self._lock:
             i = bisect.bisect_right(self._times, t - self.latency_s) - 1
-            return None if i < 0 else self._frames[i][feature]
+            if i < 0:
+                return None
+            if feature != "onset":
+                return self._frames[i][feature]
+            since = bisect.bisect_right(self._times, t - self.latency_s - self.onset_hold_s)
+            return max(f["onset"] for f in self._frames[since:i + 1]) if since <= i else self._frames[i]["onset"]

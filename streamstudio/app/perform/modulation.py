@@ -109,6 +109,10 @@ class Modulations:
             raise StreamStudioError(f"at most {MAX_MAPPINGS} mappings a stream, got {len(raw['mappings'])}")
         return cls([_mapping(m, table) for m in raw["mappings"]], table)
 
+    def uses(self, kind: str) -> bool:
+        """Whether a mapping reads a source of `kind` (lfo, beat, midi, audio)."""
+        return any(m.source.kind == kind for m in self.mappings)
+
     def to_json(self) -> dict:
         return {"mappings": [asdict(m) for m in self.mappings]}
 
@@ -234,10 +238,11 @@ def load_modulations(path: str, pipeline: str = "image") -> Modulations:
     return Modulations.parse(raw, pipeline)
 
 
-def apply_at(pipe, mods: Modulations, clock, t: float) -> dict:
+def apply_at(pipe, mods: Modulations, clock, t: float, inputs=None) -> dict:
     """The modulated settings at media time `t` given to `pipe` (an image stream: `update`); a file's
-    frames follow its own clock, so an offline render's modulation is the same run after run."""
-    values = mods.values(t, clock)
+    frames follow its own clock, so an offline render's modulation is the same run after run.
+    `inputs`: what the audio sources read (a file's own audio: app/perform/file_audio.py)."""
+    values = mods.values(t, clock, inputs)
     if values:
         pipe.update(**values)
     return values
