@@ -70,6 +70,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--midi-in", default=None, metavar="PORT",
                    help="a MIDI input on this machine (its name, or the start of it): control changes feed the "
                         "streams' MIDI modulations, its clock the tempo (needs pip install \"streamstudio[midi]\")")
+    p.add_argument("--link", action="store_true",
+                   help="join the Ableton Link session on this network: the tempo follows it, and a tempo set here "
+                        "goes to it (needs pip install \"streamstudio[link]\")")
     p.add_argument("--latency-probe", action="store_true",
                    help="copy a frame counter drawn in the input's top band onto the output (benchmarks/webapp.py)")
     p.add_argument("--output-dir", default="outputs", help="folder for Live output recordings (default outputs)")

@@ -26,6 +26,7 @@ from streamstudio.app.cli.serve import LOOPBACK, bind_host, check_osc, check_out
 from streamstudio.app.perform.inputs import LiveInputs
 from streamstudio.app.web import (api_docs, metrics, outputs, perform_routes, ray_cluster, ray_replicas, replicas,
                                   security, ui, webrtc, whip)
+from streamstudio.app.perform.link import LinkFollower
 from streamstudio.app.perform.midi_port import MidiPort
 from streamstudio.app.web.osc import OscControl
 from streamstudio.app.web.outputs import DEFAULT_FPS, OutputLimits, OutputRefused
@@ -137,6 +138,7 @@ def build_app(args, model=None):
         manager.inputs.load_show(read_show(args.show))
     perform_routes.mount(app, manager, manager.inputs)
     app.state.midi = MidiPort(manager.inputs, args.midi_in) if getattr(args, "midi_in", None) else None
+    app.state.link = LinkFollower(manager.inputs.clock) if getattr(args, "link", False) else None
     api_docs.mount(app)  # /studio/openapi.json and /studio/api: every route above, for show-control tools
     blocks = ui.build_ui(manager, rtc_config=rtc, outputs=live_outputs,
                          file_ttl=int(getattr(args, "upload_ttl", 300.0)), host=args.host or "127.0.0.1")
@@ -232,10 +234,11 @@ def close_extras(app) -> None:
     if feed is not None:
         feed.close()
         app.state.feed = None
-    midi = getattr(app.state, "midi", None)
-    if midi is not None:
-        midi.close()
-        app.state.midi = None
+    for extra in ("midi", "link"):  # the MIDI port, the Link session
+        held = getattr(app.state, extra, None)
+        if held is not None:
+            held.close()
+            setattr(app.state, extra, None)
     live_outputs = getattr(app.state, "outputs", None)
     if live_outputs is not None:
         live_outputs.close()
@@ -289,6 +292,8 @@ def run(args) -> int:
         print("OSC control on udp://{}:{}".format(*app.state.osc.address))
     if app.state.midi is not None:
         print(f"MIDI input: {app.state.midi.name}")
+    if app.state.link is not None:
+        print("Ableton Link: on (the tempo follows the session)")
     try:
         uvicorn.run(app, host=host, port=args.port, log_level="warning", **proxy_options(args))
     except OSError as exc:

@@ -30,7 +30,7 @@ class TempoClock:
         self._origin_t, self._origin_beat = origin, 0.0  # beat(origin_t) == origin_beat
         self._taps: deque[float] = deque(maxlen=8)
         self._pulses: deque[float] = deque(maxlen=MIDI_PPQN * 2 + 1)
-        self.source = "set"  # set, tap or midi: what decided the tempo last
+        self.source = "set"  # set, tap, midi or link: what decided the tempo last
 
     @property
     def bpm(self) -> float:
@@ -46,6 +46,12 @@ class TempoClock:
         with self._lock:
             self._origin_beat += (t - self._origin_t) * self._bpm / 60.0
             self._origin_t, self._bpm, self.source = t, bpm, source
+
+    def follow(self, bpm: float, beat: float, t: float, source: str) -> None:
+        """Another clock's tempo and beat at time t (an Ableton Link session): taken as they are."""
+        bpm = check_bpm(bpm)
+        with self._lock:
+            self._origin_t, self._origin_beat, self._bpm, self.source = t, float(beat), bpm, source
 
     def tap(self, t: float) -> float:
         """A tap at time t: the beat lands on it, and from the second tap on the tempo is the
