@@ -289,3 +289,21 @@ def test_a_fade_at_a_steady_frame_rate_drops_and_repeats_no_frame(server):
     assert deck.state == "switched" and any(0 < r.alpha < 1 for r in deck.records)
     session.detach(attachment)
     server.manager.close("deck-steady")
+
+
+def test_the_live_tab_shows_deck_bs_newest_frame_while_it_is_loaded(server):
+    session = server.manager.open("deck-preview")
+    feed_one(session, picture(0))
+    assert decks_module.deck_preview(session) == (None, "")  # no deck: nothing shown
+    url = f"{server.url}/studio/streams/deck-preview/deck"
+    assert httpx.post(url, json={"model": "tiny", "prompt": "B"}, headers=AUTH, timeout=30).status_code == 202
+    wait_state(url, "warming", "ready")
+    outs = [feed_one(session, picture(k)) for k in (1, 2)]
+    image, line = decks_module.deck_preview(session)
+    deck = server.app.state.decks.get("deck-preview")
+    assert image is deck.preview and image.shape == (SIZE, SIZE, 3) and "Deck B: tiny" in line, line
+    assert not np.array_equal(image, outs[-1])  # B's frame, not the one on air (A's)
+    assert httpx.delete(url, headers=AUTH, timeout=10).json()["deck"]["state"] == "unloaded"
+    assert decks_module.deck_preview(session) == (None, "")
+    assert decks_module.deck_preview(None) == (None, "")
+    server.manager.close("deck-preview")

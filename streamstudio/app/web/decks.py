@@ -433,6 +433,17 @@ class DeckProcessor:
             return out_a if alpha <= 0.0 else crossfade(out_a, out_b, alpha)
 
 
+def deck_preview(session: StreamSession | None) -> tuple[np.ndarray | None, str]:
+    """What the Live tab shows of `session`'s deck B: its newest frame and a line of state
+    (None and "" with no deck loaded)."""
+    processor = None if session is None else session.processor
+    if not isinstance(processor, DeckProcessor):
+        return None, ""
+    deck = processor.deck
+    line = f"Deck B: {deck.spec.model}, {deck.state} ({deck.warmed} frame(s) warmed)"
+    return deck.preview, line + (f"; {deck.notice}" if deck.notice else "")
+
+
 class Decks:
     """The decks of a server's streams, by stream id (the routes' state)."""
 

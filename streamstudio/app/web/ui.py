@@ -15,6 +15,7 @@ from collections.abc import Callable
 import gradio as gr
 import numpy as np
 
+from streamstudio.app.web.decks import deck_preview
 from streamstudio.app.web.midi_ui import midi_controls
 from streamstudio.app.web.outputs import LiveOutput, OutputRefused, Outputs
 from streamstudio.app.web.model_guard import GuardedPipeline
@@ -176,6 +177,9 @@ def _live_tab(manager: SessionManager, rtc_config: dict | None, host: str | None
             gr.HTML('<div id="live-camera-note" role="alert"></div>', elem_id="live-camera-message", padding=False)
             stats = gr.Markdown(format_stats(None), elem_id="live-stats")
             whep = gr.Markdown("", elem_id="live-whep")
+            with gr.Accordion("Deck B (POST /studio/streams/{stream}/deck)", open=False):
+                deck_image = gr.Image(label="deck B's preview", interactive=False, elem_id="live-deck-b", height=200)
+                deck_line = gr.Markdown("no deck loaded", elem_id="live-deck-state")
         with gr.Column(scale=2):
             controls = live_controls(manager.model.config, manager.model.prompt, manager.model.negative_prompt)
             controls |= addon_controls(manager.model)  # ControlNet and IP-Adapter scales: with the controls above
@@ -193,6 +197,13 @@ def _live_tab(manager: SessionManager, rtc_config: dict | None, host: str | None
         return whep_text(manager, live_id(value), request)
 
     timer.tick(whep_url, inputs=[webrtc], outputs=[whep], show_progress="hidden", queue=False)
+
+    def deck_b(value):  # deck B's newest frame while one is loaded beside the page's stream (app/web/decks.py)
+        sid = live_id(value)
+        image, line = deck_preview(manager.get(sid) if sid else None)
+        return image, line or "no deck loaded"
+
+    timer.tick(deck_b, inputs=[webrtc], outputs=[deck_image, deck_line], show_progress="hidden", queue=False)
     _fallback(manager, controls)
     return webrtc
 
