@@ -22,7 +22,7 @@ H100_L2 = 50 * 2**20
 def bench():
     if str(ROOT / "benchmarks") not in sys.path:
         sys.path.insert(0, str(ROOT / "benchmarks"))
-    key = "_bench_kernels"
+    key = "_bench_kernel_ops"
     if key not in sys.modules:
         spec = importlib.util.spec_from_file_location(key, ROOT / "benchmarks" / "kernel_ops.py")
         module = importlib.util.module_from_spec(spec)

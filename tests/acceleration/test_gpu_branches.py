@@ -439,7 +439,7 @@ def tiny_kernel_sizes(bench):
 
 
 def test_benchmark_kernels_on_a_gpu(fake_gpu, monkeypatch, tmp_path, tiny, cuda_on_cpu):
-    bench = load_benchmark("kernels")
+    bench = load_benchmark("kernel_ops")
     from streamstudio.kernels import tensorrt as trt_kernels
     from streamstudio.models.image import acceleration
 
@@ -458,7 +458,7 @@ def test_benchmark_kernels_on_a_gpu(fake_gpu, monkeypatch, tmp_path, tiny, cuda_
 
 
 def test_benchmark_kernels_times_a_cuda_graph_of_launches(fake_gpu, fake_cuda_graph):
-    bench = load_benchmark("kernels")
+    bench = load_benchmark("kernel_ops")
     calls = []
     seconds, how = bench.measure(lambda: calls.append(fake_cuda_graph.capturing), CUDA, bench.Timing(4, 3))
     assert seconds >= 0 and how.startswith("cuda graph of 4 launches")
@@ -468,7 +468,7 @@ def test_benchmark_kernels_times_a_cuda_graph_of_launches(fake_gpu, fake_cuda_gr
 
 
 def test_benchmark_kernels_falls_back_to_back_to_back_launches(fake_gpu, fake_cuda_graph):
-    bench = load_benchmark("kernels")
+    bench = load_benchmark("kernel_ops")
     fake_cuda_graph.fail = "operation not permitted when stream is capturing\nmore"
     calls = []
     seconds, how = bench.measure(lambda: calls.append(1), CUDA, bench.Timing(4, 3))
@@ -478,7 +478,7 @@ def test_benchmark_kernels_falls_back_to_back_to_back_launches(fake_gpu, fake_cu
 
 
 def test_benchmark_kernels_ops_on_a_gpu(fake_gpu, fake_cuda_graph, monkeypatch, cuda_on_cpu):
-    bench = load_benchmark("kernels")
+    bench = load_benchmark("kernel_ops")
     monkeypatch.setattr(kernels, "fused_available", lambda: True)
     sizes = tiny_kernel_sizes(bench)
     rows = bench.bench_ops(CUDA, quick=True, bandwidth=1e9, sizes=sizes)
@@ -514,14 +514,14 @@ def test_benchmark_kernels_ops_on_a_gpu(fake_gpu, fake_cuda_graph, monkeypatch, 
 
 
 def test_benchmark_kernels_pipeline_fps_synchronizes(fake_gpu, tiny):
-    bench = load_benchmark("kernels")
+    bench = load_benchmark("kernel_ops")
     assert bench.pipeline_fps(tiny, 32, frames=2, warmup=1, device=CUDA) > 0
     assert fake_gpu.sync == 2
 
 
 @pytest.mark.parametrize("fused", [False, True])
 def test_benchmark_kernels_main_on_a_gpu(fake_gpu, fake_cuda_graph, monkeypatch, tmp_path, cuda_on_cpu, fused):
-    bench = load_benchmark("kernels")
+    bench = load_benchmark("kernel_ops")
     monkeypatch.setattr(kernels, "fused_available", lambda: fused)
     monkeypatch.setattr(bench, "GPU_SIZES", tiny_kernel_sizes(bench))
     monkeypatch.setattr(bench, "GPU_COPY_BYTES", 1 << 16)
@@ -541,7 +541,7 @@ def test_benchmark_kernels_main_on_a_gpu(fake_gpu, fake_cuda_graph, monkeypatch,
 
 
 def test_benchmark_kernels_copy_bandwidth_on_a_gpu(fake_gpu, fake_cuda_graph, cuda_on_cpu):
-    bench = load_benchmark("kernels")
+    bench = load_benchmark("kernel_ops")
     assert bench.GPU_COPY_BYTES == 1 << 30
     bandwidth, how = bench.copy_bandwidth(CUDA, quick=True, nbytes=1 << 20)  # 1 MiB on "cuda" (the CPU here)
     assert bandwidth > 0 and how.startswith("dst.copy_(src) of 1 MiB, cuda graph of 10 launches")
