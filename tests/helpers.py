@@ -231,3 +231,14 @@ def wait_for_sync(predicate, timeout: float) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+def feed_frames(session, frames: int, size: int = 64, step: int = 11) -> None:
+    """`frames` flat frames into a web session, one at a time, each waited for (a stream's
+    settings and modulations apply between frames)."""
+    for k in range(frames):
+        before = session.processed
+        session.submit(frame((step * k) % 256, size, size))
+        deadline = time.monotonic() + 30
+        while session.processed == before and time.monotonic() < deadline:
+            time.sleep(0.01)

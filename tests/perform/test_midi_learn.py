@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import frame
+from helpers import feed_frames
 
 from streamstudio.app.settings import live_controls
 from streamstudio.app.web.midi_ui import clear_midi, midi_event
@@ -59,12 +59,7 @@ def server():
 
 
 def feed(session, frames: int) -> None:
-    for k in range(frames):
-        before = session.processed
-        session.submit(frame((13 * k) % 256, 64, 64))
-        deadline = time.monotonic() + 30
-        while session.processed == before and time.monotonic() < deadline:
-            time.sleep(0.01)
+    feed_frames(session, frames, step=13)
 
 
 def test_learn_binds_the_first_knob_and_the_knob_drives_the_setting(server):

@@ -8,7 +8,7 @@ import time
 
 import httpx
 import pytest
-from helpers import frame
+from helpers import feed_frames
 
 from streamstudio.errors import StreamStudioError
 
@@ -28,12 +28,7 @@ AUTH = {"Authorization": "Bearer perf-token"}
 
 
 def feed(session, frames: int) -> None:
-    for k in range(frames):
-        before = session.processed
-        session.submit(frame((11 * k) % 256, 64, 64))
-        deadline = time.monotonic() + 30
-        while session.processed == before and time.monotonic() < deadline:
-            time.sleep(0.01)
+    feed_frames(session, frames, step=11)
 
 
 def test_an_lfo_and_a_midi_knob_drive_a_streams_settings(server):
