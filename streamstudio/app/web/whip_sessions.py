@@ -323,6 +323,9 @@ def count(resources: dict, kind: str) -> int:
     return sum(r.kind == kind for r in list(resources.values()))
 
 
+AUDIO_RECEIVE_HOLD = 4  # aiortc's RTCRtpReceiver: JitterBuffer(capacity=16, prefetch=4) for audio
+
+
 def listen(manager, sid: str, frame) -> None:
     """A publisher's audio frame to its stream's modulations, when one of them reads audio (issue 48)."""
     session, inputs = manager.get(sid), getattr(manager, "inputs", None)
@@ -330,7 +333,10 @@ def listen(manager, sid: str, frame) -> None:
     if inputs is None or mods is None or not any(m.source.kind == "audio" for m in mods.mappings):
         return
     samples, rate, channels = audio_samples(frame)
-    inputs.feed_audio(sid, samples, rate, time.monotonic(), channels)
+    # the frame's last sample was captured about AUDIO_RECEIVE_HOLD frames before it reached us: aiortc's
+    # audio jitter buffer releases a packet once that many more are queued (a 20 ms Opus frame: 80 ms)
+    held = AUDIO_RECEIVE_HOLD * len(samples) / max(1, channels) / rate
+    inputs.feed_audio(sid, samples, rate, time.monotonic() - held, channels)
 
 
 async def end_orphans(sessions: WhipSessions, sid: str) -> None:
