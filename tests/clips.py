@@ -53,10 +53,15 @@ def make_clip(path, n=30, fps=15, w=64, h=48, audio=False, codec="libx264", pix_
 
 def _write_tone(container, stream, seconds: float) -> None:
     total = int(SAMPLE_RATE * seconds)
-    tone = (0.3 * np.sin(2 * np.pi * 440 * np.arange(total) / SAMPLE_RATE)).astype(np.float32)
-    for s in range(0, total, 1024):
-        frame = av.AudioFrame.from_ndarray(tone[None, s: s + 1024], format="flt", layout="mono")
-        frame.sample_rate, frame.pts = SAMPLE_RATE, s
+    write_audio(container, stream, (0.3 * np.sin(2 * np.pi * 440 * np.arange(total) / SAMPLE_RATE)), SAMPLE_RATE)
+
+
+def write_audio(container, stream, samples: np.ndarray, rate: int) -> None:
+    """Mono `samples` (floats in [-1, 1]) encoded into `stream` of `container` in 1024-sample frames."""
+    x = np.asarray(samples, np.float32)
+    for s in range(0, len(x), 1024):
+        frame = av.AudioFrame.from_ndarray(x[None, s: s + 1024], format="flt", layout="mono")
+        frame.sample_rate, frame.pts = rate, s
         for p in stream.encode(frame):
             container.mux(p)
     for p in stream.encode(None):

@@ -7,6 +7,7 @@ Opus may move the level a little). Silence from another publisher leaves it at 0
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fractions
 import math
 import time
@@ -56,17 +57,18 @@ def tracks(amplitude: float):
     return Card(), Tone()
 
 
-def publish_and_read_delta(server, name: str, amplitude: float) -> float:
+@contextlib.asynccontextmanager
+async def publishing(server, name: str, video, audio, mapping: dict):
+    """A WHIP publisher of `video` and `audio` to stream `name`, streaming, with `mapping` set on it;
+    unpublished at the end."""
     from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
     auth = {"Authorization": f"Bearer {TOKEN}"}
-
-    async def main():
-        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-        video, audio = tracks(amplitude)
-        pc.addTransceiver(video, direction="sendonly")
-        pc.addTransceiver(audio, direction="sendonly")
-        await pc.setLocalDescription(await pc.createOffer())
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    pc.addTransceiver(video, direction="sendonly")
+    pc.addTransceiver(audio, direction="sendonly")
+    await pc.setLocalDescription(await pc.createOffer())
+    try:
         async with httpx.AsyncClient(timeout=20) as http:
             r = await http.post(f"{server.url}/whip/{name}", content=pc.localDescription.sdp,
                                 headers={**auth, "Content-Type": "application/sdp"})
@@ -76,18 +78,26 @@ def publish_and_read_delta(server, name: str, amplitude: float) -> float:
             while server.manager.get(name) is None or server.manager.get(name).processed < 2:
                 assert time.monotonic() < deadline
                 await asyncio.sleep(0.05)
-            r = await http.put(f"{server.url}/studio/modulations/{name}", headers=auth, json={"mappings": [
-                {"setting": "delta", "source": {"kind": "audio", "feature": "rms"}, "low": 0.0, "high": 2.0}]})
+            # (the server analyses a stream's audio once a mapping reads it)
+            r = await http.put(f"{server.url}/studio/modulations/{name}", headers=auth, json={"mappings": [mapping]})
             assert r.status_code == 200, r.text
-            session = server.manager.get(name)
+            yield server.manager.get(name)
+            await http.delete(f"{server.url}/whip/{name}", headers=auth)
+    finally:
+        await pc.close()
+
+
+def publish_and_read_delta(server, name: str, amplitude: float) -> float:
+    async def main():
+        mapping = {"setting": "delta", "source": {"kind": "audio", "feature": "rms"}, "low": 0.0, "high": 2.0}
+        async with publishing(server, name, *tracks(amplitude), mapping) as session:
             seen = []
+            deadline = time.monotonic() + 60
             while time.monotonic() < deadline and len(seen) < 8:
                 await asyncio.sleep(0.2)
                 value = session.stats()["settings"].get("delta")
                 if value is not None:
                     seen.append(value)
-            await http.delete(f"{server.url}/whip/{name}", headers=auth)
-        await pc.close()
         assert seen, "the audio mapping never set delta"
         return float(np.median(seen[-4:]))
 
@@ -135,30 +145,12 @@ def test_a_click_track_lands_within_a_frame_of_its_time_after_the_latency_offset
     as onsets read at click time + the latency offset, within +-1 frame (1/15 s) each. (Stamped
     on arrival, they landed 76-90 ms late: aiortc's audio jitter buffer holds 4 packets of 20 ms
     before it hands one on; the server now stamps audio that much earlier.)"""
-    from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
-
-    auth = {"Authorization": f"Bearer {TOKEN}"}
     name, frame_s = "clicks", 1 / 15
+    mapping = {"setting": "seed", "source": {"kind": "audio", "feature": "onset"}, "low": 0, "high": 1000}
 
     async def main():
-        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         clicks: list[float] = []
-        video, _ = tracks(0.0)
-        pc.addTransceiver(video, direction="sendonly")
-        pc.addTransceiver(click_track(clicks), direction="sendonly")
-        await pc.setLocalDescription(await pc.createOffer())
-        async with httpx.AsyncClient(timeout=20) as http:
-            r = await http.post(f"{server.url}/whip/{name}", content=pc.localDescription.sdp,
-                                headers={**auth, "Content-Type": "application/sdp"})
-            assert r.status_code == 201, r.text
-            await pc.setRemoteDescription(RTCSessionDescription(r.text, "answer"))
-            deadline = time.monotonic() + 60
-            while server.manager.get(name) is None or server.manager.get(name).processed < 2:
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.05)
-            r = await http.put(f"{server.url}/studio/modulations/{name}", headers=auth, json={"mappings": [
-                {"setting": "seed", "source": {"kind": "audio", "feature": "onset"}, "low": 0, "high": 1000}]})
-            assert r.status_code == 200, r.text  # (the server analyses a stream's audio once a mapping reads it)
+        async with publishing(server, name, tracks(0.0)[0], click_track(clicks), mapping):
             now = time.monotonic()
             clicks.extend(now + 0.5 + 0.43 * k for k in range(6))  # every 430 ms: off any frame grid
             await asyncio.sleep(clicks[-1] - time.monotonic() + 1.0)
@@ -167,8 +159,6 @@ def test_a_click_track_lands_within_a_frame_of_its_time_after_the_latency_offset
             for c in clicks:  # the first time a frame would see the click as an onset
                 ts = [c + i * 0.002 for i in range(400)]
                 landed.append(next((t for t in ts if view.audio("onset", t) == 1.0), None))
-            await http.delete(f"{server.url}/whip/{name}", headers=auth)
-        await pc.close()
         return clicks, landed, latency
 
     clicks, landed, latency = asyncio.run(asyncio.wait_for(main(), 90))

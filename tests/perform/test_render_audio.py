@@ -9,6 +9,7 @@ import json
 
 import av
 import numpy as np
+from clips import write_audio
 
 from streamstudio.app import cli
 from streamstudio.app.perform.file_audio import FileAudio
@@ -30,13 +31,7 @@ def click_clip(path, clicks=CLICKS, sound: bool = True):
         x = np.zeros(int(RATE * SECONDS), np.float32)
         for t in clicks:
             x[int(t * RATE): int(t * RATE) + 96] = 0.9
-        for s in range(0, len(x), 1024):
-            frame = av.AudioFrame.from_ndarray(x[None, s:s + 1024], format="flt", layout="mono")
-            frame.sample_rate, frame.pts = RATE, s
-            for packet in a.encode(frame):
-                container.mux(packet)
-        for packet in a.encode(None):
-            container.mux(packet)
+        write_audio(container, a, x, RATE)
     for i in range(int(FPS * SECONDS)):
         img = np.full((64, 64, 3), (i * 6) % 256, np.uint8)
         for packet in v.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):

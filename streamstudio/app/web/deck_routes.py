@@ -29,6 +29,9 @@ def mount(app, manager) -> Decks:
     def failed(error: str, status: int, **extra) -> JSONResponse:
         return JSONResponse({"status": "failed", "error": error, **extra}, status_code=status)
 
+    def no_deck(stream: str) -> JSONResponse:
+        return failed(f"stream {stream!r} has no deck" if manager.get(stream) else f"no stream {stream!r}", 404)
+
     # (plain functions: FastAPI runs them in its thread pool, off the event loop: the memory check reads files)
     @app.post("/studio/streams/{stream}/deck", tags=["perform"], status_code=202)
     def load_deck(stream: str, raw: dict = Body(...)):  # noqa: B008 - FastAPI's JSON body
@@ -48,7 +51,7 @@ def mount(app, manager) -> Decks:
         """Deck B's state, frames warmed and memory figures."""
         deck = decks.get(stream)
         if deck is None:
-            return failed(f"stream {stream!r} has no deck" if manager.get(stream) else f"no stream {stream!r}", 404)
+            return no_deck(stream)
         return {"deck": deck.to_json()}
 
     @app.post("/studio/streams/{stream}/switch", tags=["perform"], status_code=202)
@@ -56,7 +59,7 @@ def mount(app, manager) -> Decks:
         """Switch the stream to deck B: a cut or a cross-fade of N seconds, at once or on the next beat."""
         deck = decks.get(stream)
         if deck is None:
-            return failed(f"stream {stream!r} has no deck" if manager.get(stream) else f"no stream {stream!r}", 404)
+            return no_deck(stream)
         try:
             deck.ask_switch(Switch.parse(raw))
         except StreamStudioError as exc:
@@ -68,7 +71,7 @@ def mount(app, manager) -> Decks:
         """Unload deck B before a switch; deck A plays on."""
         deck = decks.get(stream)
         if deck is None:
-            return failed(f"stream {stream!r} has no deck" if manager.get(stream) else f"no stream {stream!r}", 404)
+            return no_deck(stream)
         try:
             deck.unload()
         except StreamStudioError as exc:
