@@ -235,3 +235,24 @@ def download_model(repo: str, patterns: list[str]) -> str:
 
     with quiet_hub():
         return snapshot_download(repo, allow_patterns=patterns)
+
+
+def fetch_file(repo: str, filename: str) -> Path:
+    """One file of hub repo `repo`: from the local cache, else downloaded when the hub can be
+    reached (huggingface_hub's progress bar); a clear error when neither."""
+    from huggingface_hub import hf_hub_download
+
+    found = cached_file(repo, filename)
+    if found is not None:
+        return found
+    why = hub_off(False)
+    if why:
+        raise not_cached(f"{repo}:{filename}", repo, why)
+    log.warning("Downloading %s from %s into the Hugging Face cache; this happens once.", filename, repo)
+    try:
+        with quiet_hub():
+            return Path(hf_hub_download(repo, filename))
+    except Exception as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise not_cached(f"{repo}:{filename}", repo, f"the download failed ({first_line(exc)})") from exc

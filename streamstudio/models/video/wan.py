@@ -399,11 +399,39 @@ def check_layout(folder: Path, model: str) -> None:
                                 f"a 48-channel VAE), not tried here; give {WAN_HINT}")
 
 
+@dataclass
+class WanPieces:
+    """A Wan folder's text encoder and VAE, without its transformer (a causal generator's base)."""
+
+    codec: WanCodec
+    text_encoder: UMT5TextEncoder
+
+
+def load_wan_pieces(model: str, device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
+                    local_files_only: bool | None = None) -> WanPieces:
+    """The UMT5 text encoder (in `dtype`) and the VAE (float32) of a diffusers Wan 2.1 folder or hub id."""
+    from diffusers import AutoencoderKLWan
+
+    device = torch.device(device)
+    dtype = dtype or default_dtype(device)
+    folder = resolve_folder(model, local_files_only)
+    try:
+        with quiet_hub():
+            vae = AutoencoderKLWan.from_pretrained(str(folder), subfolder="vae", torch_dtype=torch.float32)
+            encoder = UMT5EncoderModel.from_pretrained(str(folder), subfolder="text_encoder", dtype=dtype)
+            tokenizer = AutoTokenizer.from_pretrained(str(folder), subfolder="tokenizer")
+    except (OSError, ValueError) as exc:
+        raise _missing(model, f"its files in {folder} could not be read ({_first_line(exc)})") from exc
+    # (transformers wraps PreTrainedModel.to with functools.wraps(nn.Module.to): its stubs read as unbound)
+    encoder = encoder.to(device).eval().requires_grad_(False)  # type: ignore[arg-type]
+    return WanPieces(WanCodec(vae.to(device)), UMT5TextEncoder(tokenizer, encoder, dtype=dtype))
+
+
 def load_wan(model: str, device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
              local_files_only: bool | None = None) -> WanModel:
     """Load a diffusers Wan 2.1 text-to-video checkpoint (folder or hub id) onto `device`: the
     transformer and the text encoder in `dtype` (None: `default_dtype(device)`), the VAE in float32."""
-    from diffusers import AutoencoderKLWan, WanTransformer3DModel
+    from diffusers import WanTransformer3DModel
 
     device = torch.device(device)
     dtype = dtype or default_dtype(device)
@@ -412,16 +440,11 @@ def load_wan(model: str, device: torch.device | str = "cpu", dtype: torch.dtype 
     try:
         with quiet_hub():
             transformer = WanTransformer3DModel.from_pretrained(str(folder), subfolder="transformer", torch_dtype=dtype)
-            vae = AutoencoderKLWan.from_pretrained(str(folder), subfolder="vae", torch_dtype=torch.float32)
-            encoder = UMT5EncoderModel.from_pretrained(str(folder), subfolder="text_encoder", dtype=dtype)
-            tokenizer = AutoTokenizer.from_pretrained(str(folder), subfolder="tokenizer")
     except (OSError, ValueError) as exc:
         raise _missing(model, f"its files in {folder} could not be read ({_first_line(exc)})") from exc
-    if vae.config.z_dim != transformer.config.in_channels:
-        raise StreamStudioError(f"{model!r}: the VAE's {vae.config.z_dim} latent channels do not match the "
+    pieces = load_wan_pieces(str(folder), device, dtype)
+    if pieces.codec.channels != transformer.config.in_channels:
+        raise StreamStudioError(f"{model!r}: the VAE's {pieces.codec.channels} latent channels do not match the "
                                 f"transformer's {transformer.config.in_channels} input channels")
     transformer = transformer.to(device).eval().requires_grad_(False)
-    # (transformers wraps PreTrainedModel.to with functools.wraps(nn.Module.to): its stubs read as unbound)
-    encoder = encoder.to(device).eval().requires_grad_(False)  # type: ignore[arg-type]
-    text = UMT5TextEncoder(tokenizer, encoder, dtype=dtype)
-    return WanModel(transformer, WanCodec(vae.to(device)), text, model, device, dtype)
+    return WanModel(transformer, pieces.codec, pieces.text_encoder, model, device, dtype)
