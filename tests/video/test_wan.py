@@ -218,6 +218,12 @@ def test_codec_round_trip_and_normalisation(loaded):
     torch.testing.assert_close(stream.decode(lat[:2]), whole[:5], rtol=1e-4, atol=1e-5)
     with pytest.raises(StreamStudioError, match="1 \\+ 4k frames"):
         codec.encode(images[:8])
+    # streaming encode (a causal stream's video-to-video): 1 + 4, then 4 frames a call = one encode of all 9
+    parts = [stream.encode(images[:5]), stream.encode(images[5:])]
+    assert [p.shape[0] for p in parts] == [2, 1]
+    torch.testing.assert_close(torch.cat(parts), z, rtol=1e-5, atol=1e-5)
+    with pytest.raises(StreamStudioError, match="4k at a time"):
+        stream.encode(images[:3])
 
 
 def test_stream_codec_of_the_wan_2_2_vae_layout():

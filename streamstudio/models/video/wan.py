@@ -231,10 +231,11 @@ class WanCodec:
 
 
 class WanStreamCodec:
-    """A WanCodec whose `decode` continues the video of its earlier calls: the VAE decoder's
-    causal cache is kept between calls, so chunks decoded one after another give exactly the
-    frames of decoding them all at once (the first call's first latent frame: 1 frame; every
-    other latent frame: 4). `reset()` starts a new video. Encoding is the codec's own."""
+    """A WanCodec whose `decode` and `encode` continue the video of their earlier calls: the VAE
+    decoder's and encoder's causal caches are kept between calls, so chunks one after another give
+    exactly what one call on the whole video gives (decoding: the first call's first latent frame
+    gives 1 frame, every other latent frame 4; encoding: the first call takes 1 + 4k frames, every
+    later one 4k). `reset()` starts a new video."""
 
     def __init__(self, codec: WanCodec):
         self.codec = codec
@@ -246,9 +247,27 @@ class WanStreamCodec:
         self._cache: list = [None] * convs  # the decoder's per-conv causal context
         self._first = True
         self.decoded = 0  # latent frames decoded since the start
+        enc_convs = sum(isinstance(m, WanCausalConv3d) for m in self.codec.vae.encoder.modules())
+        self._enc_cache: list = [None] * enc_convs  # the encoder's
+        self.encoded = 0  # frames encoded since the start
 
+    @torch.no_grad()
     def encode(self, images: torch.Tensor) -> torch.Tensor:
-        return self.codec.encode(images)
+        """The next frames (F, 3, H, W) in [-1, 1] -> their normalised latents: the first call's F
+        = 1 + 4k frames give 1 + k latent frames, every later call's F = 4k give k (as
+        AutoencoderKLWan._encode, with the cache kept; the posterior's mode)."""
+        codec, vae = self.codec, self.codec.vae
+        f, k = images.shape[0], codec.temporal
+        first = self.encoded == 0
+        if (f - 1 if first else f) % k or f == 0 or vae.config["patch_size"] is not None:
+            raise StreamStudioError(f"the Wan VAE encodes a stream's first 1 + {k}k frames, then {k}k at a "
+                                    f"time (Wan 2.1's VAE layout); got {f} frames")
+        x = images.to(codec.device, codec.dtype).permute(1, 0, 2, 3)[None]  # (1, 3, F, H, W)
+        groups = ([x[:, :, :1]] if first else []) + [x[:, :, i:i + k] for i in range(1 if first else 0, f, k)]
+        outs = [vae.encoder(g, feat_cache=self._enc_cache, feat_idx=[0]) for g in groups]
+        z = vae.quant_conv(torch.cat(outs, dim=2))[:, :codec.channels].float()  # the mode: the mean half
+        self.encoded += f
+        return ((z - codec.mean) / codec.std)[0].permute(1, 0, 2, 3)  # (n, C, h, w)
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
