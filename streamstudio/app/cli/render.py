@@ -83,6 +83,10 @@ def add_video_arguments(parser: argparse.ArgumentParser) -> None:
     add_setting_flags(g, table=live_settings.VIDEO_SETTINGS)  # --video-strength, --video-guidance, --num-chunks, ...
     g.add_argument("--prompt-change", action="append", default=None, metavar="FRAME:PROMPT",
                    help="switch to PROMPT from output frame FRAME on (repeatable)")
+    g.add_argument("--wan-base", default=None, metavar="FOLDER_OR_HUB_ID",
+                   help="a causal generator's Wan 2.1 base (text encoder and VAE): a diffusers folder or hub id "
+                        "(default Wan-AI/Wan2.1-T2V-1.3B-Diffusers); with --model a Self-Forcing, CausVid or "
+                        "StreamDiffusionV2 .pt file or hub id")
 
 
 # ---------------------------------------------------------------------------- settings

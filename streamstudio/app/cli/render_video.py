@@ -61,7 +61,7 @@ def run_video_render(args) -> int:
     source = open_input(spec, fps) if spec else None
     try:
         model, meta = load_video_model(getattr(args, "model", None), getattr(args, "device", None) or "auto",
-                                       getattr(args, "dtype", None) or "auto")
+                                       getattr(args, "dtype", None) or "auto", base=getattr(args, "wan_base", None))
         use_threads(getattr(args, "threads", None), next(model.parameters()).device)
         # the flags given
         settings = {"strength": DEFAULT_STRENGTH, **config_values(vars(args), live_settings.VIDEO_SETTINGS)}
@@ -87,11 +87,10 @@ def run_video_render(args) -> int:
         raise
     fit = getattr(args, "fit", None) or "crop"
     processor = VideoFrames(stream, parse_prompt_changes(getattr(args, "prompt_change", None)), fit)
-    b = stream.cfg.buffer
     name = "the built-in StreamDiT" if getattr(args, "model", None) in BUILTIN_NAMES else args.model
     fitted = f" ({fit})" if aspect is not None and abs(aspect - width / height) >= 0.01 else ""
-    print(f"model {name}, {width}x{height}{fitted}, buffer {b.num_chunks} chunks x {b.chunk_size} frames, "
-          f"{b.micro_steps} micro-step(s) ({b.solver}), on {next(model.parameters()).device}", flush=True)
+    print(f"model {name}, {width}x{height}{fitted}, {stream.summary}, on {next(model.parameters()).device}",
+          flush=True)
     info = source.info
     total = info.frame_count or (round(info.duration * info.fps) if info.duration else None)
     runner = Runner(source, processor, sink, RunnerConfig(live=False, max_frames=max_frames))

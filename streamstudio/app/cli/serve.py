@@ -30,6 +30,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--port", type=number(int, 1, 65535), default=7860, help="port (default 7860)")
     p.add_argument("--auth", default=None, metavar="USER:PASS",
                    help="require this login (default: $STREAMSTUDIO_AUTH when set)")
+    p.add_argument("--video-model", default=None, metavar="MODEL",
+                   help="one more model for the Video tab beside the built-in ones: a StreamDiT checkpoint folder, a "
+                        "Wan 2.1 folder or hub id, a causal checkpoint folder or a Self-Forcing / CausVid / "
+                        "StreamDiffusionV2 .pt file or hub id")
     p.add_argument("--max-streams", type=number(int, 1, 10_000), default=4,
                    help="concurrent live streams at most, every tab's together (default 4)")
     p.add_argument("--gpus", type=number(int, 1, 1024), default=1,

@@ -141,7 +141,8 @@ def build_app(args, model=None):
     app.state.link = LinkFollower(manager.inputs.clock) if getattr(args, "link", False) else None
     api_docs.mount(app)  # /studio/openapi.json and /studio/api: every route above, for show-control tools
     blocks = ui.build_ui(manager, rtc_config=rtc, outputs=live_outputs,
-                         file_ttl=int(getattr(args, "upload_ttl", 300.0)), host=args.host or "127.0.0.1")
+                         file_ttl=int(getattr(args, "upload_ttl", 300.0)), host=args.host or "127.0.0.1",
+                         video_model=getattr(args, "video_model", None))
     silence_gradio_debug_prints()
     with contextlib.redirect_stdout(io.StringIO()):  # gradio prints "new /" here
         app = gr.mount_gradio_app(app, blocks, path="/", server_name=args.host or "127.0.0.1",

@@ -1,6 +1,8 @@
 """Opening a video stream: the built-in StreamDiT, a trained checkpoint folder or a Wan 2.1
 checkpoint becomes a `VideoStream` with the checkpoint's sampling defaults (render --pipeline
-video and the Video tab), and `VideoFrames` makes it a frame processor the runner drives."""
+video and the Video tab); a causal model (the built-in causal one, a causal checkpoint folder, a
+released CausVid / Self-Forcing / StreamDiffusionV2 generator) a `CausalVideoStream` with the
+same frame API; `VideoFrames` makes either a frame processor the runner drives."""
 
 from __future__ import annotations
 
@@ -17,8 +19,12 @@ if TYPE_CHECKING:  # torch and the models load when a stream opens, not when the
     import torch
 
     from streamstudio.models.video import wan
+    from streamstudio.models.video.causal_checkpoint import CausalModel
     from streamstudio.models.video.stream_dit import StreamDiT, VideoNetwork
+    from streamstudio.pipelines.video.causal_video import CausalVideoStream
     from streamstudio.pipelines.video.stream_video import VideoStream
+
+    AnyVideoStream = VideoStream | CausalVideoStream
 
 
 BUILTIN_NAMES = (None, "", "auto", "tiny", "builtin", "stream_dit_tiny")
@@ -36,16 +42,52 @@ DEFAULT_STRENGTH = VIDEO_SETTINGS["strength"].default  # video-to-video (the tab
 LATENT_SCALE = 8  # output pixels per latent pixel by default (the checkpoint's 32x32 grid -> 256x256)
 
 
-def load_video_model(model: str | None, device: torch.device | str = "auto", dtype: str | torch.dtype = "auto"
-                     ) -> tuple[StreamDiT | wan.WanModel, dict]:
-    """The built-in tiny StreamDiT for None/auto/tiny, else a checkpoint folder, or a Wan 2.1 checkpoint
-    (`load_wan_model`); on `device` ("auto": the GPU when there is one) in `dtype` ("auto": float16 on
-    a GPU, float32 on CPU)."""
+def is_causal_model(model: str | None) -> bool:
+    """A causal video model's name: the built-in causal one, a causal checkpoint folder, a released
+    generator's .pt file or hub id (models/video/causal_checkpoint.py)."""
+    from streamstudio.models.video import causal_checkpoint as cc
+
+    if not model:
+        return False
+    if model in cc.BUILTIN_CAUSAL_NAMES or model.endswith((".pt", ".pth")):
+        return True
+    return cc.is_causal_folder(model) or model.partition(":")[0] in cc.HUB_FILES
+
+
+def load_causal_model(model: str, device: torch.device, dtype: str | torch.dtype = "auto",
+                      base: str | None = None) -> tuple[CausalModel, dict]:
+    """A causal model on `device`: a project checkpoint (the built-in one for its names) in float32 on
+    CPU and float16 on a GPU for "auto"; a released Wan generator in bfloat16 on a GPU (Wan's weights),
+    with `base`'s text encoder and VAE (a diffusers Wan 2.1 folder or hub id)."""
+    from streamstudio.device import pick_dtype
+    from streamstudio.models.video import causal_checkpoint as cc
+    from streamstudio.models.video import wan
+
+    if model in cc.BUILTIN_CAUSAL_NAMES or cc.is_causal_folder(model):
+        folder = cc.BUILTIN_CAUSAL if model in cc.BUILTIN_CAUSAL_NAMES else model
+        loaded = cc.load_causal_checkpoint(folder, device, pick_dtype(device, dtype) if isinstance(dtype, str)
+                                           else dtype)
+    else:
+        if isinstance(dtype, str):
+            dtype = wan.default_dtype(device) if dtype == "auto" else pick_dtype(device, dtype)
+        loaded = cc.load_released(model, base, device, dtype)
+    return loaded, {"sampling": loaded.sampling, "causal": True, "family": loaded.family}
+
+
+def load_video_model(model: str | None, device: torch.device | str = "auto", dtype: str | torch.dtype = "auto",
+                     base: str | None = None) -> tuple[StreamDiT | wan.WanModel | CausalModel, dict]:
+    """The built-in tiny StreamDiT for None/auto/tiny, else a checkpoint folder, a Wan 2.1 checkpoint
+    (`load_wan_model`) or a causal model (`load_causal_model`, `base`: a released generator's Wan
+    base model); on `device` ("auto": the GPU when there is one) in `dtype` ("auto": float16 on a
+    GPU, float32 on CPU)."""
     from streamstudio.device import pick_device, pick_dtype
     from streamstudio.models.video import wan
     from streamstudio.models.video.stream_dit import BUILTIN_CHECKPOINT, load_checkpoint
 
     device = pick_device(device) if isinstance(device, str) else device
+    if is_causal_model(model):
+        assert model is not None  # (is_causal_model says False for None)
+        return load_causal_model(model, device, dtype, base)
     if model is not None and model not in BUILTIN_NAMES and wan.is_wan_model(model):  # a Wan 2.1 folder or hub id
         return load_wan_model(model, device, dtype)
     dtype = pick_dtype(device, dtype) if isinstance(dtype, str) else dtype
@@ -75,11 +117,11 @@ def latent_size(side: tuple[int, int], patch: int, window: tuple[int, int, int],
     return long_tokens * patch, tokens(long_tokens * aspect, window[2]) * patch
 
 
-def build_stream(model: StreamDiT | wan.WanModel, meta: dict, prompt: str, *, strength: float = 1.0, seed: int = 0,
-                 width: int | None = None, height: int | None = None, aspect: float | None = None,
+def build_stream(model: StreamDiT | wan.WanModel | CausalModel, meta: dict, prompt: str, *, strength: float = 1.0,
+                 seed: int = 0, width: int | None = None, height: int | None = None, aspect: float | None = None,
                  num_chunks: int | None = None, chunk_size: int | None = None, micro_steps: int | None = None,
                  guidance: float | None = None, acceleration: str = "none",
-                 warmup: bool | None = None, solver: str | None = None) -> VideoStream:
+                 warmup: bool | None = None, solver: str | None = None) -> AnyVideoStream:
     """A VideoStream with the checkpoint's sampling defaults, overridden where given, on the
     model's device and dtype. Its output is `width` x `height`; a side not given follows `aspect`
     (the input's width / height; None: the checkpoint's grid) with the checkpoint's side times
@@ -97,6 +139,17 @@ def build_stream(model: StreamDiT | wan.WanModel, meta: dict, prompt: str, *, st
     from streamstudio.models.video.wan import WanModel
     from streamstudio.pipelines.video.stream_video import StreamBufferConfig, StreamVideoConfig, VideoStream
 
+    from streamstudio.models.video.causal_checkpoint import CausalModel
+
+    if isinstance(model, CausalModel):
+        if num_chunks is not None or micro_steps is not None or guidance is not None:
+            raise StreamStudioError("--num-chunks, --micro-steps and --video-guidance are the StreamDiT buffer's; a "
+                                    "causal model makes chunks of --chunk-size latent frames in its own distilled "
+                                    "steps, without guidance")
+        from streamstudio.app.streams.causal import build_causal_stream
+
+        return build_causal_stream(model, prompt, strength=strength, seed=seed, width=width,
+                                   height=height, aspect=aspect, chunk_frames=chunk_size, acceleration=acceleration)
     if isinstance(model, WanModel):
         return build_wan_stream(model, prompt, strength=strength, seed=seed, width=width, height=height,
                                 aspect=aspect, num_chunks=num_chunks, chunk_size=chunk_size,
@@ -197,7 +250,7 @@ class VideoFrames:
     applies to what the model makes from frame i on. Runs in inference mode (in the runner's
     processing thread)."""
 
-    def __init__(self, stream: VideoStream, changes: dict[int, str] | None = None, fit: str = "crop"):
+    def __init__(self, stream: AnyVideoStream, changes: dict[int, str] | None = None, fit: str = "crop"):
         self.stream, self.fit = stream, fit
         self.changes = dict(changes or {})
         self.index = 0  # the next frame's number

@@ -141,13 +141,14 @@ def theme():
 
 
 def build_ui(manager: SessionManager, rtc_config: dict | None = None, outputs: Outputs | None = None,
-             file_ttl: int = 300, host: str | None = None):
+             file_ttl: int = 300, host: str | None = None, video_model: str | None = None):
     """The app's Blocks. Files Gradio keeps for it (uploads, cached frames) are deleted `file_ttl`
     seconds after they were made, checked every minute, and all of them when the server stops.
     `host`: the address the server binds, where the Live tab's WebRTC media go; `outputs`: the
-    server's live outputs (app/web/outputs.py), which the Live output tab starts and stops."""
+    server's live outputs (app/web/outputs.py), which the Live output tab starts and stops;
+    `video_model`: one more model for the Video tab (serve --video-model)."""
     outputs = outputs if outputs is not None else Outputs(manager)
-    extra_tabs = optional_tabs(manager)
+    extra_tabs = optional_tabs(manager, video_model)
     with gr.Blocks(title="StreamStudio", analytics_enabled=False, css=CSS, theme=theme(),
                    delete_cache=(min(60, file_ttl), file_ttl)) as demo:
         demo.load(None, js=CAMERA_JS)
@@ -624,7 +625,8 @@ def _output_status(out: LiveOutput | None) -> str:
     return text
 
 
-def optional_tabs(manager: SessionManager) -> list[tuple[str, str, Callable[[], object]]]:
+def optional_tabs(manager: SessionManager, video_model: str | None = None
+                  ) -> list[tuple[str, str, Callable[[], object]]]:
     """(label, id, build) of the Video and Splats tabs whose modules are in this build and build
     on their own (checked outside the app, so a broken tab is left out, never the whole app)."""
     tabs: list[tuple[str, str, Callable[[], object]]] = []
@@ -633,7 +635,7 @@ def optional_tabs(manager: SessionManager) -> list[tuple[str, str, Callable[[], 
     except ImportError:
         pass
     else:
-        tabs.append(("Video", "video", lambda: build_video_tab(slots=manager)))
+        tabs.append(("Video", "video", lambda: build_video_tab(slots=manager, extra_model=video_model)))
     try:
         from streamstudio.app.web.splat_tab import build_splat_tab
     except ImportError:

@@ -28,11 +28,13 @@ from streamstudio.streaming.runner import Runner, RunnerConfig
 from streamstudio.streaming.sinks import NullSink
 from streamstudio.streaming.sources import DEFAULT_FPS, PushSource
 from streamstudio.app.settings import video_controls, video_values, widget
+from streamstudio.models.video.causal_checkpoint import BUILTIN_CAUSAL, is_causal_folder
 from streamstudio.models.video.stream_dit import BUILTIN_CHECKPOINT, read_checkpoint_config
 from streamstudio.pipelines.live_settings import SETTINGS, VIDEO_SETTINGS
 
 if TYPE_CHECKING:
     from streamstudio.app.web.sessions import SessionManager
+    from streamstudio.models.video.causal_checkpoint import CausalModel
     from streamstudio.models.video.stream_dit import StreamDiT
     from streamstudio.models.video.wan import WanModel
 
@@ -45,7 +47,7 @@ MAX_FRAMES = 2000
 class VideoModel:
     """A loaded video model, shared by every session's streams (only read), and its one guard."""
 
-    model: StreamDiT | WanModel
+    model: StreamDiT | WanModel | CausalModel
     meta: dict
     guard: ModelGuard = field(default_factory=ModelGuard, compare=False)
 
@@ -138,7 +140,8 @@ class TabStream:
     @property
     def solver(self) -> str:
         """How the stream moves a frame one level (euler, ab2, heun)."""
-        return self.frames.stream.cfg.buffer.solver
+        buffer = getattr(self.frames.stream.cfg, "buffer", None)  # (a causal stream has no buffer levels)
+        return buffer.solver if buffer is not None else "euler"
 
     def latest(self) -> np.ndarray | None:
         """The newest finished frame (None until the stream's buffer has filled)."""
@@ -259,9 +262,31 @@ def webcam_frame(session: VideoSession, frame: np.ndarray | None, prompt: str, s
     return None if session.v2v is None else session.v2v.latest()
 
 
-def build_video_tab(slots=None) -> None:
+def model_choices(extra: str | None = None) -> list[tuple[str, str]]:
+    """The Video tab's models (label, name): the built-in StreamDiT, the built-in causal model
+    (when its checkpoint is installed) and `extra` (serve --video-model)."""
+    choices = [("StreamDiT (built-in)", "builtin")]
+    if is_causal_folder(BUILTIN_CAUSAL):
+        choices.append(("Causal, KV cache (built-in)", "builtin-causal"))
+    if extra and extra not in {name for _, name in choices}:
+        choices.append((extra, extra))
+    return choices
+
+
+def choose_model(session: VideoSession, name: str) -> str:
+    """Streams opened from now on use model `name` (the running ones stop)."""
+    session.model = None if name == "builtin" else name
+    for stream in (session.t2v, session.v2v):
+        if stream is not None:
+            stream.close()
+    session.v2v = None
+    return f"model: {name}"
+
+
+def build_video_tab(slots=None, extra_model: str | None = None) -> None:
     """The Video tab's components and events, inside an open `gr.Tab`; `slots` (the server's
-    SessionManager) counts its streams against --max-streams with the other tabs'."""
+    SessionManager) counts its streams against --max-streams with the other tabs'; `extra_model`
+    is offered beside the built-in models."""
     import gradio as gr
 
     # its threads end with the page
@@ -274,6 +299,9 @@ def build_video_tab(slots=None) -> None:
             prompt = widget(SETTINGS["prompt"], DEFAULT_PROMPT, label="Prompt (press Enter to change it mid-stream)",
                             lines=1, elem_id=None)
             seed = widget(SETTINGS["seed"], 0)
+            choices = model_choices(extra_model)
+            model = gr.Radio(choices, value=choices[0][1], label="Model (the StreamDiT buffer, or a causal "
+                             "model's chunks over its KV cache)", elem_id="video-model")
             step = video_controls(["solver"], {"solver": builtin_solver()})["solver"]  # both streams'
             with gr.Row():
                 start_btn = gr.Button("Generate", variant="primary", elem_id="video-generate")
@@ -300,6 +328,7 @@ def build_video_tab(slots=None) -> None:
         except StreamStudioError as exc:  # the server is full: said on the page, as the Live tab says it
             raise gr.Error(str(exc), print_exception=False) from exc
 
+    model.change(choose_model, [state, model], status)
     start_btn.click(_generate, [state, prompt, seed, step], [video, status])
     prompt.submit(change_prompt, [state, prompt], status)
     stop_btn.click(stop, state, status)

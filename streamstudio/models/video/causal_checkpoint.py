@@ -66,6 +66,10 @@ class CausalModel:
     temporal: int = 1  # video frames per latent frame after the first (Wan's VAE: 4)
     family: str = "project"
 
+    def parameters(self):
+        """The network's parameters (their device and dtype are the stream's), as WanModel's."""
+        return self.model.parameters()
+
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device

@@ -243,6 +243,13 @@ class CausalVideoStream:
         return None
 
     @property
+    def summary(self) -> str:
+        """One line on the stream's layout (render prints it)."""
+        c = self.cfg.sampler
+        return (f"causal chunks of {c.chunk_frames} latent frame(s), {len(c.steps)} step(s), window {c.window} "
+                f"(sink {c.sink}), cache {self.sampler.cache_bytes / 1e6:.1f} MB")
+
+    @property
     def chunk_input_frames(self) -> int:
         """Video frames the next chunk takes."""
         c, k = self.cfg.sampler.chunk_frames, self.cfg.temporal

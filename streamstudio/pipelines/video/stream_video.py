@@ -347,6 +347,12 @@ class VideoStream:
             return (self.cfg.out_height, self.cfg.out_width)
         return None
 
+    @property
+    def summary(self) -> str:
+        """One line on the stream's layout (render prints it)."""
+        b = self.cfg.buffer
+        return f"buffer {b.num_chunks} chunks x {b.chunk_size} frames, {b.micro_steps} micro-step(s) ({b.solver})"
+
     def set_prompt(self, prompt: str) -> None:
         self.sampler.set_prompt(prompt)
 
