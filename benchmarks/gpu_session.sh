@@ -24,6 +24,8 @@
 #   second (call 2, 240 s)
 #     splats            benchmarks/splats.py --cuda-only: 1M Gaussians at 1920x1080
 #     video             benchmarks/stream_video.py --gpu-only: the 4B config's step (paper: 482 ms)
+#     causal            benchmarks/causal_video.py --gpu-only: the causal 1.3B at 480x832, ms a chunk and fps
+#                       (StreamDiffusionV2: 64.5 fps on 4 H100s)
 #     addons            benchmarks/stream_diffusion.py --part addons: 1 and 2 ControlNets, a LoRA fused
 #                       and unfused, the SDXL UNet, against the plain model
 #     webapp            only where Gradio, fastrtc, aiortc and PyAV import: the image has none; their wheels
@@ -81,10 +83,10 @@ done
 # addons 91-93; frame_path and peers estimated (two or three UNet compiles each, 40-60 s a compile
 # cold); the machine's start took 30-60 s.
 declare -A LIMIT=([build]=15 [tests]=60 [frame_path]=230 [multistream]=85 [peers]=110 [tensorrt]=0
-                  [splats]=15 [video]=25 [addons]=110 [webapp]=0
+                  [splats]=15 [video]=25 [causal]=40 [addons]=110 [webapp]=0
                   [kernels]=140 [stream_diffusion]=100 [tests_slow]=110 [kernels_full]=100)
 FIRST="build tests frame_path multistream peers tensorrt"
-SECOND="splats video addons webapp"
+SECOND="splats video causal addons webapp"
 LATER="kernels stream_diffusion tests_slow kernels_full"  # only when named
 RESERVE=15                         # kept for the summary
 CALL_FIRST=540 CALL_SECOND=240     # the device calls' timeout_s
@@ -227,6 +229,7 @@ stage kernels python3 benchmarks/kernel_ops.py --quick --out "$OUT/kernels.json"
 stage stream_diffusion python3 benchmarks/stream_diffusion.py --device cuda --part core \
   --out "$OUT/stream_diffusion.json" "${HELP[@]}"
 stage video python3 benchmarks/stream_video.py --gpu-only --output "$OUT/stream_video.json" "${HELP[@]}"
+stage causal python3 benchmarks/causal_video.py --gpu-only --out "$OUT/causal_video.json" "${HELP[@]}"
 stage splats python3 benchmarks/splats.py --cuda-only --out "$OUT/splats.json" "${HELP[@]}"
 stage multistream python3 benchmarks/multistream.py --quick --out "$OUT/multistream.json" "${HELP[@]}"
 case "$STAGES" in *" tensorrt "*)
