@@ -133,7 +133,9 @@ def build_app(args, model=None):
     live_outputs = outputs.Outputs(manager, args.output_dir, output_limits(args))
     outputs.mount(app, live_outputs)
     metrics.mount(app, manager, live_outputs)
-    manager.inputs = LiveInputs()  # the tempo clock and MIDI the streams' modulations read (issue 48)
+    latency_ms = getattr(args, "audio_latency_ms", None)  # (None: each stream's measured glass-to-glass)
+    manager.inputs = LiveInputs(audio_latency_s=None if latency_ms is None else latency_ms / 1000.0,
+                                sessions=manager.get)  # the tempo clock, MIDI and audio the modulations read (issue 48)
     if getattr(args, "show", None):
         manager.inputs.load_show(read_show(args.show))
     perform_routes.mount(app, manager, manager.inputs)
