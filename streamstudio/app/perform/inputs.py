@@ -123,6 +123,18 @@ def audio_samples(frame) -> tuple[np.ndarray, int, int]:
     return samples, frame.sample_rate, channels
 
 
+def stream_audio(manager, sid: str, samples: np.ndarray, sample_rate: int, t_end: float, channels: int = 1) -> bool:
+    """Audio of stream `sid` (its last sample captured at `t_end`, time.monotonic()) to its audio
+    features, when one of its mappings reads audio (a WHIP publisher's, an NDI source's); returns
+    whether it was taken."""
+    session, inputs = manager.get(sid), getattr(manager, "inputs", None)
+    mods = getattr(session, "modulations", None)
+    if inputs is None or mods is None or not mods.uses("audio"):
+        return False
+    inputs.feed_audio(sid, samples, sample_rate, t_end, channels)
+    return True
+
+
 def opened(manager, session) -> None:
     """A stream that opens on `manager` listens to the server's inputs and takes the show's
     modulations for it (its name's, else the show's "*")."""

@@ -19,7 +19,7 @@ from streamstudio.app.web.sessions import Pending, SessionManager
 if TYPE_CHECKING:
     from streamstudio.app.web.sessions import StreamSession
 from streamstudio.app.web.webrtc import OfferRefused
-from streamstudio.app.perform.inputs import audio_samples
+from streamstudio.app.perform.inputs import audio_samples, stream_audio
 from streamstudio.app.web.rtp_receive import receive_video_without_delay
 
 log = logging.getLogger(__name__)
@@ -341,15 +341,14 @@ AUDIO_RECEIVE_HOLD = 4  # aiortc's RTCRtpReceiver: JitterBuffer(capacity=16, pre
 
 def listen(manager, sid: str, frame) -> None:
     """A publisher's audio frame to its stream's modulations, when one of them reads audio (issue 48)."""
-    session, inputs = manager.get(sid), getattr(manager, "inputs", None)
-    mods = getattr(session, "modulations", None)
-    if inputs is None or mods is None or not any(m.source.kind == "audio" for m in mods.mappings):
-        return
+    mods = getattr(manager.get(sid), "modulations", None)
+    if getattr(manager, "inputs", None) is None or mods is None or not mods.uses("audio"):
+        return  # (not decoded for nothing)
     samples, rate, channels = audio_samples(frame)
     # the frame's last sample was captured about AUDIO_RECEIVE_HOLD frames before it reached us: aiortc's
     # audio jitter buffer releases a packet once that many more are queued (a 20 ms Opus frame: 80 ms)
     held = AUDIO_RECEIVE_HOLD * len(samples) / max(1, channels) / rate
-    inputs.feed_audio(sid, samples, rate, time.monotonic() - held, channels)
+    stream_audio(manager, sid, samples, rate, time.monotonic() - held, channels)
 
 
 async def end_orphans(sessions: WhipSessions, sid: str) -> None:
