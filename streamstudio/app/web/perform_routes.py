@@ -46,6 +46,17 @@ def set_modulations(manager, inputs: LiveInputs, stream: str, raw) -> Modulation
     return mods
 
 
+def set_mappings(manager, inputs: LiveInputs, stream: str, mappings: list[dict]) -> Modulations | None:
+    """Stream `stream`'s mappings replaced by `mappings` (their JSON form), its set latency offset
+    kept: what the Live tab's MIDI learn and mapping controls change."""
+    session = manager.get(stream)
+    latency = getattr(getattr(session, "modulations", None), "latency_ms", None)
+    raw: dict = {"mappings": mappings}
+    if latency is not None:
+        raw["latency_ms"] = latency
+    return set_modulations(manager, inputs, stream, raw)
+
+
 OSC_ADDRESSES = ("/streamstudio/tempo", "/streamstudio/tap", "/streamstudio/midi")  # and /{stream}/modulations
 
 
