@@ -115,7 +115,7 @@ def frame_rate(fps: float) -> tuple[int, int]:
     return rate.numerator, rate.denominator
 
 
-def audio_samples(frame) -> tuple[np.ndarray, int, int]:
+def audio_samples(frame: Any) -> tuple[np.ndarray, int, int]:  # an NDIlib.AudioFrameV2 or V3
     """An NDI audio frame (audio_frame_v2/v3: planar float32, each channel's plane
     channel_stride_in_bytes after the last) as (samples interleaved float32, sample rate, channels)."""
     channels, n = max(1, int(frame.no_channels)), int(frame.no_samples)
@@ -127,7 +127,7 @@ def audio_samples(frame) -> tuple[np.ndarray, int, int]:
     return np.ascontiguousarray(planes.T).reshape(-1), int(frame.sample_rate), channels
 
 
-def audio_captured(frame, arrival: float, wall: float) -> float:
+def audio_captured(frame: Any, arrival: float, wall: float) -> float:
     """The time.monotonic() at which the frame's last sample was captured: the sender's timestamp
     (UTC, 100 ns units: when it handed the frame, whole, to the SDK) carried onto this machine's
     clock by the arrival (`arrival` monotonic, `wall` time.time(), taken together), when it is

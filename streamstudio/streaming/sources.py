@@ -546,6 +546,7 @@ class NdiSource(Source):
 
         self.max_side = max_side
         self.on_audio: AudioCallback | None = None
+        self.origin: float | None = None  # the sender's timecode (s) of frames()' first frame: pts 0
         self._recv = NdiReceiver(spec, FIND_TIMEOUT if find_timeout is None else find_timeout, connect=False)
         self.name = self._recv.name
         rgb, _, fps = self._first_frame()
@@ -568,6 +569,7 @@ class NdiSource(Source):
         self._recv.on_audio = self.on_audio
         first = self._first_frame()
         index, t0 = 0, first[1]
+        self.origin = t0
         item: tuple[np.ndarray, float, float | None] | None = first
         while item is not None:
             rgb, stamp, _ = item

@@ -2,7 +2,8 @@
 at the library's boundary (`ndi_fake.FakeNdi`: NDI discovers by multicast). A sender written from
 ndi-python's API sends 30 fps video and 48 kHz stereo audio (planar float32, its planes a padded
 stride apart, as NDI lays them out) with 2 ms clicks at known times; each click becomes an onset
-stamped within a frame after the time it was captured, and nothing else does."""
+stamped within a frame after the time it was captured, and nothing else does: read by itself,
+through `serve --input ndi://`'s stream, and by `render --input ndi:// --modulation`."""
 
 from __future__ import annotations
 
@@ -168,3 +169,46 @@ def test_serve_reads_an_ndi_inputs_audio_into_its_streams_modulation(monkeypatch
         camera.close()
     assert all(e is not None and -0.002 <= e <= FRAME_S for e in landed), (landed, latency)
     assert {0, 1000} <= seeds, seeds  # silence at the bottom of the range, each click at the top
+
+
+def test_render_reads_an_ndi_inputs_audio_on_its_frames_clock(monkeypatch, tmp_path):
+    """`render --input ndi://avcam --modulation` with `seed <- onset`: the NDI source's own sound
+    is the audio source (it was refused: "a live input's sound reaches the server as a WHIP
+    stream"), on the frames' clock: a click at sender time T is an onset at pts T - the first
+    frame's time, within a frame after."""
+    import json
+
+    from streamstudio.app.cli import main, render_run
+    from streamstudio.app.perform.file_audio import NdiAudio
+
+    fake = install_fake_ndi(monkeypatch)
+    clicks: list[float] = []
+    camera = AvCamera(fake, "avcam", clicks)
+    clicks.extend(camera.t0 + 0.25 * j for j in range(1, 400))  # every 250 ms for 100 s
+    seen: list[tuple[float, object, NdiAudio]] = []
+    apply_at = render_run.apply_at
+
+    def record(pipe, mods, clock, t, inputs=None):
+        values = apply_at(pipe, mods, clock, t, inputs)
+        seen.append((t, values.get("seed"), inputs))
+        return values
+
+    monkeypatch.setattr(render_run, "apply_at", record)
+    mods = tmp_path / "mods.json"
+    mods.write_text(json.dumps({"mappings": [
+        {"setting": "seed", "source": {"kind": "audio", "feature": "onset"}, "low": 0, "high": 1000}]}))
+    try:
+        assert main(["render", "--model", "tiny", "--input", "ndi://avcam", "--modulation", str(mods),
+                     "--max-frames", "45", "--width", "64", "--height", "48", "--steps", "1",
+                     "--output", "ndi://out"]) == 0
+    finally:
+        camera.close()
+    ndi_audio = seen[-1][2]
+    assert isinstance(ndi_audio, NdiAudio) and {v for _, v, _ in seen} >= {0, 1000}, [v for _, v, _ in seen]
+    origin = ndi_audio.source.origin  # the first frame's sender time: pts 0
+    assert origin is not None
+    on_pts = [(c - camera.t0) + AvCamera.START / TICKS - origin for c in clicks]  # each click's pts
+    span = [t for t in on_pts if 0.1 < t < seen[-1][0] - 0.1]
+    assert len(span) >= 3
+    landed = first_onsets(lambda t: ndi_audio.audio("onset", t), span, 0.0)
+    assert all(e is not None and -0.002 <= e <= FRAME_S for e in landed), landed
