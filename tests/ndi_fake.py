@@ -17,7 +17,10 @@ class FakeNdi(types.ModuleType):
     list as "FAKEHOST (NAME)"; a receiver connected to it gets a copy of each frame sent while it
     is connected (the newest QUEUE wait, as in the runtime), with the sender's timecode (the send
     time for SEND_TIMECODE_SYNTHESIZE) and frame rate. `sent[NAME]` records what the sender set
-    on each frame; `connections` each
+    on each frame; a sender's audio (send_send_audio_v2: planar float32, each plane
+    channel_stride_in_bytes apart) reaches its receivers as the runtime hands it (a 2-D array, one
+    row a channel, whose rows may run past no_samples), stamped with the send time (`timestamp`,
+    UTC in 100 ns, as the SDK stamps a frame handed to it), before any video queued; `connections` each
     receiver's (connected, disconnected) monotonic times; `made` the receivers, each with the
     timecodes of the frames it `took`."""
 
@@ -25,7 +28,8 @@ class FakeNdi(types.ModuleType):
     RECV_COLOR_FORMAT_RGBX_RGBA, RECV_BANDWIDTH_HIGHEST, FOURCC_VIDEO_TYPE_RGBX = "RGBX_RGBA", "highest", "RGBX"
     SEND_TIMECODE_SYNTHESIZE = 2**63 - 1
     QUEUE = 4
-    FindCreate = RecvCreateV3 = SendCreate = VideoFrameV2 = Source = types.SimpleNamespace
+    FindCreate = RecvCreateV3 = SendCreate = VideoFrameV2 = AudioFrameV2 = Source = types.SimpleNamespace
+    AUDIO_QUEUE = 64
 
     def __init__(self):
         super().__init__("NDIlib")
@@ -57,7 +61,8 @@ class FakeNdi(types.ModuleType):
     # receiving
     def recv_create_v3(self, settings):
         assert settings.color_format == self.RECV_COLOR_FORMAT_RGBX_RGBA
-        recv = types.SimpleNamespace(name=None, queue=deque(maxlen=self.QUEUE), times=None, took=[])
+        recv = types.SimpleNamespace(name=None, queue=deque(maxlen=self.QUEUE), audio=deque(maxlen=self.AUDIO_QUEUE),
+                                     times=None, took=[])
         self.made.append(recv)
         return recv
 
@@ -70,14 +75,19 @@ class FakeNdi(types.ModuleType):
 
     def recv_capture_v2(self, recv, ms: int):
         with self.cond:
-            if not self.cond.wait_for(lambda: recv.queue, ms / 1000):
+            if not self.cond.wait_for(lambda: recv.queue or recv.audio, ms / 1000):
                 return self.FRAME_TYPE_NONE, None, None, None
+            if recv.audio:
+                return self.FRAME_TYPE_AUDIO, None, recv.audio.popleft(), None
             video = recv.queue.popleft()
             recv.took.append(video.timecode)
             return self.FRAME_TYPE_VIDEO, video, None, None
 
     def recv_free_video_v2(self, recv, video) -> None:
         video.data = None
+
+    def recv_free_audio_v2(self, recv, audio) -> None:
+        audio.data = None
 
     def recv_destroy(self, recv) -> None:
         with self.cond:
@@ -104,6 +114,18 @@ class FakeNdi(types.ModuleType):
                 if recv.name == send.name:
                     recv.queue.append(types.SimpleNamespace(data=frame.data.copy(), timecode=timecode,
                                                             frame_rate_N=n, frame_rate_D=d))
+            self.cond.notify_all()
+
+    def send_send_audio_v2(self, send, frame) -> None:
+        planes = frame.data.reshape(frame.no_channels, frame.channel_stride_in_bytes // 4)
+        assert frame.data.dtype.name == "float32" and planes.shape[1] >= frame.no_samples
+        with self.cond:
+            for recv in self.receivers:
+                if recv.name == send.name:
+                    recv.audio.append(types.SimpleNamespace(
+                        data=planes.copy(), sample_rate=frame.sample_rate, no_channels=frame.no_channels,
+                        no_samples=frame.no_samples, channel_stride_in_bytes=frame.channel_stride_in_bytes,
+                        timecode=frame.timecode, timestamp=time.time_ns() // 100))
             self.cond.notify_all()
 
     def send_destroy(self, send) -> None:

@@ -8,7 +8,8 @@ its NDI plugin, vMix, Resolume), through `ndi-python` (an optional extra: pip in
                                discovery does not reach: other subnets, containers)
 
 `NdiReceiver` takes a sender's video (RGBX, as the runtime converts it) as RGB frames with the
-sender's timecodes, only while it is connected (`connect`, `disconnect`: a source is found and
+sender's timecodes, and hands its audio (planar float32) to `on_audio` when one is given, stamped
+with its capture time (`audio_captured`), only while it is connected (`connect`, `disconnect`: a source is found and
 measured before a model loads, and its frames taken once the model is ready); `NdiSender` sends
 RGB frames as an NDI source (RGBX), each with its time in the stream as the NDI timecode (100 ns
 units; never the clock at send time), advertising the frame rate those times measure. The frame
@@ -22,6 +23,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 from urllib.parse import parse_qs, urlparse
@@ -37,6 +39,8 @@ RATE_WINDOW = 30  # frames whose times measure the rate a sender advertises
 RATE_MIN_FRAMES = 5  # frames sent before a measured rate is advertised (the configured one until then)
 RATE_CHANGE = 0.02  # the advertised rate follows a measured one that differs by more than 2 %
 # broadcast rates (NTSC's 1000/1001 ones too): a measured rate within 0.5 % of one is advertised as it
+TIMESTAMP_UNDEFINED = 2**63 - 1  # NDIlib_recv_timestamp_undefined: a sender that gave no timestamp
+MAX_CLOCK_SKEW_S = 1.0  # a sender's timestamp further than this from the arrival is another clock's: not believed
 STANDARD_RATES = tuple(Fraction(n * k, d) for n in (24, 25, 30, 48, 50, 60, 120)
                        for k, d in ((1, 1), (1000, 1001)) if not (n in (25, 50) and d == 1001))
 
@@ -111,11 +115,42 @@ def frame_rate(fps: float) -> tuple[int, int]:
     return rate.numerator, rate.denominator
 
 
+def audio_samples(frame: Any) -> tuple[np.ndarray, int, int]:  # an NDIlib.AudioFrameV2 or V3
+    """An NDI audio frame (audio_frame_v2/v3: planar float32, each channel's plane
+    channel_stride_in_bytes after the last) as (samples interleaved float32, sample rate, channels)."""
+    channels, n = max(1, int(frame.no_channels)), int(frame.no_samples)
+    data = np.asarray(frame.data, dtype=np.float32)
+    if data.ndim == 1:  # the raw buffer: planes a stride apart (a stride of 0: packed)
+        stride = int(frame.channel_stride_in_bytes) // 4 or n
+        data = data[:channels * stride].reshape(channels, stride)
+    planes = data[:channels, :n]  # (channels, samples)
+    return np.ascontiguousarray(planes.T).reshape(-1), int(frame.sample_rate), channels
+
+
+def audio_captured(frame: Any, arrival: float, wall: float) -> float:
+    """The time.monotonic() at which the frame's last sample was captured: the sender's timestamp
+    (UTC, 100 ns units: when it handed the frame, whole, to the SDK) carried onto this machine's
+    clock by the arrival (`arrival` monotonic, `wall` time.time(), taken together), when it is
+    within MAX_CLOCK_SKEW_S before the arrival; else (no timestamp, a sender whose clock is off
+    ours) the arrival itself."""
+    stamp = getattr(frame, "timestamp", TIMESTAMP_UNDEFINED)
+    if stamp is None or stamp in (0, TIMESTAMP_UNDEFINED):
+        return arrival
+    behind = wall - stamp / TICKS
+    return arrival - behind if 0.0 <= behind <= MAX_CLOCK_SKEW_S else arrival
+
+
+# what an NdiReceiver hands its audio to: (samples interleaved float32, sample rate, channels, the
+# monotonic capture time of the last sample, the sender's timecode of the last sample in seconds)
+AudioCallback = Callable[[np.ndarray, int, int, float, float], None]
+
+
 class NdiReceiver:
     """A receiver of the NDI source named by an ndi:// spec, found when made: `connect()` starts
     taking its video, `next(timeout)` gives its next frame as (RGB (H, W, 3) uint8, the sender's
     timecode in seconds, its frame rate), `disconnect()` stops (what is sent meanwhile is never
-    seen, so nothing stale waits for the next `connect`)."""
+    seen, so nothing stale waits for the next `connect`). The audio that comes between video
+    frames goes to `on_audio` (an `AudioCallback`) when it is set, else it is dropped."""
 
     def __init__(self, spec: str, find_timeout: float = FIND_TIMEOUT, connect: bool = True):
         self._ndi = _ndi()
@@ -123,6 +158,7 @@ class NdiReceiver:
         self._source = find_source(name, ips, find_timeout)
         self.name = self._source.ndi_name
         self._recv = None
+        self.on_audio: AudioCallback | None = None
         if connect:
             self.connect()
 
@@ -144,7 +180,8 @@ class NdiReceiver:
         self._recv = recv
 
     def next(self, timeout: float) -> tuple[np.ndarray, float, float | None] | None:
-        """The next video frame, None after `timeout` s without one (audio and metadata dropped)."""
+        """The next video frame, None after `timeout` s without one (the audio on the way to
+        `on_audio`, metadata dropped)."""
         if self._recv is None:
             raise StreamStudioError(f"the NDI receiver of {self.name!r} is not connected")
         ndi = self._ndi
@@ -160,7 +197,14 @@ class NdiReceiver:
                     ndi.recv_free_video_v2(self._recv, video)
                 return rgb, t, fps
             if kind == ndi.FRAME_TYPE_AUDIO:
-                ndi.recv_free_audio_v2(self._recv, audio)
+                arrival, wall = time.monotonic(), time.time()
+                try:
+                    if self.on_audio is not None:
+                        samples, rate, channels = audio_samples(audio)
+                        end = audio.timecode / TICKS + len(samples) / channels / rate
+                        self.on_audio(samples, rate, channels, audio_captured(audio, arrival, wall), end)
+                finally:
+                    ndi.recv_free_audio_v2(self._recv, audio)
             elif kind == ndi.FRAME_TYPE_METADATA:
                 ndi.recv_free_metadata(self._recv, meta)
         return None

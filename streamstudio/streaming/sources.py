@@ -34,6 +34,8 @@ from streamstudio.frames import to_rgb
 if TYPE_CHECKING:
     import av
 
+    from streamstudio.streaming.ndi import AudioCallback
+
 log = logging.getLogger(__name__)
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
@@ -529,10 +531,11 @@ class ScreenSource(Source):
 
 class NdiSource(Source):
     """The video of an NDI source (ndi://NAME, `streaming/ndi.py`), live: RGB frames as they come,
-    pts from the sender's timecodes (the first frame's at 0). Made, it finds the source and reads
-    one frame for its size and rate, then lets go of it; `frames()` connects again, so the frames
-    sent before it is asked (while a model loads) are never taken, and a recording does not open
-    on a frame held for the load time."""
+    pts from the sender's timecodes (the first frame's at 0); its audio, while `frames()` runs, to
+    `on_audio` when one is set (`ndi.AudioCallback`: samples, rate, channels, capture time, timecode).
+    Made, it finds the source and reads one frame for its size and rate, then lets go of it;
+    `frames()` connects again, so the frames sent before it is asked (while a model loads) are never
+    taken, and a recording does not open on a frame held for the load time."""
 
     FIRST_FRAME_TIMEOUT = 10.0  # seconds for a found source's first frame (its size)
     FRAME_TIMEOUT = 5.0  # seconds without a frame before the source is said to have stopped
@@ -542,6 +545,8 @@ class NdiSource(Source):
         from streamstudio.streaming.ndi import FIND_TIMEOUT, NdiReceiver
 
         self.max_side = max_side
+        self.on_audio: AudioCallback | None = None
+        self.origin: float | None = None  # the sender's timecode (s) of frames()' first frame: pts 0
         self._recv = NdiReceiver(spec, FIND_TIMEOUT if find_timeout is None else find_timeout, connect=False)
         self.name = self._recv.name
         rgb, _, fps = self._first_frame()
@@ -561,8 +566,10 @@ class NdiSource(Source):
         return first
 
     def frames(self) -> Iterator[VideoFrame]:
+        self._recv.on_audio = self.on_audio
         first = self._first_frame()
         index, t0 = 0, first[1]
+        self.origin = t0
         item: tuple[np.ndarray, float, float | None] | None = first
         while item is not None:
             rgb, stamp, _ = item

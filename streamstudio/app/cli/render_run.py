@@ -12,7 +12,7 @@ import sys
 from streamstudio.app import streams
 from streamstudio.app.batch.cluster import run_batch, wants_batch
 from streamstudio.app.cli.requests import batch_request, image_request
-from streamstudio.app.perform.file_audio import FileAudio
+from streamstudio.app.perform.file_audio import FileAudio, NdiAudio
 from streamstudio.app.perform.modulation import apply_at, load_modulations
 from streamstudio.app.perform.tempo import TempoClock
 from streamstudio.app.streams import FittedFrames, expected_frames, rtmp_config, watch
@@ -21,7 +21,7 @@ from streamstudio.streaming.resample import resample_file
 from streamstudio.streaming.runner import Runner, RunnerConfig
 from streamstudio.streaming.schedule import load_schedule
 from streamstudio.streaming.sinks import open_sink
-from streamstudio.streaming.sources import open_source
+from streamstudio.streaming.sources import NdiSource, open_source
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,8 @@ def _run_video(args) -> int:
 
 def _run_image(args) -> int:
     schedule = load_schedule(args.prompt_schedule, args.transition) if args.prompt_schedule else None
-    mods, file_audio = None, None
+    mods = None
+    file_audio: FileAudio | NdiAudio | None = None  # what the audio sources read: the input's own sound
     if args.modulation:
         mods, clock = load_modulations(args.modulation), TempoClock(args.bpm, origin=0.0)
     realtime = args.mode != "offline"
@@ -74,10 +75,15 @@ def _run_image(args) -> int:
         if schedule is not None:
             schedule.check(pipe)  # its scales fit the model's ControlNets and IP-Adapter
         if mods is not None and mods.uses("audio"):
-            if source.info.live or not os.path.isfile(args.input):
+            period = 1.0 / (args.fps or source.info.fps or 30.0)
+            if isinstance(source, NdiSource):  # a live NDI input's own sound, on its frames' clock
+                file_audio = NdiAudio(source, period)
+            elif source.info.live or not os.path.isfile(args.input):
                 raise StreamStudioError("--modulation maps an audio feature: render reads it from the input file's "
-                                        "own audio (a live input's sound reaches the server as a WHIP stream)")
-            file_audio = FileAudio(args.input, 1.0 / (args.fps or source.info.fps or 30.0))
+                                        "or NDI source's own audio (another live input's sound reaches the server as "
+                                        "a WHIP stream)")
+            else:
+                file_audio = FileAudio(args.input, period)
         if mods is not None and pipe.latency_frames and any(m.setting == "strength" for m in mods.mappings):
             raise StreamStudioError("--modulation: strength picks the denoising steps, and a new step re-makes the "
                                     "Stream Batch buffer, losing the frames in it; in a render modulate guidance, "

@@ -23,7 +23,7 @@ from fastapi import FastAPI
 from streamstudio.app import streams
 from streamstudio.app.cli.requests import serve_request
 from streamstudio.app.cli.serve import LOOPBACK, bind_host, check_osc, check_outputs, parse_auth, proxy_options
-from streamstudio.app.perform.inputs import LiveInputs
+from streamstudio.app.perform.inputs import LiveInputs, stream_audio
 from streamstudio.app.web import (api_docs, metrics, outputs, perform_routes, ray_cluster, ray_replicas, replicas,
                                   security, ui, webrtc, whip)
 from streamstudio.app.perform.link import LinkFollower
@@ -34,7 +34,7 @@ from streamstudio.app.web.security import Credentials, GuardConfig, parse_size
 from streamstudio.app.web.sessions import ServerModel, SessionManager
 from streamstudio.app.web.webrtc import WEBRTC_ID
 from streamstudio.errors import StreamStudioError
-from streamstudio.streaming.sources import open_source, source_kind
+from streamstudio.streaming.sources import NdiSource, open_source, source_kind
 
 
 def build_model(args):
@@ -133,7 +133,9 @@ def build_app(args, model=None):
     live_outputs = outputs.Outputs(manager, args.output_dir, output_limits(args))
     outputs.mount(app, live_outputs)
     metrics.mount(app, manager, live_outputs)
-    manager.inputs = LiveInputs()  # the tempo clock and MIDI the streams' modulations read (issue 48)
+    latency_ms = getattr(args, "audio_latency_ms", None)  # (None: each stream's measured glass-to-glass)
+    manager.inputs = LiveInputs(audio_latency_s=None if latency_ms is None else latency_ms / 1000.0,
+                                sessions=manager.get)  # the tempo clock, MIDI and audio the modulations read (issue 48)
     if getattr(args, "show", None):
         manager.inputs.load_show(read_show(args.show))
     perform_routes.mount(app, manager, manager.inputs)
@@ -165,8 +167,9 @@ def build_app(args, model=None):
 
 class InputFeed:
     """`serve --input`: a live source the server reads in a thread of its own into the stream
-    `name` (as a WHIP publisher feeds one); a source that stops, or cannot be opened yet (an NDI
-    sender not started), is tried again every RETRY_S seconds until the server stops."""
+    `name` (as a WHIP publisher feeds one; an NDI source's audio too, to the stream's audio
+    features); a source that stops, or cannot be opened yet (an NDI sender not started), is tried
+    again every RETRY_S seconds until the server stops."""
 
     RETRY_S = 2.0
 
@@ -186,6 +189,8 @@ class InputFeed:
         while not self._stop.is_set():
             try:
                 with open_source(self.spec) as source:
+                    if isinstance(source, NdiSource):  # its sound, stamped with its capture time
+                        source.on_audio = self._audio
                     log.info("--input %s feeds the stream %r", source.info.description or self.spec, self.name)
                     session = self.manager.open(self.name)
                     session.named = True  # --input-stream names it for viewers, OSC and the outputs
@@ -201,6 +206,9 @@ class InputFeed:
             except Exception:  # noqa: BLE001 - a bug: its traceback, and the server goes on
                 log.exception("--input %s failed", self.spec)
             self._stop.wait(self.RETRY_S)
+
+    def _audio(self, samples, sample_rate: int, channels: int, captured: float, timecode: float) -> None:
+        stream_audio(self.manager, self.name, samples, sample_rate, captured, channels)
 
     def _start_outputs(self, fps: float | None) -> None:
         """Start each `--output` the stream does not run now (first frame, a restarted stream, an

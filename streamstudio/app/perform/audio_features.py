@@ -93,14 +93,15 @@ class AudioFeatures:
             self._times.pop(0)
             self._frames.pop(0)
 
-    def at(self, feature: str, t: float) -> float | None:
-        """`feature` of the audio captured at `t - latency_s` (the newest frame at or before it);
-        None before the first frame."""
+    def at(self, feature: str, t: float, latency_s: float | None = None) -> float | None:
+        """`feature` of the audio captured at `t - latency_s` (the newest frame at or before it;
+        latency_s: this one's own when None); None before the first frame."""
+        at = t - (self.latency_s if latency_s is None else latency_s)
         with self._lock:
-            i = bisect.bisect_right(self._times, t - self.latency_s) - 1
+            i = bisect.bisect_right(self._times, at) - 1
             if i < 0:
                 return None
             if feature != "onset":
                 return self._frames[i][feature]
-            since = bisect.bisect_right(self._times, t - self.latency_s - self.onset_hold_s)
+            since = bisect.bisect_right(self._times, at - self.onset_hold_s)
             return max(f["onset"] for f in self._frames[since:i + 1]) if since <= i else self._frames[i]["onset"]

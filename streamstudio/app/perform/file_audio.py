@@ -1,7 +1,8 @@
 """A file's own audio as the modulations' audio source in `render --modulation` (issue 48): the
 audio track decoded as the frames' media times advance, analysed by `AudioFeatures` on the file's
 clock (no latency offset: a file's sound and picture are already in step), an onset held for one
-video frame so each frame sees the hits since the last one.
+video frame so each frame sees the hits since the last one. `NdiAudio`: a live NDI input's own
+audio the same way, on its frames' clock (the sender's timecodes).
 """
 
 from __future__ import annotations
@@ -60,3 +61,32 @@ class FileAudio:
 
     def close(self) -> None:
         self._container.close()
+
+
+class NdiAudio:
+    """`audio(feature, t)` of a live NDI input's own sound (`streaming.sources.NdiSource`) in
+    `render --modulation`: each audio frame analysed as it comes, on the frames' clock (its
+    sender's timecode less that of the first video frame, as the frames' pts are: a sender stamps
+    its audio and video on one clock), no latency offset; `cc` answers None."""
+
+    def __init__(self, source, frame_period: float):
+        self.source, self.frame_period = source, frame_period
+        self.features: AudioFeatures | None = None
+        source.on_audio = self._push
+
+    def _push(self, samples: np.ndarray, rate: int, channels: int, captured: float, timecode: float) -> None:
+        origin = self.source.origin
+        if origin is None:  # (before the first video frame: no pts yet)
+            return
+        if self.features is None or self.features.sample_rate != rate:
+            self.features = AudioFeatures(rate, onset_hold_s=self.frame_period)
+        self.features.push(samples, timecode - origin, channels)
+
+    def audio(self, feature: str, t: float) -> float | None:
+        return None if self.features is None else self.features.at(feature, t)
+
+    def cc(self, number: int, channel: int | None = None) -> float | None:
+        return None
+
+    def close(self) -> None:
+        self.source.on_audio = None

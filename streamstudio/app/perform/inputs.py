@@ -1,8 +1,10 @@
 """What a server's performance listens to, shared by its streams' modulations (app/perform/
 modulation.py): the tempo clock, the last value of each MIDI control change (sent by the Live
 tab's WebMIDI or a server port), and, per stream, its audio's features (app/perform/
-audio_features.py), fed by the stream's own audio (a WHIP publisher's track); a stream whose
-mapping reads audio keeps its setting until the stream has audio."""
+audio_features.py), fed by the stream's own audio (a WHIP publisher's track, an NDI source's audio),
+read behind by the stream's latency offset (app/perform/latency.py: its measured glass-to-glass
+latency unless one is set); a stream whose mapping reads audio keeps its setting until the stream
+has audio."""
 
 from __future__ import annotations
 
@@ -12,15 +14,18 @@ import time
 import numpy as np
 
 from streamstudio.app.perform.audio_features import AudioFeatures
+from streamstudio.app.perform.latency import LatencyOffsets
 from streamstudio.app.perform.modulation import Modulations
 from streamstudio.app.perform.tempo import TempoClock
 from streamstudio.errors import StreamStudioError
 
 
 class LiveInputs:
-    def __init__(self, clock: TempoClock | None = None, audio_latency_s: float = 0.1):
+    def __init__(self, clock: TempoClock | None = None, audio_latency_s: float | None = None, sessions=None):
+        """`audio_latency_s`: the audio's latency offset set for every stream (None: each stream's
+        measured glass-to-glass latency); `sessions(name)`: a stream's session, whose metrics measure it."""
         self.clock = clock or TempoClock()
-        self.audio_latency_s = audio_latency_s  # the picture's delay behind the sound (glass to glass)
+        self.latency = LatencyOffsets(sessions, audio_latency_s)  # the picture's delay behind the sound
         self._cc: dict[tuple[int | None, int], float] = {}  # (channel or None for any, cc) -> 0..1
         self._audio: dict[str, AudioFeatures] = {}  # stream -> its audio's features
         self._show: dict = {}  # stream name or "*" -> the show's Modulations for it (`load_show`)
@@ -53,12 +58,13 @@ class LiveInputs:
         with self._lock:
             features = self._audio.get(stream)
             if features is None or features.sample_rate != sample_rate:
-                features = self._audio[stream] = AudioFeatures(sample_rate, latency_s=self.audio_latency_s)
+                features = self._audio[stream] = AudioFeatures(sample_rate)
         features.push(samples, t_end, channels)
 
     def forget(self, stream: str) -> None:
         with self._lock:
             self._audio.pop(stream, None)
+        self.latency.forget(stream)
 
     def load_show(self, raw) -> dict:
         """A show (one file a show): {"tempo": {"bpm": ...}?, "streams": {name or "*": modulations}};
@@ -86,7 +92,7 @@ class LiveInputs:
         """A fresh copy of the show's modulations for `stream` (its own, else "*"), or None."""
         with self._lock:
             mods = self._show.get(stream, self._show.get("*"))
-        return None if mods is None else Modulations(list(mods.mappings), mods.table)
+        return None if mods is None else Modulations(list(mods.mappings), mods.table, mods.latency_ms)
 
     def view(self, stream: str) -> "StreamInputs":
         """What stream `stream`'s modulations read: the server's clock and knobs, its own audio."""
@@ -102,7 +108,11 @@ class StreamInputs:
 
     def audio(self, feature: str, t: float) -> float | None:
         features = self.inputs._audio.get(self.stream)
-        return None if features is None else features.at(feature, t)
+        return None if features is None else features.at(feature, t, self.latency_s())
+
+    def latency_s(self) -> float:
+        """The latency offset the stream's audio is read behind by now."""
+        return self.inputs.latency.seconds(self.stream)
 
 
 def audio_samples(frame) -> tuple[np.ndarray, int, int]:
@@ -111,6 +121,18 @@ def audio_samples(frame) -> tuple[np.ndarray, int, int]:
     channels = len(frame.layout.channels)
     samples = data.T.ravel() if frame.format.is_planar else data.ravel()
     return samples, frame.sample_rate, channels
+
+
+def stream_audio(manager, sid: str, samples: np.ndarray, sample_rate: int, t_end: float, channels: int = 1) -> bool:
+    """Audio of stream `sid` (its last sample captured at `t_end`, time.monotonic()) to its audio
+    features, when one of its mappings reads audio (a WHIP publisher's, an NDI source's); returns
+    whether it was taken."""
+    session, inputs = manager.get(sid), getattr(manager, "inputs", None)
+    mods = getattr(session, "modulations", None)
+    if inputs is None or mods is None or not mods.uses("audio"):
+        return False
+    inputs.feed_audio(sid, samples, sample_rate, t_end, channels)
+    return True
 
 
 def opened(manager, session) -> None:

@@ -17,7 +17,9 @@ smooth (smoothstep); `invert` takes 1 - x first), smoothed by a one-pole filter 
 `low`/`high` default to the setting's slider range (else its range). The JSON form (`PUT
 /studio/modulations/{stream}`, OSC, `--modulation FILE`, a show's preset file) is
 `{"mappings": [{"setting": "strength", "source": {"kind": "lfo", "shape": "sine", "rate": 0.5},
-"low": 0.3, "high": 0.8, "curve": "linear", "smoothing": 0.1}, ...]}`.
+"low": 0.3, "high": 0.8, "curve": "linear", "smoothing": 0.1}, ...], "latency_ms": 120}`; `latency_ms`
+(optional) sets the audio's latency offset for the stream (without it: its measured glass-to-glass
+latency, app/perform/latency.py).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ KINDS = ("lfo", "beat", "midi", "audio")
 FEATURES = ("rms", "low", "mid", "high", "onset")
 CURVES = ("linear", "exp", "log", "smooth")
 MAX_MAPPINGS = 32
+MAX_LATENCY_MS = 5000.0  # a latency offset set by hand (the features keep 10 s)
 TABLES = {"image": SETTINGS, "video": VIDEO_SETTINGS}
 
 
@@ -93,8 +96,9 @@ class Modulations:
     """A stream's mappings and their smoothing state. `values(t, clock, inputs)` gives the
     settings for a frame at time t (seconds, `time.monotonic()`)."""
 
-    def __init__(self, mappings: list[Mapping], table: dict[str, LiveSetting]):
+    def __init__(self, mappings: list[Mapping], table: dict[str, LiveSetting], latency_ms: float | None = None):
         self.mappings, self.table = mappings, table
+        self.latency_ms = latency_ms  # the audio's latency offset set for the stream (None: measured)
         self._smoothed: dict[int, tuple[float, float]] = {}  # mapping index -> (time, value)
         self._random: dict[int, tuple[int, float]] = {}  # mapping index -> (cycle, its random value)
         self._lock = threading.Lock()
@@ -103,18 +107,27 @@ class Modulations:
     def parse(cls, raw, pipeline: str = "image") -> "Modulations":
         """From the JSON form; every field checked, a clear error naming the first bad one."""
         table = modulatable(_table(pipeline))
-        if not isinstance(raw, dict) or not isinstance(raw.get("mappings"), list):
-            raise StreamStudioError('modulations are {"mappings": [{"setting": ..., "source": {...}}, ...]}')
+        if not isinstance(raw, dict) or not isinstance(raw.get("mappings"), list) or \
+                set(raw) - {"mappings", "latency_ms"}:
+            raise StreamStudioError('modulations are {"mappings": [{"setting": ..., "source": {...}}, ...], '
+                                    '"latency_ms": 120 (optional)}')
         if len(raw["mappings"]) > MAX_MAPPINGS:
             raise StreamStudioError(f"at most {MAX_MAPPINGS} mappings a stream, got {len(raw['mappings'])}")
-        return cls([_mapping(m, table) for m in raw["mappings"]], table)
+        latency = raw.get("latency_ms")
+        if latency is not None and not (_number(latency) and 0 <= latency <= MAX_LATENCY_MS):
+            raise StreamStudioError(f"latency_ms is 0..{MAX_LATENCY_MS:.0f} (or left out: measured), got {latency!r}")
+        return cls([_mapping(m, table) for m in raw["mappings"]], table,
+                   None if latency is None else float(latency))
 
     def uses(self, kind: str) -> bool:
         """Whether a mapping reads a source of `kind` (lfo, beat, midi, audio)."""
         return any(m.source.kind == kind for m in self.mappings)
 
     def to_json(self) -> dict:
-        return {"mappings": [asdict(m) for m in self.mappings]}
+        out: dict = {"mappings": [asdict(m) for m in self.mappings]}
+        if self.latency_ms is not None:
+            out["latency_ms"] = self.latency_ms
+        return out
 
     def values(self, t: float, clock=None, inputs=None) -> dict[str, float | int]:
         out: dict[str, float | int] = {}

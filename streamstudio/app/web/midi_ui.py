@@ -20,7 +20,7 @@ import json
 import gradio as gr
 
 from streamstudio.app.perform.modulation import TABLES, modulatable
-from streamstudio.app.web.perform_routes import set_modulations
+from streamstudio.app.web.perform_routes import set_mappings
 from streamstudio.app.web.sessions import SessionManager
 from streamstudio.errors import StreamStudioError
 
@@ -129,8 +129,7 @@ def learn(manager: SessionManager, sid: str | None, owner: str | None, setting: 
         raise StreamStudioError("this stream belongs to another page")
     old: list[dict] = session.modulations.to_json()["mappings"] if session.modulations else []
     mapping = {"setting": setting, "source": {"kind": "midi", "cc": int(cc), "channel": channel}}
-    mods = set_modulations(manager, manager.inputs, sid,
-                           {"mappings": [m for m in old if m["setting"] != setting] + [mapping]})
+    mods = set_mappings(manager, manager.inputs, sid, [m for m in old if m["setting"] != setting] + [mapping])
     return describe(mods.to_json() if mods else None)
 
 
@@ -140,8 +139,7 @@ def clear_midi(manager: SessionManager, sid: str | None, owner: str | None) -> s
     if sid is None or session is None or manager.inputs is None or not manager.claim(sid, owner):
         return "no live stream of this page"
     old: list[dict] = session.modulations.to_json()["mappings"] if session.modulations else []
-    mods = set_modulations(manager, manager.inputs, sid,
-                           {"mappings": [m for m in old if m["source"]["kind"] != "midi"]})
+    mods = set_mappings(manager, manager.inputs, sid, [m for m in old if m["source"]["kind"] != "midi"])
     return describe(mods.to_json() if mods else None)
 
 

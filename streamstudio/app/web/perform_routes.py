@@ -1,8 +1,10 @@
 """The live-performance routes (issue 48), behind the publish credential like every /studio route
 (`security.GuardConfig.control_prefixes`):
 
-    PUT    /studio/modulations/{stream}  {"mappings": [...]} -> {modulations}: applied from the next frame
-    GET    /studio/modulations/{stream}  -> {modulations} (none: {"mappings": []})
+    PUT    /studio/modulations/{stream}  {"mappings": [...], "latency_ms"?} -> {modulations, latency}: applied
+                                         from the next frame
+    GET    /studio/modulations/{stream}  -> {modulations (none: {"mappings": []}), latency}: the audio's
+                                         latency offset in use, {"ms", "source": set | measured | assumed, ...}
     DELETE /studio/modulations/{stream}  -> the settings stay where the modulations left them
     GET    /studio/tempo                 -> {bpm, beat, source}
     PUT    /studio/tempo                 {"bpm": 128}
@@ -42,6 +44,17 @@ def set_modulations(manager, inputs: LiveInputs, stream: str, raw) -> Modulation
         mods = None
     session.inputs, session.modulations = inputs, mods
     return mods
+
+
+def set_mappings(manager, inputs: LiveInputs, stream: str, mappings: list[dict]) -> Modulations | None:
+    """Stream `stream`'s mappings replaced by `mappings` (their JSON form), its set latency offset
+    kept: what the Live tab's MIDI learn and mapping controls change."""
+    session = manager.get(stream)
+    latency = getattr(getattr(session, "modulations", None), "latency_ms", None)
+    raw: dict = {"mappings": mappings}
+    if latency is not None:
+        raw["latency_ms"] = latency
+    return set_modulations(manager, inputs, stream, raw)
 
 
 OSC_ADDRESSES = ("/streamstudio/tempo", "/streamstudio/tap", "/streamstudio/midi")  # and /{stream}/modulations
@@ -91,7 +104,8 @@ def mount(app, manager, inputs: LiveInputs) -> None:
             return failed(str(exc.args[0]), 404)
         except StreamStudioError as exc:
             return failed(str(exc), 400)
-        return {"status": "ok", "modulations": mods.to_json() if mods else {"mappings": []}}
+        return {"status": "ok", "modulations": mods.to_json() if mods else {"mappings": []},
+                "latency": inputs.latency.offset(stream)}
 
     @app.get("/studio/modulations/{stream}", tags=["perform"])
     async def get_modulations(stream: str):
@@ -99,7 +113,7 @@ def mount(app, manager, inputs: LiveInputs) -> None:
         if session is None:
             return failed(f"no stream {stream!r}", 404)
         mods = session.modulations
-        return {"modulations": mods.to_json() if mods else {"mappings": []}}
+        return {"modulations": mods.to_json() if mods else {"mappings": []}, "latency": inputs.latency.offset(stream)}
 
     @app.delete("/studio/modulations/{stream}", tags=["perform"])
     async def delete_modulations(stream: str):

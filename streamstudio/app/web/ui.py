@@ -16,6 +16,7 @@ import gradio as gr
 import numpy as np
 
 from streamstudio.app.web.decks import deck_preview
+from streamstudio.app.web.mapping_ui import mapping_controls
 from streamstudio.app.web.midi_ui import midi_controls
 from streamstudio.app.web.outputs import LiveOutput, OutputRefused, Outputs
 from streamstudio.app.web.model_guard import GuardedPipeline
@@ -187,6 +188,7 @@ def _live_tab(manager: SessionManager, rtc_config: dict | None, host: str | None
             _ip_adapter_controls(manager, webrtc)
             _lora_controls(manager)
             midi_controls(manager, webrtc, live_id)
+            mapping_controls(manager, webrtc, live_id)  # audio features, LFOs and the beat onto any setting
     # The component checks nothing itself beyond a generous cap; the session manager says "busy".
     webrtc.stream(LiveHandler(manager, tuple(controls)), inputs=[webrtc, *controls.values()], outputs=[webrtc],
                   concurrency_limit=2 * manager.max_streams + 2)

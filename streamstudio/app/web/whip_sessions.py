@@ -19,7 +19,7 @@ from streamstudio.app.web.sessions import Pending, SessionManager
 if TYPE_CHECKING:
     from streamstudio.app.web.sessions import StreamSession
 from streamstudio.app.web.webrtc import OfferRefused
-from streamstudio.app.perform.inputs import audio_samples
+from streamstudio.app.perform.inputs import audio_samples, stream_audio
 from streamstudio.app.web.rtp_receive import receive_video_without_delay
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,7 @@ class Resource:
         self.kind, self.sid, self.pc = kind, sid, pc
         self.source: str | None = None  # the client's address
         self.report: tuple | None = None  # a viewer's last RTCP report seen (`viewer_silent`)
+        self.rtt: float | None = None  # a viewer's round-trip time from its RTCP receiver reports, seconds
         self.name = name or sid  # the stream as its URL names it (a viewer's: the watch id)
         self.rid = secrets.token_urlsafe(16)
         self.etag = ""
@@ -206,8 +207,10 @@ class WhipSessions:
             if session is None or session.closed or self.manager.get(res.sid) is not session:
                 reason = "the stream stopped" if session is not None and session.error else "the stream ended"
                 return await self.end(res, reason)
-            if res.kind == "whep" and res.pc.connectionState == "connected" and await viewer_silent(res, now):
-                return await self.end(res, f"the viewer sent no report for {VIEWER_SILENCE_S:.0f} s")
+            if res.kind == "whep" and res.pc.connectionState == "connected":
+                if await viewer_silent(res, now):
+                    return await self.end(res, f"the viewer sent no report for {VIEWER_SILENCE_S:.0f} s")
+                viewer_path(self.manager, res)
             if now - res.created > self.pending_timeout:
                 if res.pc.connectionState != "connected":
                     return await self.end(res, f"not connected after {self.pending_timeout:.0f} s")
@@ -225,6 +228,8 @@ class WhipSessions:
             if task is not current:
                 task.cancel()
         if res.kind == "whep":
+            res.rtt = None
+            viewer_path(self.manager, res)  # its RTT no longer counts in the stream's latency offset
             b = self.broadcasters.get(res.sid)
             for track in res.tracks:
                 if b is not None:
@@ -310,6 +315,7 @@ async def viewer_silent(res: Resource, now: float) -> bool:
     for stat in (await sender.getStats()).values():
         if stat.type == "remote-inbound-rtp":
             stamp = stat.timestamp
+            res.rtt = getattr(stat, "roundTripTime", None)  # (aiortc: from the report's LSR and DLSR)
         elif stat.type == "outbound-rtp":
             sent = stat.packetsSent
     if res.report is None or stamp != res.report[0]:
@@ -317,6 +323,13 @@ async def viewer_silent(res: Resource, now: float) -> bool:
         return False
     _, heard, sent_then = res.report
     return now - heard > VIEWER_SILENCE_S and sent > sent_then
+
+
+def viewer_path(manager, res: Resource) -> None:
+    """A WHEP viewer's round-trip time into its stream's audio latency offset (app/perform/latency.py)."""
+    inputs = getattr(manager, "inputs", None)
+    if inputs is not None:
+        inputs.latency.viewer_rtt(res.sid, res.rid, res.rtt)
 
 
 def count(resources: dict, kind: str) -> int:
@@ -328,15 +341,14 @@ AUDIO_RECEIVE_HOLD = 4  # aiortc's RTCRtpReceiver: JitterBuffer(capacity=16, pre
 
 def listen(manager, sid: str, frame) -> None:
     """A publisher's audio frame to its stream's modulations, when one of them reads audio (issue 48)."""
-    session, inputs = manager.get(sid), getattr(manager, "inputs", None)
-    mods = getattr(session, "modulations", None)
-    if inputs is None or mods is None or not any(m.source.kind == "audio" for m in mods.mappings):
-        return
+    mods = getattr(manager.get(sid), "modulations", None)
+    if getattr(manager, "inputs", None) is None or mods is None or not mods.uses("audio"):
+        return  # (not decoded for nothing)
     samples, rate, channels = audio_samples(frame)
     # the frame's last sample was captured about AUDIO_RECEIVE_HOLD frames before it reached us: aiortc's
     # audio jitter buffer releases a packet once that many more are queued (a 20 ms Opus frame: 80 ms)
     held = AUDIO_RECEIVE_HOLD * len(samples) / max(1, channels) / rate
-    inputs.feed_audio(sid, samples, rate, time.monotonic() - held, channels)
+    stream_audio(manager, sid, samples, rate, time.monotonic() - held, channels)
 
 
 async def end_orphans(sessions: WhipSessions, sid: str) -> None:
