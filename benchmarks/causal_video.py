@@ -61,16 +61,21 @@ def time_chunks(sampler: CausalSampler, chunks: int, v2v: bool) -> list[float]:
     return times
 
 
-def gpu_figures(rounds: int) -> dict:
-    device = torch.device("cuda")
+def gpu_figures(rounds: int, device: str = "cuda", config: CausalWanConfig = WAN_1_3B_CONFIG,
+                latent: tuple[int, int, int] = LATENT_480P) -> dict:
+    """The figures of `config` at `latent` on `device` (tests run it with a tiny config on the CPU)."""
+    dev = torch.device(device)
     torch.manual_seed(0)
-    with torch.device(device):
-        model = CausalWan(WAN_1_3B_CONFIG).to(torch.bfloat16).eval()
-    text = torch.randn(1, 512, WAN_1_3B_CONFIG.text_dim, device=device, dtype=torch.bfloat16)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    with torch.device(dev):
+        model = CausalWan(config).to(dtype).eval()
+    text = torch.randn(1, config.text_len, config.text_dim, device=dev, dtype=dtype)
     backbone = CausalWanBackbone(model, lambda prompt: text)
-    out = {"device": torch.cuda.get_device_name(device), "shape": "480x832, 60x104 latents, 1560 tokens/frame"}
+    name_of = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    out: dict = {"device": name_of, "shape": f"{latent[1]}x{latent[2]} latents, "
+                 f"{model.frame_tokens(latent[1], latent[2])} tokens/frame"}
     for name, (fields, frames) in LAYOUTS.items():
-        sampler = CausalSampler(backbone, CausalConfig(**fields), LATENT_480P, "x")
+        sampler = CausalSampler(backbone, CausalConfig(**fields), latent, "x")
         fill = -(-sampler.cfg.window // sampler.cfg.chunk_frames) + 1  # chunks until the cache rolls
         time_chunks(sampler, fill, "strength" in fields)
         times = time_chunks(sampler, rounds, "strength" in fields)
@@ -78,7 +83,7 @@ def gpu_figures(rounds: int) -> dict:
         out[name] = {"ms_per_chunk": round(ms, 1), "fps": round(frames / (ms / 1e3), 1),
                      "calls_per_chunk": len(fields["steps"]) + (0 if fields.get("context_t", 0.0) is None else 1),
                      "cache_mb": round(sampler.cache_bytes / 1e6, 1),
-                     "peak_gb": round(torch.cuda.max_memory_allocated(device) / 1e9, 2)}
+                     "peak_gb": round(torch.cuda.max_memory_allocated(dev) / 1e9, 2) if dev.type == "cuda" else None}
     out["anchor_fps_per_gpu"] = round(SDV2_FPS_PER_GPU, 1)
     return out
 

@@ -249,3 +249,18 @@ def test_the_video_tab_runs_a_causal_model(tmp_path):
         video_tab.webcam_frame(session, frame, "a blue square", {"strength": 0.6})
     assert session.v2v is not None and session.v2v.wait(1, timeout=60)
     session.close()
+
+
+def test_the_gpu_benchmark_runs_its_layouts(monkeypatch):
+    """benchmarks/causal_video.py's GPU part, on the CPU with a tiny config: both layouts time
+    chunks once the window filled, and report calls, fps and cache size."""
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2] / "benchmarks"))
+    try:
+        import causal_video
+    finally:
+        sys.path.pop(0)
+    tiny = CausalWanConfig(dim=32, ffn_dim=64, freq_dim=16, text_dim=8, text_len=4, in_dim=16, out_dim=16,
+                           num_heads=2, num_layers=1)
+    out = causal_video.gpu_figures(2, device="cpu", config=tiny, latent=(16, 4, 4))
+    assert out["self_forcing_t2v"]["calls_per_chunk"] == 5 and out["streamdiffusionv2_v2v"]["calls_per_chunk"] == 4
+    assert all(out[k]["fps"] > 0 and out[k]["ms_per_chunk"] > 0 and "cache_mb" in out[k] for k in causal_video.LAYOUTS)
