@@ -2,19 +2,27 @@
 (deck B), warmed on the stream's own frames, then switched to by a cut (at once, or on the next
 beat of the tempo clock, app/perform/tempo.py) or a pixel cross-fade over N seconds.
 
+Deck B is a model with, optionally, its own prompt, its own add-ons (LoRAs, ControlNets, an
+IP-Adapter: an `Addons` as a stream's request has, loaded by the one `add_addons` of
+app/streams/image.py into deck B's own copy of the model; the IP-Adapter's reference is the
+`ip_image` file or the stream's newest frame) and its own output size (`DeckSpec`).
+
 A stream's frame step is its session's processor (app/web/sessions.py, `StreamProcessor`). While
 a deck is loaded, `DeckProcessor` takes its place: every input frame goes to A, whose output is
 the stream's, and to B, whose output is the deck's preview, so B's Stream Batch buffer is full of
-the stream's own frames before it goes on air. Settings applied go to both. A switch ends with B
-as the session's processor and A's pipeline (and its model, when a deck loaded it) released.
-Every input frame gives exactly one output frame throughout: nothing dropped, nothing repeated.
+the stream's own frames before it goes on air. Settings applied go to both (B keeps its own
+prompt and add-on scales when it joins). Deck B's frames are fitted to the stream's size while
+both play (`on_stream`: a fade mixes across sizes); a switch ends with B as the session's
+processor, the stream at B's size (`StreamSession.resize`), and A's pipeline (and its model, when
+a deck loaded it) released. Every input frame gives exactly one output frame throughout: nothing
+dropped, nothing repeated.
 
-Memory is checked before loading (`memory_report`): deck B's weights (their files' sizes on
-disk; parameter count x bytes for the tiny model) against what the device has free
-(torch.cuda.mem_get_info on CUDA, psutil's available memory on CPU). The routes are
-app/web/deck_routes.py's. Not yet: add-on sets (LoRAs, ControlNets, IP-Adapter), another size,
-the video pipeline, `serve --cluster`'s remote replicas (with `serve --gpus`, untested: deck B
-would load on the stream's replica's device).
+Memory is checked before loading (`memory_report`): deck B's weights and its add-ons' (their
+files' sizes on disk; parameter count x bytes for the tiny model) against what the device has
+free (torch.cuda.mem_get_info on CUDA, psutil's available memory on CPU). The routes are
+app/web/deck_routes.py's. Not yet (`NOT_YET`, refused with "not yet"): the video pipeline (image
+<-> video), txt2img decks, latent cross-fades, `serve --cluster`'s remote replicas (with `serve
+--gpus`, untested: deck B would load on the stream's replica's device).
 """
 
 from __future__ import annotations
