@@ -20,7 +20,9 @@ from streamstudio.models.image.loading import load_components
 from streamstudio.models.image.lora import save_random_lora
 
 from streamstudio.app.web import decks as decks_module
+from streamstudio.app.streams.video import DEFAULT_STRENGTH, build_stream
 from streamstudio.app.web.decks import crossfade, on_stream
+from streamstudio.app.web.video_deck import VideoDeckModel, VideoDeckProcessor
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -216,7 +218,8 @@ def test_a_deck_unloaded_before_the_switch_leaves_deck_a_alone(server):
 @pytest.mark.parametrize("path, body, status, words", [
     ("deck", {"model": ""}, 400, "needs \"model\""),
     ("deck", {"prompt": "x"}, 400, "needs \"model\""),
-    ("deck", {"model": "tiny", "pipeline": "video"}, 400, "not yet: a deck with the video pipeline"),
+    ("deck", {"model": "tiny", "pipeline": "video", "loras": ["a.safetensors"]}, 400, "not yet: a video deck with"),
+    ("deck", {"model": "tiny", "pipeline": "film"}, 400, 'pipeline must be "image" or "video"'),
     ("deck", {"model": "tiny", "mode": "txt2img"}, 400, "not yet"),
     ("deck", {"model": "tiny", "width": 100}, 400, "multiple of 8"),
     ("deck", {"model": "tiny", "height": True}, 400, "multiple of 8"),
@@ -417,3 +420,63 @@ def test_a_cut_to_another_size_with_an_output_attached_keeps_every_frame(server)
     assert len(written) == 8 and len(set(written)) == 8  # 0 dropped, 0 repeated
     session.detach(attachment)
     server.manager.close("deck-size-cut")
+
+
+# ------------------------------------------------------------------ deck B on the video pipeline
+def test_a_video_deck_warms_until_it_gives_frames_and_the_cut_waits_for_it_frame_by_frame(server):
+    """Image -> video: deck B is the builtin StreamDiT fed the stream's frames one by one; it gives
+    nothing for its buffer's first frames, so a cut asked at once lands on its first frame; every
+    input gives one output throughout (deck A's, then deck B's, each as a standalone video
+    pipeline fed the same frames makes it), none dropped or repeated; the stream then takes its
+    prompt, refuses the image table's other settings, and takes no second deck (video -> image)."""
+    session = server.manager.open("deck-video")
+    outs = [feed_one(session, picture(k)) for k in range(2)]
+    k = len(outs)
+    url = f"{server.url}/studio/streams/deck-video"
+    r = httpx.post(url + "/deck", json={"model": "tiny", "pipeline": "video", "prompt": "a video deck"},
+                   headers=AUTH, timeout=30)
+    assert r.status_code == 202, r.text
+    assert r.json()["deck"]["memory"]["deck_b"]["bytes"] > 0
+    wait_state(url + "/deck", "warming", "ready")
+    installed = k
+    assert httpx.post(url + "/switch", json={"mode": "cut"}, headers=AUTH, timeout=10).status_code == 202
+    deck = server.app.state.decks.get("deck-video")
+    while deck.state != "switched":
+        assert k < installed + 40, deck.state
+        outs.append(feed_one(session, picture(k)))
+        k += 1
+    for _ in range(5):
+        outs.append(feed_one(session, picture(k)))
+        k += 1
+    stats = session.stats()
+    assert stats["frames_in"] == stats["processed"] == k and stats["dropped"] == 0  # 0 dropped
+    assert not [i for i in range(installed, k) if np.array_equal(outs[i], outs[i - 1])]  # 0 repeated
+    b = deck.b
+    assert isinstance(b, VideoDeckProcessor) and session.processor is b and session.model is b.model
+    assert stats["frame_latency"] == b.pipe.latency_frames > 0 and "video" in stats["model"]
+
+    ref_a = server.manager.model.processor("img2img", "deck-video-ref-a")
+    ref_a.open((SIZE, SIZE))
+    stream = build_stream(b.model.network, b.model.meta, "a video deck", strength=DEFAULT_STRENGTH,
+                          seed=server.manager.model.config.seed, width=SIZE, height=SIZE)
+    ref_b = VideoDeckProcessor(VideoDeckModel("ref", b.model.network, b.model.meta, b.model.config, ""), stream, "r")
+    first_b = None
+    for i in range(k):
+        want = ref_a(picture(i))
+        got_b = ref_b.warm(picture(i)) if i >= installed else None
+        if got_b is not None:
+            first_b = i if first_b is None else first_b
+            want = got_b
+        np.testing.assert_array_equal(outs[i], want, err_msg=f"frame {i}")
+    assert first_b == installed + b.pipe.latency_frames  # the cut on deck B's first frame
+    assert [r.alpha for r in deck.records][-1] == 1.0 and deck.records[-2].alpha == 0.0
+
+    session.request({"prompt": "a new video prompt"})
+    feed_one(session, picture(k))
+    assert session.notice is None and session.stats()["settings"]["prompt"] == "a new video prompt"
+    session.request({"seed": 7})
+    feed_one(session, picture(k + 1))
+    assert "takes prompt and fit only" in session.notice
+    r = httpx.post(url + "/deck", json={"model": "tiny"}, headers=AUTH, timeout=30)
+    assert r.status_code == 400 and "video -> image" in r.json()["error"]
+    server.manager.close("deck-video")

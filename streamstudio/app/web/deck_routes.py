@@ -5,7 +5,7 @@
                                              "loras": [PATH_OR_ID[:scale]]?, "controlnets": [ID_OR_PATH[:scale]]?,
                                              "control_preprocessors": [canny|depth|...]?,
                                              "ip_adapter": ID_OR_PATH[:scale]?, "ip_image": FILE?,
-                                             "width": W?, "height": H?}
+                                             "width": W?, "height": H?, "pipeline": "image"|"video"?}
                                             -> 202 {deck}: deck B loads in the background; the memory
                                             figures first, its add-ons' weights included (507 with
                                             them when it does not fit)
@@ -40,8 +40,8 @@ def mount(app, manager) -> Decks:
     # (plain functions: FastAPI runs them in its thread pool, off the event loop: the memory check reads files)
     @app.post("/studio/streams/{stream}/deck", tags=["perform"], status_code=202)
     def load_deck(stream: str, raw: dict = Body(...)):  # noqa: B008 - FastAPI's JSON body
-        """Load deck B (a model, its own LoRAs, ControlNets, IP-Adapter and size) beside the stream's model
-        (memory checked first), warmed on the stream's frames."""
+        """Load deck B (a model, its own LoRAs, ControlNets, IP-Adapter and size; or a video model) beside the
+        stream's model (memory checked first), warmed on the stream's frames."""
         try:
             deck = decks.load(stream, DeckSpec.parse(raw))
         except LookupError as exc:

@@ -5,7 +5,9 @@ beat of the tempo clock, app/perform/tempo.py) or a pixel cross-fade over N seco
 Deck B is a model with, optionally, its own prompt, its own add-ons (LoRAs, ControlNets, an
 IP-Adapter: an `Addons` as a stream's request has, loaded by the one `add_addons` of
 app/streams/image.py into deck B's own copy of the model; the IP-Adapter's reference is the
-`ip_image` file or the stream's newest frame) and its own output size (`DeckSpec`).
+`ip_image` file or the stream's newest frame) and its own output size (`DeckSpec`), or a model
+of the video pipeline (`"pipeline": "video"`: image -> video, app/web/video_deck.py; it gives
+frames late, so it is ready, and a switch asked for meanwhile lands, at its first frame).
 
 A stream's frame step is its session's processor (app/web/sessions.py, `StreamProcessor`). While
 a deck is loaded, `DeckProcessor` takes its place: every input frame goes to A, whose output is
@@ -20,9 +22,10 @@ dropped, nothing repeated.
 Memory is checked before loading (`memory_report`): deck B's weights and its add-ons' (their
 files' sizes on disk; parameter count x bytes for the tiny model) against what the device has
 free (torch.cuda.mem_get_info on CUDA, psutil's available memory on CPU). The routes are
-app/web/deck_routes.py's. Not yet (`NOT_YET`, refused with "not yet"): the video pipeline (image
-<-> video), txt2img decks, latent cross-fades, `serve --cluster`'s remote replicas (with `serve
---gpus`, untested: deck B would load on the stream's replica's device).
+app/web/deck_routes.py's. Not yet (refused with "not yet"): a deck on a stream that plays a video
+deck (video -> image), a video deck with add-ons, txt2img decks, latent cross-fades, `serve
+--cluster`'s remote replicas (with `serve --gpus`, untested: deck B would load on the stream's
+replica's device).
 """
 
 from __future__ import annotations
@@ -41,7 +44,10 @@ import torch
 
 from streamstudio.app.streams.image import add_addons, read_picture
 from streamstudio.app.streams.requests import Addons
+from streamstudio.app.streams.video import BUILTIN_NAMES as VIDEO_BUILTIN_NAMES
 from streamstudio.app.web.sessions import ServerModel, StreamProcessor, StreamSession
+from streamstudio.app.web.video_deck import TAKES as VIDEO_TAKES
+from streamstudio.app.web.video_deck import VideoDeckProcessor, build_video_deck
 from streamstudio.errors import StreamStudioError
 from streamstudio.frames import fit
 from streamstudio.models.hub import SHORT_NAMES
@@ -50,6 +56,7 @@ from streamstudio.models.image.controlnet import parse_controlnet
 from streamstudio.models.image.ip_adapter import parse_ip_adapter
 from streamstudio.models.image.loading import BUILTIN_DIR, BUILTIN_NAME, resolve_demo_default
 from streamstudio.models.image.lora import parse_lora
+from streamstudio.models.video.stream_dit import BUILTIN_CHECKPOINT
 from streamstudio.pipelines.image.control import Preprocessor
 
 log = logging.getLogger(__name__)
@@ -59,8 +66,10 @@ MAX_FADE_S = 60.0
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
 MAX_SIDE = 2048
 FIELDS = ("model", "prompt", "negative_prompt", "loras", "controlnets", "control_preprocessors", "ip_adapter",
-          "ip_image", "width", "height")
-NOT_YET = {"pipeline": "the video pipeline", "mode": "another mode (txt2img)"}
+          "ip_image", "width", "height", "pipeline")
+VIDEO_FIELDS = ("model", "prompt", "width", "height", "pipeline")  # a video deck's
+PIPELINES = ("image", "video")
+NOT_YET = {"mode": "another mode (txt2img)"}
 STATES = ("loading", "warming", "ready", "switching", "switched", "error", "unloaded")
 
 
@@ -90,6 +99,7 @@ class DeckSpec:
     addons: Addons = field(default_factory=Addons)
     width: int | None = None
     height: int | None = None
+    pipeline: str = "image"  # or "video": the StreamDiT video pipeline (app/web/video_deck.py)
 
     @staticmethod
     def parse(raw: object) -> DeckSpec:
@@ -98,7 +108,7 @@ class DeckSpec:
         for key in raw:
             if key in NOT_YET:
                 raise StreamStudioError(f"not yet: a deck with {NOT_YET[key]} ({key!r}); a deck is a model, a prompt, "
-                                        "its add-ons and a size, on the image pipeline")
+                                        "its add-ons and a size, on the image or the video pipeline, img2img")
         unknown = sorted(set(raw) - set(FIELDS))
         if unknown:
             raise StreamStudioError(f"unknown deck field(s) {', '.join(map(repr, unknown))}: a deck takes "
@@ -114,8 +124,15 @@ class DeckSpec:
                         control_preprocessors=_names(raw, "control_preprocessors"),
                         ip_adapter=raw.get("ip_adapter"), ip_image=raw.get("ip_image"))
         _check_addons(addons)
+        pipeline = raw.get("pipeline", "image")
+        if pipeline not in PIPELINES:
+            raise StreamStudioError(f'pipeline must be "image" or "video", got {pipeline!r}')
+        other = sorted(set(raw) - set(VIDEO_FIELDS))
+        if pipeline == "video" and other:
+            raise StreamStudioError(f"not yet: a video deck with {', '.join(map(repr, other))}; a video deck takes "
+                                    f"{', '.join(VIDEO_FIELDS)}")
         return DeckSpec(model.strip(), raw.get("prompt"), raw.get("negative_prompt"), addons,
-                        _side(raw, "width"), _side(raw, "height"))
+                        _side(raw, "width"), _side(raw, "height"), pipeline)
 
     def size(self, stream: tuple[int, int]) -> tuple[int, int]:
         """Deck B's (width, height): its own, each side not given the stream's."""
@@ -199,10 +216,13 @@ def _hub_cache_bytes(repo: str) -> int | None:
     return sum(p.stat().st_size for p in folder.iterdir() if p.is_file()) or None
 
 
-def weights_estimate(model: str, dtype: torch.dtype) -> tuple[int | None, str]:
+def weights_estimate(model: str, dtype: torch.dtype, pipeline: str = "image") -> tuple[int | None, str]:
     """(bytes, how) of `model`'s weights before it loads: its files' sizes on disk (a file, a
     folder, the built-in model, a hub id in the local cache), the tiny models' parameter count x
-    the bytes of `dtype`; (None, why) when it cannot be told (a hub id not fetched yet)."""
+    the bytes of `dtype`; (None, why) when it cannot be told (a hub id not fetched yet). A video
+    model (`pipeline` "video"): the builtin StreamDiT's checkpoint, a folder or a file."""
+    if pipeline == "video" and model in VIDEO_BUILTIN_NAMES:
+        return _files_bytes(BUILTIN_CHECKPOINT), "files"
     if model in ("tiny", "tiny-sdxl"):
         parts = tiny.tiny_components() if model == "tiny" else sdxl.tiny_sdxl_components()
         count = sum(p.numel() for m in parts.values() if isinstance(m, torch.nn.Module) for p in m.parameters())
@@ -252,7 +272,7 @@ def memory_report(spec: DeckSpec, a_comps) -> dict:
     DeckRefused when B does not fit."""
     device = a_comps.unet.device if hasattr(a_comps.unet, "device") else next(a_comps.unet.parameters()).device
     dtype = next(a_comps.unet.parameters()).dtype
-    model_bytes, how = weights_estimate(spec.model, dtype)
+    model_bytes, how = weights_estimate(spec.model, dtype, spec.pipeline)
     addons = addon_estimates(spec.addons)
     known = [model_bytes, *(a["bytes"] for a in addons)]
     b_bytes = None if any(n is None for n in known) else sum(n for n in known if n is not None)
@@ -283,6 +303,15 @@ class DeckStreamProcessor(StreamProcessor):
 
     def close(self) -> None:
         self.model.close()
+
+    def warm(self, frame: np.ndarray) -> np.ndarray:
+        """Its frame for `frame` while deck A's is on air."""
+        return self(frame)
+
+    def is_ready(self, warmed: int) -> bool:
+        """Its Stream Batch buffer holds only the stream's frames after `warmed` of them."""
+        assert self.pipe is not None  # (build_deck opened it)
+        return warmed > (self.pipe.latency_frames or 0)
 
 
 def build_deck(spec: DeckSpec, a: StreamProcessor, size: tuple[int, int],
@@ -405,7 +434,7 @@ class Deck:
         self.error: str | None = None
         self.notice: str | None = None  # a setting deck B refused (deck A took it)
         self.a: StreamProcessor | None = None
-        self.b: DeckStreamProcessor | None = None
+        self.b: DeckStreamProcessor | VideoDeckProcessor | None = None
         self.joined = False
         self.warmed = 0  # frames deck B has taken
         self.preview: np.ndarray | None = None  # deck B's newest output
@@ -434,7 +463,11 @@ class Deck:
             if not isinstance(a, StreamProcessor) or a.pipe is None:
                 raise StreamStudioError("the stream has no frame yet: send one before loading a deck")
             self.a = a
-            self.b = build_deck(self.spec, a, self.size, self.reference)
+            if self.spec.pipeline == "video":
+                unet = next(a.model.comps.unet.parameters())
+                self.b = build_video_deck(self.spec.model, self.spec.prompt, a, self.size, unet.device, unet.dtype)
+            else:
+                self.b = build_deck(self.spec, a, self.size, self.reference)
         except Exception as exc:  # noqa: BLE001 - a failed load is said in the deck's state; A plays on
             self.state, self.error = "error", f"deck B did not load: {exc}"
             log.warning("stream %s: %s", session.sid, self.error)
@@ -543,6 +576,8 @@ class DeckProcessor:
         settings = dict(getattr(self.deck.session, "_applied", {}))
         for key in {"fit", *self.deck.spec.own_settings}:
             settings.pop(key, None)
+        if isinstance(self.b, VideoDeckProcessor):  # (the image table's others are not the video pipeline's)
+            settings = {k: v for k, v in settings.items() if k in VIDEO_TAKES}
         self.b.fit = self.a.fit
         if settings:
             self._apply_b(settings)
@@ -556,20 +591,19 @@ class DeckProcessor:
             if not deck.joined:
                 self._join()
             out_a = self.a(frame)
-            out_b = self.b(frame)
+            out_b = self.b.warm(frame)  # (None: a video deck not ready yet)
             deck.warmed += 1
-            assert self.b.pipe is not None  # (build_deck opened it)
-            if deck.state == "warming" and deck.warmed > (self.b.pipe.latency_frames or 0):
+            if deck.state == "warming" and self.b.is_ready(deck.warmed):
                 deck.state = "ready"  # B's buffer holds only the stream's frames
             now = time.monotonic()
             switch = deck.switch
-            alpha = 0.0 if switch is None else switch.alpha(now, deck.clock)
+            alpha = 0.0 if switch is None or out_b is None else switch.alpha(now, deck.clock)
             deck.record(now, alpha, True)
-            if alpha >= 1.0:
+            if out_b is not None and alpha >= 1.0:
                 deck.finish()
                 return out_b  # (at deck B's size: the stream's from now on)
-            deck.preview = out_b
-            if alpha <= 0.0:
+            deck.preview = deck.preview if out_b is None else out_b
+            if alpha <= 0.0 or out_b is None:
                 return out_a
             return crossfade(out_a, on_stream(out_b, out_a.shape, self.a.fit), alpha)
 
@@ -609,6 +643,8 @@ class Decks:
         if existing is not None and (isinstance(processor, DeckProcessor) or existing.state == "loading"):
             raise DeckBusy(f"stream {sid!r} has a deck B already ({existing.spec.model}, "
                                     f"{existing.state}): switch to it or unload it (DELETE) first")
+        if isinstance(processor, VideoDeckProcessor):
+            raise StreamStudioError("not yet: a deck on a stream that plays the video pipeline (video -> image)")
         if not isinstance(processor, StreamProcessor):
             raise StreamStudioError("not yet: decks on serve --cluster's remote replicas")
         if processor.pipe is None:
