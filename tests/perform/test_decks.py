@@ -11,10 +11,18 @@ import time
 import httpx
 import numpy as np
 import pytest
+import torch
+from addon_models import tiny_controlnet, write_tiny_ip_adapter
 from helpers import frame
+from PIL import Image
+
+from streamstudio.models.image.loading import load_components
+from streamstudio.models.image.lora import save_random_lora
 
 from streamstudio.app.web import decks as decks_module
-from streamstudio.app.web.decks import crossfade
+from streamstudio.app.streams.video import DEFAULT_STRENGTH, build_stream
+from streamstudio.app.web.decks import crossfade, on_stream
+from streamstudio.app.web.video_deck import VideoDeckModel, VideoDeckProcessor
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -60,26 +68,29 @@ def wait_state(url: str, *states: str, timeout: float = 120.0) -> dict:
 
 
 def references(server, deck, sid: str):
-    """Standalone frame steps of deck A (the server's model) and deck B (the deck's model), fed the
-    frames the stream's decks were fed, outside the session."""
+    """Standalone frame steps of deck A (the server's model) and deck B (the deck's model, at its
+    size; its IP-Adapter's reference is the model's default, the deck's), fed the frames the
+    stream's decks were fed, outside the session."""
     ref_a = server.manager.model.processor("img2img", sid + "-ref-a")
     ref_a.open((SIZE, SIZE))
     ref_b = deck.b.model.processor("img2img", sid + "-ref-b")
-    ref_b.open((SIZE, SIZE))
+    ref_b.open(deck.size)
     return ref_a, ref_b
 
 
 def run_switch(server, sid: str, switch: dict, model: str = "tiny", before: int = 6, after: int = 8,
-               between=None):
-    """Play stream `sid`, load deck B (`model`, another prompt), feed, switch, feed; check every
-    output frame against the standalone decks. Returns (outputs, records, deck)."""
+               between=None, extra: dict | None = None):
+    """Play stream `sid`, load deck B (`model`, another prompt, `extra` fields), feed, switch, feed;
+    check every output frame against the standalone decks (deck B's at the stream's size while both
+    play, at its own after the switch). Returns (outputs, records, deck)."""
     session = server.manager.open(sid)
     url = f"{server.url}/studio/streams/{sid}/deck"
     k, outs = 0, []
     for _ in range(3):  # deck A plays
         outs.append(feed_one(session, picture(k)))
         k += 1
-    r = httpx.post(url, json={"model": model, "prompt": "a deck B prompt far from A's"}, headers=AUTH, timeout=30)
+    body = {"model": model, "prompt": "a deck B prompt far from A's", **(extra or {})}
+    r = httpx.post(url, json=body, headers=AUTH, timeout=30)
     assert r.status_code == 202, r.text
     memory = r.json()["deck"]["memory"]
     assert memory["deck_a"]["bytes"] > 0 and memory["deck_b"]["bytes"] > 0 and memory["available_bytes"] > 0
@@ -115,8 +126,10 @@ def run_switch(server, sid: str, switch: dict, model: str = "tiny", before: int 
             continue
         want_b = ref_b(picture(i))
         alpha = records[i - installed].alpha if i - installed < len(records) else 1.0
-        want = want_a if alpha == 0 else want_b if alpha >= 1 else crossfade(want_a, want_b, alpha)
+        want = want_a if alpha == 0 else want_b if alpha >= 1 else \
+            crossfade(want_a, on_stream(want_b, want_a.shape, "crop"), alpha)
         np.testing.assert_array_equal(outs[i], want, err_msg=f"frame {i} (alpha {alpha})")
+    assert session.size == deck.size  # the stream's size is deck B's from the switch on
     assert not np.array_equal(ref_a(picture(k)), ref_b(picture(k)))  # the decks differ
     server.manager.close(sid)
     return outs, records, deck
@@ -205,9 +218,18 @@ def test_a_deck_unloaded_before_the_switch_leaves_deck_a_alone(server):
 @pytest.mark.parametrize("path, body, status, words", [
     ("deck", {"model": ""}, 400, "needs \"model\""),
     ("deck", {"prompt": "x"}, 400, "needs \"model\""),
-    ("deck", {"model": "tiny", "loras": ["a.safetensors"]}, 400, "not yet"),
-    ("deck", {"model": "tiny", "pipeline": "video"}, 400, "not yet"),
-    ("deck", {"model": "tiny", "width": 128}, 400, "not yet"),
+    ("deck", {"model": "tiny", "pipeline": "video", "loras": ["a.safetensors"]}, 400, "not yet: a video deck with"),
+    ("deck", {"model": "tiny", "pipeline": "film"}, 400, 'pipeline must be "image" or "video"'),
+    ("deck", {"model": "tiny", "mode": "txt2img"}, 400, "not yet"),
+    ("deck", {"model": "tiny", "width": 100}, 400, "multiple of 8"),
+    ("deck", {"model": "tiny", "height": True}, 400, "multiple of 8"),
+    ("deck", {"model": "tiny", "loras": [3]}, 400, "list of names"),
+    ("deck", {"model": "tiny", "loras": ["a.safetensors:50"]}, 400, "scale must be"),
+    ("deck", {"model": "tiny", "controlnets": ["a"], "control_preprocessors": ["canny", "none"]}, 400, "one per"),
+    ("deck", {"model": "tiny", "controlnets": ["a"], "control_preprocessors": ["sobel?"]}, 400, "sobel?"),
+    ("deck", {"model": "tiny", "ip_image": "ref.png"}, 400, "give ip_adapter too"),
+    ("deck", {"model": "tiny", "ip_adapter": "ip.safetensors", "ip_image": "./no/such.png"}, 400, "not a readable"),
+    ("deck", {"model": "tiny", "lora": "a.safetensors"}, 400, "unknown deck field"),
     ("deck", {"model": "tiny", "colour": 1}, 400, "unknown deck field"),
     ("deck", {"model": "tiny", "prompt": 3}, 400, "must be a string"),
     ("switch", {"mode": "cut"}, 404, "has no deck"),
@@ -307,3 +329,154 @@ def test_the_live_tab_shows_deck_bs_newest_frame_while_it_is_loaded(server):
     assert decks_module.deck_preview(session) == (None, "")
     assert decks_module.deck_preview(None) == (None, "")
     server.manager.close("deck-preview")
+
+
+# ------------------------------------------------------------------ deck B with its own add-ons, at its own size
+@pytest.fixture(scope="module")
+def addon_files(tmp_path_factory):
+    """A random LoRA, a tiny ControlNet and a tiny IP-Adapter for the tiny model (tests/addon_models.py),
+    and a reference picture, as files."""
+    comps = load_components("tiny", device="cpu", dtype=torch.float32)
+    root = tmp_path_factory.mktemp("deck-addons")
+    lora = save_random_lora(comps, root / "lora")[0]
+    tiny_controlnet(comps.unet, 0).save_pretrained(root / "canny_net")
+    ip = write_tiny_ip_adapter(comps.unet, root / "ip")
+    Image.fromarray(frame(200, 40, 40)).save(root / "ref.png")
+    return {"lora": str(lora), "controlnet": str(root / "canny_net"), "ip_adapter": str(ip),
+            "ip_image": str(root / "ref.png")}
+
+
+def test_deck_b_with_its_own_lora_controlnet_and_ip_adapter_fades_in_frame_by_frame(server, addon_files):
+    extra = {"loras": [f"{addon_files['lora']}:0.8"], "controlnets": [f"{addon_files['controlnet']}:0.7"],
+             "control_preprocessors": ["none"], "ip_adapter": f"{addon_files['ip_adapter']}:0.6"}
+    _, records, deck = run_switch(server, "deck-addons", {"mode": "fade", "seconds": 0.5}, extra=extra, after=14,
+                                  between=lambda i: time.sleep(0.05))
+    assert any(0 < r.alpha < 1 for r in records)
+    comps = deck.b.model.comps
+    assert [s for s, _ in comps.loras.listing()] == [addon_files["lora"]] and len(comps.controlnets) == 1
+    assert comps.control_defaults == [("none", 0.7)] and comps.ip_adapter.scale == pytest.approx(0.6)
+    assert comps.ip_adapter.embeds is not None  # the stream's newest frame, its reference (no ip_image)
+    assert server.manager.model.comps.controlnets == [] and server.manager.model.comps.ip_adapter is None  # A's: none
+    b = deck.memory["deck_b"]
+    kinds = {a["kind"]: a["bytes"] for a in b["addons"]}
+    assert set(kinds) == {"lora", "controlnet", "ip_adapter"} and all(n > 0 for n in kinds.values())
+    assert b["bytes"] == b["model_bytes"] + sum(kinds.values())  # the add-ons' weights counted
+    assert deck.to_json()["addons"]["ip_adapter"] == extra["ip_adapter"]
+
+
+def test_deck_b_with_its_own_ip_image_and_a_memory_refusal_that_names_the_add_ons(server, addon_files, monkeypatch):
+    session = server.manager.open("deck-ip")
+    feed_one(session, picture(0))
+    url = f"{server.url}/studio/streams/deck-ip/deck"
+    body = {"model": "tiny", "ip_adapter": addon_files["ip_adapter"], "ip_image": addon_files["ip_image"]}
+    with monkeypatch.context() as m:
+        m.setattr(decks_module, "available_bytes", lambda device: 1000)
+        r = httpx.post(url, json=body, headers=AUTH, timeout=30)
+    assert r.status_code == 507 and "add-ons" in r.json()["error"], r.text
+    assert r.json()["memory"]["deck_b"]["addons"][0]["kind"] == "ip_adapter"
+    assert httpx.post(url, json=body, headers=AUTH, timeout=30).status_code == 202
+    wait_state(url, "warming", "ready")
+    feed_one(session, picture(1))
+    deck = server.app.state.decks.get("deck-ip")
+    ip = deck.b.model.comps.ip_adapter
+    want = ip.embed(torch.from_numpy(frame(200, 40, 40)).permute(2, 0, 1).float() / 255.0)
+    torch.testing.assert_close(deck.b.pipe.addons._ip_embeds, want)  # the file's picture, not the stream's frame
+    assert httpx.delete(url, headers=AUTH, timeout=10).json()["deck"]["state"] == "unloaded"
+    server.manager.close("deck-ip")
+
+
+def test_deck_b_at_another_size_fades_across_sizes_then_the_stream_takes_its_size(server):
+    outs, records, deck = run_switch(server, "deck-size", {"mode": "fade", "seconds": 1.0}, after=24,
+                                     between=lambda i: time.sleep(0.08), extra={"width": 96, "height": 64})
+    assert deck.size == (96, 64) and deck.to_json()["size"] == [96, 64]
+    switched = next(i for i, o in enumerate(outs) if o.shape != (SIZE, SIZE, 3))
+    assert all(o.shape == (SIZE, SIZE, 3) for o in outs[:switched])  # the stream's size while both play
+    assert all(o.shape == (64, 96, 3) for o in outs[switched:])  # deck B's after the switch
+    assert sum(0 < r.alpha < 1 for r in records) >= 3  # mixed across the two sizes
+
+
+def test_a_cut_to_another_size_with_an_output_attached_keeps_every_frame(server):
+    """A sink attached before the switch (as a recording, a push or a viewer) takes every frame,
+    each once, across the size change (sinks fit frames to their own size: streaming/sink_base.py)."""
+    session = server.manager.open("deck-size-cut")
+    feed_one(session, picture(0))
+    got = Collecting()
+    attachment = session.attach(got)
+    url = f"{server.url}/studio/streams/deck-size-cut"
+    assert httpx.post(url + "/deck", json={"model": "tiny", "prompt": "B", "height": 32}, headers=AUTH,
+                      timeout=30).status_code == 202
+    wait_state(url + "/deck", "warming", "ready")
+    outs = [feed_one(session, picture(k)) for k in range(1, 5)]
+    assert httpx.post(url + "/switch", json={"mode": "cut"}, headers=AUTH, timeout=10).status_code == 202
+    outs += [feed_one(session, picture(k)) for k in range(5, 9)]
+    deadline = time.monotonic() + 10
+    while len(got.frames) < 8 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [o.shape for o in outs] == [(SIZE, SIZE, 3)] * 4 + [(32, SIZE, 3)] * 4
+    assert session.size == (SIZE, 32)
+    stats = session.stats()
+    assert stats["frames_in"] == stats["processed"] == 9 and stats["dropped"] == 0
+    written = [pts for _, pts in got.frames]
+    assert len(written) == 8 and len(set(written)) == 8  # 0 dropped, 0 repeated
+    session.detach(attachment)
+    server.manager.close("deck-size-cut")
+
+
+# ------------------------------------------------------------------ deck B on the video pipeline
+def test_a_video_deck_warms_until_it_gives_frames_and_the_cut_waits_for_it_frame_by_frame(server):
+    """Image -> video: deck B is the builtin StreamDiT fed the stream's frames one by one; it gives
+    nothing for its buffer's first frames, so a cut asked at once lands on its first frame; every
+    input gives one output throughout (deck A's, then deck B's, each as a standalone video
+    pipeline fed the same frames makes it), none dropped or repeated; the stream then takes its
+    prompt, refuses the image table's other settings, and takes no second deck (video -> image)."""
+    session = server.manager.open("deck-video")
+    outs = [feed_one(session, picture(k)) for k in range(2)]
+    k = len(outs)
+    url = f"{server.url}/studio/streams/deck-video"
+    r = httpx.post(url + "/deck", json={"model": "tiny", "pipeline": "video", "prompt": "a video deck"},
+                   headers=AUTH, timeout=30)
+    assert r.status_code == 202, r.text
+    assert r.json()["deck"]["memory"]["deck_b"]["bytes"] > 0
+    wait_state(url + "/deck", "warming", "ready")
+    installed = k
+    assert httpx.post(url + "/switch", json={"mode": "cut"}, headers=AUTH, timeout=10).status_code == 202
+    deck = server.app.state.decks.get("deck-video")
+    while deck.state != "switched":
+        assert k < installed + 40, deck.state
+        outs.append(feed_one(session, picture(k)))
+        k += 1
+    for _ in range(5):
+        outs.append(feed_one(session, picture(k)))
+        k += 1
+    stats = session.stats()
+    assert stats["frames_in"] == stats["processed"] == k and stats["dropped"] == 0  # 0 dropped
+    assert not [i for i in range(installed, k) if np.array_equal(outs[i], outs[i - 1])]  # 0 repeated
+    b = deck.b
+    assert isinstance(b, VideoDeckProcessor) and session.processor is b and session.model is b.model
+    assert stats["frame_latency"] == b.pipe.latency_frames > 0 and "video" in stats["model"]
+
+    ref_a = server.manager.model.processor("img2img", "deck-video-ref-a")
+    ref_a.open((SIZE, SIZE))
+    stream = build_stream(b.model.network, b.model.meta, "a video deck", strength=DEFAULT_STRENGTH,
+                          seed=server.manager.model.config.seed, width=SIZE, height=SIZE)
+    ref_b = VideoDeckProcessor(VideoDeckModel("ref", b.model.network, b.model.meta, b.model.config, ""), stream, "r")
+    first_b = None
+    for i in range(k):
+        want = ref_a(picture(i))
+        got_b = ref_b.warm(picture(i)) if i >= installed else None
+        if got_b is not None:
+            first_b = i if first_b is None else first_b
+            want = got_b
+        np.testing.assert_array_equal(outs[i], want, err_msg=f"frame {i}")
+    assert first_b == installed + b.pipe.latency_frames  # the cut on deck B's first frame
+    assert [r.alpha for r in deck.records][-1] == 1.0 and deck.records[-2].alpha == 0.0
+
+    session.request({"prompt": "a new video prompt"})
+    feed_one(session, picture(k))
+    assert session.notice is None and session.stats()["settings"]["prompt"] == "a new video prompt"
+    session.request({"seed": 7})
+    feed_one(session, picture(k + 1))
+    assert "takes prompt and fit only" in session.notice
+    r = httpx.post(url + "/deck", json={"model": "tiny"}, headers=AUTH, timeout=30)
+    assert r.status_code == 400 and "video -> image" in r.json()["error"]
+    server.manager.close("deck-video")

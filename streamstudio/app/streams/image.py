@@ -85,12 +85,12 @@ def build_pipeline(request: ImageRequest, mode: str, serving: bool = False, aspe
 
         pipe = LiveGraphStream(pipe)
     if request.addons.ip_image:
-        pipe.addons.set_reference(_read_picture(request.addons.ip_image, "--ip-image"))
+        pipe.addons.set_reference(read_picture(request.addons.ip_image, "--ip-image"))
     if request.addons.control_image:
         if mode != "txt2img":
             raise StreamStudioError("--control-image is for txt2img (no --input); img2img controls each input frame "
                                     "by itself")
-        pipe.addons.set_control_image(_read_picture(request.addons.control_image, "--control-image"))
+        pipe.addons.set_control_image(read_picture(request.addons.control_image, "--control-image"))
     return pipe
 
 
@@ -119,7 +119,7 @@ def new_stream(comps, config, prompt: str = "", negative_prompt: str = ""):
     return StreamDiffusion(comps, config, prompt=prompt, negative_prompt=negative_prompt)
 
 
-def _read_picture(path: str, flag: str):
+def read_picture(path: str, flag: str):
     """An image file as HxWx3 uint8 RGB, or a clear error naming the flag."""
     import numpy as np
     from PIL import Image, UnidentifiedImageError

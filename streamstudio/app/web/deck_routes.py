@@ -1,9 +1,14 @@
 """The two-deck routes (issue 48; app/web/decks.py), behind the publish credential like every
 /studio route (`security.GuardConfig.control_prefixes`):
 
-    POST   /studio/streams/{stream}/deck    {"model": NAME, "prompt": TEXT?, "negative_prompt": TEXT?}
+    POST   /studio/streams/{stream}/deck    {"model": NAME, "prompt": TEXT?, "negative_prompt": TEXT?,
+                                             "loras": [PATH_OR_ID[:scale]]?, "controlnets": [ID_OR_PATH[:scale]]?,
+                                             "control_preprocessors": [canny|depth|...]?,
+                                             "ip_adapter": ID_OR_PATH[:scale]?, "ip_image": FILE?,
+                                             "width": W?, "height": H?, "pipeline": "image"|"video"?}
                                             -> 202 {deck}: deck B loads in the background; the memory
-                                            figures first (507 with them when it does not fit)
+                                            figures first, its add-ons' weights included (507 with
+                                            them when it does not fit)
     GET    /studio/streams/{stream}/deck    -> {deck}: state (loading, warming, ready, switching,
                                             switched, error, unloaded), frames warmed, memory, error
     POST   /studio/streams/{stream}/switch  {"mode": "cut"|"fade", "seconds": 2.0, "on_beat": false}
@@ -35,7 +40,8 @@ def mount(app, manager) -> Decks:
     # (plain functions: FastAPI runs them in its thread pool, off the event loop: the memory check reads files)
     @app.post("/studio/streams/{stream}/deck", tags=["perform"], status_code=202)
     def load_deck(stream: str, raw: dict = Body(...)):  # noqa: B008 - FastAPI's JSON body
-        """Load deck B beside the stream's model (memory checked first), warmed on the stream's frames."""
+        """Load deck B (a model, its own LoRAs, ControlNets, IP-Adapter and size; or a video model) beside the
+        stream's model (memory checked first), warmed on the stream's frames."""
         try:
             deck = decks.load(stream, DeckSpec.parse(raw))
         except LookupError as exc:

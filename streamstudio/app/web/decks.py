@@ -2,19 +2,30 @@
 (deck B), warmed on the stream's own frames, then switched to by a cut (at once, or on the next
 beat of the tempo clock, app/perform/tempo.py) or a pixel cross-fade over N seconds.
 
+Deck B is a model with, optionally, its own prompt, its own add-ons (LoRAs, ControlNets, an
+IP-Adapter: an `Addons` as a stream's request has, loaded by the one `add_addons` of
+app/streams/image.py into deck B's own copy of the model; the IP-Adapter's reference is the
+`ip_image` file or the stream's newest frame) and its own output size (`DeckSpec`), or a model
+of the video pipeline (`"pipeline": "video"`: image -> video, app/web/video_deck.py; it gives
+frames late, so it is ready, and a switch asked for meanwhile lands, at its first frame).
+
 A stream's frame step is its session's processor (app/web/sessions.py, `StreamProcessor`). While
 a deck is loaded, `DeckProcessor` takes its place: every input frame goes to A, whose output is
 the stream's, and to B, whose output is the deck's preview, so B's Stream Batch buffer is full of
-the stream's own frames before it goes on air. Settings applied go to both. A switch ends with B
-as the session's processor and A's pipeline (and its model, when a deck loaded it) released.
-Every input frame gives exactly one output frame throughout: nothing dropped, nothing repeated.
+the stream's own frames before it goes on air. Settings applied go to both (B keeps its own
+prompt and add-on scales when it joins). Deck B's frames are fitted to the stream's size while
+both play (`on_stream`: a fade mixes across sizes); a switch ends with B as the session's
+processor, the stream at B's size (`StreamSession.resize`), and A's pipeline (and its model, when
+a deck loaded it) released. Every input frame gives exactly one output frame throughout: nothing
+dropped, nothing repeated.
 
-Memory is checked before loading (`memory_report`): deck B's weights (their files' sizes on
-disk; parameter count x bytes for the tiny model) against what the device has free
-(torch.cuda.mem_get_info on CUDA, psutil's available memory on CPU). The routes are
-app/web/deck_routes.py's. Not yet: add-on sets (LoRAs, ControlNets, IP-Adapter), another size,
-the video pipeline, `serve --cluster`'s remote replicas (with `serve --gpus`, untested: deck B
-would load on the stream's replica's device).
+Memory is checked before loading (`memory_report`): deck B's weights and its add-ons' (their
+files' sizes on disk; parameter count x bytes for the tiny model) against what the device has
+free (torch.cuda.mem_get_info on CUDA, psutil's available memory on CPU). The routes are
+app/web/deck_routes.py's. Not yet (refused with "not yet"): a deck on a stream that plays a video
+deck (video -> image), a video deck with add-ons, txt2img decks, latent cross-fades, `serve
+--cluster`'s remote replicas (with `serve --gpus`, untested: deck B would load on the stream's
+replica's device).
 """
 
 from __future__ import annotations
@@ -24,29 +35,41 @@ import math
 import os
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import psutil
 import torch
 
+from streamstudio.app.streams.image import add_addons, read_picture
+from streamstudio.app.streams.requests import Addons
+from streamstudio.app.streams.video import BUILTIN_NAMES as VIDEO_BUILTIN_NAMES
 from streamstudio.app.web.sessions import ServerModel, StreamProcessor, StreamSession
+from streamstudio.app.web.video_deck import TAKES as VIDEO_TAKES
+from streamstudio.app.web.video_deck import VideoDeckProcessor, build_video_deck
 from streamstudio.errors import StreamStudioError
+from streamstudio.frames import fit
 from streamstudio.models.hub import SHORT_NAMES
 from streamstudio.models.image import sdxl, tiny
+from streamstudio.models.image.controlnet import parse_controlnet
+from streamstudio.models.image.ip_adapter import parse_ip_adapter
 from streamstudio.models.image.loading import BUILTIN_DIR, BUILTIN_NAME, resolve_demo_default
+from streamstudio.models.image.lora import parse_lora
+from streamstudio.models.video.stream_dit import BUILTIN_CHECKPOINT
+from streamstudio.pipelines.image.control import Preprocessor
 
 log = logging.getLogger(__name__)
 
 HEADROOM = 1.25  # a deck needs its weights and about a quarter more for its work (activations, buffers)
 MAX_FADE_S = 60.0
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
-NOT_YET = {
-    "loras": "LoRAs", "lora": "LoRAs", "controlnet": "ControlNets", "controlnets": "ControlNets",
-    "ip_adapter": "an IP-Adapter", "width": "another size", "height": "another size", "size": "another size",
-    "pipeline": "the video pipeline", "mode": "another mode",
-}
+MAX_SIDE = 2048
+FIELDS = ("model", "prompt", "negative_prompt", "loras", "controlnets", "control_preprocessors", "ip_adapter",
+          "ip_image", "width", "height", "pipeline")
+VIDEO_FIELDS = ("model", "prompt", "width", "height", "pipeline")  # a video deck's
+PIPELINES = ("image", "video")
+NOT_YET = {"mode": "another mode (txt2img)"}
 STATES = ("loading", "warming", "ready", "switching", "switched", "error", "unloaded")
 
 
@@ -66,37 +89,108 @@ class DeckRefused(StreamStudioError):
 # ------------------------------------------------------------------ the request and the memory
 @dataclass(frozen=True)
 class DeckSpec:
-    """What deck B is: a model (the names `serve --model` takes) and, optionally, its prompt."""
+    """What deck B is: a model (the names `serve --model` takes), optionally its prompt, its own
+    add-ons (LoRAs, ControlNets, an IP-Adapter: the stream's request's `Addons`, loaded by the
+    one `add_addons`) and its own output size (None: the stream's)."""
 
     model: str
     prompt: str | None = None
     negative_prompt: str | None = None
+    addons: Addons = field(default_factory=Addons)
+    width: int | None = None
+    height: int | None = None
+    pipeline: str = "image"  # or "video": the StreamDiT video pipeline (app/web/video_deck.py)
 
     @staticmethod
     def parse(raw: object) -> DeckSpec:
         if not isinstance(raw, dict):
-            raise StreamStudioError('a deck is a JSON object {"model": NAME, "prompt": TEXT?}')
+            raise StreamStudioError('a deck is a JSON object {"model": NAME, "prompt": TEXT?, ...}')
         for key in raw:
             if key in NOT_YET:
-                raise StreamStudioError(f"not yet: a deck with {NOT_YET[key]} ({key!r}); a deck is a model and a "
-                                        "prompt at the stream's own size, on the image pipeline")
-        unknown = sorted(set(raw) - {"model", "prompt", "negative_prompt"})
+                raise StreamStudioError(f"not yet: a deck with {NOT_YET[key]} ({key!r}); a deck is a model, a prompt, "
+                                        "its add-ons and a size, on the image or the video pipeline, img2img")
+        unknown = sorted(set(raw) - set(FIELDS))
         if unknown:
-            raise StreamStudioError(f"unknown deck field(s) {', '.join(map(repr, unknown))}: a deck takes model, "
-                                    "prompt, negative_prompt")
+            raise StreamStudioError(f"unknown deck field(s) {', '.join(map(repr, unknown))}: a deck takes "
+                                    f"{', '.join(FIELDS)}")
         model = raw.get("model")
         if not isinstance(model, str) or not model.strip():
             raise StreamStudioError('a deck needs "model": a model name as serve --model takes (tiny, builtin, a hub '
                                     'id, a folder or a .safetensors file)')
-        for key in ("prompt", "negative_prompt"):
+        for key in ("prompt", "negative_prompt", "ip_adapter", "ip_image"):
             if raw.get(key) is not None and not isinstance(raw[key], str):
                 raise StreamStudioError(f"{key} must be a string")
-        return DeckSpec(model.strip(), raw.get("prompt"), raw.get("negative_prompt"))
+        addons = Addons(loras=_names(raw, "loras"), controlnets=_names(raw, "controlnets"),
+                        control_preprocessors=_names(raw, "control_preprocessors"),
+                        ip_adapter=raw.get("ip_adapter"), ip_image=raw.get("ip_image"))
+        _check_addons(addons)
+        pipeline = raw.get("pipeline", "image")
+        if pipeline not in PIPELINES:
+            raise StreamStudioError(f'pipeline must be "image" or "video", got {pipeline!r}')
+        other = sorted(set(raw) - set(VIDEO_FIELDS))
+        if pipeline == "video" and other:
+            raise StreamStudioError(f"not yet: a video deck with {', '.join(map(repr, other))}; a video deck takes "
+                                    f"{', '.join(VIDEO_FIELDS)}")
+        return DeckSpec(model.strip(), raw.get("prompt"), raw.get("negative_prompt"), addons,
+                        _side(raw, "width"), _side(raw, "height"), pipeline)
+
+    def size(self, stream: tuple[int, int]) -> tuple[int, int]:
+        """Deck B's (width, height): its own, each side not given the stream's."""
+        return self.width or stream[0], self.height or stream[1]
+
+    @property
+    def own_settings(self) -> set[str]:
+        """The stream's settings deck B does not take when it joins: its own prompt's, its own add-ons' scales."""
+        own = {"prompt"} if self.prompt is not None else set()
+        own |= {"negative_prompt"} if self.negative_prompt is not None else set()
+        own |= {"lora_scales"} if self.addons.loras else set()
+        own |= {"control_scales"} if self.addons.controlnets else set()
+        return own | ({"ip_adapter_scale"} if self.addons.ip_adapter else set())
+
+
+def _names(raw: dict, key: str) -> list[str]:
+    """A list of names (PATH_OR_ID[:scale]); one string is a list of one."""
+    value = raw.get(key)
+    if value is None:
+        return []
+    value = [value] if isinstance(value, str) else value
+    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+        raise StreamStudioError(f"{key} must be a list of names (PATH_OR_ID[:scale])")
+    return [v.strip() for v in value]
+
+
+def _side(raw: dict, key: str) -> int | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 8 <= value <= MAX_SIDE or value % 8:
+        raise StreamStudioError(f"{key} must be a multiple of 8 from 8 to {MAX_SIDE}, got {value!r}")
+    return value
+
+
+def _check_addons(addons: Addons) -> None:
+    """The add-ons' names and scales (the command line's parsers), before anything loads."""
+    for text in addons.loras:
+        parse_lora(text)
+    for text in addons.controlnets:
+        parse_controlnet(text)
+    if len(addons.control_preprocessors) > len(addons.controlnets):
+        raise StreamStudioError(f"{len(addons.control_preprocessors)} control_preprocessors for "
+                                f"{len(addons.controlnets)} controlnets; give one per ControlNet")
+    for kind in addons.control_preprocessors:
+        Preprocessor(kind)
+    if addons.ip_adapter:
+        parse_ip_adapter(addons.ip_adapter)
+    elif addons.ip_image:
+        raise StreamStudioError("ip_image is the reference of an IP-Adapter: give ip_adapter too")
 
 
 def loaded_bytes(comps) -> int:
-    """The bytes of a loaded model's weights (its networks' parameters and buffers)."""
-    modules = [comps.unet, comps.vae, comps.text_encoder, comps.text_encoder_2, *comps.controlnets]
+    """The bytes of a loaded model's weights (its networks' parameters and buffers, its
+    ControlNets' and its IP-Adapter's image encoder's; LoRAs are fused into the networks)."""
+    ip = getattr(comps, "ip_adapter", None)
+    modules = [comps.unet, comps.vae, comps.text_encoder, comps.text_encoder_2, *comps.controlnets,
+               getattr(ip, "image_encoder", None)]
     seen: set[int] = set()
     total = 0
     for module in modules:
@@ -122,10 +216,13 @@ def _hub_cache_bytes(repo: str) -> int | None:
     return sum(p.stat().st_size for p in folder.iterdir() if p.is_file()) or None
 
 
-def weights_estimate(model: str, dtype: torch.dtype) -> tuple[int | None, str]:
+def weights_estimate(model: str, dtype: torch.dtype, pipeline: str = "image") -> tuple[int | None, str]:
     """(bytes, how) of `model`'s weights before it loads: its files' sizes on disk (a file, a
     folder, the built-in model, a hub id in the local cache), the tiny models' parameter count x
-    the bytes of `dtype`; (None, why) when it cannot be told (a hub id not fetched yet)."""
+    the bytes of `dtype`; (None, why) when it cannot be told (a hub id not fetched yet). A video
+    model (`pipeline` "video"): the builtin StreamDiT's checkpoint, a folder or a file."""
+    if pipeline == "video" and model in VIDEO_BUILTIN_NAMES:
+        return _files_bytes(BUILTIN_CHECKPOINT), "files"
     if model in ("tiny", "tiny-sdxl"):
         parts = tiny.tiny_components() if model == "tiny" else sdxl.tiny_sdxl_components()
         count = sum(p.numel() for m in parts.values() if isinstance(m, torch.nn.Module) for p in m.parameters())
@@ -141,6 +238,28 @@ def weights_estimate(model: str, dtype: torch.dtype) -> tuple[int | None, str]:
     return (size, "files") if size is not None else (None, "unknown: not in the local cache (loading fetches it)")
 
 
+def addon_estimates(addons: Addons) -> list[dict]:
+    """Each add-on's weights before it loads: {"kind", "source", "bytes" (None: not known)}, from
+    its files' sizes on disk (an IP-Adapter's with its image_encoder/ beside it) or the hub cache."""
+    named = [("lora", parse_lora(t).source) for t in addons.loras]
+    named += [("controlnet", parse_controlnet(t).source) for t in addons.controlnets]
+    if addons.ip_adapter:
+        named.append(("ip_adapter", parse_ip_adapter(addons.ip_adapter).source))
+    return [{"kind": kind, "source": source, "bytes": _source_bytes(source, kind == "ip_adapter")}
+            for kind, source in named]
+
+
+def _source_bytes(source: str, with_encoder: bool) -> int | None:
+    path = Path(os.path.expanduser(source))
+    if path.is_file():
+        encoder = path.parent / "image_encoder"
+        return path.stat().st_size + (_files_bytes(encoder) if with_encoder and encoder.is_dir() else 0)
+    if path.is_dir():
+        return _files_bytes(path)
+    parts = source.split("/")
+    return _hub_cache_bytes("/".join(parts[:2])) if len(parts) >= 2 else None
+
+
 def available_bytes(device: torch.device) -> int:
     """Memory free for another model on `device`: the GPU's free memory, or the machine's available RAM."""
     if device.type == "cuda":
@@ -149,19 +268,27 @@ def available_bytes(device: torch.device) -> int:
 
 
 def memory_report(spec: DeckSpec, a_comps) -> dict:
-    """Deck A's and deck B's memory and what is free, before B loads; DeckRefused when B does not fit."""
+    """Deck A's and deck B's memory (B's model and its add-ons) and what is free, before B loads;
+    DeckRefused when B does not fit."""
     device = a_comps.unet.device if hasattr(a_comps.unet, "device") else next(a_comps.unet.parameters()).device
     dtype = next(a_comps.unet.parameters()).dtype
-    b_bytes, how = weights_estimate(spec.model, dtype)
+    model_bytes, how = weights_estimate(spec.model, dtype, spec.pipeline)
+    addons = addon_estimates(spec.addons)
+    known = [model_bytes, *(a["bytes"] for a in addons)]
+    b_bytes = None if any(n is None for n in known) else sum(n for n in known if n is not None)
+    if any(a["bytes"] is None for a in addons) and model_bytes is not None:
+        how = "unknown: an add-on is not in the local cache (loading fetches it)"
     free = available_bytes(torch.device(device))
     a_bytes = loaded_bytes(a_comps)
     needs = None if b_bytes is None else int(b_bytes * HEADROOM)
     fits = needs is None or needs <= free
     report = {"device": str(device), "available_bytes": free, "deck_a": {"model": a_comps.name, "bytes": a_bytes},
-              "deck_b": {"model": spec.model, "bytes": b_bytes, "estimate": how}, "needs_bytes": needs, "fits": fits}
+              "deck_b": {"model": spec.model, "bytes": b_bytes, "estimate": how, "model_bytes": model_bytes,
+                         "addons": addons}, "needs_bytes": needs, "fits": fits}
     if not fits:
+        parts = "" if not addons else f" (model {_gib(model_bytes)}, add-ons {_gib(sum(a['bytes'] for a in addons))})"
         raise DeckRefused(f"deck B ({spec.model}) does not fit: it needs about {_gib(needs)} (weights "
-                          f"{_gib(b_bytes)} + {HEADROOM - 1:.0%} to run) and {_gib(free)} is free on {device} "
+                          f"{_gib(b_bytes)}{parts} + {HEADROOM - 1:.0%} to run) and {_gib(free)} is free on {device} "
                           f"(deck A, {a_comps.name}, holds {_gib(a_bytes)})", report)
     return report
 
@@ -177,13 +304,26 @@ class DeckStreamProcessor(StreamProcessor):
     def close(self) -> None:
         self.model.close()
 
+    def warm(self, frame: np.ndarray) -> np.ndarray:
+        """Its frame for `frame` while deck A's is on air."""
+        return self(frame)
 
-def build_deck(spec: DeckSpec, a: StreamProcessor, size: tuple[int, int]) -> DeckStreamProcessor:
-    """Deck B: `spec`'s model on deck A's device and dtype, its pipeline built at the stream's `size`."""
+    def is_ready(self, warmed: int) -> bool:
+        """Its Stream Batch buffer holds only the stream's frames after `warmed` of them."""
+        assert self.pipe is not None  # (build_deck opened it)
+        return warmed > (self.pipe.latency_frames or 0)
+
+
+def build_deck(spec: DeckSpec, a: StreamProcessor, size: tuple[int, int],
+               reference: np.ndarray | None = None) -> DeckStreamProcessor:
+    """Deck B: `spec`'s model on deck A's device and dtype with `spec`'s add-ons (`add_addons`, as
+    a stream's request loads them), its pipeline built at `size` (width, height); `reference`:
+    its IP-Adapter's reference picture."""
     a_model = a.model
     device = next(a_model.comps.unet.parameters()).device
     dtype = next(a_model.comps.unet.parameters()).dtype
     comps = resolve_demo_default(spec.model, device=device, dtype=dtype)
+    add_addons(spec.addons, comps, device, dtype)
     base = a_model.config
     config = replace(base, width=size[0], height=size[1])
     if comps.step_type != a_model.comps.step_type:  # the defaults build_pipeline gives such a model
@@ -193,8 +333,27 @@ def build_deck(spec: DeckSpec, a: StreamProcessor, size: tuple[int, int]) -> Dec
                         negative_prompt=a_model.negative_prompt if spec.negative_prompt is None
                         else spec.negative_prompt, latency_probe=a_model.latency_probe)
     b = DeckStreamProcessor(model, a.mode, a.sid)
-    b.open(size)
+    try:
+        b.open(size)
+        assert b.pipe is not None  # (open built it)
+        if reference is not None:  # (the first reference on a model is also its default: B's alone)
+            b.pipe.addons.set_reference(reference)
+    except BaseException:
+        b.close()
+        raise
     return b
+
+
+def deck_reference(spec: DeckSpec, session: StreamSession) -> np.ndarray | None:
+    """Deck B's IP-Adapter reference picture: its ip_image file, else the stream's newest frame."""
+    if not spec.addons.ip_adapter:
+        return None
+    if spec.addons.ip_image:
+        return read_picture(spec.addons.ip_image, "ip_image")
+    if session.last_frame is None:
+        raise DeckBusy("deck B's IP-Adapter takes the stream's newest frame as its reference (no ip_image): send "
+                       "a frame first")
+    return session.last_frame.copy()
 
 
 # ------------------------------------------------------------------ the switch
@@ -239,6 +398,12 @@ class Switch:
         return min(1.0, (now - self.start) / self.seconds)
 
 
+def on_stream(b: np.ndarray, shape: tuple[int, ...], mode: str) -> np.ndarray:
+    """Deck B's frame at the stream's size `shape` (H, W, 3) while both decks play: as is when it
+    has it, else cropped or padded to its aspect (the stream's fit) and resized (`frames.fit`)."""
+    return b if b.shape == shape else fit(b, shape[1], shape[0], mode)
+
+
 def crossfade(a: np.ndarray, b: np.ndarray, alpha: float) -> np.ndarray:
     """(1 - alpha) a + alpha b, rounded, as uint8."""
     mixed = a.astype(np.float32) * (1.0 - alpha) + b.astype(np.float32) * alpha
@@ -260,13 +425,16 @@ class FrameRecord:
 class Deck:
     """Deck B of one stream: its state, memory figures, preview, the switch and the frame log."""
 
-    def __init__(self, session: StreamSession, spec: DeckSpec, memory: dict, clock=None):
+    def __init__(self, session: StreamSession, spec: DeckSpec, memory: dict, clock=None,
+                 reference: np.ndarray | None = None):
         self.session, self.spec, self.memory, self.clock = session, spec, memory, clock
+        self.reference = reference  # deck B's IP-Adapter reference picture
+        self.size = spec.size(session.size)  # deck B's (width, height)
         self.state = "loading"  # (STATES)
         self.error: str | None = None
         self.notice: str | None = None  # a setting deck B refused (deck A took it)
         self.a: StreamProcessor | None = None
-        self.b: DeckStreamProcessor | None = None
+        self.b: DeckStreamProcessor | VideoDeckProcessor | None = None
         self.joined = False
         self.warmed = 0  # frames deck B has taken
         self.preview: np.ndarray | None = None  # deck B's newest output
@@ -282,7 +450,9 @@ class Deck:
                 "warmed_frames": self.warmed, "error": self.error, "notice": self.notice, "memory": self.memory,
                 "switch": None if sw is None else {"mode": sw.mode, "seconds": sw.seconds, "on_beat": sw.on_beat,
                                                    "beat": sw.beat},
-                "frames": len(self.records), "preview": self.preview is not None}
+                "frames": len(self.records), "preview": self.preview is not None, "size": list(self.size),
+                "addons": {"loras": self.spec.addons.loras, "controlnets": self.spec.addons.controlnets,
+                           "ip_adapter": self.spec.addons.ip_adapter}}
 
     def load(self) -> None:
         """Load deck B (the background thread of `POST .../deck`); on success its processor takes
@@ -293,7 +463,11 @@ class Deck:
             if not isinstance(a, StreamProcessor) or a.pipe is None:
                 raise StreamStudioError("the stream has no frame yet: send one before loading a deck")
             self.a = a
-            self.b = build_deck(self.spec, a, session.size)
+            if self.spec.pipeline == "video":
+                unet = next(a.model.comps.unet.parameters())
+                self.b = build_video_deck(self.spec.model, self.spec.prompt, a, self.size, unet.device, unet.dtype)
+            else:
+                self.b = build_deck(self.spec, a, self.size, self.reference)
         except Exception as exc:  # noqa: BLE001 - a failed load is said in the deck's state; A plays on
             self.state, self.error = "error", f"deck B did not load: {exc}"
             log.warning("stream %s: %s", session.sid, self.error)
@@ -336,6 +510,7 @@ class Deck:
         assert a is not None and b is not None
         self.session.processor = self.session.runner.processor = b
         self.session.model = b.model
+        self.session.resize(self.size)  # (outputs started from now on open at deck B's size)
         self.state, self.switched_at, self.a = "switched", time.monotonic(), None
         self.preview = None
         a.close()  # (a deck's own model is closed with it; the server's shared model stays)
@@ -397,13 +572,12 @@ class DeckProcessor:
         self.b.close()
 
     def _join(self) -> None:
-        """Deck B's first frame: the stream's settings so far (its own prompt kept) and A's fit."""
+        """Deck B's first frame: the stream's settings so far (its own prompt and add-on scales kept) and A's fit."""
         settings = dict(getattr(self.deck.session, "_applied", {}))
-        settings.pop("fit", None)
-        if self.deck.spec.prompt is not None:
-            settings.pop("prompt", None)
-        if self.deck.spec.negative_prompt is not None:
-            settings.pop("negative_prompt", None)
+        for key in {"fit", *self.deck.spec.own_settings}:
+            settings.pop(key, None)
+        if isinstance(self.b, VideoDeckProcessor):  # (the image table's others are not the video pipeline's)
+            settings = {k: v for k, v in settings.items() if k in VIDEO_TAKES}
         self.b.fit = self.a.fit
         if settings:
             self._apply_b(settings)
@@ -417,20 +591,21 @@ class DeckProcessor:
             if not deck.joined:
                 self._join()
             out_a = self.a(frame)
-            out_b = self.b(frame)
+            out_b = self.b.warm(frame)  # (None: a video deck not ready yet)
             deck.warmed += 1
-            assert self.b.pipe is not None  # (build_deck opened it)
-            if deck.state == "warming" and deck.warmed > (self.b.pipe.latency_frames or 0):
+            if deck.state == "warming" and self.b.is_ready(deck.warmed):
                 deck.state = "ready"  # B's buffer holds only the stream's frames
             now = time.monotonic()
             switch = deck.switch
-            alpha = 0.0 if switch is None else switch.alpha(now, deck.clock)
+            alpha = 0.0 if switch is None or out_b is None else switch.alpha(now, deck.clock)
             deck.record(now, alpha, True)
-            if alpha >= 1.0:
+            if out_b is not None and alpha >= 1.0:
                 deck.finish()
-                return out_b
-            deck.preview = out_b
-            return out_a if alpha <= 0.0 else crossfade(out_a, out_b, alpha)
+                return out_b  # (at deck B's size: the stream's from now on)
+            deck.preview = deck.preview if out_b is None else out_b
+            if alpha <= 0.0 or out_b is None:
+                return out_a
+            return crossfade(out_a, on_stream(out_b, out_a.shape, self.a.fit), alpha)
 
 
 def deck_preview(session: StreamSession | None) -> tuple[np.ndarray | None, str]:
@@ -468,13 +643,16 @@ class Decks:
         if existing is not None and (isinstance(processor, DeckProcessor) or existing.state == "loading"):
             raise DeckBusy(f"stream {sid!r} has a deck B already ({existing.spec.model}, "
                                     f"{existing.state}): switch to it or unload it (DELETE) first")
+        if isinstance(processor, VideoDeckProcessor):
+            raise StreamStudioError("not yet: a deck on a stream that plays the video pipeline (video -> image)")
         if not isinstance(processor, StreamProcessor):
             raise StreamStudioError("not yet: decks on serve --cluster's remote replicas")
         if processor.pipe is None:
             raise DeckBusy(f"stream {sid!r} has no frame yet: send one before loading a deck")
+        reference = deck_reference(spec, session)  # (a picture that cannot be read: refused now)
         memory = memory_report(spec, processor.model.comps)
         inputs = getattr(self.manager, "inputs", None)
-        deck = Deck(session, spec, memory, getattr(inputs, "clock", None))
+        deck = Deck(session, spec, memory, getattr(inputs, "clock", None), reference)
         with self._lock:
             self._decks[sid] = deck
         if background:

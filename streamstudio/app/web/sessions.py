@@ -12,7 +12,8 @@ A session is a `streaming.Runner` over a `PushSource`: it takes frames with `sub
 blocks: a newer frame replaces one that is still waiting) and hands back `latest()` at once.
 Its size follows its first frame's aspect ratio (`ServerModel.stream_size`: a 4:3 camera on a
 256 model streams at 256x192); later frames of another aspect are cropped or padded to it (the
-session's `fit` setting), so the outputs, and the recordings and viewers fed from them, keep one size.
+session's `fit` setting), so the outputs, and the recordings and viewers fed from them, keep one size
+(until a deck B of another size is switched to: `resize`).
 A session that fails stops alone; the manager frees sessions that disconnect or go idle.
 """
 
@@ -362,6 +363,12 @@ class StreamSession:
     def size(self) -> tuple[int, int]:
         """The stream's output (width, height); before its first frame, the configured size."""
         return self._size or self.model.size
+
+    def resize(self, size: tuple[int, int]) -> None:
+        """The stream's output size from now on (a deck B of another size switched to, app/web/decks.py): outputs
+        started later open at it; running ones fit the frames to theirs (WHEP and WebRTC re-open their encoders)."""
+        with self._lock:
+            self._size = size
 
     @property
     def frames_in(self) -> int:

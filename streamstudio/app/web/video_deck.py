@@ -1,0 +1,169 @@
+"""Deck B on the video pipeline (issue 48, app/web/decks.py): an image stream's deck B may be the
+StreamDiT video pipeline (`pipelines/video/stream_video.VideoStream`, through
+app/streams/video.py's `VideoFrames`, video-to-video) fed the stream's frames one by one.
+
+The video pipeline hands its frames out late and in chunks (the builtin model: nothing for its
+buffer's first frames, then one per input; others: a chunk of c frames every c inputs).
+`VideoDeckProcessor` keeps what it made in a queue and starts handing out one frame per input
+only once the queue holds a whole chunk (it is `ready` then): from there a chunk comes in every
+c inputs and c go out, so the queue never runs dry and every input gives exactly one output,
+nothing dropped, nothing repeated, across the switch too. Until then deck A's frames are the
+stream's (a switch asked for early waits for it).
+
+After a switch the stream's model is a `VideoDeckModel`: the video model's name and the image
+model's defaults for what the session reads, no add-ons, no batching. The stream takes its prompt
+and fit from then on; the image table's other settings are refused (said in the stream's notice).
+Not yet: a deck on a stream that plays the video pipeline (video -> image), Wan checkpoints
+(text-to-video only here).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, cast
+
+import numpy as np
+
+from streamstudio.app.streams.video import DEFAULT_STRENGTH, VideoFrames, build_stream, load_video_model
+from streamstudio.app.web.model_guard import ModelGuard
+from streamstudio.errors import StreamStudioError
+
+if TYPE_CHECKING:
+    import torch
+
+    from streamstudio.app.web.sessions import StreamProcessor
+    from streamstudio.models.image.batching import ClientStats
+    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusionConfig
+
+TAKES = ("prompt", "fit")  # the stream's settings a video deck takes
+
+
+class VideoDeckModel:
+    """A video deck's model as a session sees it (`session_model.SessionModel`): its name, the
+    image model's config and prompts as the defaults the web app reads; no add-ons, no batching."""
+
+    comps = None
+    executor = None
+    latency_probe = False
+    is_demo = False
+
+    def __init__(self, name: str, network, meta: dict, config: StreamDiffusionConfig, prompt: str):
+        self.name, self.network, self.meta = name, network, meta
+        self.config, self.prompt, self.negative_prompt = config, prompt, ""
+        self.guard = ModelGuard()
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return self.config.width, self.config.height
+
+    def stream_size(self, aspect: float | None) -> tuple[int, int]:
+        return self.size
+
+    def build(self, *args, **kwargs):
+        raise StreamStudioError("this stream plays a video deck: the image pipeline is not built on it")
+
+    def processor(self, mode: str, sid: str):
+        raise StreamStudioError("this stream plays a video deck: open another stream for the image pipeline")
+
+    def close(self) -> None:
+        """(The video model is freed with its last stream.)"""
+
+    def lora_listing(self) -> list[tuple[str, float]]:
+        return []
+
+    def set_lora_scales(self, scales: object) -> list[tuple[str, float]]:
+        raise StreamStudioError("a video deck has no LoRA")
+
+    def batching_stats(self) -> dict | None:
+        return None
+
+
+@dataclass
+class VideoStats:
+    """What the runner and the session read of a video deck's steps (no similarity filter)."""
+
+    skipped: int = 0
+
+
+class VideoPipe:
+    """A video deck's `session_model.PipeView`: no frame skipped; its latency (input frames before
+    its first output) once known."""
+
+    def __init__(self, stream):
+        self.stream, self.stats = stream, VideoStats()
+        self.skip_rate = 0.0
+        self.latency_frames: int | None = None
+
+
+class VideoDeckProcessor:
+    """Deck B's frame step on the video pipeline (see the module's docstring): `warm(frame)` gives
+    its frame for the input, or None before it is ready; as a session's processor (after the
+    switch), `processor(frame)`."""
+
+    def __init__(self, model: VideoDeckModel, stream, sid: str):
+        self.model, self.sid, self.mode = model, sid, "img2img"
+        self.frames = VideoFrames(stream)
+        self.pipe = VideoPipe(stream)
+        self.calls: ClientStats | None = None  # (no batching)
+        self.queue: deque[np.ndarray] = deque()
+        self.chunk = stream.cfg.buffer.chunk_size
+        self.ready = False
+        self.pushed = 0
+
+    @property
+    def fit(self) -> str:
+        return self.frames.fit
+
+    @fit.setter
+    def fit(self, value: str) -> None:
+        self.frames.fit = value
+
+    def open(self, size: tuple[int, int]) -> None:
+        """(Built at load.)"""
+
+    def close(self) -> None:
+        self.queue.clear()
+
+    def is_ready(self, warmed: int) -> bool:
+        return self.ready
+
+    def apply(self, changes: dict) -> None:
+        """The prompt and fit; any other setting is refused (the image table's are not the video pipeline's)."""
+        other = sorted(set(changes) - set(TAKES))
+        if "fit" in changes:
+            self.fit = changes["fit"]
+        if "prompt" in changes:
+            with self.model.guard.text():
+                self.frames.stream.set_prompt(changes["prompt"])
+        if other:
+            raise StreamStudioError(f"a video deck takes {' and '.join(TAKES)} only, not {', '.join(other)}")
+
+    def warm(self, frame: np.ndarray) -> np.ndarray | None:
+        with self.model.guard.frame():
+            made = self.frames.push(frame)
+        self.pushed += 1
+        self.queue.extend(made)
+        if not self.ready and len(self.queue) >= self.chunk:
+            self.ready = True
+            self.pipe.latency_frames = self.pushed - 1
+        return self.queue.popleft() if self.ready else None
+
+    def __call__(self, frame: np.ndarray) -> np.ndarray:
+        out = self.warm(frame)
+        if out is None:  # (a chunk late: the pipeline's cadence broke)
+            raise StreamStudioError(f"stream {self.sid}: the video deck gave no frame for an input")
+        return out
+
+
+def build_video_deck(model_name: str, prompt: str | None, a: StreamProcessor, size: tuple[int, int],
+                     device: torch.device, dtype: torch.dtype) -> VideoDeckProcessor:
+    """Deck B on the video pipeline: `model_name` (the builtin StreamDiT, a checkpoint folder) on
+    deck A's device and dtype, video-to-video at the table's strength, its output `size`."""
+    network, meta = load_video_model(model_name, device, dtype)
+    assert a.pipe is not None  # (the stream has had a frame: Decks.load checked)
+    text = a.model.prompt if prompt is None else prompt
+    stream = build_stream(network, meta, text, strength=cast(float, DEFAULT_STRENGTH), seed=a.pipe.config.seed,
+                          width=size[0], height=size[1])
+    config = replace(a.model.config, width=size[0], height=size[1])
+    return VideoDeckProcessor(VideoDeckModel(f"{model_name} (video)", network, meta, config, text), stream, a.sid)
