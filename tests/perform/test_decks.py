@@ -23,6 +23,8 @@ from streamstudio.app.web import decks as decks_module
 from streamstudio.app.streams.video import DEFAULT_STRENGTH, build_stream
 from streamstudio.app.web.decks import crossfade, on_stream
 from streamstudio.app.web.video_deck import VideoDeckModel, VideoDeckProcessor
+from streamstudio.models.video.causal_checkpoint import save_causal_checkpoint
+from streamstudio.models.video.causal_wan import CausalWan, CausalWanConfig
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -480,3 +482,38 @@ def test_a_video_deck_warms_until_it_gives_frames_and_the_cut_waits_for_it_frame
     r = httpx.post(url + "/deck", json={"model": "tiny"}, headers=AUTH, timeout=30)
     assert r.status_code == 400 and "video -> image" in r.json()["error"]
     server.manager.close("deck-video")
+
+
+def test_a_causal_video_deck_takes_the_stream_frame_by_frame(server, tmp_path):
+    """Image -> causal video (issue 49): deck B a causal checkpoint (chunks over a KV cache) fed the
+    stream's frames; once it gives frames a cut hands the stream to it with nothing dropped or
+    repeated, a WHIP or WebRTC stream playing a causal model from then on."""
+    torch.manual_seed(0)
+    cfg = CausalWanConfig(dim=32, ffn_dim=64, freq_dim=16, text_dim=8, text_len=8, in_dim=3, out_dim=3, num_heads=2,
+                          num_layers=1, patch_size=(1, 4, 4))
+    folder = save_causal_checkpoint(tmp_path / "causal", CausalWan(cfg), {"kind": "hash", "dim": 8, "length": 4},
+                                    {"chunk_frames": 2, "steps": [1000, 500], "window": 6, "sink": 2, "height": 16,
+                                     "width": 16})
+    session = server.manager.open("deck-causal")
+    outs = [feed_one(session, picture(k)) for k in range(2)]
+    k = len(outs)
+    url = f"{server.url}/studio/streams/deck-causal"
+    r = httpx.post(url + "/deck", json={"model": str(folder), "pipeline": "video", "prompt": "a causal deck"},
+                   headers=AUTH, timeout=30)
+    assert r.status_code == 202, r.text
+    wait_state(url + "/deck", "warming", "ready")
+    installed = k
+    assert httpx.post(url + "/switch", json={"mode": "cut"}, headers=AUTH, timeout=10).status_code == 202
+    deck = server.app.state.decks.get("deck-causal")
+    while deck.state != "switched":
+        assert k < installed + 40, deck.state
+        outs.append(feed_one(session, picture(k)))
+        k += 1
+    for _ in range(6):
+        outs.append(feed_one(session, picture(k)))
+        k += 1
+    stats = session.stats()
+    assert stats["frames_in"] == stats["processed"] == k and stats["dropped"] == 0
+    assert not [i for i in range(installed, k) if np.array_equal(outs[i], outs[i - 1])]
+    assert type(deck.b.frames.stream).__name__ == "CausalVideoStream" and session.processor is deck.b
+    server.manager.close("deck-causal")

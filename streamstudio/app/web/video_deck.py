@@ -1,6 +1,8 @@
 """Deck B on the video pipeline (issue 48, app/web/decks.py): an image stream's deck B may be the
-StreamDiT video pipeline (`pipelines/video/stream_video.VideoStream`, through
-app/streams/video.py's `VideoFrames`, video-to-video) fed the stream's frames one by one.
+StreamDiT video pipeline (`pipelines/video/stream_video.VideoStream`) or a causal model
+(`pipelines/video/causal_video.CausalVideoStream`, issue 49), through app/streams/video.py's
+`VideoFrames`, video-to-video, fed the stream's frames one by one: so a WebRTC or WHIP stream
+plays either video pipeline after a switch to such a deck.
 
 The video pipeline hands its frames out late and in chunks (the builtin model: nothing for its
 buffer's first frames, then one per input; others: a chunk of c frames every c inputs).
@@ -107,7 +109,7 @@ class VideoDeckProcessor:
         self.pipe = VideoPipe(stream)
         self.calls: ClientStats | None = None  # (no batching)
         self.queue: deque[np.ndarray] = deque()
-        self.chunk = stream.cfg.buffer.chunk_size
+        self.chunk = stream.chunk_frames_out
         self.ready = False
         self.pushed = 0
 
@@ -158,7 +160,8 @@ class VideoDeckProcessor:
 
 def build_video_deck(model_name: str, prompt: str | None, a: StreamProcessor, size: tuple[int, int],
                      device: torch.device, dtype: torch.dtype) -> VideoDeckProcessor:
-    """Deck B on the video pipeline: `model_name` (the builtin StreamDiT, a checkpoint folder) on
+    """Deck B on the video pipeline: `model_name` (the builtin StreamDiT, a checkpoint folder, a causal
+    model: the built-in causal one, a causal folder, a released generator) on
     deck A's device and dtype, video-to-video at the table's strength, its output `size`."""
     network, meta = load_video_model(model_name, device, dtype)
     assert a.pipe is not None  # (the stream has had a frame: Decks.load checked)

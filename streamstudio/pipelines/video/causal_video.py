@@ -250,6 +250,11 @@ class CausalVideoStream:
                 f"(sink {c.sink}), cache {self.sampler.cache_bytes / 1e6:.1f} MB")
 
     @property
+    def chunk_frames_out(self) -> int:
+        """Video frames a chunk gives once streaming (the first may give fewer)."""
+        return self.cfg.sampler.chunk_frames * self.cfg.temporal
+
+    @property
     def chunk_input_frames(self) -> int:
         """Video frames the next chunk takes."""
         c, k = self.cfg.sampler.chunk_frames, self.cfg.temporal

@@ -348,6 +348,11 @@ class VideoStream:
         return None
 
     @property
+    def chunk_frames_out(self) -> int:
+        """Frames a chunk gives (pixel codecs; a temporal codec's chunk gives more)."""
+        return self.cfg.buffer.chunk_size
+
+    @property
     def summary(self) -> str:
         """One line on the stream's layout (render prints it)."""
         b = self.cfg.buffer
