@@ -8,6 +8,10 @@
   6). Timed after the window has filled (the cache rolls every chunk). VAE decoding not counted.
   Anchor: StreamDiffusionV2's published 64.52 fps with 1.3B on 4 H100s (arXiv 2511.07399, no
   TensorRT), 16.1 fps per GPU.
+- Stream Batch: n streams made in step, one network call a step for all of them
+  (`pipelines/video/causal_batch.py`), against the same n streams one after another: the ratio of
+  their frame rates (GPU: the 1.3B model, 2 streams in Self-Forcing's layout; CPU: the tiny model,
+  4 streams).
 - CPU: the tiny causal model's frames per second (the built-in one when installed, else a tiny
   random model of the same shape), text-to-video, after a warm-up.
 
@@ -30,6 +34,7 @@ import torch
 from streamstudio.models.video.causal_backbone import CausalWanBackbone
 from streamstudio.models.video.causal_checkpoint import BUILTIN_CAUSAL, is_causal_folder, load_causal_checkpoint
 from streamstudio.models.video.causal_wan import WAN_1_3B_CONFIG, CausalWan, CausalWanConfig
+from streamstudio.pipelines.video.causal_batch import CausalBatch
 from streamstudio.pipelines.video.causal_video import CausalConfig, CausalSampler
 
 RESULTS = Path(__file__).resolve().parent / "results" / "causal_video.json"
@@ -61,6 +66,32 @@ def time_chunks(sampler: CausalSampler, chunks: int, v2v: bool) -> list[float]:
     return times
 
 
+def batch_ratio(backbone: CausalWanBackbone, fields: dict, latent: tuple[int, int, int], n: int, chunks: int) -> dict:
+    """n streams batched against the same n one after another: seconds a round and the speed-up."""
+    cfg = CausalConfig(**fields)
+    alone = [CausalSampler(backbone, cfg, latent, f"stream {i}") for i in range(n)]
+    batch = CausalBatch(backbone, cfg, latent, [f"stream {i}" for i in range(n)])
+    fill = -(-cfg.window // cfg.chunk_frames) + 1
+    for _ in range(fill):  # (both past the window's filling)
+        batch.chunks()
+        for s in alone:
+            s.chunk()
+    sync(backbone.device)
+    start = time.perf_counter()
+    for _ in range(chunks):
+        for s in alone:
+            s.chunk()
+    sync(backbone.device)
+    one_by_one = (time.perf_counter() - start) / chunks
+    start = time.perf_counter()
+    for _ in range(chunks):
+        batch.chunks()
+    sync(backbone.device)
+    batched = (time.perf_counter() - start) / chunks
+    return {"streams": n, "one_by_one_ms": round(one_by_one * 1e3, 1), "batched_ms": round(batched * 1e3, 1),
+            "speedup": round(one_by_one / batched, 2)}
+
+
 def gpu_figures(rounds: int, device: str = "cuda", config: CausalWanConfig = WAN_1_3B_CONFIG,
                 latent: tuple[int, int, int] = LATENT_480P) -> dict:
     """The figures of `config` at `latent` on `device` (tests run it with a tiny config on the CPU)."""
@@ -85,6 +116,7 @@ def gpu_figures(rounds: int, device: str = "cuda", config: CausalWanConfig = WAN
                      "cache_mb": round(sampler.cache_bytes / 1e6, 1),
                      "peak_gb": round(torch.cuda.max_memory_allocated(dev) / 1e9, 2) if dev.type == "cuda" else None}
     out["anchor_fps_per_gpu"] = round(SDV2_FPS_PER_GPU, 1)
+    out["batch"] = batch_ratio(backbone, LAYOUTS["self_forcing_t2v"][0], latent, 2, max(2, rounds // 3))
     return out
 
 
@@ -106,12 +138,13 @@ def cpu_figures(seconds: float) -> dict:
     sampler = CausalSampler(CausalWanBackbone(model, text), CausalConfig(**fields),
                             (model.cfg.in_dim, int(s["height"]), int(s["width"])), "a red circle moving left")
     time_chunks(sampler, 3, False)
+    batch = batch_ratio(sampler.backbone, fields, sampler.shape, 4, 3)
     made, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         time_chunks(sampler, 1, False)
         made += sampler.cfg.chunk_frames
     elapsed = time.perf_counter() - start
-    return {"model": name, "fps": round(made / elapsed, 1), "threads": torch.get_num_threads(),
+    return {"model": name, "fps": round(made / elapsed, 1), "threads": torch.get_num_threads(), "batch": batch,
             "cpu": platform.processor() or platform.machine()}
 
 
@@ -140,9 +173,12 @@ def main() -> None:
             g = gpu[name]
             print(f"  {name}: {g['ms_per_chunk']} ms a chunk, {g['fps']} fps ({g['calls_per_chunk']} calls), cache "
                   f"{g['cache_mb']} MB, against StreamDiffusionV2's {gpu['anchor_fps_per_gpu']} fps per H100")
+        b = gpu["batch"]
+        print(f"  {b['streams']} streams batched: {b['speedup']}x the frame rate of one after another")
     if "cpu" in result:
         c = result["cpu"]
-        print(f"  CPU, {c['model']}: {c['fps']} fps on {c['threads']} thread(s)")
+        print(f"  CPU, {c['model']}: {c['fps']} fps on {c['threads']} thread(s); {c['batch']['streams']} streams "
+              f"batched: {c['batch']['speedup']}x one after another")
     print(f"wrote {args.out}")
 
 

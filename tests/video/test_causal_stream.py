@@ -14,6 +14,7 @@ from streamstudio.errors import ModelNotFoundError, StreamStudioError
 from streamstudio.models.video import causal_checkpoint as cc
 from streamstudio.models.video.causal_backbone import CausalWanBackbone
 from streamstudio.models.video.causal_wan import WAN_1_3B_CONFIG, CausalWan, CausalWanConfig, KVCache, rope_tables
+from streamstudio.pipelines.video.causal_batch import CausalBatch
 from streamstudio.pipelines.video.causal_video import (CausalConfig, CausalSampler, CausalStreamConfig,
                                                        CausalVideoStream, FlowTable)
 
@@ -262,5 +263,31 @@ def test_the_gpu_benchmark_runs_its_layouts(monkeypatch):
     tiny = CausalWanConfig(dim=32, ffn_dim=64, freq_dim=16, text_dim=8, text_len=4, in_dim=16, out_dim=16,
                            num_heads=2, num_layers=1)
     out = causal_video.gpu_figures(2, device="cpu", config=tiny, latent=(16, 4, 4))
+    assert out["batch"]["streams"] == 2 and out["batch"]["speedup"] > 0
     assert out["self_forcing_t2v"]["calls_per_chunk"] == 5 and out["streamdiffusionv2_v2v"]["calls_per_chunk"] == 4
     assert all(out[k]["fps"] > 0 and out[k]["ms_per_chunk"] > 0 and "cache_mb" in out[k] for k in causal_video.LAYOUTS)
+
+
+def test_a_stream_batch_equals_its_streams_made_alone(backbone):
+    """Three streams (own prompts and seeds) in one batch, every step one network call over all of
+    them: each stream's chunks equal the same stream made alone, through the window's rolling and a
+    prompt change (a re-cache of its own row only)."""
+    cfg = CausalConfig(chunk_frames=2, window=6, sink=2, steps=(1000.0, 500.0), shift=3.0, seed=5)
+    prompts = ["a red circle", "a blue square moving up", "green"]
+    batch = CausalBatch(backbone, cfg, (3, 16, 16), prompts, seeds=[5, 6, 7])
+    alone = [CausalSampler(backbone, CausalConfig(**{**cfg.__dict__, "seed": seed}), (3, 16, 16), p)
+             for p, seed in zip(prompts, [5, 6, 7])]
+    for k in range(6):
+        if k == 3:
+            batch.streams[1].set_prompt("a yellow star")
+            alone[1].set_prompt("a yellow star")
+        got = batch.chunks()
+        for i, s in enumerate(alone):
+            torch.testing.assert_close(got[i], s.chunk(), rtol=1e-4, atol=1e-4, msg=f"chunk {k} stream {i}")
+    assert batch.calls == 6 * 3 and batch.cache.k.shape[1] == 3  # 2 steps + the cache call a chunk, for all
+    v2v = CausalBatch(backbone, CausalConfig(chunk_frames=2, window=6, sink=2, steps=(1000.0, 500.0), strength=0.7),
+                      (3, 16, 16), ["a", "b"])
+    inputs = [torch.zeros(2, 3, 16, 16), torch.ones(2, 3, 16, 16) * 0.5]
+    v2v.streams[1].sigma = 0.5  # another first step: made one stream at a time, still right
+    out = v2v.chunks(inputs)
+    assert out.shape == (2, 2, 3, 16, 16) and v2v.streams[1].chunks == 1

@@ -145,6 +145,14 @@ class KVCache:
         return cls(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype),
                    window, sink, frame_tokens)
 
+    def row(self, i: int) -> KVCache:
+        """Stream i of a batched cache: a cache over the same storage (row i), the same counters."""
+        return KVCache(self.k[:, i:i + 1], self.v[:, i:i + 1], self.window, self.sink, self.frame_tokens, self.frames,
+                       self.position, self.slots, self.dropped)
+
+    def copy_counters(self, other: KVCache) -> None:
+        self.frames, self.position, self.slots, self.dropped = other.frames, other.position, other.slots, other.dropped
+
     @property
     def nbytes(self) -> int:
         return self.k.numel() * self.k.element_size() * 2

@@ -35,6 +35,7 @@ import torch
 from streamstudio import kernels
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.video.causal_backbone import CausalWanBackbone
+from streamstudio.models.video.causal_wan import KVCache
 from streamstudio.models.video.video_net import PixelCodec, VideoCodec
 from streamstudio.pipelines.video.stream_video import ChunkDecoder, to_uint8
 
@@ -94,12 +95,28 @@ def chunk_noise(seed: int, chunk: int, step: int, shape: tuple[int, ...]) -> tor
     return torch.randn(shape, generator=gen)
 
 
+def denoise(call: Callable[[torch.Tensor, float], torch.Tensor], x: torch.Tensor, steps: list[float],
+            table: FlowTable, noise: Callable[[int], torch.Tensor]) -> torch.Tensor:
+    """Chunk latents x (any leading shape) at steps[0] -> their clean latents: at each step the
+    network's output `call(x, t)` (noise - data) gives x0 = x - sigma(t) output, noised again to the
+    next step's sigma with `noise(step)`."""
+    x0 = x
+    for i, ts in enumerate(steps):
+        out = call(x, ts)
+        x0 = (x.double() - table.sigma(ts) * out.double()).to(x.dtype)
+        if i + 1 < len(steps):
+            sigma = table.sigma(steps[i + 1])
+            x = ((1 - sigma) * x0 + sigma * noise(i + 1).to(x.device, x.dtype)).to(x.dtype)
+    return x0
+
+
 class CausalSampler:
     """Chunks one after another. `chunk()` makes the next text-to-video chunk, `chunk(latents)` the
     next video-to-video one; both return the clean latents (c, C, h, w)."""
 
     def __init__(self, backbone: CausalWanBackbone, cfg: CausalConfig, latent_shape: tuple[int, int, int],
-                 prompt: str = "", noise_fn: Callable[[int, int], torch.Tensor] | None = None):
+                 prompt: str = "", noise_fn: Callable[[int, int], torch.Tensor] | None = None,
+                 cache: KVCache | None = None):
         cfg.validate()
         self.backbone, self.cfg, self.shape = backbone, cfg, tuple(latent_shape)  # (C, h, w)
         self.device, self.dtype = backbone.device, backbone.dtype
@@ -107,7 +124,8 @@ class CausalSampler:
         self.noise_fn = noise_fn or (lambda chunk, step: chunk_noise(cfg.seed, chunk, step, (c, *self.shape)))
         self.table = FlowTable(cfg.shift)
         self.steps = [self.table.warp(s) if cfg.warp else float(s) for s in cfg.steps]
-        self.cache = backbone.new_cache(cfg.window, cfg.sink, self.shape[1], self.shape[2])
+        # (a row of a `CausalBatch`'s cache when it batches this stream with others)
+        self.cache = cache or backbone.new_cache(cfg.window, cfg.sink, self.shape[1], self.shape[2])
         self.text = backbone.encode_text(prompt)
         self.prompt = prompt
         self.kept: list[torch.Tensor] = []  # the clean latents of the cached frames (re-cache)
@@ -130,15 +148,17 @@ class CausalSampler:
 
     def _denoise(self, x: torch.Tensor, steps: list[float]) -> torch.Tensor:
         """The chunk x (c, C, h, w) at steps[0] -> its clean latents, a step at a time."""
-        x0 = x
-        for i, ts in enumerate(steps):
-            out = self._call(x, ts)
-            x0 = (x.double() - self.table.sigma(ts) * out.double()).to(x.dtype)
-            if i + 1 < len(steps):
-                sigma = self.table.sigma(steps[i + 1])
-                noise = self.noise_fn(self.chunks, i + 1).to(x.device, x.dtype)
-                x = ((1 - sigma) * x0 + sigma * noise).to(x.dtype)
-        return x0
+        return denoise(self._call, x, steps, self.table, lambda step: self.noise_fn(self.chunks, step))
+
+    def first_noise(self) -> torch.Tensor:
+        """The next chunk's starting noise (c, C, h, w)."""
+        return self.noise_fn(self.chunks, 0).to(self.device, self.dtype)
+
+    def v2v_start(self, latents: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, list[float]]:
+        """Video-to-video: the input chunk noised to the current sigma, and the steps from 1000 sigma - 100."""
+        x = self.sigma * noise + (1 - self.sigma) * latents.to(self.device, self.dtype)
+        first = float(int(1000 * self.sigma) - V2V_STEP_OFFSET)
+        return x, [first] + [s for s in self.steps if s < first]
 
     def _reserve(self) -> None:
         c = self.cfg.chunk_frames
@@ -150,6 +170,10 @@ class CausalSampler:
         if self.cfg.context_t is not None:
             self._call(x0, self.cfg.context_t)
         self.cache.commit(c)
+        self.keep(x0)
+
+    def keep(self, x0: torch.Tensor) -> None:
+        """Keep a finished chunk's clean latents beside the cache (for a re-cache); the chunk counted."""
         self.kept.extend(x0.unbind(0))
         evicted = len(self.kept) - self.cache.frames  # (the cache drops its oldest frames after the sink)
         del self.kept[self.cfg.sink:self.cfg.sink + evicted]
@@ -158,15 +182,13 @@ class CausalSampler:
     def chunk(self, latents: torch.Tensor | None = None) -> torch.Tensor:
         """The next chunk's clean latents (c, C, h, w); `latents` (c, C, h, w): video-to-video input."""
         self._reserve()
-        noise = self.noise_fn(self.chunks, 0).to(self.device, self.dtype)
+        noise = self.first_noise()
         if latents is None:
             if self.cfg.strength < 1:
                 raise StreamStudioError("strength < 1 needs input frames (video-to-video)")
             x0 = self._denoise(noise, self.steps)
         else:
-            x = self.sigma * noise + (1 - self.sigma) * latents.to(self.device, self.dtype)
-            first = float(int(1000 * self.sigma) - V2V_STEP_OFFSET)
-            x0 = self._denoise(x, [first] + [s for s in self.steps if s < first])
+            x0 = self._denoise(*self.v2v_start(latents, noise))
         self._finish(x0)
         return x0
 
