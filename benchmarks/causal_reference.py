@@ -7,7 +7,9 @@ compares StreamStudio's causal pipeline against: the weights (Wan's original lay
 released checkpoints), the text embeddings, every noise sample the reference drew, and its
 chunk outputs. Cases: Self-Forcing text-to-video with global attention (its default), with a
 rolling window and sink frames over enough chunks that the cache rolls, and with CausVid's
-schedule; and tianweiy/CausVid's own `InferencePipeline` (a checkout given with --causvid).
+schedule; tianweiy/CausVid's own `InferencePipeline` (a checkout given with --causvid); and
+chenfengxu714/StreamDiffusionV2's video-to-video, `prepare` then `inference_wo_batch` chunk by
+chunk with a noise level per chunk (--streamdiffusionv2).
 
 Only the reference's CUDA-only pieces are replaced, at their boundary: flash attention by PyTorch's
 scaled-dot-product attention in float32 (the reference's own fallback casts to bfloat16), the
@@ -15,7 +17,7 @@ text encoder and the VAE by identities (the fixture holds the embeddings and com
 and its KV-cache allocation, hard-wired to the 1.3B model's 12 heads of 128, sized for the tiny one.
 
     python benchmarks/causal_reference.py --self-forcing /path/to/Self-Forcing --causvid /path/to/CausVid \
-        --out tests/video/fixtures/causal_reference.pt
+        --streamdiffusionv2 /path/to/StreamDiffusionV2 --out tests/video/fixtures/causal_reference.pt
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ CASES = {
     "rolling": (9, 3, 3, 7, [1000, 750, 500, 250], True, 5.0),  # cache rolls from the 4th chunk on
     "causvid_steps": (-1, 0, 3, 3, [1000, 757, 522], False, 8.0),  # CausVid's steps and shift, unwarped
 }
+SDV2_CASE = "streamdiffusionv2_v2v"  # chenfengxu714/StreamDiffusionV2's own video-to-video
 CAUSVID_CASE = "causvid"  # tianweiy/CausVid's own pipeline and model: global attention, shift 8, unwarped
 
 
@@ -210,10 +213,116 @@ def run_causvid(refs, seed: int) -> dict:
             "prompt_embeds": embeds, "noise": noise[0], "step_noise": [d for d in drawn], "latents": latents[0]}
 
 
+def import_sdv2(root: Path):
+    """StreamDiffusionV2's streaming pipeline and model; its `models` registry replaced by a module
+    that hands out the tiny generator and identity codecs."""
+    sys.path.insert(0, str(root))
+    for name in ["models", "models.wan", "models.wan.wan_base", "models.wan.wan_base.modules"]:
+        module = types.ModuleType(name)
+        module.__path__ = [str(root / name.replace(".", "/"))]
+        sys.modules[name] = module
+    current = torch.cuda.current_device
+    torch.cuda.current_device = lambda: 0
+    try:
+        import models.wan.causal_model as causal_model
+        import models.wan.wan_base.modules.model as model
+        import models.wan.wan_wrapper as wrapper
+    finally:
+        torch.cuda.current_device = current
+    model.flash_attention = sdpa32
+    return sys.modules["models"], wrapper, causal_model, model
+
+
+SDV2_NOISE_SCALES = [0.8, 0.8, 0.75, 0.7, 0.72, 0.8, 0.78, 0.74, 0.7, 0.76]  # one a chunk (motion-aware's output)
+
+
+def run_sdv2(refs, seed: int) -> dict:
+    """Video-to-video as StreamDiffusionV2's SingleGPU pipeline runs it without Stream Batch
+    (`prepare` for the first chunk of 2 latent frames, `inference_wo_batch` for every later chunk
+    of 1), window 6 with 3 sink frames, its v2v steps, a noise level per chunk: enough chunks that
+    its ring-buffer cache evicts several times."""
+    registry, wrapper, causal_model, model = refs
+    steps = [700, 500, 400, 200, 0]  # configs/wan_causal_dmd_v2v.yaml
+    torch.manual_seed(seed)
+    net = causal_model.CausalWanModel(**{k: v for k, v in TINY.items()}).eval()
+    with torch.no_grad():
+        for p in net.parameters():
+            p.copy_(torch.randn_like(p) * 0.2)
+    causal_model.CausalWanModel.from_pretrained = classmethod(lambda cls, *a, **k: net)
+    model.WanModel.from_pretrained = classmethod(lambda cls, *a, **k: torch.nn.Linear(1, 1))
+    embeds = torch.randn(1, 11, TINY["text_dim"])
+    registry.get_diffusion_wrapper = lambda model_name: wrapper.CausalWanDiffusionWrapper
+    registry.get_text_encoder_wrapper = lambda model_name: (
+        lambda model_type=None: (lambda text_prompts: {"prompt_embeds": embeds}))
+    registry.get_vae_wrapper = lambda model_name: (lambda model_type=None: None)
+    sys.modules.pop("models.wan.causal_stream_inference", None)
+    sys.modules["models.wan.taehv_wrapper"] = types.SimpleNamespace(TAEHVWanVAEWrapper=None)
+    import models.wan.causal_stream_inference as inference
+
+    heads, head_dim, layers = TINY["num_heads"], TINY["dim"] // TINY["num_heads"], TINY["num_layers"]
+
+    class Pipeline(inference.CausalStreamInferencePipeline):
+        def _initialize_kv_cache(self, batch_size, dtype, device):
+            self.kv_cache1 = []
+            for i in range(self.num_transformer_blocks):
+                self.generator.model.blocks[i].self_attn.sink_size = self.num_sink_tokens
+                self.generator.model.blocks[i].self_attn.adapt_sink_thr = self.adapt_sink_threshold
+                self.kv_cache1.append({
+                    "k": torch.zeros([batch_size, self.kv_cache_length, heads, head_dim], dtype=dtype),
+                    "v": torch.zeros([batch_size, self.kv_cache_length, heads, head_dim], dtype=dtype),
+                    "global_end_index": torch.tensor([0], dtype=torch.long),
+                    "local_end_index": torch.tensor([0], dtype=torch.long),
+                    "total_steps": len(self.denoising_step_list), "current_step": len(self.denoising_step_list)})
+
+    latent_h, latent_w = LATENT[1], LATENT[2]
+    args = types.SimpleNamespace(model_type="T2V-1.3B", model_name="causal_wan", generator_name="causal_wan",
+                                 denoising_step_list=steps, t2v=False, warp_denoising_step=False,
+                                 height=latent_h * 8, width=latent_w * 8, num_kv_cache=6, num_sink_tokens=3,
+                                 adapt_sink_threshold=-1, num_frame_per_block=1)
+    pipe = Pipeline(args, torch.device("cpu"))
+    pipe.num_transformer_blocks, pipe.num_heads = layers, heads
+    frame_tokens = pipe.frame_seq_length
+    chunks = len(SDV2_NOISE_SCALES)
+    latents = torch.randn(1, chunks + 1, *LATENT)  # the input video's latents: 2 frames, then 1 a chunk
+    first_noise: list[torch.Tensor] = []
+    drawn: list[torch.Tensor] = []
+    outputs = []
+    randn_like = torch.randn_like
+
+    def record(x, *a, **k):
+        out = randn_like(x, *a, **k)
+        drawn.append(out.clone())
+        return out
+
+    with torch.no_grad():
+        for k, scale in enumerate(SDV2_NOISE_SCALES):
+            part = latents[:, :2] if k == 0 else latents[:, k + 1:k + 2]
+            noise = torch.randn_like(part)
+            first_noise.append(noise[0])
+            noisy = noise * scale + part * (1 - scale)
+            torch.randn_like = record
+            try:
+                if k == 0:
+                    out = pipe.prepare(["prompt"], torch.device("cpu"), torch.float32, noise=noisy, current_start=0,
+                                       current_end=2 * frame_tokens, batch_denoise=False)
+                else:
+                    start = (k + 1) * frame_tokens
+                    out = pipe.inference_wo_batch(noisy, start, start + frame_tokens, int(1000 * scale) - 100)
+            finally:
+                torch.randn_like = randn_like
+            outputs.append(out[0])
+    return {"config": dict(TINY), "state_dict": {k: v.clone() for k, v in net.state_dict().items()},
+            "prompt_embeds": embeds, "input_latents": latents[0], "noise_scales": SDV2_NOISE_SCALES,
+            "noise": first_noise, "step_noise": [d[0] if d.dim() == 5 else d for d in drawn],
+            "latents": torch.cat(outputs), "steps": steps[:-1], "window": 6, "sink": 3}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--self-forcing", type=Path, required=True, help="a checkout of guandeh17/Self-Forcing")
     ap.add_argument("--causvid", type=Path, help="a checkout of tianweiy/CausVid (its case is skipped without)")
+    ap.add_argument("--streamdiffusionv2", type=Path,
+                    help="a checkout of chenfengxu714/StreamDiffusionV2 (its video-to-video case is skipped without)")
     ap.add_argument("--out", type=Path, default=Path("tests/video/fixtures/causal_reference.pt"))
     ap.add_argument("--seed", type=int, default=7)
     args = ap.parse_args()
@@ -221,6 +330,8 @@ def main() -> None:
     cases = {name: run_case(refs, name, args.seed + i) for i, name in enumerate(CASES)}
     if args.causvid:
         cases[CAUSVID_CASE] = run_causvid(import_causvid(args.causvid.resolve()), args.seed + len(CASES))
+    if args.streamdiffusionv2:
+        cases[SDV2_CASE] = run_sdv2(import_sdv2(args.streamdiffusionv2.resolve()), args.seed + len(CASES) + 1)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     torch.save(cases, args.out)
     for name, case in cases.items():

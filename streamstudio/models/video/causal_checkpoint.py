@@ -35,7 +35,8 @@ BUILTIN_CAUSAL_NAMES = ("builtin-causal", "causal-tiny", "causal_tiny")
 PREFIXES = ("_fsdp_wrapped_module.", "_orig_mod.", "module.", "model.")
 
 # The families' sampling, from their repositories' configs: chunk (num_frame_per_block), steps
-# (denoising_step_list without its final 0), warp, shift (timestep_shift), context_t (context_noise;
+# (denoising_step_list without its final 0; StreamDiffusionV2's first chunk is 1 + 4 frames: 2
+# latent frames), warp, shift (timestep_shift), context_t (context_noise;
 # None: StreamDiffusionV2 caches the last step's keys), window (frames: 21, the training length; the
 # v2v model's num_kv_cache) and sink (num_sink_tokens, in frames). Self-Forcing and CausVid have no
 # sink of their own; a live stream of theirs rolls its window past 21 frames with 3 sink frames.
@@ -44,7 +45,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
                      "context_t": 0.0, "window": 21, "sink": 3},
     "causvid": {"chunk_frames": 3, "steps": (1000.0, 757.0, 522.0), "warp": False, "shift": 8.0,
                 "context_t": 0.0, "window": 21, "sink": 3},
-    "streamdiffusionv2": {"chunk_frames": 1, "steps": (700.0, 500.0, 400.0, 200.0), "warp": False, "shift": 8.0,
+    "streamdiffusionv2": {"chunk_frames": 1, "first_chunk_frames": 2, "steps": (700.0, 500.0, 400.0, 200.0), "warp": False, "shift": 8.0,
                           "context_t": None, "window": 6, "sink": 3, "strength": 0.8, "motion_aware": True},
 }
 HUB_FILES = {  # hub id -> (file, family)

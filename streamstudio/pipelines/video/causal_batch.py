@@ -64,7 +64,7 @@ class CausalBatch:
         (video-to-video), None for text-to-video."""
         if inputs is not None and len(inputs) != len(self.streams):
             raise StreamStudioError(f"{len(self.streams)} streams but {len(inputs)} inputs")
-        c = self.cfg.chunk_frames
+        c = self.streams[0].frames_of(self.streams[0].chunks)
         self.cache.rebase(self.backbone.model.rope, c)
         self.cache.reserve(c)
         self._sync()

@@ -45,6 +45,7 @@ V2V_STEP_OFFSET = 100  # StreamDiffusionV2: the first step's timestep is 1000 * 
 @dataclass
 class CausalConfig:
     chunk_frames: int = 3  # latent frames a chunk (the references' num_frame_per_block)
+    first_chunk_frames: int | None = None  # the first chunk's (None: chunk_frames; StreamDiffusionV2: 2)
     steps: tuple[float, ...] = (1000.0, 750.0, 500.0, 250.0)  # the distilled timesteps (Wan's units)
     warp: bool = True  # map the steps through the shifted table (Self-Forcing's warp_denoising_step)
     shift: float = 5.0  # flow shift of the table (Self-Forcing 5, CausVid and StreamDiffusionV2 8)
@@ -63,7 +64,9 @@ class CausalConfig:
             raise StreamStudioError(f"steps must be timesteps in (0, 1000], got {list(self.steps)}")
         if list(self.steps) != sorted(self.steps, reverse=True):
             raise StreamStudioError(f"steps must go down from noise to data, got {list(self.steps)}")
-        if self.sink < 0 or self.window < self.sink + self.chunk_frames:
+        if self.first_chunk_frames is not None and self.first_chunk_frames < 1:
+            raise StreamStudioError(f"first_chunk_frames must be >= 1, got {self.first_chunk_frames}")
+        if self.sink < 0 or self.window < self.sink + max(self.chunk_frames, self.first_chunk_frames or 0):
             raise StreamStudioError(f"the window ({self.window} frames) must hold the sink ({self.sink}) and a "
                                     f"chunk ({self.chunk_frames})")
         if not 0 < self.strength <= 1:
@@ -120,8 +123,8 @@ class CausalSampler:
         cfg.validate()
         self.backbone, self.cfg, self.shape = backbone, cfg, tuple(latent_shape)  # (C, h, w)
         self.device, self.dtype = backbone.device, backbone.dtype
-        c = cfg.chunk_frames
-        self.noise_fn = noise_fn or (lambda chunk, step: chunk_noise(cfg.seed, chunk, step, (c, *self.shape)))
+        self.noise_fn = noise_fn or (lambda chunk, step: chunk_noise(cfg.seed, chunk, step,
+                                                                     (self.frames_of(chunk), *self.shape)))
         self.table = FlowTable(cfg.shift)
         self.steps = [self.table.warp(s) if cfg.warp else float(s) for s in cfg.steps]
         # (a row of a `CausalBatch`'s cache when it batches this stream with others)
@@ -132,6 +135,10 @@ class CausalSampler:
         self.chunks = 0  # chunks made
         self.calls = 0  # network calls
         self.sigma = cfg.strength  # video-to-video: the noise level now (motion-aware moves it)
+
+    def frames_of(self, chunk: int) -> int:
+        """Latent frames of chunk number `chunk` (the first may have its own count)."""
+        return self.cfg.first_chunk_frames or self.cfg.chunk_frames if chunk == 0 else self.cfg.chunk_frames
 
     @property
     def cache_bytes(self) -> int:
@@ -161,12 +168,12 @@ class CausalSampler:
         return x, [first] + [s for s in self.steps if s < first]
 
     def _reserve(self) -> None:
-        c = self.cfg.chunk_frames
+        c = self.frames_of(self.chunks)
         self.cache.rebase(self.backbone.model.rope, c)
         self.cache.reserve(c)
 
     def _finish(self, x0: torch.Tensor) -> None:
-        c = self.cfg.chunk_frames
+        c = x0.shape[0]
         if self.cfg.context_t is not None:
             self._call(x0, self.cfg.context_t)
         self.cache.commit(c)
@@ -279,7 +286,7 @@ class CausalVideoStream:
     @property
     def chunk_input_frames(self) -> int:
         """Video frames the next chunk takes."""
-        c, k = self.cfg.sampler.chunk_frames, self.cfg.temporal
+        c, k = self.sampler.frames_of(self.sampler.chunks), self.cfg.temporal
         return c * k - (k - 1 if self.sampler.chunks == 0 else 0)
 
     def set_prompt(self, prompt: str) -> None:
