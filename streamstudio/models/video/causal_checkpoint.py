@@ -45,7 +45,8 @@ FAMILIES: dict[str, dict[str, Any]] = {
                      "context_t": 0.0, "window": 21, "sink": 3},
     "causvid": {"chunk_frames": 3, "steps": (1000.0, 757.0, 522.0), "warp": False, "shift": 8.0,
                 "context_t": 0.0, "window": 21, "sink": 3},
-    "streamdiffusionv2": {"chunk_frames": 1, "first_chunk_frames": 2, "steps": (700.0, 500.0, 400.0, 200.0), "warp": False, "shift": 8.0,
+    "streamdiffusionv2": {"chunk_frames": 1, "first_chunk_frames": 2, "steps": (700.0, 500.0, 400.0, 200.0),
+                          "warp": False, "shift": 8.0,
                           "context_t": None, "window": 6, "sink": 3, "strength": 0.8, "motion_aware": True},
 }
 HUB_FILES = {  # hub id -> (file, family)
