@@ -280,35 +280,43 @@ class Collecting:
 
 
 def test_a_fade_at_a_steady_frame_rate_drops_and_repeats_no_frame(server):
-    """Frames handed in at a steady 2 fps, as a camera does (never waiting for the outputs): deck B
+    """Frames handed in at a steady rate, as a camera does (never waiting for the outputs): deck B
     loads, warms and fades in over 1 s meanwhile; every frame in gives one frame out, each once.
-    (2 fps: at 4 fps a full test run on the 2-core machine dropped 3 frames while deck B loaded
-    beside the stream and another test's browser; the rate is the machine's, the check is the deck's.)"""
+    The rate is one the machine sustains with both decks and deck B's loading: a frame every four
+    times a frame's time alone, at most 2 fps (a fixed 2 fps dropped 2 frames in a full run beside
+    three other jobs on the 2-core machine; a fixed 4 fps 3 in a quieter one). The rate is the
+    machine's; the check is the deck's."""
     session = server.manager.open("deck-steady")
     feed_one(session, picture(0))
+    start = time.monotonic()
+    for k in range(3):
+        feed_one(session, picture(0))
+    alone = (time.monotonic() - start) / 3
     got = Collecting()
     attachment = session.attach(got)
     url = f"{server.url}/studio/streams/deck-steady"
-    period, sent, start = 0.5, 1, time.monotonic()
-    while sent < 30:
-        if sent == 4:
+    period = max(0.5, 4 * alone)
+    first = sent = 4  # (frames 0-3 handed in above)
+    start = time.monotonic()
+    while sent < first + 29:
+        if sent == first + 3:
             assert httpx.post(url + "/deck", json={"model": "tiny", "prompt": "B"}, headers=AUTH,
                               timeout=30).status_code == 202
-        if sent == 16:
+        if sent == first + 15:
             assert httpx.get(url + "/deck", headers=AUTH, timeout=10).json()["deck"]["state"] == "ready"
-            r = httpx.post(url + "/switch", json={"mode": "fade", "seconds": 1.0}, headers=AUTH, timeout=10)
+            r = httpx.post(url + "/switch", json={"mode": "fade", "seconds": 3 * period}, headers=AUTH, timeout=10)
             assert r.status_code == 202
         session.submit(picture(sent))
         sent += 1
-        time.sleep(max(0.0, start + sent * period - time.monotonic()))
-    deadline = time.monotonic() + 10
+        time.sleep(max(0.0, start + (sent - first) * period - time.monotonic()))
+    deadline = time.monotonic() + 10 + 3 * period
     while session.processed < sent and time.monotonic() < deadline:
         time.sleep(0.01)
     time.sleep(0.2)
     stats = session.stats()
     assert stats["frames_in"] == stats["processed"] == sent and stats["dropped"] == 0, stats  # 0 dropped
     written = [pts for _, pts in got.frames]
-    assert len(written) == sent - 1 and len(set(written)) == len(written)  # each output once: 0 repeated
+    assert len(written) == sent - first and len(set(written)) == len(written)  # each output once: 0 repeated
     deck = server.app.state.decks.get("deck-steady")
     assert deck.state == "switched" and any(0 < r.alpha < 1 for r in deck.records)
     session.detach(attachment)
