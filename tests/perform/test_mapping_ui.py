@@ -6,15 +6,11 @@ camera streaming through the tiny model): Add with the controls' defaults, then 
 
 from __future__ import annotations
 
-import contextlib
 import json
-import shutil
-import tempfile
-import time
-from pathlib import Path
 
 import httpx
 import pytest
+from browser import chromium_page, needs_chromium, wait_until
 from helpers import feed_frames
 
 from streamstudio.app.web.mapping_ui import BEAT, LFO, NO_STREAM, add_mapping, labels, remove_mapping, show
@@ -23,11 +19,6 @@ from streamstudio.app.web.perform_routes import set_modulations
 
 pytestmark = pytest.mark.timeout(300)
 
-CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-features=WebRtcHideLocalIpsWithMdns",  # host candidates without mDNS: no multicast
-         "--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream"]
 
 
 @pytest.fixture(scope="module")
@@ -99,36 +90,10 @@ def test_audio_lfo_and_beat_mappings_are_added_shown_and_removed(server):
         manager.close(name)
 
 
-@contextlib.contextmanager
-def chromium_page():
-    sync_api = pytest.importorskip("playwright.sync_api")
-    profile = tempfile.mkdtemp(prefix="streamstudio-chromium-")
-    try:
-        with sync_api.sync_playwright() as p:
-            ctx = p.chromium.launch_persistent_context(profile, executable_path=CHROMIUM, args=FLAGS, headless=True,
-                                                       viewport={"width": 1280, "height": 1600})
-            try:
-                yield ctx.new_page()
-            finally:
-                ctx.close()
-    finally:
-        shutil.rmtree(profile, ignore_errors=True)
-
-
-def wait_until(page, predicate, timeout: float = 60.0, what: str = ""):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        page.wait_for_timeout(200)
-    raise AssertionError(f"timed out: {what}")
-
-
-@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (apt-get install chromium)")
+@needs_chromium
 def test_a_mapping_is_added_and_removed_in_chromium(server):
     manager = server.manager
-    with chromium_page() as page:
+    with chromium_page(viewport={"width": 1280, "height": 1600}) as page:
         page.goto(server.url, timeout=90_000)
         live = page.locator("#live-webrtc")
         live.get_by_text("Click to Access Webcam").click(timeout=90_000)

@@ -6,14 +6,10 @@ the app loads), the fake camera streaming through the tiny model."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import shutil
-import tempfile
-import time
-from pathlib import Path
 
 import pytest
+from browser import chromium_page, needs_chromium, wait_until
 from helpers import feed_frames
 
 from streamstudio.app.settings import live_controls
@@ -22,11 +18,6 @@ from streamstudio.pipelines.image.stream_diffusion import StreamDiffusionConfig
 
 pytestmark = pytest.mark.timeout(300)
 
-CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-features=WebRtcHideLocalIpsWithMdns",  # host candidates without mDNS: no multicast
-         "--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream"]
 # the ends of the strength slider the performer sees in the Live tab: a knob at 0 gives its low
 # end, at 127 its high end (docs/performance.md: a mapping's range defaults to the slider's)
 _SLIDER = live_controls(StreamDiffusionConfig(), "a prompt", "")["strength"]
@@ -95,37 +86,15 @@ def test_learn_binds_the_first_knob_and_the_knob_drives_the_setting(server):
         manager.close("midi-a")
 
 
-@contextlib.contextmanager
-def chromium_page():
-    sync_api = pytest.importorskip("playwright.sync_api")
-    profile = tempfile.mkdtemp(prefix="streamstudio-chromium-")
-    try:
-        with sync_api.sync_playwright() as p:
-            ctx = p.chromium.launch_persistent_context(profile, executable_path=CHROMIUM, args=FLAGS, headless=True,
-                                                       viewport={"width": 1280, "height": 1400})
-            ctx.add_init_script(FAKE_MIDI)
-            try:
-                yield ctx.new_page()
-            finally:
-                ctx.close()
-    finally:
-        shutil.rmtree(profile, ignore_errors=True)
+def midi_page():
+    """A page with the fake WebMIDI controller injected (FAKE_MIDI) before the app's scripts."""
+    return chromium_page(viewport={"width": 1280, "height": 1400}, init_script=FAKE_MIDI)
 
 
-def wait_until(page, predicate, timeout: float = 60.0, what: str = ""):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        page.wait_for_timeout(200)
-    raise AssertionError(f"timed out: {what}")
-
-
-@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (apt-get install chromium)")
+@needs_chromium
 def test_a_fake_controller_in_chromium_learns_and_drives_the_live_stream(server):
     manager = server.manager
-    with chromium_page() as page:
+    with midi_page() as page:
         page.goto(server.url, timeout=90_000)
         live = page.locator("#live-webrtc")
         live.get_by_text("Click to Access Webcam").click(timeout=90_000)

@@ -100,7 +100,7 @@ def test_render_takes_device_dtype_and_acceleration(tmp_path, monkeypatch, capsy
     real_load = render_video.load_video_model
 
     def spy(model, device="auto", dtype="auto", base=None):
-        seen.update(device=device, dtype=dtype, base=base)
+        seen.update(device=device, dtype=dtype)
         return real_load(model, device, dtype, base)
 
     monkeypatch.setattr(render_video, "load_video_model", spy)

@@ -24,7 +24,7 @@ def demo():
     model = SimpleNamespace(name="stand-in", size=(64, 64), comps=None, is_demo=False, prompt="a cat",
                             negative_prompt="", config=StreamDiffusionConfig(width=64, height=64, steps=1))
     manager = SimpleNamespace(model=model, max_streams=1, pending_lists=[], peer_counters={})
-    real, ui.optional_tabs = ui.optional_tabs, lambda manager: []
+    real, ui.optional_tabs = ui.optional_tabs, lambda manager, video_model=None: []
     try:
         return ui.build_ui(manager, file_ttl=60)
     finally:

@@ -8,22 +8,15 @@ frames compared, are kept in test-artifacts/."""
 
 from __future__ import annotations
 
-import contextlib
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from browser import FLAGS, chromium_page, needs_chromium
 from rtmp_server import free_port
 
-CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-features=WebRtcHideLocalIpsWithMdns",  # host candidates without mDNS: no multicast
-         "--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream"]
 SIZE = 64  # the tiny model's side (the login test's server)
 BUILTIN = (256, 192)  # the built-in model's 256 as the longer side, at the fake camera's 640x480 (4:3)
 
@@ -132,25 +125,7 @@ def server():
     srv.close()
 
 
-@contextlib.contextmanager
-def chromium_page(flags: list[str] | None = None):
-    """A page of headless Debian chromium with a fake webcam (or `flags`), in a fresh profile."""
-    sync_api = pytest.importorskip("playwright.sync_api")
-    profile = tempfile.mkdtemp(prefix="streamstudio-chromium-")
-    try:
-        with sync_api.sync_playwright() as p:
-            ctx = p.chromium.launch_persistent_context(profile, executable_path=CHROMIUM, args=flags or FLAGS,
-                                                       headless=True,
-                                                       viewport={"width": 1280, "height": 900})
-            try:
-                yield ctx.new_page()
-            finally:
-                ctx.close()
-    finally:
-        shutil.rmtree(profile, ignore_errors=True)
-
-
-@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (apt-get install chromium)")
+@needs_chromium
 def test_browser_live_tab_shows_the_camera_through_the_model(server, tmp_path):
     """A camera showing a still test card: the Live output is 256x192 (the camera's 4:3), drawn
     scaled up, and keeps the card's structure; then Stop frees the stream and Text to image draws."""
@@ -180,7 +155,7 @@ def test_browser_live_tab_shows_the_camera_through_the_model(server, tmp_path):
     assert t2i_src, "the text-to-image tab showed no image"
 
 
-@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (apt-get install chromium)")
+@needs_chromium
 def test_browser_live_tab_keeps_a_photographs_edges(server, tmp_path):
     """A camera showing a photograph nobody here trained on (scikit-image's astronaut): the Live
     output keeps its edges (Sobel edge correlation at full resolution, through VP8 both ways)."""
@@ -250,7 +225,7 @@ def _text_to_image_in_page(page) -> str | None:
     return image.get_attribute("src")
 
 
-@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (apt-get install chromium)")
+@needs_chromium
 def test_browser_login_then_live_under_auth():
     """With --auth every route wants a login (app/web/security.py): the login page must still load,
     and once logged in the Live tab streams (its WebRTC offer goes through the guard too)."""
@@ -278,7 +253,7 @@ def test_browser_login_then_live_under_auth():
 NO_CAMERA_FLAGS = [f for f in FLAGS if f != "--use-fake-device-for-media-stream"]  # permission granted, no device
 
 
-@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (apt-get install chromium)")
+@needs_chromium
 def test_browser_without_a_camera_says_so(server):
     """fastrtc's webcam box drops getUserMedia's failure unseen; the page must say there is no
     camera and point to the other ways in."""
@@ -307,7 +282,7 @@ VISIBLE_ERROR_PILLS_JS = """() => [...document.querySelectorAll('*')].filter(el 
 }).length"""
 
 
-@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (apt-get install chromium)")
+@needs_chromium
 def test_browser_walks_the_tabs(server, tmp_path):
     """The Live tab's output at the camera's aspect (Chromium's moving pattern), Text to image stopping on Stop after
     typing, Live output keeping its error, Splats re-rendering on Enter in a slider box, its time
@@ -418,7 +393,7 @@ def _splats_in_page(page, bad: Path) -> dict:
             "toasts": toast.count(), "pills": page.evaluate(VISIBLE_ERROR_PILLS_JS)}
 
 
-@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (apt-get install chromium)")
+@needs_chromium
 def test_an_operator_records_a_whip_stream_from_the_live_output_tab(tmp_path):
     """Issue 44, OBS in and out from the tab: a logged-in operator picks a WHIP publisher's stream
     (aiortc in its own process, as OBS would publish) under Stream, starts a recording, sees it

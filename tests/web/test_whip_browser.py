@@ -6,15 +6,14 @@ RFC clients written here (test_whip_whep.py) stay; this checks that what a brows
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import httpx
 import pytest
+from browser import chromium_context, needs_chromium
 from live_server import SIZE, publisher_in_a_process, start
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -23,14 +22,9 @@ if str(BENCHMARKS) not in sys.path:
 import glass_to_glass  # noqa: E402  (the page origin and the pages' offer steps, shared with the benchmark)
 from glass_to_glass import SIGNAL_JS, VIEWER_JS  # noqa: E402
 
-CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-features=WebRtcHideLocalIpsWithMdns",  # host candidates without mDNS: no multicast
-         "--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream"]
 TOKEN = "browser-token"
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (apt-get install chromium)")
+pytestmark = needs_chromium
 
 # A WHIP publisher as a web page writes one: the fake camera at 320x240.
 PUBLISH_JS = """async ([url, token]) => {
@@ -84,20 +78,9 @@ def page_origin():
         yield origin
 
 
-@contextlib.contextmanager
 def chromium():
     """A headless Debian chromium with a fake webcam, in a fresh profile."""
-    sync_api = pytest.importorskip("playwright.sync_api")
-    profile = tempfile.mkdtemp(prefix="streamstudio-chromium-")
-    try:
-        with sync_api.sync_playwright() as p:
-            ctx = p.chromium.launch_persistent_context(profile, executable_path=CHROMIUM, args=FLAGS, headless=True)
-            try:
-                yield ctx
-            finally:
-                ctx.close()
-    finally:
-        shutil.rmtree(profile, ignore_errors=True)
+    return chromium_context()
 
 
 def poll(page, predicate, timeout: float = 40.0) -> dict:

@@ -74,7 +74,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--midi-in", default=None, metavar="PORT",
                    help="a MIDI input on this machine (its name, or the start of it): control changes feed the "
                         "streams' MIDI modulations, its clock the tempo (needs pip install \"streamstudio[midi]\")")
-    p.add_argument("--audio-latency-ms", type=float, default=None, metavar="MS",
+    p.add_argument("--audio-latency-ms", type=number(float, 0, 5000), default=None, metavar="MS",
                    help="read every stream's audio features this late (0..5000 ms); default: each stream's measured "
                         "glass-to-glass latency (a stream's \"latency_ms\" in its modulations wins)")
     p.add_argument("--link", action="store_true",
@@ -231,9 +231,6 @@ def check(args) -> None:
     check_port_free(host, args.port)
     check_osc(args)
     check_outputs(args)
-    latency_ms = getattr(args, "audio_latency_ms", None)
-    if latency_ms is not None and not 0 <= latency_ms <= 5000:
-        raise StreamStudioError(f"--audio-latency-ms is 0..5000 (or left out: measured), got {latency_ms:g}")
     if getattr(args, "osc_port", None) is not None:
         check_port_free(args.osc_host, args.osc_port, socket.SOCK_DGRAM, "--osc-port")
     if getattr(args, "midi_in", None):

@@ -138,7 +138,9 @@ class CausalSampler:
 
     def frames_of(self, chunk: int) -> int:
         """Latent frames of chunk number `chunk` (the first may have its own count)."""
-        return self.cfg.first_chunk_frames or self.cfg.chunk_frames if chunk == 0 else self.cfg.chunk_frames
+        if chunk == 0 and self.cfg.first_chunk_frames:
+            return self.cfg.first_chunk_frames
+        return self.cfg.chunk_frames
 
     @property
     def cache_bytes(self) -> int:
