@@ -61,3 +61,39 @@ def test_teacher_forcing_equals_the_cached_path(window, sink):
     if window is not None:  # the window matters: all the past would give other outputs
         full = model.teacher_forcing(clean, noisy, t, text, chunk)
         assert not torch.allclose(full[:, -chunk:], cached[:, -chunk:], atol=1e-4)
+
+
+TRAIN = ["train-video", "--causal", "--dim", "24", "--layers", "1", "--heads", "2", "--size", "16",
+         "--clip-frames", "4", "--chunk-frames", "2", "--batch-size", "2", "--warmup", "10", "--cpu", "--no-progress",
+         "--sample-steps", "1000,500"]
+
+
+def test_cli_trains_a_causal_checkpoint_that_resumes_exactly_and_renders(tmp_path, capsys):
+    """`train-video --causal` writes a project causal checkpoint; 2 steps then --resume to 3 give the
+    weights of 3 steps in one run (batches, levels and noise seeded by step); the checkpoint loads
+    and streams with its stored sampling."""
+    from safetensors.torch import load_file
+
+    from streamstudio.app.cli import main
+    from streamstudio.models.video.causal_checkpoint import load_causal_checkpoint
+    from streamstudio.pipelines.video.causal_video import CausalConfig, CausalStreamConfig, CausalVideoStream
+    from streamstudio.models.video.causal_backbone import CausalWanBackbone
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert main(TRAIN + ["--output", str(a), "--steps", "3"]) == 0
+    assert "trained 3 steps" in capsys.readouterr().out
+    assert main(TRAIN + ["--output", str(b), "--steps", "2"]) == 0
+    assert main(TRAIN + ["--output", str(b), "--steps", "3", "--resume"]) == 0
+    wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    causal = load_causal_checkpoint(a)
+    smp = causal.sampling
+    assert smp["steps"] == [1000.0, 500.0] and smp["chunk_frames"] == 2 and smp["window"] == 4
+    assert (smp["height"], smp["width"]) == (16, 16)
+    cfg = CausalConfig(chunk_frames=2, steps=tuple(smp["steps"]), warp=smp["warp"], shift=smp["shift"], window=4)
+    stream = CausalVideoStream(CausalWanBackbone(causal.model, causal.text_encoder), CausalStreamConfig(cfg, 16, 16),
+                               "a red circle moving left")
+    frames = list(stream.frames(5))
+    assert len(frames) == 5 and frames[0].shape == (16, 16, 3)
+    assert main(TRAIN + ["--output", str(a), "--clip-frames", "5"]) == 1  # not whole chunks: a clear error
+    assert main(TRAIN + ["--output", str(tmp_path / "c"), "--steps", "1", "--resume"]) == 1  # nothing to resume
