@@ -161,6 +161,8 @@ class CausalTrainer:
             bar.update(1)
             bar.set_postfix(loss=f"{losses[-1]:.4f}")
             if self.step % cfg.save_every == 0 or self.step == cfg.steps:
+                recent = losses[-cfg.save_every:]
+                log.info("step %d: loss %.4f (mean of the last %d)", self.step, sum(recent) / len(recent), len(recent))
                 self.save(time.time() - start)
         bar.close()
         return losses
