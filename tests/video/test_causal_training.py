@@ -65,7 +65,7 @@ def test_teacher_forcing_equals_the_cached_path(window, sink):
 
 TRAIN = ["train-video", "--causal", "--dim", "24", "--layers", "1", "--heads", "2", "--size", "16",
          "--clip-frames", "4", "--chunk-frames", "2", "--batch-size", "2", "--warmup", "10", "--cpu", "--no-progress",
-         "--sample-steps", "1000,500"]
+         "--sample-steps", "1000,500", "--context-noise", "0.1"]
 
 
 def test_cli_trains_a_causal_checkpoint_that_resumes_exactly_and_renders(tmp_path, capsys):

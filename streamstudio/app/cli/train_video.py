@@ -87,6 +87,9 @@ def add_causal_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--window", type=number(int, 0, 4096), default=CAUSAL.window,
                    help="frames the attention (and the sampler's KV cache) holds, the chunk included (0: the clip)")
     g.add_argument("--sink", type=number(int, 0, 4096), default=CAUSAL.sink, help="first frames never dropped")
+    g.add_argument("--context-noise", type=number(float, 0, 1), default=CAUSAL.context_noise,
+                   help="the clean frames the chunks read carry noise up to this sigma (still labelled clean), so "
+                        "the model keeps to frames that are its own, not the data's (e.g. 0.1)")
     g.add_argument("--sample-steps", default=",".join(f"{s:g}" for s in CAUSAL.sampling["steps"]),
                    help="sampling default stored with the checkpoint: the timesteps of a chunk, noise first "
                         "(Wan's units, 1000 = noise), comma-separated")

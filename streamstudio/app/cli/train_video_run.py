@@ -34,7 +34,8 @@ def causal_config_from_args(args) -> CausalTrainConfig:
         output=default.output if args.output == DEFAULTS.output else args.output, data=args.data, dim=args.dim,
         ffn_dim=4 * args.dim, layers=args.layers, heads=args.heads, patch=args.patch, steps=args.steps,
         batch_size=args.batch_size, frames=args.clip_frames, chunk_frames=args.chunk_frames, window=args.window,
-        sink=args.sink, size=args.size, lr=args.lr, warmup=args.warmup, seed=args.seed, save_every=args.save_every,
+        sink=args.sink, context_noise=args.context_noise, size=args.size, lr=args.lr, warmup=args.warmup,
+        seed=args.seed, save_every=args.save_every,
         resume=args.resume, cpu=args.cpu, max_minutes=args.max_minutes, progress=not args.no_progress,
         sampling={**default.sampling, "steps": [float(s) for s in args.sample_steps.split(",")],
                   "shift": args.sample_shift})

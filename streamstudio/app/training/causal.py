@@ -7,6 +7,9 @@ x = (1 - sigma) data + sigma noise, and the target is Wan's output, noise - data
 through the network once as [clean frames; noisy frames] (`CausalWan.teacher_forcing`, CausVid's
 and Self-Forcing's teacher forcing): each noisy chunk sees the clean chunks before it as the
 sampler's KV cache shows it the chunks it made (committed at t = 0), within the sampler's window.
+With `context_noise` the clean frames the noisy chunks read are shown with a little noise (each
+chunk's own sigma in [0, context_noise], still labelled t = 0): the frames a stream reads are its
+own, not the data's, and a model that only ever read clean frames drifts on them.
 
 Every batch, level and noise sample is seeded by (seed, step), so a resumed run continues exactly
 where the stopped one would have been. Checkpoints are the project's causal format
@@ -72,9 +75,11 @@ def lr_at(cfg: CausalTrainConfig, step: int) -> float:
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def draw(cfg: CausalTrainConfig, data, step: int) -> tuple[torch.Tensor, list[str], torch.Tensor, torch.Tensor]:
-    """Step `step`'s clips (B, F, 3, H, W), captions, per-frame sigmas (B, F) (one per chunk) and
-    noise (B, F, 3, H, W): all seeded by (seed, step)."""
+def draw(cfg: CausalTrainConfig, data, step: int) -> tuple[torch.Tensor, list[str], torch.Tensor, torch.Tensor,
+                                                            torch.Tensor]:
+    """Step `step`'s clips (B, F, 3, H, W), captions, per-frame sigmas (B, F) (one per chunk), noise
+    (B, F, 3, H, W) and the clean frames as the noisy chunks read them (B, F, 3, H, W): all seeded
+    by (seed, step)."""
     seed = (cfg.seed * 1_000_003 + step) * 64
     if data is None:
         clips, caps = synthetic_batch(seed, cfg.batch_size, cfg.frames, cfg.size)
@@ -83,7 +88,12 @@ def draw(cfg: CausalTrainConfig, data, step: int) -> tuple[torch.Tensor, list[st
     gen = torch.Generator().manual_seed(seed)
     sigma = torch.rand(cfg.batch_size, cfg.frames // cfg.chunk_frames, generator=gen)
     noise = torch.randn(clips.shape, generator=gen)
-    return clips, caps, sigma.repeat_interleave(cfg.chunk_frames, dim=1), noise
+    context = clips
+    if cfg.context_noise:
+        c = cfg.context_noise * torch.rand(cfg.batch_size, cfg.frames // cfg.chunk_frames, generator=gen)
+        c = c.repeat_interleave(cfg.chunk_frames, dim=1)[:, :, None, None, None]  # (B, F, 1, 1, 1)
+        context = (1 - c) * clips + c * torch.randn(clips.shape, generator=gen)
+    return clips, caps, sigma.repeat_interleave(cfg.chunk_frames, dim=1), noise, context
 
 
 def text_batch(encoder: wan.HashTextEmbedder, captions: list[str], length: int) -> torch.Tensor:
@@ -128,13 +138,13 @@ class CausalTrainer:
     def loss(self, step: int) -> torch.Tensor:
         """Flow-matching loss of step `step`'s batch, every chunk teacher-forced."""
         cfg, dev = self.cfg, self.device
-        clips, caps, sigma, noise = draw(cfg, self.data, step)
+        clips, caps, sigma, noise, context = draw(cfg, self.data, step)
         clean, noise, sigma = clips.to(dev), noise.to(dev), sigma.to(dev)  # (B, F, 3, H, W), (B, F)
         s = sigma[:, :, None, None, None]
         noisy = (1 - s) * clean + s * noise
         text = self.model.embed_text(text_batch(self.text, caps, cfg.text_len).to(dev))
-        out = self.model.teacher_forcing(clean, noisy, sigma * 1000, text, cfg.chunk_frames, window_of(cfg),
-                                         cfg.sink)  # (B, F, 3, H, W)
+        out = self.model.teacher_forcing(context.to(dev), noisy, sigma * 1000, text, cfg.chunk_frames,
+                                         window_of(cfg), cfg.sink)  # (B, F, 3, H, W)
         return (out - (noise - clean)).pow(2).mean()
 
     def train(self) -> list[float]:

@@ -105,6 +105,7 @@ class CausalTrainConfig:
     chunk_frames: int = 2
     window: int = 0  # frames the training's attention and the sampler's cache hold (0: the clip's)
     sink: int = 0  # first frames never dropped from the window
+    context_noise: float = 0.0  # the clean frames the chunks read carry noise up to this sigma (labelled t = 0)
     size: int = 32  # frame side in pixels
     lr: float = 1e-3
     warmup: int = 50
