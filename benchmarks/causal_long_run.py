@@ -57,7 +57,7 @@ def object_shown(frame: np.ndarray) -> bool:
 
 
 def long_run(causal, frames: int, prompt: str = PROMPT, seed: int = 0, rope_positions: int | None = None,
-             every: int = 1000, keep_frames: int = 0) -> dict:
+             every: int = 1000, keep_frames: int = 0, verbose: bool = False) -> dict:
     """One text-to-video stream of `frames` frames: memory, cache and object figures (and the first
     `keep_frames` frames under "frames")."""
     from streamstudio.models.video.causal_backbone import CausalWanBackbone
@@ -80,6 +80,9 @@ def long_run(causal, frames: int, prompt: str = PROMPT, seed: int = 0, rope_posi
         for i, frame in enumerate(stream.frames(frames)):
             if i % every == 0:
                 marks.append({"frame": i, "rss_mb": round(rss_mb(), 1), "position": cache.position})
+                if verbose:
+                    print(f"frame {i:>6}: RSS {marks[-1]['rss_mb']:8.1f} MB, RoPE position {cache.position}",
+                          flush=True)
             highest = max(highest, cache.position)
             shown += object_shown(frame)
             if i < keep_frames:
@@ -108,10 +111,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     result = long_run(load_causal_checkpoint(args.model), args.frames, rope_positions=args.rope_positions,
-                      every=args.every)
+                      every=args.every, verbose=True)
     result.pop("frames_kept")
-    for m in result["marks"]:
-        print(f"frame {m['frame']:>6}: RSS {m['rss_mb']:8.1f} MB, RoPE position {m['position']}")
     print(f"{args.frames} frames in {result['seconds']:.0f} s: RSS {result['marks'][0]['rss_mb']:.1f} -> "
           f"{result['marks'][-1]['rss_mb']:.1f} MB ({result['rss_growth_mb']:+.1f}), cache {result['cache_bytes']} "
           f"bytes (shape unchanged: {result['cache_shape_unchanged']}), highest position "
