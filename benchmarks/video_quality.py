@@ -26,6 +26,14 @@ The same measures on the training data's own clips (`--data`) are the reference.
     python3 benchmarks/video_quality.py --seeds 2 3 4 5 6 7 8 9   # held-out seeds: the spread
     python3 benchmarks/video_quality.py --no-warmup ...            # show the start-up's frames (before issue 30)
 
+    python3 benchmarks/video_quality.py --causal [--model DIR] [--sampling steps=1000,500 shift=3 ...]
+    python3 benchmarks/video_quality.py --causal --prompts held-out --seeds 2 3 4 5   # held out
+
+`--causal` renders with the causal chunk sampler (pipelines/video/causal_video.py) from a causal
+checkpoint (the built-in `causal_tiny` by default), the seam measured at its chunk size;
+`--prompts held-out` takes 22 other (colour, shape, direction) prompts, none of the protocol's
+(`HELD_OUT_PROMPTS`), for a model tuned on the protocol's.
+
 Each run is stored under its label in benchmarks/results/video_quality.json (other labels kept)
 and printed as a table against the targets. One render of 32 frames takes a few seconds on one
 CPU thread.
@@ -59,6 +67,22 @@ PROMPTS: tuple[str, ...] = (
     "a red circle moving right",
 )
 SEEDS: tuple[int, ...] = (0, 1)
+
+
+def _held_out_prompts(count: int = 22) -> tuple[str, ...]:
+    """`count` prompts of the training vocabulary the protocol does not use: the other (colour,
+    shape, direction) combinations, taken in turn so the colours, shapes and directions all come."""
+    from itertools import product
+
+    colours = ("red", "green", "blue", "yellow", "cyan", "magenta", "white")
+    others = [f"a {c} {s} moving {d}" for d, c, s in product(("left", "right", "up", "down"), colours,
+                                                             ("circle", "square", "triangle"))
+              if f"a {c} {s} moving {d}" not in PROMPTS]
+    step = len(others) / count
+    return tuple(others[int(i * step)] for i in range(count))
+
+
+HELD_OUT_PROMPTS = _held_out_prompts()
 FRAMES = 32
 TARGETS = {"direction": 40, "vanished_frames": 0, "area_cv": 0.15, "seam_ratio": 1.3}
 DIRECTIONS = {"left": (-1.0, 0.0), "right": (1.0, 0.0), "up": (0.0, -1.0), "down": (0.0, 1.0)}
@@ -188,13 +212,14 @@ def summarize(videos: list[VideoMeasure], chunk_size: int) -> dict:
     }
 
 
-def protocol(subset: int | None = None, seeds: tuple[int, ...] | None = None) -> list[tuple[str, int]]:
+def protocol(subset: int | None = None, seeds: tuple[int, ...] | None = None,
+             prompts: tuple[str, ...] = PROMPTS) -> list[tuple[str, int]]:
     """(prompt, seed) pairs: every prompt with each of `seeds` (default the protocol's two: 44), or
     the first `subset` prompts with the first seed."""
     seeds = tuple(seeds) if seeds else SEEDS
     if subset:
-        return [(p, seeds[0]) for p in PROMPTS[:subset]]
-    return [(p, s) for p in PROMPTS for s in seeds]
+        return [(p, seeds[0]) for p in prompts[:subset]]
+    return [(p, s) for p in prompts for s in seeds]
 
 
 def render_model(model, meta: dict, prompt: str, seed: int, layout: tuple[int, int, int],
@@ -220,6 +245,48 @@ def render_model(model, meta: dict, prompt: str, seed: int, layout: tuple[int, i
     stream = VideoStream(StreamDiTBackbone(model, guidance), cfg, prompt)
     with torch.inference_mode():
         return list(stream.frames(frames))
+
+
+def causal_sampling(sampling: dict, seed: int, **overrides):
+    """(CausalConfig, height, width) from a causal checkpoint's sampling defaults and `overrides`."""
+    from dataclasses import fields
+
+    from streamstudio.pipelines.video.causal_video import CausalConfig
+
+    smp = {**sampling, **overrides}
+    names = {f.name for f in fields(CausalConfig)} - {"seed"}
+    values = {k: (tuple(float(s) for s in v) if k == "steps" else v) for k, v in smp.items() if k in names}
+    return CausalConfig(**values, seed=seed), int(smp["height"]), int(smp["width"])
+
+
+def render_causal(causal, prompt: str, seed: int, frames: int = FRAMES, **overrides) -> list[np.ndarray]:
+    """Text-to-video frames (RGB uint8) of a causal checkpoint (`causal_checkpoint.CausalModel`) with
+    its sampling defaults, `overrides` replacing some (steps, shift, window, ...)."""
+    from streamstudio.models.video.causal_backbone import CausalWanBackbone
+    from streamstudio.pipelines.video.causal_video import CausalStreamConfig, CausalVideoStream
+
+    cfg, h, w = causal_sampling(causal.sampling, seed, **overrides)
+    backbone = CausalWanBackbone(causal.model, causal.text_encoder)
+    stream = CausalVideoStream(backbone, CausalStreamConfig(cfg, h, w, temporal=causal.temporal), prompt,
+                               codec=causal.codec)
+    with torch.inference_mode():
+        return list(stream.frames(frames))
+
+
+def parse_overrides(items: list[str] | None) -> dict:
+    """KEY=VALUE sampling overrides: steps=1000,500 (a list), sink=0 (a number), warp=false."""
+    out: dict = {}
+    for item in items or []:
+        key, _, value = item.partition("=")
+        if key == "steps":
+            out[key] = [float(v) for v in value.split(",")]
+        elif value.lower() in ("true", "false"):
+            out[key] = value.lower() == "true"
+        elif value.lower() == "none":
+            out[key] = None
+        else:
+            out[key] = int(value) if value.lstrip("-").isdigit() else float(value)
+    return out
 
 
 def data_clip(prompt: str, seed: int, size: int = 32, frames: int = FRAMES) -> list[np.ndarray]:
@@ -307,8 +374,48 @@ def _measure_job(job: tuple) -> VideoMeasure:
     return measure_video(frames, prompt, seed, layout[1])
 
 
+def _measure_causal_job(job: tuple) -> VideoMeasure:
+    """One causal render, measured (the model loaded once per process)."""
+    from streamstudio.models.video.causal_checkpoint import load_causal_checkpoint
+
+    folder, prompt, seed, overrides, threads = job
+    torch.set_num_threads(threads)
+    if folder not in _MODELS:
+        _MODELS[folder] = (load_causal_checkpoint(folder),)
+    causal = _MODELS[folder][0]
+    frames = render_causal(causal, prompt, seed, **overrides)
+    chunk = causal_sampling(causal.sampling, seed, **overrides)[0].chunk_frames
+    return measure_video(frames, prompt, seed, chunk)
+
+
+def run_causal(args, pairs: list[tuple[str, int]]) -> tuple[list[VideoMeasure], str, str, int]:
+    """The causal model's renders: (measures, source, layout, chunk frames)."""
+    from streamstudio.models.video.causal_checkpoint import BUILTIN_CAUSAL
+
+    folder = args.model or str(BUILTIN_CAUSAL)
+    overrides = parse_overrides(args.sampling)
+    jobs = [(folder, p, s, overrides, args.threads) for p, s in pairs]
+    if args.workers > 1:
+        with Pool(args.workers) as pool:
+            videos = pool.map(_measure_causal_job, jobs, chunksize=1)
+    else:
+        videos = [_measure_causal_job(j) for j in jobs]
+    cfg = causal_sampling(_MODELS[folder][0].sampling if folder in _MODELS else
+                          json.loads((Path(folder) / "config.json").read_text())["causal"]["sampling"], 0,
+                          **overrides)[0]
+    layout = (f"causal c={cfg.chunk_frames} steps={','.join(f'{s:g}' for s in cfg.steps)} shift={cfg.shift:g} "
+              f"warp={cfg.warp} window={cfg.window} sink={cfg.sink}")
+    return videos, folder, layout, cfg.chunk_frames
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--causal", action="store_true",
+                        help="a causal checkpoint (--model; default the built-in causal_tiny) with the chunk sampler")
+    parser.add_argument("--sampling", nargs="+", default=None, metavar="KEY=VALUE",
+                        help="--causal: sampling overrides (steps=1000,750,500 shift=3 window=6 sink=0 warp=false)")
+    parser.add_argument("--prompts", choices=("protocol", "held-out"), default="protocol",
+                        help="the protocol's 22 prompts, or 22 others of the same vocabulary (HELD_OUT_PROMPTS)")
     parser.add_argument("--model", default=None, help="checkpoint folder (default: the built-in model)")
     parser.add_argument("--layout", default=None, help="N,c,s (default: the checkpoint's sampling defaults)")
     parser.add_argument("--guidance", type=float, default=None,
@@ -330,9 +437,13 @@ def main(argv=None) -> int:
     parser.add_argument("--output", default=str(RESULTS))
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    pairs = protocol(args.subset, args.seeds)
+    pairs = protocol(args.subset, args.seeds, HELD_OUT_PROMPTS if args.prompts == "held-out" else PROMPTS)
     start = time.perf_counter()
-    if args.data:
+    causal_layout = None
+    if args.causal:
+        videos, source, causal_layout, chunk = run_causal(args, pairs)
+        layout, guidance, solver, clip = (0, chunk, 0), 1.0, "euler", False
+    elif args.data:
         layout, source, guidance, solver, clip = (1, 1, 1), "training data (render_shape_clip)", 1.0, "euler", False
         videos = [measure_video(data_clip(p, s), p, s, chunk_size=1) for p, s in pairs]
     else:
@@ -355,7 +466,8 @@ def main(argv=None) -> int:
         else:
             videos = [_measure_job(j) for j in jobs]
     seconds = time.perf_counter() - start
-    label = args.label or ("data" if args.data else f"{Path(source).name} N={layout[0]} c={layout[1]} s={layout[2]}"
+    label = args.label or ("data" if args.data else f"{Path(source).name} {causal_layout}" if causal_layout
+                           else f"{Path(source).name} N={layout[0]} c={layout[1]} s={layout[2]}"
                                                     + (f" g={guidance:g}" if guidance != 1.0 else "")
                                                     + (f" {solver}" if solver != "euler" else "")
                                                     + (" clip" if clip else ""))
@@ -365,7 +477,9 @@ def main(argv=None) -> int:
         label += f" (subset {args.subset})"
     if args.seeds:
         label += " seeds " + ",".join(map(str, args.seeds))
-    result = {"source": source, "layout": "N={} c={} s={}".format(*layout)
+    if args.prompts != "protocol":
+        label += f" ({args.prompts} prompts)"
+    result = {"source": source, "layout": causal_layout or "N={} c={} s={}".format(*layout)
               + ("" if args.data or guidance == 1.0 else f" guidance {guidance:g}")
               + ("" if args.data or solver == "euler" else f" solver {solver}")
               + (" clip_sample" if clip else ""), "seconds": seconds,

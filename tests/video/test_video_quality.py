@@ -38,6 +38,15 @@ def test_protocol_is_44_renders_of_the_training_vocabulary():
     assert len(held_out) == 44 and {s for _, s in held_out} == {7, 2024}
 
 
+def test_held_out_prompts_are_others_of_the_same_vocabulary():
+    """22 prompts none of the protocol's, every colour, shape and direction among them."""
+    held = vq.HELD_OUT_PROMPTS
+    assert len(held) == 22 and len(set(held)) == 22 and not set(held) & set(vq.PROMPTS)
+    assert {p.split()[4] for p in held} == {"left", "right", "up", "down"}
+    assert len({p.split()[1] for p in held}) == 7 and len({p.split()[2] for p in held}) == 3
+    assert vq.protocol(seeds=(11, 12), prompts=held) == [(p, s) for p in held for s in (11, 12)]
+
+
 def test_vanished_frames_are_counted_where_they_are_and_per_seed():
     """Blank frames 0, 1 and 5 of a clip: the summary says how many vanished at each frame index
     (the start-up diagnosis) and gives each seed's figures (the spread over seeds)."""

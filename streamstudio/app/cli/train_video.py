@@ -1,6 +1,8 @@
-"""`streamstudio train-video`: train the StreamDiT video model (flow matching or distillation).
+"""`streamstudio train-video`: train the StreamDiT video model (flow matching or distillation),
+or with `--causal` the causal (KV-cached, chunk by chunk) video model with teacher forcing.
 
-Runs on CPU as is and on several GPUs through `accelerate launch -m streamstudio train-video ...`.
+Runs on CPU as is and on several GPUs through `accelerate launch -m streamstudio train-video ...`
+(the StreamDiT model; the causal one trains on one device).
 """
 
 from __future__ import annotations
@@ -8,9 +10,11 @@ from __future__ import annotations
 import argparse
 
 from streamstudio.app.settings import number
-from streamstudio.app.training.config import VideoTrainConfig
+from streamstudio.errors import StreamStudioError
+from streamstudio.app.training.config import CausalTrainConfig, VideoTrainConfig
 
 DEFAULTS = VideoTrainConfig()
+CAUSAL = CausalTrainConfig()
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -62,6 +66,52 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--micro-steps", type=number(int, 1, 64), default=None,
                    help="sampling default stored with the checkpoint: s (default 2, 1 in distill mode)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_causal_arguments(p)
     return p
+
+
+def add_causal_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("causal model (--causal; --output, --data, --steps, --batch-size, --size, --lr, "
+                             "--warmup, --seed, --save-every, --resume, --cpu, --max-minutes, --threads and "
+                             "--no-progress apply too)")
+    g.add_argument("--causal", action="store_true",
+                   help="train the causal video model (block-causal Wan, flow matching with teacher forcing)")
+    g.add_argument("--dim", type=number(int, 12, 8192), default=CAUSAL.dim, help="hidden size")
+    g.add_argument("--layers", type=number(int, 1, 128), default=CAUSAL.layers, help="transformer blocks")
+    g.add_argument("--heads", type=number(int, 1, 128), default=CAUSAL.heads, help="attention heads")
+    g.add_argument("--patch", type=number(int, 1, 64), default=CAUSAL.patch, help="pixels a token's side")
+    g.add_argument("--clip-frames", type=number(int, 1, 1024), default=CAUSAL.frames,
+                   help="frames of a training clip (whole chunks)")
+    g.add_argument("--chunk-frames", type=number(int, 1, 64), default=CAUSAL.chunk_frames,
+                   help="frames a chunk (made together, one noise level in training)")
+    g.add_argument("--window", type=number(int, 0, 4096), default=CAUSAL.window,
+                   help="frames the attention (and the sampler's KV cache) holds, the chunk included (0: the clip)")
+    g.add_argument("--sink", type=number(int, 0, 4096), default=CAUSAL.sink, help="first frames never dropped")
+    g.add_argument("--context-noise", type=number(float, 0, 1), default=CAUSAL.context_noise,
+                   help="the clean frames the chunks read carry noise up to this sigma (still labelled clean), so "
+                        "the model keeps to frames that are its own, not the data's (e.g. 0.1)")
+    g.add_argument("--sample-steps", default=",".join(f"{s:g}" for s in CAUSAL.sampling["steps"]),
+                   help="sampling default stored with the checkpoint: the timesteps of a chunk, noise first "
+                        "(Wan's units, 1000 = noise), comma-separated")
+    g.add_argument("--sample-shift", type=number(float, 0, 100, low_open=True), default=CAUSAL.sampling["shift"],
+                   help="sampling default stored with the checkpoint: the flow shift of the timestep table")
+
+
+def check(args) -> None:
+    """The causal run's shape (the StreamDiT run checks its own when it starts)."""
+    if not args.causal:
+        return
+    if args.clip_frames % args.chunk_frames:
+        raise StreamStudioError(f"--clip-frames {args.clip_frames} must be whole chunks of --chunk-frames "
+                                f"{args.chunk_frames}")
+    if args.window and args.window < args.sink + args.chunk_frames:
+        raise StreamStudioError(f"--window {args.window} must hold --sink {args.sink} and a chunk "
+                                f"({args.chunk_frames})")
+    try:
+        steps = [float(s) for s in args.sample_steps.split(",")]
+    except ValueError:
+        raise StreamStudioError(f"--sample-steps takes comma-separated timesteps, got {args.sample_steps!r}") from None
+    if not steps or any(not 0 < s <= 1000 for s in steps) or steps != sorted(steps, reverse=True):
+        raise StreamStudioError(f"--sample-steps must go down from noise within (0, 1000], got {args.sample_steps}")
 
 

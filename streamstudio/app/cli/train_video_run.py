@@ -1,5 +1,5 @@
-"""`streamstudio train-video`'s runner: the StreamDiT video model trained (app/training/video.py).
-Its parser is train_video.py."""
+"""`streamstudio train-video`'s runner: the StreamDiT video model trained (app/training/video.py),
+or with --causal the causal one (app/training/causal.py). Its parser is train_video.py."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import dataclasses
 
 import torch
 
-from streamstudio.app.training.config import VideoTrainConfig
+from streamstudio.app.cli.train_video import DEFAULTS
+from streamstudio.app.training.causal import CausalTrainer
+from streamstudio.app.training.config import CausalTrainConfig, VideoTrainConfig
 from streamstudio.app.training.video import VideoTrainer
 from streamstudio.errors import StreamStudioError
 from streamstudio.streaming.sinks import make_output_folder
@@ -25,12 +27,26 @@ def config_from_args(args) -> VideoTrainConfig:
     return VideoTrainConfig(**values)
 
 
+def causal_config_from_args(args) -> CausalTrainConfig:
+    """The causal run's config: its own flags, and the shared ones (--output's default is its own)."""
+    default = CausalTrainConfig()
+    return CausalTrainConfig(
+        output=default.output if args.output == DEFAULTS.output else args.output, data=args.data, dim=args.dim,
+        ffn_dim=4 * args.dim, layers=args.layers, heads=args.heads, patch=args.patch, steps=args.steps,
+        batch_size=args.batch_size, frames=args.clip_frames, chunk_frames=args.chunk_frames, window=args.window,
+        sink=args.sink, context_noise=args.context_noise, size=args.size, lr=args.lr, warmup=args.warmup,
+        seed=args.seed, save_every=args.save_every,
+        resume=args.resume, cpu=args.cpu, max_minutes=args.max_minutes, progress=not args.no_progress,
+        sampling={**default.sampling, "steps": [float(s) for s in args.sample_steps.split(",")],
+                  "shift": args.sample_shift})
+
+
 def run(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = config_from_args(args)
+    cfg: VideoTrainConfig | CausalTrainConfig = causal_config_from_args(args) if args.causal else config_from_args(args)
     make_output_folder(cfg.output, "checkpoint")  # a file there is said now, not after the first steps
-    losses = VideoTrainer(cfg).train()
+    losses = CausalTrainer(cfg).train() if isinstance(cfg, CausalTrainConfig) else VideoTrainer(cfg).train()
     if losses:
         k = max(1, len(losses) // 10)
         print(f"trained {len(losses)} steps: loss {sum(losses[:k]) / k:.4f} -> {sum(losses[-k:]) / k:.4f}; "

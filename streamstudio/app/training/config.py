@@ -83,3 +83,41 @@ class VideoTrainConfig:
     progress: bool = True
     workers: int = 0  # flow mode: processes that draw the batches ahead of the loop (0: the loop draws them)
     sampling: dict = field(default_factory=lambda: {"num_chunks": 4, "chunk_size": 2, "micro_steps": 2})
+
+
+@dataclass
+class CausalTrainConfig:
+    """`train-video --causal`: the block-causal Wan (models/video/causal_wan.py) trained with flow
+    matching and teacher forcing (app/training/causal.py)."""
+
+    output: str = "runs/causal_tiny"
+    data: str = "synthetic"  # "synthetic" or a folder of videos
+    dim: int = 128  # the CausalWan's hidden size
+    ffn_dim: int = 512
+    layers: int = 4
+    heads: int = 4
+    patch: int = 4  # pixels a token's side (32x32 frames: 64 tokens a frame)
+    text_dim: int = 32  # the hash text encoder's width (wan.HashTextEmbedder)
+    text_len: int = 8  # words of a prompt the model reads
+    steps: int = 1000
+    batch_size: int = 8
+    frames: int = 8  # frames of a training clip (whole chunks)
+    chunk_frames: int = 2
+    window: int = 0  # frames the training's attention and the sampler's cache hold (0: the clip's)
+    sink: int = 0  # first frames never dropped from the window
+    context_noise: float = 0.0  # the clean frames the chunks read carry noise up to this sigma (labelled t = 0)
+    size: int = 32  # frame side in pixels
+    lr: float = 1e-3
+    warmup: int = 50
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    seed: int = 0
+    save_every: int = 50
+    resume: bool = False
+    cpu: bool = False
+    max_minutes: float = 0.0  # stop (and save) after this much wall time; 0 = no limit
+    progress: bool = True
+    # sampling defaults stored with the checkpoint (pipelines/video/causal_video.py CausalConfig)
+    sampling: dict = field(default_factory=lambda: {"steps": [1000.0, 750.0, 500.0, 250.0], "warp": False,
+                                                    "shift": 1.0, "context_t": 0.0})

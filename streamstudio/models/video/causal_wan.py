@@ -23,6 +23,12 @@ window's cached keys are turned back (a rotation by minus the gap) so the window
 sink frames: relative positions inside the window are unchanged, and a stream can run for ever
 (`KVCache.rebase`). The references cannot go past 1024 frames at all.
 
+Training uses teacher forcing, as CausVid and Self-Forcing do: one call on the sequence [clean
+frames; noisy frames], both halves at the same RoPE positions, under `teacher_forcing_mask`: clean
+chunk j attends to clean chunks <= j, noisy chunk j to the clean chunks before it and to itself,
+so each noisy chunk sees what the cached path shows it when the clean chunks were committed at
+t = 0 (`CausalWan.teacher_forcing`; a window and sink frames as the cache keeps them).
+
 The velocity seam (`models/video/video_net.py`) is `CausalWanBackbone` in `causal_backbone.py`.
 """
 
@@ -114,6 +120,27 @@ def timestep_embedding(dim: int, t: torch.Tensor) -> torch.Tensor:
     freqs = torch.pow(10000, -torch.arange(half, dtype=torch.float64, device=t.device).div(half))
     angles = torch.outer(pos, freqs)
     return torch.cat([torch.cos(angles), torch.sin(angles)], dim=1)
+
+
+def teacher_forcing_mask(frames: int, chunk: int, frame_tokens: int, window: int | None = None,
+                         sink: int = 0) -> torch.Tensor:
+    """(2 S, 2 S) bool, True where a query may attend, S = frames * frame_tokens: the sequence is
+    [clean frames; noisy frames]. A chunk (clean or noisy) attends to itself and to the clean frames
+    before it that a `KVCache` of `window` frames (None: all) with `sink` sink frames keeps when it
+    is made: the sink, then the newest window - sink - chunk frames."""
+    if frames % chunk:
+        raise ValueError(f"{frames} frames are not whole chunks of {chunk}")
+    f = torch.arange(frames)
+    start = (f // chunk) * chunk  # (F,) first frame of each frame's chunk
+    rest = frames if window is None else window - sink - chunk  # non-sink frames kept before a chunk
+    if rest < 0:
+        raise ValueError(f"a chunk of {chunk} frames and {sink} sink frames do not fit a window of {window}")
+    q, k = start[:, None], f[None, :]  # (F, 1) query chunk starts, (1, F) key frames
+    past = (k < q) & ((k < sink) | (k >= q - rest))  # (F, F) clean frames before the chunk, as cached
+    same = start[:, None] == start[None, :]  # (F, F) the chunk itself
+    frame_mask = torch.cat([torch.cat([past | same, torch.zeros_like(past)], 1),  # clean queries
+                            torch.cat([past, same], 1)])  # noisy queries
+    return frame_mask.repeat_interleave(frame_tokens, 0).repeat_interleave(frame_tokens, 1)  # (2S, 2S)
 
 
 # ------------------------------------------------------------------------------ the cache
@@ -249,21 +276,26 @@ class Attention(nn.Module):
     def split(self, x: torch.Tensor) -> torch.Tensor:  # (B, S, dim) -> (B, S, H, D)
         return x.unflatten(-1, (self.heads, -1))
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q (B, Sq, H, D), k and v (B, Sk, H, D) -> o((B, Sq, dim))."""
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               mask: torch.Tensor | None = None) -> torch.Tensor:
+        """q (B, Sq, H, D), k and v (B, Sk, H, D), mask (Sq, Sk) bool or None -> o((B, Sq, dim))."""
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
         return self.o(out.transpose(1, 2).flatten(2))
 
 
 class SelfAttention(Attention):
-    def forward(self, x: torch.Tensor, rot: torch.Tensor, layer: int, cache: KVCache | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rot: torch.Tensor, layer: int, cache: KVCache | None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
         """x (B, S, dim) of the chunk; with a cache its keys and values go to the cache's slots and
-        the chunk attends to every cached frame and to itself."""
+        the chunk attends to every cached frame and to itself. Without one, `mask` (S, S) bool (None:
+        every token attends to every other) is the training's teacher-forcing mask."""
         q = apply_rope(self.split(self.norm_q(self.q(x))), rot)  # (B, S, H, D)
         k = apply_rope(self.split(self.norm_k(self.k(x))), rot)
         v = self.split(self.v(x))
         if cache is None:
-            return self.attend(q, k, v)
+            return self.attend(q, k, v, mask)
+        if mask is not None:
+            raise ValueError("a mask is for the training's teacher forcing, without a cache")
         start, end = cache.slots
         cache.k[layer, :, start:end] = k
         cache.v[layer, :, start:end] = v
@@ -294,7 +326,7 @@ class Block(nn.Module):
         self.modulation = nn.Parameter(torch.randn(1, 6, dim) / dim ** 0.5)
 
     def forward(self, x: torch.Tensor, e: torch.Tensor, rot: torch.Tensor, text: CausalText, layer: int,
-                cache: KVCache | None) -> torch.Tensor:
+                cache: KVCache | None, mask: torch.Tensor | None = None) -> torch.Tensor:
         """x (B, F*T, dim), e (B, F, 6, dim) -> (B, F*T, dim)."""
         f = e.shape[1]
         shift1, scale1, gate1, shift2, scale2, gate2 = (self.modulation.unsqueeze(1) + e).unbind(2)  # (B, F, dim)
@@ -303,7 +335,7 @@ class Block(nn.Module):
             return y.unflatten(1, (f, -1))
 
         h = (per_frame(self.norm1(x)) * (1 + scale1[:, :, None]) + shift1[:, :, None]).flatten(1, 2)
-        y = self.self_attn(h, rot, layer, cache)
+        y = self.self_attn(h, rot, layer, cache, mask)
         x = x + (per_frame(y) * gate1[:, :, None]).flatten(1, 2)
         x = x + self.cross_attn(self.norm3(x), text, layer)
         h = (per_frame(self.norm2(x)) * (1 + scale2[:, :, None]) + shift2[:, :, None]).flatten(1, 2)
@@ -367,17 +399,37 @@ class CausalWan(nn.Module):
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, text: CausalText, cache: KVCache | None = None,
                 first_frame: int | None = None) -> torch.Tensor:
+        b, f = x.shape[:2]
+        gh, gw = x.shape[-2] // self.cfg.patch_size[1], x.shape[-1] // self.cfg.patch_size[2]
+        start = (cache.position if cache is not None else 0) if first_frame is None else first_frame
+        rot = rope_rotations(self.rope, start, f, gh, gw).to(x.device)  # (F*h*w, 1, D / 2)
+        return self._run(x, t, text, cache, rot)
+
+    def teacher_forcing(self, clean: torch.Tensor, noisy: torch.Tensor, t: torch.Tensor, text: CausalText,
+                        chunk: int, window: int | None = None, sink: int = 0) -> torch.Tensor:
+        """Training's one call for a whole clip: clean and noisy (B, F, C, H, W) the same frames,
+        t (B, F) the noisy frames' timesteps (per chunk) -> the output (B, F, C, H, W) for the noisy
+        frames, each chunk seeing the clean frames before it (`teacher_forcing_mask`) as the cached
+        path does when the clean chunks were committed at t = 0."""
+        b, f = clean.shape[:2]
+        gh, gw = clean.shape[-2] // self.cfg.patch_size[1], clean.shape[-1] // self.cfg.patch_size[2]
+        rot = rope_rotations(self.rope, 0, f, gh, gw).to(clean.device)  # (F*h*w, 1, D / 2)
+        mask = teacher_forcing_mask(f, chunk, gh * gw, window, sink).to(clean.device)  # (2S, 2S)
+        x = torch.cat([clean, noisy], dim=1)  # (B, 2F, C, H, W)
+        tt = torch.cat([torch.zeros_like(t), t], dim=1)  # (B, 2F)
+        return self._run(x, tt, text, None, torch.cat([rot, rot]), mask)[:, f:]
+
+    def _run(self, x: torch.Tensor, t: torch.Tensor, text: CausalText, cache: KVCache | None, rot: torch.Tensor,
+             mask: torch.Tensor | None = None) -> torch.Tensor:
         b, f, c, hh, ww = x.shape
         pt, ph, pw = self.cfg.patch_size
         tokens = self.patch_embedding(x.permute(0, 2, 1, 3, 4))  # (B, dim, F, h, w)
         gh, gw = tokens.shape[-2:]
         tokens = tokens.flatten(2).transpose(1, 2)  # (B, F*h*w, dim)
-        start = (cache.position if cache is not None else 0) if first_frame is None else first_frame
-        rot = rope_rotations(self.rope, start, f, gh, gw).to(x.device)  # (F*h*w, 1, D / 2)
         emb = self.time_embedding(timestep_embedding(self.cfg.freq_dim, t.flatten()).type_as(tokens))  # (B*F, dim)
         e6 = self.time_projection(emb).unflatten(1, (6, self.cfg.dim)).unflatten(0, (b, f))  # (B, F, 6, dim)
         for i, block in enumerate(self.blocks):
-            tokens = block(tokens, e6, rot, text, i, cache)
+            tokens = block(tokens, e6, rot, text, i, cache, mask)
         out = self.head(tokens, emb.unflatten(0, (b, f)))  # (B, F, h*w, pt*ph*pw*C)
         out = out.view(b, f, gh, gw, pt, ph, pw, -1)
         out = torch.einsum("bfhwpqrc->bfpchqwr", out).reshape(b, f * pt, -1, gh * ph, gw * pw)

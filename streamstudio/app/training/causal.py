@@ -1,0 +1,193 @@
+"""Training of the causal video model (issue 49): flow matching with teacher forcing.
+
+The network is the block-causal Wan of `models/video/causal_wan.py`, pixel space (the tokens are
+patches of the [-1, 1] frames, as the StreamDiT built-in). A training clip of F frames is cut into
+chunks of c frames; each chunk gets its own noise level sigma ~ U(0, 1) (Wan's timestep 1000 sigma),
+x = (1 - sigma) data + sigma noise, and the target is Wan's output, noise - data. The clip goes
+through the network once as [clean frames; noisy frames] (`CausalWan.teacher_forcing`, CausVid's
+and Self-Forcing's teacher forcing): each noisy chunk sees the clean chunks before it as the
+sampler's KV cache shows it the chunks it made (committed at t = 0), within the sampler's window.
+With `context_noise` the clean frames the noisy chunks read are shown with a little noise (each
+chunk's own sigma in [0, context_noise], still labelled t = 0): the frames a stream reads are its
+own, not the data's, and a model that only ever read clean frames drifts on them.
+
+Every batch, level and noise sample is seeded by (seed, step), so a resumed run continues exactly
+where the stopped one would have been. Checkpoints are the project's causal format
+(`save_causal_checkpoint`: config.json + model.safetensors) with `optimizer.pt` and
+`trainer_state.json` beside them; the text encoder is `wan.HashTextEmbedder`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from tqdm.auto import tqdm
+
+from streamstudio.app.training.config import CausalTrainConfig
+from streamstudio.errors import StreamStudioError
+from streamstudio.models.video import wan
+from streamstudio.models.video.causal_checkpoint import save_causal_checkpoint
+from streamstudio.models.video.causal_wan import CausalWan, CausalWanConfig
+from streamstudio.models.video.video_data import VideoFolder, synthetic_batch
+from streamstudio.pipelines.video.causal_video import CausalConfig
+
+log = logging.getLogger(__name__)
+
+
+def model_config(cfg: CausalTrainConfig) -> CausalWanConfig:
+    return CausalWanConfig(dim=cfg.dim, ffn_dim=cfg.ffn_dim, freq_dim=64, text_dim=cfg.text_dim,
+                           text_len=cfg.text_len, in_dim=3, out_dim=3, num_heads=cfg.heads, num_layers=cfg.layers,
+                           patch_size=(1, cfg.patch, cfg.patch))
+
+
+def window_of(cfg: CausalTrainConfig) -> int:
+    return cfg.window or cfg.frames
+
+
+def check(cfg: CausalTrainConfig) -> None:
+    """The run's shape, checked before anything is built (errors a user can cause)."""
+    if cfg.frames % cfg.chunk_frames:
+        raise StreamStudioError(f"the clip's {cfg.frames} frames must be whole chunks of {cfg.chunk_frames}")
+    if cfg.size % cfg.patch:
+        raise StreamStudioError(f"--size {cfg.size} must be a multiple of the patch {cfg.patch}")
+    if cfg.dim % cfg.heads or (cfg.dim // cfg.heads) % 2 or cfg.dim // cfg.heads < 12:
+        raise StreamStudioError(f"--dim {cfg.dim} must split into {cfg.heads} heads of an even size >= 12")
+    sampling = CausalConfig(chunk_frames=cfg.chunk_frames, window=window_of(cfg), sink=cfg.sink,
+                            steps=tuple(cfg.sampling["steps"]))
+    try:
+        sampling.validate()
+    except StreamStudioError as exc:
+        raise StreamStudioError(f"the sampling this model is trained for does not hold: {exc}") from exc
+
+
+def lr_at(cfg: CausalTrainConfig, step: int) -> float:
+    """Linear warm-up, then a cosine down to min_lr_ratio lr."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    frac = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def draw(cfg: CausalTrainConfig, data, step: int) -> tuple[torch.Tensor, list[str], torch.Tensor, torch.Tensor,
+                                                            torch.Tensor]:
+    """Step `step`'s clips (B, F, 3, H, W), captions, per-frame sigmas (B, F) (one per chunk), noise
+    (B, F, 3, H, W) and the clean frames as the noisy chunks read them (B, F, 3, H, W): all seeded
+    by (seed, step)."""
+    seed = (cfg.seed * 1_000_003 + step) * 64
+    if data is None:
+        clips, caps = synthetic_batch(seed, cfg.batch_size, cfg.frames, cfg.size)
+    else:
+        clips, caps = data.batch(seed, cfg.batch_size, cfg.frames)
+    gen = torch.Generator().manual_seed(seed)
+    sigma = torch.rand(cfg.batch_size, cfg.frames // cfg.chunk_frames, generator=gen)
+    noise = torch.randn(clips.shape, generator=gen)
+    context = clips
+    if cfg.context_noise:
+        c = cfg.context_noise * torch.rand(cfg.batch_size, cfg.frames // cfg.chunk_frames, generator=gen)
+        c = c.repeat_interleave(cfg.chunk_frames, dim=1)[:, :, None, None, None]  # (B, F, 1, 1, 1)
+        context = (1 - c) * clips + c * torch.randn(clips.shape, generator=gen)
+    return clips, caps, sigma.repeat_interleave(cfg.chunk_frames, dim=1), noise, context
+
+
+def text_batch(encoder: wan.HashTextEmbedder, captions: list[str], length: int) -> torch.Tensor:
+    """(B, length, dim) hash embeddings of the captions, zero-padded (as `CausalWan.embed_text` pads)."""
+    out = torch.zeros(len(captions), length, encoder.dim)
+    for i, caption in enumerate(captions):
+        e = encoder(caption)[0, :length]  # (L, dim)
+        out[i, :e.shape[0]] = e
+    return out
+
+
+class CausalTrainer:
+    """`CausalTrainer(cfg).train()` -> the losses of the steps run."""
+
+    def __init__(self, cfg: CausalTrainConfig):
+        check(cfg)
+        self.cfg = cfg
+        self.device = torch.device("cuda" if torch.cuda.is_available() and not cfg.cpu else "cpu")
+        self.out = Path(cfg.output)
+        self.step = 0
+        torch.manual_seed(cfg.seed)
+        self.model = CausalWan(model_config(cfg)).to(self.device)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        if cfg.resume:
+            self._resume()
+        self.text = wan.HashTextEmbedder(cfg.text_dim, cfg.text_len)
+        self.data = None if cfg.data == "synthetic" else VideoFolder(cfg.data, cfg.size)
+
+    def _resume(self) -> None:
+        state_file = self.out / "trainer_state.json"
+        if not state_file.is_file():
+            raise StreamStudioError(f"nothing to resume in {self.out}: no trainer_state.json; "
+                                    "run without --resume to start a new run")
+        saved = json.loads((self.out / "config.json").read_text())["causal"]["model"]
+        if CausalWanConfig.from_dict(saved) != self.model.cfg:
+            raise StreamStudioError(f"{self.out} holds a model of another shape ({saved}); give its --dim, --layers, "
+                                    "--heads and --patch")
+        self.model.load_state_dict(load_file(str(self.out / "model.safetensors")))
+        self.opt.load_state_dict(torch.load(self.out / "optimizer.pt", weights_only=True))
+        self.step = json.loads(state_file.read_text())["step"]
+
+    def loss(self, step: int) -> torch.Tensor:
+        """Flow-matching loss of step `step`'s batch, every chunk teacher-forced."""
+        cfg, dev = self.cfg, self.device
+        clips, caps, sigma, noise, context = draw(cfg, self.data, step)
+        clean, noise, sigma = clips.to(dev), noise.to(dev), sigma.to(dev)  # (B, F, 3, H, W), (B, F)
+        s = sigma[:, :, None, None, None]
+        noisy = (1 - s) * clean + s * noise
+        text = self.model.embed_text(text_batch(self.text, caps, cfg.text_len).to(dev))
+        out = self.model.teacher_forcing(context.to(dev), noisy, sigma * 1000, text, cfg.chunk_frames,
+                                         window_of(cfg), cfg.sink)  # (B, F, 3, H, W)
+        return (out - (noise - clean)).pow(2).mean()
+
+    def train(self) -> list[float]:
+        cfg = self.cfg
+        losses: list[float] = []
+        bar = tqdm(total=cfg.steps, initial=self.step, disable=not cfg.progress, desc="train-video (causal)")
+        self.model.train()
+        start = time.time()
+        while self.step < cfg.steps:
+            if cfg.max_minutes and time.time() - start > 60 * cfg.max_minutes:
+                log.info("stopping at step %d: --max-minutes %.1f reached", self.step, cfg.max_minutes)
+                self.save(time.time() - start)
+                break
+            for group in self.opt.param_groups:
+                group["lr"] = lr_at(cfg, self.step)
+            loss = self.loss(self.step)
+            loss.backward()
+            if cfg.grad_clip:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+            self.step += 1
+            losses.append(float(loss.detach()))
+            bar.update(1)
+            bar.set_postfix(loss=f"{losses[-1]:.4f}")
+            if self.step % cfg.save_every == 0 or self.step == cfg.steps:
+                recent = losses[-cfg.save_every:]
+                log.info("step %d: loss %.4f (mean of the last %d)", self.step, sum(recent) / len(recent), len(recent))
+                self.save(time.time() - start)
+        bar.close()
+        return losses
+
+    def sampling(self) -> dict:
+        """The sampling defaults stored with the checkpoint (CausalConfig's fields, height, width)."""
+        cfg = self.cfg
+        return {"chunk_frames": cfg.chunk_frames, "window": window_of(cfg), "sink": cfg.sink, **cfg.sampling,
+                "height": cfg.size, "width": cfg.size}
+
+    def save(self, seconds: float = 0.0) -> None:
+        cfg = self.cfg
+        train = {k: v for k, v in asdict(cfg).items() if k != "sampling"}
+        save_causal_checkpoint(self.out, self.model, {"kind": "hash", "dim": cfg.text_dim, "length": cfg.text_len},
+                               self.sampling(), extra={"train": train})
+        torch.save(self.opt.state_dict(), self.out / "optimizer.pt")
+        (self.out / "trainer_state.json").write_text(json.dumps({"step": self.step, "seconds": round(seconds, 1)}))
+        log.info("saved step %d to %s", self.step, self.out)

@@ -1,0 +1,99 @@
+"""Teacher forcing (issue 49): the training's one call over [clean frames; noisy frames] gives each
+noisy chunk what the cached path gives it when the chunks are made one after another, the clean
+chunks committed at t = 0."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from streamstudio.models.video.causal_wan import CausalWan, CausalWanConfig, teacher_forcing_mask
+
+TINY = CausalWanConfig(dim=32, ffn_dim=64, freq_dim=32, text_dim=16, text_len=4, in_dim=3, out_dim=3, num_heads=2,
+                       num_layers=2, patch_size=(1, 4, 4))
+
+
+def cached_outputs(model: CausalWan, clean: torch.Tensor, noisy: torch.Tensor, t: torch.Tensor, text, chunk: int,
+                   window: int, sink: int) -> torch.Tensor:
+    """The noisy chunks through the KV cache one after another, each clean chunk committed at t = 0."""
+    b, f, _, h, w = clean.shape
+    cache = model.new_cache(b, window, sink, h, w)
+    outs = []
+    for i in range(0, f, chunk):
+        cache.rebase(model.rope, chunk)
+        cache.reserve(chunk)
+        outs.append(model(noisy[:, i:i + chunk], t[:, i:i + chunk], text, cache))
+        model(clean[:, i:i + chunk], torch.zeros_like(t[:, i:i + chunk]), text, cache)
+        cache.commit(chunk)
+    return torch.cat(outs, dim=1)
+
+
+def test_the_mask_by_hand():
+    m = teacher_forcing_mask(frames=4, chunk=2, frame_tokens=1)  # [clean 0 1 2 3; noisy 0 1 2 3]
+    want = torch.tensor([[1, 1, 0, 0, 0, 0, 0, 0],
+                         [1, 1, 0, 0, 0, 0, 0, 0],
+                         [1, 1, 1, 1, 0, 0, 0, 0],
+                         [1, 1, 1, 1, 0, 0, 0, 0],
+                         [0, 0, 0, 0, 1, 1, 0, 0],
+                         [0, 0, 0, 0, 1, 1, 0, 0],
+                         [1, 1, 0, 0, 0, 0, 1, 1],
+                         [1, 1, 0, 0, 0, 0, 1, 1]], dtype=torch.bool)
+    assert torch.equal(m, want)
+    assert teacher_forcing_mask(4, 2, 3).shape == (24, 24)
+    with pytest.raises(ValueError):
+        teacher_forcing_mask(5, 2, 1)
+
+
+@pytest.mark.parametrize("window, sink", [(None, 0), (4, 0), (6, 2)])
+def test_teacher_forcing_equals_the_cached_path(window, sink):
+    torch.manual_seed(0)
+    model = CausalWan(TINY).eval()
+    b, f, chunk = 2, 8, 2
+    clean = torch.randn(b, f, 3, 16, 16)
+    noisy = torch.randn(b, f, 3, 16, 16)
+    t = (torch.rand(b, f // chunk) * 1000).repeat_interleave(chunk, dim=1)  # (B, F) one timestep a chunk
+    with torch.no_grad():
+        text = model.embed_text(torch.randn(b, 3, TINY.text_dim))
+        forced = model.teacher_forcing(clean, noisy, t, text, chunk, window, sink)
+        cached = cached_outputs(model, clean, noisy, t, text, chunk, window or f, sink)
+    assert forced.shape == (b, f, 3, 16, 16)
+    torch.testing.assert_close(forced, cached, rtol=1e-4, atol=1e-5)
+    if window is not None:  # the window matters: all the past would give other outputs
+        full = model.teacher_forcing(clean, noisy, t, text, chunk)
+        assert not torch.allclose(full[:, -chunk:], cached[:, -chunk:], atol=1e-4)
+
+
+TRAIN = ["train-video", "--causal", "--dim", "24", "--layers", "1", "--heads", "2", "--size", "16",
+         "--clip-frames", "4", "--chunk-frames", "2", "--batch-size", "2", "--warmup", "10", "--cpu", "--no-progress",
+         "--sample-steps", "1000,500", "--context-noise", "0.1"]
+
+
+def test_cli_trains_a_causal_checkpoint_that_resumes_exactly_and_renders(tmp_path, capsys):
+    """`train-video --causal` writes a project causal checkpoint; 2 steps then --resume to 3 give the
+    weights of 3 steps in one run (batches, levels and noise seeded by step); the checkpoint loads
+    and streams with its stored sampling."""
+    from safetensors.torch import load_file
+
+    from streamstudio.app.cli import main
+    from streamstudio.models.video.causal_checkpoint import load_causal_checkpoint
+    from streamstudio.pipelines.video.causal_video import CausalConfig, CausalStreamConfig, CausalVideoStream
+    from streamstudio.models.video.causal_backbone import CausalWanBackbone
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert main(TRAIN + ["--output", str(a), "--steps", "3"]) == 0
+    assert "trained 3 steps" in capsys.readouterr().out
+    assert main(TRAIN + ["--output", str(b), "--steps", "2"]) == 0
+    assert main(TRAIN + ["--output", str(b), "--steps", "3", "--resume"]) == 0
+    wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    causal = load_causal_checkpoint(a)
+    smp = causal.sampling
+    assert smp["steps"] == [1000.0, 500.0] and smp["chunk_frames"] == 2 and smp["window"] == 4
+    assert (smp["height"], smp["width"]) == (16, 16)
+    cfg = CausalConfig(chunk_frames=2, steps=tuple(smp["steps"]), warp=smp["warp"], shift=smp["shift"], window=4)
+    stream = CausalVideoStream(CausalWanBackbone(causal.model, causal.text_encoder), CausalStreamConfig(cfg, 16, 16),
+                               "a red circle moving left")
+    frames = list(stream.frames(5))
+    assert len(frames) == 5 and frames[0].shape == (16, 16, 3)
+    assert main(TRAIN + ["--output", str(a), "--clip-frames", "5"]) == 1  # not whole chunks: a clear error
+    assert main(TRAIN + ["--output", str(tmp_path / "c"), "--steps", "1", "--resume"]) == 1  # nothing to resume
