@@ -144,3 +144,21 @@ def probe(path) -> Probe:
             result.audio_codec, result.audio_duration = a.codec_context.name, samples / rate
             result.audio_start = float(frames[0].time) if frames and frames[0].time is not None else None
     return result
+
+
+def decoded(path):
+    """(frame times, RGB frames, audio samples) of a file."""
+    with av.open(str(path)) as c:
+        frames = [(round(float(f.time), 4), f.to_ndarray(format="rgb24")) for f in c.decode(video=0)]
+    with av.open(str(path)) as c:
+        samples = sum(f.samples for f in c.decode(audio=0)) if c.streams.audio else 0
+    return [t for t, _ in frames], [f for _, f in frames], samples
+
+
+def assert_same_frames(got, want) -> None:
+    """Two files hold the same frames, bitwise, at the same times, and as much audio."""
+    (t1, f1, a1), (t2, f2, a2) = decoded(got), decoded(want)
+    assert t1 == t2 and a1 == a2
+    assert len(f1) == len(f2)
+    differ = {i: int(np.abs(x.astype(int) - y).max()) for i, (x, y) in enumerate(zip(f1, f2)) if not np.array_equal(x, y)}
+    assert differ == {}, f"frames that differ (largest difference): {differ}"

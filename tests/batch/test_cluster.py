@@ -13,10 +13,8 @@ import threading
 import time
 from pathlib import Path
 
-import av
-import numpy as np
 import pytest
-from clips import make_clip
+from clips import assert_same_frames, make_clip
 
 from streamstudio.app import cli
 from streamstudio.app.batch import cluster
@@ -51,15 +49,6 @@ def make_inputs(folder, shorts: int):
     return sorted(folder.iterdir())
 
 
-def decoded(path):
-    """(frame times, RGB frames, audio samples) of a file."""
-    with av.open(str(path)) as c:
-        frames = [(round(float(f.time), 4), f.to_ndarray(format="rgb24")) for f in c.decode(video=0)]
-    with av.open(str(path)) as c:
-        samples = sum(f.samples for f in c.decode(audio=0)) if c.streams.audio else 0
-    return [t for t, _ in frames], [f for _, f in frames], samples
-
-
 def local_render(clip, out, extra) -> None:
     """`streamstudio render` of `clip` in a fresh interpreter, as a user runs it, like each Ray
     worker's: a render in this process once differed from the batch in every frame late in a CI run
@@ -67,12 +56,6 @@ def local_render(clip, out, extra) -> None:
     cmd = [sys.executable, "-m", "streamstudio", "render", "--input", str(clip), "--output", str(out), *TINY, *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode == 0, proc.stderr[-3000:]
-
-
-def assert_same_frames(got, want) -> None:
-    (t1, f1, a1), (t2, f2, a2) = decoded(got), decoded(want)
-    assert t1 == t2 and a1 == a2
-    assert [i for i, (x, y) in enumerate(zip(f1, f2)) if not np.array_equal(x, y)] == []
 
 
 def batch(argv) -> int:
@@ -178,17 +161,7 @@ def test_batch_inputs_and_their_outputs(tmp_path):
         cluster.output_paths([tmp_path / "a" / "x.mp4", tmp_path / "a" / "y.mov"], str(tmp_path / "o.mp4"))
 
 
-# ---------------------------------------------------------------------------- on Ray
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray = pytest.importorskip("ray")
-    from streamstudio.app.ray_connect import connect_ray
-
-    assert connect_ray(None, num_cpus=2)  # a local Ray on 127.0.0.1 only
-    yield ray
-    ray.shutdown()
-
-
+# ---------------------------------------------------------------------------- on Ray (conftest.py's ray_cluster)
 def run_on_ray(tmp_path, monkeypatch, ray, shorts: int, schedule) -> None:
     """Render on two Ray workers, kill one (SIGKILL) as soon as it starts a job, and check every output."""
     clips = make_inputs(tmp_path / "in", shorts=shorts)
@@ -268,7 +241,7 @@ def test_ray_renders_six_clips_and_a_long_one_in_three_segments(ray_cluster, tmp
     # numbers are the usage error of their range (tests/cli/test_cli_table.py), said on the last line
     (["--workers", "0"], "error: argument --workers: must be in [1, 4096], got 0", 2),
     (["--segment-frames", "0"], "error: argument --segment-frames: must be in [1, 1000000000], got 0", 2),
-    (["--cluster", "local", "--pipeline", "video"], "error: --cluster and batch inputs take --pipeline image", 1),
+    (["--segment-frames", "8", "--pipeline", "video"], "Leave --segment-frames out", 1),
 ])
 def test_batch_option_mistakes_are_one_error_line(tmp_path, capsys, argv, message, code):
     clips = f"{tmp_path / 'a.mp4'},{tmp_path / 'b.mp4'}"

@@ -109,7 +109,7 @@ def test_render_takes_device_dtype_and_acceleration(tmp_path, monkeypatch, capsy
         pytest.skip("TensorRT is installed: the fallback is not what runs")
     with pytest.warns(RuntimeWarning, match="TensorRT is not installed"):
         assert run_video_render(args) == 0
-    assert seen == {"device": "cpu", "dtype": "float32"}
+    assert seen == {"device": "cpu", "dtype": "float32", "base": None}
     model, meta = real_load(None, "cpu", "float32")
     stream = build_stream(model, meta, "a red circle moving left", width=32, height=32, acceleration="compile")
     assert stream.sampler.backbone.model is not model and hasattr(stream.sampler.backbone.model, "_orig_mod")

@@ -4,7 +4,8 @@
 (`--workers N` starts a local Ray with N workers). One worker per GPU (a Ray actor with
 num_gpus=1; CPU actors where there are no GPUs) loads the model once and renders many jobs. A
 job is a whole file, or a segment of a long one (`app/batch/segments.py`: warm-up, keyframe cuts,
-stitching), so the outputs are the frames a local render of each file gives.
+stitching), so the outputs are the frames a local render of each file gives. With --pipeline
+video a job is always a whole file (app/batch/video.py: a video stream's state runs through it).
 
 - Resumable: outputs are written under a temporary name and renamed when complete; the job
   list (`DIR/.streamstudio-batch/jobs.json`, with the settings it was made with) records them,
@@ -32,8 +33,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from streamstudio.app.batch import video
 from streamstudio.app.batch.segments import (MIN_SEGMENT, Piece, keyframe_indices, part_done, plan_pieces, remove_parts,
                                        render_piece, split_allowed, stitch, write_json)
+from streamstudio.app.batch.worker import PieceResult, Worker
 from streamstudio.app.settings import number
 from streamstudio.app.streams.requests import BatchRequest
 from streamstudio.errors import StreamStudioError
@@ -63,7 +66,8 @@ def add_arguments(group) -> None:
     group.add_argument("--segment-frames", type=number(int, 1, 10**9), default=None,
                        help="batch: a file of at least twice this many frames is cut into segments of about this "
                             "many, rendered in parallel and stitched (default: one segment per worker for files of "
-                            f"at least {MIN_SEGMENT} frames per worker)")
+                            f"at least {MIN_SEGMENT} frames per worker; --pipeline image only: a video stream "
+                            "renders each file whole)")
 
 
 # ---------------------------------------------------------------------------- inputs and outputs
@@ -99,7 +103,7 @@ def wants_batch(request: BatchRequest) -> bool:
     """Whether `render` hands this run to the batch renderer."""
     if request.cluster is not None or request.workers is not None:
         return True
-    return request.pipeline == "image" and batch_inputs(request.input) is not None
+    return batch_inputs(request.input) is not None  # (--pipeline video without --input: text-to-video)
 
 
 def output_paths(inputs: list[Path], output: str) -> tuple[list[Path], Path]:
@@ -160,54 +164,19 @@ class JobList:
 
 
 # ---------------------------------------------------------------------------- workers
-@dataclass
-class PieceResult:
-    key: str
-    worker: str
-    frames: int = 0
-    seconds: float = 0.0
-    error: str | None = None  # a user-caused failure (a bad input): reported, not retried
-
-
-class RenderWorker:
-    """Loads the model once (on first use) and renders pieces, one at a time. Runs in this
-    process (--cluster local) or as a Ray actor; `board` gets its progress."""
+class RenderWorker(Worker):
+    """The image pipeline's worker: whole files and segments (render_piece), a stream made once per
+    output size over the model loaded once."""
 
     def __init__(self, request: BatchRequest, name: str, board=None):
-        self.request = request
-        self.name, self.board = name, board
+        super().__init__(request, name, board)
         self._pipes: dict[tuple[int, int], StreamDiffusion] = {}
-        self._frames = 0  # frames written, all jobs
-        self._job_frames = 0  # frames written of the job under way
-        self._sent = 0.0  # when progress was last reported
 
-    def ready(self) -> int:
-        """Load the model (so no job waits for it); returns the process id."""
+    def _load(self) -> None:
         self._pipe_for(None)
-        return os.getpid()
 
-    def render(self, piece: Piece, work: str) -> PieceResult:
-        import shutil
-
-        t0 = time.perf_counter()
-        self._job_frames = 0
-        self._report(piece.key, force=True)
-        try:
-            if piece.part is None:
-                target = Path(work) / "partial" / Path(piece.output).name
-                target.parent.mkdir(parents=True, exist_ok=True)
-            else:
-                target = Path(piece.part)
-                shutil.rmtree(target, ignore_errors=True)  # what a killed attempt left
-            frames = render_piece(self._pipe_for, self.request, piece, target,
-                                  on_frame=lambda: self._report(piece.key))
-            if piece.part is None:
-                os.replace(target, piece.output)
-        except StreamStudioError as exc:
-            return PieceResult(piece.key, self.name, error=str(exc))
-        finally:
-            self._report(None, force=True)
-        return PieceResult(piece.key, self.name, frames, time.perf_counter() - t0)
+    def _render(self, piece: Piece, target: Path, on_frame: Callable[[], None]) -> int:
+        return render_piece(self._pipe_for, self.request, piece, target, on_frame=on_frame)
 
     def _pipe_for(self, aspect: float | None) -> StreamDiffusion:
         """A pipeline for an input of this aspect ratio; the model is loaded once, a stream is
@@ -229,16 +198,6 @@ class RenderWorker:
                 self._pipes[size] = new_stream(first.comps, config, prompt=image.prompt,
                                                negative_prompt=image.negative_prompt)
         return self._pipes[size]
-
-    def _report(self, job: str | None, force: bool = False) -> None:
-        if job is not None and not force:
-            self._frames += 1
-            self._job_frames += 1
-        now = time.perf_counter()
-        if self.board is None or not (force or now - self._sent >= 0.25):
-            return
-        self.board(self.name, self._frames, self._job_frames if job else 0, job, os.getpid())
-        self._sent = now
 
 
 class ProgressBoard:
@@ -281,7 +240,7 @@ class LocalExecutor:
 
     def __init__(self, request: BatchRequest):
         self.board = ProgressBoard()
-        self.worker = RenderWorker(request, "local", self.board.update)
+        self.worker = worker_class(request)(request, "local", self.board.update)
         self.workers = 1
 
     def run(self, pieces: list[Piece], work: Path, on_result: Callable[[PieceResult], None],
@@ -317,15 +276,17 @@ class RayExecutor:
         self.name = f"ray ({address or 'local'}: {self.workers} {'GPU' if self.gpus else 'CPU'} worker(s))"
         # a CPU worker takes its share of the cores, and as many torch threads (not every core of its machine)
         self.cpus = 1 if self.gpus else max(1, cpus // self.workers)
-        image = request.image
+        image, clip = request.image, request.video
         if self.gpus:  # an actor sees its one GPU as cuda:0, whichever --device named
             image = replace(image, device="cuda") if str(image.device).startswith("cuda") else image
+            clip = replace(clip, device="cuda") if str(clip.device).startswith("cuda") else clip
         else:
             image = image if image.threads else replace(image, threads=self.cpus)
-        self.request = replace(request, image=image)
+            clip = clip if clip.threads else replace(clip, threads=self.cpus)
+        self.request = replace(request, image=image, video=clip)
         # (Any: a Ray actor handle; Ray types its remote methods as the plain methods, without `.remote`)
         self.board: Any = ray.remote(num_cpus=0)(ProgressBoard).remote()
-        self._actor_class = ray.remote(RenderWorker)
+        self._actor_class = ray.remote(worker_class(request))
         self._count = 0
         self.names: dict = {}  # actor -> its name on the board
         self.actors = [self._new_actor() for _ in range(self.workers)]
@@ -427,6 +388,11 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"
 
 
+def worker_class(request: BatchRequest) -> type[Worker]:
+    """The worker of the request's pipeline."""
+    return video.VideoWorker if request.pipeline == "video" else RenderWorker
+
+
 def make_executor(request: BatchRequest):
     """The executor --cluster and --workers ask for; without Ray, the local one and a note."""
     choice, workers = request.cluster or "auto", request.workers
@@ -470,7 +436,7 @@ def plan(request: BatchRequest, inputs: list[Path], outputs: list[Path], work: P
     settings = request.image.settings  # what decides whether a file may be cut
     config = StreamDiffusionConfig(**{k: settings[k] for k in ("temporal", "feedback_weight", "bank_size")
                                       if k in settings})
-    whole = split_allowed(config)
+    whole = video.WHOLE if request.pipeline == "video" else split_allowed(config)
     jobs, failed = [], {}
     for src, dst in zip(inputs, outputs):
         try:
@@ -505,8 +471,8 @@ def run_batch(request: BatchRequest, on_progress: Callable[[dict], None] | None 
 
     from tqdm import tqdm
 
-    if request.pipeline != "image":
-        raise StreamStudioError("--cluster and batch inputs take --pipeline image")
+    if request.pipeline == "video":
+        video.check(request)
     given = request.input
     inputs = batch_inputs(given) or ([Path(given).expanduser()] if given else [])
     if not inputs:

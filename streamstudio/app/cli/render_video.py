@@ -5,7 +5,8 @@
 
 `run_video_render(args)` is the runner of `render --pipeline video` (render_run.py hands it
 over; its options are render.py's `add_video_arguments`); the stream itself opens in
-`app/streams/video.py`. Frames take the one road
+`app/streams/video.py` (`open_video_stream`, `video_runner`: a video batch's worker renders each
+of its files with the same two, app/batch/video.py). Frames take the one road
 every front end takes (streaming.Runner from `open_source` to `open_sink`): text-to-video from a
 clock of empty frames, video-to-video from any input render reads, into any output render writes,
 with the input's audio kept. An input of
@@ -19,17 +20,14 @@ from __future__ import annotations
 import logging
 import sys
 
-from streamstudio.app.settings import config_values
-from streamstudio.app.streams import expected_frames, rtmp_config, watch
-from streamstudio.app.streams.video import (BUILTIN_NAMES, DEFAULT_FPS, DEFAULT_FRAMES, DEFAULT_STRENGTH,
-                                            VideoFrames, build_stream, load_video_model, parse_prompt_changes)
+from streamstudio.app.cli.requests import video_request
+from streamstudio.app.streams import expected_frames, watch
+from streamstudio.app.streams.video import (BUILTIN_NAMES, DEFAULT_FPS, DEFAULT_FRAMES, load_video_model,
+                                            open_video_stream, video_runner)
 from streamstudio.device import use_threads
 from streamstudio.errors import StreamStudioError
-from streamstudio.pipelines import live_settings  # (its tables read when used: tests add a setting)
 from streamstudio.streaming.generated import NoInputSource
 from streamstudio.streaming.resample import resample_file
-from streamstudio.streaming.runner import Runner, RunnerConfig
-from streamstudio.streaming.sinks import open_sink
 from streamstudio.streaming.sources import open_source
 
 log = logging.getLogger(__name__)
@@ -56,44 +54,33 @@ def run_video_render(args) -> int:
     frames = getattr(args, "frames", None) or max_frames or DEFAULT_FRAMES
     if not spec and frames < 1:
         raise StreamStudioError("--frames must be at least 1")
+    request = video_request(args)
     print(f"video pipeline: {'video-to-video of ' + str(spec) if spec else 'text-to-video'}, "
           f"loading the model...", flush=True)
     source = open_input(spec, fps) if spec else None
     try:
-        model, meta = load_video_model(getattr(args, "model", None), getattr(args, "device", None) or "auto",
-                                       getattr(args, "dtype", None) or "auto", base=getattr(args, "wan_base", None))
-        use_threads(getattr(args, "threads", None), next(model.parameters()).device)
-        # the flags given
-        settings = {"strength": DEFAULT_STRENGTH, **config_values(vars(args), live_settings.VIDEO_SETTINGS)}
-        if source is None:
-            settings["strength"] = 1.0  # text-to-video starts from pure noise
+        model, meta = load_video_model(request.model, request.device, request.dtype, base=request.wan_base)
+        use_threads(request.threads, next(model.parameters()).device)
         aspect = source.info.width / source.info.height if source is not None else None
-        stream = build_stream(model, meta, getattr(args, "prompt", None) or "", **settings,
-                              seed=getattr(args, "seed", None) or 0,
-                              width=getattr(args, "width", None), height=getattr(args, "height", None),
-                              aspect=aspect, guidance=getattr(args, "video_guidance", None),
-                              acceleration=getattr(args, "acceleration", None) or "none")
+        stream = open_video_stream(model, meta, request, aspect)
         size = stream.out_size
         assert size is not None  # (build_stream gives every stream its output size)
         height, width = size
         if source is None:
             source = NoInputSource(frames, fps or DEFAULT_FPS, width, height, description="text-to-video")
-        audio = None if getattr(args, "no_audio", False) or source.info.live else source.info.audio
-        sink = open_sink(output, width, height, fps or source.info.fps, audio_from=audio,
-                         rtmp=rtmp_config(getattr(args, "rtmp_timeout", None)))
+        runner = video_runner(stream, source, output, request, fps=fps, max_frames=max_frames,
+                              no_audio=bool(getattr(args, "no_audio", False)),
+                              rtmp_timeout=getattr(args, "rtmp_timeout", None))
     except BaseException:
         if source is not None:
             source.close()
         raise
-    fit = getattr(args, "fit", None) or "crop"
-    processor = VideoFrames(stream, parse_prompt_changes(getattr(args, "prompt_change", None)), fit)
-    name = "the built-in StreamDiT" if getattr(args, "model", None) in BUILTIN_NAMES else args.model
-    fitted = f" ({fit})" if aspect is not None and abs(aspect - width / height) >= 0.01 else ""
+    name = "the built-in StreamDiT" if request.model in BUILTIN_NAMES else request.model
+    fitted = f" ({request.fit})" if aspect is not None and abs(aspect - width / height) >= 0.01 else ""
     print(f"model {name}, {width}x{height}{fitted}, {stream.summary}, on {next(model.parameters()).device}",
           flush=True)
     info = source.info
     total = info.frame_count or (round(info.duration * info.fps) if info.duration else None)
-    runner = Runner(source, processor, sink, RunnerConfig(live=False, max_frames=max_frames))
     metrics = watch(runner, expected_frames(total, max_frames), desc="video")
     for warning in metrics.warnings:
         print(f"warning: {warning}", file=sys.stderr)

@@ -7,9 +7,11 @@ from __future__ import annotations
 from dataclasses import fields
 
 from streamstudio.app.settings import config_values
-from streamstudio.app.streams.requests import Addons, BatchRequest, ImageRequest, ServeRequest
+from streamstudio.app.streams.requests import Addons, BatchRequest, ImageRequest, ServeRequest, VideoRequest
+from streamstudio.app.streams.video import parse_prompt_changes
+from streamstudio.pipelines import live_settings  # (its tables read when used: tests add a setting)
 
-_NOT_FLAGS = {"settings", "addons", "batching", "image", "fingerprint"}  # the requests' own fields
+_NOT_FLAGS = {"settings", "addons", "batching", "image", "video", "fingerprint"}  # the requests' own fields
 
 
 def _given(args, request_type) -> dict:
@@ -30,6 +32,19 @@ def image_request(args) -> ImageRequest:
                         batching=batching_config(args) if serving else None)
 
 
+def video_request(args) -> VideoRequest:
+    """The video stream a command line asks for (`render --pipeline video`): model, size, settings.
+    A flag the command lacks, or left empty, is the request's default."""
+    given = vars(args)
+    return VideoRequest(model=given.get("model"), wan_base=given.get("wan_base"), device=given.get("device") or "auto",
+                        dtype=given.get("dtype") or "auto", threads=given.get("threads"),
+                        acceleration=given.get("acceleration") or "none", prompt=given.get("prompt") or "",
+                        prompt_changes=parse_prompt_changes(given.get("prompt_change")), seed=given.get("seed") or 0,
+                        width=given.get("width"), height=given.get("height"),
+                        settings=config_values(given, live_settings.VIDEO_SETTINGS),
+                        guidance=given.get("video_guidance"), fit=given.get("fit") or "crop")
+
+
 def batching_config(args):
     """Cross-stream batching settings from the command line, or None when it is off."""
     from streamstudio.models.image.batching import BatchingConfig  # (torch: render.py imports this module to check)
@@ -46,7 +61,9 @@ def serve_request(args) -> ServeRequest:
 
 
 def batch_request(args) -> BatchRequest:
-    """`render`'s batch of files (app/batch): the image stream, the I/O, and the settings as plain
-    values (what a batch's job list is keyed by)."""
+    """`render`'s batch of files (app/batch): the image or video stream, the I/O, and the settings as
+    plain values (what a batch's job list is keyed by)."""
     fingerprint = {k: v for k, v in vars(args).items() if not k.startswith("_") and not callable(v)}
-    return BatchRequest(image=image_request(args), fingerprint=fingerprint, **_given(args, BatchRequest))
+    video = video_request(args) if getattr(args, "pipeline", "image") == "video" else VideoRequest()
+    return BatchRequest(image=image_request(args), video=video, fingerprint=fingerprint,
+                        **_given(args, BatchRequest))

@@ -73,10 +73,33 @@ class ServeRequest:
 
 
 @dataclass
+class VideoRequest:
+    """A video stream (app/streams/video.py): the model, how it loads and runs, its size and settings,
+    as `render --pipeline video` renders a file (render_video.py) and a batch's video worker each of
+    its files (app/batch/video.py)."""
+
+    model: str | None = None  # None, auto, builtin: the built-in StreamDiT; a checkpoint folder, Wan or causal model
+    wan_base: str | None = None  # a released causal generator's Wan 2.1 base (text encoder and VAE)
+    device: str = "auto"
+    dtype: str = "auto"
+    threads: int | None = None
+    acceleration: str = "none"
+    prompt: str = ""
+    prompt_changes: dict[int, str] = field(default_factory=dict)  # output frame -> the prompt from there on
+    seed: int = 0
+    width: int | None = None  # None: the checkpoint's side, or from the input's aspect
+    height: int | None = None
+    settings: dict = field(default_factory=dict)  # the video table's settings given (strength, num_chunks, ...)
+    guidance: float | None = None  # None: the checkpoint's
+    fit: str = "crop"  # an input of another aspect: cropped or padded to the output's
+
+
+@dataclass
 class BatchRequest:
-    """`render` of many files or of one in segments (app/batch): the image stream and the I/O."""
+    """`render` of many files or of one in segments (app/batch): the image or video stream and the I/O."""
 
     image: ImageRequest
+    video: VideoRequest = field(default_factory=VideoRequest)  # --pipeline video's stream
     input: str | None = None
     output: str | None = None
     fingerprint: dict = field(default_factory=dict)  # the command's settings as plain values (jobs.json)

@@ -20,9 +20,12 @@ if TYPE_CHECKING:  # torch and the models load when a stream opens, not when the
 
     from streamstudio.models.video import wan
     from streamstudio.models.video.causal_checkpoint import CausalModel
+    from streamstudio.app.streams.requests import VideoRequest
     from streamstudio.models.video.stream_dit import StreamDiT, VideoNetwork
     from streamstudio.pipelines.video.causal_video import CausalVideoStream
     from streamstudio.pipelines.video.stream_video import VideoStream
+    from streamstudio.streaming.runner import Runner
+    from streamstudio.streaming.sources import Source
 
     AnyVideoStream = VideoStream | CausalVideoStream
 
@@ -183,6 +186,41 @@ def build_stream(model: StreamDiT | wan.WanModel | CausalModel, meta: dict, prom
         raise StreamStudioError(f"video guidance must be >= 0 (1 = none), got {guidance}")
     return VideoStream(StreamDiTBackbone(network, guidance), cfg, prompt, latent_channels=channels,
                        device=param.device, dtype=param.dtype)
+
+
+def open_video_stream(model: StreamDiT | wan.WanModel | CausalModel, meta: dict, request: VideoRequest,
+                      aspect: float | None) -> AnyVideoStream:
+    """`build_stream` with the request's prompt, seed, size and settings: video-to-video of an input of
+    `aspect` (its width / height) at the request's strength (DEFAULT_STRENGTH when not given), or
+    text-to-video (`aspect` None) from pure noise. A new stream starts from its seed, so a stream
+    opened per file renders each file as a render of that file alone does."""
+    settings = {"strength": DEFAULT_STRENGTH, **request.settings}
+    if aspect is None:
+        settings["strength"] = 1.0  # text-to-video starts from pure noise
+    return build_stream(model, meta, request.prompt, **settings, seed=request.seed, width=request.width,
+                        height=request.height, aspect=aspect, guidance=request.guidance,
+                        acceleration=request.acceleration)
+
+
+def video_runner(stream: AnyVideoStream, source: Source, output: str, request: VideoRequest, *,
+                 fps: float | None = None, max_frames: int | None = None, no_audio: bool = False,
+                 rtmp_timeout: float | None = None, on_output=None) -> Runner:
+    """One render through a video stream: `source` (an input file, or text-to-video's clock of empty
+    frames) through `stream` (its prompt changes and --fit from `request`) into `output` (anything
+    render writes) at `fps` (None: the source's), with the source's audio unless `no_audio` or
+    live, frame-aligned. `render --pipeline video` watches it with a progress bar; a video batch's
+    worker runs one per file. The sink opens here; the caller starts the runner."""
+    from streamstudio.app.streams.run import rtmp_config
+    from streamstudio.streaming.runner import Runner, RunnerConfig
+    from streamstudio.streaming.sinks import open_sink
+
+    size = stream.out_size
+    assert size is not None  # (build_stream gives every stream its output size)
+    height, width = size
+    audio = None if no_audio or source.info.live else source.info.audio
+    sink = open_sink(output, width, height, fps or source.info.fps, audio_from=audio, rtmp=rtmp_config(rtmp_timeout))
+    processor = VideoFrames(stream, request.prompt_changes, request.fit)
+    return Runner(source, processor, sink, RunnerConfig(live=False, max_frames=max_frames), on_output=on_output)
 
 
 def load_wan_model(model: str, device: torch.device, dtype: str | torch.dtype = "auto") -> tuple[wan.WanModel, dict]:
