@@ -137,3 +137,46 @@ def test_the_causal_stream_runs_on_taehv(case, codec):
     outs = [stream.push(np.full((16, 16, 3), 10 * i, np.uint8)) for i in range(13)]
     assert [len(o) for o in outs][4] == 5 and len(outs[12]) == 8 and sum(len(o) for o in outs) == 13
     assert outs[4][0].shape == (16, 16, 3)
+
+
+def test_load_released_takes_taehv(case, tmp_path, monkeypatch):
+    """load_released(..., taehv=FILE): the generator with the base's text encoder and TAEHV as its
+    codec (the Wan base's loader and the 1.3B size check stubbed: a tiny generator)."""
+    from types import SimpleNamespace
+
+    from streamstudio.models.video import causal_checkpoint as cc
+    from streamstudio.models.video.taehv import TAEHVStreamCodec
+
+    tiny = CausalWanConfig(dim=32, ffn_dim=64, freq_dim=16, text_dim=8, text_len=8, in_dim=16, out_dim=16,
+                           num_heads=2, num_layers=1)
+    torch.save({"generator_ema": {f"model.{k}": v for k, v in CausalWan(tiny).state_dict().items()}},
+               tmp_path / "self_forcing_dmd.pt")
+    torch.save(random_state(case["keys"], case["seed"]), tmp_path / "taew2_1.pth")
+    monkeypatch.setattr(cc, "config_for", lambda state: tiny)
+    wan_codec = SimpleNamespace(temporal=4, stream=lambda: "the Wan VAE")
+    monkeypatch.setattr(cc.wan, "load_wan_pieces", lambda *a, **k: SimpleNamespace(codec=wan_codec,
+                                                                                    text_encoder=len))
+    loaded = cc.load_released(str(tmp_path / "self_forcing_dmd.pt"), None, "cpu", torch.float32,
+                              taehv=tmp_path / "taew2_1.pth")
+    assert isinstance(loaded.codec, TAEHVStreamCodec) and loaded.temporal == 4 and loaded.family == "self_forcing"
+    assert cc.load_released(str(tmp_path / "self_forcing_dmd.pt"), None, "cpu", torch.float32).codec == "the Wan VAE"
+    with pytest.raises(ModelNotFoundError, match="madebyollin/taehv"):  # before the generator loads
+        cc.load_released("no-such-generator.pt", None, "cpu", torch.float32, taehv=tmp_path / "missing.pth")
+
+
+def test_render_flags_name_taehv(tmp_path):
+    from argparse import Namespace
+
+    from streamstudio.app.cli.render_video import taehv_file
+    from streamstudio.app.streams.video import load_video_model
+
+    assert taehv_file(Namespace(video_decoder="wan", taehv=None)) is None
+    assert taehv_file(Namespace(video_decoder="taehv", taehv="t.pth")) == "t.pth"
+    with pytest.raises(StreamStudioError, match="needs --taehv FILE.*github.com/madebyollin/taehv"):
+        taehv_file(Namespace(video_decoder="taehv", taehv=None))
+    with pytest.raises(StreamStudioError, match="add --video-decoder taehv"):
+        taehv_file(Namespace(video_decoder="wan", taehv="t.pth"))
+    with pytest.raises(StreamStudioError, match="pixel-space"):
+        load_video_model("builtin-causal", "cpu", taehv="t.pth")
+    with pytest.raises(StreamStudioError, match="released"):
+        load_video_model(None, "cpu", taehv="t.pth")

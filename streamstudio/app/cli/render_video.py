@@ -48,6 +48,18 @@ def open_input(spec: str, fps: float | None):
         raise
 
 
+def taehv_file(args) -> str | None:
+    """--taehv's file when --video-decoder is taehv (None for wan); each needs the other."""
+    decoder, path = getattr(args, "video_decoder", None) or "wan", getattr(args, "taehv", None)
+    if decoder == "taehv" and not path:
+        raise StreamStudioError("--video-decoder taehv needs --taehv FILE: TAEHV's Wan 2.1 weights, taew2_1.pth (or "
+                                "safetensors/taew2_1.safetensors) from https://github.com/madebyollin/taehv, a "
+                                "file in that GitHub repository (not on the Hugging Face hub)")
+    if decoder != "taehv" and path:
+        raise StreamStudioError("--taehv is the weights of --video-decoder taehv; add --video-decoder taehv")
+    return path if decoder == "taehv" else None
+
+
 def run_video_render(args) -> int:
     output = getattr(args, "output", None)
     if not output:
@@ -61,7 +73,8 @@ def run_video_render(args) -> int:
     source = open_input(spec, fps) if spec else None
     try:
         model, meta = load_video_model(getattr(args, "model", None), getattr(args, "device", None) or "auto",
-                                       getattr(args, "dtype", None) or "auto", base=getattr(args, "wan_base", None))
+                                       getattr(args, "dtype", None) or "auto", base=getattr(args, "wan_base", None),
+                                       taehv=taehv_file(args))
         use_threads(getattr(args, "threads", None), next(model.parameters()).device)
         # the flags given
         settings = {"strength": DEFAULT_STRENGTH, **config_values(vars(args), live_settings.VIDEO_SETTINGS)}
