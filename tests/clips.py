@@ -160,5 +160,6 @@ def assert_same_frames(got, want) -> None:
     (t1, f1, a1), (t2, f2, a2) = decoded(got), decoded(want)
     assert t1 == t2 and a1 == a2
     assert len(f1) == len(f2)
-    differ = {i: int(np.abs(x.astype(int) - y).max()) for i, (x, y) in enumerate(zip(f1, f2)) if not np.array_equal(x, y)}
+    differ = {i: int(np.abs(x.astype(int) - y).max()) for i, (x, y) in enumerate(zip(f1, f2))
+              if not np.array_equal(x, y)}
     assert differ == {}, f"frames that differ (largest difference): {differ}"

@@ -87,6 +87,12 @@ def add_video_arguments(parser: argparse.ArgumentParser) -> None:
                    help="a causal generator's Wan 2.1 base (text encoder and VAE): a diffusers folder or hub id "
                         "(default Wan-AI/Wan2.1-T2V-1.3B-Diffusers); with --model a Self-Forcing, CausVid or "
                         "StreamDiffusionV2 .pt file or hub id")
+    g.add_argument("--video-decoder", choices=("wan", "taehv"), default="wan",
+                   help="a causal Wan generator's codec: wan, the Wan 2.1 VAE of --wan-base (default); taehv, "
+                        "madebyollin's tiny autoencoder (about 30x less compute, a little less quality; --taehv)")
+    g.add_argument("--taehv", default=None, metavar="FILE",
+                   help="--video-decoder taehv's weights: a taew2_1.pth or taew2_1.safetensors file from "
+                        "github.com/madebyollin/taehv (not on the Hugging Face hub)")
 
 
 # ---------------------------------------------------------------------------- settings

@@ -46,6 +46,18 @@ def open_input(spec: str, fps: float | None):
         raise
 
 
+def taehv_file(args) -> str | None:
+    """--taehv's file when --video-decoder is taehv (None for wan); each needs the other."""
+    decoder, path = getattr(args, "video_decoder", None) or "wan", getattr(args, "taehv", None)
+    if decoder == "taehv" and not path:
+        raise StreamStudioError("--video-decoder taehv needs --taehv FILE: TAEHV's Wan 2.1 weights, taew2_1.pth (or "
+                                "safetensors/taew2_1.safetensors) from https://github.com/madebyollin/taehv, a "
+                                "file in that GitHub repository (not on the Hugging Face hub)")
+    if decoder != "taehv" and path:
+        raise StreamStudioError("--taehv is the weights of --video-decoder taehv; add --video-decoder taehv")
+    return path if decoder == "taehv" else None
+
+
 def run_video_render(args) -> int:
     output = getattr(args, "output", None)
     if not output:
@@ -59,7 +71,8 @@ def run_video_render(args) -> int:
           f"loading the model...", flush=True)
     source = open_input(spec, fps) if spec else None
     try:
-        model, meta = load_video_model(request.model, request.device, request.dtype, base=request.wan_base)
+        model, meta = load_video_model(request.model, request.device, request.dtype, base=request.wan_base,
+                                       taehv=taehv_file(args))
         use_threads(request.threads, next(model.parameters()).device)
         aspect = source.info.width / source.info.height if source is not None else None
         stream = open_video_stream(model, meta, request, aspect)

@@ -58,30 +58,37 @@ def is_causal_model(model: str | None) -> bool:
 
 
 def load_causal_model(model: str, device: torch.device, dtype: str | torch.dtype = "auto",
-                      base: str | None = None) -> tuple[CausalModel, dict]:
+                      base: str | None = None, taehv: str | None = None) -> tuple[CausalModel, dict]:
     """A causal model on `device`: a project checkpoint (the built-in one for its names) in float32 on
     CPU and float16 on a GPU for "auto"; a released Wan generator in bfloat16 on a GPU (Wan's weights),
-    with `base`'s text encoder and VAE (a diffusers Wan 2.1 folder or hub id)."""
+    with `base`'s text encoder and VAE (a diffusers Wan 2.1 folder or hub id), or TAEHV (`taehv`, a
+    taew2_1 weight file) for the VAE."""
     from streamstudio.device import pick_dtype
     from streamstudio.models.video import causal_checkpoint as cc
     from streamstudio.models.video import wan
 
     if model in cc.BUILTIN_CAUSAL_NAMES or cc.is_causal_folder(model):
+        if taehv:
+            raise StreamStudioError(f"{model!r} is a pixel-space causal model; TAEHV (--video-decoder taehv) decodes "
+                                    "Wan 2.1 latents: give a released Self-Forcing, CausVid or StreamDiffusionV2 "
+                                    "generator with --model")
         folder = cc.BUILTIN_CAUSAL if model in cc.BUILTIN_CAUSAL_NAMES else model
         loaded = cc.load_causal_checkpoint(folder, device, pick_dtype(device, dtype) if isinstance(dtype, str)
                                            else dtype)
     else:
         if isinstance(dtype, str):
             dtype = wan.default_dtype(device) if dtype == "auto" else pick_dtype(device, dtype)
-        loaded = cc.load_released(model, base, device, dtype)
+        loaded = cc.load_released(model, base, device, dtype, taehv=taehv)
     return loaded, {"sampling": loaded.sampling, "causal": True, "family": loaded.family}
 
 
 def load_video_model(model: str | None, device: torch.device | str = "auto", dtype: str | torch.dtype = "auto",
-                     base: str | None = None) -> tuple[StreamDiT | wan.WanModel | CausalModel, dict]:
+                     base: str | None = None, taehv: str | None = None
+                     ) -> tuple[StreamDiT | wan.WanModel | CausalModel, dict]:
     """The built-in tiny StreamDiT for None/auto/tiny, else a checkpoint folder, a Wan 2.1 checkpoint
     (`load_wan_model`) or a causal model (`load_causal_model`, `base`: a released generator's Wan
-    base model); on `device` ("auto": the GPU when there is one) in `dtype` ("auto": float16 on a
+    base model, `taehv`: a taew2_1 file to decode its latents with instead of the Wan VAE); on
+    `device` ("auto": the GPU when there is one) in `dtype` ("auto": float16 on a
     GPU, float32 on CPU)."""
     from streamstudio.device import pick_device, pick_dtype
     from streamstudio.models.video import wan
@@ -90,7 +97,10 @@ def load_video_model(model: str | None, device: torch.device | str = "auto", dty
     device = pick_device(device) if isinstance(device, str) else device
     if is_causal_model(model):
         assert model is not None  # (is_causal_model says False for None)
-        return load_causal_model(model, device, dtype, base)
+        return load_causal_model(model, device, dtype, base, taehv)
+    if taehv:
+        raise StreamStudioError("TAEHV (--video-decoder taehv) decodes a causal Wan 2.1 generator's latents: give a "
+                                "released Self-Forcing, CausVid or StreamDiffusionV2 generator with --model")
     if model is not None and model not in BUILTIN_NAMES and wan.is_wan_model(model):  # a Wan 2.1 folder or hub id
         return load_wan_model(model, device, dtype)
     dtype = pick_dtype(device, dtype) if isinstance(dtype, str) else dtype

@@ -26,6 +26,7 @@ from safetensors.torch import load_file, save_file
 
 from streamstudio.errors import ModelNotFoundError, StreamStudioError
 from streamstudio.models import hub
+from streamstudio.models.video import taehv as tae
 from streamstudio.models.video import wan
 from streamstudio.models.video.causal_wan import WAN_1_3B_CONFIG, WAN_14B_CONFIG, CausalWan, CausalWanConfig
 from streamstudio.models.video.video_net import PixelCodec, VideoCodec
@@ -191,8 +192,11 @@ def resolve_generator(spec: str) -> tuple[Path, str]:
     return Path(local), family
 
 
-def load_released(spec: str, base: str | None, device: torch.device | str, dtype: torch.dtype) -> CausalModel:
-    """A released causal generator with the Wan base model's text encoder and VAE."""
+def load_released(spec: str, base: str | None, device: torch.device | str, dtype: torch.dtype,
+                  taehv: str | Path | None = None) -> CausalModel:
+    """A released causal generator with the Wan base model's text encoder and VAE; with `taehv` (a
+    taew2_1 .pth / .safetensors file) TAEHV encodes and decodes instead of the VAE (models/video/taehv.py)."""
+    tiny = tae.load_taehv(taehv, device) if taehv else None  # (first: a missing file says so before the GBs load)
     path, family = resolve_generator(spec)
     state = generator_state(torch.load(path, map_location="cpu", weights_only=False))
     cfg = config_for(state)
@@ -200,5 +204,6 @@ def load_released(spec: str, base: str | None, device: torch.device | str, dtype
     load_weights(model, state, str(path))
     pieces = wan.load_wan_pieces(base or wan.WAN_1_3B, device, dtype)
     sampling = dict(FAMILIES[family], height=60, width=104)  # 480x832, the models' training size
-    return CausalModel(model.to(device, dtype).eval(), pieces.text_encoder, pieces.codec.stream(), sampling,
+    codec = tiny.stream() if tiny else pieces.codec.stream()
+    return CausalModel(model.to(device, dtype).eval(), pieces.text_encoder, codec, sampling,
                        temporal=pieces.codec.temporal, family=family)
