@@ -99,9 +99,9 @@ def test_render_takes_device_dtype_and_acceleration(tmp_path, monkeypatch, capsy
     seen = {}
     real_load = render_video.load_video_model
 
-    def spy(model, device="auto", dtype="auto", base=None):
+    def spy(model, device="auto", dtype="auto", **kwargs):
         seen.update(device=device, dtype=dtype)
-        return real_load(model, device, dtype, base)
+        return real_load(model, device, dtype, **kwargs)
 
     monkeypatch.setattr(render_video, "load_video_model", spy)
     args = make_args(tmp_path, frames=2, width=32, height=32, device="cpu", dtype="float32", acceleration="tensorrt")
