@@ -100,7 +100,7 @@ def test_render_takes_device_dtype_and_acceleration(tmp_path, monkeypatch, capsy
     real_load = render_video.load_video_model
 
     def spy(model, device="auto", dtype="auto", **kwargs):
-        seen.update(device=device, dtype=dtype)
+        seen.update(device=device, dtype=dtype, base=kwargs.get("base"))
         return real_load(model, device, dtype, **kwargs)
 
     monkeypatch.setattr(render_video, "load_video_model", spy)
