@@ -438,7 +438,8 @@ def test_a_video_deck_warms_until_it_gives_frames_and_the_cut_waits_for_it_frame
     nothing for its buffer's first frames, so a cut asked at once lands on its first frame; every
     input gives one output throughout (deck A's, then deck B's, each as a standalone video
     pipeline fed the same frames makes it), none dropped or repeated; the stream then takes its
-    prompt, refuses the image table's other settings, and takes no second deck (video -> image)."""
+    prompt, refuses the image table's other settings, then takes an image deck in turn (video -> image),
+    again with nothing dropped or repeated, and the image table's settings after that switch."""
     session = server.manager.open("deck-video")
     outs = [feed_one(session, picture(k)) for k in range(2)]
     k = len(outs)
@@ -482,13 +483,38 @@ def test_a_video_deck_warms_until_it_gives_frames_and_the_cut_waits_for_it_frame
     assert [r.alpha for r in deck.records][-1] == 1.0 and deck.records[-2].alpha == 0.0
 
     session.request({"prompt": "a new video prompt"})
-    feed_one(session, picture(k))
+    outs.append(feed_one(session, picture(k)))
     assert session.notice is None and session.stats()["settings"]["prompt"] == "a new video prompt"
     session.request({"seed": 7})
-    feed_one(session, picture(k + 1))
+    outs.append(feed_one(session, picture(k + 1)))
     assert "takes prompt and fit only" in session.notice
-    r = httpx.post(url + "/deck", json={"model": "tiny"}, headers=AUTH, timeout=30)
-    assert r.status_code == 400 and "video -> image" in r.json()["error"]
+    k += 2
+
+    # video -> image: the stream playing the video deck takes an image deck in turn, and back on the
+    # image pipeline it takes the image table's settings again
+    r = httpx.post(url + "/deck", json={"model": "tiny", "prompt": "back to images"}, headers=AUTH, timeout=30)
+    assert r.status_code == 202, r.text
+    deck_a = r.json()["deck"]["memory"]["deck_a"]
+    assert deck_a["bytes"] > 0 and "video" in deck_a["model"]
+    wait_state(url + "/deck", "warming", "ready")
+    back = k
+    outs += [feed_one(session, picture(i)) for i in range(k, k + 3)]
+    k += 3
+    assert httpx.post(url + "/switch", json={"mode": "cut"}, headers=AUTH, timeout=10).status_code == 202
+    image_deck = server.app.state.decks.get("deck-video")
+    while image_deck.state != "switched":
+        assert k < back + 40, image_deck.state
+        outs.append(feed_one(session, picture(k)))
+        k += 1
+    outs += [feed_one(session, picture(i)) for i in range(k, k + 3)]
+    k += 3
+    stats = session.stats()
+    assert stats["frames_in"] == stats["processed"] == k and stats["dropped"] == 0  # 0 dropped
+    assert not [i for i in range(back, k) if np.array_equal(outs[i], outs[i - 1])]  # 0 repeated
+    assert session.model is image_deck.b.model and not isinstance(session.processor, VideoDeckProcessor)
+    session.request({"seed": 7})
+    feed_one(session, picture(k))
+    assert session.stats()["settings"]["seed"] == 7
     server.manager.close("deck-video")
 
 

@@ -22,10 +22,10 @@ dropped, nothing repeated.
 Memory is checked before loading (`memory_report`): deck B's weights and its add-ons' (their
 files' sizes on disk; parameter count x bytes for the tiny model) against what the device has
 free (torch.cuda.mem_get_info on CUDA, psutil's available memory on CPU). The routes are
-app/web/deck_routes.py's. Not yet (refused with "not yet"): a deck on a stream that plays a video
-deck (video -> image), a video deck with add-ons, txt2img decks, latent cross-fades, `serve
---cluster`'s remote replicas (with `serve --gpus`, untested: deck B would load on the stream's
-replica's device).
+app/web/deck_routes.py's. A stream playing a video deck takes a deck in turn (video -> image,
+or another video model). Not yet (refused with "not yet"): a video deck with add-ons, txt2img
+decks, latent cross-fades, `serve --cluster`'s remote replicas (with `serve --gpus`, untested:
+deck B would load on the stream's replica's device).
 """
 
 from __future__ import annotations
@@ -267,11 +267,32 @@ def available_bytes(device: torch.device) -> int:
     return int(psutil.virtual_memory().available)
 
 
-def memory_report(spec: DeckSpec, a_comps) -> dict:
+@dataclass
+class DeckA:
+    """What deck B is loaded beside: deck A's device, dtype, model name and the bytes of its weights."""
+
+    device: torch.device
+    dtype: torch.dtype
+    name: str
+    bytes: int
+
+    @classmethod
+    def of(cls, processor) -> DeckA:
+        """Deck A an image stream (its model's networks) or a video deck on air (its network)."""
+        if isinstance(processor, VideoDeckProcessor):
+            network = processor.model.network
+            param = next(network.parameters())
+            return cls(param.device, param.dtype, processor.model.name,
+                       sum(t.numel() * t.element_size() for t in network.parameters()))
+        comps = processor.model.comps
+        unet = next(comps.unet.parameters())
+        return cls(unet.device, unet.dtype, comps.name, loaded_bytes(comps))
+
+
+def memory_report(spec: DeckSpec, a: DeckA) -> dict:
     """Deck A's and deck B's memory (B's model and its add-ons) and what is free, before B loads;
     DeckRefused when B does not fit."""
-    device = a_comps.unet.device if hasattr(a_comps.unet, "device") else next(a_comps.unet.parameters()).device
-    dtype = next(a_comps.unet.parameters()).dtype
+    device, dtype = a.device, a.dtype
     model_bytes, how = weights_estimate(spec.model, dtype, spec.pipeline)
     addons = addon_estimates(spec.addons)
     known = [model_bytes, *(a["bytes"] for a in addons)]
@@ -279,17 +300,17 @@ def memory_report(spec: DeckSpec, a_comps) -> dict:
     if any(a["bytes"] is None for a in addons) and model_bytes is not None:
         how = "unknown: an add-on is not in the local cache (loading fetches it)"
     free = available_bytes(torch.device(device))
-    a_bytes = loaded_bytes(a_comps)
+    a_bytes = a.bytes
     needs = None if b_bytes is None else int(b_bytes * HEADROOM)
     fits = needs is None or needs <= free
-    report = {"device": str(device), "available_bytes": free, "deck_a": {"model": a_comps.name, "bytes": a_bytes},
+    report = {"device": str(device), "available_bytes": free, "deck_a": {"model": a.name, "bytes": a_bytes},
               "deck_b": {"model": spec.model, "bytes": b_bytes, "estimate": how, "model_bytes": model_bytes,
                          "addons": addons}, "needs_bytes": needs, "fits": fits}
     if not fits:
         parts = "" if not addons else f" (model {_gib(model_bytes)}, add-ons {_gib(sum(a['bytes'] for a in addons))})"
         raise DeckRefused(f"deck B ({spec.model}) does not fit: it needs about {_gib(needs)} (weights "
                           f"{_gib(b_bytes)}{parts} + {HEADROOM - 1:.0%} to run) and {_gib(free)} is free on {device} "
-                          f"(deck A, {a_comps.name}, holds {_gib(a_bytes)})", report)
+                          f"(deck A, {a.name}, holds {_gib(a_bytes)})", report)
     return report
 
 
@@ -314,19 +335,20 @@ class DeckStreamProcessor(StreamProcessor):
         return warmed > (self.pipe.latency_frames or 0)
 
 
-def build_deck(spec: DeckSpec, a: StreamProcessor, size: tuple[int, int],
+def build_deck(spec: DeckSpec, a: StreamProcessor | VideoDeckProcessor, size: tuple[int, int],
                reference: np.ndarray | None = None) -> DeckStreamProcessor:
     """Deck B: `spec`'s model on deck A's device and dtype with `spec`'s add-ons (`add_addons`, as
     a stream's request loads them), its pipeline built at `size` (width, height); `reference`:
-    its IP-Adapter's reference picture."""
+    its IP-Adapter's reference picture. Deck A a video deck on air: B takes the image settings the
+    stream had before it (the video deck keeps them)."""
     a_model = a.model
-    device = next(a_model.comps.unet.parameters()).device
-    dtype = next(a_model.comps.unet.parameters()).dtype
+    info = DeckA.of(a)
+    device, dtype = info.device, info.dtype
     comps = resolve_demo_default(spec.model, device=device, dtype=dtype)
     add_addons(spec.addons, comps, device, dtype)
     base = a_model.config
     config = replace(base, width=size[0], height=size[1])
-    if comps.step_type != a_model.comps.step_type:  # the defaults build_pipeline gives such a model
+    if comps.step_type != getattr(a_model.comps, "step_type", None):  # the defaults build_pipeline gives such a model
         turbo = comps.step_type == "turbo"
         config = replace(config, steps=1 if turbo else 2, t_index_list=None, guidance_scale=1.0 if turbo else 1.2)
     model = ServerModel(comps, config.validate(), prompt=a_model.prompt if spec.prompt is None else spec.prompt,
@@ -433,7 +455,7 @@ class Deck:
         self.state = "loading"  # (STATES)
         self.error: str | None = None
         self.notice: str | None = None  # a setting deck B refused (deck A took it)
-        self.a: StreamProcessor | None = None
+        self.a: StreamProcessor | VideoDeckProcessor | None = None
         self.b: DeckStreamProcessor | VideoDeckProcessor | None = None
         self.joined = False
         self.warmed = 0  # frames deck B has taken
@@ -460,12 +482,12 @@ class Deck:
         session = self.session
         a = session.processor
         try:
-            if not isinstance(a, StreamProcessor) or a.pipe is None:
+            if not isinstance(a, (StreamProcessor, VideoDeckProcessor)) or a.pipe is None:
                 raise StreamStudioError("the stream has no frame yet: send one before loading a deck")
             self.a = a
             if self.spec.pipeline == "video":
-                unet = next(a.model.comps.unet.parameters())
-                self.b = build_video_deck(self.spec.model, self.spec.prompt, a, self.size, unet.device, unet.dtype)
+                info = DeckA.of(a)
+                self.b = build_video_deck(self.spec.model, self.spec.prompt, a, self.size, info.device, info.dtype)
             else:
                 self.b = build_deck(self.spec, a, self.size, self.reference)
         except Exception as exc:  # noqa: BLE001 - a failed load is said in the deck's state; A plays on
@@ -643,14 +665,12 @@ class Decks:
         if existing is not None and (isinstance(processor, DeckProcessor) or existing.state == "loading"):
             raise DeckBusy(f"stream {sid!r} has a deck B already ({existing.spec.model}, "
                                     f"{existing.state}): switch to it or unload it (DELETE) first")
-        if isinstance(processor, VideoDeckProcessor):
-            raise StreamStudioError("not yet: a deck on a stream that plays the video pipeline (video -> image)")
-        if not isinstance(processor, StreamProcessor):
+        if not isinstance(processor, (StreamProcessor, VideoDeckProcessor)):
             raise StreamStudioError("not yet: decks on serve --cluster's remote replicas")
         if processor.pipe is None:
             raise DeckBusy(f"stream {sid!r} has no frame yet: send one before loading a deck")
         reference = deck_reference(spec, session)  # (a picture that cannot be read: refused now)
-        memory = memory_report(spec, processor.model.comps)
+        memory = memory_report(spec, DeckA.of(processor))
         inputs = getattr(self.manager, "inputs", None)
         deck = Deck(session, spec, memory, getattr(inputs, "clock", None), reference)
         with self._lock:

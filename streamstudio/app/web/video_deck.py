@@ -130,6 +130,11 @@ class VideoDeckProcessor:
     def is_ready(self, warmed: int) -> bool:
         return self.ready
 
+    @property
+    def stats(self) -> VideoStats:
+        """(What the runner's metrics read: no frame skipped.)"""
+        return self.pipe.stats
+
     def apply(self, changes: dict) -> None:
         """The prompt and fit; any other setting is refused (the image table's are not the video pipeline's)."""
         other = sorted(set(changes) - set(TAKES))
@@ -158,7 +163,8 @@ class VideoDeckProcessor:
         return out
 
 
-def build_video_deck(model_name: str, prompt: str | None, a: StreamProcessor, size: tuple[int, int],
+def build_video_deck(model_name: str, prompt: str | None, a: StreamProcessor | VideoDeckProcessor,
+                     size: tuple[int, int],
                      device: torch.device, dtype: torch.dtype) -> VideoDeckProcessor:
     """Deck B on the video pipeline: `model_name` (the builtin StreamDiT, a checkpoint folder, a causal
     model: the built-in causal one, a causal folder, a released generator) on
@@ -166,7 +172,8 @@ def build_video_deck(model_name: str, prompt: str | None, a: StreamProcessor, si
     network, meta = load_video_model(model_name, device, dtype)
     assert a.pipe is not None  # (the stream has had a frame: Decks.load checked)
     text = a.model.prompt if prompt is None else prompt
-    stream = build_stream(network, meta, text, strength=cast(float, DEFAULT_STRENGTH), seed=a.pipe.config.seed,
+    seed = a.model.config.seed if isinstance(a, VideoDeckProcessor) else a.pipe.config.seed
+    stream = build_stream(network, meta, text, strength=cast(float, DEFAULT_STRENGTH), seed=seed,
                           width=size[0], height=size[1])
     config = replace(a.model.config, width=size[0], height=size[1])
     return VideoDeckProcessor(VideoDeckModel(f"{model_name} (video)", network, meta, config, text), stream, a.sid)
