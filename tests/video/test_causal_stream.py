@@ -23,7 +23,7 @@ TINY = CausalWanConfig(dim=32, ffn_dim=64, freq_dim=16, text_dim=8, text_len=8, 
 
 
 def text(prompt: str) -> torch.Tensor:
-    return torch.randn(1, 3, 8, generator=torch.Generator().manual_seed(len(prompt) * 7919 + ord(prompt[0])))
+    return torch.randn(1, 3, 8, generator=torch.Generator().manual_seed(len(prompt) * 7919 + ord((prompt or " ")[0])))
 
 
 @pytest.fixture(scope="module")
@@ -291,3 +291,22 @@ def test_a_stream_batch_equals_its_streams_made_alone(backbone):
     v2v.streams[1].sigma = 0.5  # another first step: made one stream at a time, still right
     out = v2v.chunks(inputs)
     assert out.shape == (2, 2, 3, 16, 16) and v2v.streams[1].chunks == 1
+
+
+def test_guidance_runs_the_empty_prompt_on_its_own_cache_row(backbone):
+    """Guidance g: empty + g (prompt - empty), the two on rows of their own. At g = 0 the stream is
+    the empty prompt's alone, chunk for chunk, through the window's rolling: its row never reads the
+    prompt's (a shared or mixed cache would)."""
+    base = dict(chunk_frames=2, window=6, sink=2, steps=(1000.0, 500.0), shift=3.0)
+    guided = CausalSampler(backbone, CausalConfig(**base, guidance=0.0), (3, 16, 16), "a red circle moving up")
+    empty = CausalSampler(backbone, CausalConfig(**base), (3, 16, 16), "")
+    assert guided.cache.k.shape[1] == 2 and empty.cache.k.shape[1] == 1
+    for k in range(5):
+        torch.testing.assert_close(guided.chunk(), empty.chunk(), rtol=1e-5, atol=1e-5, msg=f"chunk {k}")
+    strong = CausalSampler(backbone, CausalConfig(**base, guidance=3.0), (3, 16, 16), "a red circle moving up")
+    plain = CausalSampler(backbone, CausalConfig(**base), (3, 16, 16), "a red circle moving up")
+    assert not torch.allclose(strong.chunk(), plain.chunk())
+    strong.set_prompt("a blue square")  # (re-caches both rows)
+    assert strong.chunk().shape == (2, 3, 16, 16)
+    with pytest.raises(StreamStudioError, match="unguided"):
+        CausalBatch(backbone, CausalConfig(**base, guidance=2.0), (3, 16, 16), ["a", "b"])

@@ -4,9 +4,15 @@ chunks committed at t = 0."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
+from safetensors.torch import load_file
 
+from streamstudio.app.training.causal import CausalTrainer, draw
+from streamstudio.app.training.config import CausalTrainConfig
+from streamstudio.errors import StreamStudioError
 from streamstudio.models.video.causal_wan import CausalWan, CausalWanConfig, teacher_forcing_mask
 
 TINY = CausalWanConfig(dim=32, ffn_dim=64, freq_dim=32, text_dim=16, text_len=4, in_dim=3, out_dim=3, num_heads=2,
@@ -97,3 +103,23 @@ def test_cli_trains_a_causal_checkpoint_that_resumes_exactly_and_renders(tmp_pat
     assert len(frames) == 5 and frames[0].shape == (16, 16, 3)
     assert main(TRAIN + ["--output", str(a), "--clip-frames", "5"]) == 1  # not whole chunks: a clear error
     assert main(TRAIN + ["--output", str(tmp_path / "c"), "--steps", "1", "--resume"]) == 1  # nothing to resume
+
+
+def test_caption_dropout_and_a_fine_tune_from_another_run(tmp_path):
+    """--cond-drop empties a share of the captions (drawn after everything else: a run without it
+    draws the same clips, levels and noise); --init starts from another run's weights, refused for
+    another shape."""
+    cfg = CausalTrainConfig(output=str(tmp_path / "a"), dim=32, ffn_dim=64, layers=1, heads=2, patch=8, steps=2,
+                            batch_size=16, frames=4, chunk_frames=2, cpu=True, progress=False, save_every=2)
+    plain = draw(cfg, None, 3)
+    dropped = draw(replace(cfg, cond_drop=0.5), None, 3)
+    for a, b in zip(plain[:1] + plain[2:], dropped[:1] + dropped[2:]):
+        assert torch.equal(a, b)
+    empty = [c for c in dropped[1] if c == ""]
+    assert 2 <= len(empty) <= 14 and all(c == p for c, p in zip(dropped[1], plain[1]) if c)
+    CausalTrainer(cfg).train()
+    tuned = CausalTrainer(replace(cfg, output=str(tmp_path / "b"), init=str(tmp_path / "a")))
+    saved = load_file(str(tmp_path / "a" / "model.safetensors"))
+    assert all(torch.equal(tuned.model.state_dict()[k], v) for k, v in saved.items()) and tuned.step == 0
+    with pytest.raises(StreamStudioError, match="another shape"):
+        CausalTrainer(replace(cfg, output=str(tmp_path / "d"), dim=64, ffn_dim=128, init=str(tmp_path / "a")))

@@ -72,8 +72,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def add_causal_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("causal model (--causal; --output, --data, --steps, --batch-size, --size, --lr, "
-                             "--warmup, --seed, --save-every, --resume, --cpu, --max-minutes, --threads and "
-                             "--no-progress apply too)")
+                             "--warmup, --seed, --save-every, --resume, --init, --cond-drop, --cpu, --max-minutes, "
+                             "--threads and --no-progress apply too)")
     g.add_argument("--causal", action="store_true",
                    help="train the causal video model (block-causal Wan, flow matching with teacher forcing)")
     g.add_argument("--dim", type=number(int, 12, 8192), default=CAUSAL.dim, help="hidden size")

@@ -41,11 +41,13 @@ def latent_grid(model: CausalModel, out_w: int, out_h: int) -> tuple[int, int]:
 
 def build_causal_stream(model: CausalModel, prompt: str, *, strength: float = 1.0, seed: int = 0,
                         width: int | None = None, height: int | None = None, aspect: float | None = None,
-                        chunk_frames: int | None = None, acceleration: str = "none") -> CausalVideoStream:
+                        chunk_frames: int | None = None, acceleration: str = "none",
+                        guidance: float | None = None) -> CausalVideoStream:
     """A CausalVideoStream over `model` with its sampling defaults (chunk frames, steps, shift,
     window, sink; a StreamDiffusionV2 checkpoint's video-to-video noise level and motion-aware
     strength) overridden by `strength` (video-to-video: the input's noise level; 1 =
-    text-to-video) and `chunk_frames`. Its output is `width` x `height`, a side not given from
+    text-to-video), `chunk_frames` and `guidance` (against the empty prompt; None: the checkpoint's).
+    Its output is `width` x `height`, a side not given from
     `aspect` (the input's), the longer side the model's own size by default."""
     if acceleration not in ("none", "compile"):
         raise StreamStudioError(f"--acceleration {acceleration} is not available for a causal model; use none or "
@@ -60,6 +62,8 @@ def build_causal_stream(model: CausalModel, prompt: str, *, strength: float = 1.
         values["strength"], values["motion_aware"] = 1.0, False
     if chunk_frames is not None:
         values["chunk_frames"] = chunk_frames
+    if guidance is not None:  # (None: the checkpoint's; the distilled ones have none)
+        values["guidance"] = guidance
     cfg = CausalConfig(**{**values, "seed": seed})
     side = max(int(s.get("height", 32)), int(s.get("width", 32)))
     default = side * (PIXEL_SCALE if model.codec.spatial == 1 else model.codec.spatial)

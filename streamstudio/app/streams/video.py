@@ -155,14 +155,14 @@ def build_stream(model: StreamDiT | wan.WanModel | CausalModel, meta: dict, prom
     from streamstudio.models.video.causal_checkpoint import CausalModel
 
     if isinstance(model, CausalModel):
-        if num_chunks is not None or micro_steps is not None or guidance is not None:
-            raise StreamStudioError("--num-chunks, --micro-steps and --video-guidance are the StreamDiT buffer's; a "
-                                    "causal model makes chunks of --chunk-size latent frames in its own distilled "
-                                    "steps, without guidance")
+        if num_chunks is not None or micro_steps is not None:
+            raise StreamStudioError("--num-chunks and --micro-steps are the StreamDiT buffer's; a causal model makes "
+                                    "chunks of --chunk-size latent frames in its own steps")
         from streamstudio.app.streams.causal import build_causal_stream
 
         return build_causal_stream(model, prompt, strength=strength, seed=seed, width=width,
-                                   height=height, aspect=aspect, chunk_frames=chunk_size, acceleration=acceleration)
+                                   height=height, aspect=aspect, chunk_frames=chunk_size, acceleration=acceleration,
+                                   guidance=guidance)
     if isinstance(model, WanModel):
         return build_wan_stream(model, prompt, strength=strength, seed=seed, width=width, height=height,
                                 aspect=aspect, num_chunks=num_chunks, chunk_size=chunk_size,

@@ -7,6 +7,8 @@ x = (1 - sigma) data + sigma noise, and the target is Wan's output, noise - data
 through the network once as [clean frames; noisy frames] (`CausalWan.teacher_forcing`, CausVid's
 and Self-Forcing's teacher forcing): each noisy chunk sees the clean chunks before it as the
 sampler's KV cache shows it the chunks it made (committed at t = 0), within the sampler's window.
+With `cond_drop` a share of the clips is trained with the empty prompt, so the sampler can
+guide against it (`CausalConfig.guidance`, as the StreamDiT built-in is sampled at guidance 3).
 With `context_noise` the clean frames the noisy chunks read are shown with a little noise (each
 chunk's own sigma in [0, context_noise], still labelled t = 0): the frames a stream reads are its
 own, not the data's, and a model that only ever read clean frames drifts on them.
@@ -93,6 +95,9 @@ def draw(cfg: CausalTrainConfig, data, step: int) -> tuple[torch.Tensor, list[st
         c = cfg.context_noise * torch.rand(cfg.batch_size, cfg.frames // cfg.chunk_frames, generator=gen)
         c = c.repeat_interleave(cfg.chunk_frames, dim=1)[:, :, None, None, None]  # (B, F, 1, 1, 1)
         context = (1 - c) * clips + c * torch.randn(clips.shape, generator=gen)
+    if cfg.cond_drop:  # (drawn last: a run without it draws what it always drew)
+        dropped = torch.rand(cfg.batch_size, generator=gen) < cfg.cond_drop
+        caps = ["" if d else cap for cap, d in zip(caps, dropped.tolist())]
     return clips, caps, sigma.repeat_interleave(cfg.chunk_frames, dim=1), noise, context
 
 
@@ -119,8 +124,20 @@ class CausalTrainer:
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         if cfg.resume:
             self._resume()
+        elif cfg.init:
+            self._init_from(Path(cfg.init))
         self.text = wan.HashTextEmbedder(cfg.text_dim, cfg.text_len)
         self.data = None if cfg.data == "synthetic" else VideoFolder(cfg.data, cfg.size)
+
+    def _init_from(self, folder: Path) -> None:
+        """Start from another run's weights (the steps, the optimizer and the schedule start anew)."""
+        if not (folder / "model.safetensors").is_file():
+            raise StreamStudioError(f"--init {folder}: no model.safetensors there (a causal checkpoint folder)")
+        saved = json.loads((folder / "config.json").read_text())["causal"]["model"]
+        if CausalWanConfig.from_dict(saved) != self.model.cfg:
+            raise StreamStudioError(f"--init {folder} holds a model of another shape ({saved}); give its --dim, "
+                                    "--layers, --heads and --patch")
+        self.model.load_state_dict(load_file(str(folder / "model.safetensors")))
 
     def _resume(self) -> None:
         state_file = self.out / "trainer_state.json"

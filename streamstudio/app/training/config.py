@@ -106,6 +106,8 @@ class CausalTrainConfig:
     window: int = 0  # frames the training's attention and the sampler's cache hold (0: the clip's)
     sink: int = 0  # first frames never dropped from the window
     context_noise: float = 0.0  # the clean frames the chunks read carry noise up to this sigma (labelled t = 0)
+    cond_drop: float = 0.0  # a share of the clips trained with the empty prompt (for guidance)
+    init: str = ""  # start from this causal checkpoint folder's weights (a fine-tune; not --resume's state)
     size: int = 32  # frame side in pixels
     lr: float = 1e-3
     warmup: int = 50

@@ -32,6 +32,9 @@ class CausalBatch:
         seeds = list(range(cfg.seed, cfg.seed + len(prompts))) if seeds is None else seeds
         if len(seeds) != len(prompts):
             raise StreamStudioError(f"{len(prompts)} prompts but {len(seeds)} seeds")
+        if cfg.guidance != 1:
+            raise StreamStudioError("a stream batch runs unguided streams (guidance 1): a guided stream's cache "
+                                    "has two rows of its own")
         self.backbone, self.cfg = backbone, cfg
         self.cache = backbone.new_cache(cfg.window, cfg.sink, latent_shape[1], latent_shape[2], batch=len(prompts))
         self.streams = [CausalSampler(backbone, replace(cfg, seed=seed), latent_shape, prompt, cache=self.cache.row(i))

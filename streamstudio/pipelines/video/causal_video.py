@@ -35,7 +35,7 @@ import torch
 from streamstudio import kernels
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.video.causal_backbone import CausalWanBackbone
-from streamstudio.models.video.causal_wan import KVCache
+from streamstudio.models.video.causal_wan import CausalText, KVCache
 from streamstudio.models.video.video_net import PixelCodec, VideoCodec
 from streamstudio.pipelines.video.stream_video import ChunkDecoder, to_uint8
 
@@ -55,6 +55,10 @@ class CausalConfig:
     strength: float = 1.0  # video-to-video: the input's noise level (sigma); 1 = text-to-video
     motion_aware: bool = False  # video-to-video: the noise level follows the input's motion
     recache: bool = True  # a new prompt re-runs the cached frames under it
+    # classifier-free guidance against the empty prompt (1 = none: the distilled checkpoints have it
+    # built in); otherwise the cache holds two rows, the prompt's and the empty prompt's, and every
+    # call runs both (a checkpoint trained with caption dropout: the built-in causal model)
+    guidance: float = 1.0
     seed: int = 0
 
     def validate(self) -> None:
@@ -71,6 +75,8 @@ class CausalConfig:
                                     f"chunk ({self.chunk_frames})")
         if not 0 < self.strength <= 1:
             raise StreamStudioError(f"strength must be in (0, 1], got {self.strength}")
+        if self.guidance < 0:
+            raise StreamStudioError(f"guidance must be >= 0 (1 = none), got {self.guidance}")
 
 
 class FlowTable:
@@ -127,9 +133,11 @@ class CausalSampler:
                                                                      (self.frames_of(chunk), *self.shape)))
         self.table = FlowTable(cfg.shift)
         self.steps = [self.table.warp(s) if cfg.warp else float(s) for s in cfg.steps]
-        # (a row of a `CausalBatch`'s cache when it batches this stream with others)
-        self.cache = cache or backbone.new_cache(cfg.window, cfg.sink, self.shape[1], self.shape[2])
-        self.text = backbone.encode_text(prompt)
+        # (a row of a `CausalBatch`'s cache when it batches this stream with others; two rows with guidance)
+        rows = 1 if cfg.guidance == 1 else 2
+        self.cache = cache or backbone.new_cache(cfg.window, cfg.sink, self.shape[1], self.shape[2], batch=rows)
+        self._empty = None if rows == 1 else backbone.encode_text("")
+        self.text = self._condition(prompt)
         self.prompt = prompt
         self.kept: list[torch.Tensor] = []  # the clean latents of the cached frames (re-cache)
         self.chunks = 0  # chunks made
@@ -148,12 +156,24 @@ class CausalSampler:
         latent = int(np.prod(self.shape)) * torch.finfo(self.dtype).bits // 8
         return self.cache.nbytes + self.cfg.window * latent
 
+    def _condition(self, prompt: str) -> CausalText:
+        """The prompt's condition; with guidance, a batch of two: the prompt's and the empty prompt's."""
+        text = self.backbone.encode_text(prompt)
+        if self._empty is None:
+            return text
+        return CausalText(torch.cat([text.context, self._empty.context]))
+
     def _call(self, x: torch.Tensor, timestep: float, first_frame: int | None = None) -> torch.Tensor:
-        """The network's output (noise - data) for the chunk x (c, C, h, w) at `timestep`."""
-        t = torch.full((1, x.shape[0]), 1 - timestep / 1000, dtype=torch.float64)
+        """The network's output (noise - data) for the chunk x (c, C, h, w) at `timestep` (guided:
+        empty + guidance (prompt - empty), each row over its own cache)."""
+        rows = self.cache.k.shape[1]
+        t = torch.full((rows, x.shape[0]), 1 - timestep / 1000, dtype=torch.float64)
         self.calls += 1
-        x = x[None].to(self.device, self.dtype)
-        return -self.backbone.velocity(x, t, self.text, self.cache, first_frame)[0]
+        x = x[None].to(self.device, self.dtype).expand(rows, *x.shape)
+        out = -self.backbone.velocity(x, t, self.text, self.cache, first_frame)
+        if rows == 1:
+            return out[0]
+        return out[1] + self.cfg.guidance * (out[0] - out[1])
 
     def _denoise(self, x: torch.Tensor, steps: list[float]) -> torch.Tensor:
         """The chunk x (c, C, h, w) at steps[0] -> its clean latents, a step at a time."""
@@ -215,7 +235,7 @@ class CausalSampler:
         """Later chunks follow `prompt`; with `recache` the cached frames are re-run under it."""
         if prompt == self.prompt:
             return
-        self.prompt, self.text = prompt, self.backbone.encode_text(prompt)
+        self.prompt, self.text = prompt, self._condition(prompt)
         if self.cfg.recache and self.cfg.context_t is not None and self.kept:
             self._recache()
 
