@@ -155,11 +155,13 @@ def decoded(path):
     return [t for t, _ in frames], [f for _, f in frames], samples
 
 
-def assert_same_frames(got, want) -> None:
-    """Two files hold the same frames, bitwise, at the same times, and as much audio."""
+def assert_same_frames(got, want, near: int = 0) -> None:
+    """Two files hold the same frames at the same times, and as much audio: bitwise, or with `near`
+    each frame within `near` levels and within a quarter level on average (a compressed file whose
+    frames differed by a rounding before the encoder: the encoder spreads it over a few levels)."""
     (t1, f1, a1), (t2, f2, a2) = decoded(got), decoded(want)
     assert t1 == t2 and a1 == a2
     assert len(f1) == len(f2)
-    differ = {i: int(np.abs(x.astype(int) - y).max()) for i, (x, y) in enumerate(zip(f1, f2))
-              if not np.array_equal(x, y)}
+    diffs = [np.abs(x.astype(int) - y) for x, y in zip(f1, f2)]
+    differ = {i: int(d.max()) for i, d in enumerate(diffs) if d.max() > near or d.mean() > (0.25 if near else 0)}
     assert differ == {}, f"frames that differ (largest difference): {differ}"

@@ -89,8 +89,12 @@ def make_inputs(folder: Path, clips: list[Path], broken: bool = False) -> None:
 
 
 def assert_like_single_renders(names, out: Path, single_renders) -> None:
+    """Each output is its file's single render: the same frames, to within a rounding that the H.264
+    encoder spread (CI saw frame 2 of one file 4 levels off, both renders fresh processes: float
+    results that differ in the last bit between processes; a wrong seed or frame differs by tens of
+    levels on average)."""
     for name in names:
-        assert_same_frames(out / name, single_renders[name])
+        assert_same_frames(out / name, single_renders[name], near=24)
 
 
 def test_video_batch_here_matches_single_renders_and_resumes(tmp_path, capsys, monkeypatch, model, clips,

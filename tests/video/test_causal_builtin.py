@@ -43,9 +43,10 @@ def test_builtin_causal_is_small_and_says_how_it_samples(builtin):
     assert all(p not in vq.PROMPTS for p, _ in HELD_OUT_CASES) and all(s not in vq.SEEDS for _, s in HELD_OUT_CASES)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 49, not met yet: the built-in causal model (2500 teacher-forced steps "
-                   "on one CPU thread) keeps the prompted direction in 14/44 tuning renders and loses its object "
-                   "in 193 of 1408 frames (docs/video.md, 'The built-in causal model')")
+@pytest.mark.xfail(strict=True, reason="issue 49, not met yet: the built-in causal model (2500 teacher-forced steps, "
+                   "then 6000 with captions dropped, sampled at guidance 3) keeps the prompted direction in 22/44 "
+                   "held-out renders and loses its object in 71 of 1408 frames (docs/video.md, 'The built-in "
+                   "causal model')")
 def test_builtin_causal_keeps_its_object_and_direction_on_held_out_seeds(builtin):
     chunk = builtin.sampling["chunk_frames"]
     for prompt, seed in HELD_OUT_CASES:
