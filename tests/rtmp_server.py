@@ -155,9 +155,11 @@ def read_stream(url: str, result: dict, timeout: float = 1.5) -> None:
         result["end"] = str(exc)
 
 
-def ffprobe(url: str, timeout: float = 20.0) -> dict:
+def ffprobe(url: str, timeout: float = 20.0, tries: int = 3) -> dict:
     """The first video stream of `url` (a file, an RTMP URL) as ffprobe reads it, with the number of
-    frames it decodes (`nb_read_frames`, files only); {} when ffprobe finds none in time."""
+    frames it decodes (`nb_read_frames`, files only); {} when ffprobe finds none in time. A live RTMP
+    stream is asked again (up to `tries` times): a reader that joins it between key frames, on a
+    loaded machine, may find no stream the first time (a CI run read {} once from a running push)."""
     import json
     import shutil
     import subprocess
@@ -165,11 +167,14 @@ def ffprobe(url: str, timeout: float = 20.0) -> dict:
     exe = shutil.which("ffprobe")
     assert exe, "ffprobe is missing (apt-get install ffmpeg)"
     count = [] if url.startswith("rtmp") else ["-count_frames"]
-    try:
-        out = subprocess.run([exe, "-v", "error", *count, "-select_streams", "v:0", "-show_entries",
-                              "stream=codec_name,width,height,nb_read_frames", "-of", "json", url],
-                             capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {}
-    streams = json.loads(out.stdout or "{}").get("streams") or [{}]
-    return streams[0]
+    for _ in range(tries if url.startswith("rtmp") else 1):
+        try:
+            out = subprocess.run([exe, "-v", "error", *count, "-select_streams", "v:0", "-show_entries",
+                                  "stream=codec_name,width,height,nb_read_frames", "-of", "json", url],
+                                 capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            continue
+        streams = json.loads(out.stdout or "{}").get("streams") or [{}]
+        if streams[0]:
+            return streams[0]
+    return {}
