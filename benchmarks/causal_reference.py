@@ -50,6 +50,17 @@ def sdpa32(q, k, v, *args, **kwargs):
     return out.transpose(1, 2).type_as(q)
 
 
+def tiny_net(causal_model, **kwargs):
+    """A reference's CausalWanModel in the tiny configuration with random weights everywhere (Wan
+    zero-initialises its head: a real test needs it random), handed out by its `from_pretrained`."""
+    net = causal_model.CausalWanModel(**TINY, **kwargs).eval()
+    with torch.no_grad():
+        for p in net.parameters():
+            p.copy_(torch.randn_like(p) * 0.2)
+    causal_model.CausalWanModel.from_pretrained = classmethod(lambda cls, *a, **k: net)
+    return net
+
+
 def import_reference(root: Path):
     """Self-Forcing's modules without its package __init__s (they import every model and CUDA)."""
     sys.path.insert(0, str(root))
@@ -75,11 +86,7 @@ def run_case(refs, name: str, seed: int) -> dict:
     inference, wrapper, causal_model = refs
     local, sink, c, chunks, steps, warp, shift = CASES[name]
     torch.manual_seed(seed)
-    net = causal_model.CausalWanModel(**TINY, local_attn_size=local, sink_size=sink).eval()
-    with torch.no_grad():  # (Wan zero-initialises the head: random weights everywhere for a real test)
-        for p in net.parameters():
-            p.copy_(torch.randn_like(p) * 0.2)
-    causal_model.CausalWanModel.from_pretrained = classmethod(lambda cls, *a, **k: net)
+    net = tiny_net(causal_model, local_attn_size=local, sink_size=sink)
     generator = wrapper.WanDiffusionWrapper(timestep_shift=shift, is_causal=True, local_attn_size=local,
                                             sink_size=sink)
     embeds = torch.randn(1, 11, TINY["text_dim"])  # a prompt of 11 tokens
@@ -159,11 +166,7 @@ def run_causvid(refs, seed: int) -> dict:
     registry, wrapper, causal_model, model = refs
     c, chunks, steps = 3, 4, [1000, 757, 522, 0]  # configs/wan_causal_dmd.yaml's list (the 0 is dropped)
     torch.manual_seed(seed)
-    net = causal_model.CausalWanModel(**TINY).eval()
-    with torch.no_grad():
-        for p in net.parameters():
-            p.copy_(torch.randn_like(p) * 0.2)
-    causal_model.CausalWanModel.from_pretrained = classmethod(lambda cls, *a, **k: net)
+    net = tiny_net(causal_model)
     model.WanModel.from_pretrained = classmethod(lambda cls, *a, **k: torch.nn.Linear(1, 1))
     embeds = torch.randn(1, 11, TINY["text_dim"])
     registry.get_diffusion_wrapper = lambda model_name: wrapper.CausalWanDiffusionWrapper
@@ -244,11 +247,7 @@ def run_sdv2(refs, seed: int) -> dict:
     registry, wrapper, causal_model, model = refs
     steps = [700, 500, 400, 200, 0]  # configs/wan_causal_dmd_v2v.yaml
     torch.manual_seed(seed)
-    net = causal_model.CausalWanModel(**{k: v for k, v in TINY.items()}).eval()
-    with torch.no_grad():
-        for p in net.parameters():
-            p.copy_(torch.randn_like(p) * 0.2)
-    causal_model.CausalWanModel.from_pretrained = classmethod(lambda cls, *a, **k: net)
+    net = tiny_net(causal_model)
     model.WanModel.from_pretrained = classmethod(lambda cls, *a, **k: torch.nn.Linear(1, 1))
     embeds = torch.randn(1, 11, TINY["text_dim"])
     registry.get_diffusion_wrapper = lambda model_name: wrapper.CausalWanDiffusionWrapper

@@ -59,3 +59,18 @@ def wait_until(page, predicate, timeout: float = 60.0, what: str = ""):
             return value
         page.wait_for_timeout(200)
     raise AssertionError(f"timed out: {what}")
+
+
+def start_live_stream(page, server):
+    """Open the app in `page`, start the Live tab's webcam stream (the fake camera), and wait for
+    frames through the model: the server's session of it. (150 s: a CI machine running another
+    browser test beside this one is slow to connect.)"""
+    manager = server.manager
+    page.goto(server.url, timeout=90_000)
+    live = page.locator("#live-webrtc")
+    live.get_by_text("Click to Access Webcam").click(timeout=90_000)
+    live.locator('button[aria-label="start stream"]').click(timeout=60_000)
+    sid = wait_until(page, lambda: next(iter(manager.ids()), None), timeout=150, what="the Live stream to start")
+    session = manager.get(sid)
+    wait_until(page, lambda: session.processed > 2, what="frames through the model")
+    return session

@@ -432,6 +432,29 @@ def test_a_cut_to_another_size_with_an_output_attached_keeps_every_frame(server)
     server.manager.close("deck-size-cut")
 
 
+def cut_and_feed(server, session, sid: str, outs: list, k: int, after: int):
+    """Cut stream `sid` to its ready deck B, feed frames (outputs onto `outs`) until the switch is
+    done and `after` more; (the deck, the next frame's number)."""
+    start = k
+    r = httpx.post(f"{server.url}/studio/streams/{sid}/switch", json={"mode": "cut"}, headers=AUTH, timeout=10)
+    assert r.status_code == 202
+    deck = server.app.state.decks.get(sid)
+    while deck.state != "switched":
+        assert k < start + 40, deck.state
+        outs.append(feed_one(session, picture(k)))
+        k += 1
+    for _ in range(after):
+        outs.append(feed_one(session, picture(k)))
+        k += 1
+    return deck, k
+
+
+def assert_none_dropped_or_repeated(session, outs: list, k: int, since: int) -> None:
+    stats = session.stats()
+    assert stats["frames_in"] == stats["processed"] == k and stats["dropped"] == 0  # 0 dropped
+    assert not [i for i in range(since, k) if np.array_equal(outs[i], outs[i - 1])]  # 0 repeated
+
+
 # ------------------------------------------------------------------ deck B on the video pipeline
 def test_a_video_deck_warms_until_it_gives_frames_and_the_cut_waits_for_it_frame_by_frame(server):
     """Image -> video: deck B is the builtin StreamDiT fed the stream's frames one by one; it gives
@@ -450,18 +473,9 @@ def test_a_video_deck_warms_until_it_gives_frames_and_the_cut_waits_for_it_frame
     assert r.json()["deck"]["memory"]["deck_b"]["bytes"] > 0
     wait_state(url + "/deck", "warming", "ready")
     installed = k
-    assert httpx.post(url + "/switch", json={"mode": "cut"}, headers=AUTH, timeout=10).status_code == 202
-    deck = server.app.state.decks.get("deck-video")
-    while deck.state != "switched":
-        assert k < installed + 40, deck.state
-        outs.append(feed_one(session, picture(k)))
-        k += 1
-    for _ in range(5):
-        outs.append(feed_one(session, picture(k)))
-        k += 1
+    deck, k = cut_and_feed(server, session, "deck-video", outs, k, after=5)
+    assert_none_dropped_or_repeated(session, outs, k, since=installed)
     stats = session.stats()
-    assert stats["frames_in"] == stats["processed"] == k and stats["dropped"] == 0  # 0 dropped
-    assert not [i for i in range(installed, k) if np.array_equal(outs[i], outs[i - 1])]  # 0 repeated
     b = deck.b
     assert isinstance(b, VideoDeckProcessor) and session.processor is b and session.model is b.model
     assert stats["frame_latency"] == b.pipe.latency_frames > 0 and "video" in stats["model"]
@@ -500,17 +514,8 @@ def test_a_video_deck_warms_until_it_gives_frames_and_the_cut_waits_for_it_frame
     back = k
     outs += [feed_one(session, picture(i)) for i in range(k, k + 3)]
     k += 3
-    assert httpx.post(url + "/switch", json={"mode": "cut"}, headers=AUTH, timeout=10).status_code == 202
-    image_deck = server.app.state.decks.get("deck-video")
-    while image_deck.state != "switched":
-        assert k < back + 40, image_deck.state
-        outs.append(feed_one(session, picture(k)))
-        k += 1
-    outs += [feed_one(session, picture(i)) for i in range(k, k + 3)]
-    k += 3
-    stats = session.stats()
-    assert stats["frames_in"] == stats["processed"] == k and stats["dropped"] == 0  # 0 dropped
-    assert not [i for i in range(back, k) if np.array_equal(outs[i], outs[i - 1])]  # 0 repeated
+    image_deck, k = cut_and_feed(server, session, "deck-video", outs, k, after=3)
+    assert_none_dropped_or_repeated(session, outs, k, since=back)
     assert session.model is image_deck.b.model and not isinstance(session.processor, VideoDeckProcessor)
     session.request({"seed": 7})
     feed_one(session, picture(k))
@@ -537,17 +542,7 @@ def test_a_causal_video_deck_takes_the_stream_frame_by_frame(server, tmp_path):
     assert r.status_code == 202, r.text
     wait_state(url + "/deck", "warming", "ready")
     installed = k
-    assert httpx.post(url + "/switch", json={"mode": "cut"}, headers=AUTH, timeout=10).status_code == 202
-    deck = server.app.state.decks.get("deck-causal")
-    while deck.state != "switched":
-        assert k < installed + 40, deck.state
-        outs.append(feed_one(session, picture(k)))
-        k += 1
-    for _ in range(6):
-        outs.append(feed_one(session, picture(k)))
-        k += 1
-    stats = session.stats()
-    assert stats["frames_in"] == stats["processed"] == k and stats["dropped"] == 0
-    assert not [i for i in range(installed, k) if np.array_equal(outs[i], outs[i - 1])]
+    deck, k = cut_and_feed(server, session, "deck-causal", outs, k, after=6)
+    assert_none_dropped_or_repeated(session, outs, k, since=installed)
     assert type(deck.b.frames.stream).__name__ == "CausalVideoStream" and session.processor is deck.b
     server.manager.close("deck-causal")

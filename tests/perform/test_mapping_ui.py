@@ -10,7 +10,7 @@ import json
 
 import httpx
 import pytest
-from browser import chromium_page, needs_chromium, wait_until
+from browser import chromium_page, needs_chromium, start_live_stream, wait_until
 from helpers import feed_frames
 
 from streamstudio.app.web.mapping_ui import BEAT, LFO, NO_STREAM, add_mapping, labels, remove_mapping, show
@@ -92,15 +92,8 @@ def test_audio_lfo_and_beat_mappings_are_added_shown_and_removed(server):
 
 @needs_chromium
 def test_a_mapping_is_added_and_removed_in_chromium(server):
-    manager = server.manager
     with chromium_page(viewport={"width": 1280, "height": 1600}) as page:
-        page.goto(server.url, timeout=90_000)
-        live = page.locator("#live-webrtc")
-        live.get_by_text("Click to Access Webcam").click(timeout=90_000)
-        live.locator('button[aria-label="start stream"]').click(timeout=60_000)
-        sid = wait_until(page, lambda: next(iter(manager.ids()), None), timeout=150, what="the Live stream to start")
-        session = manager.get(sid)
-        wait_until(page, lambda: session.processed > 2, what="frames through the model")
+        session = start_live_stream(page, server)
 
         page.get_by_text("Modulations: audio, LFO, tempo").click()
         page.locator("#mod-add").click()  # the controls' defaults: guidance_scale <- an LFO, a sine a beat

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from browser import chromium_page, needs_chromium, wait_until
+from browser import chromium_page, needs_chromium, start_live_stream, wait_until
 from helpers import feed_frames
 
 from streamstudio.app.settings import live_controls
@@ -95,14 +95,7 @@ def midi_page():
 def test_a_fake_controller_in_chromium_learns_and_drives_the_live_stream(server):
     manager = server.manager
     with midi_page() as page:
-        page.goto(server.url, timeout=90_000)
-        live = page.locator("#live-webrtc")
-        live.get_by_text("Click to Access Webcam").click(timeout=90_000)
-        live.locator('button[aria-label="start stream"]').click(timeout=60_000)
-        # (150 s: a CI machine running another browser test beside this one is slow to connect)
-        sid = wait_until(page, lambda: next(iter(manager.ids()), None), timeout=150, what="the Live stream to start")
-        session = manager.get(sid)
-        wait_until(page, lambda: session.processed > 2, what="frames through the model")
+        session = start_live_stream(page, server)
 
         page.get_by_text("MIDI controller").click()
         page.locator("#midi-connect").click()

@@ -198,7 +198,7 @@ def load_released(spec: str, base: str | None, device: torch.device | str, dtype
     taew2_1 .pth / .safetensors file) TAEHV encodes and decodes instead of the VAE (models/video/taehv.py)."""
     tiny = tae.load_taehv(taehv, device) if taehv else None  # (first: a missing file says so before the GBs load)
     path, family = resolve_generator(spec)
-    state = generator_state(torch.load(path, map_location="cpu", weights_only=False))
+    state = generator_state(torch.load(path, map_location="cpu", weights_only=True))
     cfg = config_for(state)
     model = CausalWan(cfg)
     load_weights(model, state, str(path))
