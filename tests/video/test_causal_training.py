@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from streamstudio.app.training.causal import CausalTrainer, draw
+from streamstudio.app.training.causal import CausalTrainer, draw, text_batch
 from streamstudio.app.training.config import CausalTrainConfig
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.video.causal_wan import CausalWan, CausalWanConfig, teacher_forcing_mask
@@ -123,3 +123,21 @@ def test_caption_dropout_and_a_fine_tune_from_another_run(tmp_path):
     assert all(torch.equal(tuned.model.state_dict()[k], v) for k, v in saved.items()) and tuned.step == 0
     with pytest.raises(StreamStudioError, match="another shape"):
         CausalTrainer(replace(cfg, output=str(tmp_path / "d"), dim=64, ffn_dim=128, init=str(tmp_path / "a")))
+
+
+def test_first_chunks_add_first_chunks_made_with_no_past(tmp_path):
+    """--first-chunks n adds n clips of their own a step, trained as a stream's first chunk (made
+    by the model alone, nothing before it): the loss is the mean over every frame made."""
+    cfg = CausalTrainConfig(output=str(tmp_path / "a"), dim=32, ffn_dim=64, layers=1, heads=2, patch=8, steps=1,
+                            batch_size=3, frames=4, chunk_frames=2, cpu=True, progress=False, context_noise=0.1)
+    trainer = CausalTrainer(replace(cfg, first_chunks=5))
+    model = trainer.model.eval()
+    with torch.no_grad():
+        plain, mixed = trainer.clip_loss(cfg, 7), trainer.loss(7)
+        clips, caps, sigma, noise, _ = draw(replace(cfg, batch_size=5, frames=2, seed=cfg.seed + 10**9), None, 7)
+        assert not torch.equal(clips[:3, :2], draw(cfg, None, 7)[0][:, :2])  # not the main clips' starts
+        noisy = (1 - sigma[:, :, None, None, None]) * clips + sigma[:, :, None, None, None] * noise
+        # a first chunk, without a cache: its frames attend to each other and to nothing before them
+        out = model(noisy, sigma * 1000, model.embed_text(text_batch(trainer.text, caps, cfg.text_len)))
+        first = (out - (noise - clips)).pow(2).mean()
+    assert torch.allclose(mixed, (plain * 12 + first * 10) / 22, atol=1e-5)

@@ -90,6 +90,9 @@ def add_causal_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--context-noise", type=number(float, 0, 1), default=CAUSAL.context_noise,
                    help="the clean frames the chunks read carry noise up to this sigma (still labelled clean), so "
                         "the model keeps to frames that are its own, not the data's (e.g. 0.1)")
+    g.add_argument("--first-chunks", type=number(int, 0, 4096), default=CAUSAL.first_chunks,
+                   help="more clips a step trained as a stream's first chunk alone: the chunk made from the "
+                        "prompt with no past to read, where the object and its direction are settled (e.g. 12)")
     g.add_argument("--sample-steps", default=",".join(f"{s:g}" for s in CAUSAL.sampling["steps"]),
                    help="sampling default stored with the checkpoint: the timesteps of a chunk, noise first "
                         "(Wan's units, 1000 = noise), comma-separated")

@@ -9,6 +9,10 @@ and Self-Forcing's teacher forcing): each noisy chunk sees the clean chunks befo
 sampler's KV cache shows it the chunks it made (committed at t = 0), within the sampler's window.
 With `cond_drop` a share of the clips is trained with the empty prompt, so the sampler can
 guide against it (`CausalConfig.guidance`, as the StreamDiT built-in is sampled at guidance 3).
+With `first_chunks` each step also trains that many more clips as a stream's first chunk alone:
+the chunk made from the prompt with nothing before it, where the object and its direction are
+settled, is a third of a 6-frame clip's loss but the hardest part of it (a model trained without
+it continued a clip's motion from its past but drew its first two frames out of step).
 With `context_noise` the clean frames the noisy chunks read are shown with a little noise (each
 chunk's own sigma in [0, context_noise], still labelled t = 0): the frames a stream reads are its
 own, not the data's, and a model that only ever read clean frames drifts on them.
@@ -25,7 +29,7 @@ import json
 import logging
 import math
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -153,8 +157,20 @@ class CausalTrainer:
         self.step = json.loads(state_file.read_text())["step"]
 
     def loss(self, step: int) -> torch.Tensor:
-        """Flow-matching loss of step `step`'s batch, every chunk teacher-forced."""
-        cfg, dev = self.cfg, self.device
+        """Flow-matching loss of step `step`'s batch, every chunk teacher-forced (the mean over every
+        frame made, the `first_chunks` clips' first chunks included)."""
+        cfg = self.cfg
+        loss = self.clip_loss(cfg, step)
+        if not cfg.first_chunks:
+            return loss
+        # clips of their own: draws seeded apart from the main clips'
+        first = replace(cfg, batch_size=cfg.first_chunks, frames=cfg.chunk_frames, seed=cfg.seed + 10**9)
+        n_main, n_first = cfg.batch_size * cfg.frames, cfg.first_chunks * cfg.chunk_frames
+        return (loss * n_main + self.clip_loss(first, step) * n_first) / (n_main + n_first)
+
+    def clip_loss(self, cfg: CausalTrainConfig, step: int) -> torch.Tensor:
+        """The mean squared velocity error over the noisy frames of `cfg`'s clips of step `step`."""
+        dev = self.device
         clips, caps, sigma, noise, context = draw(cfg, self.data, step)
         clean, noise, sigma = clips.to(dev), noise.to(dev), sigma.to(dev)  # (B, F, 3, H, W), (B, F)
         s = sigma[:, :, None, None, None]
