@@ -125,19 +125,26 @@ def test_caption_dropout_and_a_fine_tune_from_another_run(tmp_path):
         CausalTrainer(replace(cfg, output=str(tmp_path / "d"), dim=64, ffn_dim=128, init=str(tmp_path / "a")))
 
 
-def test_first_chunks_add_first_chunks_made_with_no_past(tmp_path):
+@pytest.mark.parametrize("first", [0, 4])
+def test_first_chunks_add_first_chunks_made_with_no_past(tmp_path, first):
     """--first-chunks n adds n clips of their own a step, trained as a stream's first chunk (made
-    by the model alone, nothing before it): the loss is the mean over every frame made."""
+    by the model alone, nothing before it; --first-chunk-frames long, one noise level): the loss is
+    the mean over every frame made. The first chunk's length is the checkpoint's sampling default."""
     cfg = CausalTrainConfig(output=str(tmp_path / "a"), dim=32, ffn_dim=64, layers=1, heads=2, patch=8, steps=1,
                             batch_size=3, frames=4, chunk_frames=2, cpu=True, progress=False, context_noise=0.1)
-    trainer = CausalTrainer(replace(cfg, first_chunks=5))
-    model = trainer.model.eval()
+    trainer = CausalTrainer(replace(cfg, first_chunks=5, first_chunk_frames=first))
+    model, n = trainer.model.eval(), first or 2
     with torch.no_grad():
         plain, mixed = trainer.clip_loss(cfg, 7), trainer.loss(7)
-        clips, caps, sigma, noise, _ = draw(replace(cfg, batch_size=5, frames=2, seed=cfg.seed + 10**9), None, 7)
+        clips, caps, sigma, noise, _ = draw(replace(cfg, batch_size=5, frames=n, chunk_frames=n,
+                                                    seed=cfg.seed + 10**9), None, 7)
+        assert torch.equal(sigma, sigma[:, :1].expand(-1, n))
         assert not torch.equal(clips[:3, :2], draw(cfg, None, 7)[0][:, :2])  # not the main clips' starts
         noisy = (1 - sigma[:, :, None, None, None]) * clips + sigma[:, :, None, None, None] * noise
         # a first chunk, without a cache: its frames attend to each other and to nothing before them
         out = model(noisy, sigma * 1000, model.embed_text(text_batch(trainer.text, caps, cfg.text_len)))
-        first = (out - (noise - clips)).pow(2).mean()
-    assert torch.allclose(mixed, (plain * 12 + first * 10) / 22, atol=1e-5)
+        loss = (out - (noise - clips)).pow(2).mean()
+    assert torch.allclose(mixed, (plain * 12 + loss * 5 * n) / (12 + 5 * n), atol=1e-5)
+    assert trainer.sampling().get("first_chunk_frames") == (first or None)
+    with pytest.raises(StreamStudioError, match="--first-chunks"):
+        CausalTrainer(replace(cfg, first_chunk_frames=4))

@@ -93,6 +93,9 @@ def add_causal_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--first-chunks", type=number(int, 0, 4096), default=CAUSAL.first_chunks,
                    help="more clips a step trained as a stream's first chunk alone: the chunk made from the "
                         "prompt with no past to read, where the object and its direction are settled (e.g. 12)")
+    g.add_argument("--first-chunk-frames", type=number(int, 0, 1024), default=CAUSAL.first_chunk_frames,
+                   help="frames of those first chunks, stored as the sampler's first chunk (0: --chunk-frames; "
+                        "a longer first chunk shows the motion the prompt asks for over more frames)")
     g.add_argument("--sample-steps", default=",".join(f"{s:g}" for s in CAUSAL.sampling["steps"]),
                    help="sampling default stored with the checkpoint: the timesteps of a chunk, noise first "
                         "(Wan's units, 1000 = noise), comma-separated")

@@ -54,19 +54,27 @@ def model_config(cfg: CausalTrainConfig) -> CausalWanConfig:
 
 
 def window_of(cfg: CausalTrainConfig) -> int:
-    return cfg.window or cfg.frames
+    return cfg.window or max(cfg.frames, first_chunk_of(cfg))
+
+
+def first_chunk_of(cfg: CausalTrainConfig) -> int:
+    """Frames of a stream's first chunk (the `first_chunks` clips', the sampler's first)."""
+    return cfg.first_chunk_frames or cfg.chunk_frames
 
 
 def check(cfg: CausalTrainConfig) -> None:
     """The run's shape, checked before anything is built (errors a user can cause)."""
     if cfg.frames % cfg.chunk_frames:
         raise StreamStudioError(f"the clip's {cfg.frames} frames must be whole chunks of {cfg.chunk_frames}")
+    if cfg.first_chunk_frames and not cfg.first_chunks:
+        raise StreamStudioError("--first-chunk-frames is the length of the --first-chunks clips: "
+                                "give --first-chunks too")
     if cfg.size % cfg.patch:
         raise StreamStudioError(f"--size {cfg.size} must be a multiple of the patch {cfg.patch}")
     if cfg.dim % cfg.heads or (cfg.dim // cfg.heads) % 2 or cfg.dim // cfg.heads < 12:
         raise StreamStudioError(f"--dim {cfg.dim} must split into {cfg.heads} heads of an even size >= 12")
     sampling = CausalConfig(chunk_frames=cfg.chunk_frames, window=window_of(cfg), sink=cfg.sink,
-                            steps=tuple(cfg.sampling["steps"]))
+                            steps=tuple(cfg.sampling["steps"]), first_chunk_frames=first_chunk_of(cfg))
     try:
         sampling.validate()
     except StreamStudioError as exc:
@@ -164,8 +172,9 @@ class CausalTrainer:
         if not cfg.first_chunks:
             return loss
         # clips of their own: draws seeded apart from the main clips'
-        first = replace(cfg, batch_size=cfg.first_chunks, frames=cfg.chunk_frames, seed=cfg.seed + 10**9)
-        n_main, n_first = cfg.batch_size * cfg.frames, cfg.first_chunks * cfg.chunk_frames
+        n = first_chunk_of(cfg)
+        first = replace(cfg, batch_size=cfg.first_chunks, frames=n, chunk_frames=n, window=n, seed=cfg.seed + 10**9)
+        n_main, n_first = cfg.batch_size * cfg.frames, cfg.first_chunks * n
         return (loss * n_main + self.clip_loss(first, step) * n_first) / (n_main + n_first)
 
     def clip_loss(self, cfg: CausalTrainConfig, step: int) -> torch.Tensor:
@@ -213,7 +222,8 @@ class CausalTrainer:
     def sampling(self) -> dict:
         """The sampling defaults stored with the checkpoint (CausalConfig's fields, height, width)."""
         cfg = self.cfg
-        return {"chunk_frames": cfg.chunk_frames, "window": window_of(cfg), "sink": cfg.sink, **cfg.sampling,
+        first = {"first_chunk_frames": cfg.first_chunk_frames} if cfg.first_chunk_frames else {}
+        return {"chunk_frames": cfg.chunk_frames, "window": window_of(cfg), "sink": cfg.sink, **first, **cfg.sampling,
                 "height": cfg.size, "width": cfg.size}
 
     def save(self, seconds: float = 0.0) -> None:

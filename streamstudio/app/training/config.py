@@ -108,6 +108,7 @@ class CausalTrainConfig:
     context_noise: float = 0.0  # the clean frames the chunks read carry noise up to this sigma (labelled t = 0)
     cond_drop: float = 0.0  # a share of the clips trained with the empty prompt (for guidance)
     first_chunks: int = 0  # more clips a step, trained as a stream's first chunk alone (no past to read)
+    first_chunk_frames: int = 0  # those clips' frames, the sampler's first chunk (0: chunk_frames)
     init: str = ""  # start from this causal checkpoint folder's weights (a fine-tune; not --resume's state)
     size: int = 32  # frame side in pixels
     lr: float = 1e-3
