@@ -242,3 +242,17 @@ def feed_frames(session, frames: int, size: int = 64, step: int = 11) -> None:
         deadline = time.monotonic() + 30
         while session.processed == before and time.monotonic() < deadline:
             time.sleep(0.01)
+
+
+def feed_one(session, image: np.ndarray) -> np.ndarray:
+    """Hand in one frame and wait for its output (the stream's view), which is returned."""
+    before = session.processed
+    session.submit(image)
+    deadline = time.monotonic() + 60
+    while session.processed == before:
+        assert time.monotonic() < deadline and session.error is None, session.error
+        time.sleep(0.005)
+    assert session.processed == before + 1  # one frame in, one out
+    out = session.latest()
+    assert out is not None
+    return out.copy()

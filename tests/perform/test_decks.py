@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 from addon_models import tiny_controlnet, write_tiny_ip_adapter
-from helpers import frame
+from helpers import feed_one, frame
 from PIL import Image
 
 from streamstudio.models.image.loading import load_components
@@ -43,20 +43,6 @@ def server():
 
 def picture(k: int) -> np.ndarray:
     return frame((23 * k) % 256, SIZE, SIZE)
-
-
-def feed_one(session, image: np.ndarray) -> np.ndarray:
-    """Hand in one frame and wait for its output (the stream's view), which is returned."""
-    before = session.processed
-    session.submit(image)
-    deadline = time.monotonic() + 60
-    while session.processed == before:
-        assert time.monotonic() < deadline and session.error is None, session.error
-        time.sleep(0.005)
-    assert session.processed == before + 1  # one frame in, one out
-    out = session.latest()
-    assert out is not None
-    return out.copy()
 
 
 def wait_state(url: str, *states: str, timeout: float = 120.0) -> dict:

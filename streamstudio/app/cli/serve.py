@@ -34,6 +34,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="one more model for the Video tab beside the built-in ones: a StreamDiT checkpoint folder, a "
                         "Wan 2.1 folder or hub id, a causal checkpoint folder or a Self-Forcing / CausVid / "
                         "StreamDiffusionV2 .pt file or hub id")
+    p.add_argument("--live-pipeline", choices=("image", "video"), default="image",
+                   help="what the live streams (the Live tab, WHIP publishers, /webrtc/offer) play from their first "
+                        "frame: the image model (default) or --video-model (default the built-in StreamDiT; e.g. "
+                        "builtin-causal) video-to-video; a deck switches either way later")
     p.add_argument("--max-streams", type=number(int, 1, 10_000), default=4,
                    help="concurrent live streams at most, every tab's together (default 4)")
     p.add_argument("--gpus", type=number(int, 1, 1024), default=1,

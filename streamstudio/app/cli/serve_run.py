@@ -25,7 +25,7 @@ from streamstudio.app.cli.requests import serve_request
 from streamstudio.app.cli.serve import LOOPBACK, bind_host, check_osc, check_outputs, parse_auth, proxy_options
 from streamstudio.app.perform.inputs import LiveInputs, stream_audio
 from streamstudio.app.web import (api_docs, metrics, outputs, perform_routes, ray_cluster, ray_replicas, replicas,
-                                  security, ui, webrtc, whip)
+                                  security, ui, video_deck, webrtc, whip)
 from streamstudio.app.perform.link import LinkFollower
 from streamstudio.app.perform.midi_port import MidiPort
 from streamstudio.app.web.osc import OscControl
@@ -38,9 +38,12 @@ from streamstudio.streaming.sources import NdiSource, open_source, source_kind
 
 
 def build_model(args):
-    """Load the model once and keep the defaults new streams start from."""
+    """Load the model once and keep the defaults new streams start from (`--live-pipeline video`:
+    the video model, app/web/video_deck.py)."""
     request = serve_request(args)
     image = request.image
+    if request.live_pipeline == "video":
+        return video_deck.live_video_model(request.video_model, image)
     pipe = streams.build_pipeline(image, "img2img", serving=True)
     return ServerModel(pipe.comps, pipe.config, prompt=image.prompt, negative_prompt=image.negative_prompt,
                        latency_probe=request.latency_probe, batching=image.batching)
@@ -106,6 +109,10 @@ def build_app(args, model=None):
     guard.self_auth_prefixes = ("/whip", "/whep")  # they take a bearer token (app/web/whip.py)
     guard.credentials = credentials(args)  # /studio/* behind the publish credential
     rtc = webrtc.rtc_config_from_env()
+    if getattr(args, "live_pipeline", "image") == "video" and (getattr(args, "cluster", None)
+                                                                or getattr(args, "gpus", 1) != 1):
+        raise StreamStudioError("--live-pipeline video runs the video model in this process: leave --gpus and "
+                                "--cluster out")
     if model is None and getattr(args, "cluster", None):  # replicas as Ray actors (app/web/ray_replicas.py)
         manager = ray_cluster.build_manager(serve_request(args))
     elif model is None and getattr(args, "gpus", 1) != 1:  # N replicas of the model (app/web/replicas.py)

@@ -66,6 +66,8 @@ class ServeRequest:
     max_replicas: int | None = None
     replica_idle_release: float = 60.0  # elastic: an idle replica stops after this many seconds
     replica_transport: str = "auto"
+    live_pipeline: str = "image"  # what the live streams (Live tab, WHIP, /webrtc/offer) play: image or video
+    video_model: str | None = None  # the Video tab's extra model, and the live streams' with live_pipeline video
 
     def on(self, device: str) -> ServeRequest:
         """The same request with the model on `device` (a replica's)."""

@@ -15,8 +15,13 @@ stream's (a switch asked for early waits for it).
 After a switch the stream's model is a `VideoDeckModel`: the video model's name and the image
 model's defaults for what the session reads, no add-ons, no batching. The stream takes its prompt
 and fit from then on; the image table's other settings are refused (said in the stream's notice).
-Not yet: a deck on a stream that plays the video pipeline (video -> image), Wan checkpoints
-(text-to-video only here).
+Not yet: Wan checkpoints (text-to-video only here).
+
+A stream may also play the video pipeline from its first frame: `serve --live-pipeline video`
+makes the server's model a `VideoDeckModel` of `--video-model`, whose `processor` is a
+`VideoLiveProcessor`: the stream's own video stream over the shared network, built at the
+stream's size when its first frame comes (video-to-video; a txt2img stream is text-to-video),
+black frames until the first chunk is out, then one frame per input as above.
 """
 
 from __future__ import annotations
@@ -27,16 +32,18 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
+from streamstudio.app.streams.requests import ImageRequest
 from streamstudio.app.streams.video import DEFAULT_STRENGTH, VideoFrames, build_stream, load_video_model
 from streamstudio.app.web.model_guard import ModelGuard
+from streamstudio.device import pick_device
 from streamstudio.errors import StreamStudioError
+from streamstudio.pipelines.image.stream_diffusion import StreamDiffusionConfig
 
 if TYPE_CHECKING:
     import torch
 
     from streamstudio.app.web.sessions import StreamProcessor
     from streamstudio.models.image.batching import ClientStats
-    from streamstudio.pipelines.image.stream_diffusion import StreamDiffusionConfig
 
 TAKES = ("prompt", "fit")  # the stream's settings a video deck takes
 
@@ -65,8 +72,9 @@ class VideoDeckModel:
     def build(self, *args, **kwargs):
         raise StreamStudioError("this stream plays a video deck: the image pipeline is not built on it")
 
-    def processor(self, mode: str, sid: str):
-        raise StreamStudioError("this stream plays a video deck: open another stream for the image pipeline")
+    def processor(self, mode: str, sid: str) -> VideoLiveProcessor:
+        """The frame step of a stream that plays this model from its first frame."""
+        return VideoLiveProcessor(self, mode, sid)
 
     def close(self) -> None:
         """(The video model is freed with its last stream.)"""
@@ -105,13 +113,18 @@ class VideoDeckProcessor:
 
     def __init__(self, model: VideoDeckModel, stream, sid: str):
         self.model, self.sid, self.mode = model, sid, "img2img"
-        self.frames = VideoFrames(stream)
-        self.pipe = VideoPipe(stream)
         self.calls: ClientStats | None = None  # (no batching)
         self.queue: deque[np.ndarray] = deque()
-        self.chunk = stream.chunk_frames_out
         self.ready = False
         self.pushed = 0
+        self.pipe: VideoPipe | None = None
+        if stream is not None:
+            self._take(stream)
+
+    def _take(self, stream) -> None:
+        self.frames = VideoFrames(stream)
+        self.pipe = VideoPipe(stream)
+        self.chunk = stream.chunk_frames_out
 
     @property
     def fit(self) -> str:
@@ -133,7 +146,7 @@ class VideoDeckProcessor:
     @property
     def stats(self) -> VideoStats:
         """(What the runner's metrics read: no frame skipped.)"""
-        return self.pipe.stats
+        return self.pipe.stats if self.pipe is not None else VideoStats()
 
     def apply(self, changes: dict) -> None:
         """The prompt and fit; any other setting is refused (the image table's are not the video pipeline's)."""
@@ -152,6 +165,7 @@ class VideoDeckProcessor:
         self.pushed += 1
         self.queue.extend(made)
         if not self.ready and len(self.queue) >= self.chunk:
+            assert self.pipe is not None  # (a stream was taken: frames were made)
             self.ready = True
             self.pipe.latency_frames = self.pushed - 1
         return self.queue.popleft() if self.ready else None
@@ -161,6 +175,53 @@ class VideoDeckProcessor:
         if out is None:  # (a chunk late: the pipeline's cadence broke)
             raise StreamStudioError(f"stream {self.sid}: the video deck gave no frame for an input")
         return out
+
+
+class VideoLiveProcessor(VideoDeckProcessor):
+    """A stream that plays the video pipeline from its first frame (`VideoDeckModel.processor`):
+    its video stream is built at the stream's size by `open`; black frames until it is ready."""
+
+    def __init__(self, model: VideoDeckModel, mode: str, sid: str):
+        super().__init__(model, None, sid)
+        self.mode = mode
+        self._fit = "crop"
+        self.size = model.size
+
+    @property
+    def fit(self) -> str:
+        return self.frames.fit if self.pipe is not None else self._fit
+
+    @fit.setter
+    def fit(self, value: str) -> None:
+        self._fit = value
+        if self.pipe is not None:
+            self.frames.fit = value
+
+    def open(self, size: tuple[int, int]) -> None:
+        """Build the stream's video stream at `size` (width, height), once (in the runner's thread)."""
+        if self.pipe is not None:
+            return
+        model, self.size = self.model, size
+        strength = 1.0 if self.mode == "txt2img" else cast(float, DEFAULT_STRENGTH)
+        with model.guard.text():
+            stream = build_stream(model.network, model.meta, model.prompt, strength=strength, seed=model.config.seed,
+                                  width=size[0], height=size[1])
+        self._take(stream)
+        self.frames.fit = self._fit
+
+    def apply(self, changes: dict) -> None:
+        if self.pipe is None:  # (settings asked for before the first frame: the stream starts with them)
+            self.open(self.size)
+        super().apply(changes)
+
+    def __call__(self, frame: np.ndarray) -> np.ndarray:
+        if self.pipe is None:
+            self.open(self.size)
+        if self.mode == "txt2img":  # text-to-video: the frame only asks for the next one
+            with self.model.guard.frame():
+                return self.frames.push(None)[0]
+        out = self.warm(frame)
+        return np.zeros((self.size[1], self.size[0], 3), np.uint8) if out is None else out
 
 
 def build_video_deck(model_name: str, prompt: str | None, a: StreamProcessor | VideoDeckProcessor,
@@ -177,3 +238,19 @@ def build_video_deck(model_name: str, prompt: str | None, a: StreamProcessor | V
                           width=size[0], height=size[1])
     config = replace(a.model.config, width=size[0], height=size[1])
     return VideoDeckProcessor(VideoDeckModel(f"{model_name} (video)", network, meta, config, text), stream, a.sid)
+
+
+def live_video_model(model_name: str | None, image: ImageRequest) -> VideoDeckModel:
+    """`serve --live-pipeline video`: the video model (`model_name`, None: the built-in StreamDiT)
+    every live stream plays from its first frame, on the image request's device and dtype; the
+    streams' size is the model's output size (or --width / --height), their prompt --prompt, their
+    seed the table's."""
+    device = pick_device(image.device)
+    network, meta = load_video_model(model_name, device, image.dtype)
+    probe = build_stream(network, meta, image.prompt, width=image.width, height=image.height)
+    size = probe.out_size
+    assert size is not None  # (build_stream gives every stream its output size)
+    del probe
+    seed = int(image.settings.get("seed", StreamDiffusionConfig.seed))
+    config = StreamDiffusionConfig(width=size[1], height=size[0], seed=seed)
+    return VideoDeckModel(f"{model_name or 'builtin'} (video)", network, meta, config, image.prompt)
