@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -148,3 +149,24 @@ def test_first_chunks_add_first_chunks_made_with_no_past(tmp_path, first):
     assert trainer.sampling().get("first_chunk_frames") == (first or None)
     with pytest.raises(StreamStudioError, match="--first-chunks"):
         CausalTrainer(replace(cfg, first_chunk_frames=4))
+
+
+def test_self_context_reads_the_models_own_chunks(tmp_path, monkeypatch):
+    """--self-context p: a share p of the clips read the model's own frames, each chunk noised to the
+    sampler's last step's level and predicted back. A model that predicts perfectly (velocity =
+    noise - data) gives back the data's frames; one that predicts nothing leaves the noise there."""
+    cfg = CausalTrainConfig(output=str(tmp_path / "a"), dim=32, ffn_dim=64, layers=1, heads=2, patch=8, steps=1,
+                            batch_size=32, frames=4, chunk_frames=2, cpu=True, progress=False, self_context=0.5)
+    trainer = CausalTrainer(cfg)
+    clips, caps, _, _, context = draw(cfg, None, 3)
+    text = trainer.model.embed_text(text_batch(trainer.text, caps, cfg.text_len))
+    s = cfg.sampling["steps"][-1] / 1000
+    monkeypatch.setattr(trainer.model, "teacher_forcing",
+                        lambda clean, noisy, t, *a: (noisy - clean) / (t / 1000)[:, :, None, None, None])
+    np.testing.assert_allclose(trainer.own_context(cfg, 3, context, text), context, atol=1e-5)
+    monkeypatch.setattr(trainer.model, "teacher_forcing", lambda clean, noisy, t, *a: torch.zeros_like(noisy))
+    own = trainer.own_context(cfg, 3, context, text)
+    changed = (own != context).flatten(1).any(1)  # (B,)
+    assert 8 <= int(changed.sum()) <= 24  # about half the clips
+    residual = (own[changed] - (1 - s) * context[changed]) / s  # the noise left in: about unit variance
+    assert 0.8 < float(residual[own[changed].abs() < 1].std()) < 1.2

@@ -96,6 +96,10 @@ def add_causal_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--first-chunk-frames", type=number(int, 0, 1024), default=CAUSAL.first_chunk_frames,
                    help="frames of those first chunks, stored as the sampler's first chunk (0: --chunk-frames; "
                         "a longer first chunk shows the motion the prompt asks for over more frames)")
+    g.add_argument("--self-context", type=number(float, 0, 1), default=CAUSAL.self_context,
+                   help="share of the clips whose past frames are the model's own: its prediction of each clean "
+                        "chunk from the sampler's last step's noise level, as a stream reads the chunks it made "
+                        "(no gradient through it; e.g. 0.5)")
     g.add_argument("--sample-steps", default=",".join(f"{s:g}" for s in CAUSAL.sampling["steps"]),
                    help="sampling default stored with the checkpoint: the timesteps of a chunk, noise first "
                         "(Wan's units, 1000 = noise), comma-separated")

@@ -13,6 +13,11 @@ With `first_chunks` each step also trains that many more clips as a stream's fir
 the chunk made from the prompt with nothing before it, where the object and its direction are
 settled, is a third of a 6-frame clip's loss but the hardest part of it (a model trained without
 it continued a clip's motion from its past but drew its first two frames out of step).
+With `self_context` a share of the clips read, instead of the data's frames, the model's own
+prediction of each clean chunk from the sampler's last step's noise level (given the data's past,
+no gradient): what a stream reads is the output of that step, with that step's errors, and a model
+that only read the data's frames let them grow chunk after chunk (from a correct first chunk the
+shipped model kept the prompted direction in 5 of 8 rollouts).
 With `context_noise` the clean frames the noisy chunks read are shown with a little noise (each
 chunk's own sigma in [0, context_noise], still labelled t = 0): the frames a stream reads are its
 own, not the data's, and a model that only ever read clean frames drifts on them.
@@ -185,9 +190,27 @@ class CausalTrainer:
         s = sigma[:, :, None, None, None]
         noisy = (1 - s) * clean + s * noise
         text = self.model.embed_text(text_batch(self.text, caps, cfg.text_len).to(dev))
-        out = self.model.teacher_forcing(context.to(dev), noisy, sigma * 1000, text, cfg.chunk_frames,
+        context = context.to(dev)
+        if cfg.self_context and cfg.frames > cfg.chunk_frames:  # (a first chunk alone reads no past)
+            context = self.own_context(cfg, step, context, text)
+        out = self.model.teacher_forcing(context, noisy, sigma * 1000, text, cfg.chunk_frames,
                                          window_of(cfg), cfg.sink)  # (B, F, 3, H, W)
         return (out - (noise - clean)).pow(2).mean()
+
+    def own_context(self, cfg: CausalTrainConfig, step: int, context: torch.Tensor, text) -> torch.Tensor:
+        """`context` (B, F, 3, H, W) with a `self_context` share of the clips replaced by the model's own
+        frames: each chunk noised to the sampler's last step's level and predicted back (x0) from the
+        data's past, as the sampler's last step makes a chunk; no gradient."""
+        gen = torch.Generator().manual_seed((cfg.seed * 1_000_003 + step) * 64 + 1)  # (draw's seed + 1)
+        b = context.shape[0]
+        chosen = (torch.rand(b, generator=gen) < cfg.self_context).to(context.device)  # (B,)
+        s = float(cfg.sampling["steps"][-1]) / 1000
+        noisy = (1 - s) * context + s * torch.randn(context.shape, generator=gen).to(context.device)
+        with torch.no_grad():
+            t = torch.full(context.shape[:2], s * 1000, device=context.device)  # (B, F)
+            v = self.model.teacher_forcing(context, noisy, t, text, cfg.chunk_frames, window_of(cfg), cfg.sink)
+            own = (noisy - s * v).clamp(-1, 1)
+        return torch.where(chosen[:, None, None, None, None], own, context)
 
     def train(self) -> list[float]:
         cfg = self.cfg
