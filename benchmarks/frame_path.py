@@ -10,7 +10,11 @@ end to end with host I/O (uint8 numpy in, uint8 numpy out):
   graph+compile    FrameGraph over networks compiled without their own CUDA graphs
   graph+compile+cl the same, UNet in channels_last with fused QKV projections (GPU only)
   graph+compile+clv  the same, and TAESD in channels_last too (`--parts tuned`: only these
-                   three compiled modes, interleaved, for a draw that has the rest already)
+                   compiled modes, interleaved, for a draw that has the rest already)
+  graph+compile+clv+fp8  the same, the UNet's linear and 1x1 layers as FP8 products (models/image/fp8.py;
+                   Ada/Hopper), with its numeric difference: the UNet's output and the frames against
+                   the float16 ones (`fp8` in the JSON; on the CPU the tiny model's, as a check)
+  graph+autotune   graph+compile+clv with torch.compile's max-autotune (no CUDA graphs of its own)
 
 then a per-stage CUDA-event breakdown of one eager and one compiled frame (upload, pre, encode,
 UNet and step, decode, post, download, and the host's share of the wall time), and the ratios
@@ -20,6 +24,7 @@ sequential). Each figure is printed against its target.
 
     python3 benchmarks/frame_path.py            # CUDA: sd-turbo arch, TAESD, 512x512, 1 step, fp16
     python3 benchmarks/frame_path.py --device cpu --frames 8   # the tiny model at 64x64 (a check, not a figure)
+    python3 benchmarks/frame_path.py --device cpu --cpu-model builtin --parts fp8 --frames 8   # FP8's difference
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from common import RESULTS, bench_device, utc_now, write_json  # puts the packag
 
 from streamstudio import kernels
 from streamstudio.frames import to_frames
+from streamstudio.kernels import fp8 as fp8_kernels
 from streamstudio.models.image.acceleration import apply_acceleration
 from streamstudio.pipelines.image.frame_graph import FrameGraph
 from streamstudio.pipelines.image.stream_batch import PRIMED, Guidance
@@ -45,14 +51,16 @@ CL_NEEDS_S = 90  # the channels_last + fused QKV variant: a cold UNet compile an
 TARGETS = {"one stream compiled (fps)": 200.0, "RCFG self over full": 1.6, "Stream Batch speedup": None}
 
 
-def components(device: torch.device):
+def components(device: torch.device, cpu_model: str = "tiny"):
     if device.type == "cuda":
         from stream_diffusion import sd_turbo_architecture
 
         return sd_turbo_architecture(device, torch.float16), 512, "sd-turbo arch, TAESD, 512x512, 1 step, fp16"
     from streamstudio.models.image.loading import load_components
 
-    return load_components("tiny", device=device, dtype=torch.float32, taesd=True), 64, "tiny, TAESD, 64x64, fp32"
+    comps = load_components(cpu_model, device=device, dtype=torch.float32, taesd=cpu_model == "tiny")
+    size = comps.default_size or 64
+    return comps, size, f"{cpu_model}, {size}x{size}, fp32"
 
 
 def config(size: int, **kw) -> StreamDiffusionConfig:
@@ -61,14 +69,19 @@ def config(size: int, **kw) -> StreamDiffusionConfig:
     return StreamDiffusionConfig(**{**base, **kw})
 
 
-def fast_unet(comps, vae: bool = False):
+def fast_unet(comps, vae: bool = False, fp8: bool = False):
     """channels_last activations and fused QKV projections (diffusers' fuse_qkv_projections) for
-    the UNet; with `vae`, the VAE (TAESD: convolutions only) in channels_last too."""
+    the UNet; with `vae`, the VAE (TAESD: convolutions only) in channels_last too; with `fp8`, the
+    UNet's linear and 1x1 layers as FP8 products."""
     import copy
     from dataclasses import replace
 
+    from streamstudio.models.image.fp8 import to_fp8
+
     unet = copy.deepcopy(comps.unet).to(memory_format=torch.channels_last)
     unet.fuse_qkv_projections()
+    if fp8:
+        to_fp8(unet)
     if not vae:
         return replace(comps, unet=unet, network=None)
     return replace(comps, unet=unet, vae=copy.deepcopy(comps.vae).to(memory_format=torch.channels_last),
@@ -149,12 +162,46 @@ def stage_breakdown(comps, cfg, image, repeats: int) -> dict[str, float]:
     return out
 
 
+def fp8_difference(comps, size: int, images) -> dict:
+    """FP8's numeric difference: the UNet's output on the same latents and text (relative L2
+    error against the float one), and the frames img2img makes of `images` (PSNR in dB against the
+    float frames, and the largest pixel difference)."""
+    import copy
+    from dataclasses import replace
+
+    from streamstudio.models.image.fp8 import to_fp8
+
+    unet8 = copy.deepcopy(comps.unet)
+    converted = to_fp8(unet8)
+    quant = replace(comps, unet=unet8, network=None)
+    p = next(comps.unet.parameters())
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    lat = torch.randn(2, comps.unet.config.in_channels, size // 8, size // 8, generator=gen).to(p.device, p.dtype)
+    text = torch.randn(2, 77, comps.unet.config.cross_attention_dim, generator=gen).to(p.device, p.dtype)
+    t = torch.tensor([999, 500], device=p.device)
+    with torch.inference_mode():
+        a = comps.unet(lat, t, encoder_hidden_states=text).sample.float()
+        b = unet8(lat, t, encoder_hidden_states=text).sample.float()
+    plain, fp8 = StreamDiffusion(comps, config(size), prompt="a photo"), StreamDiffusion(quant, config(size),
+                                                                                           prompt="a photo")
+    psnr, worst = [], 0
+    for image in images:
+        x, y = plain(image).astype(np.float64), fp8(image).astype(np.float64)
+        mse = float(((x - y) ** 2).mean())
+        psnr.append(99.0 if mse == 0 else 10 * np.log10(255.0**2 / mse))
+        worst = max(worst, int(np.abs(x - y).max()))
+    return {"layers": converted, "unet_rel_l2": float((b - a).norm() / a.norm()),
+            "frame_psnr_db_median": float(np.median(psnr)), "frame_max_abs": worst}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="auto")
     parser.add_argument("--frames", type=int, default=200, help="frames per window (issue 45: 200)")
     parser.add_argument("--rounds", type=int, default=3, help="windows per mode, interleaved")
     parser.add_argument("--parts", default="modes,stages,ratios", help="which parts, comma-separated")
+    parser.add_argument("--cpu-model", default="tiny",
+                        help="the model on the CPU: tiny (random weights, 64x64) or builtin (trained here, 256x256)")
     parser.add_argument("--out", default=str(RESULTS / "frame_path.json"))
     parser.add_argument("--budget-s", type=float, default=1e9, help="skip the last compile when less is left")
     args = parser.parse_args(argv)
@@ -163,7 +210,7 @@ def main(argv=None) -> int:
     if gpu:
         torch.backends.cudnn.benchmark = True
     sync = torch.cuda.synchronize if gpu else (lambda: None)
-    comps, size, model = components(device)
+    comps, size, model = components(device, args.cpu_model)
     rng = np.random.default_rng(0)
     images = [rng.integers(0, 256, (size, size, 3), dtype=np.uint8) for _ in range(args.frames)]
     result = {"benchmark": "frame_path", "model": model, "date": utc_now(), "frames_per_window": args.frames,
@@ -224,8 +271,27 @@ def main(argv=None) -> int:
                       config(size), True),
                  Mode("graph+compile+clv", apply_acceleration(fast_unet(comps, vae=True), "compile",
                                                               cuda_graphs=False), config(size), True)]
+        if fp8_kernels.supported(device):
+            tuned.append(Mode("graph+compile+clv+fp8", apply_acceleration(fast_unet(comps, vae=True, fp8=True),
+                                                                          "compile", cuda_graphs=False),
+                              config(size), True))
+        else:
+            result.setdefault("notes", []).append("graph+compile+clv+fp8 not run: no FP8 here (capability < 8.9)")
         result["modes"].update(interleaved(tuned, images, args.rounds, sync))
         result["tuned_s"] = time.perf_counter() - t0
+        save()
+    if "autotune" in parts and gpu:  # max-autotune: minutes of compiling, so a part of its own
+        t0 = time.perf_counter()
+        auto = apply_acceleration(fast_unet(comps, vae=True), "compile", cuda_graphs=False,
+                                  compile_options={"mode": "max-autotune-no-cudagraphs"})
+        pair = [Mode("graph+autotune", auto, config(size), True),
+                Mode("graph+compile+clv", apply_acceleration(fast_unet(comps, vae=True), "compile",
+                                                             cuda_graphs=False), config(size), True)]
+        result["modes"].update(interleaved(pair, images, args.rounds, sync))
+        result["autotune_s"] = time.perf_counter() - t0
+        save()
+    if "fp8" in parts and fp8_kernels.supported(device):  # the numeric difference (any device: the CPU checks it)
+        result["fp8"] = fp8_difference(comps, size, images[:8])
         save()
     report(result)
     print(f"wrote {out}")
@@ -245,6 +311,10 @@ def report(result: dict) -> None:
     for kind, stages in result["stages"].items():
         print(f"stages ({kind}, ms between CUDA events, launch gaps included): "
               + ", ".join(f"{k} {v:.2f}" for k, v in stages.items()))
+    if result.get("fp8"):
+        f = result["fp8"]
+        print(f"fp8 ({f['layers']} layers): UNet output {100 * f['unet_rel_l2']:.2f}% relative L2 from float, "
+              f"frames {f['frame_psnr_db_median']:.1f} dB PSNR (largest pixel difference {f['frame_max_abs']})")
     r = result["ratios"]
     if r:
         ok = "pass" if r["RCFG self over full"] >= TARGETS["RCFG self over full"] else "MISS"

@@ -36,6 +36,11 @@
 #     stream_diffusion  benchmarks/stream_diffusion.py --part core: ratios on eager networks (the old way)
 #     tests_slow        the `gpu` tests marked slow (torch.compile's cold compiles, over 45 s each)
 #     kernels_full      benchmarks/kernel_ops.py without --quick: checks the quick figures
+#     tuned             benchmarks/frame_path.py --parts tuned,fp8: the compiled frame graph plain, with
+#                       channels_last + fused QKV, TAESD in channels_last too, and the UNet's linear and
+#                       1x1 layers in FP8 (--fp8, Ada/Hopper), interleaved; FP8's numeric difference
+#     autotune          benchmarks/frame_path.py --parts autotune: the tuned frame with torch.compile's
+#                       max-autotune (minutes of compiling) against the same without
 #
 # The calls (the device tool's `run`), the first right after the second's prerequisites are made here:
 #   bash benchmarks/gpu_wheels.sh && bash benchmarks/gpu_prebuild.sh        # here, before the session
@@ -84,10 +89,11 @@ done
 # cold); the machine's start took 30-60 s.
 declare -A LIMIT=([build]=15 [tests]=60 [frame_path]=230 [multistream]=85 [peers]=110 [tensorrt]=0
                   [splats]=15 [video]=25 [causal]=40 [addons]=110 [webapp]=0
-                  [kernels]=140 [stream_diffusion]=100 [tests_slow]=110 [kernels_full]=100)
+                  [kernels]=140 [stream_diffusion]=100 [tests_slow]=110 [kernels_full]=100
+                  [tuned]=220 [autotune]=300)
 FIRST="build tests frame_path multistream peers tensorrt"
 SECOND="splats video causal addons webapp"
-LATER="kernels stream_diffusion tests_slow kernels_full"  # only when named
+LATER="kernels stream_diffusion tests_slow kernels_full tuned autotune"  # only when named
 RESERVE=15                         # kept for the summary
 CALL_FIRST=540 CALL_SECOND=240     # the device calls' timeout_s
 BUDGET_FIRST=520 BUDGET_SECOND=220 # the script's own budget in each call: the call keeps a margin
@@ -222,8 +228,12 @@ for name, load in (('stream_ops', lambda: cuda_build.load_extension(EXTENSION, S
     --junitxml="$OUT/gpu_tests_slow.xml" "${GPU_TEST_FILES[@]}"
 fi
 stage frame_path python3 benchmarks/frame_path.py --device cuda --frames 200 --rounds 2 --budget-s $((LIMIT[frame_path] - 10)) \
-  --parts "${FRAME_PATH_PARTS:-modes,stages,ratios}" \
+  --parts "${FRAME_PATH_PARTS:-modes,stages,ratios,fp8}" \
   --out "$OUT/frame_path.json" "${HELP[@]}"
+stage tuned python3 benchmarks/frame_path.py --device cuda --frames 200 --rounds 2 --parts tuned,fp8 \
+  --out "$OUT/frame_path_tuned.json" "${HELP[@]}"
+stage autotune python3 benchmarks/frame_path.py --device cuda --frames 200 --rounds 2 --parts autotune \
+  --out "$OUT/frame_path_autotune.json" "${HELP[@]}"
 stage peers python3 benchmarks/peers.py --device cuda --out "$OUT/peers.json" "${HELP[@]}"
 stage kernels python3 benchmarks/kernel_ops.py --quick --out "$OUT/kernels.json" "${HELP[@]}"
 stage stream_diffusion python3 benchmarks/stream_diffusion.py --device cuda --part core \

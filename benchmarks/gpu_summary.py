@@ -31,7 +31,8 @@ STAGES_FILE = "stages.json"
 STAGE_OF = {"gpu_tests.xml": "tests", "gpu_tests_slow.xml": "tests_slow", "kernels.json": "kernels",
             "stream_diffusion.json": "stream_diffusion", "splats.json": "splats", "stream_video.json": "video",
             "multistream.json": "multistream", "webapp.json": "webapp", "stream_diffusion_addons.json": "addons",
-            "kernels_full.json": "kernels_full", "frame_path.json": "frame_path", "peers.json": "peers"}
+            "kernels_full.json": "kernels_full", "frame_path.json": "frame_path", "peers.json": "peers",
+            "frame_path_tuned.json": "tuned", "frame_path_autotune.json": "autotune"}
 
 KILLED_RCS = (124, 137)  # timeout's exit status, and SIGKILL after --kill-after
 
@@ -220,13 +221,24 @@ def _tests(files, stages, xml="gpu_tests.xml"):
     raise Missing(None)
 
 
-def _frame_mode(*modes):
+def _frame_mode(*modes, file="frame_path.json"):
     def get(files):
-        data = _json(files, "frame_path.json")
+        data = _json(files, file)
         found = [v for k, v in data.get("modes", {}).items() if k in modes and v]
         if not found:
-            raise Missing(f"no {' / '.join(modes)} row in frame_path.json")
+            raise Missing(f"no {' / '.join(modes)} row in {file}")
         return max(found), data.get("model")
+    return get
+
+
+def _mode_ratio(file, over, under):
+    """One frame_path mode's fps over another's, from the same interleaved run."""
+    def get(files):
+        data = _json(files, file)
+        modes = data.get("modes", {})
+        if not modes.get(over) or not modes.get(under):
+            raise Missing(next(iter(data.get("notes", [])), f"no {over} and {under} rows in {file}"))
+        return modes[over] / modes[under], data.get("model")
     return get
 
 
@@ -246,6 +258,19 @@ FIGURES = [
     ("one stream, frame graph + compile (fps)", "frame_path.json", _frame_mode("graph+compile", "graph+compile+cl"),
      ">= 200 (moonshot 300)", lambda v: v >= 200),
     ("one stream, frame graph, eager networks (fps)", "frame_path.json", _frame_mode("graph"), "-", None),
+    ("one stream, tuned frame graph: channels_last, fused QKV (fps)", "frame_path_tuned.json",
+     _frame_mode("graph+compile+cl", "graph+compile+clv", file="frame_path_tuned.json"), ">= 200 (moonshot 300)",
+     lambda v: v >= 200),
+    ("one stream, tuned frame graph + FP8 UNet (fps)", "frame_path_tuned.json",
+     _frame_mode("graph+compile+clv+fp8", file="frame_path_tuned.json"), ">= 200 (moonshot 300)", lambda v: v >= 200),
+    ("FP8 over float16, tuned frame graph (x)", "frame_path_tuned.json",
+     _mode_ratio("frame_path_tuned.json", "graph+compile+clv+fp8", "graph+compile+clv"), "-", None),
+    ("FP8 UNet output, relative L2 from float16", "frame_path.json", _key("frame_path.json", "fp8", "unet_rel_l2"),
+     "- (reported)", None),
+    ("FP8 frames, PSNR against float16 (dB)", "frame_path.json",
+     _key("frame_path.json", "fp8", "frame_psnr_db_median"), "- (reported)", None),
+    ("max-autotune over default compile, tuned frame graph (x)", "frame_path_autotune.json",
+     _mode_ratio("frame_path_autotune.json", "graph+autotune", "graph+compile+clv"), "-", None),
     ("one stream, compile per network (fps, before)", "frame_path.json", _frame_mode("compile"), "-", None),
     ("RCFG self over full (frame graph)", "frame_path.json",
      _key("frame_path.json", "ratios", "RCFG self over full", on=lambda d: d.get("model")), ">= 1.6",

@@ -351,6 +351,9 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
                    help="live runs on a GPU: each frame (preprocess, VAE, UNet, step, postprocess) replayed as one "
                         "captured CUDA graph with 2 frames in flight (outputs one frame behind; with --acceleration "
                         "compile the networks are compiled without graphs of their own); not for serve")
+    g.add_argument("--fp8", action="store_true",
+                   help="the UNet's linear and 1x1 layers as float8 e4m3 products (weights per channel, activations "
+                        "per token): a GPU of compute capability 8.9+ (Ada, Hopper); not with --lora or TensorRT")
     g.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto)")
     g.add_argument("--dtype", default="auto", help="auto (float16 on CUDA, float32 on CPU), float16, float32")
     g.add_argument("--threads", type=number(int, 1, 1024), default=None,

@@ -107,6 +107,13 @@ def load_components(request: ImageRequest):
     comps = resolve_demo_default(request.model, device=device, dtype=dtype, taesd=request.taesd or None,
                                  lcm_lora=request.lcm_lora)
     add_addons(request.addons, comps, device, dtype)
+    if request.fp8:
+        if request.acceleration == "tensorrt":
+            raise StreamStudioError("--fp8 runs the UNet's products in FP8 in torch; TensorRT engines are built from "
+                                    "its float weights: use --acceleration compile or none with --fp8")
+        from streamstudio.models.image.fp8 import apply_fp8
+
+        comps = apply_fp8(comps)
     return comps
 
 

@@ -41,6 +41,7 @@ class ImageRequest:
     lcm_lora: str = "auto"
     acceleration: str = "none"  # none, compile, tensorrt
     frame_graph: bool = False  # live frames replayed as one captured graph (pipelines/image/frame_graph.py)
+    fp8: bool = False  # the UNet's linear and 1x1 layers as FP8 products (models/image/fp8.py)
     device: str = "auto"
     dtype: str = "auto"
     threads: int | None = None
