@@ -123,6 +123,13 @@ def test_video_to_video_starts_at_strength(backbone):
     s._call = lambda x, ts, first_frame=None: (seen.append(ts), real(x, ts, first_frame))[1]
     s.chunk(torch.zeros(2, 3, 16, 16))
     assert seen == [500.0, 250.0, 0.0]  # 600 - 100, the steps below it, the context call
+    for strength, first in ((0.2, 100.0), (0.12, 60.0), (0.05, 25.0)):  # below 0.2: half the level, never 0
+        s = sampler(backbone, strength=strength, steps=(1000.0, 750.0, 500.0, 250.0), warp=False)
+        seen = []
+        real = s._call
+        s._call = lambda x, ts, first_frame=None: (seen.append(ts), real(x, ts, first_frame))[1]
+        s.chunk(torch.zeros(2, 3, 16, 16))
+        assert seen == [first, 0.0]
 
 
 def test_flow_table_is_the_references():

@@ -16,7 +16,8 @@ s' = shift s / (1 + (shift - 1) s), the entry nearest the timestep (their FlowMa
 - Text changes mid-stream re-cache (LongLive's KV re-cache): the frames in the cache are run
   through the context call again under the new prompt, so what later chunks read agrees with it.
 - Video-to-video (StreamDiffusionV2's): each input chunk's latents are noised to `strength`
-  (sigma) and sampled from the first step whose timestep is 1000 * strength - 100 on; with
+  (sigma) and sampled from the first step whose timestep is 1000 * strength - 100 on (half the
+  level below strength 0.2, where that would reach 0); with
   `motion_aware` the strength follows the input's motion (more motion, less noise):
   sigma <- 0.9 (strength - 0.1 m) + 0.1 sigma, m = the largest per-frame RMS change / 0.2, in [0, 1].
 
@@ -184,9 +185,12 @@ class CausalSampler:
         return self.noise_fn(self.chunks, 0).to(self.device, self.dtype)
 
     def v2v_start(self, latents: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, list[float]]:
-        """Video-to-video: the input chunk noised to the current sigma, and the steps from 1000 sigma - 100."""
+        """Video-to-video: the input chunk noised to the current sigma, and the steps from 1000 sigma - 100
+        (StreamDiffusionV2's); below sigma 0.2 the offset is half the level (1000 sigma / 2), so a low
+        strength, or motion-aware strength brought low, still starts at a timestep above 0."""
         x = self.sigma * noise + (1 - self.sigma) * latents.to(self.device, self.dtype)
-        first = float(int(1000 * self.sigma) - V2V_STEP_OFFSET)
+        level = int(1000 * self.sigma)
+        first = float(level - min(V2V_STEP_OFFSET, level // 2))
         return x, [first] + [s for s in self.steps if s < first]
 
     def _reserve(self) -> None:
