@@ -41,6 +41,8 @@
 #                       1x1 layers in FP8 (--fp8, Ada/Hopper), interleaved; FP8's numeric difference
 #     autotune          benchmarks/frame_path.py --parts autotune: the tuned frame with torch.compile's
 #                       max-autotune (minutes of compiling) against the same without
+#     gsplat            benchmarks/splats.py --gsplat: gsplat 1.5.3 (carried in .whl, its CUDA compiled there
+#                       on first use, MAX_JOBS=16) beside ours, 1M Gaussians at 1920x1080, same cameras
 #
 # The calls (the device tool's `run`), the first right after the second's prerequisites are made here:
 #   bash benchmarks/gpu_wheels.sh && bash benchmarks/gpu_prebuild.sh        # here, before the session
@@ -90,10 +92,10 @@ done
 declare -A LIMIT=([build]=15 [tests]=60 [frame_path]=230 [multistream]=85 [peers]=110 [tensorrt]=0
                   [splats]=15 [video]=25 [causal]=40 [addons]=110 [webapp]=0
                   [kernels]=140 [stream_diffusion]=100 [tests_slow]=110 [kernels_full]=100
-                  [tuned]=220 [autotune]=300)
+                  [tuned]=220 [autotune]=300 [gsplat]=300)
 FIRST="build tests frame_path multistream peers tensorrt"
 SECOND="splats video causal addons webapp"
-LATER="kernels stream_diffusion tests_slow kernels_full tuned autotune"  # only when named
+LATER="kernels stream_diffusion tests_slow kernels_full tuned autotune gsplat"  # only when named
 RESERVE=15                         # kept for the summary
 CALL_FIRST=540 CALL_SECOND=240     # the device calls' timeout_s
 BUDGET_FIRST=520 BUDGET_SECOND=220 # the script's own budget in each call: the call keeps a margin
@@ -241,6 +243,8 @@ stage stream_diffusion python3 benchmarks/stream_diffusion.py --device cuda --pa
 stage video python3 benchmarks/stream_video.py --gpu-only --output "$OUT/stream_video.json" "${HELP[@]}"
 stage causal python3 benchmarks/causal_video.py --gpu-only --out "$OUT/causal_video.json" "${HELP[@]}"
 stage splats python3 benchmarks/splats.py --cuda-only --out "$OUT/splats.json" "${HELP[@]}"
+export MAX_JOBS=${MAX_JOBS:-16}  # gsplat compiles its CUDA sources on first use, on every core
+stage gsplat python3 benchmarks/splats.py --gsplat --out "$OUT/splats_gsplat.json" "${HELP[@]}"
 stage multistream python3 benchmarks/multistream.py --quick --out "$OUT/multistream.json" "${HELP[@]}"
 case "$STAGES" in *" tensorrt "*)
   missing tensorrt "not run: the GPU image has no TensorRT, and its wheels are far beyond the 64 MiB a call carries" ;;

@@ -32,7 +32,7 @@ STAGE_OF = {"gpu_tests.xml": "tests", "gpu_tests_slow.xml": "tests_slow", "kerne
             "stream_diffusion.json": "stream_diffusion", "splats.json": "splats", "stream_video.json": "video",
             "multistream.json": "multistream", "webapp.json": "webapp", "stream_diffusion_addons.json": "addons",
             "kernels_full.json": "kernels_full", "frame_path.json": "frame_path", "peers.json": "peers",
-            "frame_path_tuned.json": "tuned", "frame_path_autotune.json": "autotune"}
+            "frame_path_tuned.json": "tuned", "frame_path_autotune.json": "autotune", "splats_gsplat.json": "gsplat"}
 
 KILLED_RCS = (124, 137)  # timeout's exit status, and SIGKILL after --kill-after
 
@@ -308,6 +308,8 @@ FIGURES = [
      _key("stream_diffusion.json", "sd_turbo_arch", "fps_1step_512"), "-", None),
     ("splats 1M Gaussians 1920x1080 CUDA (fps)", "splats.json", _key("splats.json", "cuda", "fps"),
      "- (gsplat 172 on a TITAN RTX)", None),
+    ("splats 1M 1920x1080: ours / gsplat 1.5.3, same card and cameras (x)", "splats_gsplat.json",
+     _key("splats_gsplat.json", "gsplat", "ours_over_gsplat"), ">= 1.0", lambda v: v >= 1.0),
     ("StreamDiT 4B step (ms)", "stream_video.json", _key("stream_video.json", "gpu_4b", "step_ms"),
      "<= 350 on an H100 (paper 482)", lambda v: v <= 350),
     # the second call's

@@ -7,7 +7,9 @@
 # they exceed the 64 MiB the device tool carries with the working tree, and nothing the GPU run does
 # needs them (gpu_session.sh imports only the test files with gpu tests; webapp is reported missing).
 # tests/acceleration/test_gpu_session.py counts the pinned wheels below as part of the GPU image.
-# streamdiffusion (pure Python, installed with --no-deps) is the peer benchmarks/peers.py times.
+# streamdiffusion (pure Python, installed with --no-deps) is the peer benchmarks/peers.py times;
+# gsplat 1.5.3 (a py3-none-any wheel holding its CUDA sources, compiled on first use by the image's
+# nvcc and ninja; its jaxtyping and rich are on the image) the one benchmarks/splats.py --gsplat times.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exclude="$(git rev-parse --git-dir)/info/exclude"  # .whl/ stays out of git
@@ -17,7 +19,7 @@ mkdir -p .whl
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   --platform any -d .whl "diffusers==0.42.1" "importlib_metadata==8.7.0" "zipp==3.23.0" \
-  "streamdiffusion==0.1.1"
+  "streamdiffusion==0.1.1" "gsplat==1.5.3"
 ls -l .whl
 size=$(du -sm .whl | cut -f1)
 echo "total ${size} MiB (the device tool carries at most 64 MiB with the working tree)"

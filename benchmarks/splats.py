@@ -5,6 +5,7 @@ at 10k and 100k Gaussians, 256x256 and 512x512, their speed-ups over the pure-to
 
     python3 benchmarks/splats.py [--quick] [--threads 2]
     python3 benchmarks/splats.py --cuda-only     # on a GPU machine: the CUDA row alone
+    python3 benchmarks/splats.py --gsplat        # on a GPU machine with gsplat: it beside ours
 
 Writes benchmarks/results/splats.json (splats_quick.json with --quick) and prints a table.
 The scenes are synthetic and surface-like (a sphere, a ring of small spheres and a ground
@@ -140,6 +141,42 @@ def gpu_row() -> dict:
             "device": torch.cuda.get_device_name(), "compare": GSPLAT_PUBLISHED}
 
 
+def gsplat_render(gsplat, a: dict) -> torch.Tensor:
+    """One `frame_args` frame through gsplat's `rasterization` (the same Gaussians, SH degree and
+    camera; gsplat's classic mode, no background): (H, W, 3)."""
+    fx, fy, cx, cy = a["intrinsics"]
+    k = torch.tensor([[fx, 0.0, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]], device=a["means"].device)
+    colors, _, _ = gsplat.rasterization(a["means"], a["quats"], a["scales"], a["opacities"], a["colors"],
+                                        a["viewmat"][None].float(), k[None], a["width"], a["height"],
+                                        sh_degree=a["sh_degree"], near_plane=0.01, far_plane=1e10)
+    return colors[0]
+
+
+def gsplat_row(device: torch.device, n: int = 1_000_000, frames: int = 10, impl: str = "cuda", gsplat=None) -> dict:
+    """gsplat beside ours (`impl`) on the same scene and cameras, frame by frame in turn (ours, then
+    gsplat's, each timed alone), and how far apart their first frames are (PSNR, dB)."""
+    if gsplat is None:
+        try:
+            import gsplat  # type: ignore[import-not-found,no-redef]
+        except ImportError as exc:
+            return {"status": f"missing: gsplat does not import ({exc})"}
+    sync = synchronizer(device)
+    width, side = (1920, 1080) if n >= 1_000_000 else (None, 256)
+    args = frame_args(synthetic_scene(n), side, frames, device=str(device), width=width)
+    ours_img = rasterize_gaussians(**args[0], impl=impl).rgb  # (warm-ups: gsplat's first call compiles)
+    theirs_img = gsplat_render(gsplat, args[0])
+    mse = float(((ours_img.clamp(0, 1) - theirs_img.clamp(0, 1)) ** 2).mean())
+    ours, theirs = [], []
+    for a in args:
+        ours.append(timed(lambda: rasterize_gaussians(**a, impl=impl), sync)[1])
+        theirs.append(timed(lambda: gsplat_render(gsplat, a), sync)[1])
+    fps_ours, fps_theirs = 1 / statistics.median(ours), 1 / statistics.median(theirs)
+    return {"status": "measured", "gaussians": n, "size": f"{args[0]['width']}x{args[0]['height']}",
+            "fps_ours": fps_ours, "fps_gsplat": fps_theirs, "ours_over_gsplat": fps_ours / fps_theirs,
+            "psnr_db": 99.0 if mse == 0 else -10 * math.log10(mse), "gsplat": getattr(gsplat, "__version__", "?"),
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"}
+
+
 def print_row(row: dict) -> None:
     target = f"{row['target_fps']:>6.0f}" if "target_fps" in row else "     -"
     print(f"{row['gaussians']:>9,} {row['size']:>9} {row['impl']:>6} {row['threads']:>7} {row['fps_wall']:>9.2f} "
@@ -154,8 +191,21 @@ def main(argv: list[str] | None = None) -> int:
                              "at 1 (on this shared, busy machine torch with 2 threads is ~10x slower: its "
                              "threads wait at barriers)")
     parser.add_argument("--cuda-only", action="store_true", help="only the CUDA row (on a GPU machine)")
+    parser.add_argument("--gsplat", action="store_true",
+                        help="only gsplat beside ours: 1M Gaussians at 1920x1080, same cameras (GPU, gsplat installed)")
     parser.add_argument("--out", default=None, help="JSON output (default benchmarks/results/splats.json)")
     args = parser.parse_args(argv)
+    if args.gsplat:
+        row = gsplat_row(torch.device("cuda")) if torch.cuda.is_available() else {"status": "missing: no GPU"}
+        if row["status"] == "measured":
+            ok = "pass" if row["ours_over_gsplat"] >= 1.0 else "MISS"
+            print(f"1M / 1920x1080: ours {row['fps_ours']:.1f} fps, gsplat {row['fps_gsplat']:.1f} fps: "
+                  f"{row['ours_over_gsplat']:.2f}x (target >= 1.0): {ok}; frames {row['psnr_db']:.1f} dB apart")
+        else:
+            print(row["status"])
+        out = write_json(args.out or RESULTS / "splats_gsplat.json", {"benchmark": "splats", "gsplat": row})
+        print(f"wrote {out}")
+        return 0 if row["status"] == "measured" else 1
     if args.cuda_only:
         gpu = gpu_row()
         print(f"CUDA 1M / 1920x1080: {gpu.get('fps', gpu['status'])}  ({gpu['compare']})")
