@@ -6,7 +6,7 @@ layer's own dtype. Everything else (3x3 convolutions, norms, attention's softmax
 A layer is converted when both its sides are multiples of 16 (FP8 GEMMs need them); the rest stay
 as they are. The weights' float8 copies replace the originals (half the memory of float16 for
 those layers). FP8 products need a GPU of compute capability 8.9 or more (Ada, Hopper); the CPU
-runs them too (torch's `_scaled_mm`), slowly, for checking. benchmarks/fp8.py reports the
+runs them too (torch's `_scaled_mm`), slowly, for checking. benchmarks/frame_path.py reports the
 numeric difference and, on a GPU, the speed.
 """
 
