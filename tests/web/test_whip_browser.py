@@ -234,3 +234,35 @@ def test_five_chromium_viewers_and_a_publisher_that_reconnects(server, page_orig
             later = poll(page, lambda s, c=count: s["decoded"] >= c + 15)
             assert later["state"] == "connected", later
         assert len([r for r in server.app.state.whip.resources.values() if r.kind == "whep"]) == 5
+
+
+def test_chromium_publishes_into_the_causal_model_from_its_first_frame(page_origin):
+    """`serve --live-pipeline video --video-model builtin-causal`: a Chromium page's fake camera
+    over WHIP goes through the causal video model from the stream's first frame (no deck step),
+    and a second page watches it over WHEP at the model's output size."""
+    from streamstudio.app.web.video_deck import VideoLiveProcessor
+
+    srv = start("--live-pipeline", "video", "--video-model", "builtin-causal", "--whip-token", TOKEN,
+                "--prompt", "a red circle moving left")
+    try:
+        with chromium() as ctx:
+            publisher, viewer = ctx.new_page(), ctx.new_page()
+            publisher.goto(page_origin)
+            viewer.goto(page_origin)
+            published = publisher.evaluate(PUBLISH_JS, [f"{srv.url}/whip/causal", TOKEN])
+            assert published["status"] == 201, published
+            poll(publisher, lambda s: s["state"] == "connected" and s["sent"] > 5)
+            deadline = time.monotonic() + 40
+            session = srv.manager.get("causal")
+            while session is None or not getattr(session.processor, "ready", False):
+                assert time.monotonic() < deadline, "the causal stream gave no chunk"
+                time.sleep(0.1)
+                session = srv.manager.get("causal")
+            assert isinstance(session.processor, VideoLiveProcessor) and "builtin-causal" in session.stats()["model"]
+            watching = viewer.evaluate(WATCH_JS, [f"{srv.url}/whep/causal", TOKEN])
+            assert watching["status"] == 201, watching
+            stats = poll(viewer, lambda s: s["state"] == "connected" and s["decoded"] >= 10)
+            assert (stats["width"], stats["height"]) == (SIZE, SIZE), stats  # the model's square output
+            assert session.error is None and session.processed > 10
+    finally:
+        srv.close()
