@@ -1,6 +1,7 @@
-"""benchmarks/gpu_video_train.sh (one GPU call for issue 30's wider video model) runs end to end
-on the CPU with tiny knobs, and what it leaves in $OUT is what the device tool brings back: fp16
-weights of the wider model under 20 MB that load and sample."""
+"""benchmarks/gpu_video_train.sh (one GPU call for issue 30's wider video model) and
+gpu_causal_train.sh (issue 49's 4x4-patch causal model) run end to end on the CPU with tiny knobs,
+and what they leave in $OUT is what the device tool brings back: fp16 weights under 20 MB that
+load and sample."""
 
 from __future__ import annotations
 
@@ -15,15 +16,20 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_video_train.sh"
 
 
+def run_script(name: str, tmp_path: Path, **knobs: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work"), "BUDGET": "4",
+           "PROBE": "2", "MINSTEPS": "3", **knobs,
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return subprocess.run(["bash", str(ROOT / "benchmarks" / name)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
 def test_the_gpu_video_run_brings_back_loadable_fp16_weights(tmp_path):
     from safetensors.torch import load_file
 
     from streamstudio.models.video.stream_dit import count_parameters, load_checkpoint
 
-    env = {**os.environ, "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work"), "BUDGET": "4",
-           "BATCH": "2", "WORKERS": "1", "PROBE": "2", "MINSTEPS": "3",
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    run = subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    run = run_script(SCRIPT.name, tmp_path, BATCH="2", WORKERS="1")
     assert run.returncode == 0, run.stdout + run.stderr
     wide = tmp_path / "out" / "wide"
     weights = wide / "model.safetensors"
@@ -36,3 +42,24 @@ def test_the_gpu_video_run_brings_back_loadable_fp16_weights(tmp_path):
     with torch.no_grad():
         v = model(torch.randn(1, 8, 3, 32, 32), torch.rand(1, 8), model.encode_text(["a red circle moving left"]))
     assert v.shape == (1, 8, 3, 32, 32) and torch.isfinite(v).all()
+
+
+def test_the_gpu_causal_run_brings_back_a_loadable_fp16_causal_model(tmp_path):
+    from safetensors.torch import load_file
+
+    from streamstudio.models.video.causal_backbone import CausalWanBackbone
+    from streamstudio.models.video.causal_checkpoint import load_causal_checkpoint
+    from streamstudio.pipelines.video.causal_video import CausalConfig, CausalSampler
+
+    run = run_script("gpu_causal_train.sh", tmp_path, BATCH="4")
+    assert run.returncode == 0, run.stdout + run.stderr
+    folder = tmp_path / "out" / "causal"
+    assert all(v.dtype == torch.float16 for v in load_file(str(folder / "model.safetensors")).values())
+    causal = load_causal_checkpoint(folder)
+    assert causal.model.cfg.patch_size == (1, 4, 4) and (tmp_path / "out" / "train.log").exists()
+    sampler = CausalSampler(CausalWanBackbone(causal.model, causal.text_encoder),
+                            CausalConfig(chunk_frames=2, window=6, steps=(1000.0, 500.0)), (3, 32, 32),
+                            "a red circle moving left")
+    with torch.no_grad():
+        chunk = sampler.chunk()
+    assert chunk.shape == (2, 3, 32, 32) and torch.isfinite(chunk).all()
