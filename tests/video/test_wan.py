@@ -277,6 +277,27 @@ def test_render_from_the_cli_entry(wan_dir, tmp_path, capsys):
     assert hasattr(compiled.sampler.backbone.transformer, "_orig_mod")
 
 
+@pytest.mark.parametrize("name", ["wan", "builtin", "builtin-causal"])
+def test_output_size_is_the_built_streams_without_building_one(name, wan_dir):
+    """`video_output_size` (what `serve --live-pipeline video` sizes its streams by, since building a
+    stream to learn its size allocates a causal model's KV cache) equals the built stream's size
+    for each kind of model and each way of asking: the checkpoint's own, one side, both, an aspect."""
+    from streamstudio.app.streams.video import video_output_size
+
+    model, meta = load_video_model(str(wan_dir) if name == "wan" else name, "cpu")
+    asks = [{}, {"width": 48}, {"height": 40}, {"width": 64, "height": 32}]
+    if name != "wan":  # (a Wan checkpoint is text-to-video only: no input aspect)
+        asks += [{"aspect": 16 / 9}, {"aspect": 0.75, "width": 96}]
+    for ask in asks:
+        stream = build_stream(model, meta, "a red circle", width=ask.get("width"), height=ask.get("height"),
+                              aspect=ask.get("aspect"), strength=1.0)
+        height, width = stream.out_size
+        assert video_output_size(model, meta, ask.get("width"), ask.get("height"), ask.get("aspect")) == \
+            (width, height), (name, ask)
+    # the checkpoints' own sizes: 32x32 pixel grids x 8, Wan's 480x832 (docs/video.md)
+    assert video_output_size(model, meta, None, None) == {"wan": (832, 480)}.get(name, (256, 256))
+
+
 def test_errors_say_what_to_do(wan_dir, tmp_path, monkeypatch):
     model, meta = load_video_model(str(wan_dir), "cpu")
     with pytest.raises(StreamStudioError, match="text-to-video only"):

@@ -39,6 +39,17 @@ def latent_grid(model: CausalModel, out_w: int, out_h: int) -> tuple[int, int]:
     return max(ph, round(out_h / spatial / ph) * ph), max(pw, round(out_w / spatial / pw) * pw)
 
 
+def causal_output_size(model: CausalModel, width: int | None, height: int | None,
+                       aspect: float | None) -> tuple[int, int]:
+    """The (width, height) a causal stream of `model` gives (`build_causal_stream`'s output): as
+    asked, a side not given from `aspect` (None: the model's own grid), the longer side the model's
+    size (a pixel-space model's times PIXEL_SCALE, a VAE model's times its factor) by default."""
+    s = model.sampling
+    side = max(int(s.get("height", 32)), int(s.get("width", 32)))
+    default = side * (PIXEL_SCALE if model.codec.spatial == 1 else model.codec.spatial)
+    return output_size(width, height, default, aspect or int(s.get("width", 32)) / int(s.get("height", 32)))
+
+
 def build_causal_stream(model: CausalModel, prompt: str, *, strength: float = 1.0, seed: int = 0,
                         width: int | None = None, height: int | None = None, aspect: float | None = None,
                         chunk_frames: int | None = None, acceleration: str = "none",
@@ -65,10 +76,7 @@ def build_causal_stream(model: CausalModel, prompt: str, *, strength: float = 1.
     if guidance is not None:  # (None: the checkpoint's; the distilled ones have none)
         values["guidance"] = guidance
     cfg = CausalConfig(**{**values, "seed": seed})
-    side = max(int(s.get("height", 32)), int(s.get("width", 32)))
-    default = side * (PIXEL_SCALE if model.codec.spatial == 1 else model.codec.spatial)
-    ratio = aspect or int(s.get("width", 32)) / int(s.get("height", 32))
-    out_w, out_h = output_size(width, height, default, ratio)
+    out_w, out_h = causal_output_size(model, width, height, aspect)
     lat_h, lat_w = latent_grid(model, out_w, out_h)
     network = model.model
     if acceleration == "compile":  # (an OptimizedModule: the module to its callers)

@@ -130,6 +130,28 @@ def latent_size(side: tuple[int, int], patch: int, window: tuple[int, int, int],
     return long_tokens * patch, tokens(long_tokens * aspect, window[2]) * patch
 
 
+def video_output_size(model: StreamDiT | wan.WanModel | CausalModel, meta: dict, width: int | None,
+                      height: int | None, aspect: float | None = None) -> tuple[int, int]:
+    """The (width, height) of the frames `build_stream` gives for these arguments, without building
+    a stream (a causal stream allocates its KV cache): as asked, a side not given from `aspect`
+    (None: the checkpoint's grid), the longer side the checkpoint's (a StreamDiT's latent side times
+    LATENT_SCALE, a Wan checkpoint's own pixels, a causal model's as `causal_output_size`)."""
+    from streamstudio.app.streams.image import output_size
+    from streamstudio.models.video.causal_checkpoint import CausalModel
+    from streamstudio.models.video.wan import WanModel
+
+    if isinstance(model, CausalModel):
+        from streamstudio.app.streams.causal import causal_output_size
+
+        return causal_output_size(model, width, height, aspect)
+    if isinstance(model, WanModel):
+        s = model.sampling
+        return output_size(width, height, max(s["height"], s["width"]), s["width"] / s["height"])
+    sampling = meta.get("sampling", {})
+    side = (sampling.get("height", 32), sampling.get("width", 32))
+    return output_size(width, height, max(side) * LATENT_SCALE, aspect or side[1] / side[0])
+
+
 def build_stream(model: StreamDiT | wan.WanModel | CausalModel, meta: dict, prompt: str, *, strength: float = 1.0,
                  seed: int = 0, width: int | None = None, height: int | None = None, aspect: float | None = None,
                  num_chunks: int | None = None, chunk_size: int | None = None, micro_steps: int | None = None,
@@ -147,7 +169,6 @@ def build_stream(model: StreamDiT | wan.WanModel | CausalModel, meta: dict, prom
     the checkpoint's `sampling.solver`, else euler) is how a frame moves one level
     (`StreamBufferConfig.solver`); the checkpoint's `sampling.clip_sample` (a pixel-space model's)
     clips each predicted clean frame to [-1, 1]."""
-    from streamstudio.app.streams.image import output_size
     from streamstudio.models.video.video_net import StreamDiTBackbone
     from streamstudio.models.video.wan import WanModel
     from streamstudio.pipelines.video.stream_video import StreamBufferConfig, StreamVideoConfig, VideoStream
@@ -179,7 +200,7 @@ def build_stream(model: StreamDiT | wan.WanModel | CausalModel, meta: dict, prom
         solver=solver or sampling.get("solver", "euler"),
         clip_sample=bool(sampling.get("clip_sample", False)))
     side = (sampling.get("height", 32), sampling.get("width", 32))
-    out_w, out_h = output_size(width, height, max(side) * LATENT_SCALE, aspect or side[1] / side[0])
+    out_w, out_h = video_output_size(model, meta, width, height, aspect)
     fw, hw, ww = model.cfg.window
     lat_h, lat_w = latent_size(side, model.cfg.patch_size, (fw, hw, ww), out_w / out_h)
     cfg = StreamVideoConfig(buffer, height=lat_h, width=lat_w, out_height=out_h, out_width=out_w)
@@ -255,7 +276,6 @@ def build_wan_stream(model: wan.WanModel, prompt: str, *, strength: float = 1.0,
     latent frames gives 1 + 4 (c - 1) frames, every later chunk 4c), the Wan sampling defaults
     (480x832, flow shift 3, guidance 5, N=4 c=2 s=2) where not overridden. The latent grid is the
     output's size / 8 to the nearest patch; decoded frames are resized to the output size."""
-    from streamstudio.app.streams.image import output_size
     from streamstudio.pipelines.video.stream_video import StreamBufferConfig, StreamVideoConfig, VideoStream
 
     if strength < 1 or aspect is not None:
@@ -268,7 +288,7 @@ def build_wan_stream(model: wan.WanModel, prompt: str, *, strength: float = 1.0,
     buffer = StreamBufferConfig(num_chunks=num_chunks or s["num_chunks"], chunk_size=chunk_size or s["chunk_size"],
                                 micro_steps=micro_steps or s["micro_steps"], shift=s["shift"], seed=seed,
                                 solver=solver or s.get("solver", "euler"))
-    out_w, out_h = output_size(width, height, max(s["height"], s["width"]), s["width"] / s["height"])
+    out_w, out_h = video_output_size(model, {}, width, height, None)
     lat_h, lat_w = model.latent_size(out_h, out_w)
     cfg = StreamVideoConfig(buffer, height=lat_h, width=lat_w, out_height=out_h, out_width=out_w, decode_overlap=0)
     guidance = s["guidance"] if guidance is None else guidance

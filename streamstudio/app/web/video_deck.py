@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 
 from streamstudio.app.streams.requests import ImageRequest
-from streamstudio.app.streams.video import DEFAULT_STRENGTH, VideoFrames, build_stream, load_video_model
+from streamstudio.app.streams.video import (DEFAULT_STRENGTH, VideoFrames, build_stream, load_video_model,
+                                           video_output_size)
 from streamstudio.app.web.model_guard import ModelGuard
 from streamstudio.device import pick_device
 from streamstudio.errors import StreamStudioError
@@ -247,10 +248,7 @@ def live_video_model(model_name: str | None, image: ImageRequest) -> VideoDeckMo
     seed the table's."""
     device = pick_device(image.device)
     network, meta = load_video_model(model_name, device, image.dtype)
-    probe = build_stream(network, meta, image.prompt, width=image.width, height=image.height)
-    size = probe.out_size
-    assert size is not None  # (build_stream gives every stream its output size)
-    del probe
+    width, height = video_output_size(network, meta, image.width, image.height)
     seed = int(image.settings.get("seed", StreamDiffusionConfig.seed))
-    config = StreamDiffusionConfig(width=size[1], height=size[0], seed=seed)
+    config = StreamDiffusionConfig(width=width, height=height, seed=seed)
     return VideoDeckModel(f"{model_name or 'builtin'} (video)", network, meta, config, image.prompt)

@@ -38,7 +38,7 @@ from streamstudio.errors import StreamStudioError
 from streamstudio.models.video.causal_backbone import CausalWanBackbone
 from streamstudio.models.video.causal_wan import CausalText, KVCache
 from streamstudio.models.video.video_net import PixelCodec, VideoCodec
-from streamstudio.pipelines.video.stream_video import ChunkDecoder, to_uint8
+from streamstudio.pipelines.video.stream_video import ChunkDecoder, OutputSize, to_uint8
 
 V2V_STEP_OFFSET = 100  # StreamDiffusionV2: the first step's timestep is 1000 * sigma - 100
 
@@ -271,13 +271,15 @@ class CausalStreamConfig:
     temporal: int = 1  # video frames per latent frame after the first (Wan's VAE: 4)
 
 
-class CausalVideoStream:
+class CausalVideoStream(OutputSize):
     """Frame-in / frame-out over a `CausalSampler`, the same API as `VideoStream`: text-to-video
     `push(None)` or `frames(n)`; video-to-video `push(frame)` per input frame, then `flush()`.
 
     With a temporal codec (Wan's VAE packs 4 frames in a latent frame, the first one alone) a
     chunk of c latent frames is 1 + 4 (c - 1) video frames first and 4c after; frames are encoded
     and decoded as one continuing video (the codec's `stream()`)."""
+
+    cfg: CausalStreamConfig
 
     def __init__(self, backbone: CausalWanBackbone, cfg: CausalStreamConfig, prompt: str,
                  codec: VideoCodec | None = None):
@@ -290,12 +292,6 @@ class CausalVideoStream:
         self.previous: torch.Tensor | None = None  # the last input image of the previous chunk
         self.pushed = self.sampled = self.emitted = 0
         self.mode: str | None = None
-
-    @property
-    def out_size(self) -> tuple[int, int] | None:
-        if self.cfg.out_height and self.cfg.out_width:
-            return (self.cfg.out_height, self.cfg.out_width)
-        return None
 
     @property
     def summary(self) -> str:

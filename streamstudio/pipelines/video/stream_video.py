@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Protocol
 
 import numpy as np
 import torch
@@ -322,9 +322,30 @@ class StreamVideoConfig:
     decode_overlap: int = 1
 
 
-class VideoStream:
+class SizedConfig(Protocol):
+    out_height: int | None
+    out_width: int | None
+
+
+class OutputSize:
+    """A video stream's `out_size` from its config's out_height and out_width (VideoStream and
+    CausalVideoStream)."""
+
+    cfg: SizedConfig
+
+    @property
+    def out_size(self) -> tuple[int, int] | None:
+        """(height, width) of the frames handed out; None: the latent size."""
+        if self.cfg.out_height and self.cfg.out_width:
+            return (self.cfg.out_height, self.cfg.out_width)
+        return None
+
+
+class VideoStream(OutputSize):
     """Frame-in / frame-out streaming. Text-to-video: `push(None)` or `frames(n)`;
     video-to-video: `push(frame)` per input frame, then `flush()`. Frames are RGB uint8 HxWx3."""
+
+    cfg: StreamVideoConfig
 
     def __init__(self, backbone: VideoBackbone, cfg: StreamVideoConfig, prompt: str,
                  codec: VideoCodec | None = None, device: torch.device | str = "cpu",
@@ -340,12 +361,6 @@ class VideoStream:
         self.emitted = 0  # frames handed out
         self._last_clean: torch.Tensor | None = None
         self.mode: str | None = None
-
-    @property
-    def out_size(self) -> tuple[int, int] | None:
-        if self.cfg.out_height and self.cfg.out_width:
-            return (self.cfg.out_height, self.cfg.out_width)
-        return None
 
     @property
     def chunk_frames_out(self) -> int:
