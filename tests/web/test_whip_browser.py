@@ -94,6 +94,23 @@ def poll(page, predicate, timeout: float = 40.0) -> dict:
     raise AssertionError(f"timed out; the page's last stats: {stats}")
 
 
+def publish(page, base_url: str, name: str) -> dict:
+    """`page` publishes its fake camera to /whip/`name` and is connected and sending (the 201's answer)."""
+    published = page.evaluate(PUBLISH_JS, [f"{base_url}/whip/{name}", TOKEN])
+    assert published["status"] == 201, published
+    poll(page, lambda s: s["state"] == "connected" and s["sent"] > 5)
+    return published
+
+
+def wait_for_session(srv, name: str, ready, what: str, timeout: float = 40.0):
+    """The server's session `name` once `ready(session)` holds."""
+    deadline = time.monotonic() + timeout
+    while (session := srv.manager.get(name)) is None or not ready(session):
+        assert time.monotonic() < deadline, f"{what}: {session.stats() if session is not None else 'no session'}"
+        time.sleep(0.1)
+    return session
+
+
 def test_chromium_publishes_over_whip_and_watches_over_whep(server, page_origin):
     """A Chromium page publishes its fake camera to /whip/browser; another page (the same origin,
     not the server's) watches /whep/browser: the viewer decodes the processed frames at the
@@ -103,15 +120,10 @@ def test_chromium_publishes_over_whip_and_watches_over_whep(server, page_origin)
         publisher, viewer = ctx.new_page(), ctx.new_page()
         publisher.goto(page_origin)
         viewer.goto(page_origin)
-        published = publisher.evaluate(PUBLISH_JS, [f"{server.url}/whip/browser", TOKEN])
-        assert published["status"] == 201, published
+        published = publish(publisher, server.url, "browser")
         assert published["location"].startswith("/whip/browser/") and published["etag"]
-        poll(publisher, lambda s: s["state"] == "connected" and s["sent"] > 5)
-        session = server.manager.get("browser")
-        deadline = time.monotonic() + 40
-        while session.processed < 3:  # the browser's frames go through the model
-            assert time.monotonic() < deadline, session.stats()
-            time.sleep(0.1)
+        # the browser's frames go through the model
+        session = wait_for_session(server, "browser", lambda s: s.processed >= 3, "no processed frame")
 
         watching = viewer.evaluate(WATCH_JS, [f"{server.url}/whep/browser", TOKEN])
         assert watching["status"] == 201, watching
@@ -139,12 +151,8 @@ def test_chromium_publishes_and_the_stream_is_pushed_to_rtmp(server, page_origin
     with chromium() as ctx:
         publisher = ctx.new_page()
         publisher.goto(page_origin)
-        assert publisher.evaluate(PUBLISH_JS, [f"{server.url}/whip/chrome-out", TOKEN])["status"] == 201
-        poll(publisher, lambda s: s["state"] == "connected" and s["sent"] > 5)
-        deadline = time.monotonic() + 40
-        while (session := server.manager.get("chrome-out")) is None or session.processed < 3:
-            assert time.monotonic() < deadline, "no processed frame"
-            time.sleep(0.1)
+        publish(publisher, server.url, "chrome-out")
+        wait_for_session(server, "chrome-out", lambda s: s.processed >= 3, "no processed frame")
         r = httpx.post(f"{server.url}/studio/outputs/chrome-out", headers=auth, timeout=30,
                        json={"kind": "rtmp", "target": nginx.url("chrome"), "fps": 15})
         assert r.status_code == 201, r.text
@@ -217,8 +225,7 @@ def test_five_chromium_viewers_and_a_publisher_that_reconnects(server, page_orig
         viewers = [ctx.new_page() for _ in range(5)]
         for page in (first, again, *viewers):
             page.goto(page_origin)
-        assert first.evaluate(PUBLISH_JS, [f"{server.url}/whip/stage", TOKEN])["status"] == 201
-        poll(first, lambda s: s["state"] == "connected" and s["sent"] > 5)
+        publish(first, server.url, "stage")
         session = server.manager.get("stage")
         for page in viewers:
             assert page.evaluate(WATCH_JS, [f"{server.url}/whep/stage", TOKEN])["status"] == 201
@@ -249,15 +256,9 @@ def test_chromium_publishes_into_the_causal_model_from_its_first_frame(page_orig
             publisher, viewer = ctx.new_page(), ctx.new_page()
             publisher.goto(page_origin)
             viewer.goto(page_origin)
-            published = publisher.evaluate(PUBLISH_JS, [f"{srv.url}/whip/causal", TOKEN])
-            assert published["status"] == 201, published
-            poll(publisher, lambda s: s["state"] == "connected" and s["sent"] > 5)
-            deadline = time.monotonic() + 40
-            session = srv.manager.get("causal")
-            while session is None or not getattr(session.processor, "ready", False):
-                assert time.monotonic() < deadline, "the causal stream gave no chunk"
-                time.sleep(0.1)
-                session = srv.manager.get("causal")
+            publish(publisher, srv.url, "causal")
+            session = wait_for_session(srv, "causal", lambda s: getattr(s.processor, "ready", False),
+                                       "the causal stream gave no chunk")
             assert isinstance(session.processor, VideoLiveProcessor) and "builtin-causal" in session.stats()["model"]
             watching = viewer.evaluate(WATCH_JS, [f"{srv.url}/whep/causal", TOKEN])
             assert watching["status"] == 201, watching
