@@ -170,3 +170,21 @@ def test_self_context_reads_the_models_own_chunks(tmp_path, monkeypatch):
     assert 8 <= int(changed.sum()) <= 24  # about half the clips
     residual = (own[changed] - (1 - s) * context[changed]) / s  # the noise left in: about unit variance
     assert 0.8 < float(residual[own[changed].abs() < 1].std()) < 1.2
+
+
+@pytest.mark.parametrize("min_ratio", [0.1, 0.0])
+def test_the_trainers_learning_rate_is_warm_up_then_torchs_cosine_annealing(min_ratio):
+    """`training.loop.cosine_lr` (every trainer's schedule): a linear warm-up to the base rate, then
+    what torch's CosineAnnealingLR (SGDR without restarts) gives from there down to min_ratio x base."""
+    from streamstudio.app.training.loop import cosine_lr
+
+    base, warmup, total = 1e-3, 10, 110
+    assert [cosine_lr(base, s, total, warmup, min_ratio) for s in range(warmup)] == \
+        pytest.approx([base * (s + 1) / warmup for s in range(warmup)])
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=base)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total - warmup, eta_min=min_ratio * base)
+    for s in range(warmup, total + 1):
+        assert cosine_lr(base, s, total, warmup, min_ratio) == pytest.approx(opt.param_groups[0]["lr"], rel=1e-9), s
+        opt.step()
+        sched.step()
+    assert cosine_lr(base, total + 50, total, warmup, min_ratio) == pytest.approx(min_ratio * base)  # flat after

@@ -32,16 +32,14 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
-from tqdm.auto import tqdm
 
 from streamstudio.app.training.config import CausalTrainConfig
+from streamstudio.app.training.loop import Schedule, Stepper, run_steps
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.video import wan
 from streamstudio.models.video.causal_checkpoint import save_causal_checkpoint
@@ -86,14 +84,6 @@ def check(cfg: CausalTrainConfig) -> None:
         raise StreamStudioError(f"the sampling this model is trained for does not hold: {exc}") from exc
 
 
-def lr_at(cfg: CausalTrainConfig, step: int) -> float:
-    """Linear warm-up, then a cosine down to min_lr_ratio lr."""
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    frac = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
-
-
 def draw(cfg: CausalTrainConfig, data, step: int) -> tuple[torch.Tensor, list[str], torch.Tensor, torch.Tensor,
                                                             torch.Tensor]:
     """Step `step`'s clips (B, F, 3, H, W), captions, per-frame sigmas (B, F) (one per chunk), noise
@@ -127,7 +117,7 @@ def text_batch(encoder: wan.HashTextEmbedder, captions: list[str], length: int) 
     return out
 
 
-class CausalTrainer:
+class CausalTrainer(Stepper):
     """`CausalTrainer(cfg).train()` -> the losses of the steps run."""
 
     def __init__(self, cfg: CausalTrainConfig):
@@ -214,33 +204,10 @@ class CausalTrainer:
 
     def train(self) -> list[float]:
         cfg = self.cfg
-        losses: list[float] = []
-        bar = tqdm(total=cfg.steps, initial=self.step, disable=not cfg.progress, desc="train-video (causal)")
         self.model.train()
-        start = time.time()
-        while self.step < cfg.steps:
-            if cfg.max_minutes and time.time() - start > 60 * cfg.max_minutes:
-                log.info("stopping at step %d: --max-minutes %.1f reached", self.step, cfg.max_minutes)
-                self.save(time.time() - start)
-                break
-            for group in self.opt.param_groups:
-                group["lr"] = lr_at(cfg, self.step)
-            loss = self.loss(self.step)
-            loss.backward()
-            if cfg.grad_clip:
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-            self.opt.step()
-            self.opt.zero_grad(set_to_none=True)
-            self.step += 1
-            losses.append(float(loss.detach()))
-            bar.update(1)
-            bar.set_postfix(loss=f"{losses[-1]:.4f}")
-            if self.step % cfg.save_every == 0 or self.step == cfg.steps:
-                recent = losses[-cfg.save_every:]
-                log.info("step %d: loss %.4f (mean of the last %d)", self.step, sum(recent) / len(recent), len(recent))
-                self.save(time.time() - start)
-        bar.close()
-        return losses
+        sched = Schedule(cfg.steps, cfg.lr, cfg.warmup, cfg.min_lr_ratio, cfg.grad_clip, cfg.save_every,
+                         cfg.max_minutes, cfg.progress, "train-video (causal)")
+        return run_steps(self, sched, self.model.parameters(), self.loss)
 
     def sampling(self) -> dict:
         """The sampling defaults stored with the checkpoint (CausalConfig's fields, height, width)."""

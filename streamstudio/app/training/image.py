@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -51,6 +50,7 @@ from diffusers import LCMScheduler
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
+from streamstudio.app.training.loop import cosine_lr
 from streamstudio.device import pick_device
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.image import builtin_image, image_data
@@ -63,13 +63,6 @@ from streamstudio.pipelines.image.stream_diffusion import StreamDiffusionConfig
 PREDICTIONS = ("", "epsilon", "v_prediction")  # "": the resumed run's or the --init model's (else epsilon)
 
 log = logging.getLogger(__name__)
-
-def lr_at(base: float, step: int, total: int, warmup: int, min_ratio: float) -> float:
-    if step < warmup:
-        return base * (step + 1) / warmup
-    frac = min(1.0, (step - warmup) / max(1, total - warmup))
-    return base * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
-
 
 def pipeline_timesteps() -> tuple[int, list[int], int]:
     """(default t, img2img ts, txt2img t) exactly as the pipeline's schedule picks them: the t of
@@ -432,7 +425,7 @@ class ImageTrainer:
                 break
             step = self.state[key]
             for group in opt.param_groups:
-                group["lr"] = lr_at(base_lr, step, total, cfg.warmup, cfg.min_lr_ratio)
+                group["lr"] = cosine_lr(base_lr, step, total, cfg.warmup, cfg.min_lr_ratio)
             loss = loss_fn(step)
             loss.backward()
             if cfg.grad_clip:

@@ -28,20 +28,19 @@ from __future__ import annotations
 import json
 import logging
 import math
-import time
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
-from tqdm.auto import tqdm
 from accelerate import Accelerator
 
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.video.stream_dit import (StreamDiT, StreamDiTConfig, guided_velocity, load_checkpoint,
                                             named_config, read_checkpoint_config, save_checkpoint)
 from streamstudio.app.training.config import VideoTrainConfig  # noqa: F401 (re-exported)
+from streamstudio.app.training.loop import Schedule, Stepper, run_steps
 from streamstudio.models.video.video_data import VideoFolder, synthetic_batch
 
 log = logging.getLogger(__name__)
@@ -93,13 +92,6 @@ def teacher_target(teacher, x_a: torch.Tensor, t_a: torch.Tensor, dt: torch.Tens
 
 def _guided(model, x: torch.Tensor, t: torch.Tensor, text, *, empty, guidance: float) -> torch.Tensor:
     return guided_velocity(model, x, t, text, empty, guidance)
-
-
-def lr_at(cfg: VideoTrainConfig, step: int) -> float:
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
 
 @dataclass
@@ -180,7 +172,7 @@ class _FlowSteps(torch.utils.data.Dataset):
         return (self[i] for i in range(len(self)))
 
 
-class VideoTrainer:
+class VideoTrainer(Stepper):
     """`VideoTrainer(cfg).train()` -> list of losses (one per step run)."""
 
     def __init__(self, cfg: VideoTrainConfig):
@@ -295,38 +287,25 @@ class VideoTrainer:
     # ------------------------------------------------------------------ loop
     def train(self) -> list[float]:
         cfg = self.cfg
-        losses: list[float] = []
-        bar = tqdm(total=cfg.steps, initial=self.step, disable=not (cfg.progress and self.acc.is_main_process),
-                   desc=f"train-video ({cfg.mode})")
-        draws = self._flow_draws() if cfg.mode == "flow" else None
         self.model.train()
-        start = time.time()
-        while self.step < cfg.steps:
-            if cfg.max_minutes and time.time() - start > 60 * cfg.max_minutes:
-                log.info("stopping at step %d: --max-minutes %.1f reached", self.step, cfg.max_minutes)
-                self.save(time.time() - start)
-                break
-            for group in self.opt.param_groups:
-                group["lr"] = lr_at(cfg, self.step)
-            if draws is not None:
-                step, draw = next(draws)
-                assert step == self.step, (step, self.step)  # the loader follows the loop's steps
-                loss = self.flow_loss(draw)
-            else:
-                loss = self.distill_loss(*self._batch(self.step))
-            self.acc.backward(loss)
-            if cfg.grad_clip:
-                self.acc.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-            self.opt.step()
-            self.opt.zero_grad(set_to_none=True)
-            self.step += 1
-            losses.append(float(loss.detach()))
-            bar.update(1)
-            bar.set_postfix(loss=f"{losses[-1]:.4f}")
-            if self.step % cfg.save_every == 0 or self.step == cfg.steps:
-                self.save(time.time() - start)
-        bar.close()
-        return losses
+        sched = Schedule(cfg.steps, cfg.lr, cfg.warmup, cfg.min_lr_ratio, cfg.grad_clip, cfg.save_every,
+                         cfg.max_minutes, cfg.progress and self.acc.is_main_process, f"train-video ({cfg.mode})")
+        if cfg.mode == "distill":
+            return run_steps(self, sched, self.model.parameters(), lambda step: self.distill_loss(*self._batch(step)))
+        draws = self._flow_draws()
+
+        def flow_loss_at(step: int) -> torch.Tensor:
+            drawn, draw = next(draws)
+            assert drawn == step, (drawn, step)  # the loader follows the loop's steps
+            return self.flow_loss(draw)
+
+        return run_steps(self, sched, self.model.parameters(), flow_loss_at)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.acc.backward(loss)
+
+    def clip(self, params, max_norm: float) -> None:
+        self.acc.clip_grad_norm_(params, max_norm)
 
     def save(self, seconds: float = 0.0) -> None:
         self.acc.wait_for_everyone()
