@@ -487,8 +487,11 @@ def test_a_video_deck_warms_until_it_gives_frames_and_the_cut_waits_for_it_frame
     assert session.notice is None and session.stats()["settings"]["prompt"] == "a new video prompt"
     session.request({"seed": 7})
     outs.append(feed_one(session, picture(k + 1)))
-    assert "takes prompt and fit only" in session.notice
-    k += 2
+    assert "takes prompt, fit and strength only" in session.notice
+    session.request({"strength": 0.3})  # (a causal deck takes it; the StreamDiT buffer's levels are fixed)
+    outs.append(feed_one(session, picture(k + 2)))
+    assert "fixes its strength" in session.notice
+    k += 3
 
     # video -> image: the stream playing the video deck takes an image deck in turn, and back on the
     # image pipeline it takes the image table's settings again

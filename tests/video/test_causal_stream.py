@@ -132,6 +132,26 @@ def test_video_to_video_starts_at_strength(backbone):
         assert seen == [first, 0.0]
 
 
+def test_strength_changes_from_the_next_chunk_and_keeps_the_cache(backbone):
+    """`set_strength`: the next chunk starts at the new level's step (StreamDiffusionV2's 1000 sigma -
+    100), the frames already cached stay; text-to-video and levels outside (0, 1) are refused."""
+    s = sampler(backbone, strength=0.6, steps=(1000.0, 750.0, 500.0, 250.0), warp=False)
+    s.chunk(torch.zeros(2, 3, 16, 16))
+    cached = (s.cache.frames, s.cache.k.clone())
+    s.set_strength(0.9)
+    assert (s.cache.frames, s.sigma) == (cached[0], 0.9) and torch.equal(s.cache.k, cached[1])
+    seen = []
+    real = s._call
+    s._call = lambda x, ts, first_frame=None: (seen.append(ts), real(x, ts, first_frame))[1]
+    s.chunk(torch.zeros(2, 3, 16, 16))
+    assert seen == [800.0, 750.0, 500.0, 250.0, 0.0]  # 900 - 100, the steps below it, the context call
+    for bad in (0.0, 1.0, 1.5):
+        with pytest.raises(StreamStudioError, match=r"in \(0, 1\)"):
+            s.set_strength(bad)
+    with pytest.raises(StreamStudioError, match="text-to-video"):
+        sampler(backbone).set_strength(0.5)
+
+
 def test_flow_table_is_the_references():
     """Self-Forcing's warped list at shift 5: 1000 -> 1000, 750 -> 937.5, 500 -> 833.3, 250 -> 625.0
     (sigma' = 5s / (1 + 4s) at s = 0.75, 0.5, 0.25); the sigma of a timestep is the nearest entry's."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from PIL import Image
 from helpers import feed_one, wait_for_sync
 from live_server import SIZE, pattern, publisher_in_a_process, start, viewers_in_a_process
 
@@ -15,6 +16,7 @@ from streamstudio.app.cli.serve_run import build_app
 from streamstudio.app.streams.video import DEFAULT_STRENGTH, VideoFrames, build_stream
 from streamstudio.app.web.video_deck import VideoLiveProcessor
 from streamstudio.errors import StreamStudioError
+from streamstudio.frames import fit_aspect
 
 TOKEN = "live-video-token"
 
@@ -56,8 +58,32 @@ def test_a_camera_stream_plays_the_causal_model_from_its_first_frame(server):
     assert session.notice is None and session.stats()["settings"]["prompt"] == "a blue square moving up"
     session.request({"seed": 7})
     feed_one(session, pattern(10))
-    assert "takes prompt and fit only" in session.notice
+    assert "takes prompt, fit and strength only" in session.notice
     server.manager.close("live-causal")
+
+
+def test_a_causal_stream_takes_its_strength_live(server):
+    """The strength slider on a live causal stream: from the next chunk on, video-to-video starts from
+    the input noised that far, its cache kept. Near 0 the output is the input again (what any SDEdit
+    gives at a low level), where the table's 0.6 draws the model's own shapes over it."""
+    session = server.manager.open("live-strength")
+
+    def from_input(i: int, out: np.ndarray, latency: int) -> float:  # mean |output - its input|, 0-255
+        card = Image.fromarray(fit_aspect(pattern(i - latency), SIZE, SIZE, "crop")).resize((SIZE, SIZE))
+        return float(np.abs(out.astype(float) - np.asarray(card, float)).mean())
+
+    outs = [feed_one(session, pattern(i)) for i in range(10)]
+    latency = session.processor.pipe.latency_frames
+    session.request({"strength": 0.05})
+    outs += [feed_one(session, pattern(i)) for i in range(10, 20)]
+    assert session.notice is None and session.processor.frames.stream.sampler.sigma == 0.05
+    before = [from_input(i, outs[i], latency) for i in range(latency, 10)]
+    after = [from_input(i, outs[i], latency) for i in range(10 + latency + 2, 20)]  # (after the next chunk)
+    assert min(before) > 50 and max(after) < 25, (before, after)
+    session.request({"strength": 1.0})  # text-to-video is another stream
+    feed_one(session, pattern(20))
+    assert "in (0, 1)" in session.notice
+    server.manager.close("live-strength")
 
 
 def test_a_txt2img_stream_is_text_to_video(server):
@@ -67,6 +93,9 @@ def test_a_txt2img_stream_is_text_to_video(server):
     for i, out in enumerate(outs):
         np.testing.assert_array_equal(out, ref.push(None)[0], err_msg=f"frame {i}")
     assert any(out.max() > 100 for out in outs)  # the object, not a black wait
+    session.request({"strength": 0.5})
+    feed_one(session, None)
+    assert "text-to-video" in session.notice  # (no input to noise)
     server.manager.close("live-t2v")
 
 

@@ -14,7 +14,8 @@ stream's (a switch asked for early waits for it).
 
 After a switch the stream's model is a `VideoDeckModel`: the video model's name and the image
 model's defaults for what the session reads, no add-ons, no batching. The stream takes its prompt
-and fit from then on; the image table's other settings are refused (said in the stream's notice).
+and fit from then on, and a causal model's strength (video-to-video's noise level, from its next
+chunk); the image table's other settings are refused (said in the stream's notice).
 Not yet: Wan checkpoints (text-to-video only here).
 
 A stream may also play the video pipeline from its first frame: `serve --live-pipeline video`
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
     from streamstudio.app.web.sessions import StreamProcessor
     from streamstudio.models.image.batching import ClientStats
 
-TAKES = ("prompt", "fit")  # the stream's settings a video deck takes
+TAKES = ("prompt", "fit", "strength")  # the stream's settings a video deck takes (strength: causal models)
 
 
 class VideoDeckModel:
@@ -150,15 +151,29 @@ class VideoDeckProcessor:
         return self.pipe.stats if self.pipe is not None else VideoStats()
 
     def apply(self, changes: dict) -> None:
-        """The prompt and fit; any other setting is refused (the image table's are not the video pipeline's)."""
+        """The prompt, fit and a causal model's strength; any other setting is refused (the image
+        table's are not the video pipeline's)."""
         other = sorted(set(changes) - set(TAKES))
         if "fit" in changes:
             self.fit = changes["fit"]
         if "prompt" in changes:
             with self.model.guard.text():
                 self.frames.stream.set_prompt(changes["prompt"])
+        if "strength" in changes:
+            self.set_strength(float(changes["strength"]))
         if other:
-            raise StreamStudioError(f"a video deck takes {' and '.join(TAKES)} only, not {', '.join(other)}")
+            raise StreamStudioError(f"a video deck takes {', '.join(TAKES[:-1])} and {TAKES[-1]} only, "
+                                    f"not {', '.join(other)}")
+
+    def set_strength(self, strength: float) -> None:
+        """Video-to-video's noise level from the next chunk on: a causal model's stream takes it live
+        (its cache kept); the StreamDiT buffer's levels are fixed when its stream opens."""
+        stream = self.frames.stream
+        if not hasattr(stream, "set_strength"):
+            raise StreamStudioError("the StreamDiT video pipeline fixes its strength when the stream opens (its "
+                                    "buffer's levels); a causal model (builtin-causal) takes strength live")
+        with self.model.guard.frame():
+            stream.set_strength(strength)
 
     def warm(self, frame: np.ndarray) -> np.ndarray | None:
         with self.model.guard.frame():

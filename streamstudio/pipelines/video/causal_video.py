@@ -27,7 +27,7 @@ No I/O and no threads here; `CausalVideoStream` is the frame-in / frame-out API,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
 import numpy as np
@@ -235,6 +235,17 @@ class CausalSampler:
         m = float((change.max() / 0.2).clamp(0, 1))
         self.sigma = (self.cfg.strength - 0.1 * m) * 0.9 + self.sigma * 0.1
 
+    def set_strength(self, strength: float) -> None:
+        """Video-to-video: later chunks start from input noised to `strength` (motion-aware moves it from
+        there); the cache is kept. A text-to-video stream has no input to noise."""
+        if self.cfg.strength == 1:
+            raise StreamStudioError("this stream is text-to-video (strength 1): its strength cannot change; "
+                                    "start a video-to-video stream")
+        if not 0 < strength < 1:
+            raise StreamStudioError(f"a video-to-video stream's strength is in (0, 1), got {strength}")
+        self.cfg = replace(self.cfg, strength=strength)
+        self.sigma = strength
+
     def set_prompt(self, prompt: str) -> None:
         """Later chunks follow `prompt`; with `recache` the cached frames are re-run under it."""
         if prompt == self.prompt:
@@ -313,6 +324,10 @@ class CausalVideoStream(OutputSize):
 
     def set_prompt(self, prompt: str) -> None:
         self.sampler.set_prompt(prompt)
+
+    def set_strength(self, strength: float) -> None:
+        """Video-to-video: the input's noise level from the next chunk on (`CausalSampler.set_strength`)."""
+        self.sampler.set_strength(strength)
 
     def _set_mode(self, mode: str) -> None:
         if self.mode not in (None, mode):
