@@ -28,7 +28,7 @@ No I/O and no threads here; `CausalVideoStream` is the frame-in / frame-out API,
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable, Iterator
+from typing import Callable
 
 import numpy as np
 import torch
@@ -38,7 +38,7 @@ from streamstudio.errors import StreamStudioError
 from streamstudio.models.video.causal_backbone import CausalWanBackbone
 from streamstudio.models.video.causal_wan import CausalText, KVCache
 from streamstudio.models.video.video_net import PixelCodec, VideoCodec
-from streamstudio.pipelines.video.stream_video import ChunkDecoder, OutputSize, to_uint8
+from streamstudio.pipelines.video.stream_video import ChunkDecoder, StreamOutput, to_uint8
 
 V2V_STEP_OFFSET = 100  # StreamDiffusionV2: the first step's timestep is 1000 * sigma - 100
 
@@ -282,7 +282,7 @@ class CausalStreamConfig:
     temporal: int = 1  # video frames per latent frame after the first (Wan's VAE: 4)
 
 
-class CausalVideoStream(OutputSize):
+class CausalVideoStream(StreamOutput):
     """Frame-in / frame-out over a `CausalSampler`, the same API as `VideoStream`: text-to-video
     `push(None)` or `frames(n)`; video-to-video `push(frame)` per input frame, then `flush()`.
 
@@ -379,10 +379,3 @@ class CausalVideoStream(OutputSize):
             self.emitted -= extra
         return out
 
-    def frames(self, n: int) -> Iterator[np.ndarray]:
-        """Text-to-video: yield n frames as they are made."""
-        given = 0
-        while given < n:
-            for frame in self.push(None)[: n - given]:
-                yield frame
-                given += 1

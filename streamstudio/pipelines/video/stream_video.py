@@ -327,11 +327,22 @@ class SizedConfig(Protocol):
     out_width: int | None
 
 
-class OutputSize:
-    """A video stream's `out_size` from its config's out_height and out_width (VideoStream and
-    CausalVideoStream)."""
+class StreamOutput:
+    """What VideoStream and CausalVideoStream share: `out_size` from the config's out_height and
+    out_width, and `frames(n)` over the stream's `push`."""
 
     cfg: SizedConfig
+
+    def push(self, frame: np.ndarray | None = None) -> list[np.ndarray]:
+        raise NotImplementedError
+
+    def frames(self, n: int) -> Iterator[np.ndarray]:
+        """Text-to-video: yield n frames as they are made."""
+        given = 0
+        while given < n:
+            for frame in self.push(None)[: n - given]:
+                yield frame
+                given += 1
 
     @property
     def out_size(self) -> tuple[int, int] | None:
@@ -341,7 +352,7 @@ class OutputSize:
         return None
 
 
-class VideoStream(OutputSize):
+class VideoStream(StreamOutput):
     """Frame-in / frame-out streaming. Text-to-video: `push(None)` or `frames(n)`;
     video-to-video: `push(frame)` per input frame, then `flush()`. Frames are RGB uint8 HxWx3."""
 
@@ -448,10 +459,3 @@ class VideoStream(OutputSize):
             self.emitted = min(self.emitted, self.pushed)
         return out
 
-    def frames(self, n: int) -> Iterator[np.ndarray]:
-        """Text-to-video: yield n frames as they are made."""
-        given = 0
-        while given < n:
-            for frame in self.push(None)[: n - given]:
-                yield frame
-                given += 1
