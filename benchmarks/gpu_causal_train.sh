@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # One GPU call for issue 49's miss: the built-in causal model (streamstudio/assets/causal_tiny) trained
-# again from scratch where it can get the steps it needs: 4x4 patches (64 tokens a frame, as the
-# StreamDiT built-in; the 8x8 model placed its object within about a pixel a frame, as fast as the
-# data moves, so direction was lost in a few chunks), a stream's first chunks trained on their own
-# (--first-chunks), a share of the clips reading the model's own chunks (--self-context), the empty
-# prompt for guidance (--cond-drop), at batch 128, for BUDGET seconds. The weights come back in fp16
-# (a few MB). Judge it here afterwards, tuning split first, then the held-out one:
-#   python3 benchmarks/video_quality.py --causal --model DIR --sampling guidance=3 --subset 8
-#   python3 benchmarks/video_quality.py --causal --model DIR --sampling guidance=3 --prompts held-out --seeds 11 12
+# again from scratch where it can get the steps it needs, in the shape that learned fastest on the
+# CPU: 8x8 patches at 256 wide (the shipped model: 15,919 steps of batch 6 there gave direction
+# 36/44 held out, but its objects fade; a 4x4-patch model learned no motion in 10,000 steps), a
+# stream's first chunks trained on their own (--first-chunks), a share of the clips reading the
+# model's own chunks (--self-context, against the fading), the empty prompt for guidance
+# (--cond-drop), at batch 128, for BUDGET seconds. The weights come back in fp16 (about 10 MB).
+# Judge it here afterwards, tuning split first, then the held-out one:
+#   python3 benchmarks/video_quality.py --causal --model DIR --sampling guidance=6 --workers 2
+#   python3 benchmarks/video_quality.py --causal --model DIR --sampling guidance=6 --prompts held-out --seeds 11 12
 # usage (device tool): run("bash benchmarks/gpu_causal_train.sh", timeout_s=540)
 # knobs: BUDGET (s of training, default 420), BATCH (128), PROBE (steps timed first, 50)
 set -u
@@ -20,7 +21,7 @@ WORK=${WORK:-/tmp/causal}
 rm -rf "$WORK" && mkdir -p "$WORK"
 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo "no GPU: a CPU dry run"
 
-COMMON=(--causal --data synthetic --dim 128 --layers 4 --heads 4 --patch 4 --clip-frames 6 --chunk-frames 2
+COMMON=(--causal --data synthetic --dim 256 --layers 4 --heads 4 --patch 8 --clip-frames 6 --chunk-frames 2
         --context-noise 0.1 --cond-drop 0.15 --first-chunks "$((${BATCH:-128} / 2))" --self-context 0.3
         --batch-size "${BATCH:-128}" --lr 1e-3 --warmup 200 --seed 6 --no-progress)
 # a short probe sizes the run so that its cosine schedule ends inside the budget

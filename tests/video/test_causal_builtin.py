@@ -36,16 +36,17 @@ def builtin():
 
 
 def test_builtin_causal_is_small_and_says_how_it_samples(builtin):
-    assert (BUILTIN_CAUSAL / "model.safetensors").stat().st_size < 5 * 2**20
+    # (4.9M parameters in fp16: the package's largest asset, a few times the image model's)
+    assert (BUILTIN_CAUSAL / "model.safetensors").stat().st_size < 10 * 2**20
     cfg = vq.causal_sampling(builtin.sampling, 0)[0]
     cfg.validate()
     assert (builtin.sampling["height"], builtin.sampling["width"]) == (32, 32)
     assert all(p not in vq.PROMPTS for p, _ in HELD_OUT_CASES) and all(s not in vq.SEEDS for _, s in HELD_OUT_CASES)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 49, not met yet: the built-in causal model (2500 teacher-forced steps, "
-                   "then 6000 with captions dropped, sampled at guidance 3) keeps the prompted direction in 22/44 "
-                   "held-out renders and loses its object in 71 of 1408 frames (docs/video.md, 'The built-in "
+@pytest.mark.xfail(strict=True, reason="issue 49, not met yet: the built-in causal model (256 wide, 15,919 "
+                   "teacher-forced steps, sampled at guidance 6) keeps the prompted direction in 36/44 held-out "
+                   "renders but loses its object in 158 of 1408 frames (13 videos) (docs/video.md, 'The built-in "
                    "causal model')")
 def test_builtin_causal_keeps_its_object_and_direction_on_held_out_seeds(builtin):
     chunk = builtin.sampling["chunk_frames"]
