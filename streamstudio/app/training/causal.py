@@ -203,11 +203,8 @@ class CausalTrainer(Stepper):
         return torch.where(chosen[:, None, None, None, None], own, context)
 
     def train(self) -> list[float]:
-        cfg = self.cfg
         self.model.train()
-        sched = Schedule(cfg.steps, cfg.lr, cfg.warmup, cfg.min_lr_ratio, cfg.grad_clip, cfg.save_every,
-                         cfg.max_minutes, cfg.progress, "train-video (causal)")
-        return run_steps(self, sched, self.model.parameters(), self.loss)
+        return run_steps(self, Schedule.of(self.cfg, "train-video (causal)"), self.model.parameters(), self.loss)
 
     def sampling(self) -> dict:
         """The sampling defaults stored with the checkpoint (CausalConfig's fields, height, width)."""

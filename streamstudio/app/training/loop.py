@@ -39,6 +39,13 @@ class Schedule:
     progress: bool
     desc: str
 
+    @classmethod
+    def of(cls, cfg, desc: str, progress: bool | None = None) -> Schedule:
+        """A trainer config's schedule (VideoTrainConfig, CausalTrainConfig: the fields above);
+        `progress` None: the config's."""
+        return cls(cfg.steps, cfg.lr, cfg.warmup, cfg.min_lr_ratio, cfg.grad_clip, cfg.save_every, cfg.max_minutes,
+                   cfg.progress if progress is None else progress, desc)
+
 
 class Stepper:
     """What `run_steps` drives: a model's optimizer, its step counter and its save; `backward` and

@@ -288,8 +288,7 @@ class VideoTrainer(Stepper):
     def train(self) -> list[float]:
         cfg = self.cfg
         self.model.train()
-        sched = Schedule(cfg.steps, cfg.lr, cfg.warmup, cfg.min_lr_ratio, cfg.grad_clip, cfg.save_every,
-                         cfg.max_minutes, cfg.progress and self.acc.is_main_process, f"train-video ({cfg.mode})")
+        sched = Schedule.of(cfg, f"train-video ({cfg.mode})", progress=cfg.progress and self.acc.is_main_process)
         if cfg.mode == "distill":
             return run_steps(self, sched, self.model.parameters(), lambda step: self.distill_loss(*self._batch(step)))
         draws = self._flow_draws()
