@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 
+from streamstudio.app.cli.train_args import add_run_arguments
 from streamstudio.app.settings import number
 from streamstudio.app.training.config import STAGES, ImageTrainConfig
 
@@ -70,14 +71,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "v_prediction: x0 = sqrt(abar) x - sqrt(1 - abar) v, so text to image's one step from pure "
                         "noise does not divide the UNet's error by sqrt(abar) (0.068); with --init, the model "
                         "learns the new output anew")
-    p.add_argument("--seed", type=number(int, 0, 2**63 - 1), default=DEFAULTS.seed)
-    p.add_argument("--save-every", type=number(int, 1, 10**8), default=DEFAULTS.save_every)
-    p.add_argument("--resume", action="store_true", help="continue the run saved in --output")
-    p.add_argument("--cpu", action="store_true", help="train on CPU even when a GPU is present")
-    p.add_argument("--max-minutes", type=number(float, 0, 10**7), default=0.0,
-                   help="stop and save after this wall time (0: no limit)")
-    p.add_argument("--threads", type=number(int, 0, 1024), default=0, help="torch CPU threads (0: torch's default)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_run_arguments(p, DEFAULTS.seed, DEFAULTS.save_every)
     p.add_argument("--export", default=None, metavar="DIR",
                    help="afterwards, write the shippable model (float16 weights + config.json) to DIR")
     return p

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 
+from streamstudio.app.cli.train_args import add_run_arguments
 from streamstudio.app.settings import number
 from streamstudio.errors import StreamStudioError
 from streamstudio.app.training.config import CausalTrainConfig, VideoTrainConfig
@@ -51,13 +52,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--size", type=number(int, 8, 4096), default=DEFAULTS.size, help="frame side in pixels")
     p.add_argument("--lr", type=number(float, 0, 1, low_open=True), default=DEFAULTS.lr)
     p.add_argument("--warmup", type=number(int, 0, 10**8), default=DEFAULTS.warmup)
-    p.add_argument("--seed", type=number(int, 0, 2**63 - 1), default=DEFAULTS.seed)
-    p.add_argument("--save-every", type=number(int, 1, 10**8), default=DEFAULTS.save_every)
-    p.add_argument("--resume", action="store_true", help="continue the run saved in --output")
-    p.add_argument("--cpu", action="store_true", help="train on CPU even when a GPU is present")
-    p.add_argument("--max-minutes", type=number(float, 0, 10**7), default=0.0,
-                   help="stop and save after this wall time (0: no limit)")
-    p.add_argument("--threads", type=number(int, 0, 1024), default=0, help="torch CPU threads (0: torch's default)")
+    add_run_arguments(p, DEFAULTS.seed, DEFAULTS.save_every)
     p.add_argument("--workers", type=number(int, 0, 256), default=DEFAULTS.workers,
                    help="flow mode: processes that draw the batches ahead of the training loop (on a GPU the "
                         "synthetic clips and noise, drawn on one CPU core, are what it waits for; 0: none)")
@@ -65,7 +60,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="sampling default stored with the checkpoint: N")
     p.add_argument("--micro-steps", type=number(int, 1, 64), default=None,
                    help="sampling default stored with the checkpoint: s (default 2, 1 in distill mode)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_causal_arguments(p)
     return p
 
