@@ -320,6 +320,29 @@ def test_a_stream_batch_equals_its_streams_made_alone(backbone):
     assert out.shape == (2, 2, 3, 16, 16) and v2v.streams[1].chunks == 1
 
 
+def test_the_first_chunk_takes_a_guidance_of_its_own(backbone):
+    """`first_guidance` guides the chunk made from the prompt alone, `guidance` the chunks after it:
+    the first chunk is a stream's at the first guidance, the second differs from both plain ones."""
+    base = dict(chunk_frames=2, window=6, sink=0, steps=(1000.0, 500.0), shift=3.0)
+
+    def stream(**kw) -> CausalSampler:
+        return CausalSampler(backbone, CausalConfig(**base, **kw), (3, 16, 16), "a red circle moving up")
+
+    mixed, first_only, rest_only = stream(first_guidance=4.0, guidance=2.0), stream(guidance=4.0), stream(guidance=2.0)
+    torch.testing.assert_close(mixed.chunk(), first_only.chunk(), rtol=1e-5, atol=1e-5)
+    rest_only.chunk()
+    second = mixed.chunk()
+    assert not torch.allclose(second, first_only.chunk(), atol=1e-4)  # (guidance 2 after the first chunk)
+    assert not torch.allclose(second, rest_only.chunk(), atol=1e-4)  # (it read a chunk made at 4)
+    empty_first = stream(first_guidance=0.0)  # guidance 0 is the empty prompt's stream alone
+    assert empty_first.cache.k.shape[1] == 2
+    empty = CausalSampler(backbone, CausalConfig(**base), (3, 16, 16), "")
+    torch.testing.assert_close(empty_first.chunk(), empty.chunk(), rtol=1e-5, atol=1e-5)
+    assert stream(first_guidance=1.0).cache.k.shape[1] == 1  # (1 everywhere: no empty row)
+    with pytest.raises(StreamStudioError, match="guidance must be >= 0"):
+        stream(first_guidance=-1.0)
+
+
 def test_guidance_runs_the_empty_prompt_on_its_own_cache_row(backbone):
     """Guidance g: empty + g (prompt - empty), the two on rows of their own. At g = 0 the stream is
     the empty prompt's alone, chunk for chunk, through the window's rolling: its row never reads the

@@ -73,8 +73,8 @@ def build_causal_stream(model: CausalModel, prompt: str, *, strength: float = 1.
         values["strength"], values["motion_aware"] = 1.0, False
     if chunk_frames is not None:
         values["chunk_frames"] = chunk_frames
-    if guidance is not None:  # (None: the checkpoint's; the distilled ones have none)
-        values["guidance"] = guidance
+    if guidance is not None:  # (None: the checkpoint's, its first chunk's too; the distilled ones have none)
+        values["guidance"], values["first_guidance"] = guidance, None
     cfg = CausalConfig(**{**values, "seed": seed})
     out_w, out_h = causal_output_size(model, width, height, aspect)
     lat_h, lat_w = latent_grid(model, out_w, out_h)

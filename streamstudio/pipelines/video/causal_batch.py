@@ -32,7 +32,7 @@ class CausalBatch:
         seeds = list(range(cfg.seed, cfg.seed + len(prompts))) if seeds is None else seeds
         if len(seeds) != len(prompts):
             raise StreamStudioError(f"{len(prompts)} prompts but {len(seeds)} seeds")
-        if cfg.guidance != 1:
+        if cfg.guided:
             raise StreamStudioError("a stream batch runs unguided streams (guidance 1): a guided stream's cache "
                                     "has two rows of its own")
         self.backbone, self.cfg = backbone, cfg

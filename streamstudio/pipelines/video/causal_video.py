@@ -60,7 +60,15 @@ class CausalConfig:
     # built in); otherwise the cache holds two rows, the prompt's and the empty prompt's, and every
     # call runs both (a checkpoint trained with caption dropout: the built-in causal model)
     guidance: float = 1.0
+    # the first chunk's guidance (None: `guidance`): the chunk made from the prompt alone, where the
+    # object and its direction are settled; later chunks read it from the cache
+    first_guidance: float | None = None
     seed: int = 0
+
+    @property
+    def guided(self) -> bool:
+        """Whether any chunk is guided (the cache then holds the empty prompt's row too)."""
+        return self.guidance != 1 or self.first_guidance not in (None, 1)
 
     def validate(self) -> None:
         if self.chunk_frames < 1:
@@ -76,8 +84,9 @@ class CausalConfig:
                                     f"chunk ({self.chunk_frames})")
         if not 0 < self.strength <= 1:
             raise StreamStudioError(f"strength must be in (0, 1], got {self.strength}")
-        if self.guidance < 0:
-            raise StreamStudioError(f"guidance must be >= 0 (1 = none), got {self.guidance}")
+        if self.guidance < 0 or (self.first_guidance is not None and self.first_guidance < 0):
+            raise StreamStudioError(f"guidance must be >= 0 (1 = none), got {self.guidance} "
+                                    f"(first chunk: {self.first_guidance})")
 
 
 class FlowTable:
@@ -135,7 +144,7 @@ class CausalSampler:
         self.table = FlowTable(cfg.shift)
         self.steps = [self.table.warp(s) if cfg.warp else float(s) for s in cfg.steps]
         # (a row of a `CausalBatch`'s cache when it batches this stream with others; two rows with guidance)
-        rows = 1 if cfg.guidance == 1 else 2
+        rows = 2 if cfg.guided else 1
         self.cache = cache or backbone.new_cache(cfg.window, cfg.sink, self.shape[1], self.shape[2], batch=rows)
         self._empty = None if rows == 1 else backbone.encode_text("")
         self.text = self._condition(prompt)
@@ -174,7 +183,9 @@ class CausalSampler:
         out = -self.backbone.velocity(x, t, self.text, self.cache, first_frame)
         if rows == 1:
             return out[0]
-        return out[1] + self.cfg.guidance * (out[0] - out[1])
+        first = self.chunks == 0 and self.cfg.first_guidance is not None
+        guidance = self.cfg.first_guidance if first else self.cfg.guidance
+        return out[1] + guidance * (out[0] - out[1])
 
     def _denoise(self, x: torch.Tensor, steps: list[float]) -> torch.Tensor:
         """The chunk x (c, C, h, w) at steps[0] -> its clean latents, a step at a time."""
