@@ -44,10 +44,10 @@ def test_builtin_causal_is_small_and_says_how_it_samples(builtin):
     assert all(p not in vq.PROMPTS for p, _ in HELD_OUT_CASES) and all(s not in vq.SEEDS for _, s in HELD_OUT_CASES)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 49, not met yet: the built-in causal model (256 wide, 15,919 "
-                   "teacher-forced steps, sampled at guidance 6) keeps the prompted direction in 36/44 held-out "
-                   "renders but loses its object in 158 of 1408 frames (13 videos) (docs/video.md, 'The built-in "
-                   "causal model')")
+@pytest.mark.xfail(strict=True, reason="issue 49, not met yet: the built-in causal model (256 wide, fine-tuned "
+                   "reading its own chunks, 8 steps at guidance 8) keeps the prompted direction in 41/44 held-out "
+                   "renders and its object in 1407 of 1408 frames; the frame it loses is this test's first case (a "
+                   "yellow triangle moving left, seed 11, frame 4) (docs/video.md, 'The built-in causal model')")
 def test_builtin_causal_keeps_its_object_and_direction_on_held_out_seeds(builtin):
     chunk = builtin.sampling["chunk_frames"]
     for prompt, seed in HELD_OUT_CASES:
