@@ -138,7 +138,8 @@ def cpu_figures(seconds: float) -> dict:
     sampler = CausalSampler(CausalWanBackbone(model, text), CausalConfig(**fields),
                             (model.cfg.in_dim, int(s["height"]), int(s["width"])), "a red circle moving left")
     time_chunks(sampler, 3, False)
-    batch = batch_ratio(sampler.backbone, {**fields, "guidance": 1.0, "first_guidance": None}, sampler.shape, 4, 3)  # (batches: unguided)
+    unguided = {**fields, "guidance": 1.0, "first_guidance": None}  # (a batch runs unguided streams)
+    batch = batch_ratio(sampler.backbone, unguided, sampler.shape, 4, 3)
     made, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         time_chunks(sampler, 1, False)
