@@ -183,8 +183,9 @@ class CausalSampler:
         out = -self.backbone.velocity(x, t, self.text, self.cache, first_frame)
         if rows == 1:
             return out[0]
-        first = self.chunks == 0 and self.cfg.first_guidance is not None
-        guidance = self.cfg.first_guidance if first else self.cfg.guidance
+        guidance = self.cfg.guidance
+        if self.chunks == 0 and self.cfg.first_guidance is not None:
+            guidance = self.cfg.first_guidance
         return out[1] + guidance * (out[0] - out[1])
 
     def _denoise(self, x: torch.Tensor, steps: list[float]) -> torch.Tensor:
