@@ -7,8 +7,10 @@
 # model's own chunks (--self-context, against the fading), the empty prompt for guidance
 # (--cond-drop), at batch 128, for BUDGET seconds. The weights come back in fp16 (about 10 MB).
 # Judge it here afterwards, tuning split first, then the held-out one:
-#   python3 benchmarks/video_quality.py --causal --model DIR --sampling guidance=6 --workers 2
-#   python3 benchmarks/video_quality.py --causal --model DIR --sampling guidance=6 --prompts held-out --seeds 11 12
+# (the shipped model's sampling: 8 steps a chunk, guidance 8; docs/video.md has the other settings tried)
+#   S8=1000,875,750,625,500,375,250,125
+#   python3 benchmarks/video_quality.py --causal --model DIR --sampling guidance=8 steps=$S8 --workers 2
+#   python3 benchmarks/video_quality.py --causal --model DIR --sampling guidance=8 steps=$S8 --prompts held-out --seeds 11 12
 # usage (device tool): run("bash benchmarks/gpu_causal_train.sh", timeout_s=540)
 # knobs: BUDGET (s of training, default 420), BATCH (128), PROBE (steps timed first, 50)
 set -u

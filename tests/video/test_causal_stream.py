@@ -258,6 +258,19 @@ def test_build_stream_and_render_over_a_causal_checkpoint(tmp_path):
     assert "causal chunks of 2" in run.stdout and len(list(out.glob("*.png"))) == 5
 
 
+def test_a_guidance_asked_for_replaces_the_checkpoints_first_chunk_guidance_too(tmp_path):
+    """A checkpoint's sampling.first_guidance reaches its streams; a --video-guidance asked for sets
+    every chunk's, the first one's included."""
+    folder = cc.save_causal_checkpoint(tmp_path / "ckpt", CausalWan(TINY), {"kind": "hash", "dim": 8, "length": 4},
+                                       {"chunk_frames": 2, "steps": [1000, 500], "window": 6, "height": 16,
+                                        "width": 16, "guidance": 3.0, "first_guidance": 5.0})
+    model, meta = load_video_model(str(folder), "cpu")
+    own = build_stream(model, meta, "a red circle").sampler.cfg
+    assert (own.guidance, own.first_guidance) == (3.0, 5.0)
+    asked = build_stream(model, meta, "a red circle", guidance=2.0).sampler.cfg
+    assert (asked.guidance, asked.first_guidance) == (2.0, None)
+
+
 def test_the_video_tab_runs_a_causal_model(tmp_path):
     """The Video tab's Model choice: serve --video-model's causal checkpoint generates frames
     there as the built-in StreamDiT does, and the webcam stream runs video-to-video over it."""
