@@ -32,7 +32,8 @@ STAGE_OF = {"gpu_tests.xml": "tests", "gpu_tests_slow.xml": "tests_slow", "kerne
             "stream_diffusion.json": "stream_diffusion", "splats.json": "splats", "stream_video.json": "video",
             "multistream.json": "multistream", "webapp.json": "webapp", "stream_diffusion_addons.json": "addons",
             "kernels_full.json": "kernels_full", "frame_path.json": "frame_path", "peers.json": "peers",
-            "frame_path_tuned.json": "tuned", "frame_path_autotune.json": "autotune", "splats_gsplat.json": "gsplat"}
+            "frame_path_tuned.json": "tuned", "frame_path_autotune.json": "autotune", "splats_gsplat.json": "gsplat",
+            "causal_video.json": "causal"}
 
 KILLED_RCS = (124, 137)  # timeout's exit status, and SIGKILL after --kill-after
 
@@ -312,6 +313,14 @@ FIGURES = [
      _key("splats_gsplat.json", "gsplat", "ours_over_gsplat"), ">= 1.0", lambda v: v >= 1.0),
     ("StreamDiT 4B step (ms)", "stream_video.json", _key("stream_video.json", "gpu_4b", "step_ms"),
      "<= 350 on an H100 (paper 482)", lambda v: v <= 350),
+    ("causal 1.3B 480x832, Self-Forcing text-to-video (fps)", "causal_video.json",
+     _key("causal_video.json", "gpu", "self_forcing_t2v", "fps"), ">= 16.1 (StreamDiffusionV2: 64.5 on 4 H100s)",
+     lambda v: v >= 16.1),
+    ("causal 1.3B 480x832, StreamDiffusionV2 video-to-video (fps)", "causal_video.json",
+     _key("causal_video.json", "gpu", "streamdiffusionv2_v2v", "fps"), ">= 16.1 (StreamDiffusionV2: 64.5 on 4 H100s)",
+     lambda v: v >= 16.1),
+    ("causal 1.3B, 2 streams batched over one by one (x)", "causal_video.json",
+     _key("causal_video.json", "gpu", "batch", "speedup"), "-", None),
     # the second call's
     ("one ControlNet's cost (x the plain model)", "stream_diffusion_addons.json",
      _key("stream_diffusion_addons.json", "controlnet_1_cost", on=lambda d: d.get("addons_measured_on")), "<= 1.4",

@@ -5,7 +5,7 @@ linear and 1x1 layers run them on Hopper (`models/image/fp8.py`).
 value), and the row divided by it in float8_e4m3fn. `fp8_linear(x8, sx, w8, sw, bias)` is
 `(x8 * sx) @ (w8 * sw).T + bias`: `torch._scaled_mm` with row-wise scales (cuBLASLt's FP8 GEMM
 on a GPU of compute capability 8.9 or more, Ada and Hopper; torch's own on the CPU), whose
-operands need both sides a multiple of 16, so rows are padded with zeros to one and cut off
+operands need both sides a multiple of 16 (and, on a GPU, the first row-major), so rows are padded with zeros to one and cut off
 after; on a GPU the product comes out in bfloat16 (row-wise scaling's output there).
 `fp8_linear_reference` computes the same product from the dequantized operands in float32: the
 kernel accumulates in float32 too, so the two differ by rounding only (tests compare them).
@@ -50,6 +50,10 @@ def fp8_linear(x8: torch.Tensor, sx: torch.Tensor, w8: torch.Tensor, sw: torch.T
     if pad:  # (rows of zeros, scale 1: cut off below)
         x8 = torch.cat([x8, x8.new_zeros(pad, x8.shape[1])])
         sx = torch.cat([sx, sx.new_ones(pad, 1)])
+    # cuBLASLt takes the first operand row-major only: a layer's input can be a transposed view
+    # (diffusers' Transformer2DModel permutes (B, C, HW) to (B, HW, C) before proj_in), and the
+    # quantized copy keeps its strides
+    x8 = x8.contiguous()
     out = torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw.t(), bias=None, out_dtype=mm_dtype)  # (M + pad, N)
     out = out[:m].to(out_dtype)
     return out if bias is None else out + bias.to(out_dtype)

@@ -49,6 +49,27 @@ def test_scaled_mm_equals_the_dequantized_product(rows):
     torch.testing.assert_close(gpu_way.float(), ref, rtol=2.0**-7, atol=1e-2)
 
 
+def test_a_transposed_input_reaches_the_product_row_major(monkeypatch):
+    """cuBLASLt's FP8 GEMM takes its first operand row-major only (the H200 draw of 2026-11-28 failed
+    with 'self must be row_major, got stride (1, 4096)' on diffusers' proj_in, whose input is a
+    permuted view): the CPU's _scaled_mm takes any layout, so the GPU's rule is checked here."""
+    real = torch._scaled_mm
+
+    def cublaslt_rules(a, b, **kw):
+        assert a.stride(1) == 1, f"self must be row_major, got stride {a.stride()}"
+        assert b.stride(0) == 1, f"mat2 must be col_major, got stride {b.stride()}"
+        return real(a, b, **kw)
+
+    monkeypatch.setattr(torch, "_scaled_mm", cublaslt_rules)
+    torch.manual_seed(3)
+    linear = nn.Linear(64, 32)
+    x = torch.randn(1, 64, 48).transpose(1, 2)  # (1, 48, 64) with strides (3072, 1, 48): a permuted view
+    layer = fp8.Float8Linear(linear)
+    with torch.no_grad():
+        got = layer(x)
+        torch.testing.assert_close(got, fp8.fp8_reference(layer, x), rtol=1e-5, atol=1e-5)
+
+
 def test_layers_convert_and_stay_close():
     torch.manual_seed(2)
     linear, conv = nn.Linear(64, 96), nn.Conv2d(32, 48, 1)

@@ -471,3 +471,28 @@ def test_the_web_apps_wheels_travel_in_parts_and_install_once_all_are_staged(tmp
     assert bad.returncode == 1 and "sha256" in bad.stderr and not (stage / "ready").exists()
     missing = subprocess.run(["bash", str(script), "3"], env=env, capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and "carry .webwhl/3" in missing.stderr
+
+
+def test_a_variant_whose_warm_up_fails_leaves_the_others_measured():
+    """The H200 draw of 2026-11-28 lost every tuned figure to the FP8 variant's compile error:
+    frame_path's interleaved windows leave such a variant out and say why."""
+    import frame_path
+
+    class Mode:
+        def __init__(self, name, broken=False):
+            self.name, self.broken, self.calls = name, broken, 0
+
+        def run(self, images):
+            if self.broken:
+                raise RuntimeError("self must be row_major, got stride (1, 4096)\nmore")
+            self.calls += 1
+            return len(images)
+
+    good, bad, other = Mode("a"), Mode("b", broken=True), Mode("c")
+    failed: dict = {}
+    fps = frame_path.interleaved([good, bad, other], list(range(20)), rounds=3, sync=lambda: None, failed=failed)
+    assert set(fps) == {"a", "c"} and all(v > 0 for v in fps.values())
+    assert failed == {"b": "RuntimeError: self must be row_major, got stride (1, 4096)"}
+    assert good.calls == other.calls == 4  # the warm-up and three windows
+    with pytest.raises(RuntimeError):  # without a place to record it, an error is an error
+        frame_path.interleaved([bad], [0], rounds=1, sync=lambda: None)
