@@ -172,6 +172,43 @@ def test_self_context_reads_the_models_own_chunks(tmp_path, monkeypatch):
     assert 0.8 < float(residual[own[changed].abs() < 1].std()) < 1.2
 
 
+def test_self_rollout_reads_the_models_own_earlier_chunks(tmp_path, monkeypatch):
+    """--self-rollout: the chosen clips' chunks made one after another, chunk j reading the model's own
+    chunks before it. A fake model whose clean estimate of chunk j is its past chunk j - 1 plus 0.5
+    (chunk 0: -0.5) gives, rolled out, chunks -0.5 and 0 (read from its own -0.5); the one-step
+    way gives chunk 1 = the data's chunk 0 + 0.5. The last chunk, read by no noisy chunk, stays the
+    data's, and the clips not chosen keep the data's frames."""
+    cfg = CausalTrainConfig(output=str(tmp_path / "a"), dim=32, ffn_dim=64, layers=1, heads=2, patch=8, steps=1,
+                            batch_size=32, frames=6, chunk_frames=2, cpu=True, progress=False, self_context=0.5,
+                            self_rollout=True)
+    trainer = CausalTrainer(cfg)
+    clips, caps, _, _, context = draw(cfg, None, 3)
+    text = trainer.model.embed_text(text_batch(trainer.text, caps, cfg.text_len))
+    calls = []
+
+    def shifted(clean, noisy, t, *a):  # x0 of chunk j: clean chunk j - 1 + 0.5; v = (noisy - x0) / s
+        calls.append(clean.shape[0])
+        x0 = torch.full_like(noisy, -0.5)
+        x0[:, 2:] = clean[:, :-2] + 0.5
+        return (noisy - x0) / (t / 1000)[:, :, None, None, None]
+
+    monkeypatch.setattr(trainer.model, "teacher_forcing", shifted)
+    own = trainer.own_context(cfg, 3, context, text)
+    changed = (own != context).flatten(1).any(1)  # (B,)
+    assert 8 <= int(changed.sum()) <= 24 and calls == [int(changed.sum())] * 2  # a pass a chunk read
+    np.testing.assert_allclose(own[changed][:, :2], -0.5, atol=1e-5)
+    np.testing.assert_allclose(own[changed][:, 2:4], 0.0, atol=1e-5)
+    np.testing.assert_allclose(own[:, 4:], context[:, 4:])
+    np.testing.assert_allclose(own[~changed], context[~changed])
+    one_step = trainer.own_context(replace(cfg, self_rollout=False), 3, context, text)
+    np.testing.assert_allclose(one_step[changed][:, 2:4], (context[changed][:, :2] + 0.5).clamp(-1, 1), atol=1e-5)
+    calls.clear()  # a batch that chooses no clip reads the data's frames, with no pass made
+    np.testing.assert_allclose(trainer.own_context(replace(cfg, self_context=1e-9), 3, context, text), context)
+    assert calls == []
+    with pytest.raises(StreamStudioError, match="--self-context"):
+        CausalTrainer(replace(cfg, self_context=0.0))
+
+
 @pytest.mark.parametrize("min_ratio", [0.1, 0.0])
 def test_the_trainers_learning_rate_is_warm_up_then_torchs_cosine_annealing(min_ratio):
     """`training.loop.cosine_lr` (every trainer's schedule): a linear warm-up to the base rate, then

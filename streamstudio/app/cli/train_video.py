@@ -94,6 +94,9 @@ def add_causal_arguments(p: argparse.ArgumentParser) -> None:
                    help="share of the clips whose past frames are the model's own: its prediction of each clean "
                         "chunk from the sampler's last step's noise level, as a stream reads the chunks it made "
                         "(no gradient through it; e.g. 0.5)")
+    g.add_argument("--self-rollout", action="store_true",
+                   help="with --self-context: make those chunks one after another, each reading the model's own "
+                        "chunks before it (its errors carried on, as in a stream) instead of the data's")
     g.add_argument("--sample-steps", default=",".join(f"{s:g}" for s in CAUSAL.sampling["steps"]),
                    help="sampling default stored with the checkpoint: the timesteps of a chunk, noise first "
                         "(Wan's units, 1000 = noise), comma-separated")

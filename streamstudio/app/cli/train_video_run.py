@@ -36,6 +36,7 @@ def causal_config_from_args(args) -> CausalTrainConfig:
         batch_size=args.batch_size, frames=args.clip_frames, chunk_frames=args.chunk_frames, window=args.window,
         sink=args.sink, context_noise=args.context_noise, first_chunks=args.first_chunks,
         first_chunk_frames=args.first_chunk_frames, self_context=args.self_context,
+        self_rollout=args.self_rollout,
         cond_drop=args.cond_drop, init=args.init or "", size=args.size, lr=args.lr, warmup=args.warmup,
         seed=args.seed, save_every=args.save_every,
         resume=args.resume, cpu=args.cpu, max_minutes=args.max_minutes, progress=not args.no_progress,

@@ -17,7 +17,9 @@ With `self_context` a share of the clips read, instead of the data's frames, the
 prediction of each clean chunk from the sampler's last step's noise level (given the data's past,
 no gradient): what a stream reads is the output of that step, with that step's errors, and a model
 that only read the data's frames let them grow chunk after chunk (from a correct first chunk the
-shipped model kept the prompted direction in 5 of 8 rollouts).
+shipped model kept the prompted direction in 5 of 8 rollouts). With `self_rollout` those chunks are
+made one after another, each reading the model's own chunks before it (its errors carried on, as
+in a stream) instead of the data's.
 With `context_noise` the clean frames the noisy chunks read are shown with a little noise (each
 chunk's own sigma in [0, context_noise], still labelled t = 0): the frames a stream reads are its
 own, not the data's, and a model that only ever read clean frames drifts on them.
@@ -43,7 +45,7 @@ from streamstudio.app.training.loop import Schedule, Stepper, run_steps
 from streamstudio.errors import StreamStudioError
 from streamstudio.models.video import wan
 from streamstudio.models.video.causal_checkpoint import save_causal_checkpoint
-from streamstudio.models.video.causal_wan import CausalWan, CausalWanConfig
+from streamstudio.models.video.causal_wan import CausalText, CausalWan, CausalWanConfig
 from streamstudio.models.video.video_data import VideoFolder, synthetic_batch
 from streamstudio.pipelines.video.causal_video import CausalConfig
 
@@ -72,6 +74,9 @@ def check(cfg: CausalTrainConfig) -> None:
     if cfg.first_chunk_frames and not cfg.first_chunks:
         raise StreamStudioError("--first-chunk-frames is the length of the --first-chunks clips: "
                                 "give --first-chunks too")
+    if cfg.self_rollout and not cfg.self_context:
+        raise StreamStudioError("--self-rollout makes the --self-context clips' chunks one by one: "
+                                "give --self-context too (e.g. 0.5)")
     if cfg.size % cfg.patch:
         raise StreamStudioError(f"--size {cfg.size} must be a multiple of the patch {cfg.patch}")
     if cfg.dim % cfg.heads or (cfg.dim // cfg.heads) % 2 or cfg.dim // cfg.heads < 12:
@@ -196,11 +201,34 @@ class CausalTrainer(Stepper):
         chosen = (torch.rand(b, generator=gen) < cfg.self_context).to(context.device)  # (B,)
         s = float(cfg.sampling["steps"][-1]) / 1000
         noisy = (1 - s) * context + s * torch.randn(context.shape, generator=gen).to(context.device)
+        if cfg.self_rollout:
+            return self.rolled_out(cfg, s, context, noisy, text, chosen)
         with torch.no_grad():
             t = torch.full(context.shape[:2], s * 1000, device=context.device)  # (B, F)
             v = self.model.teacher_forcing(context, noisy, t, text, cfg.chunk_frames, window_of(cfg), cfg.sink)
             own = (noisy - s * v).clamp(-1, 1)
         return torch.where(chosen[:, None, None, None, None], own, context)
+
+    def rolled_out(self, cfg: CausalTrainConfig, s: float, context: torch.Tensor, noisy: torch.Tensor, text,
+                   chosen: torch.Tensor) -> torch.Tensor:
+        """`own_context` chunk by chunk (`self_rollout`): the chosen clips' chunk j predicted back from
+        level s reading the model's own chunks before it, as a stream reads what it made, so its errors
+        carry on from chunk to chunk; one pass a chunk over the chosen clips (the last chunk is read
+        by no noisy chunk, so it stays the data's). No gradient."""
+        idx = chosen.nonzero().flatten()  # (b,)
+        if not len(idx):  # (a small batch can choose none)
+            return context
+        past, noisy = context[idx].clone(), noisy[idx]  # (b, F, 3, H, W)
+        text = CausalText(text.context[idx])  # (its own cross-attention cache, no gradient)
+        c = cfg.chunk_frames
+        t = torch.full(past.shape[:2], s * 1000, device=past.device)  # (b, F)
+        with torch.no_grad():
+            for j in range(past.shape[1] // c - 1):
+                v = self.model.teacher_forcing(past, noisy, t, text, c, window_of(cfg), cfg.sink)
+                past[:, j * c:(j + 1) * c] = (noisy - s * v)[:, j * c:(j + 1) * c].clamp(-1, 1)
+        out = context.clone()
+        out[idx] = past
+        return out
 
     def train(self) -> list[float]:
         self.model.train()

@@ -110,6 +110,7 @@ class CausalTrainConfig:
     first_chunks: int = 0  # more clips a step, trained as a stream's first chunk alone (no past to read)
     first_chunk_frames: int = 0  # those clips' frames, the sampler's first chunk (0: chunk_frames)
     self_context: float = 0.0  # a share of the clips read the model's own frames: its x0 at the last step's level
+    self_rollout: bool = False  # with self_context: those frames made chunk by chunk, each reading its own before it
     init: str = ""  # start from this causal checkpoint folder's weights (a fine-tune; not --resume's state)
     size: int = 32  # frame side in pixels
     lr: float = 1e-3
