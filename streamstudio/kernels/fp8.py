@@ -5,8 +5,9 @@ linear and 1x1 layers run them on Hopper (`models/image/fp8.py`).
 value), and the row divided by it in float8_e4m3fn. `fp8_linear(x8, sx, w8, sw, bias)` is
 `(x8 * sx) @ (w8 * sw).T + bias`: `torch._scaled_mm` with row-wise scales (cuBLASLt's FP8 GEMM
 on a GPU of compute capability 8.9 or more, Ada and Hopper; torch's own on the CPU), whose
-operands need both sides a multiple of 16 (and, on a GPU, the first row-major), so rows are padded with zeros to one and cut off
-after; on a GPU the product comes out in bfloat16 (row-wise scaling's output there).
+operands need both sides a multiple of 16 (and, on a GPU, the first row-major), so rows are
+padded with zeros to one and cut off after; on a GPU the product comes out in bfloat16
+(row-wise scaling's output there).
 `fp8_linear_reference` computes the same product from the dequantized operands in float32: the
 kernel accumulates in float32 too, so the two differ by rounding only (tests compare them).
 """
