@@ -10,7 +10,8 @@ import torch
 from safetensors.torch import load_file
 
 from streamstudio.errors import StreamStudioError
-from streamstudio.models.video.video_data import COLOURS, VideoFolder, random_spec, render_shape_clip, synthetic_batch
+from streamstudio.models.video.video_data import (COLOURS, SHAPES, VideoFolder, random_spec, render_shape_batch,
+                                                  render_shape_clip, synthetic_batch)
 from streamstudio.app.training.video import (VideoTrainConfig, VideoTrainer, context_fade, distill_levels,
                                              draw_flow, partition_levels, teacher_target)
 from streamstudio.models.video.stream_dit import StreamDiT, StreamDiTConfig
@@ -48,6 +49,16 @@ def test_synthetic_clips_show_the_captioned_colour():
     spec = random_spec(__import__("random").Random(0), 32)
     a, b = render_shape_clip(spec, 4, 32), render_shape_clip(spec, 4, 32, start=1)
     torch.testing.assert_close(a[1:], b[:3])  # the clip moves on consistently
+
+
+def test_a_batch_renders_each_clip_as_the_clip_renderer_does():
+    """render_shape_batch (a training batch at once) against render_shape_clip, clip by clip, over
+    every shape and direction."""
+    rng = __import__("random").Random(7)
+    specs = [random_spec(rng, 32) for _ in range(40)]
+    assert {s.shape for s in specs} == set(SHAPES) and len({s.direction for s in specs}) == 4
+    want = torch.stack([render_shape_clip(s, 5, 32) for s in specs])  # (B, F, 3, H, W)
+    torch.testing.assert_close(render_shape_batch(specs, 5, 32), want, rtol=0, atol=1e-5)
 
 
 def test_loss_falls(tmp_path):
