@@ -126,13 +126,15 @@ def test_caption_dropout_and_a_fine_tune_from_another_run(tmp_path):
         CausalTrainer(replace(cfg, output=str(tmp_path / "d"), dim=64, ffn_dim=128, init=str(tmp_path / "a")))
 
 
-@pytest.mark.parametrize("first", [0, 4])
-def test_first_chunks_add_first_chunks_made_with_no_past(tmp_path, first):
+@pytest.mark.parametrize("first, sink", [(0, 0), (4, 0), (0, 2)])
+def test_first_chunks_add_first_chunks_made_with_no_past(tmp_path, first, sink):
     """--first-chunks n adds n clips of their own a step, trained as a stream's first chunk (made
     by the model alone, nothing before it; --first-chunk-frames long, one noise level): the loss is
-    the mean over every frame made. The first chunk's length is the checkpoint's sampling default."""
+    the mean over every frame made. The first chunk's length is the checkpoint's sampling default.
+    With --sink the main clips keep sink frames; a first chunk has none (it has no past)."""
     cfg = CausalTrainConfig(output=str(tmp_path / "a"), dim=32, ffn_dim=64, layers=1, heads=2, patch=8, steps=1,
-                            batch_size=3, frames=4, chunk_frames=2, cpu=True, progress=False, context_noise=0.1)
+                            batch_size=3, frames=4, chunk_frames=2, cpu=True, progress=False, context_noise=0.1,
+                            window=4 if sink else 0, sink=sink)
     trainer = CausalTrainer(replace(cfg, first_chunks=5, first_chunk_frames=first))
     model, n = trainer.model.eval(), first or 2
     with torch.no_grad():

@@ -173,7 +173,8 @@ class CausalTrainer(Stepper):
             return loss
         # clips of their own: draws seeded apart from the main clips'
         n = first_chunk_of(cfg)
-        first = replace(cfg, batch_size=cfg.first_chunks, frames=n, chunk_frames=n, window=n, seed=cfg.seed + 10**9)
+        first = replace(cfg, batch_size=cfg.first_chunks, frames=n, chunk_frames=n, window=n, sink=0,  # (no past)
+                        seed=cfg.seed + 10**9)
         n_main, n_first = cfg.batch_size * cfg.frames, cfg.first_chunks * n
         return (loss * n_main + self.clip_loss(first, step) * n_first) / (n_main + n_first)
 
