@@ -211,6 +211,20 @@ def test_self_rollout_reads_the_models_own_earlier_chunks(tmp_path, monkeypatch)
         CausalTrainer(replace(cfg, self_context=0.0))
 
 
+@pytest.mark.parametrize("rollout", [False, True])
+def test_every_weight_learns_with_self_context(tmp_path, rollout):
+    """The passes that make the model's own chunks run without a gradient: they must not leave the
+    prompt's cross-attention keys and values, cached on the text, to the training call after them
+    (the text's path then learnt nothing: the shipped model's fine-tune ran so)."""
+    cfg = CausalTrainConfig(output=str(tmp_path / "a"), dim=32, ffn_dim=64, layers=1, heads=2, patch=8, steps=1,
+                            batch_size=4, frames=4, chunk_frames=2, cpu=True, progress=False, self_context=1.0,
+                            self_rollout=rollout)
+    trainer = CausalTrainer(cfg)
+    trainer.loss(2).backward()
+    silent = [n for n, p in trainer.model.named_parameters() if p.grad is None or not bool(p.grad.abs().sum() > 0)]
+    assert silent == []
+
+
 @pytest.mark.parametrize("min_ratio", [0.1, 0.0])
 def test_the_trainers_learning_rate_is_warm_up_then_torchs_cosine_annealing(min_ratio):
     """`training.loop.cosine_lr` (every trainer's schedule): a linear warm-up to the base rate, then

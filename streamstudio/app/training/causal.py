@@ -198,6 +198,9 @@ class CausalTrainer(Stepper):
         frames: each chunk noised to the sampler's last step's level and predicted back (x0) from the
         data's past, as the sampler's last step makes a chunk; no gradient."""
         gen = torch.Generator().manual_seed((cfg.seed * 1_000_003 + step) * 64 + 1)  # (draw's seed + 1)
+        # the prompt's own cross-attention cache for these passes: one filled here, without a graph,
+        # would be read by the training call after it, and the text's path would learn nothing
+        text = CausalText(text.context)
         b = context.shape[0]
         chosen = (torch.rand(b, generator=gen) < cfg.self_context).to(context.device)  # (B,)
         s = float(cfg.sampling["steps"][-1]) / 1000
