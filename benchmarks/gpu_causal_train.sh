@@ -17,7 +17,8 @@
 #   python3 benchmarks/video_quality.py --causal --model DIR --sampling guidance=8 steps=$S8 --workers 2
 #   python3 benchmarks/video_quality.py --causal --model DIR --sampling guidance=8 steps=$S8 --prompts held-out --seeds 11 12
 # usage (device tool): run("bash benchmarks/gpu_causal_train.sh", timeout_s=480)
-# knobs: BUDGET_A (s, default 200), BUDGET_B (150), BATCH (256), PROBE (steps timed first, 50), SNAPS (4)
+# knobs: BUDGET_A (s, default 200), BUDGET_B (150), BATCH (256), PROBE (steps timed first, 50), SNAPS (4),
+#        MINSTEPS (phase A's fewest steps, 100), MINSTEPS_B (phase B's, 40)
 set -u
 . "$(dirname "$0")/gpu_train_lib.sh"
 OUT=${OUT:-/tmp/out}
@@ -41,7 +42,7 @@ mv "$WORK/logs/train.log" "$WORK/logs/train_a.log"
 
 # phase B: steps from A's rate, a third slower (the no-gradient pass over the chosen clips' past)
 steps_b=$(python3 -c "import json; s = json.load(open('$WORK/run/trainer_state.json')); \
-print(max(40, int($BUDGET_B * s['step'] / max(s['seconds'], 0.1) / 1.35)))" 2>/dev/null || echo 400)
+print(max(${MINSTEPS_B:-40}, int($BUDGET_B * s['step'] / max(s['seconds'], 0.1) / 1.35)))" 2>/dev/null || echo 400)
 every=$(( (steps_b + SNAPS - 1) / SNAPS ))
 echo "phase B: $steps_b steps, a snapshot every $every" | tee "$WORK/logs/phase_b.log"
 python3 -m streamstudio train-video --output "$WORK/b" --init "$WORK/run" "${SHAPE[@]}" --self-context 0.5 \

@@ -44,23 +44,44 @@ def test_the_gpu_video_run_brings_back_loadable_fp16_weights(tmp_path):
     assert v.shape == (1, 8, 3, 32, 32) and torch.isfinite(v).all()
 
 
-def test_the_gpu_causal_run_brings_back_a_loadable_fp16_causal_model(tmp_path):
+def test_the_gpu_causal_run_brings_back_loadable_fp16_snapshots(tmp_path):
+    """gpu_causal_train.sh's two phases: phase A's weights and phase B's snapshots in fp16, with the
+    configs and logs in one archive, within the device tool's limits (8 files, 16 MiB each), each
+    loadable beside its config and sampling."""
+    import shutil
+    import tarfile
+
     from safetensors.torch import load_file
 
     from streamstudio.models.video.causal_backbone import CausalWanBackbone
     from streamstudio.models.video.causal_checkpoint import load_causal_checkpoint
     from streamstudio.pipelines.video.causal_video import CausalConfig, CausalSampler
 
-    run = run_script("gpu_causal_train.sh", tmp_path, BATCH="4")
+    run = run_script("gpu_causal_train.sh", tmp_path, BATCH="4", BUDGET_A="4", BUDGET_B="3", MINSTEPS_B="4", SNAPS="2")
     assert run.returncode == 0, run.stdout + run.stderr
-    folder = tmp_path / "out" / "causal"
-    assert all(v.dtype == torch.float16 for v in load_file(str(folder / "model.safetensors")).values())
-    causal = load_causal_checkpoint(folder)
-    assert causal.model.cfg.patch_size == (1, 8, 8) and causal.model.cfg.dim == 256
-    assert (tmp_path / "out" / "train.log").exists()
-    sampler = CausalSampler(CausalWanBackbone(causal.model, causal.text_encoder),
-                            CausalConfig(chunk_frames=2, window=6, steps=(1000.0, 500.0)), (3, 32, 32),
-                            "a red circle moving left")
-    with torch.no_grad():
-        chunk = sampler.chunk()
-    assert chunk.shape == (2, 3, 32, 32) and torch.isfinite(chunk).all()
+    out = tmp_path / "out"
+    files = sorted(p.name for p in out.iterdir())
+    snaps = [f for f in files if f.startswith("causal_b")]
+    assert "causal_a.safetensors" in files and "causal_logs.tgz" in files and len(snaps) == 2, files
+    assert len(files) <= 8 and all((out / f).stat().st_size < 16 * 2**20 for f in files)
+    with tarfile.open(out / "causal_logs.tgz") as tar:
+        tar.extractall(tmp_path / "logs", filter="data")
+    logs = tmp_path / "logs"
+    assert (logs / "logs" / "train_a.log").exists() and (logs / "logs" / "train_b.log").exists()
+    train_b = __import__("json").loads((logs / "bcfg" / "config.json").read_text())["train"]
+    assert train_b["self_context"] == 0.5 and train_b["init"].endswith("run")
+    for weights, config in (("causal_a.safetensors", logs / "a" / "config.json"),
+                            (snaps[-1], logs / "bcfg" / "config.json")):
+        folder = tmp_path / weights.split(".")[0]
+        folder.mkdir()
+        shutil.copy(out / weights, folder / "model.safetensors")
+        shutil.copy(config, folder / "config.json")
+        assert all(v.dtype == torch.float16 for v in load_file(str(folder / "model.safetensors")).values())
+        causal = load_causal_checkpoint(folder)
+        assert causal.model.cfg.patch_size == (1, 8, 8) and causal.model.cfg.dim == 256
+        sampler = CausalSampler(CausalWanBackbone(causal.model, causal.text_encoder),
+                                CausalConfig(chunk_frames=2, window=6, steps=(1000.0, 500.0)), (3, 32, 32),
+                                "a red circle moving left")
+        with torch.no_grad():
+            chunk = sampler.chunk()
+        assert chunk.shape == (2, 3, 32, 32) and torch.isfinite(chunk).all()
