@@ -85,8 +85,8 @@ done
 
 # The plan: each stage's time limit (seconds), each group's stages in order of value and its budget.
 # Sized from the H100 and H200 sessions (benchmarks/results/gpu_h100_2026-11-2[67]/, gpu_h200_2026-11-27/):
-# build 4-7 s (prebuilt), causal 47 s (killed at 40 in a cold first call), tests 39-78 s (the compile test alone over 45 s: now tests_slow), kernels
-# 89-110 s, stream_diffusion 67-92, video 12-17, splats 6-9, multistream 67-82, tests_slow 64-109,
+# build 4-7 s (prebuilt), causal 47 s (killed at 40 in a cold first call), tests 39-78 s (the
+# compile test alone over 45 s: now tests_slow), kernels 89-110 s, stream_diffusion 67-92, video 12-17, splats 6-9, multistream 67-82, tests_slow 64-109,
 # addons 91-93; frame_path and peers estimated (two or three UNet compiles each, 40-60 s a compile
 # cold); the machine's start took 30-60 s.
 declare -A LIMIT=([build]=15 [tests]=60 [frame_path]=230 [multistream]=85 [peers]=110 [tensorrt]=0
