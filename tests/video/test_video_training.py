@@ -51,14 +51,25 @@ def test_synthetic_clips_show_the_captioned_colour():
     torch.testing.assert_close(a[1:], b[:3])  # the clip moves on consistently
 
 
-def test_a_batch_renders_each_clip_as_the_clip_renderer_does():
-    """render_shape_batch (a training batch at once) against render_shape_clip, clip by clip, over
-    every shape and direction."""
+def test_a_batch_renders_each_clip_as_alone_with_the_shapes_areas():
+    """render_shape_batch: each row is its spec's clip rendered alone (nothing mixes across the
+    batch), over every shape and direction, and each shape covers its geometric area (circle of
+    radius r: pi r^2; square of half-side 0.8 r: (1.6 r)^2; triangle of height 1.6 r on a base of
+    2 x 0.55 x 1.6 r: 1.408 r^2), measured from the pixels."""
+    import math
+
     rng = __import__("random").Random(7)
     specs = [random_spec(rng, 32) for _ in range(40)]
     assert {s.shape for s in specs} == set(SHAPES) and len({s.direction for s in specs}) == 4
-    want = torch.stack([render_shape_clip(s, 5, 32) for s in specs])  # (B, F, 3, H, W)
-    torch.testing.assert_close(render_shape_batch(specs, 5, 32), want, rtol=0, atol=1e-5)
+    batch = render_shape_batch(specs, 5, 32)  # (B, F, 3, H, W)
+    for spec, clip in zip(specs, batch):
+        torch.testing.assert_close(clip, render_shape_clip(spec, 5, 32), rtol=0, atol=0)
+        colour = torch.tensor(COLOURS[spec.colour]) / 255.0
+        c = int((colour - spec.background).abs().argmax())  # the channel that tells shape from ground
+        coverage = ((clip[:, c] + 1) / 2 - spec.background) / (float(colour[c]) - spec.background)  # (F, H, W)
+        want = {"circle": math.pi, "square": 1.6**2, "triangle": 0.5 * 1.76 * 1.6}[spec.shape] * spec.radius**2
+        area = coverage.sum((1, 2))  # (F,)
+        assert torch.allclose(area, torch.full_like(area, want), rtol=0.03), (spec, area, want)
 
 
 def test_loss_falls(tmp_path):

@@ -61,43 +61,22 @@ def random_spec(rng: random.Random, size: int, colour: str | None = None) -> Sha
     )
 
 
-def render_shape_clip(spec: ShapeSpec, frames: int, size: int, start: int = 0) -> torch.Tensor:
-    """The clip of `spec` from frame `start`: (frames, 3, size, size) in [-1, 1]."""
-    dx, dy = DIRECTIONS[spec.direction]
-    f = torch.arange(start, start + frames, dtype=torch.float32)[:, None, None]  # (F, 1, 1)
-    cx = spec.x + dx * spec.speed * f
-    cy = spec.y + dy * spec.speed * f
-    grid = torch.arange(size, dtype=torch.float32) + 0.5
-    # wrapped distances to the centre (the plane is a torus)
-    ddx = torch.remainder(grid[None, None, :] - cx + size / 2, size) - size / 2  # (F, 1, W)
-    ddy = torch.remainder(grid[None, :, None] - cy + size / 2, size) - size / 2  # (F, H, 1)
-    r = spec.radius
-    if spec.shape == "circle":
-        inside = r - torch.sqrt(ddx**2 + ddy**2)
-    elif spec.shape == "square":
-        inside = 0.8 * r - torch.maximum(ddx.abs(), ddy.abs())
-    else:  # triangle pointing up
-        inside = torch.minimum(r * 0.8 - ddy, (ddy + 0.8 * r) * 0.55 - ddx.abs())
-    alpha = inside.clamp(-0.5, 0.5) + 0.5  # (F, H, W) anti-aliased coverage
-    colour = torch.tensor(COLOURS[spec.colour], dtype=torch.float32) / 255.0  # (3,)
-    img = spec.background * (1 - alpha[:, None]) + colour[None, :, None, None] * alpha[:, None]  # (F, 3, H, W)
-    return img * 2 - 1
-
-
-def render_shape_batch(specs: list[ShapeSpec], frames: int, size: int) -> torch.Tensor:
-    """`render_shape_clip` of every spec at once: (B, frames, 3, size, size) in [-1, 1], the same
-    numbers (tests compare them) in a few batched ops instead of a dozen a clip: a GPU run's batch
-    of 256 clips drawn one by one took about half a second on a busy 2-core CPU."""
+def render_shape_batch(specs: list[ShapeSpec], frames: int, size: int, start: int = 0) -> torch.Tensor:
+    """The clips of `specs` from frame `start`: (B, frames, 3, size, size) in [-1, 1], each shape's
+    anti-aliased coverage over its background, centres wrapped around the frame (a torus). One
+    batch in a few ops: a GPU run's 256 clips drawn one by one took about half a second on a busy
+    2-core CPU."""
     def column(values) -> torch.Tensor:  # (B, 1, 1, 1)
         return torch.tensor(values, dtype=torch.float32)[:, None, None, None]
 
     dx = column([DIRECTIONS[s.direction][0] for s in specs])
     dy = column([DIRECTIONS[s.direction][1] for s in specs])
     speed, r = column([s.speed for s in specs]), column([s.radius for s in specs])
-    f = torch.arange(frames, dtype=torch.float32)[None, :, None, None]  # (1, F, 1, 1)
+    f = torch.arange(start, start + frames, dtype=torch.float32)[None, :, None, None]  # (1, F, 1, 1)
     cx = column([s.x for s in specs]) + dx * speed * f  # (B, F, 1, 1)
     cy = column([s.y for s in specs]) + dy * speed * f
     grid = torch.arange(size, dtype=torch.float32) + 0.5
+    # wrapped distances to the centre (the plane is a torus)
     ddx = torch.remainder(grid[None, None, None, :] - cx + size / 2, size) - size / 2  # (B, F, 1, W)
     ddy = torch.remainder(grid[None, None, :, None] - cy + size / 2, size) - size / 2  # (B, F, H, 1)
     kind = torch.tensor([SHAPES.index(s.shape) for s in specs])[:, None, None, None]  # (B, 1, 1, 1)
@@ -109,6 +88,11 @@ def render_shape_batch(specs: list[ShapeSpec], frames: int, size: int) -> torch.
     background = torch.tensor([s.background for s in specs])[:, None, None, None, None]
     img = background * (1 - alpha) + colour[:, None, :, None, None] * alpha  # (B, F, 3, H, W)
     return img * 2 - 1
+
+
+def render_shape_clip(spec: ShapeSpec, frames: int, size: int, start: int = 0) -> torch.Tensor:
+    """The clip of `spec` from frame `start`: (frames, 3, size, size) in [-1, 1]."""
+    return render_shape_batch([spec], frames, size, start)[0]
 
 
 def synthetic_batch(seed: int, batch: int, frames: int, size: int) -> tuple[torch.Tensor, list[str]]:
